@@ -1,0 +1,3 @@
+module github.com/fencekit/fencekit
+
+go 1.26

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Runs the whole fencekit test suite, with the race detector, against real
+# services. It checks (and starts where it can) Redis, PostgreSQL and the
+# S3-compatible server, and fails loudly if one is missing.
+#
+#   ./scripts/test.sh            # everything
+#   ./scripts/test.sh ./lease/...  # just some packages of the main module
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/services.sh
+
+ensure_redis
+ensure_postgres
+
+pkgs=("$@")
+[ ${#pkgs[@]} -gt 0 ] || pkgs=(./...)
+
+echo "+ go vet ${pkgs[*]}"
+go vet "${pkgs[@]}"
+echo "+ go test -race -count=1 ${pkgs[*]}"
+go test -race -count=1 -timeout 20m "${pkgs[@]}"
