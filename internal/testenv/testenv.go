@@ -1,0 +1,50 @@
+// Package testenv tells tests, examples and demos where the services are.
+// Each address comes from its environment variable (see DESIGN.md) or falls
+// back to the default of the development machines.
+package testenv
+
+import "os"
+
+// Environment variable names and their defaults.
+const (
+	PostgresURLVar     = "FENCE_POSTGRES_URL"
+	DefaultPostgresURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+	RedisURLVar     = "FENCE_REDIS_URL"
+	DefaultRedisURL = "redis://127.0.0.1:6379/0"
+
+	S3EndpointVar  = "FENCE_S3_ENDPOINT"
+	S3AccessKeyVar = "FENCE_S3_ACCESS_KEY"
+	S3SecretKeyVar = "FENCE_S3_SECRET_KEY"
+	S3BucketVar    = "FENCE_S3_BUCKET"
+)
+
+// PostgresURL returns FENCE_POSTGRES_URL or the default.
+func PostgresURL() string { return get(PostgresURLVar, DefaultPostgresURL) }
+
+// RedisURL returns FENCE_REDIS_URL or the default.
+func RedisURL() string { return get(RedisURLVar, DefaultRedisURL) }
+
+// S3 holds the S3-compatible store's settings. Endpoint is empty when
+// FENCE_S3_ENDPOINT is not set.
+type S3 struct {
+	Endpoint, AccessKey, SecretKey, Bucket string
+}
+
+// S3Config returns the S3 settings from the environment (no defaults: the
+// server is started by scripts/services.sh, which exports them).
+func S3Config() S3 {
+	return S3{
+		Endpoint:  os.Getenv(S3EndpointVar),
+		AccessKey: os.Getenv(S3AccessKeyVar),
+		SecretKey: os.Getenv(S3SecretKeyVar),
+		Bucket:    os.Getenv(S3BucketVar),
+	}
+}
+
+func get(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
