@@ -1,0 +1,303 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/fencekit/fencekit/fence"
+)
+
+type state int
+
+const (
+	held state = iota
+	lost
+	released
+)
+
+// Lease is one grant of a lease name to this process. Its methods are safe
+// for concurrent use.
+//
+// A Lease is valid until its Context is done. Do the guarded work under that
+// context and present Token to every fenced write: the context stops work
+// promptly when the lease is lost, and the token makes the store reject the
+// writes of a holder that was paused past its deadline.
+type Lease struct {
+	m       *Manager
+	rec     Record
+	granted time.Time
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu       sync.Mutex
+	state    state
+	deadline time.Time   // local deadline, with a monotonic reading
+	timer    *time.Timer // fires at deadline
+	endErr   error       // nil while held
+	lastErr  error       // last renew error, for LostError.Cause
+
+	releaseMu     sync.Mutex // serialises Release
+	storeReleased bool       // the store confirmed the release (or there is nothing to release)
+
+	heartbeatDone chan struct{}
+}
+
+func newLease(m *Manager, parent context.Context, rec Record, sent, deadline time.Time) *Lease {
+	ctx, cancel := context.WithCancelCause(fence.NewContext(context.WithoutCancel(parent), rec.Token))
+	l := &Lease{
+		m: m, rec: rec, granted: sent,
+		ctx: ctx, cancel: cancel,
+		deadline:      deadline,
+		heartbeatDone: make(chan struct{}),
+	}
+	l.mu.Lock()
+	l.timer = time.AfterFunc(time.Until(deadline), l.onDeadline)
+	l.mu.Unlock()
+	if m.o.DisableAutoRenew {
+		close(l.heartbeatDone)
+	} else {
+		go l.heartbeat()
+	}
+	return l
+}
+
+// Name returns the lease name.
+func (l *Lease) Name() string { return l.rec.Name }
+
+// Owner returns the owner this grant is stored under: the Manager's
+// Identity plus a random suffix, unique to this grant.
+func (l *Lease) Owner() string { return l.rec.Owner }
+
+// Token returns the fencing token of this grant: never 0, and greater than
+// every token granted before for this name. Present it to every fenced
+// write (packages sqlguard and blobguard).
+func (l *Lease) Token() fence.Token { return l.rec.Token }
+
+// TTL returns the lease's time to live at the store.
+func (l *Lease) TTL() time.Duration { return l.rec.TTL }
+
+// Deadline returns the local deadline: when the last successful acquire or
+// renew request was sent, plus the TTL, minus the safety margin. The time
+// carries a monotonic clock reading, so time.Until(l.Deadline()) is immune
+// to wall-clock steps. Past it the lease is lost.
+func (l *Lease) Deadline() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.deadline
+}
+
+// Context returns a context that is cancelled when the lease is lost or
+// released; context.Cause then returns the same error as Err. It carries
+// the lease's token (fence.FromContext) and the values of the context
+// passed to Acquire, but not that context's cancellation.
+func (l *Lease) Context() context.Context { return l.ctx }
+
+// Done returns a channel that is closed when the lease is lost or released.
+func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
+
+// Err returns nil while the lease is held, ErrReleased after Release, and a
+// *LostError (matching ErrLost) after the lease was lost.
+func (l *Lease) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.endErr
+}
+
+// Renew extends the lease now, in one request, and moves the local deadline
+// to the send time of that request plus TTL minus the safety margin. The
+// request is bounded by ctx and by the current local deadline. Automatic
+// renewal (on by default) calls the same code.
+//
+// Errors: a *LostError (ErrLost) if the store no longer names this holder,
+// in which case the lease ends at once, or if it was already lost;
+// ErrReleased after Release; otherwise the store's error, after which the
+// lease stays valid until its local deadline.
+func (l *Lease) Renew(ctx context.Context) error {
+	l.mu.Lock()
+	if l.state != held {
+		err := l.endErr
+		l.mu.Unlock()
+		return err
+	}
+	deadline := l.deadline
+	l.mu.Unlock()
+
+	rctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	sent := time.Now()
+	err := l.m.b.Renew(rctx, l.rec)
+	l.m.o.Observer.Renewed(RenewedEvent{Name: l.rec.Name, Token: l.rec.Token, Sent: sent, Latency: time.Since(sent), Err: err})
+	switch {
+	case err == nil:
+		if l.extend(sent) {
+			l.m.o.Logger.Debug("lease: renewed", "name", l.rec.Name, "token", uint64(l.rec.Token))
+			return nil
+		}
+		// The lease ended while the request was out. If it was lost, the
+		// store still names us: give the grant back so that others need
+		// not wait a TTL.
+		if errors.Is(l.Err(), ErrLost) {
+			l.m.releaseQuietly(ctx, l.rec)
+		}
+		return l.Err()
+	case errors.Is(err, ErrNotHeld):
+		l.lose(LostTakenOver, err)
+		return l.Err()
+	default:
+		l.mu.Lock()
+		l.lastErr = err
+		l.mu.Unlock()
+		return fmt.Errorf("lease: renew %q (token %d): %w", l.rec.Name, l.rec.Token, err)
+	}
+}
+
+// extend moves the deadline after a renew sent at sent succeeded, and
+// reports whether the lease is still held.
+func (l *Lease) extend(sent time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.state != held {
+		return false
+	}
+	l.lastErr = nil
+	if d := sent.Add(l.m.o.TTL - l.m.o.SafetyMargin); d.After(l.deadline) {
+		l.deadline = d
+		l.timer.Reset(time.Until(d))
+	}
+	return true
+}
+
+// onDeadline runs when the deadline timer fires.
+func (l *Lease) onDeadline() {
+	l.mu.Lock()
+	if l.state != held {
+		l.mu.Unlock()
+		return
+	}
+	if d := time.Until(l.deadline); d > 0 {
+		// A renewal moved the deadline after the timer had fired.
+		l.timer.Reset(d)
+		l.mu.Unlock()
+		return
+	}
+	l.mu.Unlock()
+	l.lose(LostExpired, nil)
+}
+
+// lose ends a held lease as lost, once.
+func (l *Lease) lose(reason LostReason, cause error) {
+	l.mu.Lock()
+	if l.state != held {
+		l.mu.Unlock()
+		return
+	}
+	if cause == nil {
+		cause = l.lastErr
+	}
+	err := &LostError{Name: l.rec.Name, Token: l.rec.Token, Reason: reason, Cause: cause}
+	l.state, l.endErr = lost, err
+	if reason == LostTakenOver {
+		l.storeReleased = true // the store holds nothing of ours
+	}
+	l.timer.Stop()
+	l.mu.Unlock()
+	// Report before cancelling, so that whoever waits on Done sees the event
+	// already counted.
+	l.m.o.Observer.Lost(LostEvent{Name: l.rec.Name, Token: l.rec.Token, Reason: reason, Held: time.Since(l.granted), Err: err})
+	l.m.o.Logger.Warn("lease: lost", "name", l.rec.Name, "token", uint64(l.rec.Token), "reason", string(reason), "err", cause)
+	l.cancel(err)
+}
+
+// heartbeat renews the lease every RenewInterval, retrying transient errors
+// every RenewRetryInterval, until the lease ends.
+func (l *Lease) heartbeat() {
+	defer close(l.heartbeatDone)
+	t := time.NewTimer(l.m.o.RenewInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.ctx.Done():
+			return
+		case <-t.C:
+		}
+		next := l.m.o.RenewInterval
+		if err := l.Renew(l.ctx); err != nil {
+			if l.Err() != nil {
+				return
+			}
+			next = l.m.o.RenewRetryInterval
+			l.m.o.Logger.Debug("lease: renew failed, retrying", "name", l.rec.Name, "err", err, "in", next)
+		}
+		t.Reset(next)
+	}
+}
+
+// Release ends the lease: it cancels the lease's Context (cause
+// ErrReleased), stops the heartbeat and waits for it, and deletes the grant
+// at the store if the store still names this holder (compare-and-delete),
+// which wakes waiters.
+//
+// ctx bounds the request while it is live; if it is already done, Release
+// uses a detached context, so a deferred Release works after the work's
+// context was cancelled. Either way the request is bounded by
+// Options.ReleaseTimeout.
+//
+// It returns nil when the grant was released, and when called again after
+// that. It returns a *LostError (ErrLost) when the lease had been lost, or
+// the store no longer named this holder. It returns the store's error when
+// the store could not be reached; the lease is ended locally anyway, the
+// grant expires after its TTL, and calling Release again retries.
+func (l *Lease) Release(ctx context.Context) error {
+	l.releaseMu.Lock()
+	defer l.releaseMu.Unlock()
+
+	l.mu.Lock()
+	wasHeld := l.state == held
+	if wasHeld {
+		l.state, l.endErr = released, ErrReleased
+		l.timer.Stop()
+	}
+	endErr, done := l.endErr, l.storeReleased
+	l.mu.Unlock()
+	if wasHeld {
+		l.cancel(ErrReleased)
+	}
+	<-l.heartbeatDone
+	if done {
+		if errors.Is(endErr, ErrLost) {
+			return endErr
+		}
+		return nil
+	}
+
+	rctx, cancel := l.m.releaseContext(ctx)
+	defer cancel()
+	err := l.m.b.Release(rctx, l.rec)
+	switch {
+	case err == nil || errors.Is(err, ErrNotHeld):
+		l.mu.Lock()
+		l.storeReleased = true
+		l.mu.Unlock()
+	default:
+		err = fmt.Errorf("lease: release %q (token %d): %w", l.rec.Name, l.rec.Token, err)
+	}
+	if wasHeld {
+		l.m.o.Observer.Released(ReleasedEvent{Name: l.rec.Name, Token: l.rec.Token, Held: time.Since(l.granted), Err: err})
+	}
+	switch {
+	case errors.Is(endErr, ErrLost):
+		// Lost before Release; the delete above only tidied the store.
+		if err != nil && !errors.Is(err, ErrNotHeld) {
+			return errors.Join(endErr, err)
+		}
+		return endErr
+	case errors.Is(err, ErrNotHeld):
+		// We believed we held it, but the store had let it go.
+		return &LostError{Name: l.rec.Name, Token: l.rec.Token, Reason: LostTakenOver, Cause: err}
+	}
+	return err
+}

@@ -1,0 +1,341 @@
+package lease_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/leasetest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestMemoryConformance(t *testing.T) {
+	leasetest.Run(t, func(t *testing.T) func() lease.Backend {
+		b := lease.NewMemoryBackend()
+		return func() lease.Backend { return b }
+	})
+}
+
+// faultBackend wraps a Backend to count calls and inject faults.
+type faultBackend struct {
+	lease.Backend
+	calls        atomic.Int64
+	acquireDelay time.Duration
+	renewErr     atomic.Pointer[error]
+	renews       atomic.Int64
+}
+
+func (f *faultBackend) Acquire(ctx context.Context, r lease.Record) (fence.Token, error) {
+	f.calls.Add(1)
+	tok, err := f.Backend.Acquire(ctx, r)
+	time.Sleep(f.acquireDelay) // the reply is held up on its way back
+	return tok, err
+}
+
+func (f *faultBackend) Renew(ctx context.Context, r lease.Record) error {
+	f.calls.Add(1)
+	f.renews.Add(1)
+	if p := f.renewErr.Load(); p != nil {
+		return *p
+	}
+	return f.Backend.Renew(ctx, r)
+}
+
+func (f *faultBackend) Release(ctx context.Context, r lease.Record) error {
+	f.calls.Add(1)
+	return f.Backend.Release(ctx, r)
+}
+
+func TestNewManagerRejectsBadOptions(t *testing.T) {
+	valid := lease.Options{TTL: time.Second}
+	for _, tc := range []struct {
+		name    string
+		nilB    bool
+		opts    lease.Options
+		wantSub []string
+	}{
+		{"nil backend", true, valid, []string{"backend is nil"}},
+		{"zero TTL", false, lease.Options{}, []string{"TTL is 0s"}},
+		{"negative TTL", false, lease.Options{TTL: -time.Second}, []string{"TTL is -1s"}},
+		{"TTL not whole ms", false, lease.Options{TTL: 1500 * time.Microsecond}, []string{"whole number of milliseconds"}},
+		{"TTL too short", false, lease.Options{TTL: 5 * time.Millisecond}, []string{"too short to renew"}},
+		{"margin >= TTL", false, lease.Options{TTL: time.Second, SafetyMargin: time.Second}, []string{"safety margin 1s must be less than the TTL"}},
+		{"negative margin", false, lease.Options{TTL: time.Second, SafetyMargin: -2 * time.Millisecond}, []string{"must not be negative"}},
+		{"renew interval == TTL", false, lease.Options{TTL: time.Second, RenewInterval: time.Second}, []string{"cannot keep the lease alive"}},
+		{"renew interval just above half", false, lease.Options{TTL: time.Second, RenewInterval: 495 * time.Millisecond}, []string{"cannot keep the lease alive"}},
+		{"negative renew interval", false, lease.Options{TTL: time.Second, RenewInterval: -time.Millisecond}, []string{"renew interval is -1ms"}},
+		{"negative poll", false, lease.Options{TTL: time.Second, PollInterval: -1}, []string{"poll interval"}},
+		{"negative release timeout", false, lease.Options{TTL: time.Second, ReleaseTimeout: -1}, []string{"release timeout"}},
+		{"identity with space", false, lease.Options{TTL: time.Second, Identity: "a b"}, []string{"identity"}},
+		{"identity too long", false, lease.Options{TTL: time.Second, Identity: strings.Repeat("x", 129)}, []string{"identity is 129 bytes"}},
+		{"all at once", true, lease.Options{TTL: time.Second, SafetyMargin: 2 * time.Second, RenewInterval: -1, PollInterval: -1}, []string{"backend is nil", "safety margin", "renew interval", "poll interval"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fb := &faultBackend{Backend: lease.NewMemoryBackend()}
+			var b lease.Backend = fb
+			if tc.nilB {
+				b = nil
+			}
+			m, err := lease.NewManager(b, tc.opts)
+			if err == nil || m != nil {
+				t.Fatalf("NewManager = %v, %v; want an error", m, err)
+			}
+			if !errors.Is(err, lease.ErrInvalidOptions) {
+				t.Fatalf("error %v does not match ErrInvalidOptions", err)
+			}
+			for _, s := range tc.wantSub {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("error %q does not mention %q", err, s)
+				}
+			}
+			if n := fb.calls.Load(); n != 0 {
+				t.Fatalf("%d backend calls during construction, want 0", n)
+			}
+		})
+	}
+}
+
+func TestNewManagerDoesNotChangeCallerOptions(t *testing.T) {
+	opts := lease.Options{TTL: 3 * time.Second}
+	m, err := lease.NewManager(lease.NewMemoryBackend(), opts, lease.WithRenewInterval(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts != (lease.Options{TTL: 3 * time.Second}) {
+		t.Fatalf("caller's options changed: %+v", opts)
+	}
+	got := m.Options()
+	if got.RenewInterval != time.Second || got.SafetyMargin != 3*time.Second/100+2*time.Millisecond || got.Identity == "" {
+		t.Fatalf("effective options %+v", got)
+	}
+	if d, _ := lease.NewManager(lease.NewMemoryBackend(), lease.Options{TTL: 9 * time.Second}); d.Options().RenewInterval != 3*time.Second {
+		t.Fatalf("default renew interval = %v, want TTL/3", d.Options().RenewInterval)
+	}
+}
+
+func TestBadNamesDoNoIO(t *testing.T) {
+	fb := &faultBackend{Backend: lease.NewMemoryBackend()}
+	m, err := lease.NewManager(fb, lease.Options{TTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"", strings.Repeat("n", lease.MaxNameLen+1), "bad\x00nul", "new\nline", "\xff\xfe"} {
+		if _, err := m.TryAcquire(context.Background(), n); !errors.Is(err, lease.ErrInvalidName) {
+			t.Errorf("TryAcquire(%q) = %v, want ErrInvalidName", n, err)
+		}
+		if _, err := m.Acquire(context.Background(), n); !errors.Is(err, lease.ErrInvalidName) {
+			t.Errorf("Acquire(%q) = %v, want ErrInvalidName", n, err)
+		}
+	}
+	if n := fb.calls.Load(); n != 0 {
+		t.Fatalf("%d backend calls for invalid names, want 0", n)
+	}
+	if err := lease.ValidateName(strings.Repeat("n", lease.MaxNameLen)); err != nil {
+		t.Fatalf("a name of MaxNameLen bytes was rejected: %v", err)
+	}
+}
+
+// The local deadline counts from when the request was sent, not from when
+// the reply arrived.
+func TestDeadlineCountsFromSend(t *testing.T) {
+	fb := &faultBackend{Backend: lease.NewMemoryBackend(), acquireDelay: 150 * time.Millisecond}
+	m, err := lease.NewManager(fb, lease.Options{TTL: time.Second, DisableAutoRenew: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now()
+	l, err := m.TryAcquire(context.Background(), "deadline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(context.Background())
+	after := time.Now()
+	want := time.Second - m.Options().SafetyMargin
+	if dl := l.Deadline(); dl.After(before.Add(want+20*time.Millisecond)) || dl.After(after.Add(want-100*time.Millisecond)) {
+		t.Fatalf("deadline is %v after the call began and %v after it returned; want <= %v after the send", dl.Sub(before), dl.Sub(after), want)
+	}
+}
+
+// A grant whose reply arrives after its local deadline is given back and
+// reported as not acquired.
+func TestLateGrantIsRefused(t *testing.T) {
+	mem := lease.NewMemoryBackend()
+	fb := &faultBackend{Backend: mem, acquireDelay: 120 * time.Millisecond}
+	m, err := lease.NewManager(fb, lease.Options{TTL: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := m.TryAcquire(context.Background(), "late")
+	if !errors.Is(err, lease.ErrNotAcquired) || l != nil {
+		t.Fatalf("TryAcquire with a late reply = %v, %v; want ErrNotAcquired", l, err)
+	}
+	// The grant was given back: another owner gets it at once.
+	m2, _ := lease.NewManager(mem, lease.Options{TTL: time.Second})
+	l2, err := m2.TryAcquire(context.Background(), "late")
+	if err != nil {
+		t.Fatalf("the late grant was not given back: %v", err)
+	}
+	l2.Release(context.Background())
+}
+
+func TestHeartbeatKeepsLeaseAlive(t *testing.T) {
+	fb := &faultBackend{Backend: lease.NewMemoryBackend()}
+	m, err := lease.NewManager(fb, lease.Options{TTL: 150 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := m.TryAcquire(context.Background(), "hb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if err := l.Err(); err != nil {
+		t.Fatalf("lease ended while renewed: %v", err)
+	}
+	if n := fb.renews.Load(); n < 3 {
+		t.Fatalf("%d renewals in 1s with TTL 150ms, want several", n)
+	}
+	if err := l.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Transient renew errors are retried; at the local deadline the lease is lost
+// with the last error as its cause, even though the store never answered.
+func TestTransientRenewErrorsLoseAtDeadline(t *testing.T) {
+	fb := &faultBackend{Backend: lease.NewMemoryBackend()}
+	ttl := 300 * time.Millisecond
+	m, err := lease.NewManager(fb, lease.Options{TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := m.TryAcquire(context.Background(), "transient")
+	if err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("connection refused")
+	fb.renewErr.Store(&boom)
+	deadline := l.Deadline()
+	select {
+	case <-l.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("lease not lost after renewals kept failing")
+	}
+	lostAt := time.Now()
+	if lostAt.Before(deadline) {
+		t.Fatalf("lost %v before the deadline", deadline.Sub(lostAt))
+	}
+	var le *lease.LostError
+	if !errors.As(l.Err(), &le) || le.Reason != lease.LostExpired || !errors.Is(l.Err(), boom) {
+		t.Fatalf("Err = %v, want an expired LostError caused by %v", l.Err(), boom)
+	}
+	if n := fb.renews.Load(); n < 3 {
+		t.Fatalf("%d renew attempts, want retries", n)
+	}
+	if err := l.Release(context.Background()); !errors.Is(err, lease.ErrLost) {
+		t.Fatalf("Release = %v, want ErrLost", err)
+	}
+}
+
+// A renew that finds another owner ends the lease at once.
+func TestRenewTakenOverCancelsAtOnce(t *testing.T) {
+	fb := &faultBackend{Backend: lease.NewMemoryBackend()}
+	m, err := lease.NewManager(fb, lease.Options{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := m.TryAcquire(context.Background(), "takeover")
+	if err != nil {
+		t.Fatal(err)
+	}
+	notHeld := lease.ErrNotHeld
+	fb.renewErr.Store(&notHeld)
+	err = l.Renew(context.Background())
+	var le *lease.LostError
+	if !errors.As(err, &le) || le.Reason != lease.LostTakenOver {
+		t.Fatalf("Renew = %v, want a LostError (taken over)", err)
+	}
+	select {
+	case <-l.Done():
+	default:
+		t.Fatal("Done not closed when Renew returned")
+	}
+	if err := l.Release(context.Background()); !errors.Is(err, lease.ErrLost) {
+		t.Fatalf("Release = %v, want ErrLost", err)
+	}
+}
+
+func TestAcquireGivesUpWithContext(t *testing.T) {
+	mem := lease.NewMemoryBackend()
+	m, _ := lease.NewManager(mem, lease.Options{TTL: 10 * time.Second})
+	l, err := m.TryAcquire(context.Background(), "busy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err = m.Acquire(ctx, "busy")
+	if !errors.Is(err, lease.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire = %v, want ErrNotAcquired joined with DeadlineExceeded", err)
+	}
+}
+
+func TestLeaseContextCarriesTokenAndValues(t *testing.T) {
+	m, _ := lease.NewManager(lease.NewMemoryBackend(), lease.Options{TTL: time.Second})
+	type key struct{}
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "v"))
+	l, err := m.TryAcquire(ctx, "ctx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel() // ends the acquire's context, not the lease
+	if l.Context().Err() != nil {
+		t.Fatal("cancelling the acquire context ended the lease")
+	}
+	if tok, ok := fence.FromContext(l.Context()); !ok || tok != l.Token() {
+		t.Fatalf("FromContext = %d, %v; want %d", tok, ok, l.Token())
+	}
+	if l.Context().Value(key{}) != "v" {
+		t.Fatal("lease context lost the acquire context's values")
+	}
+	if err := l.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type recordingObserver struct {
+	lease.NopObserver
+	mu                                sync.Mutex
+	acquired, renewed, lost, released int
+}
+
+func (r *recordingObserver) Acquired(lease.AcquiredEvent) { r.mu.Lock(); r.acquired++; r.mu.Unlock() }
+func (r *recordingObserver) Renewed(lease.RenewedEvent)   { r.mu.Lock(); r.renewed++; r.mu.Unlock() }
+func (r *recordingObserver) Lost(lease.LostEvent)         { r.mu.Lock(); r.lost++; r.mu.Unlock() }
+func (r *recordingObserver) Released(lease.ReleasedEvent) { r.mu.Lock(); r.released++; r.mu.Unlock() }
+
+func TestObserverEvents(t *testing.T) {
+	obs := &recordingObserver{}
+	m, _ := lease.NewManager(lease.NewMemoryBackend(), lease.Options{TTL: time.Second, DisableAutoRenew: true}, lease.WithObserver(obs))
+	l, _ := m.TryAcquire(context.Background(), "obs")
+	_ = l.Renew(context.Background())
+	_ = l.Release(context.Background())
+	l2, _ := m.TryAcquire(context.Background(), "obs2")
+	<-l2.Done()
+	_ = l2.Release(context.Background())
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if obs.acquired != 2 || obs.renewed != 1 || obs.released != 1 || obs.lost != 1 {
+		t.Fatalf("events: %+v", obs)
+	}
+}

@@ -1,0 +1,183 @@
+package lease
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+	"unicode"
+)
+
+// MinTTL is the shortest TTL a Manager accepts.
+const MinTTL = 10 * time.Millisecond
+
+// Options configures a Manager. The zero value of every field but TTL
+// selects its documented default. NewManager copies the struct; it never
+// changes the caller's.
+type Options struct {
+	// TTL is how long the store keeps a grant after each acquire or renew.
+	// Required: a whole number of milliseconds, at least MinTTL (10 ms).
+	TTL time.Duration
+
+	// RenewInterval is the time between automatic renewals. Default TTL/3.
+	// It must leave room for at least two renew attempts before the local
+	// deadline: RenewInterval <= (TTL - SafetyMargin) / 2.
+	RenewInterval time.Duration
+
+	// DisableAutoRenew turns the background heartbeat off; the holder then
+	// calls Lease.Renew itself. The local deadline is enforced either way.
+	DisableAutoRenew bool
+
+	// SafetyMargin is subtracted from the TTL when computing a lease's
+	// local deadline, to allow for clock drift between the store and this
+	// process. Default TTL/100 + 2 ms (the Redlock drift allowance). Must
+	// be less than TTL. Set NoSafetyMargin for none.
+	SafetyMargin time.Duration
+
+	// RenewRetryInterval is the pause between retries of a renewal that
+	// failed with a transient error. Renewal retries until the local
+	// deadline. Default RenewInterval/4, at most 1 s.
+	RenewRetryInterval time.Duration
+
+	// PollInterval is the longest a blocked Acquire waits between attempts
+	// when no release signal arrives (the fallback for leases that expire
+	// rather than being released, and for backends without Watcher). Each
+	// wait is jittered between half and all of the smaller of PollInterval
+	// and the store's estimate of the holder's remaining time. Default:
+	// TTL/2, at most 1 s.
+	PollInterval time.Duration
+
+	// ReleaseTimeout bounds a Release that is called with a context that
+	// is already done, or has no deadline. Default 5 s.
+	ReleaseTimeout time.Duration
+
+	// Identity prefixes every owner this Manager creates, to tell holders
+	// apart in the store and in logs (for example "billing-7f9c/pid-42").
+	// At most 128 bytes, printable, no spaces. A random suffix keeps each
+	// owner unique. Default: "host/pid-N".
+	Identity string
+
+	// Observer receives events for metrics. Default: none.
+	Observer Observer
+
+	// Logger receives debug logs of renewals and warnings of losses.
+	// Default: discard.
+	Logger *slog.Logger
+}
+
+// NoSafetyMargin, as Options.SafetyMargin, selects a margin of zero.
+const NoSafetyMargin time.Duration = -1
+
+// WithTTL returns an option function that sets Options.TTL.
+func WithTTL(ttl time.Duration) func(*Options) { return func(o *Options) { o.TTL = ttl } }
+
+// WithRenewInterval returns an option function that sets Options.RenewInterval.
+func WithRenewInterval(d time.Duration) func(*Options) {
+	return func(o *Options) { o.RenewInterval = d }
+}
+
+// WithoutAutoRenew returns an option function that sets Options.DisableAutoRenew.
+func WithoutAutoRenew() func(*Options) { return func(o *Options) { o.DisableAutoRenew = true } }
+
+// WithSafetyMargin returns an option function that sets Options.SafetyMargin.
+func WithSafetyMargin(d time.Duration) func(*Options) {
+	return func(o *Options) { o.SafetyMargin = d }
+}
+
+// WithObserver returns an option function that sets Options.Observer.
+func WithObserver(obs Observer) func(*Options) { return func(o *Options) { o.Observer = obs } }
+
+// WithLogger returns an option function that sets Options.Logger.
+func WithLogger(l *slog.Logger) func(*Options) { return func(o *Options) { o.Logger = l } }
+
+// withDefaults fills zero fields. Fields that are invalid are left for
+// validate to report.
+func (o Options) withDefaults() Options {
+	if o.TTL <= 0 {
+		return o
+	}
+	switch {
+	case o.SafetyMargin == 0:
+		o.SafetyMargin = o.TTL/100 + 2*time.Millisecond
+		if o.SafetyMargin >= o.TTL/2 {
+			// Very short TTLs: keep the margin proportionate.
+			o.SafetyMargin = o.TTL / 10
+		}
+	case o.SafetyMargin == NoSafetyMargin:
+		o.SafetyMargin = 0
+	}
+	if o.RenewInterval == 0 {
+		o.RenewInterval = o.TTL / 3
+	}
+	if o.RenewRetryInterval == 0 && o.RenewInterval > 0 {
+		o.RenewRetryInterval = min(o.RenewInterval/4, time.Second)
+	}
+	if o.PollInterval == 0 {
+		o.PollInterval = min(o.TTL/2, time.Second)
+	}
+	if o.ReleaseTimeout == 0 {
+		o.ReleaseTimeout = 5 * time.Second
+	}
+	if o.Observer == nil {
+		o.Observer = NopObserver{}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return o
+}
+
+// validate reports every problem at once, joined, each matching
+// ErrInvalidOptions.
+func (o Options) validate(b Backend) error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...))
+	}
+	if b == nil {
+		bad("backend is nil")
+	}
+	switch {
+	case o.TTL <= 0:
+		bad("TTL is %v, it must be positive", o.TTL)
+	case o.TTL%time.Millisecond != 0:
+		bad("TTL is %v, it must be a whole number of milliseconds", o.TTL)
+	case o.TTL < MinTTL:
+		bad("TTL is %v, too short to renew: the minimum is %v", o.TTL, MinTTL)
+	}
+	if o.TTL <= 0 {
+		// Nothing else can be related to a missing TTL.
+		return errors.Join(errs...)
+	}
+	if o.SafetyMargin < 0 {
+		bad("safety margin is %v, it must not be negative (use NoSafetyMargin for none)", o.SafetyMargin)
+	} else if o.SafetyMargin >= o.TTL {
+		bad("safety margin %v must be less than the TTL %v", o.SafetyMargin, o.TTL)
+	}
+	validity := o.TTL - max(o.SafetyMargin, 0)
+	switch {
+	case o.RenewInterval < 0:
+		bad("renew interval is %v, it must be positive", o.RenewInterval)
+	case o.SafetyMargin >= 0 && o.SafetyMargin < o.TTL && o.RenewInterval > validity/2:
+		bad("renew interval %v cannot keep the lease alive: at least two renewals must fit before the local deadline, so it must be at most (TTL - safety margin)/2 = %v", o.RenewInterval, validity/2)
+	}
+	if o.RenewRetryInterval < 0 {
+		bad("renew retry interval is %v, it must be positive", o.RenewRetryInterval)
+	}
+	if o.PollInterval < 0 {
+		bad("poll interval is %v, it must be positive", o.PollInterval)
+	}
+	if o.ReleaseTimeout < 0 {
+		bad("release timeout is %v, it must be positive", o.ReleaseTimeout)
+	}
+	if len(o.Identity) > 128 {
+		bad("identity is %d bytes, the limit is 128", len(o.Identity))
+	}
+	for _, r := range o.Identity {
+		if !unicode.IsPrint(r) || unicode.IsSpace(r) {
+			bad("identity %q contains %U: only printable characters without spaces are allowed", o.Identity, r)
+			break
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,219 @@
+// Package redislease is the Redis backend of package lease, over go-redis v9
+// (a standalone client, Sentinel failover client or Cluster client).
+//
+// Each operation is one Lua script, one round trip:
+//
+//   - Acquire: if the lease hash is absent, store {owner, token} with a TTL
+//     in milliseconds (PEXPIRE) and mint the token; if the same owner holds
+//     it (a retried request), extend it and return its token; otherwise
+//     return the holder's remaining time (PTTL).
+//   - Renew: extend the TTL only if the stored owner is the caller
+//     (compare-then-extend).
+//   - Release: delete only if the stored owner is the caller
+//     (compare-then-delete), and PUBLISH on the lease's release channel so
+//     that blocked waiters wake at once.
+//
+// The keys of one lease name share a Redis Cluster hash slot: they are
+// "<prefix>{<name>}:lease", "<prefix>{<name>}:token" and the channel
+// "<prefix>{<name>}:released", with '%', '{' and '}' in the name
+// percent-encoded so that any name keeps its braces balanced.
+//
+// # Fencing tokens and what survives data loss
+//
+// A token is the larger of (the last token granted for the name + 1) and
+// the Redis server's clock in microseconds since the Unix epoch, read with
+// TIME inside the acquire script. So tokens strictly grow while the counter
+// key survives, and keep growing after it is lost (FLUSHALL, a restart
+// without persistence, eviction of the key, a failover to a replica that had
+// not received the last grants): the first grant afterwards gets the
+// server's current time in microseconds, greater than every earlier token
+// as long as the clock of the server that grants it reads later than the
+// clocks of the servers that granted the earlier ones did at the time. That
+// is the assumption: a server's clock is never stepped back, and the clocks
+// of servers that can replace each other (Sentinel or Cluster failover)
+// differ by less than the time a failover takes. Tokens stay below 2^53
+// until the year 2255.
+//
+// Exclusivity has the usual Redis limits: with asynchronous replication a
+// failover can lose a grant and let a second holder in. The fencing token
+// is what makes that safe at the store (packages sqlguard and blobguard).
+//
+// Use a client with ContextTimeoutEnabled set, so that a request's context
+// bounds the socket wait; a lease is declared lost at its local deadline
+// either way.
+package redislease
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/lease"
+)
+
+// Client is the part of a go-redis v9 client the backend uses. Every
+// redis.UniversalClient (*redis.Client, *redis.ClusterClient, a failover
+// client) satisfies it, as does a wrapper that injects faults.
+type Client interface {
+	redis.Scripter
+	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
+}
+
+var (
+	_ Client        = redis.UniversalClient(nil)
+	_ lease.Backend = (*Backend)(nil)
+	_ lease.Watcher = (*Backend)(nil)
+)
+
+var (
+	// ErrClosed is returned by Watch after Close.
+	ErrClosed = errors.New("redislease: backend closed")
+	// ErrInvalidOptions is matched by New's error for unusable options.
+	ErrInvalidOptions = errors.New("redislease: invalid options")
+)
+
+var (
+	//go:embed acquire.lua
+	acquireSrc    string
+	acquireScript = redis.NewScript(acquireSrc)
+	//go:embed renew.lua
+	renewSrc    string
+	renewScript = redis.NewScript(renewSrc)
+	//go:embed release.lua
+	releaseSrc    string
+	releaseScript = redis.NewScript(releaseSrc)
+)
+
+// Options configures a Backend.
+type Options struct {
+	// Prefix starts every key and channel name. Default "fencekit:". It
+	// must not contain '{' or '}' (they would break the hash tags).
+	Prefix string
+}
+
+// Backend stores leases in Redis. It is safe for concurrent use. Call Close
+// when done to end its pub/sub connection.
+type Backend struct {
+	c      Client
+	prefix string
+	hub    *hub
+}
+
+// New returns a Backend over c. It does no I/O: scripts are loaded on first
+// use (EVALSHA, falling back to EVAL once).
+func New(c Client, optFns ...func(*Options)) (*Backend, error) {
+	o := Options{Prefix: "fencekit:"}
+	for _, fn := range optFns {
+		fn(&o)
+	}
+	var errs []error
+	if c == nil {
+		errs = append(errs, fmt.Errorf("%w: client is nil", ErrInvalidOptions))
+	}
+	if strings.ContainsAny(o.Prefix, "{}") {
+		errs = append(errs, fmt.Errorf("%w: prefix %q contains a brace", ErrInvalidOptions, o.Prefix))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return &Backend{c: c, prefix: o.Prefix, hub: newHub(c)}, nil
+}
+
+// Keys are the Redis names used for one lease name.
+type Keys struct {
+	// Lease is the hash holding the owner and token of the current grant.
+	Lease string
+	// Token is the counter holding the last token granted.
+	Token string
+	// Channel is where a release is published.
+	Channel string
+}
+
+var nameEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
+
+// KeysFor returns the keys the backend uses for the lease name.
+func (b *Backend) KeysFor(name string) Keys {
+	base := b.prefix + "{" + nameEscaper.Replace(name) + "}:"
+	return Keys{Lease: base + "lease", Token: base + "token", Channel: base + "released"}
+}
+
+func ttlMillis(ttl time.Duration) (int64, error) {
+	if ttl < time.Millisecond || ttl%time.Millisecond != 0 {
+		return 0, fmt.Errorf("redislease: TTL %v is not a positive whole number of milliseconds", ttl)
+	}
+	return ttl.Milliseconds(), nil
+}
+
+// Acquire implements lease.Backend in one script call.
+func (b *Backend) Acquire(ctx context.Context, rec lease.Record) (fence.Token, error) {
+	ms, err := ttlMillis(rec.TTL)
+	if err != nil {
+		return 0, err
+	}
+	k := b.KeysFor(rec.Name)
+	res, err := acquireScript.Run(ctx, b.c, []string{k.Lease, k.Token}, rec.Owner, ms).Slice()
+	if err != nil {
+		return 0, fmt.Errorf("redislease: acquire %q: %w", rec.Name, err)
+	}
+	if len(res) != 2 {
+		return 0, fmt.Errorf("redislease: acquire %q: unexpected reply %v", rec.Name, res)
+	}
+	if ok, _ := res[0].(int64); ok == 0 {
+		pttl, _ := res[1].(int64)
+		return 0, &lease.NotAcquiredError{Name: rec.Name, RetryAfter: time.Duration(max(pttl, 0)) * time.Millisecond}
+	}
+	s, _ := res[1].(string)
+	tok, err := strconv.ParseUint(s, 10, 64)
+	if err != nil || tok == 0 {
+		return 0, fmt.Errorf("redislease: acquire %q: the store returned an invalid token %v", rec.Name, res[1])
+	}
+	return fence.Token(tok), nil
+}
+
+// Renew implements lease.Backend in one script call.
+func (b *Backend) Renew(ctx context.Context, rec lease.Record) error {
+	ms, err := ttlMillis(rec.TTL)
+	if err != nil {
+		return err
+	}
+	n, err := renewScript.Run(ctx, b.c, []string{b.KeysFor(rec.Name).Lease}, rec.Owner, ms).Int64()
+	if err != nil {
+		return fmt.Errorf("redislease: renew %q: %w", rec.Name, err)
+	}
+	if n != 1 {
+		return lease.ErrNotHeld
+	}
+	return nil
+}
+
+// Release implements lease.Backend in one script call, publishing on the
+// release channel when it deletes.
+func (b *Backend) Release(ctx context.Context, rec lease.Record) error {
+	k := b.KeysFor(rec.Name)
+	n, err := releaseScript.Run(ctx, b.c, []string{k.Lease}, rec.Owner, k.Channel).Int64()
+	if err != nil {
+		return fmt.Errorf("redislease: release %q: %w", rec.Name, err)
+	}
+	if n != 1 {
+		return lease.ErrNotHeld
+	}
+	return nil
+}
+
+// Watch implements lease.Watcher over one shared pub/sub connection. It
+// returns once Redis has confirmed the subscription, bounded by ctx.
+func (b *Backend) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
+	return b.hub.watch(ctx, b.KeysFor(name).Channel)
+}
+
+// Close ends the backend's pub/sub connection and its goroutines. It does
+// not close the client. Leases already acquired keep working; Watch fails
+// with ErrClosed afterwards.
+func (b *Backend) Close() error { return b.hub.close() }

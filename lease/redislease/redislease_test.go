@@ -1,0 +1,444 @@
+package redislease_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/leasetest"
+	"github.com/fencekit/fencekit/lease/redislease"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func newBackend(t testing.TB, c redislease.Client, prefix string) *redislease.Backend {
+	t.Helper()
+	b, err := redislease.New(c, func(o *redislease.Options) { o.Prefix = prefix })
+	if err != nil {
+		t.Fatalf("redislease.New: %v", err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+func newManager(t testing.TB, b lease.Backend, opts lease.Options) *lease.Manager {
+	t.Helper()
+	m, err := lease.NewManager(b, opts)
+	if err != nil {
+		t.Fatalf("lease.NewManager: %v", err)
+	}
+	return m
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// The shared Redis, each connection its own client.
+func TestConformance(t *testing.T) {
+	leasetest.Run(t, func(t *testing.T) func() lease.Backend {
+		prefix := redistest.Prefix(t)
+		return func() lease.Backend { return newBackend(t, redistest.Shared(t), prefix) }
+	})
+}
+
+// A real single-node Redis Cluster: every script's keys must share a hash
+// slot, or Redis answers CROSSSLOT.
+func TestConformanceCluster(t *testing.T) {
+	srv := redistest.Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+	admin := srv.Client()
+	ctx := ctxT(t)
+	if err := admin.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", "0", "16383").Err(); err != nil {
+		t.Fatalf("CLUSTER ADDSLOTSRANGE: %v", err)
+	}
+	for i := 0; ; i++ {
+		info, err := admin.ClusterInfo(ctx).Result()
+		if err == nil && containsLine(info, "cluster_state:ok") {
+			break
+		}
+		if i > 100 {
+			t.Fatalf("cluster never became ok: %v %s", err, info)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	leasetest.Run(t, func(t *testing.T) func() lease.Backend {
+		prefix := redistest.Prefix(t)
+		return func() lease.Backend {
+			c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{srv.Addr}, ContextTimeoutEnabled: true})
+			t.Cleanup(func() { _ = c.Close() })
+			return newBackend(t, c, prefix)
+		}
+	})
+}
+
+func containsLine(s, line string) bool {
+	for len(s) > 0 {
+		i := 0
+		for i < len(s) && s[i] != '\n' {
+			i++
+		}
+		if l := s[:i]; l == line || l == line+"\r" {
+			return true
+		}
+		if i == len(s) {
+			break
+		}
+		s = s[i+1:]
+	}
+	return false
+}
+
+func TestNewRejectsBadOptions(t *testing.T) {
+	if _, err := redislease.New(nil); !errors.Is(err, redislease.ErrInvalidOptions) {
+		t.Fatalf("New(nil) = %v, want ErrInvalidOptions", err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer c.Close()
+	_, err := redislease.New(c, func(o *redislease.Options) { o.Prefix = "a{b}:" })
+	if !errors.Is(err, redislease.ErrInvalidOptions) {
+		t.Fatalf("New with a braced prefix = %v, want ErrInvalidOptions", err)
+	}
+}
+
+func TestKeysShareHashTag(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer c.Close()
+	b := newBackend(t, c, "p:")
+	for name, want := range map[string]string{
+		"jobs":   "p:{jobs}:",
+		"a{b}c":  "p:{a%7Bb%7Dc}:",
+		"}":      "p:{%7D}:",
+		"50%":    "p:{50%25}:",
+		"a%7Bb":  "p:{a%257Bb}:",
+		"ünï":    "p:{ünï}:",
+		"x:y{z}": "p:{x:y%7Bz%7D}:",
+	} {
+		k := b.KeysFor(name)
+		if k.Lease != want+"lease" || k.Token != want+"token" || k.Channel != want+"released" {
+			t.Errorf("KeysFor(%q) = %+v, want the base %q", name, k, want)
+		}
+	}
+}
+
+func acquire(t *testing.T, m *lease.Manager, name string) *lease.Lease {
+	t.Helper()
+	l, err := m.TryAcquire(ctxT(t), name)
+	if err != nil {
+		t.Fatalf("TryAcquire(%q): %v", name, err)
+	}
+	return l
+}
+
+// Tokens keep growing when the counter is lost: FLUSHALL, a restart without
+// persistence, the counter deleted alone, and the counter set back (a
+// failover to a replica that lagged).
+func TestTokensSurviveCounterLoss(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	b := newBackend(t, c, "fencekit:")
+	m := newManager(t, b, lease.Options{TTL: 10 * time.Second})
+	const name = "counter-loss"
+	keys := b.KeysFor(name)
+
+	steps := []struct {
+		what string
+		lose func()
+	}{
+		{"FLUSHALL", func() {
+			if err := c.FlushAll(ctxT(t)).Err(); err != nil {
+				t.Fatalf("FLUSHALL: %v", err)
+			}
+		}},
+		{"DEL counter", func() {
+			if err := c.Del(ctxT(t), keys.Token).Err(); err != nil {
+				t.Fatalf("DEL: %v", err)
+			}
+		}},
+		{"counter set back to 1", func() {
+			if err := c.Set(ctxT(t), keys.Token, 1, 0).Err(); err != nil {
+				t.Fatalf("SET: %v", err)
+			}
+		}},
+		{"restart without persistence", func() {
+			srv.Restart()
+			if n, err := c.Exists(ctxT(t), keys.Token).Result(); err != nil || n != 0 {
+				t.Fatalf("after restart the counter exists=%d (%v); the test needs an empty server", n, err)
+			}
+		}},
+	}
+	last := fence.None
+	for _, step := range steps {
+		l := acquire(t, m, name)
+		if l.Token() <= last {
+			t.Fatalf("before %s: token %d <= previous %d", step.what, l.Token(), last)
+		}
+		last = l.Token()
+		if err := l.Release(ctxT(t)); err != nil && step.what != "restart without persistence" {
+			t.Fatalf("Release: %v", err)
+		}
+		step.lose()
+		l2 := acquire(t, m, name)
+		if l2.Token() <= last {
+			t.Fatalf("after %s: token %d is not greater than the last token %d", step.what, l2.Token(), last)
+		}
+		t.Logf("%s: token %d -> %d", step.what, last, l2.Token())
+		last = l2.Token()
+		if err := l2.Release(ctxT(t)); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+	}
+}
+
+// renewLog records the send time of every successful renewal.
+type renewLog struct {
+	lease.NopObserver
+	mu       sync.Mutex
+	lastSent time.Time
+}
+
+func (r *renewLog) Renewed(e lease.RenewedEvent) {
+	if e.Err == nil {
+		r.mu.Lock()
+		r.lastSent = e.Sent
+		r.mu.Unlock()
+	}
+}
+
+func (r *renewLog) last() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lastSent
+}
+
+// Loss is noticed before expiry: with the holder's Redis paused (CLIENT
+// PAUSE on a server of this test's own), the lease context is cancelled
+// before TTL has passed since the last successful renewal was sent; another
+// holder gets the lease afterwards, with a greater token.
+func TestLossNoticedBeforeExpiry(t *testing.T) {
+	srv := redistest.Start(t)
+	const ttl = time.Second
+	log := &renewLog{}
+	holderM := newManager(t, newBackend(t, srv.Client(), "fencekit:"), lease.Options{TTL: ttl, Observer: log})
+	otherM := newManager(t, newBackend(t, srv.Client(), "fencekit:"), lease.Options{TTL: ttl})
+	const name = "paused"
+	l := acquire(t, holderM, name)
+	granted := time.Now()
+	time.Sleep(ttl / 2) // at least one renewal
+	if log.last().IsZero() {
+		t.Fatal("no renewal within TTL/2")
+	}
+
+	pauser := srv.Client()
+	pausedAt := time.Now()
+	if err := pauser.Do(ctxT(t), "CLIENT", "PAUSE", "3000", "ALL").Err(); err != nil {
+		t.Fatalf("CLIENT PAUSE: %v", err)
+	}
+	select {
+	case <-l.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("lease not lost while Redis was paused")
+	}
+	lostAt := time.Now()
+	lastSent := log.last()
+	t.Logf("granted, paused after %v; last renewal sent %v before the pause; lost %v after it",
+		pausedAt.Sub(granted), pausedAt.Sub(lastSent), lostAt.Sub(lastSent))
+	if !lostAt.Before(lastSent.Add(ttl)) {
+		t.Fatalf("lease lost %v after the last successful renewal was sent; must be before the TTL %v", lostAt.Sub(lastSent), ttl)
+	}
+	var le *lease.LostError
+	if !errors.As(l.Err(), &le) || le.Reason != lease.LostExpired {
+		t.Fatalf("Err = %v, want an expired LostError", l.Err())
+	}
+
+	l2, err := otherM.Acquire(ctxT(t), name)
+	if err != nil {
+		t.Fatalf("the other holder's Acquire: %v", err)
+	}
+	if l2.Token() <= l.Token() {
+		t.Fatalf("new token %d <= lost token %d", l2.Token(), l.Token())
+	}
+	if err := l.Release(ctxT(t)); !errors.Is(err, lease.ErrLost) {
+		t.Fatalf("Release of the lost lease = %v, want ErrLost", err)
+	}
+	if err := l2.Release(ctxT(t)); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+}
+
+// A renew that finds another owner cancels the lease at once, both when
+// called by hand and from the heartbeat.
+func TestRenewFindsAnotherOwner(t *testing.T) {
+	c := redistest.Shared(t)
+	b := newBackend(t, c, redistest.Prefix(t))
+	m := newManager(t, b, lease.Options{TTL: 30 * time.Second, DisableAutoRenew: true})
+	l := acquire(t, m, "taken")
+	if err := c.HSet(ctxT(t), b.KeysFor("taken").Lease, "owner", "intruder").Err(); err != nil {
+		t.Fatal(err)
+	}
+	err := l.Renew(ctxT(t))
+	var le *lease.LostError
+	if !errors.As(err, &le) || le.Reason != lease.LostTakenOver {
+		t.Fatalf("Renew = %v, want a LostError (taken over)", err)
+	}
+	select {
+	case <-l.Done():
+	default:
+		t.Fatal("lease context not cancelled when Renew returned")
+	}
+	// Release must not delete the intruder's lease.
+	if err := l.Release(ctxT(t)); !errors.Is(err, lease.ErrLost) {
+		t.Fatalf("Release = %v, want ErrLost", err)
+	}
+	if owner, _ := c.HGet(ctxT(t), b.KeysFor("taken").Lease, "owner").Result(); owner != "intruder" {
+		t.Fatalf("owner after Release = %q, want the intruder's lease untouched", owner)
+	}
+
+	// The heartbeat notices within one renew interval.
+	const ttl = 3 * time.Second
+	m2 := newManager(t, b, lease.Options{TTL: ttl, RenewInterval: 200 * time.Millisecond})
+	l2 := acquire(t, m2, "taken-hb")
+	if err := c.HSet(ctxT(t), b.KeysFor("taken-hb").Lease, "owner", "intruder").Err(); err != nil {
+		t.Fatal(err)
+	}
+	hijacked := time.Now()
+	select {
+	case <-l2.Done():
+	case <-time.After(ttl):
+		t.Fatal("heartbeat did not notice the takeover")
+	}
+	if d := time.Since(hijacked); d > ttl/2 {
+		t.Fatalf("heartbeat noticed the takeover after %v, want about one renew interval", d)
+	}
+	if !errors.As(l2.Err(), &le) || le.Reason != lease.LostTakenOver {
+		t.Fatalf("Err = %v, want taken over", l2.Err())
+	}
+	_ = l2.Release(ctxT(t))
+}
+
+// countingHook counts the commands that reach the network.
+type countingHook struct{ n atomic.Int64 }
+
+func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+// Round trips: one per acquire, renew and release once the scripts are
+// cached by the server.
+func TestRoundTrips(t *testing.T) {
+	c := redistest.Shared(t)
+	hook := &countingHook{}
+	c.AddHook(hook)
+	b := newBackend(t, c, redistest.Prefix(t))
+	m := newManager(t, b, lease.Options{TTL: 10 * time.Second, DisableAutoRenew: true})
+	warm := acquire(t, m, "warm")
+	_ = warm.Renew(ctxT(t))
+	_ = warm.Release(ctxT(t))
+
+	before := hook.n.Load()
+	l := acquire(t, m, "rt")
+	if n := hook.n.Load() - before; n != 1 {
+		t.Fatalf("TryAcquire took %d round trips, want 1", n)
+	}
+	before = hook.n.Load()
+	if err := l.Renew(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	if n := hook.n.Load() - before; n != 1 {
+		t.Fatalf("Renew took %d round trips, want 1", n)
+	}
+	before = hook.n.Load()
+	if err := l.Release(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	if n := hook.n.Load() - before; n != 1 {
+		t.Fatalf("Release took %d round trips, want 1", n)
+	}
+}
+
+// A waiter's Watch survives many waiters coming and going on one pub/sub
+// connection, and Close ends it.
+func TestWatchManyWaitersAndClose(t *testing.T) {
+	b := newBackend(t, redistest.Shared(t), redistest.Prefix(t))
+	m := newManager(t, b, lease.Options{TTL: 30 * time.Second, PollInterval: 10 * time.Second})
+	const name = "many"
+	const waiters = 10
+	holder := acquire(t, m, name)
+	var wg sync.WaitGroup
+	got := make(chan *lease.Lease, waiters)
+	for range waiters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := m.Acquire(ctxT(t), name)
+			if err != nil {
+				t.Errorf("Acquire: %v", err)
+				return
+			}
+			got <- l
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	start := time.Now()
+	if err := holder.Release(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	for range waiters {
+		select {
+		case l := <-got:
+			if err := l.Release(ctxT(t)); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("hand-off chain stalled after %v", time.Since(start))
+		}
+	}
+	wg.Wait()
+	t.Logf("%d hand-offs in %v", waiters, time.Since(start))
+	if err := b.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if _, _, err := b.Watch(ctxT(t), name); !errors.Is(err, redislease.ErrClosed) {
+		t.Fatalf("Watch after Close = %v, want ErrClosed", err)
+	}
+}
+
+// An unreachable Redis gives a clear error, not a lease.
+func TestUnreachableRedis(t *testing.T) {
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := l.Addr().String()
+	l.Close()
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	m := newManager(t, newBackend(t, c, "fencekit:"), lease.Options{TTL: time.Second})
+	got, err := m.TryAcquire(ctxT(t), "x")
+	if err == nil || got != nil || errors.Is(err, lease.ErrNotAcquired) {
+		t.Fatalf("TryAcquire on a closed port = %v, %v; want a connection error", got, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if _, err := m.Acquire(ctx, "x"); !errors.Is(err, lease.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire on a closed port = %v, want ErrNotAcquired joined with DeadlineExceeded", err)
+	}
+}
