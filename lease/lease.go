@@ -40,10 +40,9 @@ type Lease struct {
 	endErr   error       // nil while held
 	lastErr  error       // last renew error, for LostError.Cause
 
-	releaseMu     sync.Mutex // serialises Release
-	storeReleased bool       // the store confirmed the release (or there is nothing to release)
-
-	heartbeatDone chan struct{}
+	renewTimer    *time.Timer // the heartbeat; nil without automatic renewal
+	releaseMu     sync.Mutex  // serialises Release
+	storeReleased bool        // the store confirmed the release (or there is nothing to release)
 }
 
 func newLease(m *Manager, parent context.Context, rec Record, sent, deadline time.Time) *Lease {
@@ -51,17 +50,14 @@ func newLease(m *Manager, parent context.Context, rec Record, sent, deadline tim
 	l := &Lease{
 		m: m, rec: rec, granted: sent,
 		ctx: ctx, cancel: cancel,
-		deadline:      deadline,
-		heartbeatDone: make(chan struct{}),
+		deadline: deadline,
 	}
 	l.mu.Lock()
 	l.timer = time.AfterFunc(time.Until(deadline), l.onDeadline)
-	l.mu.Unlock()
-	if m.o.DisableAutoRenew {
-		close(l.heartbeatDone)
-	} else {
-		go l.heartbeat()
+	if !m.o.DisableAutoRenew {
+		l.renewTimer = time.AfterFunc(m.o.RenewInterval, l.heartbeat)
 	}
+	l.mu.Unlock()
 	return l
 }
 
@@ -171,6 +167,14 @@ func (l *Lease) extend(sent time.Time) bool {
 	return true
 }
 
+// stopTimers stops the deadline and renew timers; mu must be held.
+func (l *Lease) stopTimers() {
+	l.timer.Stop()
+	if l.renewTimer != nil {
+		l.renewTimer.Stop()
+	}
+}
+
 // onDeadline runs when the deadline timer fires.
 func (l *Lease) onDeadline() {
 	l.mu.Lock()
@@ -203,7 +207,7 @@ func (l *Lease) lose(reason LostReason, cause error) {
 	if reason == LostTakenOver {
 		l.storeReleased = true // the store holds nothing of ours
 	}
-	l.timer.Stop()
+	l.stopTimers()
 	l.mu.Unlock()
 	// Report before cancelling, so that whoever waits on Done sees the event
 	// already counted.
@@ -212,32 +216,25 @@ func (l *Lease) lose(reason LostReason, cause error) {
 	l.cancel(err)
 }
 
-// heartbeat renews the lease every RenewInterval, retrying transient errors
-// every RenewRetryInterval, until the lease ends.
+// heartbeat runs on the renew timer: it renews the lease and schedules the
+// next renewal after RenewInterval, or a retry after RenewRetryInterval when
+// the store failed transiently, until the lease ends. No goroutine waits
+// between renewals.
 func (l *Lease) heartbeat() {
-	defer close(l.heartbeatDone)
-	t := time.NewTimer(l.m.o.RenewInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-l.ctx.Done():
-			return
-		case <-t.C:
-		}
-		next := l.m.o.RenewInterval
-		if err := l.Renew(l.ctx); err != nil {
-			if l.Err() != nil {
-				return
-			}
-			next = l.m.o.RenewRetryInterval
-			l.m.o.Logger.Debug("lease: renew failed, retrying", "name", l.rec.Name, "err", err, "in", next)
-		}
-		t.Reset(next)
+	next := l.m.o.RenewInterval
+	if err := l.Renew(l.ctx); err != nil {
+		next = l.m.o.RenewRetryInterval
+		l.m.o.Logger.Debug("lease: renew failed", "name", l.rec.Name, "err", err)
 	}
+	l.mu.Lock()
+	if l.state == held {
+		l.renewTimer.Reset(next)
+	}
+	l.mu.Unlock()
 }
 
 // Release ends the lease: it cancels the lease's Context (cause
-// ErrReleased), stops the heartbeat and waits for it, and deletes the grant
+// ErrReleased), stops the heartbeat, and deletes the grant
 // at the store if the store still names this holder (compare-and-delete),
 // which wakes waiters.
 //
@@ -259,14 +256,15 @@ func (l *Lease) Release(ctx context.Context) error {
 	wasHeld := l.state == held
 	if wasHeld {
 		l.state, l.endErr = released, ErrReleased
-		l.timer.Stop()
+		l.stopTimers()
 	}
 	endErr, done := l.endErr, l.storeReleased
 	l.mu.Unlock()
 	if wasHeld {
+		// Cancels a renewal in flight. One that still reaches the store
+		// cannot re-create the grant: renew compares the owner.
 		l.cancel(ErrReleased)
 	}
-	<-l.heartbeatDone
 	if done {
 		if errors.Is(endErr, ErrLost) {
 			return endErr

@@ -57,11 +57,11 @@ func Prefix(t testing.TB) string {
 
 // Server is a redis-server process owned by one test.
 type Server struct {
-	Addr  string
-	t     testing.TB
-	port  int
-	dir   string
-	extra []string
+	Addr   string
+	t      testing.TB
+	port   int
+	dir    string
+	extra  []string
 	cmd    *exec.Cmd
 	exited chan error // receives cmd.Wait's result
 }

@@ -1,0 +1,86 @@
+package lease_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/fencekit/fencekit/lease"
+)
+
+func ExampleManager_TryAcquire() {
+	ctx := context.Background()
+	backend := lease.NewMemoryBackend() // lease/redislease in production
+	m, err := lease.NewManager(backend, lease.Options{TTL: 10 * time.Second})
+	if err != nil {
+		panic(err)
+	}
+
+	l, err := m.TryAcquire(ctx, "nightly-invoices")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("holder 1 got token", l.Token())
+
+	// A second holder fails fast while the lease is held.
+	_, err = m.TryAcquire(ctx, "nightly-invoices")
+	fmt.Println("holder 2:", errors.Is(err, lease.ErrNotAcquired))
+
+	// Release is compare-and-delete; calling it twice is harmless.
+	fmt.Println(l.Release(ctx), l.Release(ctx))
+
+	l2, _ := m.TryAcquire(ctx, "nightly-invoices")
+	defer l2.Release(ctx)
+	fmt.Println("holder 2 got token", l2.Token())
+	// Output:
+	// holder 1 got token 1
+	// holder 2: true
+	// <nil> <nil>
+	// holder 2 got token 2
+}
+
+func ExampleManager_Acquire() {
+	ctx := context.Background()
+	m, _ := lease.NewManager(lease.NewMemoryBackend(), lease.Options{TTL: 10 * time.Second})
+	first, _ := m.TryAcquire(ctx, "migration")
+
+	got := make(chan *lease.Lease)
+	go func() {
+		// Blocks until the first holder releases (woken at once), or until
+		// the context ends.
+		ctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		l, err := m.Acquire(ctx, "migration")
+		if err != nil {
+			panic(err)
+		}
+		got <- l
+	}()
+	time.Sleep(50 * time.Millisecond)
+	first.Release(ctx)
+	second := <-got
+	defer second.Release(ctx)
+	fmt.Println("second holder's token is newer:", second.Token() > first.Token())
+	// Output:
+	// second holder's token is newer: true
+}
+
+func ExampleLease_Context() {
+	ctx := context.Background()
+	m, _ := lease.NewManager(lease.NewMemoryBackend(), lease.Options{TTL: 200 * time.Millisecond, DisableAutoRenew: true})
+	l, _ := m.TryAcquire(ctx, "report")
+
+	// Work under the lease's context: it ends when the lease is lost. Here
+	// nobody renews, so the lease is lost at its local deadline.
+	select {
+	case <-l.Context().Done():
+		fmt.Println("stopped:", errors.Is(context.Cause(l.Context()), lease.ErrLost))
+	case <-time.After(5 * time.Second):
+		fmt.Println("still working")
+	}
+	fmt.Println("release reports the loss:", errors.Is(l.Release(ctx), lease.ErrLost))
+	// Output:
+	// stopped: true
+	// release reports the loss: true
+}
