@@ -98,3 +98,5 @@ func (e *LostError) Is(target error) bool { return target == ErrLost }
 
 // Unwrap returns the last store error, or nil.
 func (e *LostError) Unwrap() error { return e.Cause }
+
+var errShortBatch = errors.New("lease: backend's RenewBatch returned fewer results than records")

@@ -113,24 +113,34 @@ func (l *Lease) Err() error {
 // ErrReleased after Release; otherwise the store's error, after which the
 // lease stays valid until its local deadline.
 func (l *Lease) Renew(ctx context.Context) error {
-	l.mu.Lock()
-	if l.state != held {
-		err := l.endErr
-		l.mu.Unlock()
+	deadline, err := l.renewable()
+	if err != nil {
 		return err
 	}
-	deadline := l.deadline
-	l.mu.Unlock()
-
 	rctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	sent := time.Now()
-	err := l.m.b.Renew(rctx, l.rec)
-	l.m.o.Observer.Renewed(RenewedEvent{Name: l.rec.Name, Token: l.rec.Token, Sent: sent, Latency: time.Since(sent), Err: err})
+	err = l.m.b.Renew(rctx, l.rec)
+	return l.renewed(ctx, sent, time.Since(sent), err)
+}
+
+// renewable returns the local deadline of a held lease, or the error that
+// ended it.
+func (l *Lease) renewable() (time.Time, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.state != held {
+		return time.Time{}, l.endErr
+	}
+	return l.deadline, nil
+}
+
+// renewed applies the outcome err of a renew request sent at sent.
+func (l *Lease) renewed(ctx context.Context, sent time.Time, latency time.Duration, err error) error {
+	l.m.o.Observer.Renewed(RenewedEvent{Name: l.rec.Name, Token: l.rec.Token, Sent: sent, Latency: latency, Err: err})
 	switch {
 	case err == nil:
 		if l.extend(sent) {
-			l.m.o.Logger.Debug("lease: renewed", "name", l.rec.Name, "token", uint64(l.rec.Token))
 			return nil
 		}
 		// The lease ended while the request was out. If it was lost, the
@@ -222,7 +232,13 @@ func (l *Lease) lose(reason LostReason, cause error) {
 // between renewals.
 func (l *Lease) heartbeat() {
 	next := l.m.o.RenewInterval
-	if err := l.Renew(l.ctx); err != nil {
+	var err error
+	if b := l.m.batcher; b != nil {
+		err = b.renew(l)
+	} else {
+		err = l.Renew(l.ctx)
+	}
+	if err != nil {
 		next = l.m.o.RenewRetryInterval
 		l.m.o.Logger.Debug("lease: renew failed", "name", l.rec.Name, "err", err)
 	}

@@ -18,9 +18,10 @@ import (
 // Manager acquires leases from one Backend with one set of Options. It is
 // safe for concurrent use; one Manager can hold any number of leases.
 type Manager struct {
-	b Backend
-	w Watcher // nil when b cannot signal releases
-	o Options
+	b       Backend
+	w       Watcher  // nil when b cannot signal releases
+	batcher *batcher // nil unless b implements BatchRenewer and batching is on
+	o       Options
 }
 
 // NewManager returns a Manager over b. opts is copied, then each optFn is
@@ -40,6 +41,9 @@ func NewManager(b Backend, opts Options, optFns ...func(*Options)) (*Manager, er
 	}
 	m := &Manager{b: b, o: opts}
 	m.w, _ = b.(Watcher)
+	if br, ok := b.(BatchRenewer); ok && opts.RenewBatchWindow > 0 && !opts.DisableAutoRenew {
+		m.batcher = &batcher{m: m, br: br, window: opts.RenewBatchWindow}
+	}
 	return m, nil
 }
 

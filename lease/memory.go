@@ -26,8 +26,9 @@ type memGrant struct {
 }
 
 var (
-	_ Backend = (*MemoryBackend)(nil)
-	_ Watcher = (*MemoryBackend)(nil)
+	_ Backend      = (*MemoryBackend)(nil)
+	_ Watcher      = (*MemoryBackend)(nil)
+	_ BatchRenewer = (*MemoryBackend)(nil)
 )
 
 // NewMemoryBackend returns an empty in-memory backend.
@@ -133,4 +134,13 @@ func (b *MemoryBackend) Watch(ctx context.Context, name string) (<-chan struct{}
 		})
 	}
 	return ch, stop, nil
+}
+
+// RenewBatch implements BatchRenewer.
+func (b *MemoryBackend) RenewBatch(ctx context.Context, recs []Record) []error {
+	errs := make([]error, len(recs))
+	for i, r := range recs {
+		errs[i] = b.Renew(ctx, r)
+	}
+	return errs
 }

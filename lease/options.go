@@ -34,6 +34,12 @@ type Options struct {
 	// be less than TTL. Set NoSafetyMargin for none.
 	SafetyMargin time.Duration
 
+	// RenewBatchWindow is how long a due heartbeat waits for others to
+	// join it in one round trip, when the backend implements BatchRenewer.
+	// Default min(RenewInterval/20, 10 ms). NoBatching turns it off. It
+	// must be less than RenewInterval/4.
+	RenewBatchWindow time.Duration
+
 	// RenewRetryInterval is the pause between retries of a renewal that
 	// failed with a transient error. Renewal retries until the local
 	// deadline. Default RenewInterval/4, at most 1 s.
@@ -64,6 +70,9 @@ type Options struct {
 	// Default: discard.
 	Logger *slog.Logger
 }
+
+// NoBatching, as Options.RenewBatchWindow, sends every heartbeat on its own.
+const NoBatching time.Duration = -1
 
 // NoSafetyMargin, as Options.SafetyMargin, selects a margin of zero.
 const NoSafetyMargin time.Duration = -1
@@ -108,6 +117,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.RenewInterval == 0 {
 		o.RenewInterval = o.TTL / 3
+	}
+	switch {
+	case o.RenewBatchWindow == 0 && o.RenewInterval > 0:
+		o.RenewBatchWindow = min(o.RenewInterval/20, 10*time.Millisecond)
+	case o.RenewBatchWindow == NoBatching:
+		o.RenewBatchWindow = 0
 	}
 	if o.RenewRetryInterval == 0 && o.RenewInterval > 0 {
 		o.RenewRetryInterval = min(o.RenewInterval/4, time.Second)
@@ -160,6 +175,11 @@ func (o Options) validate(b Backend) error {
 		bad("renew interval is %v, it must be positive", o.RenewInterval)
 	case o.SafetyMargin >= 0 && o.SafetyMargin < o.TTL && o.RenewInterval > validity/2:
 		bad("renew interval %v cannot keep the lease alive: at least two renewals must fit before the local deadline, so it must be at most (TTL - safety margin)/2 = %v", o.RenewInterval, validity/2)
+	}
+	if o.RenewBatchWindow < 0 {
+		bad("renew batch window is %v, it must not be negative (use NoBatching to turn batching off)", o.RenewBatchWindow)
+	} else if o.RenewInterval > 0 && o.RenewBatchWindow >= o.RenewInterval/4 {
+		bad("renew batch window %v must be less than a quarter of the renew interval %v", o.RenewBatchWindow, o.RenewInterval)
 	}
 	if o.RenewRetryInterval < 0 {
 		bad("renew retry interval is %v, it must be positive", o.RenewRetryInterval)

@@ -50,6 +50,7 @@ func Run(t *testing.T, newStore NewStore) {
 		{"RenewKeepsLeaseAlive", testRenewKeepsAlive},
 		{"NamesDoNotCollide", testNamesDoNotCollide},
 		{"WatchSignalsRelease", testWatchSignalsRelease},
+		{"RenewBatchComparesOwner", testRenewBatch},
 		{"ManagerExclusiveUnderContention", testExclusiveUnderContention},
 		{"ManagerReleaseSemantics", testReleaseSemantics},
 		{"ManagerLosesAtLocalDeadline", testLosesAtLocalDeadline},
@@ -257,6 +258,36 @@ func testWatchSignalsRelease(t *testing.T, connect func() lease.Backend) {
 	case <-sig:
 	case <-time.After(5 * time.Second):
 		t.Fatal("no signal within 5s of a release")
+	}
+}
+
+func testRenewBatch(t *testing.T, connect func() lease.Backend) {
+	b := connect()
+	br, ok := b.(lease.BatchRenewer)
+	if !ok {
+		return
+	}
+	n := name(t)
+	ttl := 10 * time.Second
+	mine := rec(n+"-mine", "a", ttl)
+	mine.Token = mustAcquire(t, b, mine)
+	theirs := rec(n+"-theirs", "b", ttl)
+	theirs.Token = mustAcquire(t, b, theirs)
+	stolen := theirs
+	stolen.Owner = "a"
+	gone := rec(n+"-gone", "a", ttl)
+	errs := br.RenewBatch(ctxT(t), []lease.Record{mine, stolen, gone, mine})
+	if len(errs) != 4 {
+		t.Fatalf("RenewBatch returned %d results for 4 records", len(errs))
+	}
+	if errs[0] != nil || errs[3] != nil {
+		t.Fatalf("RenewBatch of a held lease: %v, %v", errs[0], errs[3])
+	}
+	if !errors.Is(errs[1], lease.ErrNotHeld) || !errors.Is(errs[2], lease.ErrNotHeld) {
+		t.Fatalf("RenewBatch of another's and of a missing lease: %v, %v; want ErrNotHeld", errs[1], errs[2])
+	}
+	if _, err := b.Acquire(ctxT(t), gone); err != nil {
+		t.Fatalf("a batch renew must not create a lease; Acquire: %v", err)
 	}
 }
 

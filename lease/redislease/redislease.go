@@ -64,12 +64,15 @@ import (
 type Client interface {
 	redis.Scripter
 	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
+	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
 }
 
 var (
 	_ Client        = redis.UniversalClient(nil)
 	_ lease.Backend = (*Backend)(nil)
 	_ lease.Watcher = (*Backend)(nil)
+
+	_ lease.BatchRenewer = (*Backend)(nil)
 )
 
 var (
@@ -191,6 +194,55 @@ func (b *Backend) Renew(ctx context.Context, rec lease.Record) error {
 		return lease.ErrNotHeld
 	}
 	return nil
+}
+
+// RenewBatch implements lease.BatchRenewer: the renew scripts of all records
+// go out in one pipeline (one round trip per node). If the server has lost
+// the script (NOSCRIPT), it is loaded and the batch is sent once more.
+func (b *Backend) RenewBatch(ctx context.Context, recs []lease.Record) []error {
+	errs := make([]error, len(recs))
+	run := func() []*redis.Cmd {
+		cmds := make([]*redis.Cmd, len(recs))
+		_, _ = b.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, rec := range recs {
+				ms, err := ttlMillis(rec.TTL)
+				if err != nil {
+					errs[i] = err
+					continue
+				}
+				cmds[i] = renewScript.EvalSha(ctx, p, []string{b.KeysFor(rec.Name).Lease}, rec.Owner, ms)
+			}
+			return nil
+		})
+		return cmds
+	}
+	cmds := run()
+	if hasNoScript(cmds) {
+		if err := renewScript.Load(ctx, b.c).Err(); err == nil {
+			cmds = run()
+		}
+	}
+	for i, cmd := range cmds {
+		if cmd == nil {
+			continue
+		}
+		switch n, err := cmd.Int64(); {
+		case err != nil:
+			errs[i] = fmt.Errorf("redislease: renew %q: %w", recs[i].Name, err)
+		case n != 1:
+			errs[i] = lease.ErrNotHeld
+		}
+	}
+	return errs
+}
+
+func hasNoScript(cmds []*redis.Cmd) bool {
+	for _, c := range cmds {
+		if c != nil && c.Err() != nil && strings.HasPrefix(c.Err().Error(), "NOSCRIPT") {
+			return true
+		}
+	}
+	return false
 }
 
 // Release implements lease.Backend in one script call, publishing on the

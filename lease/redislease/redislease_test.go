@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -440,5 +441,41 @@ func TestUnreachableRedis(t *testing.T) {
 	defer cancel()
 	if _, err := m.Acquire(ctx, "x"); !errors.Is(err, lease.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Acquire on a closed port = %v, want ErrNotAcquired joined with DeadlineExceeded", err)
+	}
+}
+
+// Heartbeats of many leases go out in few pipelines, and a batch survives
+// the server losing its script cache.
+func TestHeartbeatsAreBatched(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	hook := &countingHook{}
+	c.AddHook(hook)
+	b := newBackend(t, c, "fencekit:")
+	const leases = 200
+	m := newManager(t, b, lease.Options{TTL: 3 * time.Second, RenewInterval: time.Second, RenewBatchWindow: 50 * time.Millisecond})
+	obs := make([]*lease.Lease, 0, leases)
+	for i := range leases {
+		obs = append(obs, acquire(t, m, "batch-"+strconv.Itoa(i)))
+	}
+	if err := c.ScriptFlush(ctxT(t)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before := hook.n.Load()
+	time.Sleep(2500 * time.Millisecond) // two heartbeats each
+	trips := hook.n.Load() - before
+	for _, l := range obs {
+		if err := l.Err(); err != nil {
+			t.Fatalf("lease ended while renewed in batches: %v", err)
+		}
+	}
+	t.Logf("%d leases, 2 heartbeats each: %d round trips", leases, trips)
+	if trips > leases/2 {
+		t.Fatalf("%d round trips for %d renewals: heartbeats were not batched", trips, 2*leases)
+	}
+	for _, l := range obs {
+		if err := l.Release(ctxT(t)); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
