@@ -573,13 +573,13 @@ func containsNonce(ns []nonce, n nonce) bool {
 type outcome int
 
 const (
-	failed             outcome = iota // definite failure: nothing written
-	written                           // the store acknowledged the write
-	preconditionFailed                // 412 on the only HTTP attempt: someone else wrote
-	retriedPreconditionFailed         // 412 after SDK retries: maybe our own first try
-	vanished                          // 404 NoSuchKey on If-Match: the object is gone
-	conflict                          // 409: retry after backoff
-	unknown                           // sent, outcome unknown: re-read to learn it
+	failed                    outcome = iota // definite failure: nothing written
+	written                                  // the store acknowledged the write
+	preconditionFailed                       // 412 on the only HTTP attempt: someone else wrote
+	retriedPreconditionFailed                // 412 after SDK retries: maybe our own first try
+	vanished                                 // 404 NoSuchKey on If-Match: the object is gone
+	conflict                                 // 409: retry after backoff
+	unknown                                  // sent, outcome unknown: re-read to learn it
 )
 
 // putOnce sends one conditional PutObject (the SDK may retry it) and

@@ -149,7 +149,12 @@ func (c *countingTransport) RoundTrip(req *http.Request) (*http.Response, error)
 	return c.next.RoundTrip(req)
 }
 
-func (c *countingTransport) reset() { c.gets.Store(0); c.puts.Store(0); c.dels.Store(0); c.all.Store(0) }
+func (c *countingTransport) reset() {
+	c.gets.Store(0)
+	c.puts.Store(0)
+	c.dels.Store(0)
+	c.all.Store(0)
+}
 
 // faultTransport lets a test decide, request by request, what happens.
 type faultTransport struct {
