@@ -96,7 +96,11 @@ func Test409ContextEnds(t *testing.T) {
 		}
 		return next.RoundTrip(req)
 	})
-	g := newGuard(t, client, func(o *blobguard.Options) { o.MinBackoff = time.Second; o.MaxBackoff = time.Second; o.MaxAttempts = 100 })
+	g := newGuard(t, client, func(o *blobguard.Options) {
+		o.MinBackoff = time.Second
+		o.MaxBackoff = time.Second
+		o.MaxAttempts = 100
+	})
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()
 	_, err := g.Put(ctx, key, 3, strings.NewReader("never"))
