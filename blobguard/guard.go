@@ -462,7 +462,7 @@ func (g *Guard) write(ctx context.Context, w writeReq) (Version, error) {
 	}
 	for sent := 0; ; {
 		if err := ctx.Err(); err != nil {
-			return Version{}, withAmbiguous(ambiguous, fmt.Errorf("blobguard: put %s: %w", res, err))
+			return Version{}, withAmbiguous(ambiguous, fmt.Errorf("blobguard: write %s: %w", res, err))
 		}
 		if !haveCur {
 			var err error
@@ -520,7 +520,7 @@ func (g *Guard) write(ctx context.Context, w writeReq) (Version, error) {
 		case retriedPreconditionFailed:
 			// The SDK retried: the first try may have been applied and
 			// the retry then failed on our own write. The re-read tells.
-			ambiguous = fmt.Errorf("%w: put %s: %w", ErrAmbiguous, res, err)
+			ambiguous = fmt.Errorf("%w: write %s: %w", ErrAmbiguous, res, err)
 			pending = append(pending, stateKey(cur))
 			contended = err
 		case preconditionFailed, vanished:
@@ -529,13 +529,13 @@ func (g *Guard) write(ctx context.Context, w writeReq) (Version, error) {
 		case conflict:
 			contended = err
 			if err := g.sleep(ctx, sent); err != nil {
-				return Version{}, withAmbiguous(ambiguous, fmt.Errorf("blobguard: put %s: %w: %w", res, contended, err))
+				return Version{}, withAmbiguous(ambiguous, fmt.Errorf("blobguard: write %s: %w: %w", res, contended, err))
 			}
 		case unknown:
-			ambiguous = fmt.Errorf("%w: put %s: %w", ErrAmbiguous, res, err)
+			ambiguous = fmt.Errorf("%w: write %s: %w", ErrAmbiguous, res, err)
 			pending = append(pending, stateKey(cur))
-			if ctx.Err() != nil {
-				return Version{}, ambiguous
+			if err := ctx.Err(); err != nil {
+				return Version{}, errors.Join(ambiguous, err)
 			}
 			if err := g.sleep(ctx, sent); err != nil {
 				return Version{}, errors.Join(ambiguous, err)

@@ -78,7 +78,6 @@ func isRefusal(err error) bool {
 }
 
 func (g *Guard) runProbe(ctx context.Context) (md5ETags bool, err error) {
-	var rnd [16]byte
 	n1, err := newNonce()
 	if err != nil {
 		return false, err
@@ -87,7 +86,6 @@ func (g *Guard) runProbe(ctx context.Context) (md5ETags bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	copy(rnd[:], n1[:])
 	key := g.opts.ProbePrefix + hex.EncodeToString(n1[:])
 	missing := g.opts.ProbePrefix + hex.EncodeToString(n2[:])
 	defer func() {
@@ -131,7 +129,7 @@ func (g *Guard) runProbe(ctx context.Context) (md5ETags bool, err error) {
 	}
 	star := aws.String("*")
 
-	body1 := "fencekit probe 1 " + hex.EncodeToString(rnd[:])
+	body1 := "fencekit probe 1 " + hex.EncodeToString(n2[:])
 	etag1, oc, err := put(key, body1, nil, star)
 	switch {
 	case oc == preconditionFailed:
