@@ -261,7 +261,7 @@ func (g *Guard) Get(ctx context.Context, key string) (*Object, error) {
 	if err := g.ensureProbed(ctx); err != nil {
 		return nil, err
 	}
-	cur, err := g.read(ctx, key)
+	cur, err := g.read(ctx, key, false)
 	if err != nil {
 		return nil, err
 	}
@@ -290,11 +290,11 @@ func (g *Guard) Get(ctx context.Context, key string) (*Object, error) {
 // to its end before any I/O (at most Options.MaxObjectSize bytes). ctx
 // bounds the whole call, including retries and backoff.
 func (g *Guard) Put(ctx context.Context, key string, token fence.Token, body io.Reader) (Version, error) {
-	payload, err := g.checkWrite(key, token, body)
+	env, err := g.checkWrite(key, token, body)
 	if err != nil {
 		return Version{}, err
 	}
-	return g.write(ctx, writeReq{key: key, token: token, payload: payload})
+	return g.write(ctx, writeReq{key: key, token: token, env: env})
 }
 
 // PutIf is a compare-and-swap for read-modify-write: it writes body to key
@@ -306,7 +306,7 @@ func (g *Guard) Put(ctx context.Context, key string, token fence.Token, body io.
 // *fence.StaleError (a newer token is stored) or ErrConflict (the object
 // changed but no newer token is stored). Other errors are as for Put.
 func (g *Guard) PutIf(ctx context.Context, key string, token fence.Token, body io.Reader, prev Version) (Version, error) {
-	payload, err := g.checkWrite(key, token, body)
+	env, err := g.checkWrite(key, token, body)
 	if err != nil {
 		return Version{}, err
 	}
@@ -316,7 +316,7 @@ func (g *Guard) PutIf(ctx context.Context, key string, token fence.Token, body i
 	if prev.Token > token {
 		return Version{}, fence.Stale(g.resource(key), token, prev.Token)
 	}
-	return g.write(ctx, writeReq{key: key, token: token, payload: payload, cas: true, prev: prev})
+	return g.write(ctx, writeReq{key: key, token: token, env: env, cas: true, prev: prev})
 }
 
 // Delete removes the object at key on behalf of token, unless a newer token
@@ -334,7 +334,7 @@ func (g *Guard) Delete(ctx context.Context, key string, token fence.Token) (Vers
 	if err := validateToken(token); err != nil {
 		return Version{}, err
 	}
-	return g.write(ctx, writeReq{key: key, token: token, deleted: true})
+	return g.write(ctx, writeReq{key: key, token: token, env: make([]byte, headerLen), deleted: true})
 }
 
 func (g *Guard) checkWrite(key string, token fence.Token, body io.Reader) ([]byte, error) {
@@ -347,18 +347,25 @@ func (g *Guard) checkWrite(key string, token fence.Token, body io.Reader) ([]byt
 	if body == nil {
 		return nil, fmt.Errorf("%w: nil body", ErrInvalidInput)
 	}
-	var buf bytes.Buffer
-	if l, ok := body.(interface{ Len() int }); ok && int64(l.Len()) <= g.opts.MaxObjectSize {
-		buf.Grow(l.Len() + 1)
+	return readEnvelope(body, g.opts.MaxObjectSize)
+}
+
+// readEnvelope reads body to its end into a (pooled) slice that leaves
+// room for the header in front: the stored form, but for the header.
+func readEnvelope(body io.Reader, max int64) ([]byte, error) {
+	size := int64(-1)
+	if l, ok := body.(interface{ Len() int }); ok {
+		// bytes.Reader, strings.Reader, bytes.Buffer: size it exactly.
+		size = int64(l.Len())
 	}
-	n, err := buf.ReadFrom(io.LimitReader(body, g.opts.MaxObjectSize+1))
+	env, err := readAll(io.MultiReader(bytes.NewReader(make([]byte, headerLen)), body), size+headerLen, max+headerLen, true)
+	if errors.Is(err, ErrInvalidInput) {
+		return nil, fmt.Errorf("%w: body larger than MaxObjectSize (%d bytes)", ErrInvalidInput, max)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("blobguard: read body: %w", err)
 	}
-	if n > g.opts.MaxObjectSize {
-		return nil, fmt.Errorf("%w: body larger than MaxObjectSize (%d bytes)", ErrInvalidInput, g.opts.MaxObjectSize)
-	}
-	return buf.Bytes(), nil
+	return env, nil
 }
 
 // stored is what read found at a key.
@@ -367,7 +374,17 @@ type stored struct {
 	deleted bool // it is a tombstone
 	etag    string
 	header  header
-	payload []byte
+	payload []byte // the caller's bytes: raw without the header
+	raw     []byte // the stored bytes
+	pooled  bool   // raw is a pooled buffer: release it after use
+}
+
+// release hands a pooled buffer back; payload and raw are unusable after.
+func (s *stored) release() {
+	if s.pooled {
+		putBuf(s.raw)
+	}
+	s.raw, s.payload, s.pooled = nil, nil, false
 }
 
 func (s stored) version() Version { return Version{ETag: s.etag, Token: s.header.token} }
@@ -379,55 +396,62 @@ const maxReadAttempts = 5
 // read fetches the whole object at key and checks it. On a store with MD5
 // ETags it checks that the ETag is the MD5 of the bytes, so that the token
 // and nonce it returns belong to the write that ETag names.
-func (g *Guard) read(ctx context.Context, key string) (stored, error) {
+// pooled says whether the bytes may live in a pooled buffer, which the
+// caller then hands back with release.
+func (g *Guard) read(ctx context.Context, key string, pooled bool) (stored, error) {
 	g.mu.Lock()
 	checkMD5 := g.md5ETags
 	g.mu.Unlock()
 	for i := 1; ; i++ {
-		s, raw, err := g.readOnce(ctx, key)
+		s, err := g.readOnce(ctx, key, pooled)
 		if err != nil || !s.exists || !checkMD5 {
 			return s, err
 		}
-		if e := normETag(s.etag); !isMD5ETag(e) || e == md5Hex(raw) {
+		if e := normETag(s.etag); !isMD5ETag(e) || e == md5Hex(s.raw) {
 			return s, nil
 		}
+		s.release()
 		if i == maxReadAttempts {
 			return stored{}, fmt.Errorf("%w: s3://%s/%s: ETag %s, %d reads", ErrETagMismatch, g.bucket, key, s.etag, i)
 		}
 	}
 }
 
-func (g *Guard) readOnce(ctx context.Context, key string) (stored, []byte, error) {
+func (g *Guard) readOnce(ctx context.Context, key string, pooled bool) (stored, error) {
 	out, err := g.client.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(g.bucket), Key: aws.String(key)})
 	if err != nil {
 		if apiCode(err) == "NoSuchKey" {
-			return stored{}, nil, nil
+			return stored{}, nil
 		}
-		return stored{}, nil, fmt.Errorf("blobguard: get s3://%s/%s: %w", g.bucket, key, err)
+		return stored{}, fmt.Errorf("blobguard: get s3://%s/%s: %w", g.bucket, key, err)
 	}
 	defer out.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(out.Body, g.opts.MaxObjectSize+headerLen+1))
+	raw, err := readAll(out.Body, aws.ToInt64(out.ContentLength), g.opts.MaxObjectSize+headerLen, pooled)
+	if errors.Is(err, ErrInvalidInput) {
+		return stored{}, fmt.Errorf("%w: s3://%s/%s is larger than MaxObjectSize (%d bytes)", ErrInvalidInput, g.bucket, key, g.opts.MaxObjectSize)
+	}
 	if err != nil {
-		return stored{}, nil, fmt.Errorf("blobguard: read s3://%s/%s: %w", g.bucket, key, err)
+		return stored{}, fmt.Errorf("blobguard: read s3://%s/%s: %w", g.bucket, key, err)
 	}
-	if int64(len(raw)) > g.opts.MaxObjectSize+headerLen {
-		return stored{}, nil, fmt.Errorf("%w: s3://%s/%s is larger than MaxObjectSize (%d bytes)", ErrInvalidInput, g.bucket, key, g.opts.MaxObjectSize)
+	s := stored{raw: raw, pooled: pooled}
+	s.etag = aws.ToString(out.ETag)
+	if s.etag == "" {
+		s.release()
+		return stored{}, fmt.Errorf("blobguard: get s3://%s/%s: the store returned no ETag", g.bucket, key)
 	}
-	etag := aws.ToString(out.ETag)
-	if etag == "" {
-		return stored{}, nil, fmt.Errorf("blobguard: get s3://%s/%s: the store returned no ETag", g.bucket, key)
-	}
-	h, payload, err := parseEnvelope(raw)
+	s.header, s.payload, err = parseEnvelope(raw)
 	if err != nil {
-		return stored{}, nil, fmt.Errorf("s3://%s/%s: %w", g.bucket, key, err)
+		s.release()
+		return stored{}, fmt.Errorf("s3://%s/%s: %w", g.bucket, key, err)
 	}
-	return stored{exists: true, deleted: h.deleted, etag: etag, header: h, payload: payload}, raw, nil
+	s.exists, s.deleted = true, s.header.deleted
+	return s, nil
 }
 
 type writeReq struct {
 	key     string
 	token   fence.Token
-	payload []byte
+	env     []byte // header space and the caller's bytes
 	deleted bool
 	cas     bool    // PutIf: fail with ErrConflict if the object is not prev
 	prev    Version // for cas
@@ -466,10 +490,11 @@ func (g *Guard) write(ctx context.Context, w writeReq) (Version, error) {
 		}
 		if !haveCur {
 			var err error
-			cur, err = g.read(ctx, w.key)
+			cur, err = g.read(ctx, w.key, true)
 			if err != nil {
 				return Version{}, withAmbiguous(ambiguous, err)
 			}
+			cur.release() // only the header and ETag are needed here
 			if cur.exists && containsNonce(mine, cur.header.nonce) {
 				// One of our writes landed, even though its reply said
 				// otherwise (an SDK retry met our own write: 412).
@@ -509,13 +534,21 @@ func (g *Guard) write(ctx context.Context, w writeReq) (Version, error) {
 		}
 		mine = append(mine, n)
 		h := header{token: w.token, nonce: n, deleted: w.deleted}
-		env := make([]byte, headerLen+len(w.payload))
+		// The first attempt writes the header into the buffer it was
+		// read into; later ones copy it, as the HTTP transport may still
+		// be reading an earlier attempt's body after it returned.
+		env := w.env
+		if sent > 1 {
+			env = slices.Clone(w.env)
+		}
 		putHeader(env, h)
-		copy(env[headerLen:], w.payload)
 
 		etag, oc, err := g.putOnce(ctx, w.key, env, h, cur)
 		switch oc {
 		case written:
+			// The store has every byte of env: the transport is done
+			// with it. (Buffers of failed requests are left to the GC.)
+			putBuf(env)
 			return Version{ETag: etag, Token: w.token}, nil
 		case retriedPreconditionFailed:
 			// The SDK retried: the first try may have been applied and
