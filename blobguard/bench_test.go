@@ -14,8 +14,11 @@ import (
 // reads the object first) and read-modify-write (PutIf with the version
 // of the previous write: one request). reqs/op counts HTTP requests.
 //
-//	./scripts/s3server.sh run go test -run '^$' -bench . -count 6 ./blobguard/ | tee bench/blobguard.txt
+//	TMPDIR=/dev/shm ./scripts/s3server.sh run go test -run '^$' -bench . -count 6 ./blobguard/ | tee bench/blobguard.txt
 //	benchstat -col /mode bench/blobguard.txt
+//
+// (TMPDIR=/dev/shm keeps the server's data on tmpfs, away from disk
+// writeback, which otherwise dominates the run-to-run noise.)
 func BenchmarkPut(b *testing.B) {
 	for _, size := range []struct {
 		name string

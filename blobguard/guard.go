@@ -356,9 +356,9 @@ func readEnvelope(body io.Reader, max int64) ([]byte, error) {
 	size := int64(-1)
 	if l, ok := body.(interface{ Len() int }); ok {
 		// bytes.Reader, strings.Reader, bytes.Buffer: size it exactly.
-		size = int64(l.Len())
+		size = int64(l.Len()) + headerLen
 	}
-	env, err := readAll(io.MultiReader(bytes.NewReader(make([]byte, headerLen)), body), size+headerLen, max+headerLen, true)
+	env, err := readAll(io.MultiReader(bytes.NewReader(make([]byte, headerLen)), body), size, max+headerLen, true)
 	if errors.Is(err, ErrInvalidInput) {
 		return nil, fmt.Errorf("%w: body larger than MaxObjectSize (%d bytes)", ErrInvalidInput, max)
 	}
