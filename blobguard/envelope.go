@@ -30,14 +30,15 @@ import (
 const (
 	envMagic   = "FKBG"
 	envVersion = 1
-	headerLen  = 4 + 1 + 1 + 8 + 16
+	headerLen  = HeaderSize
 
 	flagDeleted = 1 << 0
 )
 
 // HeaderSize is the number of bytes the guard stores in front of the
-// caller's bytes in every object it writes.
-const HeaderSize = headerLen
+// caller's bytes in every object it writes: magic (4), format version (1),
+// flags (1), token (8), nonce (16).
+const HeaderSize = 30
 
 // Metadata keys the guard also sets on every object it writes, so that
 // people and tools can see the token without parsing the body. The body's

@@ -38,16 +38,16 @@ var baseTransport = http.DefaultTransport.(*http.Transport).Clone()
 func TestMain(m *testing.M) {
 	s3env = testenv.S3Config()
 	var missing []string
-	for name, v := range map[string]string{
-		testenv.S3EndpointVar: s3env.Endpoint, testenv.S3AccessKeyVar: s3env.AccessKey,
-		testenv.S3SecretKeyVar: s3env.SecretKey, testenv.S3BucketVar: s3env.Bucket,
+	for _, v := range [][2]string{
+		{testenv.S3EndpointVar, s3env.Endpoint}, {testenv.S3AccessKeyVar, s3env.AccessKey},
+		{testenv.S3SecretKeyVar, s3env.SecretKey}, {testenv.S3BucketVar, s3env.Bucket},
 	} {
-		if v == "" {
-			missing = append(missing, name)
+		if v[1] == "" {
+			missing = append(missing, v[0])
 		}
 	}
 	if len(missing) > 0 {
-		fmt.Fprintf(os.Stderr, "blobguard tests need a real S3-compatible server, and %s is not set.\n"+
+		fmt.Fprintf(os.Stderr, "blobguard tests need a real S3-compatible server; not set: %s.\n"+
 			"Run ./scripts/test.sh ./blobguard/... (it builds and starts versitygw),\n"+
 			"or ./scripts/s3server.sh run go test ./blobguard/...\n", strings.Join(missing, ", "))
 		os.Exit(2)
