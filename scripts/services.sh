@@ -62,3 +62,152 @@ ensure_postgres() {
   log "PostgreSQL: nothing answers at $FENCE_POSTGRES_URL; start PostgreSQL or set FENCE_POSTGRES_URL"
   return 1
 }
+
+# --- S3-compatible store (versitygw) ---------------------------------------
+#
+# ensure_s3 makes FENCE_S3_ENDPOINT, FENCE_S3_ACCESS_KEY, FENCE_S3_SECRET_KEY
+# and FENCE_S3_BUCKET point at a working S3-compatible store, and exports them:
+#   - FENCE_S3_ENDPOINT set: it must answer (nothing is started in its place);
+#     the keys must be set too; the bucket is created if missing.
+#   - FENCE_S3_ENDPOINT unset: versitygw $FENCE_VERSITYGW_VERSION is built once
+#     into ${XDG_CACHE_HOME:-$HOME/.cache}/fencekit/bin (a second run reuses
+#     it), started with its posix backend on a free 127.0.0.1 port over a
+#     throwaway directory, waited for on /health, and the bucket is created.
+#     stop_s3 stops it and removes the directory (test.sh traps it on EXIT).
+
+: "${FENCE_VERSITYGW_VERSION:=v1.8.0}"
+FENCE_S3_PID=""
+FENCE_S3_DIR=""
+
+fence_cache_dir() { printf '%s/fencekit\n' "${XDG_CACHE_HOME:-$HOME/.cache}"; }
+
+# install_versitygw prints the path of a versitygw binary built at
+# FENCE_VERSITYGW_VERSION, building it only if the cached one is missing or
+# of another version (read from the binary's own build information).
+install_versitygw() {
+  local bindir bin
+  bindir="$(fence_cache_dir)/bin"
+  bin="$bindir/versitygw"
+  if [ -x "$bin" ] && go version -m "$bin" 2>/dev/null \
+     | grep -qE "^[[:space:]]+mod[[:space:]]+github\.com/versity/versitygw[[:space:]]+${FENCE_VERSITYGW_VERSION//./\\.}([[:space:]]|$)"; then
+    printf '%s\n' "$bin"
+    return 0
+  fi
+  command -v go >/dev/null 2>&1 || { log "S3: go not found; cannot build versitygw"; return 1; }
+  log "S3: building versitygw $FENCE_VERSITYGW_VERSION into $bindir (once; later runs reuse it)"
+  mkdir -p "$bindir"
+  # Built from outside this module so that its go.mod plays no part.
+  if ! (cd / && GOBIN="$bindir" go install "github.com/versity/versitygw/cmd/versitygw@$FENCE_VERSITYGW_VERSION") >&2; then
+    log "S3: go install github.com/versity/versitygw/cmd/versitygw@$FENCE_VERSITYGW_VERSION failed"
+    return 1
+  fi
+  printf '%s\n' "$bin"
+}
+
+# s3_answers URL: true if anything answers HTTP at URL (any status code).
+s3_answers() {
+  local code
+  code="$(curl -s -o /dev/null -m 3 -w '%{http_code}' "$1/" 2>/dev/null)" || true
+  [ -n "$code" ] && [ "$code" != "000" ]
+}
+
+# s3_create_bucket: creates FENCE_S3_BUCKET (a bucket we already own is fine).
+s3_create_bucket() {
+  local code
+  code="$(curl -s -o /dev/null -m 10 -w '%{http_code}' -X PUT \
+    --aws-sigv4 "aws:amz:${FENCE_S3_REGION:-us-east-1}:s3" \
+    --user "$FENCE_S3_ACCESS_KEY:$FENCE_S3_SECRET_KEY" \
+    -H "x-amz-content-sha256: e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855" \
+    "$FENCE_S3_ENDPOINT/$FENCE_S3_BUCKET")" || true
+  case "$code" in
+    200|409) return 0 ;; # 409: BucketAlreadyOwnedByYou
+  esac
+  log "S3: creating bucket $FENCE_S3_BUCKET at $FENCE_S3_ENDPOINT failed (HTTP $code)"
+  return 1
+}
+
+random_hex() { od -An -N"$1" -tx1 /dev/urandom | tr -d ' \n'; }
+
+# free_port prints a loopback TCP port that nothing listens on right now.
+free_port() {
+  local p
+  for _ in $(seq 1 100); do
+    p=$((20000 + RANDOM % 40000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+      printf '%s\n' "$p"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# start_versitygw: starts versitygw in the background over a new directory
+# and sets FENCE_S3_PID, FENCE_S3_DIR and FENCE_S3_ENDPOINT.
+start_versitygw() {
+  local bin port
+  bin="$(install_versitygw)" || return 1
+  FENCE_S3_DIR="$(mktemp -d "${TMPDIR:-/tmp}/fencekit-s3.XXXXXX")"
+  mkdir -p "$FENCE_S3_DIR/root"
+  for _ in 1 2 3 4 5; do
+    port="$(free_port)" || { log "S3: no free loopback port"; return 1; }
+    ROOT_ACCESS_KEY_ID="$FENCE_S3_ACCESS_KEY" ROOT_SECRET_ACCESS_KEY="$FENCE_S3_SECRET_KEY" \
+      nohup "$bin" --port "127.0.0.1:$port" --health /health --quiet posix "$FENCE_S3_DIR/root" \
+      >>"$FENCE_S3_DIR/versitygw.log" 2>&1 </dev/null &
+    FENCE_S3_PID=$!
+    for _ in $(seq 1 100); do
+      kill -0 "$FENCE_S3_PID" 2>/dev/null || break
+      if [ "$(curl -s -o /dev/null -m 1 -w '%{http_code}' "http://127.0.0.1:$port/health" 2>/dev/null)" = "200" ] \
+         && kill -0 "$FENCE_S3_PID" 2>/dev/null; then
+        FENCE_S3_ENDPOINT="http://127.0.0.1:$port"
+        return 0
+      fi
+      sleep 0.1
+    done
+    kill "$FENCE_S3_PID" 2>/dev/null || true
+    wait "$FENCE_S3_PID" 2>/dev/null || true
+    FENCE_S3_PID=""
+  done
+  log "S3: versitygw did not become healthy; its log:"
+  tail -n 20 "$FENCE_S3_DIR/versitygw.log" >&2 || true
+  return 1
+}
+
+ensure_s3() {
+  if ! command -v curl >/dev/null 2>&1; then
+    log "curl not found: install it (Debian: apt-get install curl)"
+    return 1
+  fi
+  : "${FENCE_S3_BUCKET:=fencekit-test}"
+  if [ -n "${FENCE_S3_ENDPOINT:-}" ]; then
+    if ! s3_answers "$FENCE_S3_ENDPOINT"; then
+      log "S3: nothing answers at FENCE_S3_ENDPOINT=$FENCE_S3_ENDPOINT; start it, or unset FENCE_S3_ENDPOINT to use a local versitygw"
+      return 1
+    fi
+    if [ -z "${FENCE_S3_ACCESS_KEY:-}" ] || [ -z "${FENCE_S3_SECRET_KEY:-}" ]; then
+      log "S3: FENCE_S3_ENDPOINT is set, so FENCE_S3_ACCESS_KEY and FENCE_S3_SECRET_KEY must be too"
+      return 1
+    fi
+    log "S3: $FENCE_S3_ENDPOINT answers"
+  else
+    : "${FENCE_S3_ACCESS_KEY:=fencekit$(random_hex 6)}"
+    : "${FENCE_S3_SECRET_KEY:=$(random_hex 20)}"
+    start_versitygw || return 1
+    log "S3: versitygw $FENCE_VERSITYGW_VERSION at $FENCE_S3_ENDPOINT (pid $FENCE_S3_PID, data in $FENCE_S3_DIR)"
+  fi
+  export FENCE_S3_ENDPOINT FENCE_S3_ACCESS_KEY FENCE_S3_SECRET_KEY FENCE_S3_BUCKET
+  s3_create_bucket
+}
+
+# stop_s3: stops the versitygw that ensure_s3 started (if any) and removes its
+# directory. Safe to call more than once, and when nothing was started.
+stop_s3() {
+  if [ -n "${FENCE_S3_PID:-}" ]; then
+    kill "$FENCE_S3_PID" 2>/dev/null || true
+    wait "$FENCE_S3_PID" 2>/dev/null || true
+    FENCE_S3_PID=""
+  fi
+  if [ -n "${FENCE_S3_DIR:-}" ]; then
+    rm -rf "$FENCE_S3_DIR"
+    FENCE_S3_DIR=""
+  fi
+}

@@ -11,6 +11,8 @@ cd "$(dirname "$0")/.."
 
 ensure_redis
 ensure_postgres
+trap stop_s3 EXIT
+ensure_s3
 
 pkgs=("$@")
 [ ${#pkgs[@]} -gt 0 ] || pkgs=(./...)

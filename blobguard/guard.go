@@ -1,0 +1,702 @@
+package blobguard
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/smithy-go"
+
+	"github.com/fencekit/fencekit/fence"
+)
+
+// Client is the part of *s3.Client a Guard uses: only the operations it
+// calls, with the SDK's per-call option functions. *s3.Client satisfies it,
+// and so can a wrapper that injects faults or counts calls. A Guard passes
+// option functions that must be applied (as *s3.Client does) for it to tell
+// a request that was never sent from one whose outcome is unknown; if they
+// are ignored, every transport error is treated as an unknown outcome.
+// DeleteObject is used only to remove the probe's own scratch objects.
+type Client interface {
+	GetObject(ctx context.Context, in *s3.GetObjectInput, optFns ...func(*s3.Options)) (*s3.GetObjectOutput, error)
+	PutObject(ctx context.Context, in *s3.PutObjectInput, optFns ...func(*s3.Options)) (*s3.PutObjectOutput, error)
+	DeleteObject(ctx context.Context, in *s3.DeleteObjectInput, optFns ...func(*s3.Options)) (*s3.DeleteObjectOutput, error)
+}
+
+var _ Client = (*s3.Client)(nil)
+
+var (
+	// ErrInvalidInput is returned before any I/O for arguments that cannot
+	// work: a nil client or body, an empty or malformed bucket name or key,
+	// the zero token (the error then also matches fence.ErrInvalidToken),
+	// a body over Options.MaxObjectSize, or invalid Options.
+	ErrInvalidInput = errors.New("blobguard: invalid input")
+
+	// ErrPreconditionsIgnored is returned by Probe, and by every call of a
+	// Guard whose probe failed this way, when the store does not honour
+	// S3 conditional writes: it accepted a conditional create of an
+	// existing key, a write with a wrong If-Match, or an If-Match on a
+	// missing key, or it refused a write whose If-Match held. Fencing is
+	// impossible on such a store, so the guard refuses to run (fail closed).
+	ErrPreconditionsIgnored = errors.New("blobguard: store does not honour conditional writes")
+
+	// ErrAmbiguous is returned when a write was sent and its outcome could
+	// not be learned: the context ended while a request was in flight, the
+	// connection broke after sending, or the store answered 5xx and a
+	// re-read could not settle it. The write may or may not have been
+	// applied; it is never reported as success. It may be joined with
+	// fence.ErrStaleToken when a newer token was found stored afterwards
+	// (the write may have landed and been replaced), and with ctx.Err().
+	ErrAmbiguous = errors.New("blobguard: write outcome unknown")
+
+	// ErrNotFound is returned (inside a *NotFoundError) by Get when the key
+	// holds no object or holds a tombstone written by Delete.
+	ErrNotFound = errors.New("blobguard: object not found")
+
+	// ErrNotFenced is returned when the key holds an object that was not
+	// written by a Guard (no blobguard header), or one whose header this
+	// version cannot read. The guard neither returns nor overwrites it:
+	// its token is unknown. Remove it by other means to use the key.
+	ErrNotFenced = errors.New("blobguard: object not written by blobguard")
+
+	// ErrConflict is returned by PutIf when the object is no longer the
+	// version the caller read, and no newer token is stored: someone with
+	// an older or equal token wrote in between. Read it again and retry.
+	ErrConflict = errors.New("blobguard: object changed since it was read")
+
+	// ErrContention is returned when Options.MaxAttempts conditional writes
+	// all lost to competing writers with older or equal tokens, or met
+	// 409 ConditionalRequestConflict. Nothing was written by this call.
+	ErrContention = errors.New("blobguard: too many conflicting writes")
+
+	// ErrETagMismatch is returned when the store keeps MD5 ETags (found by
+	// the probe) but returned an ETag that is not the MD5 of the bytes it
+	// returned with it, again on every re-read: a torn or corrupt read.
+	ErrETagMismatch = errors.New("blobguard: store returned an ETag that does not match the object")
+)
+
+// NotFoundError is returned by Get when there is no live object at Key. It
+// matches ErrNotFound with errors.Is.
+type NotFoundError struct {
+	// Bucket and Key name the object.
+	Bucket, Key string
+	// Tombstone is the version of the tombstone Delete left at Key, or the
+	// zero Version if the key holds nothing at all. Either can be passed
+	// to PutIf as prev to create the object in one request.
+	Tombstone Version
+}
+
+// Error says which object was not found.
+func (e *NotFoundError) Error() string {
+	if e.Tombstone.ETag != "" {
+		return fmt.Sprintf("blobguard: object not found: s3://%s/%s (deleted with token %d)", e.Bucket, e.Key, e.Tombstone.Token)
+	}
+	return fmt.Sprintf("blobguard: object not found: s3://%s/%s", e.Bucket, e.Key)
+}
+
+// Is reports whether target is ErrNotFound.
+func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
+
+// Version identifies one stored write of an object.
+type Version struct {
+	// ETag is the store's entity tag of the write, as the store returned
+	// it (quoted). Thanks to the per-write nonce it names this write only.
+	ETag string
+	// Token is the fencing token the write carried.
+	Token fence.Token
+}
+
+// Object is an object read by Get: the caller's bytes (without the guard's
+// header) and the version they belong to.
+type Object struct {
+	Version
+	Body []byte
+}
+
+// Options configure a Guard. The zero value of each field means its
+// default. New copies the struct; the caller's value is never changed.
+type Options struct {
+	// MaxAttempts bounds the conditional PutObject requests one Put, PutIf
+	// or Delete sends (SDK retries of one request are not counted; they
+	// follow the client's own retry settings). Default 10.
+	MaxAttempts int
+	// MinBackoff and MaxBackoff bound the full-jitter exponential backoff
+	// slept after a 409 ConditionalRequestConflict, or after a write whose
+	// outcome was unknown, before trying again. Defaults 10ms and 1s.
+	MinBackoff, MaxBackoff time.Duration
+	// MaxObjectSize is the largest body, in bytes, that Put accepts and Get
+	// reads; the whole body is held in memory. Default 64 MiB; at most
+	// 5 GiB minus HeaderSize (S3's limit for one PutObject).
+	MaxObjectSize int64
+	// ProbePrefix is the key prefix under which Probe writes and then
+	// deletes two scratch objects. Default ".fencekit-probe/".
+	ProbePrefix string
+}
+
+// Defaults of Options.
+const (
+	DefaultMaxAttempts   = 10
+	DefaultMinBackoff    = 10 * time.Millisecond
+	DefaultMaxBackoff    = time.Second
+	DefaultMaxObjectSize = 64 << 20
+	DefaultProbePrefix   = ".fencekit-probe/"
+
+	maxPutSize = 5<<30 - headerLen
+)
+
+func (o *Options) setDefaults() {
+	if o.MaxAttempts == 0 {
+		o.MaxAttempts = DefaultMaxAttempts
+	}
+	if o.MinBackoff == 0 {
+		o.MinBackoff = DefaultMinBackoff
+	}
+	if o.MaxBackoff == 0 {
+		o.MaxBackoff = DefaultMaxBackoff
+	}
+	if o.MaxObjectSize == 0 {
+		o.MaxObjectSize = DefaultMaxObjectSize
+	}
+	if o.ProbePrefix == "" {
+		o.ProbePrefix = DefaultProbePrefix
+	}
+}
+
+func (o *Options) validate() error {
+	var errs []error
+	if o.MaxAttempts < 1 {
+		errs = append(errs, fmt.Errorf("%w: MaxAttempts %d < 1", ErrInvalidInput, o.MaxAttempts))
+	}
+	if o.MinBackoff < 0 {
+		errs = append(errs, fmt.Errorf("%w: MinBackoff %v < 0", ErrInvalidInput, o.MinBackoff))
+	}
+	if o.MaxBackoff < o.MinBackoff {
+		errs = append(errs, fmt.Errorf("%w: MaxBackoff %v < MinBackoff %v", ErrInvalidInput, o.MaxBackoff, o.MinBackoff))
+	}
+	if o.MaxObjectSize < 0 || o.MaxObjectSize > maxPutSize {
+		errs = append(errs, fmt.Errorf("%w: MaxObjectSize %d not in [0, %d]", ErrInvalidInput, o.MaxObjectSize, int64(maxPutSize)))
+	}
+	// The probe appends 32 hex digits to the prefix.
+	if err := validateKey(o.ProbePrefix + "0123456789abcdef0123456789abcdef"); err != nil {
+		errs = append(errs, fmt.Errorf("ProbePrefix: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// Guard makes fenced writes to the objects of one bucket. It is safe for
+// concurrent use. Create it with New.
+type Guard struct {
+	client Client
+	bucket string
+	opts   Options
+
+	probeMu  sync.Mutex // serialises probes
+	mu       sync.Mutex // guards the fields below
+	probed   bool       // a probe finished (either way)
+	refused  error      // non-nil: the probe found the store unsafe
+	md5ETags bool       // the store's ETags are MD5 of the stored bytes
+}
+
+// New returns a Guard for bucket over client. It does no I/O: the store is
+// probed (see Probe) before the first Get, Put, PutIf or Delete. It
+// returns an error wrapping ErrInvalidInput for a nil client, a malformed
+// bucket name or invalid options, reporting every problem at once.
+func New(client Client, bucket string, optFns ...func(*Options)) (*Guard, error) {
+	var o Options
+	for _, fn := range optFns {
+		if fn != nil {
+			fn(&o)
+		}
+	}
+	o.setDefaults()
+	var errs []error
+	if client == nil || isNilS3Client(client) {
+		errs = append(errs, fmt.Errorf("%w: nil client", ErrInvalidInput))
+	}
+	if err := validateBucket(bucket); err != nil {
+		errs = append(errs, err)
+	}
+	if err := o.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return &Guard{client: client, bucket: bucket, opts: o}, nil
+}
+
+func isNilS3Client(c Client) bool {
+	sc, ok := c.(*s3.Client)
+	return ok && sc == nil
+}
+
+// WithOptions returns an option function that replaces the Options with o
+// (fields left zero still get their defaults).
+func WithOptions(o Options) func(*Options) {
+	return func(dst *Options) { *dst = o }
+}
+
+// Bucket returns the bucket the guard writes to.
+func (g *Guard) Bucket() string { return g.bucket }
+
+func (g *Guard) resource(key string) string { return "s3://" + g.bucket + "/" + key }
+
+// Get reads the object at key: its bytes, its token and its ETag. ctx
+// bounds the whole call (including the probe on first use). It returns a
+// *NotFoundError (matching ErrNotFound) when there is no object or a
+// tombstone, and an error wrapping ErrNotFenced for an object that was not
+// written by a Guard.
+func (g *Guard) Get(ctx context.Context, key string) (*Object, error) {
+	if err := validateKey(key); err != nil {
+		return nil, err
+	}
+	if err := g.ensureProbed(ctx); err != nil {
+		return nil, err
+	}
+	cur, err := g.read(ctx, key, false)
+	if err != nil {
+		return nil, err
+	}
+	if !cur.exists || cur.deleted {
+		nf := &NotFoundError{Bucket: g.bucket, Key: key}
+		if cur.exists {
+			nf.Tombstone = cur.version()
+		}
+		return nil, nf
+	}
+	return &Object{Version: cur.version(), Body: cur.payload}, nil
+}
+
+// Put writes body to key with token, unless a newer token is stored there.
+// It reads the current object (one GetObject) and writes conditionally on
+// it (one PutObject: If-None-Match: * to create, If-Match on the read ETag
+// to replace). If another write got in between, it reads again and, while
+// the stored token is not newer than token, tries again, up to
+// Options.MaxAttempts writes. A write with a token equal to the stored one
+// succeeds (the same holder writing again). Put replaces a tombstone.
+//
+// It returns the new Version on success; a *fence.StaleError (matching
+// fence.ErrStaleToken) with the stored token when a newer token is stored,
+// in which case nothing was written; ErrAmbiguous when a write's outcome
+// could not be learned; ErrContention when every attempt lost. body is read
+// to its end before any I/O (at most Options.MaxObjectSize bytes). ctx
+// bounds the whole call, including retries and backoff.
+func (g *Guard) Put(ctx context.Context, key string, token fence.Token, body io.Reader) (Version, error) {
+	env, err := g.checkWrite(key, token, body)
+	if err != nil {
+		return Version{}, err
+	}
+	return g.write(ctx, writeReq{key: key, token: token, env: env})
+}
+
+// PutIf is a compare-and-swap for read-modify-write: it writes body to key
+// with token only if the object is still the version prev (a Version from
+// Get, Put or PutIf; the zero Version, or a NotFoundError's Tombstone,
+// means "no live object"). In the common case it sends one request and no
+// read. It returns a *fence.StaleError without any I/O if prev.Token is
+// newer than token, and after a failed condition either a
+// *fence.StaleError (a newer token is stored) or ErrConflict (the object
+// changed but no newer token is stored). Other errors are as for Put.
+func (g *Guard) PutIf(ctx context.Context, key string, token fence.Token, body io.Reader, prev Version) (Version, error) {
+	env, err := g.checkWrite(key, token, body)
+	if err != nil {
+		return Version{}, err
+	}
+	if prev.ETag != "" && prev.Token == fence.None {
+		return Version{}, fmt.Errorf("%w: prev has an ETag but token 0", ErrInvalidInput)
+	}
+	if prev.Token > token {
+		return Version{}, fence.Stale(g.resource(key), token, prev.Token)
+	}
+	return g.write(ctx, writeReq{key: key, token: token, env: env, cas: true, prev: prev})
+}
+
+// Delete removes the object at key on behalf of token, unless a newer token
+// is stored there: it replaces the object with a tombstone (a header-only
+// object, HeaderSize bytes, with metadata fencekit-deleted: true) that
+// keeps the token, so that Get reports ErrNotFound and a stale holder can
+// neither delete a newer object nor bring the key back with an older token
+// afterwards. Deleting a missing key writes a tombstone too. It works and
+// fails like Put and returns the tombstone's Version. The store's
+// DeleteObject is not used: see the package documentation.
+func (g *Guard) Delete(ctx context.Context, key string, token fence.Token) (Version, error) {
+	if err := validateKey(key); err != nil {
+		return Version{}, err
+	}
+	if err := validateToken(token); err != nil {
+		return Version{}, err
+	}
+	return g.write(ctx, writeReq{key: key, token: token, env: make([]byte, headerLen), deleted: true})
+}
+
+func (g *Guard) checkWrite(key string, token fence.Token, body io.Reader) ([]byte, error) {
+	if err := validateKey(key); err != nil {
+		return nil, err
+	}
+	if err := validateToken(token); err != nil {
+		return nil, err
+	}
+	if body == nil {
+		return nil, fmt.Errorf("%w: nil body", ErrInvalidInput)
+	}
+	return readEnvelope(body, g.opts.MaxObjectSize)
+}
+
+// readEnvelope reads body to its end into a (pooled) slice that leaves
+// room for the header in front: the stored form, but for the header.
+func readEnvelope(body io.Reader, max int64) ([]byte, error) {
+	size := int64(-1)
+	if l, ok := body.(interface{ Len() int }); ok {
+		// bytes.Reader, strings.Reader, bytes.Buffer: size it exactly.
+		size = int64(l.Len()) + headerLen
+	}
+	env, err := readAll(io.MultiReader(bytes.NewReader(make([]byte, headerLen)), body), size, max+headerLen, true)
+	if errors.Is(err, ErrInvalidInput) {
+		return nil, fmt.Errorf("%w: body larger than MaxObjectSize (%d bytes)", ErrInvalidInput, max)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("blobguard: read body: %w", err)
+	}
+	return env, nil
+}
+
+// stored is what read found at a key.
+type stored struct {
+	exists  bool // an object (live or tombstone) is stored
+	deleted bool // it is a tombstone
+	etag    string
+	header  header
+	payload []byte // the caller's bytes: raw without the header
+	raw     []byte // the stored bytes
+	pooled  bool   // raw is a pooled buffer: release it after use
+}
+
+// release hands a pooled buffer back; payload and raw are unusable after.
+func (s *stored) release() {
+	if s.pooled {
+		putBuf(s.raw)
+	}
+	s.raw, s.payload, s.pooled = nil, nil, false
+}
+
+func (s stored) version() Version { return Version{ETag: s.etag, Token: s.header.token} }
+
+// maxReadAttempts bounds re-reads after an ETag that does not match the
+// bytes (a torn read while a write is being published).
+const maxReadAttempts = 5
+
+// read fetches the whole object at key and checks it. On a store with MD5
+// ETags it checks that the ETag is the MD5 of the bytes, so that the token
+// and nonce it returns belong to the write that ETag names.
+// pooled says whether the bytes may live in a pooled buffer, which the
+// caller then hands back with release.
+func (g *Guard) read(ctx context.Context, key string, pooled bool) (stored, error) {
+	g.mu.Lock()
+	checkMD5 := g.md5ETags
+	g.mu.Unlock()
+	for i := 1; ; i++ {
+		s, err := g.readOnce(ctx, key, pooled)
+		if err != nil || !s.exists || !checkMD5 {
+			return s, err
+		}
+		if e := normETag(s.etag); !isMD5ETag(e) || e == md5Hex(s.raw) {
+			return s, nil
+		}
+		s.release()
+		if i == maxReadAttempts {
+			return stored{}, fmt.Errorf("%w: s3://%s/%s: ETag %s, %d reads", ErrETagMismatch, g.bucket, key, s.etag, i)
+		}
+	}
+}
+
+func (g *Guard) readOnce(ctx context.Context, key string, pooled bool) (stored, error) {
+	out, err := g.client.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(g.bucket), Key: aws.String(key)})
+	if err != nil {
+		if apiCode(err) == "NoSuchKey" {
+			return stored{}, nil
+		}
+		return stored{}, fmt.Errorf("blobguard: get s3://%s/%s: %w", g.bucket, key, err)
+	}
+	defer out.Body.Close()
+	raw, err := readAll(out.Body, aws.ToInt64(out.ContentLength), g.opts.MaxObjectSize+headerLen, pooled)
+	if errors.Is(err, ErrInvalidInput) {
+		return stored{}, fmt.Errorf("%w: s3://%s/%s is larger than MaxObjectSize (%d bytes)", ErrInvalidInput, g.bucket, key, g.opts.MaxObjectSize)
+	}
+	if err != nil {
+		return stored{}, fmt.Errorf("blobguard: read s3://%s/%s: %w", g.bucket, key, err)
+	}
+	s := stored{raw: raw, pooled: pooled}
+	s.etag = aws.ToString(out.ETag)
+	if s.etag == "" {
+		s.release()
+		return stored{}, fmt.Errorf("blobguard: get s3://%s/%s: the store returned no ETag", g.bucket, key)
+	}
+	s.header, s.payload, err = parseEnvelope(raw)
+	if err != nil {
+		s.release()
+		return stored{}, fmt.Errorf("s3://%s/%s: %w", g.bucket, key, err)
+	}
+	s.exists, s.deleted = true, s.header.deleted
+	return s, nil
+}
+
+type writeReq struct {
+	key     string
+	token   fence.Token
+	env     []byte // header space and the caller's bytes
+	deleted bool
+	cas     bool    // PutIf: fail with ErrConflict if the object is not prev
+	prev    Version // for cas
+}
+
+// matchesPrev reports whether s is still the state a PutIf expected.
+func (w *writeReq) matchesPrev(s stored) bool {
+	if w.prev.ETag == "" {
+		return !s.exists || s.deleted
+	}
+	return s.exists && normETag(s.etag) == normETag(w.prev.ETag)
+}
+
+// write runs the conditional write loop shared by Put, PutIf and Delete.
+func (g *Guard) write(ctx context.Context, w writeReq) (Version, error) {
+	if err := g.ensureProbed(ctx); err != nil {
+		return Version{}, err
+	}
+	res := g.resource(w.key)
+	var (
+		cur       stored
+		haveCur   bool
+		mine      []nonce  // nonces of every write this call sent
+		ambiguous error    // an earlier write's outcome is unknown
+		pending   []string // the states (normalised ETag, "" = absent) those writes were conditional on
+		contended error    // the last write lost to a competitor (412, 409, 404)
+	)
+	if w.cas {
+		// Trust the caller's read: no GetObject before the first write.
+		haveCur = true
+		cur = stored{exists: w.prev.ETag != "", etag: w.prev.ETag, header: header{token: w.prev.Token}}
+	}
+	for sent := 0; ; {
+		if err := ctx.Err(); err != nil {
+			return Version{}, withAmbiguous(ambiguous, fmt.Errorf("blobguard: write %s: %w", res, err))
+		}
+		if !haveCur {
+			var err error
+			cur, err = g.read(ctx, w.key, true)
+			if err != nil {
+				return Version{}, withAmbiguous(ambiguous, err)
+			}
+			cur.release() // only the header and ETag are needed here
+			if cur.exists && containsNonce(mine, cur.header.nonce) {
+				// One of our writes landed, even though its reply said
+				// otherwise (an SDK retry met our own write: 412).
+				return cur.version(), nil
+			}
+			if cur.exists && cur.header.token > w.token {
+				return Version{}, withAmbiguous(ambiguous, fence.Stale(res, w.token, cur.header.token))
+			}
+			// Not ours, and not newer. A write of ours whose outcome was
+			// unknown and that was conditional on another state did not
+			// land (had it landed, a later write over it would carry a
+			// token at least ours, and a guard's equal-token write is
+			// the same holder's), and it never can: ETags are unique
+			// per write, so that state never comes back. One that was
+			// conditional on this very state may still land, but then
+			// every later write of ours fails its condition.
+			pending = slices.DeleteFunc(pending, func(e string) bool { return e != stateKey(cur) })
+			if len(pending) == 0 {
+				ambiguous = nil
+			}
+			if w.cas && !w.matchesPrev(cur) {
+				return Version{}, withAmbiguous(ambiguous, fmt.Errorf("%w: %s: expected ETag %q, found %q (token %d)", ErrConflict, res, w.prev.ETag, cur.etag, cur.header.token))
+			}
+		}
+		haveCur = false
+		if sent == g.opts.MaxAttempts {
+			if ambiguous != nil {
+				return Version{}, ambiguous
+			}
+			return Version{}, fmt.Errorf("%w: %s: %d attempts: %w", ErrContention, res, sent, contended)
+		}
+		sent++
+
+		n, err := newNonce()
+		if err != nil {
+			return Version{}, withAmbiguous(ambiguous, err)
+		}
+		mine = append(mine, n)
+		h := header{token: w.token, nonce: n, deleted: w.deleted}
+		// The first attempt writes the header into the buffer it was
+		// read into; later ones copy it, as the HTTP transport may still
+		// be reading an earlier attempt's body after it returned.
+		env := w.env
+		if sent > 1 {
+			env = slices.Clone(w.env)
+		}
+		putHeader(env, h)
+
+		etag, oc, err := g.putOnce(ctx, w.key, env, h, cur)
+		switch oc {
+		case written:
+			// The store has every byte of env: the transport is done
+			// with it. (Buffers of failed requests are left to the GC.)
+			putBuf(env)
+			return Version{ETag: etag, Token: w.token}, nil
+		case retriedPreconditionFailed:
+			// The SDK retried: the first try may have been applied and
+			// the retry then failed on our own write. The re-read tells.
+			ambiguous = fmt.Errorf("%w: write %s: %w", ErrAmbiguous, res, err)
+			pending = append(pending, stateKey(cur))
+			contended = err
+		case preconditionFailed, vanished:
+			// Someone else wrote (or the object was removed): re-read.
+			contended = err
+		case conflict:
+			contended = err
+			if err := g.sleep(ctx, sent); err != nil {
+				return Version{}, withAmbiguous(ambiguous, fmt.Errorf("blobguard: write %s: %w: %w", res, contended, err))
+			}
+		case unknown:
+			ambiguous = fmt.Errorf("%w: write %s: %w", ErrAmbiguous, res, err)
+			pending = append(pending, stateKey(cur))
+			if err := ctx.Err(); err != nil {
+				return Version{}, errors.Join(ambiguous, err)
+			}
+			if err := g.sleep(ctx, sent); err != nil {
+				return Version{}, errors.Join(ambiguous, err)
+			}
+		default: // failed
+			return Version{}, withAmbiguous(ambiguous, err)
+		}
+	}
+}
+
+func withAmbiguous(ambiguous, err error) error {
+	if ambiguous == nil {
+		return err
+	}
+	return errors.Join(ambiguous, err)
+}
+
+// stateKey names the state a conditional write was conditional on.
+func stateKey(s stored) string {
+	if !s.exists {
+		return ""
+	}
+	return normETag(s.etag)
+}
+
+func containsNonce(ns []nonce, n nonce) bool {
+	for _, m := range ns {
+		if m == n {
+			return true
+		}
+	}
+	return false
+}
+
+type outcome int
+
+const (
+	failed                    outcome = iota // definite failure: nothing written
+	written                                  // the store acknowledged the write
+	preconditionFailed                       // 412 on the only HTTP attempt: someone else wrote
+	retriedPreconditionFailed                // 412 after SDK retries: maybe our own first try
+	vanished                                 // 404 NoSuchKey on If-Match: the object is gone
+	conflict                                 // 409: retry after backoff
+	unknown                                  // sent, outcome unknown: re-read to learn it
+)
+
+// putOnce sends one conditional PutObject (the SDK may retry it) and
+// classifies the result.
+func (g *Guard) putOnce(ctx context.Context, key string, env []byte, h header, cur stored) (string, outcome, error) {
+	in := &s3.PutObjectInput{
+		Bucket:        aws.String(g.bucket),
+		Key:           aws.String(key),
+		Body:          bytes.NewReader(env),
+		ContentLength: aws.Int64(int64(len(env))),
+		Metadata:      metadataFor(h),
+	}
+	if cur.exists {
+		in.IfMatch = aws.String(cur.etag)
+	} else {
+		in.IfNoneMatch = aws.String("*")
+	}
+	var tr attemptTracker
+	out, err := g.client.PutObject(ctx, in, tr.option)
+	if err == nil {
+		etag := aws.ToString(out.ETag)
+		if etag == "" {
+			// Applied, but the version is not known: a re-read finds
+			// our nonce and its ETag.
+			return "", unknown, fmt.Errorf("blobguard: put s3://%s/%s: the store returned no ETag", g.bucket, key)
+		}
+		return etag, written, nil
+	}
+	err = fmt.Errorf("blobguard: put s3://%s/%s: %w", g.bucket, key, err)
+	status, code := httpStatus(err), apiCode(err)
+	switch {
+	case status == 412 || code == "PreconditionFailed":
+		if tr.sent() > 1 || !tr.applied {
+			return "", retriedPreconditionFailed, err
+		}
+		return "", preconditionFailed, err
+	case status == 409 && (code == "ConditionalRequestConflict" || code == "OperationAborted" || code == ""):
+		return "", conflict, err
+	case status == 404 && code == "NoSuchKey":
+		return "", vanished, err
+	case status >= 500:
+		return "", unknown, err
+	case status != 0:
+		return "", failed, err
+	case tr.applied && tr.sent() == 0:
+		// No response, and the request never got past signing.
+		return "", failed, err
+	default:
+		return "", unknown, err
+	}
+}
+
+// sleep waits a full-jitter exponential backoff for the n-th attempt.
+func (g *Guard) sleep(ctx context.Context, n int) error {
+	d := g.opts.MinBackoff
+	for i := 1; i < n && d < g.opts.MaxBackoff; i++ {
+		d *= 2
+	}
+	d = min(d, g.opts.MaxBackoff)
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(rand.N(d) + 1)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func httpStatus(err error) int {
+	var re interface{ HTTPStatusCode() int }
+	if errors.As(err, &re) {
+		return re.HTTPStatusCode()
+	}
+	return 0
+}
+
+func apiCode(err error) string {
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		return ae.ErrorCode()
+	}
+	return ""
+}

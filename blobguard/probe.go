@@ -1,0 +1,169 @@
+package blobguard
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"fmt"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+)
+
+// Probe checks that the store honours S3 conditional writes, writing under
+// Options.ProbePrefix in the guard's bucket (it needs PutObject and
+// DeleteObject there). It runs, on a fresh key:
+//
+//  1. a conditional create (If-None-Match: *), which must succeed;
+//  2. a second conditional create of the same key, which must fail;
+//  3. a write with an If-Match that does not match, which must fail;
+//  4. a write with If-Match on a missing key, which must fail;
+//  5. a write with the right If-Match, which must succeed;
+//
+// then deletes its objects. It also learns whether the store's ETags are
+// the MD5 of the stored bytes, which Get then checks on every read.
+//
+// It returns an error wrapping ErrPreconditionsIgnored if the store fails
+// any check; the guard then refuses every call with that error until a
+// later Probe succeeds. Other errors (the store cannot be reached, access
+// denied) are returned as they are and the guard probes again on its next
+// call. Get, Put, PutIf and Delete probe on their first use; call Probe
+// to check a store up front, or again after it changed. ctx bounds the
+// probe.
+func (g *Guard) Probe(ctx context.Context) error {
+	g.probeMu.Lock()
+	defer g.probeMu.Unlock()
+	return g.probeLocked(ctx)
+}
+
+func (g *Guard) ensureProbed(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	g.mu.Lock()
+	done, refused := g.probed, g.refused
+	g.mu.Unlock()
+	if done {
+		return refused
+	}
+	g.probeMu.Lock()
+	defer g.probeMu.Unlock()
+	g.mu.Lock()
+	done, refused = g.probed, g.refused
+	g.mu.Unlock()
+	if done {
+		return refused
+	}
+	return g.probeLocked(ctx)
+}
+
+func (g *Guard) probeLocked(ctx context.Context) error {
+	md5ETags, err := g.runProbe(ctx)
+	if err != nil && !isRefusal(err) {
+		return err
+	}
+	g.mu.Lock()
+	g.probed, g.refused, g.md5ETags = true, err, md5ETags
+	g.mu.Unlock()
+	return err
+}
+
+type refusal struct{ error }
+
+func (r refusal) Unwrap() error { return r.error }
+
+func isRefusal(err error) bool {
+	_, ok := err.(refusal)
+	return ok
+}
+
+func (g *Guard) runProbe(ctx context.Context) (md5ETags bool, err error) {
+	n1, err := newNonce()
+	if err != nil {
+		return false, err
+	}
+	n2, err := newNonce()
+	if err != nil {
+		return false, err
+	}
+	key := g.opts.ProbePrefix + hex.EncodeToString(n1[:])
+	missing := g.opts.ProbePrefix + hex.EncodeToString(n2[:])
+	defer func() {
+		// Best effort: a scratch object left behind is harmless.
+		for _, k := range []string{key, missing} {
+			_, _ = g.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(g.bucket), Key: aws.String(k)})
+		}
+	}()
+
+	refuse := func(what string) error {
+		return refusal{fmt.Errorf("%w: s3://%s/%s: %s", ErrPreconditionsIgnored, g.bucket, key, what)}
+	}
+	put := func(k, body string, ifMatch, ifNoneMatch *string) (string, outcome, error) {
+		in := &s3.PutObjectInput{
+			Bucket: aws.String(g.bucket), Key: aws.String(k),
+			Body: bytes.NewReader([]byte(body)), ContentLength: aws.Int64(int64(len(body))),
+			IfMatch: ifMatch, IfNoneMatch: ifNoneMatch,
+		}
+		for i := 0; ; i++ {
+			var tr attemptTracker
+			out, err := g.client.PutObject(ctx, in, tr.option)
+			if err == nil {
+				return aws.ToString(out.ETag), written, nil
+			}
+			err = fmt.Errorf("blobguard: probe: %w", err)
+			status, code := httpStatus(err), apiCode(err)
+			switch {
+			case status == 412 || code == "PreconditionFailed":
+				return "", preconditionFailed, err
+			case status == 404 && code == "NoSuchKey":
+				return "", vanished, err
+			case status == 409 && i < 3:
+				if err := g.sleep(ctx, i+1); err != nil {
+					return "", failed, err
+				}
+				in.Body = bytes.NewReader([]byte(body))
+				continue
+			}
+			return "", failed, err
+		}
+	}
+	star := aws.String("*")
+
+	body1 := "fencekit probe 1 " + hex.EncodeToString(n2[:])
+	etag1, oc, err := put(key, body1, nil, star)
+	switch {
+	case oc == preconditionFailed:
+		return false, refuse("a conditional create of a new key failed")
+	case err != nil:
+		return false, err
+	case etag1 == "":
+		return false, refuse("the store returned no ETag")
+	}
+	md5ETags = normETag(etag1) == md5Hex([]byte(body1))
+
+	if _, oc, err = put(key, "fencekit probe 2", nil, star); oc == written {
+		return false, refuse("a conditional create (If-None-Match: *) of an existing key succeeded")
+	} else if oc != preconditionFailed {
+		return false, err
+	}
+
+	wrong := `"` + md5Hex([]byte("fencekit probe wrong")) + `"`
+	if _, oc, err = put(key, "fencekit probe 3", aws.String(wrong), nil); oc == written {
+		return false, refuse("a write with an If-Match that does not match succeeded")
+	} else if oc != preconditionFailed {
+		return false, err
+	}
+
+	if _, oc, err = put(missing, "fencekit probe 4", aws.String(etag1), nil); oc == written {
+		return false, refuse("a write with If-Match on a missing key succeeded")
+	} else if oc != preconditionFailed && oc != vanished {
+		return false, err
+	}
+
+	if _, oc, err = put(key, "fencekit probe 5", aws.String(etag1), nil); oc == preconditionFailed {
+		return false, refuse("a write whose If-Match matched failed: " + err.Error())
+	} else if err != nil {
+		return false, err
+	}
+	return md5ETags, nil
+}

@@ -1,0 +1,74 @@
+package blobguard
+
+import (
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/fencekit/fencekit/fence"
+)
+
+// maxKeyLen is S3's limit on an object key, in bytes of UTF-8.
+const maxKeyLen = 1024
+
+// validateKey rejects, before any I/O, keys that S3 refuses (empty, longer
+// than 1024 bytes, not UTF-8) and keys that S3-compatible stores and SDKs
+// are known to rewrite into another key: control characters, empty path
+// segments (a leading or trailing "/", "//") and "." or ".." segments.
+// Those are refused because a fenced write must land on exactly the key
+// that was named (versitygw's posix backend, for one, stores "a//b" and
+// "a/b" in the same file).
+func validateKey(key string) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: empty key", ErrInvalidInput)
+	case len(key) > maxKeyLen:
+		return fmt.Errorf("%w: key is %d bytes, S3 allows at most %d", ErrInvalidInput, len(key), maxKeyLen)
+	case !utf8.ValidString(key):
+		return fmt.Errorf("%w: key %q is not valid UTF-8", ErrInvalidInput, key)
+	}
+	for _, r := range key {
+		if r < 0x20 || r == 0x7f {
+			return fmt.Errorf("%w: key %q contains control character %U", ErrInvalidInput, key, r)
+		}
+	}
+	for _, seg := range strings.Split(key, "/") {
+		switch seg {
+		case "":
+			return fmt.Errorf("%w: key %q has an empty path segment (leading, trailing or double \"/\")", ErrInvalidInput, key)
+		case ".", "..":
+			return fmt.Errorf("%w: key %q has a %q path segment", ErrInvalidInput, key, seg)
+		}
+	}
+	return nil
+}
+
+// validateBucket checks the S3 bucket naming rules for new buckets: 3 to 63
+// characters of lowercase letters, digits, '.' and '-', starting and ending
+// with a letter or digit.
+func validateBucket(bucket string) error {
+	if bucket == "" {
+		return fmt.Errorf("%w: empty bucket name", ErrInvalidInput)
+	}
+	if len(bucket) < 3 || len(bucket) > 63 {
+		return fmt.Errorf("%w: bucket name %q must be 3 to 63 characters", ErrInvalidInput, bucket)
+	}
+	for i := 0; i < len(bucket); i++ {
+		c := bucket[i]
+		alnum := c >= 'a' && c <= 'z' || c >= '0' && c <= '9'
+		if !alnum && c != '.' && c != '-' {
+			return fmt.Errorf("%w: bucket name %q: character %q not allowed", ErrInvalidInput, bucket, c)
+		}
+		if !alnum && (i == 0 || i == len(bucket)-1) {
+			return fmt.Errorf("%w: bucket name %q must start and end with a letter or digit", ErrInvalidInput, bucket)
+		}
+	}
+	return nil
+}
+
+func validateToken(t fence.Token) error {
+	if err := t.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidInput, err)
+	}
+	return nil
+}
