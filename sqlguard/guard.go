@@ -315,7 +315,7 @@ func (g *Guard) advanceErr(op, resource string, token fence.Token, err error) er
 	return wrapDBErr(op, err)
 }
 
-// quoteLiteral returns s as an E'' string literal, which means the same
+// quoteLiteral returns s as an E” string literal, which means the same
 // whatever standard_conforming_strings is. pgx always talks UTF-8 to the
 // server, so no multibyte character can hide a quote or backslash.
 func quoteLiteral(s string) string {
