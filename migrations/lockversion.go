@@ -197,7 +197,7 @@ func lockVersionDown(t TableName) []string {
 	}
 }
 
-// escapeLiteral returns s as an E'' string literal, which means the same
+// escapeLiteral returns s as an E” string literal, which means the same
 // whatever standard_conforming_strings is.
 func escapeLiteral(s string) string {
 	s = strings.ReplaceAll(s, `\`, `\\`)
