@@ -64,13 +64,14 @@
 // A row-level write locks the row first and then writes conditionally, in
 // one statement:
 //
-//	WITH fencekit_cur AS (SELECT lock_version ... WHERE key = $1 FOR UPDATE),
+//	WITH fencekit_cur AS (SELECT lock_version ... WHERE key = $1 FOR NO KEY UPDATE),
 //	     fencekit_w AS (UPDATE ... SET ..., lock_version = $t
 //	                    WHERE key = $1 AND (SELECT max(lock_version) FROM fencekit_cur) <= $t
 //	                    RETURNING 1)
 //	SELECT count(fencekit_cur), max(lock_version), count(fencekit_w)
 //
-// Under READ COMMITTED, SELECT ... FOR UPDATE waits for a concurrent writer
+// Under READ COMMITTED, SELECT ... FOR NO KEY UPDATE (the lock an UPDATE
+// takes) waits for a concurrent writer
 // of the row and then returns the row's newest committed version, now
 // locked by this statement; the UPDATE compares against that same value
 // (PostgreSQL re-checks its WHERE on the newest version). So the version

@@ -293,13 +293,12 @@ func (t *Table) resource(key []any) string {
 
 // statement builds the single statement for a write. Its parameters are the
 // key values ($1..$n), the column values, then the token. It returns one
-// row: how many rows have the key (locked FOR UPDATE, newest committed
-// version), the greatest of their lock_versions, and how many rows were
+// row: how many rows have the key (locked, newest committed version), the greatest of their lock_versions, and how many rows were
 // written.
 //
 // Locking the row first and comparing against the locked version is what
 // makes the reported version exact under READ COMMITTED: SELECT ... FOR
-// UPDATE waits for a concurrent writer and then returns the row's newest
+// [NO KEY] UPDATE waits for a concurrent writer and then returns the row's newest
 // committed version, and the write's own WHERE (re-checked by PostgreSQL
 // on that newest version) compares against the same value.
 func (t *Table) statement(kind writeKind, cols []Column) string {
@@ -314,8 +313,14 @@ func (t *Table) statement(kind writeKind, cols []Column) string {
 	lv := pgx.Identifier{LockVersionColumn}.Sanitize()
 	guard := "(SELECT count(*) FROM " + cteCur + ") = 1 AND (SELECT max(fencekit_v) FROM " + cteCur + ") <= " + tokParam
 
+	// The lock a plain UPDATE or DELETE of the row would take: FOR NO KEY
+	// UPDATE does not block foreign-key checks of referencing rows.
+	lock := " FOR NO KEY UPDATE"
+	if kind == kindDelete {
+		lock = " FOR UPDATE"
+	}
 	var b strings.Builder
-	b.WriteString("WITH " + cteCur + " AS (SELECT " + lv + " AS fencekit_v FROM " + t.ident + " WHERE " + t.where + " FOR UPDATE), ")
+	b.WriteString("WITH " + cteCur + " AS (SELECT " + lv + " AS fencekit_v FROM " + t.ident + " WHERE " + t.where + lock + "), ")
 	b.WriteString(cteWritten + " AS (")
 	switch kind {
 	case kindUpdate:

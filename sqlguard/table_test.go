@@ -475,3 +475,32 @@ func TestTableHostileIdentifiers(t *testing.T) {
 		t.Fatalf("canary has %d rows", n)
 	}
 }
+
+// TestTableLockStrength: a fenced Update locks its row the way a plain
+// UPDATE does (FOR NO KEY UPDATE), so inserting a row that references it
+// through a foreign key is not blocked.
+func TestTableLockStrength(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	tbl := e.accountsTable(t, "parent", 1, 1)
+	e.exec(t, `CREATE TABLE child (id int PRIMARY KEY, parent_id int NOT NULL REFERENCES parent (id))`)
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if err := tbl.Update(ctx, tx, 5, []any{1}, sqlguard.Col("balance", 5)); err != nil {
+		t.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, e.pool, func(tx2 pgx.Tx) error {
+		if _, err := tx2.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
+			return err
+		}
+		_, err := tx2.Exec(ctx, `INSERT INTO child VALUES (1, 1)`)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("insert of a referencing row while the parent is fenced-updated: %v", err)
+	}
+}
