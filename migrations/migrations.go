@@ -115,8 +115,9 @@ func Open(databaseURL, schema string) (*sql.DB, error) {
 // for db, configured with fencekit's own version table, goose's global
 // registry disabled, and an advisory lock derived from the connection's
 // current schema. ctx bounds the one query that reads the current schema.
-// Use it for the goose operations that Up, Down and Status do not cover;
-// the caller need not close the Provider (db stays the caller's).
+// Use it for the goose operations that Up, Down and Status do not cover.
+// Do not call the Provider's Close unless you mean to close db: goose's
+// Close closes the database it was given.
 func NewProvider(ctx context.Context, db *sql.DB) (*goose.Provider, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: nil database", ErrInvalid)
