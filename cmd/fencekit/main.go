@@ -1,0 +1,304 @@
+// Command fencekit manages fencekit's database objects.
+//
+//	fencekit migrate up                  create or update fencekit's tables
+//	fencekit migrate down [--to N]       roll them back (all of them by default)
+//	fencekit migrate status              show which migrations are applied
+//	fencekit migrate add-lock-version --table [schema.]table [--apply] [--out DIR]
+//
+// Every migrate command takes --database-url (default: $FENCE_POSTGRES_URL)
+// and --schema (the schema for fencekit's tables; default: the first
+// existing schema of the connection's search_path). Run fencekit help for
+// the details. The exit status is 0 on success, 1 on failure and 2 for a
+// usage error.
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/fencekit/fencekit/migrations"
+)
+
+const databaseURLVar = "FENCE_POSTGRES_URL"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}
+
+// Exit statuses.
+const (
+	exitOK    = 0
+	exitFail  = 1
+	exitUsage = 2
+)
+
+const usage = `fencekit manages fencekit's database objects on PostgreSQL.
+
+Usage:
+  fencekit migrate up                 apply fencekit's migrations: create the
+                                      fencekit_resource_tokens table and the
+                                      fencekit_advance_token function
+  fencekit migrate down [--to N]      roll back fencekit's migrations newer than
+                                      version N (default 0: all of them; this
+                                      drops every stored resource token)
+  fencekit migrate status             list fencekit's migrations and their state
+  fencekit migrate add-lock-version --table [schema.]table [--apply] [--out DIR]
+                                      add the lock_version column that row-level
+                                      fencing needs to one of your tables:
+                                        --out DIR  write a goose migration file
+                                        --apply    apply it to the database now
+                                        neither    print the migration
+  fencekit help                       show this help
+
+Flags of every migrate command:
+  --database-url URL  PostgreSQL URL or DSN (default: $FENCE_POSTGRES_URL)
+  --schema NAME       schema for fencekit's tables, and where unqualified table
+                      names are looked up (default: the connection's search_path)
+  --timeout D         give up after this long (default 2m)
+
+Table names follow SQL: unquoted parts are folded to lower case, quoted parts
+("My Table") are kept exactly. Once a table is fenced, every write to it must
+go through package sqlguard: a plain UPDATE is not fenced.
+`
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	switch args[0] {
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	case "migrate":
+		return runMigrate(ctx, args[1:], stdout, stderr, getenv)
+	default:
+		fmt.Fprintf(stderr, "fencekit: unknown command %q (try fencekit help)\n", args[0])
+		return exitUsage
+	}
+}
+
+// common holds the flags every migrate command takes.
+type common struct {
+	url     string
+	schema  string
+	timeout time.Duration
+}
+
+func (c *common) register(fs *flag.FlagSet, getenv func(string) string) {
+	fs.StringVar(&c.url, "database-url", getenv(databaseURLVar), "PostgreSQL URL or DSN (default: $"+databaseURLVar+")")
+	fs.StringVar(&c.schema, "schema", "", "schema for fencekit's tables (default: the connection's search_path)")
+	fs.DurationVar(&c.timeout, "timeout", 2*time.Minute, "give up after this long")
+}
+
+// open opens and pings the database.
+func (c *common) open(ctx context.Context) (*sql.DB, error) {
+	if c.url == "" {
+		return nil, fmt.Errorf("no database URL: pass --database-url or set %s", databaseURLVar)
+	}
+	db, err := migrations.Open(c.url, c.schema)
+	if err != nil {
+		return nil, err
+	}
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("cannot connect to the database: %w", err)
+	}
+	return db, nil
+}
+
+func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, "fencekit migrate: missing subcommand (up, down, status, add-lock-version)\n")
+		return exitUsage
+	}
+	sub, args := args[0], args[1:]
+	if sub == "help" || sub == "-h" || sub == "-help" || sub == "--help" {
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	}
+	fs := flag.NewFlagSet("fencekit migrate "+sub, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, usage) }
+	var c common
+	c.register(fs, getenv)
+	var (
+		to                 int64
+		table, out         string
+		apply, offline     bool
+		known              = true
+		needsTable, needDB bool
+	)
+	switch sub {
+	case "up", "status":
+		needDB = true
+	case "down":
+		fs.Int64Var(&to, "to", 0, "roll back migrations newer than this version")
+		needDB = true
+	case "add-lock-version":
+		fs.StringVar(&table, "table", "", "[schema.]table to add lock_version to")
+		fs.StringVar(&out, "out", "", "write the goose migration file into this directory")
+		fs.BoolVar(&apply, "apply", false, "apply the migration to the database now")
+		fs.BoolVar(&offline, "offline", false, "do not check that the table exists (only without --apply)")
+		needsTable = true
+	default:
+		known = false
+	}
+	if !known {
+		fmt.Fprintf(stderr, "fencekit migrate: unknown subcommand %q (up, down, status, add-lock-version)\n", sub)
+		return exitUsage
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stdout)
+			fmt.Fprint(stdout, usage)
+			return exitOK
+		}
+		return exitUsage // flag already printed the problem
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "fencekit migrate %s: unexpected arguments %q\n", sub, fs.Args())
+		return exitUsage
+	}
+	var tbl migrations.TableName
+	if needsTable {
+		if table == "" {
+			fmt.Fprintf(stderr, "fencekit migrate %s: --table is required\n", sub)
+			return exitUsage
+		}
+		var err error
+		if tbl, err = migrations.ParseTableName(table); err != nil {
+			fmt.Fprintf(stderr, "fencekit migrate %s: %v\n", sub, err)
+			return exitUsage
+		}
+		if offline && apply {
+			fmt.Fprintf(stderr, "fencekit migrate %s: --offline cannot be used with --apply\n", sub)
+			return exitUsage
+		}
+		needDB = !offline
+	}
+	if c.timeout <= 0 {
+		fmt.Fprintf(stderr, "fencekit migrate %s: --timeout must be positive\n", sub)
+		return exitUsage
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	var db *sql.DB
+	if needDB {
+		var err error
+		if db, err = c.open(ctx); err != nil {
+			fmt.Fprintf(stderr, "fencekit migrate %s: %v\n", sub, err)
+			return exitFail
+		}
+		defer db.Close()
+	}
+	var err error
+	switch sub {
+	case "up":
+		err = migrateUp(ctx, db, stdout)
+	case "down":
+		err = migrateDown(ctx, db, to, stdout)
+	case "status":
+		err = migrateStatus(ctx, db, stdout)
+	case "add-lock-version":
+		err = addLockVersion(ctx, db, tbl, out, apply, stdout)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "fencekit migrate %s: %v\n", sub, err)
+		return exitFail
+	}
+	return exitOK
+}
+
+func migrateUp(ctx context.Context, db *sql.DB, w io.Writer) error {
+	res, err := migrations.Up(ctx, db)
+	for _, r := range res {
+		fmt.Fprintln(w, r)
+	}
+	if err != nil {
+		return err
+	}
+	if len(res) == 0 {
+		fmt.Fprintln(w, "fencekit migrations are up to date")
+	}
+	return nil
+}
+
+func migrateDown(ctx context.Context, db *sql.DB, to int64, w io.Writer) error {
+	res, err := migrations.DownTo(ctx, db, to)
+	for _, r := range res {
+		fmt.Fprintln(w, r)
+	}
+	if err != nil {
+		return err
+	}
+	if len(res) == 0 {
+		fmt.Fprintf(w, "nothing to roll back (fencekit migrations are at or below version %d)\n", to)
+	}
+	return nil
+}
+
+func migrateStatus(ctx context.Context, db *sql.DB, w io.Writer) error {
+	var schema sql.NullString
+	if err := db.QueryRowContext(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
+		return err
+	}
+	st, err := migrations.Status(ctx, db)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "fencekit migrations in schema %q (version table %s):\n", schema.String, migrations.VersionTable)
+	for _, s := range st {
+		applied := "-"
+		if !s.AppliedAt.IsZero() {
+			applied = s.AppliedAt.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(w, "  %-8s %-20s %s\n", s.State, applied, s.Source.Path)
+	}
+	return nil
+}
+
+func addLockVersion(ctx context.Context, db *sql.DB, tbl migrations.TableName, out string, apply bool, w io.Writer) error {
+	if db != nil && !apply {
+		ok, err := migrations.TableExists(ctx, db, tbl)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("%w: %s (use --offline to generate the migration anyway)", migrations.ErrTableNotFound, tbl)
+		}
+	}
+	if out != "" {
+		path, err := migrations.WriteLockVersionMigration(out, tbl, time.Now())
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "wrote %s\n", path)
+	}
+	if apply {
+		if err := migrations.ApplyLockVersion(ctx, db, tbl); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "%s has lock_version (existing rows: 0)\n", tbl)
+	}
+	if out == "" && !apply {
+		text, err := migrations.LockVersionMigration(tbl)
+		if err != nil {
+			return err
+		}
+		fmt.Fprint(w, text)
+	}
+	return nil
+}

@@ -1,0 +1,352 @@
+package migrations
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// LockVersionColumn is the column row-level fencing reads and writes.
+const LockVersionColumn = "lock_version"
+
+// LockVersionConstraint is the name of the CHECK (lock_version >= 0)
+// constraint the lock_version migration adds. CHECK constraint names are
+// unique per table, so every fenced table uses the same name.
+const LockVersionConstraint = "fencekit_lock_version_nonnegative"
+
+// maxIdentLen is PostgreSQL's identifier limit (NAMEDATALEN-1 bytes); longer
+// names are silently truncated by the server, so they are refused here.
+const maxIdentLen = 63
+
+// TableName names a table exactly as PostgreSQL stores it (no case folding).
+// An empty Schema means the table is found through the search_path.
+type TableName struct {
+	Schema string
+	Name   string
+}
+
+// Validate reports an error wrapping ErrInvalid when the name cannot be
+// used: an empty table name, or a part that is longer than 63 bytes, is not
+// valid UTF-8 or contains a NUL or other control character.
+func (t TableName) Validate() error {
+	var errs []error
+	if t.Schema != "" {
+		errs = append(errs, checkIdent("schema", t.Schema))
+	}
+	errs = append(errs, checkIdent("table", t.Name))
+	return errors.Join(errs...)
+}
+
+// String returns the name quoted for SQL, schema-qualified when Schema is
+// set: "shop"."orders".
+func (t TableName) String() string {
+	if t.Schema == "" {
+		return pgx.Identifier{t.Name}.Sanitize()
+	}
+	return pgx.Identifier{t.Schema, t.Name}.Sanitize()
+}
+
+// ParseTableName parses "table" or "schema.table" the way PostgreSQL reads
+// a name in SQL: unquoted parts are folded to lower case (ASCII letters
+// only), double-quoted parts are kept exactly ("My Schema"."Orders", with ""
+// for a quote inside). It returns an error wrapping ErrInvalid for an empty
+// part, more than two parts or an unterminated quote.
+func ParseTableName(s string) (TableName, error) {
+	var parts []string
+	rest := s
+	for {
+		var part string
+		if strings.HasPrefix(rest, `"`) {
+			var b strings.Builder
+			i := 1
+			closed := false
+			for i < len(rest) {
+				if rest[i] == '"' {
+					if i+1 < len(rest) && rest[i+1] == '"' {
+						b.WriteByte('"')
+						i += 2
+						continue
+					}
+					closed = true
+					i++
+					break
+				}
+				b.WriteByte(rest[i])
+				i++
+			}
+			if !closed {
+				return TableName{}, fmt.Errorf("%w: table name %q: unterminated quote", ErrInvalid, s)
+			}
+			part, rest = b.String(), rest[i:]
+			if part == "" {
+				return TableName{}, fmt.Errorf("%w: table name %q: empty quoted identifier", ErrInvalid, s)
+			}
+		} else {
+			end := strings.IndexByte(rest, '.')
+			if end < 0 {
+				end = len(rest)
+			}
+			part, rest = rest[:end], rest[end:]
+			if strings.Contains(part, `"`) {
+				return TableName{}, fmt.Errorf("%w: table name %q: misplaced quote", ErrInvalid, s)
+			}
+			if part == "" {
+				return TableName{}, fmt.Errorf("%w: table name %q: empty name", ErrInvalid, s)
+			}
+			part = asciiLower(part)
+		}
+		parts = append(parts, part)
+		if rest == "" {
+			break
+		}
+		if rest[0] != '.' {
+			return TableName{}, fmt.Errorf("%w: table name %q: expected '.' after a quoted name", ErrInvalid, s)
+		}
+		rest = rest[1:]
+		if rest == "" {
+			return TableName{}, fmt.Errorf("%w: table name %q: empty name after '.'", ErrInvalid, s)
+		}
+	}
+	var t TableName
+	switch len(parts) {
+	case 1:
+		t = TableName{Name: parts[0]}
+	case 2:
+		t = TableName{Schema: parts[0], Name: parts[1]}
+	default:
+		return TableName{}, fmt.Errorf("%w: table name %q: want table or schema.table", ErrInvalid, s)
+	}
+	if err := t.Validate(); err != nil {
+		return TableName{}, err
+	}
+	return t, nil
+}
+
+func asciiLower(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			b[i] = c + ('a' - 'A')
+		}
+	}
+	return string(b)
+}
+
+func checkIdent(kind, s string) error {
+	switch {
+	case s == "":
+		return fmt.Errorf("%w: empty %s name", ErrInvalid, kind)
+	case len(s) > maxIdentLen:
+		return fmt.Errorf("%w: %s name %q is longer than %d bytes", ErrInvalid, kind, s, maxIdentLen)
+	case !utf8.ValidString(s):
+		return fmt.Errorf("%w: %s name %q is not valid UTF-8", ErrInvalid, kind, s)
+	}
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f {
+			return fmt.Errorf("%w: %s name %q contains a NUL or control character", ErrInvalid, kind, s)
+		}
+	}
+	return nil
+}
+
+// lockVersionUp is the Up section's one statement: a DO block that adds the
+// column and the check if they are missing, and fails if a lock_version
+// column exists with the wrong type.
+func lockVersionUp(t TableName) string {
+	ident := t.String()
+	lit := escapeLiteral(ident)
+	body := fmt.Sprintf(`
+BEGIN
+    ALTER TABLE %[1]s ADD COLUMN IF NOT EXISTS lock_version bigint NOT NULL DEFAULT 0;
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_attribute
+        WHERE attrelid = %[2]s::regclass AND attname = 'lock_version' AND NOT attisdropped
+          AND atttypid = 'bigint'::regtype AND attnotnull
+    ) THEN
+        RAISE EXCEPTION 'fencekit: column lock_version of %% exists but is not bigint NOT NULL', %[2]s;
+    END IF;
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_constraint
+        WHERE conrelid = %[2]s::regclass AND conname = '%[3]s'
+    ) THEN
+        ALTER TABLE %[1]s ADD CONSTRAINT %[3]s CHECK (lock_version >= 0);
+    END IF;
+END
+`, ident, lit, LockVersionConstraint)
+	tag := "$fencekit$"
+	for i := 1; strings.Contains(body, tag); i++ {
+		tag = fmt.Sprintf("$fencekit%d$", i)
+	}
+	return "DO " + tag + body + tag
+}
+
+// lockVersionDown removes the check and the column.
+func lockVersionDown(t TableName) []string {
+	ident := t.String()
+	return []string{
+		fmt.Sprintf("ALTER TABLE %s DROP CONSTRAINT IF EXISTS %s", ident, LockVersionConstraint),
+		fmt.Sprintf("ALTER TABLE %s DROP COLUMN IF EXISTS lock_version", ident),
+	}
+}
+
+// escapeLiteral returns s as an E” string literal, which means the same
+// whatever standard_conforming_strings is.
+func escapeLiteral(s string) string {
+	s = strings.ReplaceAll(s, `\`, `\\`)
+	s = strings.ReplaceAll(s, `'`, `''`)
+	return "E'" + s + "'"
+}
+
+// LockVersionMigration returns the text of a goose SQL migration that adds
+// lock_version to table t: Up adds the column (BIGINT NOT NULL DEFAULT 0)
+// and a CHECK (lock_version >= 0) constraint named LockVersionConstraint if
+// they are missing, and fails if a lock_version column exists that is not
+// BIGINT NOT NULL; Down drops both. Up and Down may each run more than
+// once. It does no I/O; it returns an error wrapping ErrInvalid for a bad
+// name.
+func LockVersionMigration(t TableName) (string, error) {
+	if err := t.Validate(); err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "-- Adds fencekit's lock_version column to %s (generated by fencekit).\n", t)
+	b.WriteString("-- Once the table is fenced, every write to it must go through sqlguard:\n")
+	b.WriteString("-- a plain UPDATE is not fenced and lets a stale lock holder overwrite newer rows.\n\n")
+	b.WriteString("-- +goose Up\n-- +goose StatementBegin\n")
+	b.WriteString(lockVersionUp(t))
+	b.WriteString(";\n-- +goose StatementEnd\n\n-- +goose Down\n")
+	for _, stmt := range lockVersionDown(t) {
+		b.WriteString(stmt)
+		b.WriteString(";\n")
+	}
+	return b.String(), nil
+}
+
+// WriteLockVersionMigration writes LockVersionMigration(t) into dir as
+// <version>_fencekit_lock_version_<table>.sql, where version is goose's
+// timestamp format (YYYYMMDDHHMMSS, UTC) of version, and returns the file's
+// path. It never overwrites a file, and it fails if dir already holds a
+// migration with the same version.
+func WriteLockVersionMigration(dir string, t TableName, version time.Time) (string, error) {
+	text, err := LockVersionMigration(t)
+	if err != nil {
+		return "", err
+	}
+	if dir == "" {
+		return "", fmt.Errorf("%w: empty directory", ErrInvalid)
+	}
+	v := version.UTC().Format("20060102150405")
+	if taken, _ := filepath.Glob(filepath.Join(dir, v+"_*")); len(taken) > 0 {
+		return "", fmt.Errorf("migrations: version %s already used by %s", v, taken[0])
+	}
+	name := v + "_fencekit_lock_version_" + fileSafe(t) + ".sql"
+	path := filepath.Join(dir, name)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return "", fmt.Errorf("migrations: %w", err)
+	}
+	if _, err := f.WriteString(text); err != nil {
+		f.Close()
+		return "", fmt.Errorf("migrations: write %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return "", fmt.Errorf("migrations: write %s: %w", path, err)
+	}
+	return path, nil
+}
+
+// fileSafe turns a table name into [a-z0-9_]+ for a file name.
+func fileSafe(t TableName) string {
+	s := t.Name
+	if t.Schema != "" {
+		s = t.Schema + "_" + t.Name
+	}
+	var b strings.Builder
+	for _, r := range asciiLower(s) {
+		if ('a' <= r && r <= 'z') || ('0' <= r && r <= '9') {
+			b.WriteRune(r)
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	out := b.String()
+	if len(out) > 48 {
+		out = out[:48]
+	}
+	return out
+}
+
+// TableExists reports whether t names an existing table (ordinary or
+// partitioned) that the connection can see. ctx bounds the query.
+func TableExists(ctx context.Context, db *sql.DB, t TableName) (bool, error) {
+	if db == nil {
+		return false, fmt.Errorf("%w: nil database", ErrInvalid)
+	}
+	if err := t.Validate(); err != nil {
+		return false, err
+	}
+	var exists bool
+	err := db.QueryRowContext(ctx,
+		`SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class WHERE oid = to_regclass($1) AND relkind IN ('r', 'p'))`,
+		t.String()).Scan(&exists)
+	if err != nil {
+		return false, fmt.Errorf("migrations: look up table %s: %w", t, err)
+	}
+	return exists, nil
+}
+
+// ApplyLockVersion runs the Up section of LockVersionMigration(t) on db now,
+// outside goose's version tracking: afterwards t has lock_version (existing
+// rows 0) and its check. Running it again changes nothing. It returns an
+// error wrapping ErrTableNotFound when t does not exist. ctx bounds the
+// check and the ALTER TABLE, which takes an ACCESS EXCLUSIVE lock on t and,
+// when it adds the check, scans the table once.
+func ApplyLockVersion(ctx context.Context, db *sql.DB, t TableName) error {
+	ok, err := TableExists(ctx, db, t)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrTableNotFound, t)
+	}
+	if _, err := db.ExecContext(ctx, lockVersionUp(t)); err != nil {
+		return fmt.Errorf("migrations: add lock_version to %s: %w", t, err)
+	}
+	return nil
+}
+
+// RemoveLockVersion runs the Down section of LockVersionMigration(t) on db
+// now: it drops the check and the lock_version column, and with them the
+// fencing of t's rows. It returns an error wrapping ErrTableNotFound when t
+// does not exist. ctx bounds the check and the statements.
+func RemoveLockVersion(ctx context.Context, db *sql.DB, t TableName) error {
+	ok, err := TableExists(ctx, db, t)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrTableNotFound, t)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("migrations: remove lock_version from %s: %w", t, err)
+	}
+	defer tx.Rollback() //nolint:errcheck // no-op after Commit
+	for _, stmt := range lockVersionDown(t) {
+		if _, err := tx.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("migrations: remove lock_version from %s: %w", t, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("migrations: remove lock_version from %s: %w", t, err)
+	}
+	return nil
+}

@@ -1,0 +1,212 @@
+// Package migrations holds fencekit's database migrations and the tools to
+// add a lock_version column to your own tables.
+//
+// # The toolkit's own tables
+//
+// Resource-level fencing (package sqlguard's Guard) keeps one row per
+// resource in a table named fencekit_resource_tokens and advances it through
+// a function named fencekit_advance_token. Both are created by goose v3 SQL
+// migrations embedded in this package. They run through goose's Provider
+// API with fencekit's own version table (fencekit_goose_version) and with
+// goose's global registry disabled, so they never collide with the host
+// application's goose migrations, even in the same schema.
+//
+// Everything is created in the connection's current schema: the first schema
+// of its search_path that exists. To put the tables in a schema of your
+// choosing, open the database with Open(url, schema), or set search_path in
+// the connection string. Runs of Up and Down on the same schema are
+// serialized with a PostgreSQL advisory lock derived from the schema name.
+//
+// # lock_version on your tables
+//
+// Row-level fencing (sqlguard.Table) needs a column
+//
+//	lock_version BIGINT NOT NULL DEFAULT 0 CHECK (lock_version >= 0)
+//
+// on each fenced table. LockVersionMigration and WriteLockVersionMigration
+// generate a goose migration that adds it (idempotently) to a named table,
+// and ApplyLockVersion runs that migration's Up section directly. Existing
+// rows get lock_version 0, so the first fenced write with any valid token
+// succeeds. The command fencekit migrate add-lock-version wraps both.
+//
+// lock_version must be written by the guard and nothing else: a plain UPDATE
+// that does not go through sqlguard is not fenced, and a stale holder using
+// one can overwrite newer data. See package sqlguard.
+package migrations
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io/fs"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+)
+
+// Names of the objects these migrations create. Package sqlguard uses the
+// same names.
+const (
+	// VersionTable is goose's version table for fencekit's migrations. It is
+	// distinct from goose's default (goose_db_version), so the host
+	// application's own goose migrations are tracked separately.
+	VersionTable = "fencekit_goose_version"
+	// ResourceTable holds one row per fenced resource: its newest token.
+	ResourceTable = "fencekit_resource_tokens"
+	// AdvanceFunction is the function that advances a resource's token.
+	AdvanceFunction = "fencekit_advance_token"
+)
+
+//go:embed sql/*.sql
+var embedded embed.FS
+
+// ErrNoSchema is returned when the connection has no current schema to
+// create tables in (no schema of its search_path exists).
+var ErrNoSchema = errors.New("migrations: no current schema (no schema in search_path exists)")
+
+// ErrInvalid is returned, before any I/O, for an argument that cannot be
+// used: a nil database, an empty or malformed table name.
+var ErrInvalid = errors.New("migrations: invalid argument")
+
+// ErrTableNotFound is returned when a table named for a lock_version
+// migration does not exist.
+var ErrTableNotFound = errors.New("migrations: table not found")
+
+// FS returns the embedded SQL migrations (goose format) at the root of the
+// returned file system.
+func FS() fs.FS {
+	sub, err := fs.Sub(embedded, "sql")
+	if err != nil {
+		// The directory is embedded at build time; this cannot happen.
+		panic(err)
+	}
+	return sub
+}
+
+// Open returns a *sql.DB over pgx's database/sql driver for databaseURL
+// (a postgres:// URL or a key=value DSN). If schema is not empty, every
+// connection's search_path is set to that schema alone, so the migrations
+// create and find fencekit's tables there. Open does no I/O; the schema must
+// exist when the migrations run. The caller closes the returned DB.
+func Open(databaseURL, schema string) (*sql.DB, error) {
+	if databaseURL == "" {
+		return nil, fmt.Errorf("%w: empty database URL", ErrInvalid)
+	}
+	cfg, err := pgx.ParseConfig(databaseURL)
+	if err != nil {
+		// pgx redacts recognizable passwords in its parse errors.
+		return nil, fmt.Errorf("%w: bad database URL: %w", ErrInvalid, err)
+	}
+	if schema != "" {
+		if err := checkIdent("schema", schema); err != nil {
+			return nil, err
+		}
+		cfg.RuntimeParams["search_path"] = pgx.Identifier{schema}.Sanitize()
+	}
+	return stdlib.OpenDB(*cfg), nil
+}
+
+// NewProvider returns a goose Provider over fencekit's embedded migrations
+// for db, configured with fencekit's own version table, goose's global
+// registry disabled, and an advisory lock derived from the connection's
+// current schema. ctx bounds the one query that reads the current schema.
+// Use it for the goose operations that Up, Down and Status do not cover.
+// Do not call the Provider's Close unless you mean to close db: goose's
+// Close closes the database it was given.
+func NewProvider(ctx context.Context, db *sql.DB) (*goose.Provider, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: nil database", ErrInvalid)
+	}
+	var schema sql.NullString
+	if err := db.QueryRowContext(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
+		return nil, fmt.Errorf("migrations: read current schema: %w", err)
+	}
+	if !schema.Valid {
+		return nil, ErrNoSchema
+	}
+	locker, err := lock.NewPostgresSessionLocker(
+		lock.WithLockID(lockID(schema.String)),
+		lock.WithLockTimeout(1, 300), // retry every second for 5 minutes
+		lock.WithUnlockTimeout(1, 60),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("migrations: session locker: %w", err)
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, db, FS(),
+		goose.WithTableName(VersionTable),
+		goose.WithDisableGlobalRegistry(true),
+		goose.WithSessionLocker(locker),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("migrations: goose provider: %w", err)
+	}
+	return p, nil
+}
+
+// lockID is the advisory lock key for migrations of one schema, so that
+// runs on different schemas do not wait for each other.
+func lockID(schema string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("fencekit migrations\x00"))
+	h.Write([]byte(schema))
+	return int64(h.Sum64())
+}
+
+// Up applies every pending fencekit migration to db's current schema and
+// returns what it applied (nothing when up to date). ctx bounds the whole
+// run, including the wait for another run's lock (at most 5 minutes).
+func Up(ctx context.Context, db *sql.DB) ([]*goose.MigrationResult, error) {
+	p, err := NewProvider(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	res, err := p.Up(ctx)
+	if err != nil {
+		return res, fmt.Errorf("migrations: up: %w", err)
+	}
+	return res, nil
+}
+
+// Down rolls back every fencekit migration in db's current schema: it drops
+// fencekit's tables and with them every stored resource token. Tokens
+// issued afterwards are accepted from zero again, so run it only when no
+// fenced writer is left. ctx bounds the whole run.
+func Down(ctx context.Context, db *sql.DB) ([]*goose.MigrationResult, error) {
+	return DownTo(ctx, db, 0)
+}
+
+// DownTo rolls back fencekit migrations newer than version (0 rolls back
+// all of them). ctx bounds the whole run.
+func DownTo(ctx context.Context, db *sql.DB, version int64) ([]*goose.MigrationResult, error) {
+	if version < 0 {
+		return nil, fmt.Errorf("%w: negative version %d", ErrInvalid, version)
+	}
+	p, err := NewProvider(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	res, err := p.DownTo(ctx, version)
+	if err != nil {
+		return res, fmt.Errorf("migrations: down to %d: %w", version, err)
+	}
+	return res, nil
+}
+
+// Status reports each fencekit migration and whether it is applied in db's
+// current schema. ctx bounds the queries.
+func Status(ctx context.Context, db *sql.DB) ([]*goose.MigrationStatus, error) {
+	p, err := NewProvider(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	st, err := p.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("migrations: status: %w", err)
+	}
+	return st, nil
+}

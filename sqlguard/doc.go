@@ -1,0 +1,112 @@
+// Package sqlguard enforces fencing tokens in PostgreSQL, through pgx v5,
+// so that a lock holder that has lost its lease (and does not know it yet)
+// cannot change your data.
+//
+// # Safety model
+//
+// A lease gives liveness, never safety: a holder paused by a GC, a
+// suspended VM or a slow network can wake up after its lease expired and
+// another holder got it, and go on writing. Every grant of a lease carries
+// a fencing token that grows with every grant (package fence); sqlguard
+// makes PostgreSQL itself reject a write whose token is older than the
+// newest token already accepted for the same row or resource. The check
+// and the write are one atomic step in the database, so no pause of the
+// client between them can break it. A write with the same token as the
+// newest one (the same holder writing again) is accepted. sqlguard does not
+// import any lease package: tokens can come from fencekit leases, an etcd
+// revision, or any other source that only grows.
+//
+// There are two ways to fence, and they combine:
+//
+//   - Row-level: a Table writes single rows of your table, which carries a
+//     lock_version BIGINT NOT NULL column (package migrations adds it).
+//     Update, Insert, Upsert and Delete each run one statement (one round
+//     trip) that writes only if the row's lock_version is <= the token and
+//     sets lock_version to the token.
+//   - Resource-level: a Guard fences any SQL that runs in a transaction.
+//     Guard.BeginFunc (like pgx.BeginFunc) advances the resource's token
+//     in the toolkit's table fencekit_resource_tokens, holds that row's lock
+//     until the transaction ends, runs your function and commits; a stale
+//     token is rejected before your function runs. Guard.Advance does the
+//     same check inside a transaction you manage.
+//
+// # Every write must go through the guard
+//
+// The database enforces the token only on writes that present it. A plain
+// UPDATE of a fenced table that bypasses Table (or a transaction that
+// bypasses Guard) is not fenced: a stale holder that issues one overwrites
+// newer data, and if it does not set lock_version the row's version no
+// longer tells which token wrote it. That is a bug in the code that issues
+// it, not something sqlguard can detect. Write fenced tables only through
+// Table, or only inside Guard.BeginFunc (or after Guard.Advance in the same
+// transaction) for the resource that covers them, and never write
+// lock_version yourself. Reads need no fencing. A row-level Delete removes
+// the row's lock_version with it; see Table.Delete.
+//
+// # Outcomes and errors
+//
+// Each call returns nil (written), a *fence.StaleError (matching
+// fence.ErrStaleToken) carrying the presented token and the newest
+// accepted one, or an error: ErrNotFound, ErrExists, ErrAmbiguousKey,
+// ErrNotMigrated, an error matching ErrRetryable (see IsRetryable), or a
+// database error wrapped with %w so that errors.As finds the
+// *pgconn.PgError. A rejected write changed nothing. Bad input is refused
+// before any I/O: a token that is 0 or above the int64 range (PostgreSQL's
+// bigint is signed) matches fence.ErrInvalidToken; a nil database, an
+// empty, over-long (> 63 bytes) or NUL-containing identifier, a column
+// given twice, a key column among the written columns or lock_version
+// among the caller's columns match ErrInvalid. Identifiers are always
+// quoted with pgx.Identifier.Sanitize, and values are always query
+// arguments, so names containing quotes or semicolons cannot inject SQL.
+//
+// # How the stale token's current version is learned without a race
+//
+// A row-level write locks the row first and then writes conditionally, in
+// one statement:
+//
+//	WITH fencekit_cur AS (SELECT lock_version ... WHERE key = $1 FOR NO KEY UPDATE),
+//	     fencekit_w AS (UPDATE ... SET ..., lock_version = $t
+//	                    WHERE key = $1 AND (SELECT max(lock_version) FROM fencekit_cur) <= $t
+//	                    RETURNING 1)
+//	SELECT count(fencekit_cur), max(lock_version), count(fencekit_w)
+//
+// Under READ COMMITTED, SELECT ... FOR NO KEY UPDATE (the lock an UPDATE
+// takes) waits for a concurrent writer
+// of the row and then returns the row's newest committed version, now
+// locked by this statement; the UPDATE compares against that same value
+// (PostgreSQL re-checks its WHERE on the newest version). So the version
+// reported in a *fence.StaleError is the one that rejected the write, never
+// an older snapshot's. A plain "UPDATE ... WHERE lock_version <= $t" could
+// not tell a stale row from a missing one, and a second SELECT would race.
+//
+// The resource-level advance is one call to the toolkit's function
+// fencekit_advance_token (package migrations): an INSERT ... ON CONFLICT DO
+// UPDATE SET token = EXCLUDED.token WHERE token <= EXCLUDED.token, which
+// locks the row even when its WHERE fails; on failure the function reads the
+// stored token in a new statement (a new snapshot under READ COMMITTED; the
+// row is locked, so it cannot have moved) and raises it as SQLSTATE FK409.
+//
+// # Isolation levels
+//
+// The guard is designed for READ COMMITTED, PostgreSQL's default: writers
+// of the same row or resource queue on its row lock, and each is checked
+// against the newest committed token. Under REPEATABLE READ or
+// SERIALIZABLE, PostgreSQL refuses to write a row that another transaction
+// changed after this transaction's snapshot; the guard reports that
+// serialization failure (SQLSTATE 40001) as an error matching ErrRetryable,
+// never as stale, because it says nothing about the tokens. Retrying the
+// whole transaction gives the definite answer (often a stale error). Under
+// SERIALIZABLE a commit can also fail with 40001; BeginFunc reports it the
+// same way. Deadlocks (40P01) are retryable too. sqlguard never retries by
+// itself: only the caller knows whether its whole transaction can be
+// replayed.
+//
+// # Round trips
+//
+// A row-level write: one statement, one round trip, the same as the
+// unfenced statement. Guard.BeginFunc on a *pgxpool.Pool or *pgx.Conn:
+// BEGIN and the advance are sent together in one simple-protocol message,
+// so the transaction costs the same round trips as an unfenced one (one
+// statement more on the server). Guard.Advance: one statement. A stale
+// token in BeginFunc costs one more round trip, for the ROLLBACK.
+package sqlguard
