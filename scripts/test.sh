@@ -4,7 +4,7 @@
 # S3-compatible server, and fails loudly if one is missing.
 #
 #   ./scripts/test.sh            # everything
-#   ./scripts/test.sh ./lease/...  # just some packages of the main module
+#   ./scripts/test.sh ./lease/...  # just some packages
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/services.sh
@@ -15,7 +15,9 @@ trap stop_s3 EXIT
 ensure_s3
 
 pkgs=("$@")
-[ ${#pkgs[@]} -gt 0 ] || pkgs=(./...)
+# Every module of the workspace (go.work): the library, examples, integration
+# tests and the benchmark module (compiled and vetted; benchmarks do not run).
+[ ${#pkgs[@]} -gt 0 ] || pkgs=(./... ./examples/... ./integration/... ./bench/...)
 
 echo "+ go vet ${pkgs[*]}"
 go vet "${pkgs[@]}"
