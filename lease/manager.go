@@ -145,16 +145,18 @@ func (m *Manager) giveUp(ctx context.Context, name string, last error) error {
 	return errors.Join(last, ctx.Err())
 }
 
-// pollWait is how long a blocked Acquire sleeps without a signal: jittered
-// between half and all of the smaller of PollInterval and the holder's
-// remaining time, so that waiters spread out and one of them tries right
-// after an expiry.
+// pollWait is how long a blocked Acquire sleeps without a signal. When the
+// store said when the holder's grant runs out and that is within
+// PollInterval, it sleeps until just after then (plus up to 5 ms of jitter),
+// so that an expired lease is taken over at once. Otherwise it sleeps a
+// jittered time between half and all of PollInterval, so that waiters spread
+// out.
 func (m *Manager) pollWait(err error) time.Duration {
-	d := m.o.PollInterval
 	var na *NotAcquiredError
-	if errors.As(err, &na) && na.RetryAfter > 0 && na.RetryAfter < d {
-		d = na.RetryAfter + time.Millisecond
+	if errors.As(err, &na) && na.RetryAfter > 0 && na.RetryAfter <= m.o.PollInterval {
+		return na.RetryAfter + time.Millisecond + mrand.N(5*time.Millisecond)
 	}
+	d := m.o.PollInterval
 	half := d / 2
 	return half + mrand.N(d-half+1)
 }

@@ -47,10 +47,11 @@ type Options struct {
 
 	// PollInterval is the longest a blocked Acquire waits between attempts
 	// when no release signal arrives (the fallback for leases that expire
-	// rather than being released, and for backends without Watcher). Each
-	// wait is jittered between half and all of the smaller of PollInterval
-	// and the store's estimate of the holder's remaining time. Default:
-	// TTL/2, at most 1 s.
+	// rather than being released, and for backends without Watcher). When
+	// the store reports that the holder's grant runs out within
+	// PollInterval, the waiter tries again just after that; otherwise each
+	// wait is jittered between half and all of PollInterval. Default: TTL/2,
+	// at most 1 s.
 	PollInterval time.Duration
 
 	// ReleaseTimeout bounds a Release that is called with a context that

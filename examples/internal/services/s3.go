@@ -1,0 +1,164 @@
+package services
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/smithy-go"
+
+	"github.com/fencekit/fencekit/internal/testenv"
+)
+
+// VersitygwVersion is the versitygw release the programs build and start:
+// the first that honours If-Match and If-None-Match on PutObject atomically.
+const VersitygwVersion = "v1.8.0"
+
+// NewS3Client returns an S3 client for env (path-style addressing, region
+// us-east-1, static credentials).
+func NewS3Client(env testenv.S3) *s3.Client {
+	return s3.New(s3.Options{
+		Region:       "us-east-1",
+		BaseEndpoint: aws.String(env.Endpoint),
+		UsePathStyle: true,
+		Credentials:  credentials.NewStaticCredentialsProvider(env.AccessKey, env.SecretKey, ""),
+	})
+}
+
+func createBucket(ctx context.Context, env testenv.S3) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err := NewS3Client(env).CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(env.Bucket)})
+	var ae smithy.APIError
+	if errors.As(err, &ae) && (ae.ErrorCode() == "BucketAlreadyOwnedByYou" || ae.ErrorCode() == "BucketAlreadyExists") {
+		return nil
+	}
+	return err
+}
+
+// versitygwBinary returns a versitygw built at VersitygwVersion: the one in
+// the user cache (shared with scripts/services.sh), else one on PATH of that
+// version, else it builds it into the cache with go install (once).
+func versitygwBinary(ctx context.Context, logf func(string, ...any)) (string, error) {
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		return "", err
+	}
+	bindir := filepath.Join(cache, "fencekit", "bin")
+	cached := filepath.Join(bindir, "versitygw")
+	if isVersion(ctx, cached) {
+		return cached, nil
+	}
+	if p, err := exec.LookPath("versitygw"); err == nil && isVersion(ctx, p) {
+		return p, nil
+	}
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		return "", errors.New("versitygw is not installed and the go command is not on PATH to build it")
+	}
+	logf("building versitygw %s into %s (once; later runs reuse it; about a minute) ...", VersitygwVersion, bindir)
+	if err := os.MkdirAll(bindir, 0o755); err != nil {
+		return "", err
+	}
+	cmd := exec.CommandContext(ctx, goBin, "install", "github.com/versity/versitygw/cmd/versitygw@"+VersitygwVersion)
+	cmd.Dir = os.TempDir() // outside any module: its go.mod plays no part
+	cmd.Env = append(os.Environ(), "GOBIN="+bindir, "GOWORK=off")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go install versitygw@%s: %v: %s", VersitygwVersion, err, lastLine(string(out)))
+	}
+	return cached, nil
+}
+
+// isVersion reads the module version from the binary's build information.
+func isVersion(ctx context.Context, bin string) bool {
+	if _, err := os.Stat(bin); err != nil {
+		return false
+	}
+	out, err := exec.CommandContext(ctx, "go", "version", "-m", bin).Output()
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 3 && f[0] == "mod" && f[1] == "github.com/versity/versitygw" {
+			return f[2] == VersitygwVersion
+		}
+	}
+	return false
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// startVersitygw starts versitygw with its posix backend over a temporary
+// directory on a free loopback port, waits for /health and creates bucket.
+func startVersitygw(ctx context.Context, bucket string, logf func(string, ...any)) (testenv.S3, func(), error) {
+	bin, err := versitygwBinary(ctx, logf)
+	if err != nil {
+		return testenv.S3{}, nil, err
+	}
+	dir, err := os.MkdirTemp("", "fencekit-s3-")
+	if err != nil {
+		return testenv.S3{}, nil, err
+	}
+	root := filepath.Join(dir, "root")
+	if err := os.Mkdir(root, 0o755); err != nil {
+		return testenv.S3{}, nil, err
+	}
+	env := testenv.S3{AccessKey: "fencekit" + randomHex(6), SecretKey: randomHex(20), Bucket: bucket}
+	port, err := freePort()
+	if err != nil {
+		return testenv.S3{}, nil, err
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	env.Endpoint = "http://" + addr
+	logFile, err := os.Create(filepath.Join(dir, "versitygw.log"))
+	if err != nil {
+		return testenv.S3{}, nil, err
+	}
+	cmd := exec.Command(bin, "--port", addr, "--health", "/health", "--quiet", "posix", root)
+	cmd.Env = append(os.Environ(), "ROOT_ACCESS_KEY_ID="+env.AccessKey, "ROOT_SECRET_ACCESS_KEY="+env.SecretKey)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	healthy := func() bool {
+		resp, err := http.Get(env.Endpoint + "/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}
+	stop, err := startProcess(ctx, cmd, 15*time.Second, healthy)
+	if err != nil {
+		logFile.Close()
+		log, _ := os.ReadFile(logFile.Name())
+		os.RemoveAll(dir)
+		return testenv.S3{}, nil, fmt.Errorf("%w: %s", err, lastLine(string(log)))
+	}
+	cleanup := func() { stop(); logFile.Close(); os.RemoveAll(dir) }
+	if err := createBucket(ctx, env); err != nil {
+		cleanup()
+		return testenv.S3{}, nil, fmt.Errorf("create bucket %s: %w", bucket, err)
+	}
+	return env, cleanup, nil
+}

@@ -1,0 +1,289 @@
+// Package services finds, or starts, the Redis, PostgreSQL and S3-compatible
+// servers the example programs need, and says which it used. For each one,
+// in order: the address in the environment (FENCE_REDIS_URL,
+// FENCE_POSTGRES_URL, FENCE_S3_*); the default local address; a server it
+// starts itself on a free loopback port (redis-server, a throwaway
+// PostgreSQL cluster, versitygw built once into the user cache); a container
+// through testcontainers-go where Docker answers. When none works it returns
+// an error naming what is missing and how to provide it.
+package services
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fencekit/fencekit/internal/testenv"
+)
+
+// Set is the services one program run uses.
+type Set struct {
+	RedisURL    string
+	PostgresURL string
+	S3          testenv.S3
+	// Used says, one line per service, what was used and where it came from.
+	Used []string
+
+	closers []func()
+}
+
+// Close stops whatever Provide started, in reverse order.
+func (s *Set) Close() {
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		s.closers[i]()
+	}
+	s.closers = nil
+}
+
+// Config overrides the environment. Empty fields fall back to it.
+type Config struct {
+	RedisURL    string
+	PostgresURL string
+	S3Endpoint  string
+	// Log receives progress lines (starting a server can take a while).
+	Log func(format string, args ...any)
+}
+
+// Provide finds or starts every service. On error it has already stopped
+// what it started.
+func Provide(ctx context.Context, cfg Config) (*Set, error) {
+	if cfg.Log == nil {
+		cfg.Log = func(string, ...any) {}
+	}
+	s := &Set{}
+	var errs []error
+	if err := s.redis(ctx, cfg); err != nil {
+		errs = append(errs, err)
+	}
+	if err := s.postgres(ctx, cfg); err != nil {
+		errs = append(errs, err)
+	}
+	if err := s.s3(ctx, cfg); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Set) use(format string, args ...any) { s.Used = append(s.Used, fmt.Sprintf(format, args...)) }
+
+func (s *Set) onClose(f func()) { s.closers = append(s.closers, f) }
+
+func firstNonEmpty(vals ...string) (string, bool) {
+	for i, v := range vals {
+		if v != "" {
+			return v, i < len(vals)-1
+		}
+	}
+	return "", false
+}
+
+func (s *Set) redis(ctx context.Context, cfg Config) error {
+	url, explicit := firstNonEmpty(cfg.RedisURL, os.Getenv(testenv.RedisURLVar), testenv.DefaultRedisURL)
+	err := pingRedis(ctx, url)
+	if err == nil {
+		s.RedisURL = url
+		s.use("Redis:      %s (%s)", url, origin(explicit, cfg.RedisURL != ""))
+		return nil
+	}
+	if explicit {
+		return fmt.Errorf("redis: %s does not answer: %w (start it, or unset %s to let the demo find or start one)", url, err, testenv.RedisURLVar)
+	}
+	if path, lerr := exec.LookPath("redis-server"); lerr == nil {
+		addr, stop, serr := startRedis(ctx, path)
+		if serr == nil {
+			s.onClose(stop)
+			s.RedisURL = "redis://" + addr + "/0"
+			s.use("Redis:      %s (redis-server started by this program; nothing answered at %s)", s.RedisURL, url)
+			return nil
+		}
+		cfg.Log("could not start redis-server: %v", serr)
+	}
+	if dockerAnswers(ctx) {
+		cfg.Log("starting Redis in Docker (testcontainers-go) ...")
+		u, stop, derr := redisContainer(ctx)
+		if derr == nil {
+			s.onClose(stop)
+			s.RedisURL = u
+			s.use("Redis:      %s (Docker container via testcontainers-go)", u)
+			return nil
+		}
+		cfg.Log("could not start Redis in Docker: %v", derr)
+	}
+	return fmt.Errorf("redis: nothing answers at %s, redis-server is not installed and Docker is not available: install Redis (Debian: apt-get install redis-server) or set %s", url, testenv.RedisURLVar)
+}
+
+func (s *Set) postgres(ctx context.Context, cfg Config) error {
+	url, explicit := firstNonEmpty(cfg.PostgresURL, os.Getenv(testenv.PostgresURLVar), testenv.DefaultPostgresURL)
+	err := pingPostgres(ctx, url)
+	if err == nil {
+		s.PostgresURL = url
+		s.use("PostgreSQL: %s (%s)", redactURL(url), origin(explicit, cfg.PostgresURL != ""))
+		return nil
+	}
+	if explicit {
+		return fmt.Errorf("postgres: %s does not answer: %w (start it, or unset %s to let the demo find or start one)", redactURL(url), err, testenv.PostgresURLVar)
+	}
+	if u, stop, serr := startPostgres(ctx, cfg.Log); serr == nil {
+		s.onClose(stop)
+		s.PostgresURL = u
+		s.use("PostgreSQL: %s (throwaway cluster started by this program; nothing answered at %s)", u, redactURL(url))
+		return nil
+	} else {
+		cfg.Log("could not start a PostgreSQL cluster: %v", serr)
+	}
+	if dockerAnswers(ctx) {
+		cfg.Log("starting PostgreSQL in Docker (testcontainers-go) ...")
+		u, stop, derr := postgresContainer(ctx)
+		if derr == nil {
+			s.onClose(stop)
+			s.PostgresURL = u
+			s.use("PostgreSQL: %s (Docker container via testcontainers-go)", redactURL(u))
+			return nil
+		}
+		cfg.Log("could not start PostgreSQL in Docker: %v", derr)
+	}
+	return fmt.Errorf("postgres: nothing answers at %s (%v), no cluster could be started and Docker is not available: install PostgreSQL (Debian: apt-get install postgresql) or set %s", redactURL(url), err, testenv.PostgresURLVar)
+}
+
+func (s *Set) s3(ctx context.Context, cfg Config) error {
+	env := testenv.S3Config()
+	if cfg.S3Endpoint != "" {
+		env.Endpoint = cfg.S3Endpoint
+	}
+	if env.Bucket == "" {
+		env.Bucket = "fencekit-demo"
+	}
+	if env.Endpoint != "" {
+		if env.AccessKey == "" || env.SecretKey == "" {
+			return fmt.Errorf("s3: %s is set, so %s and %s must be too", testenv.S3EndpointVar, testenv.S3AccessKeyVar, testenv.S3SecretKeyVar)
+		}
+		if err := createBucket(ctx, env); err != nil {
+			return fmt.Errorf("s3: %s: %w", env.Endpoint, err)
+		}
+		s.S3 = env
+		s.use("S3:         %s bucket %s (from %s)", env.Endpoint, env.Bucket, testenv.S3EndpointVar)
+		return nil
+	}
+	env, stop, err := startVersitygw(ctx, env.Bucket, cfg.Log)
+	if err != nil {
+		return fmt.Errorf("s3: no %s set and versitygw could not be started: %w (set %s, %s, %s and %s to use your own S3-compatible store)",
+			testenv.S3EndpointVar, err, testenv.S3EndpointVar, testenv.S3AccessKeyVar, testenv.S3SecretKeyVar, testenv.S3BucketVar)
+	}
+	s.onClose(stop)
+	s.S3 = env
+	s.use("S3:         %s bucket %s (versitygw %s started by this program)", env.Endpoint, env.Bucket, VersitygwVersion)
+	return nil
+}
+
+func origin(fromEnvOrFlag, fromFlag bool) string {
+	switch {
+	case fromFlag:
+		return "from the command line"
+	case fromEnvOrFlag:
+		return "from the environment"
+	}
+	return "the default local address"
+}
+
+func redactURL(u string) string {
+	if i := strings.Index(u, "://"); i >= 0 {
+		if at := strings.Index(u[i+3:], "@"); at >= 0 {
+			cred := u[i+3 : i+3+at]
+			if c := strings.Index(cred, ":"); c >= 0 {
+				return u[:i+3] + cred[:c] + ":***" + u[i+3+at:]
+			}
+		}
+	}
+	return u
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// startProcess runs cmd and waits until ready returns true (polled every
+// 50 ms) or timeout passes. stop kills it and waits for it.
+func startProcess(ctx context.Context, cmd *exec.Cmd, timeout time.Duration, ready func() bool) (stop func(), err error) {
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	stop = func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	}
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-exited:
+			return nil, fmt.Errorf("%s exited: %v", cmd.Path, err)
+		case <-ctx.Done():
+			stop()
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		if ready() {
+			return stop, nil
+		}
+	}
+	stop()
+	return nil, fmt.Errorf("%s did not become ready within %v", cmd.Path, timeout)
+}
+
+func dialable(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+func startRedis(ctx context.Context, bin string) (string, func(), error) {
+	port, err := freePort()
+	if err != nil {
+		return "", nil, err
+	}
+	dir, err := os.MkdirTemp("", "fencekit-redis-")
+	if err != nil {
+		return "", nil, err
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir)
+	stop, err := startProcess(ctx, cmd, 10*time.Second, func() bool { return dialable(addr) })
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	return addr, func() { stop(); os.RemoveAll(dir) }, nil
+}
+
+func dockerAnswers(ctx context.Context) bool {
+	if _, err := exec.LookPath("docker"); err != nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return exec.CommandContext(ctx, "docker", "info").Run() == nil
+}

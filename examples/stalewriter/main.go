@@ -1,0 +1,584 @@
+// Command stalewriter shows, with real processes and real stores, why a
+// lease alone cannot protect a write and how fencing tokens do.
+//
+// It runs the scenario of Kleppmann's critique of Redis locks ("How to do
+// distributed locking", 2016):
+//
+//  1. worker A acquires a lease in Redis and gets fencing token N;
+//  2. A checks that its lease is valid and starts writing; right then it is
+//     frozen with SIGSTOP, as a stop-the-world GC or a suspended VM would
+//     freeze it, longer than the TTL (its heartbeat freezes with it);
+//  3. the lease expires; worker B acquires it with token N+1 and writes a
+//     row in PostgreSQL (a fenced pgx transaction on a table with
+//     lock_version) and an object in S3 (blobguard);
+//  4. A is resumed (SIGCONT) and, still believing it holds the lease,
+//     writes the same row and object with token N;
+//  5. both of A's writes are rejected as stale; B's data survives.
+//
+// It prints a timeline and a verdict, and exits 0 only when every stale
+// write was rejected and the final state belongs to the newest token. With
+// --unguarded the same timeline uses plain SQL and plain PUT: A's write
+// overwrites B's, and the program exits 1 saying why.
+//
+// Services come from the environment (FENCE_REDIS_URL, FENCE_POSTGRES_URL,
+// FENCE_S3_*), else the default local addresses, else servers it starts
+// itself (versitygw is built once into the user cache), else Docker through
+// testcontainers-go. Everything it creates is removed at the end.
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fencekit/fencekit/blobguard"
+	"github.com/fencekit/fencekit/examples/internal/services"
+	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/lease/redislease"
+	"github.com/fencekit/fencekit/migrations"
+)
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "worker" {
+		os.Exit(runWorker())
+	}
+	os.Exit(run(os.Args[1:], os.Stdout))
+}
+
+type options struct {
+	ttl, pause, writeDelay time.Duration
+	unguarded, keep        bool
+	redisURL, pgURL, s3URL string
+	jsonOut                string
+}
+
+func parseFlags(args []string, out io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("stalewriter", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.Usage = func() {
+		fmt.Fprintf(out, `Usage: go run ./examples/stalewriter [flags]
+
+Runs the paused-client scenario with two real worker processes, Redis,
+PostgreSQL and S3, and shows the stale write rejected by the stores.
+Exit status: 0 when every stale write was rejected and the newest token's data
+survived; 1 when a stale write landed (expected with --unguarded); 2 when the
+run could not be carried out (a service is missing, a bad flag).
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	fs.DurationVar(&o.ttl, "ttl", 2*time.Second, "lease TTL (whole milliseconds, at least 100ms)")
+	fs.DurationVar(&o.pause, "pause", 0, "how long worker A is frozen (default: 2*TTL + 1s, well past the TTL)")
+	fs.DurationVar(&o.writeDelay, "write-delay", 300*time.Millisecond, "time between A's lease check and its write, in which A is frozen")
+	fs.BoolVar(&o.unguarded, "unguarded", false, "write with plain SQL and plain PUT, without fencing, to show the failure")
+	fs.BoolVar(&o.keep, "keep", false, "keep the schema, object and keys created, for inspection")
+	fs.StringVar(&o.redisURL, "redis-url", "", "Redis URL (default: $FENCE_REDIS_URL, else redis://127.0.0.1:6379/0, else one it starts)")
+	fs.StringVar(&o.pgURL, "postgres-url", "", "PostgreSQL URL (default: $FENCE_POSTGRES_URL, else postgres://postgres@127.0.0.1:5432/test, else one it starts)")
+	fs.StringVar(&o.s3URL, "s3-endpoint", "", "S3 endpoint URL; needs FENCE_S3_ACCESS_KEY and FENCE_S3_SECRET_KEY (default: $FENCE_S3_ENDPOINT, else a versitygw it starts)")
+	fs.StringVar(&o.jsonOut, "json", "", "also write a machine-readable summary of the run to this file")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	var errs []error
+	if o.ttl < 100*time.Millisecond || o.ttl%time.Millisecond != 0 {
+		errs = append(errs, fmt.Errorf("--ttl %v: must be a whole number of milliseconds, at least 100ms", o.ttl))
+	}
+	if o.pause == 0 {
+		o.pause = 2*o.ttl + time.Second
+	}
+	if o.pause < 0 {
+		errs = append(errs, fmt.Errorf("--pause %v: must be positive", o.pause))
+	}
+	if o.writeDelay < 50*time.Millisecond {
+		errs = append(errs, fmt.Errorf("--write-delay %v: must be at least 50ms, or A may write before it is frozen", o.writeDelay))
+	}
+	return o, errors.Join(errs...)
+}
+
+// timeline prints events with the time since the start of the run.
+type timeline struct {
+	mu    sync.Mutex
+	start time.Time
+	out   io.Writer
+}
+
+func (t *timeline) say(at time.Time, who, format string, args ...any) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	fmt.Fprintf(t.out, "  %+8.3fs  %-12s %s\n", at.Sub(t.start).Seconds(), who, fmt.Sprintf(format, args...))
+}
+
+// summary is what --json writes.
+type summary struct {
+	OK          bool          `json:"ok"`
+	Verdict     string        `json:"verdict"`
+	Unguarded   bool          `json:"unguarded"`
+	TTLMillis   int64         `json:"ttl_ms"`
+	PauseMillis int64         `json:"pause_ms"`
+	TokenA      fence.Token   `json:"token_a"`
+	TokenB      fence.Token   `json:"token_b"`
+	Writes      []event       `json:"writes"`
+	Final       finalState    `json:"final"`
+	Services    []string      `json:"services"`
+	Events      []event       `json:"events"`
+	Elapsed     time.Duration `json:"elapsed_ns"`
+}
+
+type finalState struct {
+	RowWrittenBy    string      `json:"row_written_by"`
+	RowToken        fence.Token `json:"row_token"`
+	RowLockVersion  int64       `json:"row_lock_version"`
+	ObjectWrittenBy string      `json:"object_written_by"`
+	ObjectToken     fence.Token `json:"object_token"`
+}
+
+func run(args []string, out io.Writer) int {
+	o, err := parseFlags(args, out)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(out, "stalewriter: %v\n", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	tl := &timeline{start: time.Now(), out: out}
+	mode := "guarded: fenced pgx transaction + blobguard"
+	if o.unguarded {
+		mode = "UNGUARDED: plain SQL UPDATE + plain S3 PUT"
+	}
+	fmt.Fprintf(out, "stalewriter: lease TTL %v, worker A frozen for %v, writes %s\n\n", o.ttl, o.pause, mode)
+
+	svc, err := services.Provide(ctx, services.Config{
+		RedisURL: o.redisURL, PostgresURL: o.pgURL, S3Endpoint: o.s3URL,
+		Log: func(f string, a ...any) { fmt.Fprintf(out, "  ... "+f+"\n", a...) },
+	})
+	if err != nil {
+		fmt.Fprintf(out, "stalewriter: cannot run without its services:\n  %s\n", strings.ReplaceAll(err.Error(), "\n", "\n  "))
+		return 2
+	}
+	defer svc.Close()
+	fmt.Fprintln(out, "Services:")
+	for _, u := range svc.Used {
+		fmt.Fprintln(out, "  "+u)
+	}
+	fmt.Fprintln(out)
+
+	sc, err := setUp(ctx, svc, o)
+	if err != nil {
+		fmt.Fprintf(out, "stalewriter: setting up: %v\n", err)
+		return 2
+	}
+	if o.keep {
+		fmt.Fprintf(out, "Keeping schema %s, object s3://%s/%s and lease %s after the run.\n\n", sc.cfg.Schema, sc.cfg.S3.Bucket, sc.cfg.ObjectKey, sc.cfg.LeaseName)
+	} else {
+		defer sc.tearDown(out)
+	}
+	fmt.Fprintf(out, "Row %s.%s id=%s and object s3://%s/%s start empty; lease %q.\n\nTimeline:\n",
+		sc.cfg.Schema, sc.cfg.Table, sc.cfg.RowID, sc.cfg.S3.Bucket, sc.cfg.ObjectKey, sc.cfg.LeaseName)
+
+	sum, err := sc.play(ctx, tl, o)
+	if err != nil {
+		fmt.Fprintf(out, "\nstalewriter: the run could not be completed: %v\n", err)
+		return 2
+	}
+	sum.Services = svc.Used
+	sum.Elapsed = time.Since(tl.start)
+	fmt.Fprintf(out, "\nFinal state:\n  row:    written by %s, token %d, lock_version %d\n  object: written by %s, token %d\n\n%s\n",
+		orNone(sum.Final.RowWrittenBy), sum.Final.RowToken, sum.Final.RowLockVersion,
+		orNone(sum.Final.ObjectWrittenBy), sum.Final.ObjectToken, sum.Verdict)
+	if o.jsonOut != "" {
+		b, _ := json.MarshalIndent(sum, "", "  ")
+		if err := os.WriteFile(o.jsonOut, b, 0o644); err != nil {
+			fmt.Fprintf(out, "stalewriter: writing %s: %v\n", o.jsonOut, err)
+			return 2
+		}
+	}
+	if !sum.OK {
+		return 1
+	}
+	return 0
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(nobody)"
+	}
+	return s
+}
+
+// scenario holds what one run created.
+type scenario struct {
+	cfg  workerConfig
+	pool *pgxpool.Pool
+	s3   *s3.Client
+	rc   *redis.Client
+	keys redislease.Keys
+}
+
+func randomID() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error) {
+	id := randomID()
+	sc := &scenario{cfg: workerConfig{
+		RedisURL: svc.RedisURL, PostgresURL: svc.PostgresURL, S3: svc.S3,
+		Schema: "stalewriter_" + id, Table: "report", RowID: "2026-11",
+		ObjectKey: "stalewriter/" + id + "/report.json", Resource: "report/2026-11",
+		LeaseName: "stalewriter-" + id, RedisPrefix: "fencekit:",
+		TTL: o.ttl, WriteDelay: o.writeDelay, Unguarded: o.unguarded,
+	}}
+	var err error
+	if sc.pool, err = pgxpool.New(ctx, svc.PostgresURL); err != nil {
+		return nil, err
+	}
+	schema := pgx.Identifier{sc.cfg.Schema}.Sanitize()
+	if _, err := sc.pool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		sc.pool.Close()
+		return nil, fmt.Errorf("create schema: %w", err)
+	}
+	fail := func(err error) (*scenario, error) { sc.tearDown(io.Discard); return nil, err }
+	table := pgx.Identifier{sc.cfg.Schema, sc.cfg.Table}.Sanitize()
+	if _, err := sc.pool.Exec(ctx, `CREATE TABLE `+table+` (id text PRIMARY KEY, written_by text NOT NULL, token bigint NOT NULL, note text NOT NULL)`); err != nil {
+		return fail(fmt.Errorf("create table: %w", err))
+	}
+	if _, err := sc.pool.Exec(ctx, `INSERT INTO `+table+` VALUES ($1, '', 0, 'not written yet')`, sc.cfg.RowID); err != nil {
+		return fail(fmt.Errorf("insert row: %w", err))
+	}
+	// fencekit's own tables, and lock_version on the user table: the same
+	// steps as `fencekit migrate up` and `fencekit migrate add-lock-version`.
+	db, err := migrations.Open(svc.PostgresURL, sc.cfg.Schema)
+	if err != nil {
+		return fail(err)
+	}
+	defer db.Close()
+	if _, err := migrations.Up(ctx, db); err != nil {
+		return fail(fmt.Errorf("fencekit migrations: %w", err))
+	}
+	if err := migrations.ApplyLockVersion(ctx, db, migrations.TableName{Schema: sc.cfg.Schema, Name: sc.cfg.Table}); err != nil {
+		return fail(fmt.Errorf("add lock_version: %w", err))
+	}
+	sc.s3 = services.NewS3Client(svc.S3)
+	ropt, err := redis.ParseURL(svc.RedisURL)
+	if err != nil {
+		return fail(err)
+	}
+	sc.rc = redis.NewClient(ropt)
+	b, err := redislease.New(sc.rc, func(opt *redislease.Options) { opt.Prefix = sc.cfg.RedisPrefix })
+	if err != nil {
+		return fail(err)
+	}
+	sc.keys = b.KeysFor(sc.cfg.LeaseName)
+	_ = b.Close()
+	return sc, nil
+}
+
+func (sc *scenario) tearDown(out io.Writer) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	var errs []error
+	if sc.pool != nil {
+		if _, err := sc.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{sc.cfg.Schema}.Sanitize()+" CASCADE"); err != nil {
+			errs = append(errs, err)
+		}
+		sc.pool.Close()
+	}
+	if sc.s3 != nil {
+		if _, err := sc.s3.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(sc.cfg.S3.Bucket), Key: aws.String(sc.cfg.ObjectKey)}); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if sc.rc != nil {
+		if err := sc.rc.Del(ctx, sc.keys.Lease, sc.keys.Token).Err(); err != nil {
+			errs = append(errs, err)
+		}
+		_ = sc.rc.Close()
+	}
+	if err := errors.Join(errs...); err != nil {
+		fmt.Fprintf(out, "stalewriter: cleaning up: %v\n", err)
+	}
+}
+
+// proc is a running worker process.
+type proc struct {
+	role   string
+	cmd    *exec.Cmd
+	events chan event
+	done   chan error
+}
+
+func (sc *scenario) startWorker(role string, acquireTimeout time.Duration) (*proc, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cfg := sc.cfg
+	cfg.Role, cfg.AcquireTimeout = role, acquireTimeout
+	js, _ := json.Marshal(cfg)
+	cmd := exec.Command(self, "worker")
+	cmd.Env = append(os.Environ(), configVar+"="+string(js))
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &proc{role: role, cmd: cmd, events: make(chan event, 64), done: make(chan error, 1)}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			var e event
+			if json.Unmarshal(sc.Bytes(), &e) == nil {
+				p.events <- e
+			}
+		}
+		close(p.events)
+		p.done <- cmd.Wait()
+	}()
+	return p, nil
+}
+
+// play runs the timeline and judges the outcome.
+func (sc *scenario) play(ctx context.Context, tl *timeline, o options) (*summary, error) {
+	sum := &summary{Unguarded: o.unguarded, TTLMillis: o.ttl.Milliseconds(), PauseMillis: o.pause.Milliseconds()}
+	a, err := sc.startWorker("A", 30*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	tl.say(time.Now(), "orchestrator", "started worker A (pid %d)", a.cmd.Process.Pid)
+	var (
+		b       *proc
+		frozen  bool
+		resume  <-chan time.Time
+		aEvents = a.events
+		bEvents <-chan event
+		aDone   = a.done
+		bDone   <-chan error
+		running = 2
+	)
+	defer func() { // never leave a process behind, frozen or not
+		for _, p := range []*proc{a, b} {
+			if p != nil && p.cmd.ProcessState == nil {
+				_ = p.cmd.Process.Signal(syscall.SIGCONT)
+				_ = p.cmd.Process.Kill()
+			}
+		}
+	}()
+	overall := time.After(o.pause + 6*o.ttl + 60*time.Second)
+	for running > 0 {
+		select {
+		case e, ok := <-aEvents:
+			if !ok {
+				aEvents = nil
+				continue
+			}
+			sum.Events = append(sum.Events, e)
+			tl.say(e.At, "worker A", "%s", e.Text)
+			switch e.Kind {
+			case evAcquired:
+				sum.TokenA = e.Token
+			case evFailed:
+				return nil, fmt.Errorf("worker A: %s", e.Text)
+			case evChecked:
+				// Freeze A between its lease check and its write.
+				if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+					return nil, fmt.Errorf("SIGSTOP worker A: %w", err)
+				}
+				frozen = true
+				tl.say(time.Now(), "orchestrator", "froze worker A with SIGSTOP for %v (TTL %v): its heartbeat stops with it", o.pause, o.ttl)
+				resume = time.After(o.pause)
+				if b, err = sc.startWorker("B", o.pause+4*o.ttl+30*time.Second); err != nil {
+					return nil, err
+				}
+				bEvents, bDone = b.events, b.done
+				tl.say(time.Now(), "orchestrator", "started worker B (pid %d); it waits for the lease", b.cmd.Process.Pid)
+			}
+		case e, ok := <-bEvents:
+			if !ok {
+				bEvents = nil
+				continue
+			}
+			sum.Events = append(sum.Events, e)
+			tl.say(e.At, "worker B", "%s", e.Text)
+			switch e.Kind {
+			case evAcquired:
+				sum.TokenB = e.Token
+			case evFailed:
+				return nil, fmt.Errorf("worker B: %s", e.Text)
+			}
+		case <-resume:
+			resume = nil
+			if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+				return nil, fmt.Errorf("SIGCONT worker A: %w", err)
+			}
+			frozen = false
+			tl.say(time.Now(), "orchestrator", "resumed worker A with SIGCONT after %v; it goes on with its write", o.pause)
+		case err := <-aDone:
+			aDone = nil
+			running--
+			if err != nil {
+				return nil, fmt.Errorf("worker A: %w", err)
+			}
+		case err := <-bDone:
+			bDone = nil
+			running--
+			if err != nil {
+				return nil, fmt.Errorf("worker B: %w", err)
+			}
+		case <-overall:
+			return nil, fmt.Errorf("timed out (A frozen: %v)", frozen)
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if b == nil && aDone == nil {
+			return nil, errors.New("worker A exited before it was frozen")
+		}
+	}
+	// Drain events that arrived with the exits.
+	for _, ch := range []<-chan event{aEvents, bEvents} {
+		if ch == nil {
+			continue
+		}
+		for e := range ch {
+			sum.Events = append(sum.Events, e)
+			tl.say(e.At, "worker "+e.Role, "%s", e.Text)
+		}
+	}
+	if err := sc.readFinal(ctx, &sum.Final, o.unguarded); err != nil {
+		return nil, fmt.Errorf("reading the final state: %w", err)
+	}
+	judge(sum)
+	return sum, nil
+}
+
+func (sc *scenario) readFinal(ctx context.Context, f *finalState, unguarded bool) error {
+	table := pgx.Identifier{sc.cfg.Schema, sc.cfg.Table}.Sanitize()
+	var tok int64
+	if err := sc.pool.QueryRow(ctx, `SELECT written_by, token, lock_version FROM `+table+` WHERE id = $1`, sc.cfg.RowID).
+		Scan(&f.RowWrittenBy, &tok, &f.RowLockVersion); err != nil {
+		return err
+	}
+	f.RowToken = fence.Token(tok)
+	var body []byte
+	if unguarded {
+		res, err := sc.s3.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(sc.cfg.S3.Bucket), Key: aws.String(sc.cfg.ObjectKey)})
+		if err != nil {
+			return err
+		}
+		defer res.Body.Close()
+		if body, err = io.ReadAll(res.Body); err != nil {
+			return err
+		}
+	} else {
+		g, err := blobguard.New(sc.s3, sc.cfg.S3.Bucket)
+		if err != nil {
+			return err
+		}
+		obj, err := g.Get(ctx, sc.cfg.ObjectKey)
+		if err != nil {
+			return err
+		}
+		body = obj.Body
+		if obj.Token != fence.Token(0) {
+			f.ObjectToken = obj.Token
+		}
+	}
+	var ob objectBody
+	if err := json.Unmarshal(body, &ob); err != nil {
+		return fmt.Errorf("object body %q: %w", body, err)
+	}
+	f.ObjectWrittenBy = ob.WrittenBy
+	if f.ObjectToken == 0 {
+		f.ObjectToken = ob.Token
+	}
+	return nil
+}
+
+// judge decides whether the run was safe: in each store, the accepted writes
+// must come in token order, every write whose token was older than one
+// already accepted must have been rejected, and the final state must be the
+// data of the newest token accepted.
+func judge(sum *summary) {
+	var problems, notes []string
+	for _, store := range []string{"postgres", "s3"} {
+		var writes []event
+		for _, e := range sum.Events {
+			if e.Kind == evWrite && e.Store == store {
+				writes = append(writes, e)
+				sum.Writes = append(sum.Writes, e)
+			}
+		}
+		sort.SliceStable(writes, func(i, j int) bool { return writes[i].At.Before(writes[j].At) })
+		var newest event
+		for _, w := range writes {
+			switch {
+			case w.Accepted && w.Token < newest.Token:
+				problems = append(problems, fmt.Sprintf("%s: worker %s's write with stale token %d landed after worker %s's write with token %d",
+					store, w.Role, w.Token, newest.Role, newest.Token))
+			case w.Accepted:
+				newest = w
+			case w.Token < newest.Token:
+				notes = append(notes, fmt.Sprintf("%s rejected worker %s's stale write (token %d < %d)", store, w.Role, w.Token, newest.Token))
+			default:
+				problems = append(problems, fmt.Sprintf("%s: worker %s's write with token %d failed although no newer token was accepted", store, w.Role, w.Token))
+			}
+		}
+		finalBy, finalTok := sum.Final.RowWrittenBy, sum.Final.RowToken
+		if store == "s3" {
+			finalBy, finalTok = sum.Final.ObjectWrittenBy, sum.Final.ObjectToken
+		}
+		if newest.Role != "" && (finalBy != newest.Role || finalTok != newest.Token) {
+			problems = append(problems, fmt.Sprintf("%s: the final data is worker %s's (token %d), not that of the newest token %d (worker %s): worker %s's update is lost",
+				store, orNone(finalBy), finalTok, newest.Token, newest.Role, newest.Role))
+		}
+	}
+	if sum.Final.RowLockVersion != 0 && fence.Token(sum.Final.RowLockVersion) != sum.Final.RowToken && !sum.Unguarded {
+		problems = append(problems, fmt.Sprintf("postgres: lock_version %d does not match the row's token %d", sum.Final.RowLockVersion, sum.Final.RowToken))
+	}
+	switch {
+	case len(problems) > 0:
+		sum.OK = false
+		sum.Verdict = "VERDICT: UNSAFE. " + strings.Join(problems, "; ") + "."
+		if sum.Unguarded {
+			sum.Verdict += "\nThis is what a lease alone allows: the frozen holder woke up and overwrote the newer holder's data. Run without --unguarded to see the stores reject it."
+		}
+	case len(notes) > 0:
+		sum.OK = true
+		sum.Verdict = "VERDICT: SAFE. " + strings.Join(notes, "; ") + ". The newest holder's data survived."
+	default:
+		sum.OK = true
+		sum.Verdict = "VERDICT: SAFE. No stale write was attempted: worker A's pause was short enough that it kept its lease, and the writes landed in token order."
+	}
+}

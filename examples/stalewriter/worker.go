@@ -1,0 +1,225 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fencekit/fencekit/blobguard"
+	"github.com/fencekit/fencekit/examples/internal/services"
+	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/redislease"
+	"github.com/fencekit/fencekit/sqlguard"
+)
+
+// workerConfig is what the orchestrator hands a worker process (as JSON in
+// the environment variable configVar).
+type workerConfig struct {
+	Role           string        `json:"role"`
+	RedisURL       string        `json:"redis_url"`
+	PostgresURL    string        `json:"postgres_url"`
+	S3             testenv.S3    `json:"s3"`
+	Schema         string        `json:"schema"`
+	Table          string        `json:"table"`
+	RowID          string        `json:"row_id"`
+	ObjectKey      string        `json:"object_key"`
+	Resource       string        `json:"resource"`
+	LeaseName      string        `json:"lease_name"`
+	RedisPrefix    string        `json:"redis_prefix"`
+	TTL            time.Duration `json:"ttl"`
+	AcquireTimeout time.Duration `json:"acquire_timeout"`
+	// WriteDelay is the time between checking the lease and writing: the
+	// window in which the orchestrator freezes worker A.
+	WriteDelay time.Duration `json:"write_delay"`
+	Unguarded  bool          `json:"unguarded"`
+}
+
+const configVar = "FENCEKIT_STALEWRITER_WORKER"
+
+// event is one line a worker prints on its standard output.
+type event struct {
+	At    time.Time   `json:"at"`
+	Role  string      `json:"role"`
+	Kind  string      `json:"kind"`
+	Token fence.Token `json:"token,omitempty"`
+	// Store is "postgres" or "s3" for write events.
+	Store string `json:"store,omitempty"`
+	// Accepted is set on write events.
+	Accepted bool   `json:"accepted,omitempty"`
+	Text     string `json:"text"`
+}
+
+const (
+	evAcquired   = "acquired"
+	evChecked    = "checked" // the lease was valid just now; the write follows after WriteDelay
+	evWrite      = "write"
+	evLeaseState = "lease"
+	evReleased   = "released"
+	evFailed     = "failed"
+)
+
+type worker struct {
+	cfg workerConfig
+	enc *json.Encoder
+}
+
+func (w *worker) emit(e event) {
+	e.At, e.Role = time.Now(), w.cfg.Role
+	_ = w.enc.Encode(e)
+}
+
+func (w *worker) fail(format string, args ...any) int {
+	w.emit(event{Kind: evFailed, Text: fmt.Sprintf(format, args...)})
+	return 1
+}
+
+// runWorker is the body of a worker process: acquire the lease, check it,
+// write the row and the object with its token, release.
+func runWorker() int {
+	w := &worker{enc: json.NewEncoder(os.Stdout)}
+	if err := json.Unmarshal([]byte(os.Getenv(configVar)), &w.cfg); err != nil {
+		fmt.Fprintf(os.Stderr, "stalewriter worker: bad %s: %v\n", configVar, err)
+		return 2
+	}
+	cfg := w.cfg
+	ctx := context.Background()
+
+	ropt, err := redis.ParseURL(cfg.RedisURL)
+	if err != nil {
+		return w.fail("redis URL: %v", err)
+	}
+	ropt.ContextTimeoutEnabled = true
+	rc := redis.NewClient(ropt)
+	defer rc.Close()
+	backend, err := redislease.New(rc, func(o *redislease.Options) { o.Prefix = cfg.RedisPrefix })
+	if err != nil {
+		return w.fail("%v", err)
+	}
+	defer backend.Close()
+	m, err := lease.NewManager(backend, lease.Options{TTL: cfg.TTL, Identity: "worker-" + cfg.Role})
+	if err != nil {
+		return w.fail("%v", err)
+	}
+	pool, err := pgxpool.New(ctx, cfg.PostgresURL)
+	if err != nil {
+		return w.fail("postgres: %v", err)
+	}
+	defer pool.Close()
+	s3c := services.NewS3Client(cfg.S3)
+
+	actx, cancel := context.WithTimeout(ctx, cfg.AcquireTimeout)
+	l, err := m.Acquire(actx, cfg.LeaseName)
+	cancel()
+	if err != nil {
+		return w.fail("could not acquire lease %s: %v", cfg.LeaseName, err)
+	}
+	tok := l.Token()
+	w.emit(event{Kind: evAcquired, Token: tok, Text: fmt.Sprintf("acquired lease %q with fencing token %d (TTL %v)", cfg.LeaseName, tok, cfg.TTL)})
+
+	if err := l.Err(); err != nil {
+		return w.fail("lease ended before the write: %v", err)
+	}
+	w.emit(event{Kind: evChecked, Token: tok, Text: fmt.Sprintf("lease is valid (local deadline in %v); writing the report now", time.Until(l.Deadline()).Round(time.Millisecond))})
+	time.Sleep(cfg.WriteDelay) // preparing the write: A is frozen in here
+
+	// The write does not re-check the lease: it was valid a moment ago, as
+	// far as this process can tell. (A paused process cannot tell.) It uses
+	// its own context, not the lease's, the way a write already under way
+	// would.
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer wcancel()
+	note := fmt.Sprintf("written by %s with token %d at %s", cfg.Role, tok, time.Now().UTC().Format(time.RFC3339Nano))
+	w.writeRow(wctx, pool, tok, note)
+	w.writeObject(wctx, s3c, tok, note)
+
+	if err := l.Err(); err != nil {
+		w.emit(event{Kind: evLeaseState, Token: tok, Text: fmt.Sprintf("lease state after the writes: %v", err)})
+	} else {
+		w.emit(event{Kind: evLeaseState, Token: tok, Text: fmt.Sprintf("lease still held (local deadline in %v)", time.Until(l.Deadline()).Round(time.Millisecond))})
+	}
+	err = l.Release(ctx)
+	switch {
+	case err == nil:
+		w.emit(event{Kind: evReleased, Token: tok, Text: "released the lease"})
+	case errors.Is(err, lease.ErrLost):
+		w.emit(event{Kind: evReleased, Token: tok, Text: "release reports the lease was lost: " + err.Error()})
+	default:
+		w.emit(event{Kind: evReleased, Token: tok, Text: "release failed: " + err.Error()})
+	}
+	return 0
+}
+
+func (w *worker) writeRow(ctx context.Context, pool *pgxpool.Pool, tok fence.Token, note string) {
+	cfg := w.cfg
+	var err error
+	if cfg.Unguarded {
+		_, err = pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET written_by = $1, token = $2, note = $3 WHERE id = $4`,
+			pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()), cfg.Role, int64(tok), note, cfg.RowID)
+	} else {
+		err = writeRowFenced(ctx, pool, cfg, tok, note)
+	}
+	w.reportWrite("postgres", tok, err, fmt.Sprintf("row %s.%s id=%s", cfg.Schema, cfg.Table, cfg.RowID))
+}
+
+// writeRowFenced is the guarded write: a fenced transaction on the resource
+// (the token row is advanced and locked first) with a fenced row update
+// (lock_version <= token) inside it.
+func writeRowFenced(ctx context.Context, pool *pgxpool.Pool, cfg workerConfig, tok fence.Token, note string) error {
+	guard, err := sqlguard.New(sqlguard.WithSchema(cfg.Schema))
+	if err != nil {
+		return err
+	}
+	table, err := sqlguard.NewTable(cfg.Schema, cfg.Table, "id")
+	if err != nil {
+		return err
+	}
+	return guard.BeginFunc(ctx, pool, cfg.Resource, tok, func(tx pgx.Tx) error {
+		return table.Update(ctx, tx, tok, []any{cfg.RowID},
+			sqlguard.Col("written_by", cfg.Role), sqlguard.Col("token", int64(tok)), sqlguard.Col("note", note))
+	})
+}
+
+func (w *worker) writeObject(ctx context.Context, c *s3.Client, tok fence.Token, note string) {
+	cfg := w.cfg
+	body, _ := json.Marshal(objectBody{WrittenBy: cfg.Role, Token: tok, Note: note})
+	var err error
+	if cfg.Unguarded {
+		_, err = c.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(cfg.S3.Bucket), Key: aws.String(cfg.ObjectKey), Body: strings.NewReader(string(body))})
+	} else {
+		var g *blobguard.Guard
+		if g, err = blobguard.New(c, cfg.S3.Bucket); err == nil {
+			_, err = g.Put(ctx, cfg.ObjectKey, tok, strings.NewReader(string(body)))
+		}
+	}
+	w.reportWrite("s3", tok, err, fmt.Sprintf("object s3://%s/%s", cfg.S3.Bucket, cfg.ObjectKey))
+}
+
+func (w *worker) reportWrite(store string, tok fence.Token, err error, what string) {
+	switch se, stale := fence.AsStale(err); {
+	case err == nil:
+		w.emit(event{Kind: evWrite, Store: store, Token: tok, Accepted: true, Text: fmt.Sprintf("%s: wrote %s with token %d: accepted", store, what, tok)})
+	case stale:
+		w.emit(event{Kind: evWrite, Store: store, Token: tok, Text: fmt.Sprintf("%s: REJECTED write of %s: stale token %d, the store has already accepted token %d", store, what, se.Presented, se.Current)})
+	default:
+		w.emit(event{Kind: evWrite, Store: store, Token: tok, Text: fmt.Sprintf("%s: write of %s failed: %v", store, what, err)})
+	}
+}
+
+// objectBody is what the workers store in S3.
+type objectBody struct {
+	WrittenBy string      `json:"written_by"`
+	Token     fence.Token `json:"token"`
+	Note      string      `json:"note"`
+}
