@@ -145,8 +145,20 @@ type summary struct {
 	Writes      []event       `json:"writes"`
 	Final       finalState    `json:"final"`
 	Services    []string      `json:"services"`
+	Run         runInfo       `json:"run"`
 	Events      []event       `json:"events"`
 	Elapsed     time.Duration `json:"elapsed_ns"`
+}
+
+// runInfo names what the run created (kept with --keep).
+type runInfo struct {
+	Schema      string `json:"schema"`
+	Table       string `json:"table"`
+	RowID       string `json:"row_id"`
+	Bucket      string `json:"bucket"`
+	ObjectKey   string `json:"object_key"`
+	LeaseName   string `json:"lease_name"`
+	RedisPrefix string `json:"redis_prefix"`
 }
 
 type finalState struct {
@@ -372,7 +384,9 @@ func (sc *scenario) startWorker(role string, acquireTimeout time.Duration) (*pro
 
 // play runs the timeline and judges the outcome.
 func (sc *scenario) play(ctx context.Context, tl *timeline, o options) (*summary, error) {
-	sum := &summary{Unguarded: o.unguarded, TTLMillis: o.ttl.Milliseconds(), PauseMillis: o.pause.Milliseconds()}
+	sum := &summary{Unguarded: o.unguarded, TTLMillis: o.ttl.Milliseconds(), PauseMillis: o.pause.Milliseconds(),
+		Run: runInfo{Schema: sc.cfg.Schema, Table: sc.cfg.Table, RowID: sc.cfg.RowID, Bucket: sc.cfg.S3.Bucket,
+			ObjectKey: sc.cfg.ObjectKey, LeaseName: sc.cfg.LeaseName, RedisPrefix: sc.cfg.RedisPrefix}}
 	a, err := sc.startWorker("A", 30*time.Second)
 	if err != nil {
 		return nil, err

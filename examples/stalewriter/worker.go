@@ -57,8 +57,11 @@ type event struct {
 	// Store is "postgres" or "s3" for write events.
 	Store string `json:"store,omitempty"`
 	// Accepted is set on write events.
-	Accepted bool   `json:"accepted,omitempty"`
-	Text     string `json:"text"`
+	Accepted bool `json:"accepted,omitempty"`
+	// Remaining is, on the checked event, the time left until the lease's
+	// local deadline.
+	Remaining time.Duration `json:"remaining_ns,omitempty"`
+	Text      string        `json:"text"`
 }
 
 const (
@@ -131,7 +134,8 @@ func runWorker() int {
 	if err := l.Err(); err != nil {
 		return w.fail("lease ended before the write: %v", err)
 	}
-	w.emit(event{Kind: evChecked, Token: tok, Text: fmt.Sprintf("lease is valid (local deadline in %v); writing the report now", time.Until(l.Deadline()).Round(time.Millisecond))})
+	remaining := time.Until(l.Deadline())
+	w.emit(event{Kind: evChecked, Token: tok, Remaining: remaining, Text: fmt.Sprintf("lease is valid (local deadline in %v); writing the report now", remaining.Round(time.Millisecond))})
 	time.Sleep(cfg.WriteDelay) // preparing the write: A is frozen in here
 
 	// The write does not re-check the lease: it was valid a moment ago, as

@@ -1,0 +1,284 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fencekit/fencekit/blobguard"
+	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/lease/redislease"
+)
+
+var (
+	demoOnce sync.Once
+	demoBin  string
+	demoErr  error
+)
+
+// stalewriterBinary builds the demo once per test binary run.
+func stalewriterBinary(t *testing.T) string {
+	t.Helper()
+	demoOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "fencekit-integration-")
+		if err != nil {
+			demoErr = err
+			return
+		}
+		demoBin = filepath.Join(dir, "stalewriter")
+		out, err := exec.Command("go", "build", "-o", demoBin, "github.com/fencekit/fencekit/examples/stalewriter").CombinedOutput()
+		if err != nil {
+			demoErr = fmt.Errorf("go build stalewriter: %v: %s", err, out)
+		}
+	})
+	if demoErr != nil {
+		t.Fatal(demoErr)
+	}
+	return demoBin
+}
+
+// The summary the demo writes with --json (the fields this test reads).
+type demoSummary struct {
+	OK     bool        `json:"ok"`
+	TokenA fence.Token `json:"token_a"`
+	TokenB fence.Token `json:"token_b"`
+	Events []struct {
+		At        time.Time     `json:"at"`
+		Role      string        `json:"role"`
+		Kind      string        `json:"kind"`
+		Token     fence.Token   `json:"token"`
+		Store     string        `json:"store"`
+		Accepted  bool          `json:"accepted"`
+		Remaining time.Duration `json:"remaining_ns"`
+		Text      string        `json:"text"`
+	} `json:"events"`
+	Run struct {
+		Schema, Table, Bucket, LeaseName string
+		RowID                            string `json:"row_id"`
+		ObjectKey                        string `json:"object_key"`
+		RedisPrefix                      string `json:"redis_prefix"`
+	} `json:"run"`
+}
+
+// runDemo runs the stalewriter demo with args (plus --keep and --json), and
+// returns its exit code, its summary and its output. It removes what the
+// run created when the test ends.
+func runDemo(t *testing.T, args ...string) (int, demoSummary, string) {
+	t.Helper()
+	s3Client(t) // fail first if the S3 server is not configured
+	jsonPath := filepath.Join(t.TempDir(), "summary.json")
+	cmd := exec.Command(stalewriterBinary(t), append(args, "--keep", "--json", jsonPath)...)
+	out, err := cmd.CombinedOutput()
+	code := 0
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		code = ee.ExitCode()
+	case err != nil:
+		t.Fatalf("running the demo: %v\n%s", err, out)
+	}
+	var sum demoSummary
+	b, rerr := os.ReadFile(jsonPath)
+	if rerr != nil {
+		t.Fatalf("demo exited %d without a summary: %v\n%s", code, rerr, out)
+	}
+	if err := json.Unmarshal(b, &sum); err != nil {
+		t.Fatalf("summary: %v", err)
+	}
+	t.Cleanup(func() { cleanUpRun(t, sum) })
+	return code, sum, string(out)
+}
+
+func s3Client(t *testing.T) (*s3.Client, testenv.S3) {
+	t.Helper()
+	env := testenv.S3Config()
+	if env.Endpoint == "" || env.AccessKey == "" || env.SecretKey == "" {
+		t.Fatalf("%s, %s and %s must be set: run the tests through ./scripts/test.sh, which starts versitygw",
+			testenv.S3EndpointVar, testenv.S3AccessKeyVar, testenv.S3SecretKeyVar)
+	}
+	return s3.New(s3.Options{
+		Region: "us-east-1", BaseEndpoint: aws.String(env.Endpoint), UsePathStyle: true,
+		Credentials: credentials.NewStaticCredentialsProvider(env.AccessKey, env.SecretKey, ""),
+	}), env
+}
+
+func cleanUpRun(t *testing.T, sum demoSummary) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if conn, err := pgx.Connect(ctx, testenv.PostgresURL()); err == nil {
+		_, _ = conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{sum.Run.Schema}.Sanitize()+" CASCADE")
+		conn.Close(ctx)
+	}
+	c, _ := s3Client(t)
+	_, _ = c.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(sum.Run.Bucket), Key: aws.String(sum.Run.ObjectKey)})
+	opt, _ := redis.ParseURL(testenv.RedisURL())
+	rc := redis.NewClient(opt)
+	defer rc.Close()
+	if b, err := redislease.New(rc, func(o *redislease.Options) { o.Prefix = sum.Run.RedisPrefix }); err == nil {
+		k := b.KeysFor(sum.Run.LeaseName)
+		_ = rc.Del(ctx, k.Lease, k.Token).Err()
+		_ = b.Close()
+	}
+}
+
+// stored reads, independently of the demo, who wrote the row and the object
+// last and with which token.
+func stored(t *testing.T, sum demoSummary, guarded bool) (rowBy string, rowVersion fence.Token, objBy string, objToken fence.Token) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, testenv.PostgresURL())
+	if err != nil {
+		t.Fatalf("PostgreSQL: %v", err)
+	}
+	defer conn.Close(ctx)
+	var v, tok int64
+	if err := conn.QueryRow(ctx, "SELECT written_by, lock_version, token FROM "+pgx.Identifier{sum.Run.Schema, sum.Run.Table}.Sanitize()+" WHERE id = $1", sum.Run.RowID).
+		Scan(&rowBy, &v, &tok); err != nil {
+		t.Fatalf("reading the row: %v", err)
+	}
+	rowVersion = fence.Token(v)
+	if !guarded {
+		rowVersion = fence.Token(tok)
+	}
+	c, env := s3Client(t)
+	var body []byte
+	if guarded {
+		g, err := blobguard.New(c, env.Bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		obj, err := g.Get(ctx, sum.Run.ObjectKey)
+		if err != nil {
+			t.Fatalf("reading the object: %v", err)
+		}
+		body, objToken = obj.Body, obj.Token
+	} else {
+		res, err := c.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(env.Bucket), Key: aws.String(sum.Run.ObjectKey)})
+		if err != nil {
+			t.Fatalf("reading the object: %v", err)
+		}
+		defer res.Body.Close()
+		if err := json.NewDecoder(res.Body).Decode(&struct{}{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if guarded {
+		var ob struct {
+			WrittenBy string `json:"written_by"`
+		}
+		if err := json.Unmarshal(body, &ob); err != nil {
+			t.Fatalf("object body %q: %v", body, err)
+		}
+		objBy = ob.WrittenBy
+	}
+	return rowBy, rowVersion, objBy, objToken
+}
+
+// TestPausedClient runs the paused-client scenario with a real worker
+// process frozen by SIGSTOP, over a range of TTLs and pauses, against real
+// Redis, PostgreSQL and versitygw. Whatever the timing, no stale write lands
+// and the stores end with the newest accepted token's data: a write of A's
+// that reaches a store after B's must be rejected. When the pause is well
+// within the holder's remaining validity, it keeps its lease and its writes
+// succeed; when it is far past the TTL, the newer holder writes first and
+// both stale writes are rejected. Just above the TTL either may reach the
+// stores first; the tokens order them.
+func TestPausedClient(t *testing.T) {
+	type tc struct{ ttl, pause time.Duration }
+	var cases []tc
+	for _, ttl := range []time.Duration{time.Second, 2 * time.Second} {
+		cases = append(cases,
+			tc{ttl, ttl * 3 / 10},              // well within the lease
+			tc{ttl, ttl - 150*time.Millisecond}, // just below the TTL
+			tc{ttl, ttl + 300*time.Millisecond}, // just above the TTL
+			tc{ttl, 2*ttl + time.Second},        // far past it
+		)
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("ttl=%v/pause=%v", c.ttl, c.pause), func(t *testing.T) {
+			code, sum, out := runDemo(t, "--ttl", c.ttl.String(), "--pause", c.pause.String())
+			if code != 0 || !sum.OK {
+				t.Fatalf("demo exit %d, ok=%v: a stale write landed or the run failed:\n%s", code, sum.OK, out)
+			}
+			var remaining time.Duration
+			accepted := map[string][]fence.Token{}
+			rejected := map[string][]fence.Token{}
+			bWrote := map[string]time.Time{} // store -> when B's write was accepted
+			for _, e := range sum.Events {
+				switch {
+				case e.Kind == "checked" && e.Role == "A":
+					remaining = e.Remaining
+				case e.Kind == "write" && e.Accepted:
+					accepted[e.Role] = append(accepted[e.Role], e.Token)
+					if e.Role == "B" {
+						bWrote[e.Store] = e.At
+					}
+				case e.Kind == "write":
+					rejected[e.Role] = append(rejected[e.Role], e.Token)
+				}
+			}
+			if sum.TokenA == 0 || sum.TokenB <= sum.TokenA {
+				t.Fatalf("tokens A=%d B=%d: B's must be greater", sum.TokenA, sum.TokenB)
+			}
+			if len(accepted["B"]) != 2 {
+				t.Fatalf("B, the newest holder, must write both stores: accepted %v, rejected %v\n%s", accepted["B"], rejected["B"], out)
+			}
+			// A write of A's that reached a store after B's was accepted
+			// there is stale and must have been rejected.
+			for _, e := range sum.Events {
+				if e.Kind == "write" && e.Role == "A" && e.Accepted && !bWrote[e.Store].IsZero() && bWrote[e.Store].Before(e.At) {
+					t.Fatalf("%s accepted A's write (token %d) after B's (token %d)\n%s", e.Store, e.Token, sum.TokenB, out)
+				}
+			}
+			// The stores, read independently, hold B's data with B's token.
+			rowBy, rowVer, objBy, objTok := stored(t, sum, true)
+			if rowBy != "B" || rowVer != sum.TokenB || objBy != "B" || objTok != sum.TokenB {
+				t.Fatalf("stored: row by %q lock_version %d, object by %q token %d; want B's data with token %d", rowBy, rowVer, objBy, objTok, sum.TokenB)
+			}
+			switch {
+			case c.pause+300*time.Millisecond < remaining:
+				if len(accepted["A"]) != 2 {
+					t.Fatalf("pause %v within the remaining validity %v: A keeps its lease and both its writes land; accepted %v rejected %v\n%s",
+						c.pause, remaining, accepted["A"], rejected["A"], out)
+				}
+			case c.pause >= 2*c.ttl+time.Second:
+				// B acquires at the expiry (about one TTL) and writes well
+				// before A wakes: both of A's writes are stale.
+				if len(rejected["A"]) != 2 {
+					t.Fatalf("pause %v far past the TTL %v: both of A's stale writes must be rejected; accepted %v rejected %v\n%s",
+						c.pause, c.ttl, accepted["A"], rejected["A"], out)
+				}
+			}
+			t.Logf("A's remaining validity at the pause %v; A accepted %d, rejected %d", remaining.Round(time.Millisecond), len(accepted["A"]), len(rejected["A"]))
+		})
+	}
+}
+
+// TestPausedClientUnguarded shows that the check above can fail: without the
+// guards, the frozen holder's late writes overwrite the newer holder's data,
+// and the demo says so with exit status 1.
+func TestPausedClientUnguarded(t *testing.T) {
+	code, sum, out := runDemo(t, "--ttl", "1s", "--pause", "2500ms", "--unguarded")
+	if code != 1 || sum.OK {
+		t.Fatalf("unguarded demo exit %d, ok=%v; want 1 and not ok:\n%s", code, sum.OK, out)
+	}
+	rowBy, rowTok, _, _ := stored(t, sum, false)
+	if rowBy != "A" || rowTok != sum.TokenA {
+		t.Fatalf("unguarded: row by %q with token %d; the test expects A's stale write (token %d) to have overwritten B's", rowBy, rowTok, sum.TokenA)
+	}
+}
