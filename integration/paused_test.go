@@ -203,7 +203,7 @@ func TestPausedClient(t *testing.T) {
 	var cases []tc
 	for _, ttl := range []time.Duration{time.Second, 2 * time.Second} {
 		cases = append(cases,
-			tc{ttl, ttl * 3 / 10},              // well within the lease
+			tc{ttl, ttl * 3 / 10},               // well within the lease
 			tc{ttl, ttl - 150*time.Millisecond}, // just below the TTL
 			tc{ttl, ttl + 300*time.Millisecond}, // just above the TTL
 			tc{ttl, 2*ttl + time.Second},        // far past it
