@@ -61,4 +61,3 @@ func TestJudge(t *testing.T) {
 		t.Fatalf("in-order run judged %v: %s", inOrder.OK, inOrder.Verdict)
 	}
 }
-
