@@ -5,11 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/fencekit/fencekit/internal/pgident"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -21,10 +21,6 @@ const LockVersionColumn = "lock_version"
 // constraint the lock_version migration adds. CHECK constraint names are
 // unique per table, so every fenced table uses the same name.
 const LockVersionConstraint = "fencekit_lock_version_nonnegative"
-
-// maxIdentLen is PostgreSQL's identifier limit (NAMEDATALEN-1 bytes); longer
-// names are silently truncated by the server, so they are refused here.
-const maxIdentLen = 63
 
 // TableName names a table exactly as PostgreSQL stores it (no case folding).
 // An empty Schema means the table is found through the search_path.
@@ -140,22 +136,8 @@ func asciiLower(s string) string {
 	return string(b)
 }
 
-func checkIdent(kind, s string) error {
-	switch {
-	case s == "":
-		return fmt.Errorf("%w: empty %s name", ErrInvalid, kind)
-	case len(s) > maxIdentLen:
-		return fmt.Errorf("%w: %s name %q is longer than %d bytes", ErrInvalid, kind, s, maxIdentLen)
-	case !utf8.ValidString(s):
-		return fmt.Errorf("%w: %s name %q is not valid UTF-8", ErrInvalid, kind, s)
-	}
-	for _, r := range s {
-		if r < 0x20 || r == 0x7f {
-			return fmt.Errorf("%w: %s name %q contains a NUL or control character", ErrInvalid, kind, s)
-		}
-	}
-	return nil
-}
+// checkIdent validates one identifier (see pgident.Check).
+func checkIdent(kind, s string) error { return pgident.Check(ErrInvalid, kind, s) }
 
 // lockVersionUp is the Up section's one statement: a DO block that adds the
 // column and the check if they are missing, and fails if a lock_version

@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fencekit/fencekit/internal/pgident"
 	"math"
 	"reflect"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -172,30 +172,8 @@ func tokenArg(t fence.Token) (int64, error) {
 	return int64(t), nil
 }
 
-// maxIdentLen is PostgreSQL's identifier limit (NAMEDATALEN-1 bytes); the
-// server silently truncates longer names, which could make two names the
-// same, so they are refused.
-const maxIdentLen = 63
-
-// checkIdent validates one identifier. Quotes, semicolons and other
-// punctuation are allowed: identifiers are always quoted with
-// pgx.Identifier.Sanitize, so they cannot change the statement.
-func checkIdent(kind, s string) error {
-	switch {
-	case s == "":
-		return fmt.Errorf("%w: empty %s name", ErrInvalid, kind)
-	case len(s) > maxIdentLen:
-		return fmt.Errorf("%w: %s name %q is longer than %d bytes", ErrInvalid, kind, s, maxIdentLen)
-	case !utf8.ValidString(s):
-		return fmt.Errorf("%w: %s name %q is not valid UTF-8", ErrInvalid, kind, s)
-	}
-	for _, r := range s {
-		if r == 0 {
-			return fmt.Errorf("%w: %s name %q contains a NUL byte", ErrInvalid, kind, s)
-		}
-	}
-	return nil
-}
+// checkIdent validates one identifier (see pgident.Check).
+func checkIdent(kind, s string) error { return pgident.Check(ErrInvalid, kind, s) }
 
 // isNil reports whether v is nil or a typed nil pointer (or other nilable
 // value) inside an interface.

@@ -1,0 +1,36 @@
+// Package pgident validates PostgreSQL identifiers before they are quoted
+// (with pgx.Identifier.Sanitize) into a statement. Quotes, semicolons and
+// other punctuation are allowed, since quoting neutralises them; what cannot
+// be an identifier, or would be silently changed by the server, is refused.
+package pgident
+
+import (
+	"fmt"
+	"unicode/utf8"
+)
+
+// MaxLen is PostgreSQL's identifier limit (NAMEDATALEN-1 bytes). The server
+// silently truncates longer names, which could make two names the same, so
+// they are refused.
+const MaxLen = 63
+
+// Check returns an error wrapping sentinel when s cannot be used as the
+// identifier of a kind ("table", "column", "schema"): empty, longer than
+// MaxLen bytes, not valid UTF-8, or containing a NUL byte or another control
+// character.
+func Check(sentinel error, kind, s string) error {
+	switch {
+	case s == "":
+		return fmt.Errorf("%w: empty %s name", sentinel, kind)
+	case len(s) > MaxLen:
+		return fmt.Errorf("%w: %s name %q is longer than %d bytes", sentinel, kind, s, MaxLen)
+	case !utf8.ValidString(s):
+		return fmt.Errorf("%w: %s name %q is not valid UTF-8", sentinel, kind, s)
+	}
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f {
+			return fmt.Errorf("%w: %s name %q contains a NUL byte or another control character", sentinel, kind, s)
+		}
+	}
+	return nil
+}
