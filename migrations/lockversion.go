@@ -5,13 +5,14 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"github.com/fencekit/fencekit/internal/pgident"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/fencekit/fencekit/internal/pgident"
 )
 
 // LockVersionColumn is the column row-level fencing reads and writes.
