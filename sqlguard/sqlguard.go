@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/fencekit/fencekit/internal/pgident"
 	"math"
 	"reflect"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/pgident"
 )
 
 // DBTX is what the guard needs to run a statement: the shape that
