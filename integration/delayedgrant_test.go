@@ -342,8 +342,11 @@ func TestDelayedGrantPastTTLAcquire(t *testing.T) {
 // TTL - margin, which is at least the delay earlier than reply + TTL -
 // margin. Renewals under the same delay keep the lease.
 func TestDelayedGrantWithinTTL(t *testing.T) {
+	// The first renewal goes out a renew interval (TTL/3) after the reply
+	// arrived and must be answered, delay included, before send + TTL -
+	// margin: 1.5s leaves it ~400ms of room on a loaded machine.
 	const (
-		ttl     = time.Second
+		ttl     = 1500 * time.Millisecond
 		latency = 300 * time.Millisecond
 	)
 	d := newDelayedRedis(t)
