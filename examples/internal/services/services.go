@@ -46,6 +46,9 @@ type Config struct {
 	RedisURL    string
 	PostgresURL string
 	S3Endpoint  string
+	// NoS3 skips the S3-compatible store, for programs that use only Redis
+	// and PostgreSQL; Set.S3 is then left empty.
+	NoS3 bool
 	// Log receives progress lines (starting a server can take a while).
 	Log func(format string, args ...any)
 }
@@ -64,8 +67,10 @@ func Provide(ctx context.Context, cfg Config) (*Set, error) {
 	if err := s.postgres(ctx, cfg); err != nil {
 		errs = append(errs, err)
 	}
-	if err := s.s3(ctx, cfg); err != nil {
-		errs = append(errs, err)
+	if !cfg.NoS3 {
+		if err := s.s3(ctx, cfg); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		s.Close()

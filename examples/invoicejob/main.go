@@ -1,0 +1,402 @@
+// Command invoicejob runs the job fencekit was written for, with real
+// processes and real stores: several replicas of a scheduled "generate
+// invoices" job compete for one lease, the holder works through the batch
+// with fenced writes, and the holder is killed with SIGKILL in the middle of
+// the batch, as kill -9, an OOM kill or a deploy would end it.
+//
+//  1. the replicas start together and call lease.Manager.Acquire on one
+//     lease (Redis); one gets it with fencing token N, the others wait;
+//  2. the holder writes one invoice per customer, each in a transaction
+//     fenced with its token on the resource "invoices/<period>" (sqlguard):
+//     the invoice row (unique key (customer, period), lock_version = token)
+//     and the job's progress row;
+//  3. after a set number of invoices the orchestrator kills the holder with
+//     SIGKILL: its lease is not released, its open transaction is rolled
+//     back by PostgreSQL;
+//  4. a waiting replica acquires the lease as soon as the dead holder's
+//     grant expires in Redis (waiters retry at the grant's exact expiry;
+//     pub/sub wakes them at once on a release), with token N+1, reads the
+//     progress row and resumes at the first invoice not committed;
+//  5. it completes the batch and releases; the other replicas find the
+//     batch done.
+//
+// It then checks the database: exactly one invoice per customer for the
+// period, none lost, every invoice's lock_version one of the holders'
+// tokens and in token order, the progress row complete; and it replays the
+// killed holder's next write with its old token, which the store must
+// reject as stale. It prints a timeline, a summary (who held the lease with
+// which token, how many invoices each wrote, how long the handover took from
+// the kill to the next acquire) and a verdict, and exits 0 only when every
+// check passed.
+//
+// Services come from the environment (FENCE_REDIS_URL, FENCE_POSTGRES_URL),
+// else the default local addresses, else servers it starts itself, else
+// Docker through testcontainers-go. Everything it creates (a schema, the
+// lease's Redis keys) is removed at the end.
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fencekit/fencekit/examples/internal/services"
+	"github.com/fencekit/fencekit/lease/redislease"
+	"github.com/fencekit/fencekit/migrations"
+)
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "replica" {
+		os.Exit(runReplica())
+	}
+	os.Exit(run(os.Args[1:], os.Stdout))
+}
+
+type options struct {
+	replicas, customers, killAfter, kills int
+	ttl, invoiceTime                      time.Duration
+	period                                string
+	keep                                  bool
+	redisURL, pgURL                       string
+	jsonOut                               string
+}
+
+// renewInterval is the lease's renew interval: the Manager's default.
+func (o options) renewInterval() time.Duration { return o.ttl / 3 }
+
+// handoverBound is the longest a handover may take: the dead holder's grant
+// has at most one TTL left at the kill (it renewed at most a renew interval
+// ago, plus the renewal's own latency), and a waiter retries right at its
+// expiry. One renew interval is allowed on top, for a loaded machine.
+func (o options) handoverBound() time.Duration { return o.ttl + o.renewInterval() }
+
+func parseFlags(args []string, out io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("invoicejob", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.Usage = func() {
+		fmt.Fprintf(out, `Usage: go run ./examples/invoicejob [flags]
+
+Runs replicas of a scheduled invoice job as real processes competing for one
+lease (Redis); the holder writes invoices through fenced PostgreSQL
+transactions and is killed with SIGKILL mid-batch; another replica takes over
+within about one TTL and finishes the batch. Then it checks that no invoice
+was written twice or lost and that the dead holder's token can no longer
+write.
+Exit status: 0 when every check passed; 1 when a check failed; 2 when the run
+could not be carried out (a service is missing, a bad flag).
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	fs.IntVar(&o.replicas, "replicas", 3, "number of replica processes competing for the lease")
+	fs.IntVar(&o.customers, "customers", 40, "number of customers, one invoice each: the batch size")
+	fs.IntVar(&o.killAfter, "kill-after", 15, "kill a holder with SIGKILL after it has written this many invoices")
+	fs.IntVar(&o.kills, "kills", 1, "how many holders to kill, one after the other (fewer than --replicas)")
+	fs.DurationVar(&o.ttl, "ttl", 2*time.Second, "lease TTL (whole milliseconds, at least 100ms); renewed every TTL/3")
+	fs.DurationVar(&o.invoiceTime, "invoice-time", 100*time.Millisecond, "time to render one invoice, inside its fenced transaction")
+	fs.StringVar(&o.period, "period", "2026-11", "billing period the batch is for")
+	fs.BoolVar(&o.keep, "keep", false, "keep the schema and the Redis keys created, for inspection")
+	fs.StringVar(&o.redisURL, "redis-url", "", "Redis URL (default: $FENCE_REDIS_URL, else redis://127.0.0.1:6379/0, else one it starts)")
+	fs.StringVar(&o.pgURL, "postgres-url", "", "PostgreSQL URL (default: $FENCE_POSTGRES_URL, else postgres://postgres@127.0.0.1:5432/test, else one it starts)")
+	fs.StringVar(&o.jsonOut, "json", "", "also write a machine-readable summary of the run to this file")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	var errs []error
+	if o.ttl < 100*time.Millisecond || o.ttl%time.Millisecond != 0 {
+		errs = append(errs, fmt.Errorf("--ttl %v: must be a whole number of milliseconds, at least 100ms", o.ttl))
+	}
+	if o.replicas < 2 {
+		errs = append(errs, fmt.Errorf("--replicas %d: at least 2 are needed for a takeover", o.replicas))
+	}
+	if o.kills < 0 || o.kills >= o.replicas {
+		errs = append(errs, fmt.Errorf("--kills %d: must be at least 0 and fewer than --replicas (%d), or nobody is left to finish", o.kills, o.replicas))
+	}
+	if o.killAfter < 1 {
+		errs = append(errs, fmt.Errorf("--kill-after %d: must be at least 1", o.killAfter))
+	}
+	if o.customers < 1 || o.customers > 100000 {
+		errs = append(errs, fmt.Errorf("--customers %d: must be between 1 and 100000", o.customers))
+	} else if o.kills > 0 && o.kills*o.killAfter >= o.customers {
+		errs = append(errs, fmt.Errorf("--kills %d x --kill-after %d must be less than --customers %d, so that every kill lands mid-batch", o.kills, o.killAfter, o.customers))
+	}
+	if o.invoiceTime < 0 {
+		errs = append(errs, fmt.Errorf("--invoice-time %v: must not be negative", o.invoiceTime))
+	}
+	if o.period == "" || len(o.period) > 32 {
+		errs = append(errs, fmt.Errorf("--period %q: must be 1 to 32 bytes", o.period))
+	}
+	return o, errors.Join(errs...)
+}
+
+// timeline prints events with the time since the start of the run.
+type timeline struct {
+	mu    sync.Mutex
+	start time.Time
+	out   io.Writer
+}
+
+func (t *timeline) say(at time.Time, who, format string, args ...any) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	fmt.Fprintf(t.out, "  %+8.3fs  %-12s %s\n", at.Sub(t.start).Seconds(), who, fmt.Sprintf(format, args...))
+}
+
+func (t *timeline) rel(at time.Time) string { return fmt.Sprintf("%+.3fs", at.Sub(t.start).Seconds()) }
+
+func run(args []string, out io.Writer) int {
+	o, err := parseFlags(args, out)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(out, "invoicejob: %v\n", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	tl := &timeline{start: time.Now(), out: out}
+	fmt.Fprintf(out, "invoicejob: %d replicas, %d invoices for period %s, lease TTL %v (renewed every %v); kill %d holder(s) with SIGKILL after %d invoices each\n\n",
+		o.replicas, o.customers, o.period, o.ttl, o.renewInterval().Round(time.Millisecond), o.kills, o.killAfter)
+
+	svc, err := services.Provide(ctx, services.Config{
+		RedisURL: o.redisURL, PostgresURL: o.pgURL, NoS3: true,
+		Log: func(f string, a ...any) { fmt.Fprintf(out, "  ... "+f+"\n", a...) },
+	})
+	if err != nil {
+		fmt.Fprintf(out, "invoicejob: cannot run without its services:\n  %s\n", strings.ReplaceAll(err.Error(), "\n", "\n  "))
+		return 2
+	}
+	defer svc.Close()
+	fmt.Fprintln(out, "Services:")
+	for _, u := range svc.Used {
+		fmt.Fprintln(out, "  "+u)
+	}
+	fmt.Fprintln(out)
+
+	sc, err := setUp(ctx, svc, o)
+	if err != nil {
+		fmt.Fprintf(out, "invoicejob: setting up: %v\n", err)
+		return 2
+	}
+	if o.keep {
+		fmt.Fprintf(out, "Keeping schema %s and lease %s (keys %s, %s) after the run.\n\n", sc.cfg.Schema, sc.cfg.LeaseName, sc.keys.Lease, sc.keys.Token)
+	} else {
+		defer sc.tearDown(out)
+	}
+	fmt.Fprintf(out, "Schema %s: %d customers, no invoices yet; lease %q; writes fenced on resource %q.\n\nTimeline:\n",
+		sc.cfg.Schema, o.customers, sc.cfg.LeaseName, resourceFor(o.period))
+
+	sum, err := sc.play(ctx, tl, o)
+	if err != nil {
+		fmt.Fprintf(out, "\ninvoicejob: the run could not be completed: %v\n", err)
+		return 2
+	}
+	if err := sc.verify(ctx, tl, o, sum); err != nil {
+		fmt.Fprintf(out, "\ninvoicejob: checking the outcome: %v\n", err)
+		return 2
+	}
+	sum.Services = svc.Used
+	sum.Elapsed = time.Since(tl.start)
+	sum.print(out, tl, o)
+	if o.jsonOut != "" {
+		b, _ := json.MarshalIndent(sum, "", "  ")
+		if err := os.WriteFile(o.jsonOut, b, 0o644); err != nil {
+			fmt.Fprintf(out, "invoicejob: writing %s: %v\n", o.jsonOut, err)
+			return 2
+		}
+	}
+	if !sum.OK {
+		return 1
+	}
+	return 0
+}
+
+// scenario holds what one run created.
+type scenario struct {
+	cfg       workerConfig
+	customers []customer
+	pool      *pgxpool.Pool
+	rc        *redis.Client
+	keys      redislease.Keys
+}
+
+func randomID() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error) {
+	id := randomID()
+	sc := &scenario{cfg: workerConfig{
+		RedisURL: svc.RedisURL, PostgresURL: svc.PostgresURL,
+		Schema: "invoicejob_" + id, Period: o.period,
+		LeaseName: "invoicejob-" + id + "/generate-invoices", RedisPrefix: "fencekit:",
+		TTL: o.ttl, InvoiceTime: o.invoiceTime,
+	}}
+	var err error
+	if sc.pool, err = pgxpool.New(ctx, svc.PostgresURL); err != nil {
+		return nil, err
+	}
+	if _, err := sc.pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{sc.cfg.Schema}.Sanitize()); err != nil {
+		sc.pool.Close()
+		return nil, fmt.Errorf("create schema: %w", err)
+	}
+	fail := func(err error) (*scenario, error) { sc.tearDown(io.Discard); return nil, err }
+	ident := func(table string) string { return pgx.Identifier{sc.cfg.Schema, table}.Sanitize() }
+	for _, stmt := range []string{
+		`CREATE TABLE ` + ident(customersTable) + ` (id text PRIMARY KEY, amount_cents bigint NOT NULL)`,
+		// One invoice per customer and period; number is its place in
+		// the batch, unique too, so a gap or a repeat would show.
+		`CREATE TABLE ` + ident(invoicesTable) + ` (
+			customer     text NOT NULL REFERENCES ` + ident(customersTable) + `,
+			period       text NOT NULL,
+			number       int NOT NULL,
+			amount_cents bigint NOT NULL,
+			written_by   text NOT NULL,
+			written_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
+			PRIMARY KEY (customer, period),
+			UNIQUE (period, number))`,
+		// The job's progress: how many invoices of the period are done.
+		`CREATE TABLE ` + ident(jobTable) + ` (
+			period       text PRIMARY KEY,
+			next_index   int NOT NULL DEFAULT 0,
+			completed_at timestamptz)`,
+	} {
+		if _, err := sc.pool.Exec(ctx, stmt); err != nil {
+			return fail(fmt.Errorf("create tables: %w", err))
+		}
+	}
+	for i := range o.customers {
+		c := customer{ID: fmt.Sprintf("cust-%05d", i+1), AmountCents: 1000 + int64(i*7919%50000)}
+		sc.customers = append(sc.customers, c)
+	}
+	rows := make([][]any, len(sc.customers))
+	for i, c := range sc.customers {
+		rows[i] = []any{c.ID, c.AmountCents}
+	}
+	if _, err := sc.pool.CopyFrom(ctx, pgx.Identifier{sc.cfg.Schema, customersTable}, []string{"id", "amount_cents"}, pgx.CopyFromRows(rows)); err != nil {
+		return fail(fmt.Errorf("insert customers: %w", err))
+	}
+	if _, err := sc.pool.Exec(ctx, `INSERT INTO `+ident(jobTable)+` (period) VALUES ($1)`, o.period); err != nil {
+		return fail(fmt.Errorf("insert the progress row: %w", err))
+	}
+	// fencekit's own tables, and lock_version on the fenced tables: the
+	// same steps as `fencekit migrate up` and `fencekit migrate
+	// add-lock-version`.
+	db, err := migrations.Open(svc.PostgresURL, sc.cfg.Schema)
+	if err != nil {
+		return fail(err)
+	}
+	defer db.Close()
+	if _, err := migrations.Up(ctx, db); err != nil {
+		return fail(fmt.Errorf("fencekit migrations: %w", err))
+	}
+	for _, t := range []string{invoicesTable, jobTable} {
+		if err := migrations.ApplyLockVersion(ctx, db, migrations.TableName{Schema: sc.cfg.Schema, Name: t}); err != nil {
+			return fail(fmt.Errorf("add lock_version to %s: %w", t, err))
+		}
+	}
+	ropt, err := redis.ParseURL(svc.RedisURL)
+	if err != nil {
+		return fail(err)
+	}
+	sc.rc = redis.NewClient(ropt)
+	b, err := redislease.New(sc.rc, func(opt *redislease.Options) { opt.Prefix = sc.cfg.RedisPrefix })
+	if err != nil {
+		return fail(err)
+	}
+	sc.keys = b.KeysFor(sc.cfg.LeaseName)
+	_ = b.Close()
+	return sc, nil
+}
+
+func (sc *scenario) tearDown(out io.Writer) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	var errs []error
+	if sc.pool != nil {
+		if _, err := sc.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{sc.cfg.Schema}.Sanitize()+" CASCADE"); err != nil {
+			errs = append(errs, err)
+		}
+		sc.pool.Close()
+	}
+	if sc.rc != nil {
+		if err := sc.rc.Del(ctx, sc.keys.Lease, sc.keys.Token).Err(); err != nil {
+			errs = append(errs, err)
+		}
+		_ = sc.rc.Close()
+	}
+	if err := errors.Join(errs...); err != nil {
+		fmt.Fprintf(out, "invoicejob: cleaning up: %v\n", err)
+	}
+}
+
+// proc is a running replica process.
+type proc struct {
+	name   string
+	cmd    *exec.Cmd
+	killed bool
+	exited bool
+}
+
+// exit is a replica's end, as seen by the orchestrator.
+type exit struct {
+	name string
+	err  error
+}
+
+func (sc *scenario) startReplica(name string, acquireTimeout time.Duration, events chan<- event, exits chan<- exit) (*proc, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cfg := sc.cfg
+	cfg.Replica, cfg.AcquireTimeout = name, acquireTimeout
+	js, _ := json.Marshal(cfg)
+	cmd := exec.Command(self, "replica")
+	cmd.Env = append(os.Environ(), configVar+"="+string(js))
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() {
+		s := bufio.NewScanner(stdout)
+		for s.Scan() {
+			var e event
+			if json.Unmarshal(s.Bytes(), &e) == nil {
+				events <- e
+			}
+		}
+		exits <- exit{name: name, err: cmd.Wait()}
+	}()
+	return &proc{name: name, cmd: cmd}, nil
+}

@@ -1,0 +1,102 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMain lets the test binary stand in for the program: run() starts
+// replicas as os.Executable() with configVar set, and here they run the
+// replica's body instead of the tests.
+func TestMain(m *testing.M) {
+	if os.Getenv(configVar) != "" {
+		os.Exit(runReplica())
+	}
+	os.Exit(m.Run())
+}
+
+// TestInvoiceJob runs the whole scenario against the machine's Redis and
+// PostgreSQL, with real replica processes and real kills, and checks the
+// verdict and the summary.
+func TestInvoiceJob(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		// kills is how many holders must have been killed.
+		kills, replicas int
+	}{
+		{"one kill", []string{"--replicas", "3", "--customers", "20", "--kill-after", "6", "--kills", "1"}, 1, 3},
+		{"two kills", []string{"--replicas", "3", "--customers", "20", "--kill-after", "4", "--kills", "2"}, 2, 3},
+		{"no kill", []string{"--replicas", "2", "--customers", "8", "--kills", "0"}, 0, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			js := filepath.Join(t.TempDir(), "summary.json")
+			var out bytes.Buffer
+			args := append([]string{"--ttl", "500ms", "--invoice-time", "20ms", "--json", js}, tc.args...)
+			code := run(args, &out)
+			if code != 0 {
+				t.Fatalf("exit %d, want 0; output:\n%s", code, out.String())
+			}
+			b, err := os.ReadFile(js)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var sum summary
+			if err := json.Unmarshal(b, &sum); err != nil {
+				t.Fatal(err)
+			}
+			if !sum.OK || !strings.HasPrefix(sum.Verdict, "VERDICT: SAFE") {
+				t.Fatalf("verdict %q, ok %v; output:\n%s", sum.Verdict, sum.OK, out.String())
+			}
+			if sum.Invoices != sum.Customers {
+				t.Errorf("%d invoices in the database for %d customers", sum.Invoices, sum.Customers)
+			}
+			if len(sum.Handovers) != tc.kills {
+				t.Errorf("%d handovers, want %d", len(sum.Handovers), tc.kills)
+			}
+			if len(sum.Holders) != tc.replicas {
+				t.Errorf("%d holders, want every one of the %d replicas", len(sum.Holders), tc.replicas)
+			}
+			bound := 500*time.Millisecond + 500*time.Millisecond/3
+			for _, h := range sum.Handovers {
+				if h.Took <= 0 || h.Took > bound {
+					t.Errorf("handover from %s took %v, want within %v", h.From, h.Took, bound)
+				}
+			}
+			for _, c := range sum.Checks {
+				if !c.OK {
+					t.Errorf("check failed: %s", c.Text)
+				}
+			}
+			if t.Failed() {
+				t.Logf("output:\n%s", out.String())
+			}
+		})
+	}
+}
+
+func TestFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--help"}, 0, "Usage: go run ./examples/invoicejob"},
+		{[]string{"--ttl", "50ms"}, 2, "--ttl 50ms"},
+		{[]string{"--replicas", "1"}, 2, "--replicas 1"},
+		{[]string{"--kills", "3"}, 2, "--kills 3"},
+		{[]string{"--customers", "10", "--kill-after", "10"}, 2, "must be less than --customers 10"},
+		{[]string{"--ttl", "50ms", "--replicas", "0"}, 2, "--replicas 0"}, // every problem at once
+		{[]string{"extra"}, 2, "unexpected arguments"},
+	} {
+		var out bytes.Buffer
+		if code := run(tc.args, &out); code != tc.code || !strings.Contains(out.String(), tc.want) {
+			t.Errorf("run(%q) = %d, output %q; want %d and %q", tc.args, code, out.String(), tc.code, tc.want)
+		}
+	}
+}

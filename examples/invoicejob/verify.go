@@ -1,0 +1,289 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/sqlguard"
+)
+
+// verify reads the outcome from the database, replays the writes of every
+// holder but the newest with their old tokens, and records the checks and
+// the verdict in sum.
+func (sc *scenario) verify(ctx context.Context, tl *timeline, o options, sum *summary) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	ident := func(table string) string { return pgx.Identifier{sc.cfg.Schema, table}.Sanitize() }
+	add := func(ok bool, format string, args ...any) {
+		sum.Checks = append(sum.Checks, check{OK: ok, Text: fmt.Sprintf(format, args...)})
+	}
+	for _, p := range sum.problems {
+		add(false, "during the run: %s", p)
+	}
+
+	// Tokens only grow, in the order the replicas acquired the lease.
+	byToken := map[fence.Token]*holder{}
+	tokensOK := len(sum.Holders) > 0
+	for i, h := range sum.Holders {
+		byToken[h.Token] = h
+		if i > 0 && h.Token <= sum.Holders[i-1].Token {
+			tokensOK = false
+		}
+	}
+	add(tokensOK, "%d grants of the lease, each with a fencing token greater than the one before", len(sum.Holders))
+
+	// Exactly one invoice per customer: none missing, none twice.
+	var total, distinct, missing, misnumbered int
+	if err := sc.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT customer) FROM `+ident(invoicesTable)+` WHERE period = $1`, o.period).
+		Scan(&total, &distinct); err != nil {
+		return err
+	}
+	if err := sc.pool.QueryRow(ctx, `SELECT count(*) FROM `+ident(customersTable)+` c
+		WHERE NOT EXISTS (SELECT 1 FROM `+ident(invoicesTable)+` i WHERE i.customer = c.id AND i.period = $1)`, o.period).
+		Scan(&missing); err != nil {
+		return err
+	}
+	if err := sc.pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT number, row_number() OVER (ORDER BY customer) AS rn
+		FROM `+ident(invoicesTable)+` WHERE period = $1) x WHERE number <> rn`, o.period).Scan(&misnumbered); err != nil {
+		return err
+	}
+	sum.Invoices = total
+	add(total == o.customers && distinct == o.customers && missing == 0,
+		"database: %d invoices for period %s, for %d distinct customers of %d; %d missing, %d written twice",
+		total, o.period, distinct, o.customers, missing, total-distinct)
+	add(misnumbered == 0, "database: invoice numbers run 1..%d in customer order, no gap and no repeat (%d out of place)", total, misnumbered)
+
+	// Every invoice carries the token of the holder that wrote it, and
+	// the holders' ranges follow each other in token order.
+	rows, err := sc.pool.Query(ctx, `SELECT lock_version, written_by, count(*), min(number), max(number)
+		FROM `+ident(invoicesTable)+` WHERE period = $1 GROUP BY 1, 2 ORDER BY 4`, o.period)
+	if err != nil {
+		return err
+	}
+	type group struct {
+		token       int64
+		by          string
+		n, lo, hi   int
+		holderFound bool
+	}
+	var groups []group
+	for rows.Next() {
+		var g group
+		if err := rows.Scan(&g.token, &g.by, &g.n, &g.lo, &g.hi); err != nil {
+			rows.Close()
+			return err
+		}
+		groups = append(groups, g)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	var foreign []string
+	for i := range groups {
+		g := &groups[i]
+		h := byToken[fence.Token(g.token)]
+		if h == nil || h.Replica != g.by {
+			foreign = append(foreign, fmt.Sprintf("%d invoices say %s with token %d", g.n, g.by, g.token))
+			continue
+		}
+		g.holderFound = true
+		h.Written, h.First, h.Last = g.n, g.lo, g.hi
+	}
+	add(len(foreign) == 0, "database: every invoice's lock_version is the token of the holder that wrote it%s", listOr(foreign, "; not so: "))
+	inOrder := true
+	for i := 1; i < len(groups); i++ {
+		if groups[i].token <= groups[i-1].token || groups[i].lo != groups[i-1].hi+1 {
+			inOrder = false
+		}
+	}
+	var resumes []string
+	done := 0
+	for _, h := range sum.Holders {
+		if h.ResumedAt >= 0 && h.ResumedAt != done {
+			inOrder = false
+			resumes = append(resumes, fmt.Sprintf("%s resumed at #%d, but %d were committed before it", h.Replica, h.ResumedAt+1, done))
+		}
+		done += h.Written
+	}
+	add(inOrder, "each holder resumed exactly where the one before stopped, and wrote in token order%s", listOr(resumes, ": "))
+
+	// Every kill landed mid-batch, and the handover came within the bound.
+	for _, k := range sum.Handovers {
+		h := byToken[k.FromToken]
+		add(h != nil && h.Written > 0 && h.Written < o.customers,
+			"%s (token %d) was killed mid-batch: %d of %d invoices were committed under its token", k.From, k.FromToken, writtenOf(h), o.customers)
+		if k.To == "" {
+			add(false, "nobody took over after %s was killed", k.From)
+			continue
+		}
+		add(k.Took > 0 && k.Took <= o.handoverBound(),
+			"%s took over %v after the kill (its grant had %v left in Redis; bound: TTL + renew interval = %v)",
+			k.To, k.Took.Round(time.Millisecond), k.LeaseLeft.Round(time.Millisecond), o.handoverBound().Round(time.Millisecond))
+	}
+	if len(sum.Handovers) < o.kills {
+		add(false, "only %d of %d kills happened", len(sum.Handovers), o.kills)
+	}
+
+	// The progress row says the batch is complete.
+	var next int
+	var completed bool
+	var jobVersion int64
+	if err := sc.pool.QueryRow(ctx, `SELECT next_index, completed_at IS NOT NULL, lock_version FROM `+ident(jobTable)+` WHERE period = $1`, o.period).
+		Scan(&next, &completed, &jobVersion); err != nil {
+		return err
+	}
+	add(next == o.customers && completed, "database: the progress row is complete (next_index %d of %d, completed: %v, lock_version %d)", next, o.customers, completed, jobVersion)
+
+	// The resource holds the newest holder's token.
+	var resTok int64
+	err = sc.pool.QueryRow(ctx, `SELECT token FROM `+ident(sqlguard.ResourceTable)+` WHERE resource = $1`, resourceFor(o.period)).Scan(&resTok)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return err
+	}
+	var newest fence.Token
+	if n := len(sum.Holders); n > 0 {
+		newest = sum.Holders[n-1].Token
+	}
+	add(newest != 0 && fence.Token(resTok) == newest, "database: resource %q holds token %d, the newest holder's", resourceFor(o.period), resTok)
+
+	// A stale holder cannot write: replay the next write of every holder
+	// but the newest, with its old token, as a holder that woke up after
+	// being paused (or a dead one's retried request) would.
+	b, err := newBatch(sc.cfg.Schema, o.period, sc.customers)
+	if err != nil {
+		return err
+	}
+	for _, h := range sum.Holders {
+		if h.Token == newest {
+			continue
+		}
+		_, err := b.step(ctx, sc.pool, h.Token, h.Replica, 0, nil)
+		se, stale := fence.AsStale(err)
+		switch {
+		case stale:
+			tl.say(time.Now(), "orchestrator", "replayed a write of %s with its old token %d: REJECTED by PostgreSQL (the resource holds token %d)", h.Replica, h.Token, se.Current)
+		case err == nil:
+			tl.say(time.Now(), "orchestrator", "replayed a write of %s with its old token %d: ACCEPTED", h.Replica, h.Token)
+		default:
+			tl.say(time.Now(), "orchestrator", "replayed a write of %s with its old token %d: failed: %v", h.Replica, h.Token, err)
+		}
+		add(stale, "a write with %s's old token %d is rejected as stale%s", h.Replica, h.Token, errSuffix(err, stale))
+	}
+	var after int
+	if err := sc.pool.QueryRow(ctx, `SELECT count(*) FROM `+ident(invoicesTable)+` WHERE period = $1`, o.period).Scan(&after); err != nil {
+		return err
+	}
+	add(after == total, "database: the stale replays changed nothing (%d invoices before, %d after)", total, after)
+
+	// Every replica held the lease once; exactly one completed the batch;
+	// the others that were not killed found it complete.
+	completers, clean := 0, true
+	for _, h := range sum.Holders {
+		switch {
+		case h.Fate == evCompleted:
+			completers++
+		case h.Fate == evNothing, !h.KilledAt.IsZero():
+		default:
+			clean = false
+		}
+	}
+	add(len(sum.Holders) == o.replicas && completers == 1 && clean,
+		"all %d replicas held the lease in turn: %d killed, %d completed the batch, the rest found it complete", len(sum.Holders), len(sum.Handovers), completers)
+
+	var failed []string
+	for _, c := range sum.Checks {
+		if !c.OK {
+			failed = append(failed, c.Text)
+		}
+	}
+	if len(failed) > 0 {
+		sum.OK = false
+		sum.Verdict = fmt.Sprintf("VERDICT: FAILED. %d of %d checks failed: %s.", len(failed), len(sum.Checks), strings.Join(failed, "; "))
+		return nil
+	}
+	sum.OK = true
+	var took []string
+	for _, k := range sum.Handovers {
+		took = append(took, k.Took.Round(time.Millisecond).String())
+	}
+	handovers := "no holder was killed"
+	if len(took) > 0 {
+		handovers = fmt.Sprintf("%d holder(s) killed mid-batch, taken over in %s (TTL %v)", len(took), strings.Join(took, ", "), o.ttl)
+	}
+	sum.Verdict = fmt.Sprintf("VERDICT: SAFE. %s; every one of the %d customers has exactly one invoice for %s, each written under a valid lease's token, and the old tokens can no longer write.",
+		handovers, o.customers, o.period)
+	return nil
+}
+
+func writtenOf(h *holder) int {
+	if h == nil {
+		return 0
+	}
+	return h.Written
+}
+
+func listOr(items []string, prefix string) string {
+	if len(items) == 0 {
+		return ""
+	}
+	return prefix + strings.Join(items, "; ")
+}
+
+func errSuffix(err error, stale bool) string {
+	switch {
+	case stale:
+		return ""
+	case err == nil:
+		return ": it was ACCEPTED"
+	}
+	return ": " + err.Error()
+}
+
+// print writes the summary table, the checks and the verdict.
+func (sum *summary) print(out io.Writer, tl *timeline, o options) {
+	fmt.Fprintf(out, "\nHolders of the lease, in the order they acquired it:\n")
+	fmt.Fprintf(out, "  %-11s %-8s %-18s %-10s %-8s %-17s %s\n", "replica", "pid", "token", "acquired", "resumed", "invoices (DB)", "how it ended")
+	for _, h := range sum.Holders {
+		resumed := "-"
+		if h.ResumedAt >= 0 && h.ResumedAt < o.customers {
+			resumed = fmt.Sprintf("#%d", h.ResumedAt+1)
+		}
+		inv := "0"
+		if h.Written > 0 {
+			inv = fmt.Sprintf("%d (#%d-#%d)", h.Written, h.First, h.Last)
+		}
+		fate := fateText(h.Fate)
+		if !h.KilledAt.IsZero() {
+			fate += " at " + tl.rel(h.KilledAt)
+		}
+		fmt.Fprintf(out, "  %-11s %-8d %-18d %-10s %-8s %-17s %s\n", h.Replica, h.Pid, h.Token, tl.rel(h.AcquiredAt), resumed, inv, fate)
+	}
+	if len(sum.Handovers) > 0 {
+		fmt.Fprintf(out, "\nHandovers (from the kill to the next acquire):\n")
+		for _, k := range sum.Handovers {
+			to := "nobody"
+			if k.To != "" {
+				to = fmt.Sprintf("%s acquired at %s with token %d: handover %v", k.To, tl.rel(k.Acquired), k.ToToken, k.Took.Round(time.Millisecond))
+			}
+			fmt.Fprintf(out, "  %s (token %d) killed at %s, its grant had %v left in Redis; %s (TTL %v, renew interval %v)\n",
+				k.From, k.FromToken, tl.rel(k.KilledAt), k.LeaseLeft.Round(time.Millisecond), to, o.ttl, o.renewInterval().Round(time.Millisecond))
+		}
+	}
+	fmt.Fprintf(out, "\nChecks:\n")
+	for _, c := range sum.Checks {
+		mark := "ok  "
+		if !c.OK {
+			mark = "FAIL"
+		}
+		fmt.Fprintf(out, "  %s  %s\n", mark, c.Text)
+	}
+	fmt.Fprintf(out, "\n%s\n", sum.Verdict)
+}

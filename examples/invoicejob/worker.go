@@ -1,0 +1,226 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/redislease"
+)
+
+// workerConfig is what the orchestrator hands a replica process (as JSON in
+// the environment variable configVar).
+type workerConfig struct {
+	Replica        string        `json:"replica"`
+	RedisURL       string        `json:"redis_url"`
+	PostgresURL    string        `json:"postgres_url"`
+	Schema         string        `json:"schema"`
+	Period         string        `json:"period"`
+	LeaseName      string        `json:"lease_name"`
+	RedisPrefix    string        `json:"redis_prefix"`
+	TTL            time.Duration `json:"ttl"`
+	AcquireTimeout time.Duration `json:"acquire_timeout"`
+	// InvoiceTime is how long rendering one invoice takes, inside its
+	// fenced transaction (the window in which a kill usually lands).
+	InvoiceTime time.Duration `json:"invoice_time"`
+}
+
+const configVar = "FENCEKIT_INVOICEJOB_REPLICA"
+
+// Table and column names the orchestrator creates and the replicas write.
+const (
+	customersTable = "customers"
+	invoicesTable  = "invoices"
+	jobTable       = "job_runs"
+)
+
+// resourceFor is the sqlguard resource that fences one period's batch: every
+// write of the batch (invoice rows and the progress row) happens in a
+// transaction that first advances this resource's token.
+func resourceFor(period string) string { return "invoices/" + period }
+
+// event is one line a replica prints on its standard output.
+type event struct {
+	At      time.Time   `json:"at"`
+	Replica string      `json:"replica"`
+	Pid     int         `json:"pid"`
+	Kind    string      `json:"kind"`
+	Token   fence.Token `json:"token,omitempty"`
+	// Customer and Number are set on invoice events.
+	Customer string `json:"customer,omitempty"`
+	Number   int    `json:"number,omitempty"`
+	// Next is the batch position the holder resumes at (acquired events).
+	Next int    `json:"next,omitempty"`
+	Text string `json:"text"`
+}
+
+const (
+	evWaiting   = "waiting"   // started, blocked in Acquire
+	evAcquired  = "acquired"  // holds the lease
+	evResume    = "resume"    // read the progress row: where the batch stands
+	evInvoice   = "invoice"   // one invoice committed
+	evCompleted = "completed" // the batch is done (this holder marked it)
+	evNothing   = "nothing"   // acquired, found the batch already done
+	evReleased  = "released"
+	evStopped   = "stopped" // stopped work: lease lost or a write refused
+	evFailed    = "failed"
+)
+
+type replica struct {
+	cfg workerConfig
+	enc *json.Encoder
+}
+
+func (r *replica) emit(e event) {
+	e.At, e.Replica, e.Pid = time.Now(), r.cfg.Replica, os.Getpid()
+	_ = r.enc.Encode(e)
+}
+
+func (r *replica) fail(format string, args ...any) int {
+	r.emit(event{Kind: evFailed, Text: fmt.Sprintf(format, args...)})
+	return 1
+}
+
+// runReplica is the body of one replica of the scheduled job: wait for the
+// lease, then generate the period's invoices, one fenced transaction each,
+// starting where the progress row says the batch stands.
+func runReplica() int {
+	r := &replica{enc: json.NewEncoder(os.Stdout)}
+	if err := json.Unmarshal([]byte(os.Getenv(configVar)), &r.cfg); err != nil {
+		fmt.Fprintf(os.Stderr, "invoicejob replica: bad %s: %v\n", configVar, err)
+		return 2
+	}
+	cfg := r.cfg
+	ctx := context.Background()
+
+	ropt, err := redis.ParseURL(cfg.RedisURL)
+	if err != nil {
+		return r.fail("redis URL: %v", err)
+	}
+	ropt.ContextTimeoutEnabled = true
+	rc := redis.NewClient(ropt)
+	defer rc.Close()
+	backend, err := redislease.New(rc, func(o *redislease.Options) { o.Prefix = cfg.RedisPrefix })
+	if err != nil {
+		return r.fail("%v", err)
+	}
+	defer backend.Close()
+	m, err := lease.NewManager(backend, lease.Options{TTL: cfg.TTL, Identity: cfg.Replica})
+	if err != nil {
+		return r.fail("%v", err)
+	}
+	pcfg, err := pgxpool.ParseConfig(cfg.PostgresURL)
+	if err != nil {
+		return r.fail("postgres URL: %v", err)
+	}
+	pcfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return r.fail("postgres: %v", err)
+	}
+	defer pool.Close()
+	customers, err := loadCustomers(ctx, pool, cfg.Schema)
+	if err != nil {
+		return r.fail("reading customers: %v", err)
+	}
+
+	r.emit(event{Kind: evWaiting, Text: fmt.Sprintf("started; waiting for lease %q", cfg.LeaseName)})
+	actx, cancel := context.WithTimeout(ctx, cfg.AcquireTimeout)
+	start := time.Now()
+	l, err := m.Acquire(actx, cfg.LeaseName)
+	cancel()
+	if err != nil {
+		return r.fail("could not acquire lease %s: %v", cfg.LeaseName, err)
+	}
+	tok := l.Token()
+	r.emit(event{Kind: evAcquired, Token: tok, Text: fmt.Sprintf("acquired the lease with fencing token %d after waiting %v",
+		tok, time.Since(start).Round(time.Millisecond))})
+
+	code := r.generate(l, pool, customers)
+	err = l.Release(ctx)
+	switch {
+	case err == nil:
+		r.emit(event{Kind: evReleased, Token: tok, Text: "released the lease (waiters are woken by pub/sub)"})
+	case errors.Is(err, lease.ErrLost):
+		r.emit(event{Kind: evReleased, Token: tok, Text: "release: the lease had been lost: " + err.Error()})
+	default:
+		r.emit(event{Kind: evReleased, Token: tok, Text: "release failed (the lease expires after its TTL): " + err.Error()})
+	}
+	return code
+}
+
+type customer struct {
+	ID          string
+	AmountCents int64
+}
+
+func loadCustomers(ctx context.Context, pool *pgxpool.Pool, schema string) ([]customer, error) {
+	rows, err := pool.Query(ctx, `SELECT id, amount_cents FROM `+pgx.Identifier{schema, customersTable}.Sanitize()+` ORDER BY id`)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (customer, error) {
+		var c customer
+		err := row.Scan(&c.ID, &c.AmountCents)
+		return c, err
+	})
+}
+
+// generate writes the remaining invoices under the lease, one fenced
+// transaction each (batch.step), until the batch is complete. All the work
+// runs under the lease's context: if the lease is lost, the transaction in
+// flight is cancelled and rolled back, and nothing more is written.
+func (r *replica) generate(l *lease.Lease, pool *pgxpool.Pool, customers []customer) int {
+	cfg := r.cfg
+	tok := l.Token()
+	b, err := newBatch(cfg.Schema, cfg.Period, customers)
+	if err != nil {
+		return r.fail("%v", err)
+	}
+	ctx := l.Context()
+	first := true
+	for {
+		st, err := b.step(ctx, pool, tok, cfg.Replica, cfg.InvoiceTime, func(next int, done bool) {
+			if !first {
+				return
+			}
+			first = false
+			text := fmt.Sprintf("progress row: %d of %d invoices done; resuming at #%d", next, len(customers), next+1)
+			switch {
+			case done:
+				text = fmt.Sprintf("progress row: the batch is complete (%d of %d invoices)", next, len(customers))
+			case next == 0:
+				text = fmt.Sprintf("progress row: nothing done yet; starting the batch of %d invoices", len(customers))
+			}
+			r.emit(event{Kind: evResume, Token: tok, Next: next, Text: text})
+		})
+		switch {
+		case err == nil && st.outcome == evInvoice:
+			r.emit(event{Kind: evInvoice, Token: tok, Customer: st.customer.ID, Number: st.next + 1,
+				Text: fmt.Sprintf("invoice #%d for %s written with token %d", st.next+1, st.customer.ID, tok)})
+		case err == nil && st.outcome == evCompleted:
+			r.emit(event{Kind: evCompleted, Token: tok, Text: fmt.Sprintf("batch complete: all %d invoices written; marked the progress row done", st.next)})
+			return 0
+		case err == nil:
+			r.emit(event{Kind: evNothing, Token: tok, Text: "the batch is already complete: nothing to do"})
+			return 0
+		case errors.Is(err, fence.ErrStaleToken):
+			r.emit(event{Kind: evStopped, Token: tok, Text: "write REJECTED, a newer holder has taken over: " + err.Error()})
+			return 1
+		case l.Err() != nil:
+			r.emit(event{Kind: evStopped, Token: tok, Text: fmt.Sprintf("stopped: the lease ended (%v); the transaction in flight was rolled back", l.Err())})
+			return 1
+		default:
+			return r.fail("invoice transaction: %v", err)
+		}
+	}
+}
