@@ -55,7 +55,9 @@ func newLease(m *Manager, parent context.Context, rec Record, sent, deadline tim
 	l.mu.Lock()
 	l.timer = time.AfterFunc(time.Until(deadline), l.onDeadline)
 	if !m.o.DisableAutoRenew {
-		l.renewTimer = time.AfterFunc(m.o.RenewInterval, l.heartbeat)
+		// Counted from the send time, like the deadline: a slow reply must
+		// not push the first renewal towards the deadline.
+		l.renewTimer = time.AfterFunc(time.Until(sent.Add(m.o.RenewInterval)), l.heartbeat)
 	}
 	l.mu.Unlock()
 	return l
@@ -227,10 +229,12 @@ func (l *Lease) lose(reason LostReason, cause error) {
 }
 
 // heartbeat runs on the renew timer: it renews the lease and schedules the
-// next renewal after RenewInterval, or a retry after RenewRetryInterval when
-// the store failed transiently, until the lease ends. No goroutine waits
+// next renewal RenewInterval after this one began, or a retry
+// RenewRetryInterval after it when the store failed transiently, until the
+// lease ends. No goroutine waits
 // between renewals.
 func (l *Lease) heartbeat() {
+	start := time.Now()
 	next := l.m.o.RenewInterval
 	var err error
 	if b := l.m.batcher; b != nil {
@@ -242,9 +246,12 @@ func (l *Lease) heartbeat() {
 		next = l.m.o.RenewRetryInterval
 		l.m.o.Logger.Debug("lease: renew failed", "name", l.rec.Name, "err", err)
 	}
+	// The interval runs from the start of this renewal, not its end, so
+	// that slow replies do not stretch the heartbeat.
+	next -= time.Since(start)
 	l.mu.Lock()
 	if l.state == held {
-		l.renewTimer.Reset(next)
+		l.renewTimer.Reset(max(next, 0))
 	}
 	l.mu.Unlock()
 }

@@ -339,3 +339,29 @@ func TestObserverEvents(t *testing.T) {
 		t.Fatalf("events: %+v", obs)
 	}
 }
+
+// The heartbeat counts from the send time of the acquire: a slow reply does
+// not delay the first renewal towards the deadline.
+func TestFirstRenewalCountsFromSend(t *testing.T) {
+	fb := &faultBackend{Backend: lease.NewMemoryBackend(), acquireDelay: 800 * time.Millisecond}
+	m, err := lease.NewManager(fb, lease.Options{TTL: 3 * time.Second}) // renew every 1s
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := m.TryAcquire(context.Background(), "slow-reply")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(context.Background())
+	returned := time.Now()
+	for fb.renews.Load() == 0 {
+		if time.Since(returned) > 2*time.Second {
+			t.Fatal("no renewal within 2s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Sent 800 ms before the reply, so due about 200 ms after it.
+	if d := time.Since(returned); d > 600*time.Millisecond {
+		t.Fatalf("first renewal %v after the reply; it is due 1s after the send, about 200ms after the reply", d)
+	}
+}

@@ -198,10 +198,13 @@ func (b *Backend) Renew(ctx context.Context, rec lease.Record) error {
 
 // RenewBatch implements lease.BatchRenewer: the renew scripts of all records
 // go out in one pipeline (one round trip per node). If the server has lost
-// the script (NOSCRIPT), it is loaded and the batch is sent once more.
+// the script (NOSCRIPT), the batch is sent once more with the script's body.
 func (b *Backend) RenewBatch(ctx context.Context, recs []lease.Record) []error {
 	errs := make([]error, len(recs))
-	run := func() []*redis.Cmd {
+	// run sends every renewal in one pipeline: by SHA, or, after the server
+	// answered NOSCRIPT, with the script's body (which also caches it), so
+	// a lost script cache costs one more round trip, not two.
+	run := func(withBody bool) []*redis.Cmd {
 		cmds := make([]*redis.Cmd, len(recs))
 		_, _ = b.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, rec := range recs {
@@ -210,17 +213,20 @@ func (b *Backend) RenewBatch(ctx context.Context, recs []lease.Record) []error {
 					errs[i] = err
 					continue
 				}
-				cmds[i] = renewScript.EvalSha(ctx, p, []string{b.KeysFor(rec.Name).Lease}, rec.Owner, ms)
+				keys := []string{b.KeysFor(rec.Name).Lease}
+				if withBody {
+					cmds[i] = renewScript.Eval(ctx, p, keys, rec.Owner, ms)
+				} else {
+					cmds[i] = renewScript.EvalSha(ctx, p, keys, rec.Owner, ms)
+				}
 			}
 			return nil
 		})
 		return cmds
 	}
-	cmds := run()
+	cmds := run(false)
 	if hasNoScript(cmds) {
-		if err := renewScript.Load(ctx, b.c).Err(); err == nil {
-			cmds = run()
-		}
+		cmds = run(true)
 	}
 	for i, cmd := range cmds {
 		if cmd == nil {
