@@ -96,3 +96,41 @@ func TestHostile_BatchGiveBackDelaysOtherLeases(t *testing.T) {
 	_ = a.Release(ctx)
 	_ = b.Release(ctx)
 }
+
+// TestHostile_OptionsEdges: NewManager's boundary.
+//
+// A safety margin above TTL/3 is valid by the documentation ("must be less
+// than TTL"), but the default RenewInterval (TTL/3, options.go withDefaults)
+// is not recomputed from TTL - SafetyMargin, so NewManager rejects the
+// options with an error about a renew interval the caller never set.
+// Suggested default: (TTL - SafetyMargin)/3.
+//
+// Intervals have no lower bound: RenewInterval 100ns, PollInterval 1ns and
+// ReleaseTimeout 1ns are accepted, turning the heartbeat and a blocked
+// Acquire into busy loops against the store, and making every Release time
+// out. Invariant 7 asks for a clear error before any I/O.
+func TestHostile_OptionsEdges(t *testing.T) {
+	t.Run("valid margin, default renew interval", func(t *testing.T) {
+		m, err := lease.NewManager(lease.NewMemoryBackend(), lease.Options{TTL: time.Second, SafetyMargin: 400 * time.Millisecond})
+		if err != nil {
+			t.Fatalf("TTL 1s with a safety margin of 400ms (less than the TTL, as documented) was refused because of the default renew interval: %v", err)
+		}
+		if ri, v := m.Options().RenewInterval, time.Second-400*time.Millisecond; ri > v/2 {
+			t.Fatalf("default renew interval %v breaks the rule RenewInterval <= (TTL - margin)/2 = %v", ri, v/2)
+		}
+	})
+	for _, tc := range []struct {
+		name string
+		opts lease.Options
+	}{
+		{"renew interval 100ns", lease.Options{TTL: time.Second, RenewInterval: 100 * time.Nanosecond}},
+		{"poll interval 1ns", lease.Options{TTL: time.Second, PollInterval: time.Nanosecond}},
+		{"release timeout 1ns", lease.Options{TTL: time.Second, ReleaseTimeout: time.Nanosecond}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := lease.NewManager(lease.NewMemoryBackend(), tc.opts); err == nil {
+				t.Errorf("NewManager accepted %s: a busy loop against the store (or a release that always times out)", tc.name)
+			}
+		})
+	}
+}

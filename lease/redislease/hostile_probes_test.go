@@ -3,8 +3,12 @@ package redislease_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	mrand "math/rand/v2"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -367,5 +371,96 @@ func TestHostile_RenewReplyAfterDeadline(t *testing.T) {
 	n, err := redistest.Shared(t).Exists(ctxT(t), b.KeysFor(name).Lease).Result()
 	if err != nil || n != 0 {
 		t.Fatalf("the grant extended by the late renewal is still stored (exists=%d, %v): others wait a full TTL", n, err)
+	}
+}
+
+// TestHostile_NamesDoNotCollide: names built to collide under a naive key
+// encoding (braces, their percent-encodings, percent signs, ":lease"
+// suffixes, Unicode in two normal forms, a maximal name of braces) are
+// all distinct leases, held by distinct owners at once, and each one's
+// keys carry exactly one hash tag. (The conformance suite's
+// testNamesDoNotCollide acquires every name with the same owner, so a
+// collision would pass there as an idempotent re-acquire.)
+func TestHostile_NamesDoNotCollide(t *testing.T) {
+	b := newBackend(t, redistest.Shared(t), redistest.Prefix(t))
+	names := []string{
+		"a{b}c", "a%7Bb%7Dc", "a%257Bb%257Dc", "a%7bb%7dc", "{", "}", "%", "%25", "%7B", "%7D", "{}", "}{",
+		"x}:lease", "x}:token", "x", "x:lease", "\u00e9", "e\u0301", "ünï/cødé", "🔒{🔑}", "a b", " ",
+		strings.Repeat("{", lease.MaxNameLen), strings.Repeat("}", lease.MaxNameLen),
+	}
+	var recs []lease.Record
+	for i, n := range names {
+		if err := lease.ValidateName(n); err != nil {
+			t.Fatalf("name %q: %v", n, err)
+		}
+		r := lease.Record{Name: n, Owner: fmt.Sprintf("owner-%d", i), TTL: 10 * time.Second}
+		tok, err := b.Acquire(ctxT(t), r)
+		if err != nil {
+			t.Fatalf("Acquire(%q) by its own owner: %v (collides with another name)", n, err)
+		}
+		r.Token = tok
+		recs = append(recs, r)
+		k := b.KeysFor(n)
+		for _, key := range []string{k.Lease, k.Token, k.Channel} {
+			if strings.Count(key, "{") != 1 || strings.Count(key, "}") != 1 {
+				t.Errorf("key %q of name %q has more than one hash tag", key, n)
+			}
+		}
+	}
+	for _, r := range recs {
+		if err := b.Release(ctxT(t), r); err != nil {
+			t.Errorf("Release(%q): %v", r.Name, err)
+		}
+	}
+}
+
+// TestHostile_HugeTTL: the largest TTL a time.Duration can hold (about 292
+// years, in whole milliseconds) is stored, reported back as RetryAfter
+// without overflow, and released.
+func TestHostile_HugeTTL(t *testing.T) {
+	ttl := time.Duration(math.MaxInt64).Truncate(time.Millisecond)
+	b := newBackend(t, redistest.Shared(t), redistest.Prefix(t))
+	m := newManager(t, b, lease.Options{TTL: ttl})
+	l := acquire(t, m, "huge")
+	_, err := m.TryAcquire(ctxT(t), "huge")
+	var na *lease.NotAcquiredError
+	if !errors.As(err, &na) || na.RetryAfter <= ttl-time.Minute || na.RetryAfter > ttl {
+		t.Fatalf("second TryAcquire = %v, want NotAcquiredError with RetryAfter close to %v", err, ttl)
+	}
+	if d := time.Until(l.Deadline()); d < ttl/2 {
+		t.Fatalf("deadline only %v away", d)
+	}
+	if err := l.Release(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestHostile_TokenCeiling: with the counter set just below 2^53 (a restore
+// from a bad backup, a hostile write), the next grant gets 2^53-1 and the
+// one after that fails closed: an error, no grant stored, never a token
+// that is not greater than the last.
+func TestHostile_TokenCeiling(t *testing.T) {
+	c := redistest.Shared(t)
+	b := newBackend(t, c, redistest.Prefix(t))
+	const name = "ceiling"
+	k := b.KeysFor(name)
+	if err := c.Set(ctxT(t), k.Token, strconv.FormatUint(1<<53-2, 10), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := lease.Record{Name: name, Owner: "a", TTL: 10 * time.Second}
+	tok, err := b.Acquire(ctxT(t), r)
+	if err != nil || tok != 1<<53-1 {
+		t.Fatalf("Acquire below the ceiling = %d, %v; want %d", tok, err, uint64(1<<53-1))
+	}
+	r.Token = tok
+	if err := b.Release(ctxT(t), r); err != nil {
+		t.Fatal(err)
+	}
+	tok, err = b.Acquire(ctxT(t), lease.Record{Name: name, Owner: "b", TTL: 10 * time.Second})
+	if err == nil || errors.Is(err, lease.ErrNotAcquired) {
+		t.Fatalf("Acquire at the ceiling = %d, %v; want a store error", tok, err)
+	}
+	if n := c.Exists(ctxT(t), k.Lease).Val(); n != 0 {
+		t.Fatal("a grant was stored although the acquire failed")
 	}
 }

@@ -186,3 +186,36 @@ func TestHostile_FailedSubscribeLeaksSubscription(t *testing.T) {
 		t.Fatalf("no one watches, yet %d of %d channels are still subscribed: %q", len(leaked), names, leaked)
 	}
 }
+
+// TestHostile_NaNCounterStoresPhantomGrant: a token counter that holds
+// "nan" (Lua's tonumber accepts it, as it accepts "inf" and "0x10")
+// makes acquire.lua compute token = NaN, which passes both of its checks
+// (NaN < floor and NaN >= 2^53 are false), so the script stores the grant
+// with the token string.format('%d', NaN) = "-9223372036854775808" and
+// returns it. The backend rejects the token and reports an error, yet the
+// grant stays in Redis under the caller's owner, so every other owner is
+// refused for a full TTL by a holder that does not exist; the counter is
+// overwritten with a negative number.
+//
+// Cause: acquire.lua lines 18-25 parse the counter with tonumber and never
+// check that the result is a finite integer. Fix: reject
+// token ~= token, token ~= math.floor(token), or a counter that does not
+// match '^%d+$', with an error reply before any write.
+func TestHostile_NaNCounterStoresPhantomGrant(t *testing.T) {
+	c := redistest.Shared(t)
+	b := newBackend(t, c, redistest.Prefix(t))
+	const name = "nan-counter"
+	k := b.KeysFor(name)
+	if err := c.Set(ctxT(t), k.Token, "nan", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := b.Acquire(ctxT(t), lease.Record{Name: name, Owner: "a", TTL: 30 * time.Second})
+	if err == nil {
+		t.Fatalf("Acquire with a corrupt counter granted token %d", tok)
+	}
+	if n := c.Exists(ctxT(t), k.Lease).Val(); n != 0 {
+		stored := c.HGetAll(ctxT(t), k.Lease).Val()
+		_, err2 := b.Acquire(ctxT(t), lease.Record{Name: name, Owner: "b", TTL: 30 * time.Second})
+		t.Fatalf("Acquire failed (%v), yet a grant %v is stored; another owner's Acquire: %v", err, stored, err2)
+	}
+}
