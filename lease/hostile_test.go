@@ -3,6 +3,9 @@ package lease_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -133,4 +136,114 @@ func TestHostile_OptionsEdges(t *testing.T) {
 			}
 		})
 	}
+}
+
+// jitterBackend answers every renewal and release after a random delay of
+// up to max (the store acts first), so replies cross the deadline timer,
+// Release and the batcher in every order.
+type jitterBackend struct {
+	*lease.MemoryBackend
+	max time.Duration
+}
+
+func (j *jitterBackend) sleep() { time.Sleep(mrand.N(j.max)) }
+
+func (j *jitterBackend) Renew(ctx context.Context, rec lease.Record) error {
+	err := j.MemoryBackend.Renew(ctx, rec)
+	j.sleep()
+	return err
+}
+
+func (j *jitterBackend) RenewBatch(ctx context.Context, recs []lease.Record) []error {
+	errs := j.MemoryBackend.RenewBatch(ctx, recs)
+	j.sleep()
+	return errs
+}
+
+func (j *jitterBackend) Release(ctx context.Context, rec lease.Record) error {
+	j.sleep()
+	return j.MemoryBackend.Release(ctx, rec)
+}
+
+// TestHostile_ReleaseRenewDeadlineRaces: leases with a 20ms TTL whose
+// replies are delayed up to 15ms, renewed by heartbeat (batched and not)
+// and by hand from several goroutines, released from several goroutines at
+// random moments. Run with -race. After Release: the lease has ended, its
+// context carries the same error, a second Release agrees with the first,
+// Renew never succeeds, and the store lets another owner in at once.
+func TestHostile_ReleaseRenewDeadlineRaces(t *testing.T) {
+	mem := lease.NewMemoryBackend()
+	jb := &jitterBackend{MemoryBackend: mem, max: 15 * time.Millisecond}
+	ms := []*lease.Manager{}
+	for _, o := range []lease.Options{
+		{TTL: 20 * time.Millisecond},
+		{TTL: 20 * time.Millisecond, RenewBatchWindow: lease.NoBatching},
+		{TTL: 20 * time.Millisecond, DisableAutoRenew: true},
+	} {
+		m, err := lease.NewManager(jb, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms = append(ms, m)
+	}
+	other, err := lease.NewManager(mem, lease.Options{TTL: time.Second, DisableAutoRenew: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for w := range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 40 {
+				name := fmt.Sprintf("race-%d-%d", w, i)
+				l, err := ms[(w+i)%len(ms)].TryAcquire(ctx, name)
+				if err != nil {
+					continue // the grant arrived after its deadline: refused
+				}
+				time.Sleep(mrand.N(25 * time.Millisecond))
+				var rwg sync.WaitGroup
+				results := make([]error, 3)
+				for k := range 3 {
+					rwg.Add(1)
+					go func() {
+						defer rwg.Done()
+						if k == 0 {
+							_ = l.Renew(ctx)
+						}
+						results[k] = l.Release(ctx)
+					}()
+				}
+				renewErr := l.Renew(ctx)
+				rwg.Wait()
+				end := l.Err()
+				if end == nil {
+					t.Errorf("%s: Err() is nil after Release", name)
+					continue
+				}
+				if cause := context.Cause(l.Context()); cause != end {
+					t.Errorf("%s: context cause %v, Err %v", name, cause, end)
+				}
+				for _, r := range results {
+					if r != nil && !errors.Is(r, lease.ErrLost) {
+						t.Errorf("%s: Release = %v", name, r)
+					}
+				}
+				if err := l.Renew(ctx); err == nil {
+					t.Errorf("%s: Renew succeeded after Release (earlier concurrent Renew: %v)", name, renewErr)
+				}
+				l2, err := other.TryAcquire(ctx, name)
+				if err != nil {
+					t.Errorf("%s: after Release (%v) another owner cannot acquire: %v", name, results, err)
+					continue
+				}
+				if l2.Token() <= l.Token() {
+					t.Errorf("%s: token %d after %d", name, l2.Token(), l.Token())
+				}
+				_ = l2.Release(ctx)
+			}
+		}()
+	}
+	wg.Wait()
 }

@@ -219,3 +219,35 @@ func TestHostile_NaNCounterStoresPhantomGrant(t *testing.T) {
 		t.Fatalf("Acquire failed (%v), yet a grant %v is stored; another owner's Acquire: %v", err, stored, err2)
 	}
 }
+
+// TestHostile_SecondReleaseForgetsLoss: the store let a held lease go (the
+// key was evicted, or expired while the release was on its way). The first
+// Release reports it lost, as documented, but the lease keeps ErrReleased
+// as its end: Err() and context.Cause say "released", and a second Release
+// returns nil, so a deferred Release after an explicit one (or the other
+// way round) contradicts the first answer. Invariant 4: releasing a lost
+// lease reports that it was lost; releasing twice is harmless.
+//
+// Cause: Lease.Release (lease.go) sets state = released and endErr =
+// ErrReleased before the store call, and when the store answers ErrNotHeld
+// it sets storeReleased = true and returns a fresh LostError without
+// recording it in endErr; the next call takes the "done" path and returns
+// nil for endErr == ErrReleased.
+func TestHostile_SecondReleaseForgetsLoss(t *testing.T) {
+	c := redistest.Shared(t)
+	b := newBackend(t, c, redistest.Prefix(t))
+	m := newManager(t, b, lease.Options{TTL: 30 * time.Second})
+	l := acquire(t, m, "evicted")
+	if err := c.Del(ctxT(t), b.KeysFor("evicted").Lease).Err(); err != nil {
+		t.Fatal(err)
+	}
+	first := l.Release(ctxT(t))
+	if !errors.Is(first, lease.ErrLost) {
+		t.Fatalf("first Release = %v, want ErrLost", first)
+	}
+	second := l.Release(ctxT(t))
+	if !errors.Is(second, lease.ErrLost) || !errors.Is(l.Err(), lease.ErrLost) {
+		t.Fatalf("after the first Release reported %q: second Release = %v, Err() = %v, context cause = %v; want ErrLost throughout",
+			first, second, l.Err(), context.Cause(l.Context()))
+	}
+}
