@@ -1,0 +1,466 @@
+package redislease_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	mrand "math/rand/v2"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/redislease"
+)
+
+// delayClient delivers every script reply (and pipeline) late by a delay
+// chosen per call: a network that holds replies back. The request itself
+// reaches Redis at once, so the store acts before the client hears of it.
+// The delay ignores the request's context, like a client without
+// ContextTimeoutEnabled.
+type delayClient struct {
+	*redis.Client
+	delay func() time.Duration
+}
+
+func (d *delayClient) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
+	r := d.Client.Eval(ctx, script, keys, args...)
+	time.Sleep(d.delay())
+	return r
+}
+
+func (d *delayClient) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
+	r := d.Client.EvalSha(ctx, sha, keys, args...)
+	if !redis.HasErrorPrefix(r.Err(), "NOSCRIPT") {
+		time.Sleep(d.delay())
+	}
+	return r
+}
+
+func (d *delayClient) Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error) {
+	cmds, err := d.Client.Pipelined(ctx, fn)
+	time.Sleep(d.delay())
+	return cmds, err
+}
+
+// holding is what one holder believed while it held a grant.
+type holding struct {
+	token       fence.Token
+	acquiredAt  time.Time // when Acquire returned: the grant happened before
+	lastBelief  time.Time // the latest time Err() said "held"
+	maxDeadline time.Time // the latest Deadline() reported while held
+	manager     string
+	lost        bool
+}
+
+// TestHostile_ExclusiveWhileLeasesExpireDuringWork: holders over four
+// managers (prompt replies; replies delayed up to 2/3 of the TTL; manual
+// renewal that stops; delayed replies with no safety margin) take one
+// short-TTL lease in turns, and many of their leases expire during work.
+// Each holder samples Err() and Deadline() while working. No holder may
+// believe it holds the lease (Err() == nil), nor report a Deadline(), later
+// than the moment any later grant had already been made.
+func TestHostile_ExclusiveWhileLeasesExpireDuringWork(t *testing.T) {
+	const ttl = 60 * time.Millisecond
+	prefix := redistest.Prefix(t)
+	delayed := func() redislease.Client {
+		return &delayClient{Client: redistest.Shared(t), delay: func() time.Duration { return mrand.N(40 * time.Millisecond) }}
+	}
+	type mgr struct {
+		name   string
+		m      *lease.Manager
+		manual bool
+	}
+	mgrs := []mgr{
+		{"prompt", newManager(t, newBackend(t, redistest.Shared(t), prefix), lease.Options{TTL: ttl}), false},
+		{"delayed", newManager(t, newBackend(t, delayed(), prefix), lease.Options{TTL: ttl}), false},
+		{"manual", newManager(t, newBackend(t, redistest.Shared(t), prefix), lease.Options{TTL: ttl, DisableAutoRenew: true}), true},
+		{"delayed-nomargin", newManager(t, newBackend(t, delayed(), prefix), lease.Options{TTL: ttl, SafetyMargin: lease.NoSafetyMargin}), false},
+	}
+	const name = "expire-during-work"
+	var (
+		mu       sync.Mutex
+		holdings []holding
+	)
+	ctx := ctxT(t)
+	stopAt := time.Now().Add(4 * time.Second)
+	var wg sync.WaitGroup
+	for w := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(stopAt) {
+				mg := mgrs[(w+mrand.N(len(mgrs)))%len(mgrs)]
+				actx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+				l, err := mg.m.Acquire(actx, name)
+				acquiredAt := time.Now()
+				cancel()
+				if err != nil {
+					continue
+				}
+				h := holding{token: l.Token(), acquiredAt: acquiredAt, manager: mg.name}
+				work := time.Duration(mrand.N(4)) * ttl / 2 // 0 to 1.5 TTL
+				renews := mrand.N(3)
+				end := time.Now().Add(work)
+				for time.Now().Before(end) {
+					if mg.manual && renews > 0 && mrand.N(10) == 0 {
+						renews--
+						_ = l.Renew(ctx)
+					}
+					t0 := time.Now()
+					d := l.Deadline()
+					if l.Err() != nil {
+						break
+					}
+					h.lastBelief = t0
+					if d.After(h.maxDeadline) {
+						h.maxDeadline = d
+					}
+					time.Sleep(time.Millisecond)
+				}
+				if l.Err() == nil {
+					// Released now: the belief ends at the start of Release.
+					h.lastBelief = time.Now()
+					if h.maxDeadline.After(h.lastBelief) {
+						h.maxDeadline = h.lastBelief
+					}
+				}
+				if err := l.Release(ctx); errors.Is(err, lease.ErrLost) {
+					h.lost = true
+				} else if err != nil {
+					t.Errorf("Release: %v", err)
+				}
+				mu.Lock()
+				holdings = append(holdings, h)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+
+	sort.Slice(holdings, func(i, j int) bool { return holdings[i].token < holdings[j].token })
+	var lost, failures int
+	for i := range holdings {
+		if i > 0 && holdings[i].token == holdings[i-1].token {
+			t.Errorf("token %d granted twice", holdings[i].token)
+		}
+	}
+	// earliest[i] is the earliest acquiredAt of any grant after i.
+	earliest := make([]time.Time, len(holdings))
+	for i := len(holdings) - 2; i >= 0; i-- {
+		next := holdings[i+1].acquiredAt
+		if i+2 < len(holdings) && earliest[i+1].Before(next) {
+			next = earliest[i+1]
+		}
+		earliest[i] = next
+	}
+	for i, h := range holdings[:max(len(holdings)-1, 0)] {
+		if h.lost {
+			lost++
+		}
+		if h.lastBelief.After(earliest[i]) || h.maxDeadline.After(earliest[i]) {
+			failures++
+			if failures <= 5 {
+				t.Errorf("holder of token %d (%s) believed it held the lease %v after a later grant, and reported a deadline %v after it",
+					h.token, h.manager, h.lastBelief.Sub(earliest[i]), h.maxDeadline.Sub(earliest[i]))
+			}
+		}
+	}
+	t.Logf("%d grants checked, %d lost during work", len(holdings), lost)
+	if len(holdings) < 20 {
+		t.Fatalf("only %d grants: the test did not exercise contention", len(holdings))
+	}
+}
+
+// waitersFor starts n blocked Acquire calls on name and returns a channel
+// of their leases.
+func waitersFor(t *testing.T, m *lease.Manager, name string, n int, wg *sync.WaitGroup) <-chan *lease.Lease {
+	got := make(chan *lease.Lease, n)
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := m.Acquire(ctxT(t), name)
+			if err != nil {
+				t.Errorf("Acquire: %v", err)
+				return
+			}
+			got <- l
+		}()
+	}
+	return got
+}
+
+// handOff releases holder and requires every waiter to get the lease in
+// turn, each within within of the previous release.
+func handOff(t *testing.T, holder *lease.Lease, got <-chan *lease.Lease, n int, within time.Duration) {
+	t.Helper()
+	if err := holder.Release(ctxT(t)); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	for i := range n {
+		released := time.Now()
+		select {
+		case l := <-got:
+			if err := l.Release(ctxT(t)); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+		case <-time.After(within):
+			t.Fatalf("hand-off %d: no waiter got the lease within %v of the release", i, within)
+		}
+		_ = released
+	}
+}
+
+// TestHostile_PubSubKilledWhileWaiting: the backend's pub/sub connection is
+// killed (CLIENT KILL TYPE pubsub, several times) while waiters wait; a
+// release afterwards still wakes them at once, not after PollInterval
+// (20 s here), because go-redis resubscribes and the hub signals on
+// resubscription.
+func TestHostile_PubSubKilledWhileWaiting(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client()
+	b := newBackend(t, srv.Client(), "fencekit:")
+	m := newManager(t, b, lease.Options{TTL: 60 * time.Second, PollInterval: 20 * time.Second})
+	const name, waiters = "killed", 4
+	holder := acquire(t, m, name)
+	var wg sync.WaitGroup
+	got := waitersFor(t, m, name, waiters, &wg)
+	time.Sleep(300 * time.Millisecond)
+	for range 3 {
+		if n, err := admin.ClientKillByFilter(ctxT(t), "TYPE", "pubsub").Result(); err != nil || n == 0 {
+			t.Fatalf("CLIENT KILL TYPE pubsub = %d, %v", n, err)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	// And once more, immediately followed by the release, which may be
+	// published before the connection is back.
+	if err := admin.ClientKillByFilter(ctxT(t), "TYPE", "pubsub").Err(); err != nil {
+		t.Fatal(err)
+	}
+	handOff(t, holder, got, waiters, 3*time.Second)
+	wg.Wait()
+}
+
+// TestHostile_CloseWhileWaiting: Backend.Close while waiters wait (some
+// subscribed, one still subscribing) ends the pub/sub connection; the
+// waiters carry on by polling and get the lease after a release within a
+// poll interval, and no goroutine is left behind (TestMain runs goleak).
+func TestHostile_CloseWhileWaiting(t *testing.T) {
+	c := redistest.Shared(t)
+	b := newBackend(t, c, redistest.Prefix(t))
+	m := newManager(t, b, lease.Options{TTL: 60 * time.Second, PollInterval: time.Second})
+	const name, waiters = "closed", 4
+	holder := acquire(t, m, name)
+	var wg sync.WaitGroup
+	got := waitersFor(t, m, name, waiters, &wg)
+	time.Sleep(200 * time.Millisecond)
+	if err := b.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	late := waitersFor(t, m, name, 1, &wg) // its Watch fails with ErrClosed
+	merged := make(chan *lease.Lease, waiters+1)
+	go func() {
+		for range waiters {
+			merged <- <-got
+		}
+	}()
+	go func() { merged <- <-late }()
+	handOff(t, holder, merged, waiters+1, 3*time.Second)
+	wg.Wait()
+	if err := b.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+}
+
+// TestHostile_AcquireReplyLaterThanTTL: the grant reaches the store, but
+// its reply arrives after the TTL, when the store has let it expire and
+// another holder took the lease. The late grant must be refused, its token
+// never handed out, and the other holder's grant left alone.
+func TestHostile_AcquireReplyLaterThanTTL(t *testing.T) {
+	const ttl = 200 * time.Millisecond
+	prefix := redistest.Prefix(t)
+	var slowOnce sync.Once
+	slow := &delayClient{Client: redistest.Shared(t), delay: func() time.Duration {
+		d := time.Duration(0)
+		slowOnce.Do(func() { d = ttl + 150*time.Millisecond })
+		return d
+	}}
+	slowM := newManager(t, newBackend(t, slow, prefix), lease.Options{TTL: ttl})
+	otherB := newBackend(t, redistest.Shared(t), prefix)
+	otherM := newManager(t, otherB, lease.Options{TTL: 10 * time.Second})
+	const name = "late-grant"
+
+	type res struct {
+		l   *lease.Lease
+		err error
+	}
+	done := make(chan res, 1)
+	go func() {
+		l, err := slowM.TryAcquire(ctxT(t), name)
+		done <- res{l, err}
+	}()
+	time.Sleep(ttl / 2)
+	other, err := otherM.Acquire(ctxT(t), name) // waits for the expiry
+	if err != nil {
+		t.Fatalf("other Acquire: %v", err)
+	}
+	r := <-done
+	if r.err == nil || !errors.Is(r.err, lease.ErrNotAcquired) {
+		if r.l != nil {
+			_ = r.l.Release(ctxT(t))
+		}
+		t.Fatalf("TryAcquire with a reply later than the TTL = %v, %v; want ErrNotAcquired", r.l, r.err)
+	}
+	if err := other.Renew(ctxT(t)); err != nil {
+		t.Fatalf("the other holder's grant was disturbed by the late grant's give-back: %v", err)
+	}
+	if err := other.Release(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestHostile_RenewReplyAfterDeadline: a renewal reaches the store and
+// succeeds there, but its reply arrives after the local deadline. The lease
+// must be lost at its deadline (not when the reply comes, and not revived
+// by it), Renew must report ErrLost, and the grant that the late renewal
+// extended must be given back so that others need not wait a TTL.
+func TestHostile_RenewReplyAfterDeadline(t *testing.T) {
+	const ttl = 300 * time.Millisecond
+	prefix := redistest.Prefix(t)
+	var delay sync.Mutex
+	extra := time.Duration(0)
+	slow := &delayClient{Client: redistest.Shared(t), delay: func() time.Duration {
+		delay.Lock()
+		defer delay.Unlock()
+		return extra
+	}}
+	b := newBackend(t, slow, prefix)
+	m := newManager(t, b, lease.Options{TTL: ttl, DisableAutoRenew: true})
+	const name = "late-renew"
+	l := acquire(t, m, name)
+	deadline := l.Deadline()
+	lostAt := make(chan time.Time, 1)
+	go func() { <-l.Done(); lostAt <- time.Now() }()
+	delay.Lock()
+	extra = ttl + 200*time.Millisecond
+	delay.Unlock()
+	err := l.Renew(ctxT(t))
+	returned := time.Now()
+	delay.Lock()
+	extra = 0
+	delay.Unlock()
+	var le *lease.LostError
+	if !errors.As(err, &le) {
+		t.Fatalf("Renew whose reply came %v after the deadline = %v, want ErrLost", returned.Sub(deadline), err)
+	}
+	if !l.Deadline().Equal(deadline) {
+		t.Fatalf("the late renewal moved the deadline by %v", l.Deadline().Sub(deadline))
+	}
+	if at := <-lostAt; at.After(deadline.Add(100 * time.Millisecond)) {
+		t.Fatalf("lease context done %v after the deadline, want at it", at.Sub(deadline))
+	}
+	n, err := redistest.Shared(t).Exists(ctxT(t), b.KeysFor(name).Lease).Result()
+	if err != nil || n != 0 {
+		t.Fatalf("the grant extended by the late renewal is still stored (exists=%d, %v): others wait a full TTL", n, err)
+	}
+}
+
+// TestHostile_NamesDoNotCollide: names built to collide under a naive key
+// encoding (braces, their percent-encodings, percent signs, ":lease"
+// suffixes, Unicode in two normal forms, a maximal name of braces) are
+// all distinct leases, held by distinct owners at once, and each one's
+// keys carry exactly one hash tag. (The conformance suite's
+// testNamesDoNotCollide acquires every name with the same owner, so a
+// collision would pass there as an idempotent re-acquire.)
+func TestHostile_NamesDoNotCollide(t *testing.T) {
+	b := newBackend(t, redistest.Shared(t), redistest.Prefix(t))
+	names := []string{
+		"a{b}c", "a%7Bb%7Dc", "a%257Bb%257Dc", "a%7bb%7dc", "{", "}", "%", "%25", "%7B", "%7D", "{}", "}{",
+		"x}:lease", "x}:token", "x", "x:lease", "\u00e9", "e\u0301", "ünï/cødé", "🔒{🔑}", "a b", " ",
+		strings.Repeat("{", lease.MaxNameLen), strings.Repeat("}", lease.MaxNameLen),
+	}
+	var recs []lease.Record
+	for i, n := range names {
+		if err := lease.ValidateName(n); err != nil {
+			t.Fatalf("name %q: %v", n, err)
+		}
+		r := lease.Record{Name: n, Owner: fmt.Sprintf("owner-%d", i), TTL: 10 * time.Second}
+		tok, err := b.Acquire(ctxT(t), r)
+		if err != nil {
+			t.Fatalf("Acquire(%q) by its own owner: %v (collides with another name)", n, err)
+		}
+		r.Token = tok
+		recs = append(recs, r)
+		k := b.KeysFor(n)
+		for _, key := range []string{k.Lease, k.Token, k.Channel} {
+			if strings.Count(key, "{") != 1 || strings.Count(key, "}") != 1 {
+				t.Errorf("key %q of name %q has more than one hash tag", key, n)
+			}
+		}
+	}
+	for _, r := range recs {
+		if err := b.Release(ctxT(t), r); err != nil {
+			t.Errorf("Release(%q): %v", r.Name, err)
+		}
+	}
+}
+
+// TestHostile_HugeTTL: the largest TTL a time.Duration can hold (about 292
+// years, in whole milliseconds) is stored, reported back as RetryAfter
+// without overflow, and released.
+func TestHostile_HugeTTL(t *testing.T) {
+	ttl := time.Duration(math.MaxInt64).Truncate(time.Millisecond)
+	b := newBackend(t, redistest.Shared(t), redistest.Prefix(t))
+	m := newManager(t, b, lease.Options{TTL: ttl})
+	l := acquire(t, m, "huge")
+	_, err := m.TryAcquire(ctxT(t), "huge")
+	var na *lease.NotAcquiredError
+	if !errors.As(err, &na) || na.RetryAfter <= ttl-time.Minute || na.RetryAfter > ttl {
+		t.Fatalf("second TryAcquire = %v, want NotAcquiredError with RetryAfter close to %v", err, ttl)
+	}
+	if d := time.Until(l.Deadline()); d < ttl/2 {
+		t.Fatalf("deadline only %v away", d)
+	}
+	if err := l.Release(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestHostile_TokenCeiling: with the counter set just below 2^53 (a restore
+// from a bad backup, a hostile write), the next grant gets 2^53-1 and the
+// one after that fails closed: an error, no grant stored, never a token
+// that is not greater than the last.
+func TestHostile_TokenCeiling(t *testing.T) {
+	c := redistest.Shared(t)
+	b := newBackend(t, c, redistest.Prefix(t))
+	const name = "ceiling"
+	k := b.KeysFor(name)
+	if err := c.Set(ctxT(t), k.Token, strconv.FormatUint(1<<53-2, 10), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := lease.Record{Name: name, Owner: "a", TTL: 10 * time.Second}
+	tok, err := b.Acquire(ctxT(t), r)
+	if err != nil || tok != 1<<53-1 {
+		t.Fatalf("Acquire below the ceiling = %d, %v; want %d", tok, err, uint64(1<<53-1))
+	}
+	r.Token = tok
+	if err := b.Release(ctxT(t), r); err != nil {
+		t.Fatal(err)
+	}
+	tok, err = b.Acquire(ctxT(t), lease.Record{Name: name, Owner: "b", TTL: 10 * time.Second})
+	if err == nil || errors.Is(err, lease.ErrNotAcquired) {
+		t.Fatalf("Acquire at the ceiling = %d, %v; want a store error", tok, err)
+	}
+	if n := c.Exists(ctxT(t), k.Lease).Val(); n != 0 {
+		t.Fatal("a grant was stored although the acquire failed")
+	}
+}
