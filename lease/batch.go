@@ -82,13 +82,21 @@ func (b *batcher) flush() {
 	sent := time.Now()
 	errs := b.br.RenewBatch(ctx, recs)
 	latency := time.Since(sent)
+	var giveBack []*Lease
 	for i, it := range live {
-		var err error
+		err := errShortBatch
 		if i < len(errs) {
 			err = errs[i]
-		} else {
-			err = errShortBatch
 		}
-		it.done <- it.l.renewed(it.l.ctx, sent, latency, err)
+		res, gb := it.l.renewed(sent, latency, err)
+		it.done <- res
+		if gb {
+			giveBack = append(giveBack, it.l)
+		}
+	}
+	// Only after every lease of the batch has its result: a give-back can
+	// take up to ReleaseTimeout.
+	for _, l := range giveBack {
+		b.m.releaseQuietly(context.Background(), l.rec)
 	}
 }

@@ -6,36 +6,26 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/lease"
 )
 
-// slowBatchBackend is a memory store under load: the reply to an acquire
-// of the name "a" comes acquireDelay late, batch renewals of two or more
-// records are applied at once but answered batchReply late, and releases
-// take releaseDelay.
+// slowBatchBackend is a memory store under load: a batch renewal of two or
+// more leases is applied at once but answered at replyAt, and a release
+// takes releaseDelay.
 type slowBatchBackend struct {
 	*lease.MemoryBackend
-	acquireDelay time.Duration
-	batchReply   time.Duration
+	replyAt      atomic.Pointer[time.Time] // a batch of two or more is answered then
 	releaseDelay time.Duration
-}
-
-func (s *slowBatchBackend) Acquire(ctx context.Context, rec lease.Record) (fence.Token, error) {
-	tok, err := s.MemoryBackend.Acquire(ctx, rec)
-	if rec.Name == "a" {
-		time.Sleep(s.acquireDelay)
-	}
-	return tok, err
 }
 
 func (s *slowBatchBackend) RenewBatch(ctx context.Context, recs []lease.Record) []error {
 	errs := s.MemoryBackend.RenewBatch(ctx, recs)
-	if len(recs) >= 2 {
-		time.Sleep(s.batchReply)
+	if at := s.replyAt.Load(); at != nil && len(recs) >= 2 {
+		time.Sleep(time.Until(*at))
 	}
 	return errs
 }
@@ -46,28 +36,19 @@ func (s *slowBatchBackend) Release(ctx context.Context, rec lease.Record) error 
 }
 
 // TestHostile_BatchGiveBackDelaysOtherLeases: leases A and B renew in one
-// batch; the store applies both renewals at once but the reply is late,
-// arriving after A's local deadline and more than 100ms before B's. A is
-// lost (right). But the batcher first gives A's grant back, a slow release
-// round trip inside the flush loop, and only then hands B its result; B
-// reaches its local deadline meanwhile and is lost, although its renewal
-// had succeeded at the store and been answered well before that deadline.
+// batch; the store applies both renewals at once but the reply comes late,
+// after A's local deadline and well before B's. A is lost (right), and its
+// grant, which the store had just renewed, is given back. That give-back (a
+// release round trip, 400ms here) must not delay B's result past B's
+// deadline: B's renewal succeeded and was answered in time.
 //
-// Cause: batcher.flush (batch.go) calls it.l.renewed for each item in turn,
-// and Lease.renewed (lease.go) calls Manager.releaseQuietly synchronously
-// (bounded only by ReleaseTimeout, 5s by default) for a lease lost while
-// its renewal was out. In a large batch after a pause, every lost lease
-// adds a round trip before the rest are extended.
-//
-// Timeline (TTL 600ms, deadline = send + 592ms, RenewInterval 200ms,
-// window 40ms): A's acquire is sent at 0 and answered at 200 (deadline
-// 592, heartbeat 400); B is acquired at about 205 (deadline about 797,
-// heartbeat about 405); the batch goes at 440 and is answered at 690;
-// A's give-back takes 400ms, so B's result would be applied at 1090.
+// Timeline (TTL 3s, deadline = send + 2.968s, RenewInterval 1s, window
+// 200ms): A acquired at 0, B at 150ms; heartbeats at 1s and 1.15s go out in
+// one batch at about 1.2s; the reply is held until halfway between the two
+// deadlines (about 3.04s), 75ms before B's.
 func TestHostile_BatchGiveBackDelaysOtherLeases(t *testing.T) {
-	sb := &slowBatchBackend{MemoryBackend: lease.NewMemoryBackend(),
-		acquireDelay: 200 * time.Millisecond, batchReply: 250 * time.Millisecond, releaseDelay: 400 * time.Millisecond}
-	m, err := lease.NewManager(sb, lease.Options{TTL: 600 * time.Millisecond, RenewInterval: 200 * time.Millisecond, RenewBatchWindow: 40 * time.Millisecond})
+	sb := &slowBatchBackend{MemoryBackend: lease.NewMemoryBackend(), releaseDelay: 400 * time.Millisecond}
+	m, err := lease.NewManager(sb, lease.Options{TTL: 3 * time.Second, RenewInterval: time.Second, RenewBatchWindow: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,28 +57,32 @@ func TestHostile_BatchGiveBackDelaysOtherLeases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(5 * time.Millisecond)
+	time.Sleep(150 * time.Millisecond)
 	b, err := m.TryAcquire(ctx, "b")
 	if err != nil {
 		t.Fatal(err)
 	}
-	bDeadline := b.Deadline()
+	aDeadline, bDeadline := a.Deadline(), b.Deadline()
+	replyAt := aDeadline.Add(bDeadline.Sub(aDeadline) / 2)
+	sb.replyAt.Store(&replyAt)
 	select {
 	case <-a.Done():
-	case <-time.After(2 * time.Second):
+	case <-time.After(time.Until(aDeadline) + 2*time.Second):
 		t.Fatal("A was not lost at its deadline")
 	}
 	select {
 	case <-b.Done():
-		t.Errorf("B was lost %v after its deadline, although its batched renewal had been answered about 100ms before that deadline: %v",
-			time.Since(bDeadline).Round(time.Millisecond), b.Err())
+		t.Errorf("B was lost %v after its deadline, although its batched renewal had been answered %v before that deadline: %v",
+			time.Since(bDeadline).Round(time.Millisecond), bDeadline.Sub(replyAt).Round(time.Millisecond), b.Err())
 	case <-time.After(time.Until(bDeadline) + 150*time.Millisecond):
 	}
 	if !errors.Is(a.Err(), lease.ErrLost) {
 		t.Fatalf("A: %v, want lost", a.Err())
 	}
 	_ = a.Release(ctx)
-	_ = b.Release(ctx)
+	if err := b.Release(ctx); err != nil {
+		t.Fatalf("B: %v", err)
+	}
 }
 
 // TestHostile_OptionsEdges: NewManager's boundary.

@@ -13,10 +13,14 @@ import (
 type state int
 
 const (
-	held state = iota
+	held      state = iota
+	releasing       // Release is at the store: no new renewals, the deadline still counts
 	lost
 	released
 )
+
+// live reports whether the lease has not ended (held, or being released).
+func (s state) live() bool { return s == held || s == releasing }
 
 // Lease is one grant of a lease name to this process. Its methods are safe
 // for concurrent use.
@@ -98,7 +102,8 @@ func (l *Lease) Context() context.Context { return l.ctx }
 func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 
 // Err returns nil while the lease is held, ErrReleased after Release, and a
-// *LostError (matching ErrLost) after the lease was lost.
+// *LostError (matching ErrLost) after the lease was lost, including when
+// Release found that the store had already let it go.
 func (l *Lease) Err() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -123,7 +128,11 @@ func (l *Lease) Renew(ctx context.Context) error {
 	defer cancel()
 	sent := time.Now()
 	err = l.m.b.Renew(rctx, l.rec)
-	return l.renewed(ctx, sent, time.Since(sent), err)
+	err, giveBack := l.renewed(sent, time.Since(sent), err)
+	if giveBack {
+		l.m.releaseQuietly(ctx, l.rec)
+	}
+	return err
 }
 
 // renewable returns the local deadline of a held lease, or the error that
@@ -131,35 +140,37 @@ func (l *Lease) Renew(ctx context.Context) error {
 func (l *Lease) renewable() (time.Time, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.state != held {
-		return time.Time{}, l.endErr
+	switch l.state {
+	case held:
+		return l.deadline, nil
+	case releasing:
+		return time.Time{}, ErrReleased
 	}
-	return l.deadline, nil
+	return time.Time{}, l.endErr
 }
 
-// renewed applies the outcome err of a renew request sent at sent.
-func (l *Lease) renewed(ctx context.Context, sent time.Time, latency time.Duration, err error) error {
+// renewed applies the outcome err of a renew request sent at sent and
+// returns Renew's result. giveBack is true when the renewal succeeded at the
+// store after the lease was lost: the store still names this holder, and
+// the caller should give the grant back (Manager.releaseQuietly) so that
+// others need not wait a TTL.
+func (l *Lease) renewed(sent time.Time, latency time.Duration, err error) (_ error, giveBack bool) {
 	l.m.o.Observer.Renewed(RenewedEvent{Name: l.rec.Name, Token: l.rec.Token, Sent: sent, Latency: latency, Err: err})
 	switch {
 	case err == nil:
 		if l.extend(sent) {
-			return nil
+			return nil, false
 		}
-		// The lease ended while the request was out. If it was lost, the
-		// store still names us: give the grant back so that others need
-		// not wait a TTL.
-		if errors.Is(l.Err(), ErrLost) {
-			l.m.releaseQuietly(ctx, l.rec)
-		}
-		return l.Err()
+		end := l.Err()
+		return end, errors.Is(end, ErrLost)
 	case errors.Is(err, ErrNotHeld):
 		l.lose(LostTakenOver, err)
-		return l.Err()
+		return l.Err(), false
 	default:
 		l.mu.Lock()
 		l.lastErr = err
 		l.mu.Unlock()
-		return fmt.Errorf("lease: renew %q (token %d): %w", l.rec.Name, l.rec.Token, err)
+		return fmt.Errorf("lease: renew %q (token %d): %w", l.rec.Name, l.rec.Token, err), false
 	}
 }
 
@@ -168,7 +179,7 @@ func (l *Lease) renewed(ctx context.Context, sent time.Time, latency time.Durati
 func (l *Lease) extend(sent time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.state != held {
+	if !l.state.live() {
 		return false
 	}
 	l.lastErr = nil
@@ -190,7 +201,7 @@ func (l *Lease) stopTimers() {
 // onDeadline runs when the deadline timer fires.
 func (l *Lease) onDeadline() {
 	l.mu.Lock()
-	if l.state != held {
+	if !l.state.live() {
 		l.mu.Unlock()
 		return
 	}
@@ -204,10 +215,10 @@ func (l *Lease) onDeadline() {
 	l.lose(LostExpired, nil)
 }
 
-// lose ends a held lease as lost, once.
+// lose ends a live lease as lost, once.
 func (l *Lease) lose(reason LostReason, cause error) {
 	l.mu.Lock()
-	if l.state != held {
+	if !l.state.live() {
 		l.mu.Unlock()
 		return
 	}
@@ -256,69 +267,87 @@ func (l *Lease) heartbeat() {
 	l.mu.Unlock()
 }
 
-// Release ends the lease: it cancels the lease's Context (cause
-// ErrReleased), stops the heartbeat, and deletes the grant
-// at the store if the store still names this holder (compare-and-delete),
-// which wakes waiters.
+// Release ends the lease: it stops the heartbeat, deletes the grant at the
+// store if the store still names this holder (compare-and-delete), which
+// wakes waiters, and cancels the lease's Context with the outcome as its
+// cause: ErrReleased, or a *LostError if the store had already let the
+// grant go. Until the store answers the lease counts as held, and its local
+// deadline still applies.
 //
 // ctx bounds the request while it is live; if it is already done, Release
 // uses a detached context, so a deferred Release works after the work's
 // context was cancelled. Either way the request is bounded by
 // Options.ReleaseTimeout.
 //
-// It returns nil when the grant was released, and when called again after
+// It returns nil when the grant was released, and again when called after
 // that. It returns a *LostError (ErrLost) when the lease had been lost, or
-// the store no longer named this holder. It returns the store's error when
-// the store could not be reached; the lease is ended locally anyway, the
-// grant expires after its TTL, and calling Release again retries.
+// the store no longer named this holder, and again when called after that.
+// It returns the store's error when the store could not be reached; the
+// lease is ended locally anyway (ErrReleased), the grant expires after its
+// TTL, and calling Release again retries the delete.
 func (l *Lease) Release(ctx context.Context) error {
 	l.releaseMu.Lock()
 	defer l.releaseMu.Unlock()
 
 	l.mu.Lock()
-	wasHeld := l.state == held
-	if wasHeld {
-		l.state, l.endErr = released, ErrReleased
-		l.stopTimers()
-	}
-	endErr, done := l.endErr, l.storeReleased
-	l.mu.Unlock()
-	if wasHeld {
-		// Cancels a renewal in flight. One that still reaches the store
-		// cannot re-create the grant: renew compares the owner.
-		l.cancel(ErrReleased)
-	}
-	if done {
-		if errors.Is(endErr, ErrLost) {
-			return endErr
+	if l.storeReleased {
+		end := l.endErr
+		l.mu.Unlock()
+		if errors.Is(end, ErrLost) {
+			return end
 		}
 		return nil
 	}
+	if l.state == held {
+		l.state = releasing
+		if l.renewTimer != nil {
+			l.renewTimer.Stop()
+		}
+	}
+	l.mu.Unlock()
 
 	rctx, cancel := l.m.releaseContext(ctx)
 	defer cancel()
 	err := l.m.b.Release(rctx, l.rec)
-	switch {
-	case err == nil || errors.Is(err, ErrNotHeld):
-		l.mu.Lock()
-		l.storeReleased = true
-		l.mu.Unlock()
-	default:
+	notHeld := errors.Is(err, ErrNotHeld)
+	if err != nil && !notHeld {
 		err = fmt.Errorf("lease: release %q (token %d): %w", l.rec.Name, l.rec.Token, err)
 	}
-	if wasHeld {
-		l.m.o.Observer.Released(ReleasedEvent{Name: l.rec.Name, Token: l.rec.Token, Held: time.Since(l.granted), Err: err})
+
+	l.mu.Lock()
+	if err == nil || notHeld {
+		l.storeReleased = true
+	}
+	ended := l.state == releasing // not lost meanwhile
+	if ended {
+		l.timer.Stop()
+		if notHeld {
+			// We believed we held it, but the store had let it go.
+			l.state, l.endErr = lost, &LostError{Name: l.rec.Name, Token: l.rec.Token, Reason: LostTakenOver, Cause: ErrNotHeld}
+		} else {
+			l.state, l.endErr = released, ErrReleased
+		}
+	}
+	end := l.endErr
+	l.mu.Unlock()
+
+	if ended {
+		held := time.Since(l.granted)
+		if notHeld {
+			l.m.o.Observer.Lost(LostEvent{Name: l.rec.Name, Token: l.rec.Token, Reason: LostTakenOver, Held: held, Err: end})
+		} else {
+			l.m.o.Observer.Released(ReleasedEvent{Name: l.rec.Name, Token: l.rec.Token, Held: held, Err: err})
+		}
+		l.cancel(end)
 	}
 	switch {
-	case errors.Is(endErr, ErrLost):
-		// Lost before Release; the delete above only tidied the store.
-		if err != nil && !errors.Is(err, ErrNotHeld) {
-			return errors.Join(endErr, err)
-		}
-		return endErr
-	case errors.Is(err, ErrNotHeld):
-		// We believed we held it, but the store had let it go.
-		return &LostError{Name: l.rec.Name, Token: l.rec.Token, Reason: LostTakenOver, Cause: err}
+	case errors.Is(end, ErrLost) && err != nil && !notHeld:
+		return errors.Join(end, err)
+	case errors.Is(end, ErrLost):
+		return end
+	case notHeld:
+		// Released locally before, and the store has nothing of ours now.
+		return nil
 	}
 	return err
 }

@@ -117,8 +117,14 @@ func TestNewManagerDoesNotChangeCallerOptions(t *testing.T) {
 	if got.RenewInterval != time.Second || got.SafetyMargin != 3*time.Second/100+2*time.Millisecond || got.Identity == "" {
 		t.Fatalf("effective options %+v", got)
 	}
-	if d, _ := lease.NewManager(lease.NewMemoryBackend(), lease.Options{TTL: 9 * time.Second}); d.Options().RenewInterval != 3*time.Second {
-		t.Fatalf("default renew interval = %v, want TTL/3", d.Options().RenewInterval)
+	d, _ := lease.NewManager(lease.NewMemoryBackend(), lease.Options{TTL: 9 * time.Second})
+	if o := d.Options(); o.RenewInterval != (9*time.Second-o.SafetyMargin)/3 {
+		t.Fatalf("default renew interval = %v, want (TTL - margin)/3", o.RenewInterval)
+	}
+	for _, ttl := range []time.Duration{lease.MinTTL, 11 * time.Millisecond, 100 * time.Millisecond, time.Hour} {
+		if _, err := lease.NewManager(lease.NewMemoryBackend(), lease.Options{TTL: ttl}); err != nil {
+			t.Errorf("the defaults for TTL %v are invalid: %v", ttl, err)
+		}
 	}
 }
 

@@ -86,7 +86,6 @@ func (m *Manager) Acquire(ctx context.Context, name string) (*Lease, error) {
 	rec := m.record(name)
 	var (
 		signals <-chan struct{}
-		watched bool
 		timer   *time.Timer
 	)
 	defer func() {
@@ -105,10 +104,10 @@ func (m *Manager) Acquire(ctx context.Context, name string) (*Lease, error) {
 		if !errors.Is(err, ErrNotAcquired) {
 			m.o.Logger.Warn("lease: acquire attempt failed, will retry", "name", name, "attempt", attempt, "err", err)
 		}
-		if !watched && m.w != nil {
+		if signals == nil && m.w != nil {
 			// Subscribe before the next attempt so that a release between
-			// that attempt and the wait is not missed.
-			watched = true
+			// that attempt and the wait is not missed. If subscribing
+			// fails, poll this round and try again next round.
 			sig, stop, werr := m.w.Watch(ctx, name)
 			if werr == nil {
 				signals = sig
@@ -118,7 +117,7 @@ func (m *Manager) Acquire(ctx context.Context, name string) (*Lease, error) {
 			if ctx.Err() != nil {
 				return nil, m.giveUp(ctx, name, err)
 			}
-			m.o.Logger.Warn("lease: cannot watch for releases, polling instead", "name", name, "err", werr)
+			m.o.Logger.Warn("lease: cannot watch for releases, polling", "name", name, "err", werr)
 		}
 		wait := m.pollWait(err)
 		if timer == nil {

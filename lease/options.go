@@ -19,9 +19,10 @@ type Options struct {
 	// Required: a whole number of milliseconds, at least MinTTL (10 ms).
 	TTL time.Duration
 
-	// RenewInterval is the time between automatic renewals. Default TTL/3.
-	// It must leave room for at least two renew attempts before the local
-	// deadline: RenewInterval <= (TTL - SafetyMargin) / 2.
+	// RenewInterval is the time between automatic renewals. Default
+	// (TTL - SafetyMargin)/3. It must leave room for at least two renew
+	// attempts before the local deadline: RenewInterval <= (TTL -
+	// SafetyMargin)/2, and be at least 1 ms.
 	RenewInterval time.Duration
 
 	// DisableAutoRenew turns the background heartbeat off; the holder then
@@ -42,7 +43,7 @@ type Options struct {
 
 	// RenewRetryInterval is the pause between retries of a renewal that
 	// failed with a transient error. Renewal retries until the local
-	// deadline. Default RenewInterval/4, at most 1 s.
+	// deadline. Default RenewInterval/4, at most 1 s; at least 1 ms.
 	RenewRetryInterval time.Duration
 
 	// PollInterval is the longest a blocked Acquire waits between attempts
@@ -51,11 +52,11 @@ type Options struct {
 	// the store reports that the holder's grant runs out within
 	// PollInterval, the waiter tries again just after that; otherwise each
 	// wait is jittered between half and all of PollInterval. Default: TTL/2,
-	// at most 1 s.
+	// at most 1 s; at least 1 ms.
 	PollInterval time.Duration
 
-	// ReleaseTimeout bounds a Release that is called with a context that
-	// is already done, or has no deadline. Default 5 s.
+	// ReleaseTimeout bounds every Release request (and the give-back of a
+	// grant that arrived too late). Default 5 s; at least 10 ms.
 	ReleaseTimeout time.Duration
 
 	// Identity prefixes every owner this Manager creates, to tell holders
@@ -116,8 +117,8 @@ func (o Options) withDefaults() Options {
 	case o.SafetyMargin == NoSafetyMargin:
 		o.SafetyMargin = 0
 	}
-	if o.RenewInterval == 0 {
-		o.RenewInterval = o.TTL / 3
+	if o.RenewInterval == 0 && o.SafetyMargin >= 0 && o.SafetyMargin < o.TTL {
+		o.RenewInterval = (o.TTL - o.SafetyMargin) / 3
 	}
 	switch {
 	case o.RenewBatchWindow == 0 && o.RenewInterval > 0:
@@ -126,7 +127,7 @@ func (o Options) withDefaults() Options {
 		o.RenewBatchWindow = 0
 	}
 	if o.RenewRetryInterval == 0 && o.RenewInterval > 0 {
-		o.RenewRetryInterval = min(o.RenewInterval/4, time.Second)
+		o.RenewRetryInterval = max(min(o.RenewInterval/4, time.Second), time.Millisecond)
 	}
 	if o.PollInterval == 0 {
 		o.PollInterval = min(o.TTL/2, time.Second)
@@ -172,8 +173,8 @@ func (o Options) validate(b Backend) error {
 	}
 	validity := o.TTL - max(o.SafetyMargin, 0)
 	switch {
-	case o.RenewInterval < 0:
-		bad("renew interval is %v, it must be positive", o.RenewInterval)
+	case o.RenewInterval < time.Millisecond:
+		bad("renew interval is %v, it must be at least 1ms", o.RenewInterval)
 	case o.SafetyMargin >= 0 && o.SafetyMargin < o.TTL && o.RenewInterval > validity/2:
 		bad("renew interval %v cannot keep the lease alive: at least two renewals must fit before the local deadline, so it must be at most (TTL - safety margin)/2 = %v", o.RenewInterval, validity/2)
 	}
@@ -182,14 +183,14 @@ func (o Options) validate(b Backend) error {
 	} else if o.RenewInterval > 0 && o.RenewBatchWindow >= o.RenewInterval/4 {
 		bad("renew batch window %v must be less than a quarter of the renew interval %v", o.RenewBatchWindow, o.RenewInterval)
 	}
-	if o.RenewRetryInterval < 0 {
-		bad("renew retry interval is %v, it must be positive", o.RenewRetryInterval)
+	if o.RenewRetryInterval < time.Millisecond {
+		bad("renew retry interval is %v, it must be at least 1ms", o.RenewRetryInterval)
 	}
-	if o.PollInterval < 0 {
-		bad("poll interval is %v, it must be positive", o.PollInterval)
+	if o.PollInterval < time.Millisecond {
+		bad("poll interval is %v, it must be at least 1ms", o.PollInterval)
 	}
-	if o.ReleaseTimeout < 0 {
-		bad("release timeout is %v, it must be positive", o.ReleaseTimeout)
+	if o.ReleaseTimeout < 10*time.Millisecond {
+		bad("release timeout is %v, it must be at least 10ms", o.ReleaseTimeout)
 	}
 	if len(o.Identity) > 128 {
 		bad("identity is %d bytes, the limit is 128", len(o.Identity))

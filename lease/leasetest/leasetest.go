@@ -232,8 +232,10 @@ func testNamesDoNotCollide(t *testing.T, connect func() lease.Backend) {
 	b := connect()
 	base := name(t)
 	names := []string{base + "a{b}c", base + "a%7Bb%7Dc", base + "}", base + "{", base + "ünï/cødé", base + "a:b", base + "a b"}
-	for _, n := range names {
-		mustAcquire(t, b, rec(n, "a", 10*time.Second))
+	// Each name with its own owner: names that shared a key would refuse
+	// the second owner.
+	for i, n := range names {
+		mustAcquire(t, b, rec(n, fmt.Sprintf("owner-%d", i), 10*time.Second))
 	}
 }
 

@@ -16,7 +16,13 @@ end
 -- a restart without persistence, eviction, a failover to a lagging replica).
 local now = redis.call('TIME')
 local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
-local token = tonumber(redis.call('GET', KEYS[2]) or '0') + 1
+local counter = redis.call('GET', KEYS[2]) or '0'
+if not string.match(counter, '^%d+$') then
+  -- Fail closed, before any write: a counter that is not a decimal integer
+  -- (say "nan") would mint a token that is not a number.
+  return redis.error_reply('fencekit: token counter ' .. KEYS[2] .. ' holds ' .. string.sub(counter, 1, 40) .. ', not a whole number')
+end
+local token = tonumber(counter) + 1
 if token < floor then
   token = floor
 end
