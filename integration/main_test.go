@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -15,7 +16,9 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/fencekit/fencekit/examples/services"
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/testenv"
 )
 
 // binDir holds the helper programs under ./internal/..., built once by
@@ -44,6 +47,29 @@ func (w mainM) Run() int {
 		return 1
 	}
 	binDir = dir
+
+	// The services: those in the environment (./scripts/test.sh exports
+	// them), else the default local ones, else servers started here
+	// (versitygw), else Docker containers through testcontainers-go. The
+	// tests and their child processes find them through FENCE_*.
+	svc, err := services.Provide(context.Background(), services.Config{
+		Log: func(f string, a ...any) { fmt.Fprintf(os.Stderr, "integration: "+f+"\n", a...) },
+	})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "integration: %v\n", err)
+		return 1
+	}
+	defer svc.Close()
+	for k, v := range map[string]string{
+		testenv.RedisURLVar: svc.RedisURL, testenv.PostgresURLVar: svc.PostgresURL,
+		testenv.S3EndpointVar: svc.S3.Endpoint, testenv.S3AccessKeyVar: svc.S3.AccessKey,
+		testenv.S3SecretKeyVar: svc.S3.SecretKey, testenv.S3BucketVar: svc.S3.Bucket,
+	} {
+		os.Setenv(k, v)
+	}
+	for _, u := range svc.Used {
+		fmt.Fprintln(os.Stderr, "integration: "+u)
+	}
 	return w.m.Run()
 }
 

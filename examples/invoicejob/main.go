@@ -57,7 +57,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fencekit/fencekit/examples/internal/services"
+	"github.com/fencekit/fencekit/examples/services"
 	"github.com/fencekit/fencekit/lease/redislease"
 	"github.com/fencekit/fencekit/migrations"
 )

@@ -52,7 +52,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencekit/fencekit/blobguard"
-	"github.com/fencekit/fencekit/examples/internal/services"
+	"github.com/fencekit/fencekit/examples/services"
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/lease/redislease"
 	"github.com/fencekit/fencekit/migrations"
