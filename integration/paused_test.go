@@ -30,16 +30,12 @@ var (
 	demoErr  error
 )
 
-// stalewriterBinary builds the demo once per test binary run.
+// stalewriterBinary builds the demo once per test binary run, into the
+// directory TestMain removes at the end.
 func stalewriterBinary(t *testing.T) string {
 	t.Helper()
 	demoOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "fencekit-integration-")
-		if err != nil {
-			demoErr = err
-			return
-		}
-		demoBin = filepath.Join(dir, "stalewriter")
+		demoBin = filepath.Join(binDir, "stalewriter")
 		out, err := exec.Command("go", "build", "-o", demoBin, "github.com/fencekit/fencekit/examples/stalewriter").CombinedOutput()
 		if err != nil {
 			demoErr = fmt.Errorf("go build stalewriter: %v: %s", err, out)
@@ -67,10 +63,13 @@ type demoSummary struct {
 		Text      string        `json:"text"`
 	} `json:"events"`
 	Run struct {
-		Schema, Table, Bucket, LeaseName string
-		RowID                            string `json:"row_id"`
-		ObjectKey                        string `json:"object_key"`
-		RedisPrefix                      string `json:"redis_prefix"`
+		Schema      string `json:"schema"`
+		Table       string `json:"table"`
+		Bucket      string `json:"bucket"`
+		LeaseName   string `json:"lease_name"`
+		RowID       string `json:"row_id"`
+		ObjectKey   string `json:"object_key"`
+		RedisPrefix string `json:"redis_prefix"`
 	} `json:"run"`
 }
 
@@ -130,7 +129,9 @@ func cleanUpRun(t *testing.T, sum demoSummary) {
 	defer rc.Close()
 	if b, err := redislease.New(rc, func(o *redislease.Options) { o.Prefix = sum.Run.RedisPrefix }); err == nil {
 		k := b.KeysFor(sum.Run.LeaseName)
-		_ = rc.Del(ctx, k.Lease, k.Token).Err()
+		if n, err := rc.Del(ctx, k.Lease, k.Token).Result(); err != nil || n == 0 {
+			t.Errorf("cleaning up: the run's token counter %s was not there to delete (%d, %v)", k.Token, n, err)
+		}
 		_ = b.Close()
 	}
 }

@@ -19,7 +19,7 @@ pkgs=("$@")
 # tests and the benchmark module (compiled and vetted; benchmarks do not run).
 [ ${#pkgs[@]} -gt 0 ] || pkgs=(./... ./examples/... ./integration/... ./bench/...)
 
-echo "+ go vet ${pkgs[*]}"
+echo "+ go vet ${pkgs[*]}   (the first run downloads and compiles everything: a few minutes)"
 go vet "${pkgs[@]}"
 echo "+ go test -race -count=1 ${pkgs[*]}"
 go test -race -count=1 -timeout 20m "${pkgs[@]}"

@@ -15,7 +15,6 @@ package main
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -159,13 +158,17 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 		fmt.Fprintf(stderr, "fencekit migrate: unknown subcommand %q (up, down, status, add-lock-version)\n", sub)
 		return exitUsage
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(stdout)
-			fmt.Fprint(stdout, usage)
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		if a == "-h" || a == "-help" || a == "--help" {
+			fmt.Fprint(stdout, usage) // once, to stdout
 			return exitOK
 		}
-		return exitUsage // flag already printed the problem
+	}
+	if err := fs.Parse(args); err != nil {
+		return exitUsage // flag already printed the problem and the usage
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "fencekit migrate %s: unexpected arguments %q\n", sub, fs.Args())

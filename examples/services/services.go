@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/fencekit/fencekit/internal/testenv"
@@ -224,6 +225,10 @@ func freePort() (int, error) {
 // startProcess runs cmd and waits until ready returns true (polled every
 // 50 ms) or timeout passes. stop kills it and waits for it.
 func startProcess(ctx context.Context, cmd *exec.Cmd, timeout time.Duration, ready func() bool) (stop func(), err error) {
+	// In a process group of its own: a Ctrl-C at the terminal reaches the
+	// program, which then stops the server after cleaning up, instead of
+	// the server dying first.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}

@@ -213,6 +213,7 @@ func run(args []string, out io.Writer) int {
 	} else {
 		defer sc.tearDown(out)
 	}
+	tl.start = time.Now() // the timeline counts from the first worker, not from starting services
 	fmt.Fprintf(out, "Row %s.%s id=%s and object s3://%s/%s start empty; lease %q.\n\nTimeline:\n",
 		sc.cfg.Schema, sc.cfg.Table, sc.cfg.RowID, sc.cfg.S3.Bucket, sc.cfg.ObjectKey, sc.cfg.LeaseName)
 
