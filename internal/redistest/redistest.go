@@ -48,11 +48,34 @@ func connect(t testing.TB, opt *redis.Options) *redis.Client {
 	return c
 }
 
-// Prefix returns a key prefix unique to this test run and test.
+// Prefix returns a key prefix unique to this test run and test. When the
+// test ends, the keys under it in the shared Redis are deleted (token
+// counters never expire on their own).
 func Prefix(t testing.TB) string {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	return "fencekit-test:" + hex.EncodeToString(b[:]) + ":"
+	prefix := "fencekit-test:" + hex.EncodeToString(b[:]) + ":"
+	t.Cleanup(func() {
+		opt, err := redis.ParseURL(testenv.RedisURL())
+		if err != nil {
+			return
+		}
+		c := redis.NewClient(opt)
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		var keys []string
+		for iter.Next(ctx) {
+			keys = append(keys, iter.Val())
+		}
+		if len(keys) > 0 {
+			if err := c.Del(ctx, keys...).Err(); err != nil {
+				t.Logf("redistest: deleting the keys under %s: %v", prefix, err)
+			}
+		}
+	})
+	return prefix
 }
 
 // Server is a redis-server process owned by one test.
