@@ -1,0 +1,147 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Percentile returns the p-th percentile (0 < p <= 100) of samples by the
+// nearest-rank method: the smallest sample that is at least p% of all
+// samples. It sorts samples in place and returns 0 for no samples.
+func Percentile(samples []time.Duration, p float64) time.Duration {
+	if len(samples) == 0 {
+		return 0
+	}
+	slices.Sort(samples)
+	rank := int(math.Ceil(p / 100 * float64(len(samples))))
+	rank = min(max(rank, 1), len(samples))
+	return samples[rank-1]
+}
+
+// Mean returns the arithmetic mean of samples, or 0 for none.
+func Mean(samples []time.Duration) time.Duration {
+	if len(samples) == 0 {
+		return 0
+	}
+	var sum time.Duration
+	for _, s := range samples {
+		sum += s
+	}
+	return sum / time.Duration(len(samples))
+}
+
+// RoundTrips is a go-redis hook that counts the round trips a client makes:
+// one per command sent on its own (a script's EVALSHA that falls back to
+// EVAL counts two), one per pipeline however many commands it carries.
+// Pub/sub connections do not pass through client hooks and are not counted.
+type RoundTrips struct{ n atomic.Int64 }
+
+var _ redis.Hook = (*RoundTrips)(nil)
+
+// Load returns the number of round trips counted so far.
+func (r *RoundTrips) Load() int64 { return r.n.Load() }
+
+// DialHook implements redis.Hook; dials are not counted.
+func (r *RoundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+// ProcessHook implements redis.Hook.
+func (r *RoundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		r.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+// ProcessPipelineHook implements redis.Hook.
+func (r *RoundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		r.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+// ServerStats is what a Redis server says about its own work, from INFO.
+type ServerStats struct {
+	// Commands is total_commands_processed. Commands that Lua scripts call
+	// are counted in Calls, not here.
+	Commands int64
+	// Calls is the number of calls per command (INFO commandstats), by
+	// lower-case command name: "evalsha", and also "hget", "pexpire", ...
+	// for the commands that scripts call.
+	Calls map[string]int64
+	// CPU is the server's user plus system CPU time (used_cpu_user +
+	// used_cpu_sys).
+	CPU time.Duration
+}
+
+// ReadServerStats reads INFO stats, cpu and commandstats from c.
+func ReadServerStats(ctx context.Context, c redis.Cmdable) (ServerStats, error) {
+	s, err := c.Info(ctx, "stats", "cpu", "commandstats").Result()
+	if err != nil {
+		return ServerStats{}, fmt.Errorf("bench: INFO: %w", err)
+	}
+	return ParseInfo(s)
+}
+
+// ParseInfo parses the text of INFO stats, cpu and commandstats.
+func ParseInfo(info string) (ServerStats, error) {
+	st := ServerStats{Calls: make(map[string]int64)}
+	var seen int
+	for line := range strings.Lines(info) {
+		line = strings.TrimSpace(line)
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || strings.HasPrefix(line, "#") {
+			continue
+		}
+		switch {
+		case k == "total_commands_processed":
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return st, fmt.Errorf("bench: INFO %s: %w", line, err)
+			}
+			st.Commands = n
+			seen++
+		case k == "used_cpu_user" || k == "used_cpu_sys":
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return st, fmt.Errorf("bench: INFO %s: %w", line, err)
+			}
+			st.CPU += time.Duration(f * float64(time.Second))
+			seen++
+		case strings.HasPrefix(k, "cmdstat_"):
+			// cmdstat_evalsha:calls=12,usec=34,...
+			for field := range strings.SplitSeq(v, ",") {
+				if calls, ok := strings.CutPrefix(field, "calls="); ok {
+					n, err := strconv.ParseInt(calls, 10, 64)
+					if err != nil {
+						return st, fmt.Errorf("bench: INFO %s: %w", line, err)
+					}
+					st.Calls[strings.TrimPrefix(k, "cmdstat_")] = n
+				}
+			}
+		}
+	}
+	if seen < 3 {
+		return st, fmt.Errorf("bench: INFO lacks total_commands_processed, used_cpu_user or used_cpu_sys")
+	}
+	return st, nil
+}
+
+// Sub returns the difference s - before, command by command.
+func (s ServerStats) Sub(before ServerStats) ServerStats {
+	d := ServerStats{Commands: s.Commands - before.Commands, CPU: s.CPU - before.CPU, Calls: make(map[string]int64)}
+	for k, v := range s.Calls {
+		if n := v - before.Calls[k]; n != 0 {
+			d.Calls[k] = n
+		}
+	}
+	return d
+}
