@@ -38,10 +38,12 @@ func Mean(samples []time.Duration) time.Duration {
 	return sum / time.Duration(len(samples))
 }
 
-// RoundTrips is a go-redis hook that counts the round trips a client makes:
-// one per command sent on its own (a script's EVALSHA that falls back to
-// EVAL counts two), one per pipeline however many commands it carries.
-// Pub/sub connections do not pass through client hooks and are not counted.
+// RoundTrips is a go-redis hook that counts the round trips a client makes
+// for its callers: one per command sent on its own (a script's EVALSHA that
+// falls back to EVAL counts two), one per pipeline however many commands it
+// carries. The handshake go-redis makes on each new connection (HELLO, then
+// a pipeline of CLIENT SETINFO) is not counted, and neither are pub/sub
+// connections, which do not pass through client hooks.
 type RoundTrips struct{ n atomic.Int64 }
 
 var _ redis.Hook = (*RoundTrips)(nil)
@@ -55,7 +57,9 @@ func (r *RoundTrips) DialHook(next redis.DialHook) redis.DialHook { return next 
 // ProcessHook implements redis.Hook.
 func (r *RoundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		r.n.Add(1)
+		if !handshake(cmd) {
+			r.n.Add(1)
+		}
 		return next(ctx, cmd)
 	}
 }
@@ -63,15 +67,31 @@ func (r *RoundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // ProcessPipelineHook implements redis.Hook.
 func (r *RoundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		r.n.Add(1)
+		if slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return !handshake(c) }) {
+			r.n.Add(1)
+		}
 		return next(ctx, cmds)
 	}
 }
 
+// handshake reports whether cmd is one go-redis sends to set up a new
+// connection.
+func handshake(cmd redis.Cmder) bool {
+	switch cmd.Name() {
+	case "hello":
+		return true
+	case "client":
+		args := cmd.Args()
+		return len(args) > 1 && strings.EqualFold(fmt.Sprint(args[1]), "setinfo")
+	}
+	return false
+}
+
 // ServerStats is what a Redis server says about its own work, from INFO.
 type ServerStats struct {
-	// Commands is total_commands_processed. Commands that Lua scripts call
-	// are counted in Calls, not here.
+	// Commands is total_commands_processed: every command the server ran,
+	// those that Lua scripts call included (Redis 7), so a renew script
+	// counts 3 (EVALSHA, HGET, PEXPIRE).
 	Commands int64
 	// Calls is the number of calls per command (INFO commandstats), by
 	// lower-case command name: "evalsha", and also "hget", "pexpire", ...
