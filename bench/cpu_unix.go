@@ -11,9 +11,29 @@ import (
 // so far, from getrusage(RUSAGE_SELF): every thread, the Go runtime's own
 // (GC, timers) included.
 func ProcessCPU() (time.Duration, error) {
+	u, err := ProcessUsage()
+	return u.CPU, err
+}
+
+// Usage is what getrusage(RUSAGE_SELF) says about this process.
+type Usage struct {
+	// CPU is the user plus system CPU time of all threads.
+	CPU time.Duration
+	// Switches is the number of context switches, voluntary (a thread
+	// blocked: waiting for the network, a futex, a timer) and involuntary.
+	// Each one is a trip through the kernel's scheduler; a process that
+	// wakes up often pays for it even when it has little to do.
+	Switches int64
+}
+
+// ProcessUsage returns this process's resource usage so far.
+func ProcessUsage() (Usage, error) {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0, err
+		return Usage{}, err
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
+	return Usage{
+		CPU:      time.Duration(ru.Utime.Nano() + ru.Stime.Nano()),
+		Switches: int64(ru.Nvcsw + ru.Nivcsw),
+	}, nil
 }

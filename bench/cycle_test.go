@@ -42,30 +42,121 @@ var casDelete = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then r
 //   - lib=redsync: go-redsync Mutex over one goredis pool, TryLockContext +
 //     UnlockContext (one Mutex reused, as a program would).
 //
-// rtts/op is the round trips each cycle made, counted on the client.
+// rtts/op is the round trips each cycle made, counted on the client;
+// cpu-ns/op the CPU time (user + system, all threads, GC included) this
+// process spent per cycle: the client's own cost, which on a machine with
+// few cores also delays the Redis server that shares them.
+//
+// With FENCE_BENCH_OWN_REDIS=1 (the Redis at FENCE_REDIS_URL serves this
+// benchmark alone; scripts/bench.sh starts one), it also reports from the
+// server's INFO commandstats: redis-cmds/op, the commands the server ran
+// per cycle, those called by scripts included; and redis-script-ns/op, the
+// time it spent executing scripts (EVALSHA, EVAL) per cycle. The plain SET
+// NX of lib=raw and lib=redsync is not in the latter (about 0.5 µs).
 func BenchmarkCycle(b *testing.B) {
-	ctx := context.Background()
-	c := redistest.Shared(b)
-	var rt RoundTrips
-	c.AddHook(&rt)
-	prefix := redistest.Prefix(b) + "cycle:"
-	ttlMs := benchTTL.Milliseconds()
-
-	run := func(lib string, cycle func(i int) error) {
-		b.Run("lib="+lib, func(b *testing.B) {
-			start, ops := rt.Load(), 0
+	for _, lib := range cycleLibs(b) {
+		b.Run("lib="+lib.name, func(b *testing.B) {
+			start, ops := lib.rt.Load(), 0
+			var srv0 ServerStats
+			if ownRedis {
+				srv0 = serverStats(b, lib.c)
+			}
+			cpu0 := processCPU(b)
 			for b.Loop() {
-				if err := cycle(ops); err != nil {
+				if err := lib.cycle(ops); err != nil {
 					b.Fatal(err)
 				}
 				ops++
 			}
-			b.ReportMetric(float64(rt.Load()-start)/float64(ops), "rtts/op")
+			b.ReportMetric(float64((processCPU(b)-cpu0).Nanoseconds())/float64(ops), "cpu-ns/op")
+			b.ReportMetric(float64(lib.rt.Load()-start)/float64(ops), "rtts/op")
+			if ownRedis {
+				d := serverStats(b, lib.c).Sub(srv0)
+				// Less the INFO that read srv0, counted in the delta.
+				b.ReportMetric(float64(d.Commands-1)/float64(ops), "redis-cmds/op")
+				b.ReportMetric(float64(1000*(d.Usec["evalsha"]+d.Usec["eval"]))/float64(ops), "redis-script-ns/op")
+			}
 		})
+	}
+}
+
+// BenchmarkCyclePaired runs the cycles of BenchmarkCycle again, each one
+// interleaved with the raw floor operation by operation (lib, raw, raw, lib,
+// lib, raw, ...), each timed on its own. On a shared machine the latency of
+// a loopback round trip drifts by a factor of two from one second to the
+// next; a ratio of two measurements taken microseconds apart does not.
+//
+// ns/op is the library's own mean cycle time; raw-ratio is that time
+// divided by the interleaved raw cycles' mean (lib=raw measures the floor
+// against itself: it should read 1.00). Run it without -benchmem: the
+// allocations would be the sum of both.
+func BenchmarkCyclePaired(b *testing.B) {
+	libs := cycleLibs(b)
+	raw := libs[0].cycle
+	for _, lib := range libs {
+		b.Run("lib="+lib.name, func(b *testing.B) {
+			var libT, rawT time.Duration
+			ops := 0
+			timed := func(f func(int) error, d *time.Duration) {
+				t0 := time.Now()
+				err := f(ops)
+				*d += time.Since(t0)
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+			for b.Loop() {
+				if ops%2 == 0 {
+					timed(lib.cycle, &libT)
+					timed(raw, &rawT)
+				} else {
+					timed(raw, &rawT)
+					timed(lib.cycle, &libT)
+				}
+				ops++
+			}
+			b.ReportMetric(float64(libT.Nanoseconds())/float64(ops), "ns/op")
+			b.ReportMetric(float64(libT)/float64(rawT), "raw-ratio")
+		})
+	}
+}
+
+type cycleLib struct {
+	name  string
+	cycle func(i int) error // one acquire+release; i differs on every call
+	rt    *RoundTrips
+	c     *redis.Client
+}
+
+// ownRedis is set when the benchmarks' Redis serves them alone, so that the
+// server's counters measure them.
+var ownRedis = os.Getenv("FENCE_BENCH_OWN_REDIS") == "1"
+
+func serverStats(b *testing.B, c *redis.Client) ServerStats {
+	b.Helper()
+	st, err := ReadServerStats(context.Background(), c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return st
+}
+
+// cycleLibs returns the cycle of each library, raw first, all on one new
+// client of the shared Redis whose round trips rt counts.
+func cycleLibs(b *testing.B) []cycleLib {
+	ctx := context.Background()
+	c := redistest.Shared(b)
+	rt := new(RoundTrips)
+	c.AddHook(rt)
+	prefix := redistest.Prefix(b) + "cycle:"
+	ttlMs := benchTTL.Milliseconds()
+	var libs []cycleLib
+	add := func(name string, cycle func(i int) error) {
+		libs = append(libs, cycleLib{name: name, cycle: cycle, rt: rt, c: c})
 	}
 
 	rawKey := prefix + "raw"
-	run("raw", func(i int) error {
+	add("raw", func(i int) error {
 		v := strconv.Itoa(i)
 		if ok, err := c.SetNX(ctx, rawKey, v, benchTTL).Result(); err != nil || !ok {
 			return fmt.Errorf("raw: SET NX: %v, %v", ok, err)
@@ -85,7 +176,7 @@ func BenchmarkCycle(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	run("fencekit", func(int) error {
+	add("fencekit", func(int) error {
 		l, err := m.TryAcquire(ctx, "cycle")
 		if err != nil {
 			return err
@@ -95,7 +186,7 @@ func BenchmarkCycle(b *testing.B) {
 
 	acquireLua, releaseLua := fencekitScripts(b)
 	keys := be.KeysFor("cycle-lua")
-	run("fencekit-lua", func(i int) error {
+	add("fencekit-lua", func(i int) error {
 		owner := strconv.Itoa(i)
 		res, err := acquireLua.Run(ctx, c, []string{keys.Lease, keys.Token}, owner, ttlMs).Slice()
 		if err != nil || len(res) != 2 || res[0] != int64(1) {
@@ -108,7 +199,7 @@ func BenchmarkCycle(b *testing.B) {
 	})
 
 	locker := redislock.New(c)
-	run("redislock", func(int) error {
+	add("redislock", func(int) error {
 		l, err := locker.Obtain(ctx, prefix+"redislock", benchTTL, nil)
 		if err != nil {
 			return err
@@ -117,7 +208,7 @@ func BenchmarkCycle(b *testing.B) {
 	})
 
 	mu := redsync.New(goredis.NewPool(c)).NewMutex(prefix+"redsync", redsync.WithExpiry(benchTTL))
-	run("redsync", func(int) error {
+	add("redsync", func(int) error {
 		if err := mu.TryLockContext(ctx); err != nil {
 			return err
 		}
@@ -126,6 +217,16 @@ func BenchmarkCycle(b *testing.B) {
 		}
 		return nil
 	})
+	return libs
+}
+
+func processCPU(b *testing.B) time.Duration {
+	b.Helper()
+	d, err := ProcessCPU()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return d
 }
 
 // fencekitScripts loads fencekit's acquire and release scripts from the

@@ -97,6 +97,10 @@ type ServerStats struct {
 	// lower-case command name: "evalsha", and also "hget", "pexpire", ...
 	// for the commands that scripts call.
 	Calls map[string]int64
+	// Usec is the time spent executing each command (INFO commandstats),
+	// in microseconds, by the same names. A script's time includes the
+	// commands it calls, which are counted under their own names too.
+	Usec map[string]int64
 	// CPU is the server's user plus system CPU time (used_cpu_user +
 	// used_cpu_sys).
 	CPU time.Duration
@@ -113,7 +117,7 @@ func ReadServerStats(ctx context.Context, c redis.Cmdable) (ServerStats, error) 
 
 // ParseInfo parses the text of INFO stats, cpu and commandstats.
 func ParseInfo(info string) (ServerStats, error) {
-	st := ServerStats{Calls: make(map[string]int64)}
+	st := ServerStats{Calls: make(map[string]int64), Usec: make(map[string]int64)}
 	var seen int
 	for line := range strings.Lines(info) {
 		line = strings.TrimSpace(line)
@@ -138,14 +142,23 @@ func ParseInfo(info string) (ServerStats, error) {
 			seen++
 		case strings.HasPrefix(k, "cmdstat_"):
 			// cmdstat_evalsha:calls=12,usec=34,...
+			name := strings.TrimPrefix(k, "cmdstat_")
 			for field := range strings.SplitSeq(v, ",") {
-				if calls, ok := strings.CutPrefix(field, "calls="); ok {
-					n, err := strconv.ParseInt(calls, 10, 64)
-					if err != nil {
-						return st, fmt.Errorf("bench: INFO %s: %w", line, err)
-					}
-					st.Calls[strings.TrimPrefix(k, "cmdstat_")] = n
+				f, val, _ := strings.Cut(field, "=")
+				var m map[string]int64
+				switch f {
+				case "calls":
+					m = st.Calls
+				case "usec":
+					m = st.Usec
+				default:
+					continue
 				}
+				n, err := strconv.ParseInt(val, 10, 64)
+				if err != nil {
+					return st, fmt.Errorf("bench: INFO %s: %w", line, err)
+				}
+				m[name] = n
 			}
 		}
 	}
@@ -157,10 +170,18 @@ func ParseInfo(info string) (ServerStats, error) {
 
 // Sub returns the difference s - before, command by command.
 func (s ServerStats) Sub(before ServerStats) ServerStats {
-	d := ServerStats{Commands: s.Commands - before.Commands, CPU: s.CPU - before.CPU, Calls: make(map[string]int64)}
+	d := ServerStats{
+		Commands: s.Commands - before.Commands, CPU: s.CPU - before.CPU,
+		Calls: make(map[string]int64), Usec: make(map[string]int64),
+	}
 	for k, v := range s.Calls {
 		if n := v - before.Calls[k]; n != 0 {
 			d.Calls[k] = n
+		}
+	}
+	for k, v := range s.Usec {
+		if n := v - before.Usec[k]; n != 0 {
+			d.Usec[k] = n
 		}
 	}
 	return d

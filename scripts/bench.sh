@@ -1,33 +1,39 @@
 #!/usr/bin/env bash
 # Runs fencekit's whole benchmark comparison (docs/benchmarks.md) in one go,
-# in well under ten minutes on a 2-core machine, against real services:
+# in under ten minutes on a 2-core machine, against real services:
 #
-#   1. BenchmarkCycle    acquire+release: fencekit, redislock, redsync, raw floor
-#   2. BenchmarkHandoff  release-to-next-acquire latency under contention
-#   3. renewscale        renewing 1, 100, 10000 leases: Redis commands/s, CPU,
-#                        round trips per tick, batching on and off (own redis-server)
-#   4. sqlguard, blobguard  fenced vs plain PostgreSQL UPDATE/transaction and S3 put
+#   1. bench: BenchmarkCyclePaired, BenchmarkCycle, BenchmarkManagerOverhead
+#        uncontended acquire+release: fencekit, redislock, redsync, the raw floor
+#   2. bench: BenchmarkHandoff
+#        release-to-next-acquire latency, 1 holder and 4 waiters per lock
+#   3. bench/cmd/renewscale
+#        one process renewing 1, 100, 10000 leases (TTL 10 s): Redis commands/s,
+#        round trips per tick, process CPU, batching on and off
+#   4. sqlguard, blobguard package benchmarks
+#        fenced vs plain PostgreSQL UPDATE and transaction, S3 PutObject 4 KiB/1 MiB
 #
 #   ./scripts/bench.sh [OUTDIR]     # default OUTDIR: bench/results/<UTC time>
 #
-# Benchmarks 1, 2 and 4 run as compiled test binaries, -count 1 each, BENCH_COUNT
-# times in a row (default 6), so that every implementation is measured in every
-# round, interleaved, and slow drifts of a shared machine hit all of them alike.
+# 1, 2 and 4 run as compiled test binaries with -count 1, BENCH_COUNT rounds
+# (default 6), so that every implementation is measured in every round,
+# interleaved, and the drifts of a shared machine hit all of them alike.
 # renewscale interleaves its own configurations, BENCH_RENEW_COUNT rounds
-# (default 3: its counters are exact, only its CPU times vary).
+# (default 3: its counters are exact; only its CPU times vary).
 #
-# It checks (and starts where it can) Redis and PostgreSQL through
-# scripts/services.sh, starts a versitygw S3 server on tmpfs for blobguard and a
-# private redis-server for renewscale, and stops what it started. Raw outputs go
-# to OUTDIR/*.txt; the benchstat tables are printed and saved to OUTDIR/summary.txt.
+# Services: Redis and PostgreSQL are checked (and started where possible) by
+# scripts/services.sh. BenchmarkCyclePaired and BenchmarkHandoff use the shared
+# Redis at FENCE_REDIS_URL; BenchmarkCycle runs on a private redis-server that
+# this script starts, so that the server's INFO counters see it alone (and
+# BENCH_PRIVATE_REDIS=1 moves the others there too). renewscale starts its own.
+# A versitygw S3 server is started on tmpfs for blobguard. Everything started
+# is stopped on exit.
 #
-# Environment: FENCE_REDIS_URL and FENCE_POSTGRES_URL as for the tests;
-# BENCH_COUNT, BENCH_RENEW_COUNT; BENCH_HANDOFFS (hand-offs per run, default 300);
-# BENCH_PRIVATE_REDIS=1 runs benchmarks 1 and 2 on a private redis-server
-# instead of the shared FENCE_REDIS_URL (less noise from other clients).
+# Output: raw go-test outputs in OUTDIR/*.txt, the machine in OUTDIR/machine.txt,
+# the benchstat tables printed and saved to OUTDIR/summary.txt.
+# Knobs: BENCH_COUNT, BENCH_RENEW_COUNT, BENCH_HANDOFFS (hand-offs per run,
+# default 300), BENCH_PRIVATE_REDIS=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root="$PWD"
 . scripts/services.sh
 
 count="${BENCH_COUNT:-6}"
@@ -43,6 +49,7 @@ started=$SECONDS
 
 private_redis_pid=""
 private_redis_dir=""
+private_redis_url=""
 cleanup() {
   stop_s3
   if [ -n "$private_redis_pid" ]; then
@@ -57,20 +64,25 @@ trap cleanup EXIT
 step() { printf '\n[bench %4ds] %s\n' "$((SECONDS - started))" "$*" >&2; }
 
 step "services"
-if [ "${BENCH_PRIVATE_REDIS:-0}" = 1 ]; then
-  port="$(free_port)"
-  private_redis_dir="$(mktemp -d "${TMPDIR:-/tmp}/fencekit-bench-redis.XXXXXX")"
-  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
-    --dir "$private_redis_dir" --logfile "$private_redis_dir/redis.log" >/dev/null &
-  private_redis_pid=$!
-  export FENCE_REDIS_URL="redis://127.0.0.1:$port/0"
-  for _ in $(seq 1 50); do
-    [ "$(redis-cli -u "$FENCE_REDIS_URL" ping 2>/dev/null)" = PONG ] && break
-    sleep 0.1
-  done
-fi
 ensure_redis
 ensure_postgres
+# A private redis-server, serving one benchmark alone so that its INFO
+# counters measure that benchmark (BenchmarkCycle's redis-cmds/op and
+# redis-script-ns/op), and, with BENCH_PRIVATE_REDIS=1, all of them.
+port="$(free_port)"
+private_redis_dir="$(mktemp -d "${TMPDIR:-/tmp}/fencekit-bench-redis.XXXXXX")"
+redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+  --dir "$private_redis_dir" --logfile "$private_redis_dir/redis.log" >/dev/null &
+private_redis_pid=$!
+private_redis_url="redis://127.0.0.1:$port/0"
+for _ in $(seq 1 50); do
+  [ "$(redis-cli -u "$private_redis_url" ping 2>/dev/null)" = PONG ] && break
+  sleep 0.1
+done
+[ "$(redis-cli -u "$private_redis_url" ping 2>/dev/null)" = PONG ] || { log "private redis-server did not start"; exit 1; }
+if [ "${BENCH_PRIVATE_REDIS:-0}" = 1 ]; then
+  export FENCE_REDIS_URL="$private_redis_url"
+fi
 # versitygw keeps its data under TMPDIR: tmpfs keeps disk writeback out of
 # the S3 numbers (see blobguard/bench_test.go).
 if [ -d /dev/shm ] && [ -w /dev/shm ]; then
@@ -106,16 +118,19 @@ cat "$out/machine.txt" >&2
 for round in $(seq 1 "$count"); do
   step "round $round/$count: cycle, hand-off"
   # The bench tests read fencekit's Lua scripts from ../lease/redislease.
-  (cd bench && "$bin/bench.test" -test.run '^$' -test.bench '^BenchmarkCycle$' -test.benchmem -test.count 1) >>"$out/cycle.txt"
+  (cd bench && "$bin/bench.test" -test.run '^$' -test.bench '^BenchmarkCyclePaired$' -test.count 1) >>"$out/cycle-paired.txt"
+  (cd bench && FENCE_REDIS_URL="$private_redis_url" FENCE_BENCH_OWN_REDIS=1 \
+    "$bin/bench.test" -test.run '^$' -test.bench '^BenchmarkCycle$' -test.benchmem -test.count 1) >>"$out/cycle.txt"
   (cd bench && "$bin/bench.test" -test.run '^$' -test.bench '^BenchmarkHandoff$' -test.benchtime "${handoffs}x" -test.count 1) >>"$out/handoff.txt"
   step "round $round/$count: sqlguard, blobguard"
   (cd sqlguard && "$bin/sqlguard.test" -test.run '^$' -test.bench . -test.count 1) >>"$out/sqlguard.txt"
   (cd blobguard && "$bin/blobguard.test" -test.run '^$' -test.bench . -test.count 1) >>"$out/blobguard.txt"
 done
+(cd bench && "$bin/bench.test" -test.run '^$' -test.bench '^BenchmarkManagerOverhead$' -test.count "$count") >>"$out/overhead.txt"
 
-step "renewal at scale ($renew_count rounds; a private redis-server)"
-"$bin/renewscale" -count "$renew_count" -acquire burst >>"$out/renew.txt"
-"$bin/renewscale" -count "$renew_count" -acquire spread -leases 10000 >>"$out/renew.txt"
+step "renewal at scale ($renew_count rounds; its own redis-server)"
+"$bin/renewscale" -count "$renew_count" -acquire burst -leases 1,100,10000 -batching on,off >>"$out/renew.txt"
+"$bin/renewscale" -count "$renew_count" -acquire spread -leases 10000 -batching on,off,100ms >>"$out/renew.txt"
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$out/machine.txt"
 
 step "benchstat"
@@ -123,8 +138,12 @@ bs() { "$benchstat_dir/benchstat" "$@"; echo; }
 {
   cat "$out/machine.txt"
   echo
-  echo "## 1. Uncontended acquire+release cycle (vs lib=raw, the two-round-trip floor)"
+  echo "## 1a. Uncontended acquire+release, each cycle paired with a raw one (raw-ratio: lib / interleaved raw)"
+  bs -col /lib "$out/cycle-paired.txt"
+  echo "## 1b. Uncontended acquire+release on a private redis-server (allocations, client CPU, server work)"
   bs -col /lib "$out/cycle.txt"
+  echo "## 1c. fencekit's Go-side cost per cycle, over a backend without I/O"
+  bs "$out/overhead.txt"
   echo "## 2. Hand-off latency under contention (1 holder, 4 waiters; vs lib=fencekit)"
   bs -col /lib "$out/handoff.txt"
   echo "## 3. Renewal at scale (TTL 10 s; batching=on is the default, vs batching=off)"

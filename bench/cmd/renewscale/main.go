@@ -11,13 +11,16 @@
 //	cpu-%          CPU time of this process (getrusage: user + system, every
 //	               thread, the Go runtime included) as a percentage of one core
 //	cpu-us/renew   the same CPU time divided by the renewals
+//	ctxsw/s        context switches of this process per second (getrusage:
+//	               voluntary + involuntary): how often it wakes up
 //	redis-cpu-%    the Redis server's own CPU time, percentage of one core
 //	lost           leases lost during the window (must be 0)
 //
 // once with renewals batched (the default: heartbeats due within
 // Options.RenewBatchWindow of each other go out as one pipeline) and once
 // without (Options.RenewBatchWindow = lease.NoBatching: one round trip per
-// renewal). The output is in the Go benchmark format, for benchstat:
+// renewal), and with any other batch window asked for (-batching 100ms).
+// The output is in the Go benchmark format, for benchstat:
 //
 //	go run ./bench/cmd/renewscale -count 3 | tee renew.txt
 //	benchstat -col /batching renew.txt
@@ -63,23 +66,32 @@ import (
 
 type config struct {
 	leases   int
-	batching bool
+	batching string // "on", "off" or a RenewBatchWindow such as "100ms"
 	acquire  string // "burst" or "spread"
 }
 
 func (c config) name() string {
-	on := "off"
-	if c.batching {
-		on = "on"
+	return fmt.Sprintf("BenchmarkRenewAtScale/leases=%d/batching=%s/acquire=%s-%d", c.leases, c.batching, c.acquire, runtime.GOMAXPROCS(0))
+}
+
+// options returns the Manager options of c.
+func (c config) options(ttl time.Duration) lease.Options {
+	opts := lease.Options{TTL: ttl}
+	switch c.batching {
+	case "on":
+	case "off":
+		opts.RenewBatchWindow = lease.NoBatching
+	default:
+		opts.RenewBatchWindow, _ = time.ParseDuration(c.batching) // checked in main
 	}
-	return fmt.Sprintf("BenchmarkRenewAtScale/leases=%d/batching=%s/acquire=%s-%d", c.leases, on, c.acquire, runtime.GOMAXPROCS(0))
+	return opts
 }
 
 func main() {
 	var (
 		addr     = flag.String("addr", "", "Redis host:port; empty: start a private redis-server on a free loopback port")
 		leasesF  = flag.String("leases", "1,100,10000", "comma-separated lease counts")
-		batchF   = flag.String("batching", "on,off", "comma-separated: on (default options), off (RenewBatchWindow = lease.NoBatching)")
+		batchF   = flag.String("batching", "on,off", "comma-separated: on (default options), off (RenewBatchWindow = lease.NoBatching), or a RenewBatchWindow such as 100ms")
 		acquireF = flag.String("acquire", "burst", "comma-separated: burst, spread (acquisitions spread evenly over one renew interval)")
 		ttl      = flag.Duration("ttl", 10*time.Second, "lease TTL")
 		window   = flag.Duration("window", 0, "measurement window; 0: one renew interval")
@@ -102,10 +114,10 @@ func main() {
 				log.Fatalf("-leases: %q is not a positive count", n)
 			}
 			for _, bt := range split(*batchF) {
-				if bt != "on" && bt != "off" {
-					log.Fatalf("-batching: %q is neither on nor off", bt)
+				if d, err := time.ParseDuration(bt); bt != "on" && bt != "off" && (err != nil || d <= 0) {
+					log.Fatalf("-batching: %q is neither on, off nor a positive duration", bt)
 				}
-				configs = append(configs, config{leases: leases, batching: bt == "on", acquire: acq})
+				configs = append(configs, config{leases: leases, batching: bt, acquire: acq})
 			}
 		}
 	}
@@ -174,11 +186,7 @@ func measure(ctx context.Context, admin *redis.Client, own bool, c config, ttl, 
 		return "", err
 	}
 	defer be.Close()
-	opts := lease.Options{TTL: ttl}
-	if !c.batching {
-		opts.RenewBatchWindow = lease.NoBatching
-	}
-	m, err := lease.NewManager(be, opts)
+	m, err := lease.NewManager(be, c.options(ttl))
 	if err != nil {
 		return "", err
 	}
@@ -231,7 +239,7 @@ func measure(ctx context.Context, admin *redis.Client, own bool, c config, ttl, 
 	if err != nil {
 		return "", err
 	}
-	cpu0, err := bench.ProcessCPU()
+	u0, err := bench.ProcessUsage()
 	if err != nil {
 		return "", err
 	}
@@ -241,7 +249,7 @@ func measure(ctx context.Context, admin *redis.Client, own bool, c config, ttl, 
 	case <-ctx.Done():
 		return "", ctx.Err()
 	}
-	cpu1, err := bench.ProcessCPU()
+	u1, err := bench.ProcessUsage()
 	if err != nil {
 		return "", err
 	}
@@ -260,19 +268,20 @@ func measure(ctx context.Context, admin *redis.Client, own bool, c config, ttl, 
 
 	secs := elapsed.Seconds()
 	renews := d.Calls["evalsha"] + d.Calls["eval"]
-	cpu := cpu1 - cpu0
+	cpu := u1.CPU - u0.CPU
 	ticks := float64(elapsed) / float64(interval)
 	perRenew := 0.0
 	if renews > 0 {
 		perRenew = float64(cpu.Microseconds()) / float64(renews)
 	}
-	return fmt.Sprintf("%s\t1\t%.1f renews/s\t%.1f cmds/s\t%.2f rtts/tick\t%.3f cpu-%%\t%.2f cpu-us/renew\t%.3f redis-cpu-%%\t%d lost",
+	return fmt.Sprintf("%s\t1\t%.1f renews/s\t%.1f cmds/s\t%.2f rtts/tick\t%.3f cpu-%%\t%.2f cpu-us/renew\t%.1f ctxsw/s\t%.3f redis-cpu-%%\t%d lost",
 		c.name(),
 		float64(renews)/secs,
 		float64(d.Commands-1)/secs, // the first INFO is counted in the delta
 		float64(rt1-rt0)/ticks,
 		100*cpu.Seconds()/secs,
 		perRenew,
+		float64(u1.Switches-u0.Switches)/secs,
 		100*d.CPU.Seconds()/secs,
 		lost), nil
 }
