@@ -45,7 +45,10 @@ var casDelete = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then r
 // rtts/op is the round trips each cycle made, counted on the client;
 // cpu-ns/op the CPU time (user + system, all threads, GC included) this
 // process spent per cycle: the client's own cost, which on a machine with
-// few cores also delays the Redis server that shares them.
+// few cores also delays the Redis server that shares them; ctxsw/op the
+// context switches of this process per cycle (getrusage), each a trip
+// through the kernel's scheduler, and on a virtual machine often a wake-up
+// of an idle virtual CPU.
 //
 // With FENCE_BENCH_OWN_REDIS=1 (the Redis at FENCE_REDIS_URL serves this
 // benchmark alone; scripts/bench.sh starts one), it also reports from the
@@ -61,14 +64,16 @@ func BenchmarkCycle(b *testing.B) {
 			if ownRedis {
 				srv0 = serverStats(b, lib.c)
 			}
-			cpu0 := processCPU(b)
+			u0 := processUsage(b)
 			for b.Loop() {
 				if err := lib.cycle(ops); err != nil {
 					b.Fatal(err)
 				}
 				ops++
 			}
-			b.ReportMetric(float64((processCPU(b)-cpu0).Nanoseconds())/float64(ops), "cpu-ns/op")
+			u1 := processUsage(b)
+			b.ReportMetric(float64((u1.CPU-u0.CPU).Nanoseconds())/float64(ops), "cpu-ns/op")
+			b.ReportMetric(float64(u1.Switches-u0.Switches)/float64(ops), "ctxsw/op")
 			b.ReportMetric(float64(lib.rt.Load()-start)/float64(ops), "rtts/op")
 			if ownRedis {
 				d := serverStats(b, lib.c).Sub(srv0)
@@ -220,13 +225,13 @@ func cycleLibs(b *testing.B) []cycleLib {
 	return libs
 }
 
-func processCPU(b *testing.B) time.Duration {
+func processUsage(b *testing.B) Usage {
 	b.Helper()
-	d, err := ProcessCPU()
+	u, err := ProcessUsage()
 	if err != nil {
 		b.Fatal(err)
 	}
-	return d
+	return u
 }
 
 // fencekitScripts loads fencekit's acquire and release scripts from the
