@@ -9,7 +9,7 @@
 #   3. bench/cmd/renewscale
 #        one process renewing 1, 100, 10000 leases (TTL 10 s): Redis commands/s,
 #        round trips per tick, process CPU, batching on and off
-#   4. sqlguard, blobguard package benchmarks
+#   4. sqlguard, blobguard package benchmarks, and bench: BenchmarkGuardPaired
 #        fenced vs plain PostgreSQL UPDATE and transaction, S3 PutObject 4 KiB/1 MiB
 #
 #   ./scripts/bench.sh [OUTDIR]     # default OUTDIR: bench/results/<UTC time>
@@ -124,6 +124,7 @@ for round in $(seq 1 "$count"); do
   (cd bench && "$bin/bench.test" -test.run '^$' -test.bench '^BenchmarkHandoff$' -test.benchtime "${handoffs}x" -test.count 1) >>"$out/handoff.txt"
   step "round $round/$count: sqlguard, blobguard"
   (cd sqlguard && "$bin/sqlguard.test" -test.run '^$' -test.bench . -test.count 1) >>"$out/sqlguard.txt"
+  (cd bench && "$bin/bench.test" -test.run '^$' -test.bench '^BenchmarkGuardPaired$' -test.benchtime 500ms -test.count 1) >>"$out/guard-paired.txt"
   (cd blobguard && "$bin/blobguard.test" -test.run '^$' -test.bench . -test.count 1) >>"$out/blobguard.txt"
 done
 (cd bench && "$bin/bench.test" -test.run '^$' -test.bench '^BenchmarkManagerOverhead$' -test.count "$count") >>"$out/overhead.txt"
@@ -148,9 +149,11 @@ bs() { "$benchstat_dir/benchstat" "$@"; echo; }
   bs -col /lib "$out/handoff.txt"
   echo "## 3. Renewal at scale (TTL 10 s; batching=on is the default, vs batching=off)"
   bs -col /batching -row /acquire,/leases "$out/renew.txt"
-  echo "## 4a. sqlguard: fenced vs plain PostgreSQL"
+  echo "## 4a. sqlguard: fenced vs plain PostgreSQL (the package's benchmarks)"
   bs -col /kind "$out/sqlguard.txt"
-  echo "## 4b. blobguard: fenced vs plain S3 PutObject"
+  echo "## 4b. sqlguard: each fenced write paired with a plain one (plain-ratio: fenced / interleaved plain)"
+  bs "$out/guard-paired.txt"
+  echo "## 4c. blobguard: fenced vs plain S3 PutObject"
   bs -col /mode "$out/blobguard.txt"
 } | tee "$out/summary.txt"
 step "done: raw outputs and summary in $out"
