@@ -11,9 +11,13 @@
 //     acquire, with blocked waiters.
 //   - cmd/renewscale: the cost of keeping 1 to 10,000 leases alive, with and
 //     without batched renewals.
+//   - BenchmarkGuardPaired: fenced versus plain PostgreSQL writes, paired
+//     operation by operation (sqlguard's and blobguard's own benchmarks
+//     cover the rest of the guards).
 //
 // The benchmarks run against the Redis at FENCE_REDIS_URL (default
-// redis://127.0.0.1:6379/0) under unique key prefixes, from this directory
+// redis://127.0.0.1:6379/0) under unique key prefixes and the PostgreSQL at
+// FENCE_POSTGRES_URL in a throwaway schema, from this directory
 // (BenchmarkCycle reads fencekit's Lua scripts from ../lease/redislease).
 // scripts/bench.sh runs them all, with the guards' own benchmarks, and prints
 // benchstat tables; docs/benchmarks.md has the results and what they mean.
