@@ -100,3 +100,20 @@ func (b *batcher) flush() {
 		b.m.releaseQuietly(context.Background(), l.rec)
 	}
 }
+
+// renewDelay returns how long to wait until a heartbeat due at due. With
+// batching on, due times are rounded up to the Manager's grid of
+// RenewBatchWindow, so that heartbeats due within one window fire together:
+// one wake-up of the process and one round trip for all of them, instead of
+// one wake-up per lease. Rounding up delays a renewal by less than the
+// window, which validation keeps below a quarter of RenewInterval.
+func (m *Manager) renewDelay(due time.Time) time.Duration {
+	if m.batcher != nil {
+		w := m.batcher.window
+		since := due.Sub(m.epoch)
+		if r := since % w; r != 0 {
+			due = due.Add(w - r)
+		}
+	}
+	return max(time.Until(due), 0)
+}

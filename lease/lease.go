@@ -61,7 +61,7 @@ func newLease(m *Manager, parent context.Context, rec Record, sent, deadline tim
 	if !m.o.DisableAutoRenew {
 		// Counted from the send time, like the deadline: a slow reply must
 		// not push the first renewal towards the deadline.
-		l.renewTimer = time.AfterFunc(time.Until(sent.Add(m.o.RenewInterval)), l.heartbeat)
+		l.renewTimer = time.AfterFunc(m.renewDelay(sent.Add(m.o.RenewInterval)), l.heartbeat)
 	}
 	l.mu.Unlock()
 	return l
@@ -259,10 +259,10 @@ func (l *Lease) heartbeat() {
 	}
 	// The interval runs from the start of this renewal, not its end, so
 	// that slow replies do not stretch the heartbeat.
-	next -= time.Since(start)
+	delay := l.m.renewDelay(start.Add(next))
 	l.mu.Lock()
 	if l.state == held {
-		l.renewTimer.Reset(max(next, 0))
+		l.renewTimer.Reset(delay)
 	}
 	l.mu.Unlock()
 }

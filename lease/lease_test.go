@@ -371,3 +371,28 @@ func TestFirstRenewalCountsFromSend(t *testing.T) {
 		t.Fatalf("first renewal %v after the reply; it is due 1s after the send, about 200ms after the reply", d)
 	}
 }
+
+// With batching on, heartbeats due within one batch window fire together:
+// due times are rounded up to the Manager's grid of RenewBatchWindow.
+func TestHeartbeatsAlignToTheBatchGrid(t *testing.T) {
+	const w = 50 * time.Millisecond
+	m, err := lease.NewManager(lease.NewMemoryBackend(), lease.Options{TTL: 10 * time.Second, RenewBatchWindow: w})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := m.EpochForTest().Add(time.Hour) // far enough that no delay is clipped to 0
+	now := time.Now()
+	for _, off := range []time.Duration{time.Millisecond, 25 * time.Millisecond, w - time.Nanosecond, w} {
+		got := now.Add(m.RenewDelayForTest(base.Add(off)))
+		want := base.Add(w)
+		if d := got.Sub(want); d < -5*time.Millisecond || d > 5*time.Millisecond {
+			t.Errorf("heartbeat due at grid+%v fires at grid+%v, want grid+%v", off, got.Sub(base), w)
+		}
+	}
+	off, _ := lease.NewManager(lease.NewMemoryBackend(), lease.Options{TTL: 10 * time.Second, RenewBatchWindow: lease.NoBatching})
+	due := time.Now().Add(time.Hour + 7*time.Millisecond)
+	want := time.Until(due)
+	if d := off.RenewDelayForTest(due); d > want+5*time.Millisecond || d < want-5*time.Millisecond {
+		t.Errorf("without batching the heartbeat is not aligned: delay %v for a due time %v away", d, want)
+	}
+}

@@ -19,8 +19,9 @@ import (
 // safe for concurrent use; one Manager can hold any number of leases.
 type Manager struct {
 	b       Backend
-	w       Watcher  // nil when b cannot signal releases
-	batcher *batcher // nil unless b implements BatchRenewer and batching is on
+	w       Watcher   // nil when b cannot signal releases
+	batcher *batcher  // nil unless b implements BatchRenewer and batching is on
+	epoch   time.Time // origin of the heartbeat grid (see renewDelay)
 	o       Options
 }
 
@@ -39,7 +40,7 @@ func NewManager(b Backend, opts Options, optFns ...func(*Options)) (*Manager, er
 	if err := opts.validate(b); err != nil {
 		return nil, err
 	}
-	m := &Manager{b: b, o: opts}
+	m := &Manager{b: b, o: opts, epoch: time.Now()}
 	m.w, _ = b.(Watcher)
 	if br, ok := b.(BatchRenewer); ok && opts.RenewBatchWindow > 0 && !opts.DisableAutoRenew {
 		m.batcher = &batcher{m: m, br: br, window: opts.RenewBatchWindow}

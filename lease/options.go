@@ -37,8 +37,10 @@ type Options struct {
 
 	// RenewBatchWindow is how long a due heartbeat waits for others to
 	// join it in one round trip, when the backend implements BatchRenewer.
-	// Default min(RenewInterval/20, 10 ms). NoBatching turns it off. It
-	// must be less than RenewInterval/4.
+	// Heartbeats are also aligned to a grid of this width, so that those
+	// due within one window wake the process once. Default
+	// min(RenewInterval/20, 100 ms). NoBatching turns it off. It must be
+	// less than RenewInterval/4.
 	RenewBatchWindow time.Duration
 
 	// RenewRetryInterval is the pause between retries of a renewal that
@@ -122,7 +124,7 @@ func (o Options) withDefaults() Options {
 	}
 	switch {
 	case o.RenewBatchWindow == 0 && o.RenewInterval > 0:
-		o.RenewBatchWindow = min(o.RenewInterval/20, 10*time.Millisecond)
+		o.RenewBatchWindow = min(o.RenewInterval/20, 100*time.Millisecond)
 	case o.RenewBatchWindow == NoBatching:
 		o.RenewBatchWindow = 0
 	}
