@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	mrand "math/rand/v2"
 	"os"
 	"strings"
@@ -189,7 +190,9 @@ func (m *Manager) attempt(ctx context.Context, rec Record, start time.Time, n in
 	}
 	l := newLease(m, ctx, rec, sent, deadline)
 	m.o.Observer.Acquired(AcquiredEvent{Name: rec.Name, Token: tok, Wait: time.Since(start), Attempts: n})
-	m.o.Logger.Debug("lease: acquired", "name", rec.Name, "token", uint64(tok), "owner", rec.Owner, "attempts", n)
+	if m.o.Logger.Enabled(ctx, slog.LevelDebug) { // spare the hot path the arguments' allocations
+		m.o.Logger.Debug("lease: acquired", "name", rec.Name, "token", uint64(tok), "owner", rec.Owner, "attempts", n)
+	}
 	return l, nil
 }
 
