@@ -36,10 +36,7 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -49,17 +46,14 @@ import (
 	"os/exec"
 	"os/signal"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 
+	"github.com/fencekit/fencekit/examples/internal/demo"
 	"github.com/fencekit/fencekit/examples/services"
-	"github.com/fencekit/fencekit/lease/redislease"
-	"github.com/fencekit/fencekit/migrations"
 )
 
 func main() {
@@ -151,21 +145,6 @@ Flags:
 	return o, errors.Join(errs...)
 }
 
-// timeline prints events with the time since the start of the run.
-type timeline struct {
-	mu    sync.Mutex
-	start time.Time
-	out   io.Writer
-}
-
-func (t *timeline) say(at time.Time, who, format string, args ...any) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	fmt.Fprintf(t.out, "  %+8.3fs  %-12s %s\n", at.Sub(t.start).Seconds(), who, fmt.Sprintf(format, args...))
-}
-
-func (t *timeline) rel(at time.Time) string { return fmt.Sprintf("%+.3fs", at.Sub(t.start).Seconds()) }
-
 func run(args []string, out io.Writer) int {
 	o, err := parseFlags(args, out)
 	if errors.Is(err, flag.ErrHelp) {
@@ -178,24 +157,18 @@ func run(args []string, out io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	tl := &timeline{start: time.Now(), out: out}
+	tl := demo.NewTimeline(out)
 	fmt.Fprintf(out, "invoicejob: %d replicas, %d invoices for period %s, lease TTL %v (renewed every %v); kill %d holder(s) with SIGKILL after %d invoices each\n\n",
 		o.replicas, o.customers, o.period, o.ttl, o.renewInterval().Round(time.Millisecond), o.kills, o.killAfter)
 
-	svc, err := services.Provide(ctx, services.Config{
+	svc, err := demo.ProvideServices(ctx, services.Config{
 		RedisURL: o.redisURL, PostgresURL: o.pgURL, NoS3: true,
-		Log: func(f string, a ...any) { fmt.Fprintf(out, "  ... "+f+"\n", a...) },
-	})
+	}, out)
 	if err != nil {
 		fmt.Fprintf(out, "invoicejob: cannot run without its services:\n  %s\n", strings.ReplaceAll(err.Error(), "\n", "\n  "))
 		return 2
 	}
 	defer svc.Close()
-	fmt.Fprintln(out, "Services:")
-	for _, u := range svc.Used {
-		fmt.Fprintln(out, "  "+u)
-	}
-	fmt.Fprintln(out)
 
 	sc, err := setUp(ctx, svc, o)
 	if err != nil {
@@ -203,7 +176,7 @@ func run(args []string, out io.Writer) int {
 		return 2
 	}
 	if o.keep {
-		fmt.Fprintf(out, "Keeping schema %s and lease %s (keys %s, %s) after the run.\n\n", sc.cfg.Schema, sc.cfg.LeaseName, sc.keys.Lease, sc.keys.Token)
+		fmt.Fprintf(out, "Keeping schema %s and lease %s (keys %s, %s) after the run.\n\n", sc.cfg.Schema, sc.cfg.LeaseName, sc.Keys.Lease, sc.Keys.Token)
 	} else {
 		defer sc.tearDown(out)
 	}
@@ -220,7 +193,7 @@ func run(args []string, out io.Writer) int {
 		return 2
 	}
 	sum.Services = svc.Used
-	sum.Elapsed = time.Since(tl.start)
+	sum.Elapsed = tl.Elapsed()
 	sum.print(out, tl, o)
 	if o.jsonOut != "" {
 		b, _ := json.MarshalIndent(sum, "", "  ")
@@ -235,38 +208,42 @@ func run(args []string, out io.Writer) int {
 	return 0
 }
 
-// scenario holds what one run created.
+// scenario holds what one run created: the schema and the lease's keys
+// (Stores), and the customers of the batch.
 type scenario struct {
 	cfg       workerConfig
 	customers []customer
-	pool      *pgxpool.Pool
-	rc        *redis.Client
-	keys      redislease.Keys
-}
-
-func randomID() string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
+	*demo.Stores
 }
 
 func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error) {
-	id := randomID()
+	id := demo.RandomID()
 	sc := &scenario{cfg: workerConfig{
 		RedisURL: svc.RedisURL, PostgresURL: svc.PostgresURL,
 		Schema: "invoicejob_" + id, Period: o.period,
 		LeaseName: "invoicejob-" + id + "/generate-invoices", RedisPrefix: "fencekit:",
 		TTL: o.ttl, InvoiceTime: o.invoiceTime,
 	}}
+	for i := range o.customers {
+		c := customer{ID: fmt.Sprintf("cust-%05d", i+1), AmountCents: 1000 + int64(i*7919%50000)}
+		sc.customers = append(sc.customers, c)
+	}
 	var err error
-	if sc.pool, err = pgxpool.New(ctx, svc.PostgresURL); err != nil {
+	sc.Stores, err = demo.SetUpStores(ctx, demo.StoresConfig{
+		PostgresURL: svc.PostgresURL, Schema: sc.cfg.Schema,
+		CreateTables: sc.createTables,
+		FencedTables: []string{invoicesTable, jobTable},
+		RedisURL:     svc.RedisURL, RedisPrefix: sc.cfg.RedisPrefix, LeaseName: sc.cfg.LeaseName,
+	})
+	if err != nil {
 		return nil, err
 	}
-	if _, err := sc.pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{sc.cfg.Schema}.Sanitize()); err != nil {
-		sc.pool.Close()
-		return nil, fmt.Errorf("create schema: %w", err)
-	}
-	fail := func(err error) (*scenario, error) { sc.tearDown(io.Discard); return nil, err }
+	return sc, nil
+}
+
+// createTables creates the customers, invoices and progress tables and
+// fills in the customers and the period's progress row.
+func (sc *scenario) createTables(ctx context.Context, pool *pgxpool.Pool) error {
 	ident := func(table string) string { return pgx.Identifier{sc.cfg.Schema, table}.Sanitize() }
 	for _, stmt := range []string{
 		`CREATE TABLE ` + ident(customersTable) + ` (id text PRIMARY KEY, amount_cents bigint NOT NULL)`,
@@ -287,71 +264,25 @@ func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error)
 			next_index   int NOT NULL DEFAULT 0,
 			completed_at timestamptz)`,
 	} {
-		if _, err := sc.pool.Exec(ctx, stmt); err != nil {
-			return fail(fmt.Errorf("create tables: %w", err))
+		if _, err := pool.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("create tables: %w", err)
 		}
-	}
-	for i := range o.customers {
-		c := customer{ID: fmt.Sprintf("cust-%05d", i+1), AmountCents: 1000 + int64(i*7919%50000)}
-		sc.customers = append(sc.customers, c)
 	}
 	rows := make([][]any, len(sc.customers))
 	for i, c := range sc.customers {
 		rows[i] = []any{c.ID, c.AmountCents}
 	}
-	if _, err := sc.pool.CopyFrom(ctx, pgx.Identifier{sc.cfg.Schema, customersTable}, []string{"id", "amount_cents"}, pgx.CopyFromRows(rows)); err != nil {
-		return fail(fmt.Errorf("insert customers: %w", err))
+	if _, err := pool.CopyFrom(ctx, pgx.Identifier{sc.cfg.Schema, customersTable}, []string{"id", "amount_cents"}, pgx.CopyFromRows(rows)); err != nil {
+		return fmt.Errorf("insert customers: %w", err)
 	}
-	if _, err := sc.pool.Exec(ctx, `INSERT INTO `+ident(jobTable)+` (period) VALUES ($1)`, o.period); err != nil {
-		return fail(fmt.Errorf("insert the progress row: %w", err))
+	if _, err := pool.Exec(ctx, `INSERT INTO `+ident(jobTable)+` (period) VALUES ($1)`, sc.cfg.Period); err != nil {
+		return fmt.Errorf("insert the progress row: %w", err)
 	}
-	// fencekit's own tables, and lock_version on the fenced tables: the
-	// same steps as `fencekit migrate up` and `fencekit migrate
-	// add-lock-version`.
-	db, err := migrations.Open(svc.PostgresURL, sc.cfg.Schema)
-	if err != nil {
-		return fail(err)
-	}
-	defer db.Close()
-	if _, err := migrations.Up(ctx, db); err != nil {
-		return fail(fmt.Errorf("fencekit migrations: %w", err))
-	}
-	for _, t := range []string{invoicesTable, jobTable} {
-		if err := migrations.ApplyLockVersion(ctx, db, migrations.TableName{Schema: sc.cfg.Schema, Name: t}); err != nil {
-			return fail(fmt.Errorf("add lock_version to %s: %w", t, err))
-		}
-	}
-	ropt, err := redis.ParseURL(svc.RedisURL)
-	if err != nil {
-		return fail(err)
-	}
-	sc.rc = redis.NewClient(ropt)
-	b, err := redislease.New(sc.rc, func(opt *redislease.Options) { opt.Prefix = sc.cfg.RedisPrefix })
-	if err != nil {
-		return fail(err)
-	}
-	sc.keys = b.KeysFor(sc.cfg.LeaseName)
-	_ = b.Close()
-	return sc, nil
+	return nil
 }
 
 func (sc *scenario) tearDown(out io.Writer) {
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	var errs []error
-	if sc.pool != nil {
-		if _, err := sc.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{sc.cfg.Schema}.Sanitize()+" CASCADE"); err != nil {
-			errs = append(errs, err)
-		}
-		sc.pool.Close()
-	}
-	if sc.rc != nil {
-		if err := sc.rc.Del(ctx, sc.keys.Lease, sc.keys.Token).Err(); err != nil {
-			errs = append(errs, err)
-		}
-		_ = sc.rc.Close()
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err := sc.Stores.TearDown(); err != nil {
 		fmt.Fprintf(out, "invoicejob: cleaning up: %v\n", err)
 	}
 }
@@ -370,33 +301,21 @@ type exit struct {
 	err  error
 }
 
+// startReplica starts a replica process. Its events go to events, and then
+// its exit to exits: the orchestrator follows all the replicas on these
+// two channels.
 func (sc *scenario) startReplica(name string, acquireTimeout time.Duration, events chan<- event, exits chan<- exit) (*proc, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
 	cfg := sc.cfg
 	cfg.Replica, cfg.AcquireTimeout = name, acquireTimeout
-	js, _ := json.Marshal(cfg)
-	cmd := exec.Command(self, "replica")
-	cmd.Env = append(os.Environ(), configVar+"="+string(js))
-	cmd.Stderr = os.Stderr
-	stdout, err := cmd.StdoutPipe()
+	c, err := demo.StartChild[event]("replica", configVar, cfg)
 	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
 	go func() {
-		s := bufio.NewScanner(stdout)
-		for s.Scan() {
-			var e event
-			if json.Unmarshal(s.Bytes(), &e) == nil {
-				events <- e
-			}
+		for e := range c.Events {
+			events <- e
 		}
-		exits <- exit{name: name, err: cmd.Wait()}
+		exits <- exit{name: name, err: <-c.Done}
 	}()
-	return &proc{name: name, cmd: cmd}, nil
+	return &proc{name: name, cmd: c.Cmd}, nil
 }

@@ -6,6 +6,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fencekit/fencekit/examples/internal/demo"
 	"github.com/fencekit/fencekit/fence"
 )
 
@@ -86,7 +87,7 @@ type check struct {
 
 // play starts the replicas, kills holders mid-batch, and follows the run
 // until every replica has exited.
-func (sc *scenario) play(ctx context.Context, tl *timeline, o options) (*summary, error) {
+func (sc *scenario) play(ctx context.Context, tl *demo.Timeline, o options) (*summary, error) {
 	sum := &summary{Period: o.period, Customers: o.customers, Replicas: o.replicas,
 		TTLMillis: o.ttl.Milliseconds(), RenewMillis: o.renewInterval().Milliseconds()}
 	budget := time.Duration(o.customers)*(o.invoiceTime+50*time.Millisecond)*2 + time.Duration(o.kills+2)*3*o.ttl + 60*time.Second
@@ -107,7 +108,7 @@ func (sc *scenario) play(ctx context.Context, tl *timeline, o options) (*summary
 			return nil, fmt.Errorf("starting %s: %w", name, err)
 		}
 		procs[name] = p
-		tl.say(time.Now(), "orchestrator", "started %s (pid %d)", name, p.cmd.Process.Pid)
+		tl.Say(time.Now(), "orchestrator", "started %s (pid %d)", name, p.cmd.Process.Pid)
 	}
 
 	var (
@@ -117,7 +118,7 @@ func (sc *scenario) play(ctx context.Context, tl *timeline, o options) (*summary
 	)
 	handle := func(e event) {
 		sum.Events = append(sum.Events, e)
-		tl.say(e.At, e.Replica, "%s", e.Text)
+		tl.Say(e.At, e.Replica, "%s", e.Text)
 		h := current[e.Replica]
 		switch e.Kind {
 		case evAcquired:
@@ -127,7 +128,7 @@ func (sc *scenario) play(ctx context.Context, tl *timeline, o options) (*summary
 			if pending != nil {
 				pending.To, pending.ToToken, pending.Acquired = e.Replica, e.Token, e.At
 				pending.Took = e.At.Sub(pending.KilledAt)
-				tl.say(e.At, "orchestrator", "handover: %s took over %v after %s was killed (TTL %v)",
+				tl.Say(e.At, "orchestrator", "handover: %s took over %v after %s was killed (TTL %v)",
 					e.Replica, pending.Took.Round(time.Millisecond), pending.From, o.ttl)
 				pending = nil
 			}
@@ -151,10 +152,10 @@ func (sc *scenario) play(ctx context.Context, tl *timeline, o options) (*summary
 				}
 				p.killed = true
 				h.Fate, h.KilledAt = evKilled, killedAt
-				left, _ := sc.rc.PTTL(ctx, sc.keys.Lease).Result()
+				left, _ := sc.Redis.PTTL(ctx, sc.Keys.Lease).Result()
 				pending = &handover{From: e.Replica, FromToken: h.Token, KilledAt: killedAt, LeaseLeft: max(left, 0)}
 				sum.Handovers = append(sum.Handovers, pending)
-				tl.say(killedAt, "orchestrator", "KILLED %s (pid %d) with SIGKILL after its invoice #%d; its lease is not released and has %v left in Redis",
+				tl.Say(killedAt, "orchestrator", "KILLED %s (pid %d) with SIGKILL after its invoice #%d; its lease is not released and has %v left in Redis",
 					e.Replica, p.cmd.Process.Pid, e.Number, pending.LeaseLeft.Round(time.Millisecond))
 			}
 		case evCompleted:
@@ -185,12 +186,12 @@ func (sc *scenario) play(ctx context.Context, tl *timeline, o options) (*summary
 			p.exited = true
 			switch {
 			case p.killed:
-				tl.say(time.Now(), "orchestrator", "%s is gone (%v)", x.name, x.err)
+				tl.Say(time.Now(), "orchestrator", "%s is gone (%v)", x.name, x.err)
 			case x.err != nil:
 				sum.problems = append(sum.problems, fmt.Sprintf("%s exited with %v", x.name, x.err))
-				tl.say(time.Now(), "orchestrator", "%s exited with %v", x.name, x.err)
+				tl.Say(time.Now(), "orchestrator", "%s exited with %v", x.name, x.err)
 			default:
-				tl.say(time.Now(), "orchestrator", "%s exited normally", x.name)
+				tl.Say(time.Now(), "orchestrator", "%s exited normally", x.name)
 			}
 		case <-overall.C:
 			return nil, fmt.Errorf("timed out after %v", budget)

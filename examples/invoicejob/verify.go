@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fencekit/fencekit/examples/internal/demo"
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/sqlguard"
 )
@@ -17,7 +18,7 @@ import (
 // verify reads the outcome from the database, replays the writes of every
 // holder but the newest with their old tokens, and records the checks and
 // the verdict in sum.
-func (sc *scenario) verify(ctx context.Context, tl *timeline, o options, sum *summary) error {
+func (sc *scenario) verify(ctx context.Context, tl *demo.Timeline, o options, sum *summary) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	ident := func(table string) string { return pgx.Identifier{sc.cfg.Schema, table}.Sanitize() }
@@ -41,16 +42,16 @@ func (sc *scenario) verify(ctx context.Context, tl *timeline, o options, sum *su
 
 	// Exactly one invoice per customer: none missing, none twice.
 	var total, distinct, missing, misnumbered int
-	if err := sc.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT customer) FROM `+ident(invoicesTable)+` WHERE period = $1`, o.period).
+	if err := sc.Pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT customer) FROM `+ident(invoicesTable)+` WHERE period = $1`, o.period).
 		Scan(&total, &distinct); err != nil {
 		return err
 	}
-	if err := sc.pool.QueryRow(ctx, `SELECT count(*) FROM `+ident(customersTable)+` c
+	if err := sc.Pool.QueryRow(ctx, `SELECT count(*) FROM `+ident(customersTable)+` c
 		WHERE NOT EXISTS (SELECT 1 FROM `+ident(invoicesTable)+` i WHERE i.customer = c.id AND i.period = $1)`, o.period).
 		Scan(&missing); err != nil {
 		return err
 	}
-	if err := sc.pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT number, row_number() OVER (ORDER BY customer) AS rn
+	if err := sc.Pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT number, row_number() OVER (ORDER BY customer) AS rn
 		FROM `+ident(invoicesTable)+` WHERE period = $1) x WHERE number <> rn`, o.period).Scan(&misnumbered); err != nil {
 		return err
 	}
@@ -62,7 +63,7 @@ func (sc *scenario) verify(ctx context.Context, tl *timeline, o options, sum *su
 
 	// Every invoice carries the token of the holder that wrote it, and
 	// the holders' ranges follow each other in token order.
-	rows, err := sc.pool.Query(ctx, `SELECT lock_version, written_by, count(*), min(number), max(number)
+	rows, err := sc.Pool.Query(ctx, `SELECT lock_version, written_by, count(*), min(number), max(number)
 		FROM `+ident(invoicesTable)+` WHERE period = $1 GROUP BY 1, 2 ORDER BY 4`, o.period)
 	if err != nil {
 		return err
@@ -136,7 +137,7 @@ func (sc *scenario) verify(ctx context.Context, tl *timeline, o options, sum *su
 	var next int
 	var completed bool
 	var jobVersion int64
-	if err := sc.pool.QueryRow(ctx, `SELECT next_index, completed_at IS NOT NULL, lock_version FROM `+ident(jobTable)+` WHERE period = $1`, o.period).
+	if err := sc.Pool.QueryRow(ctx, `SELECT next_index, completed_at IS NOT NULL, lock_version FROM `+ident(jobTable)+` WHERE period = $1`, o.period).
 		Scan(&next, &completed, &jobVersion); err != nil {
 		return err
 	}
@@ -144,7 +145,7 @@ func (sc *scenario) verify(ctx context.Context, tl *timeline, o options, sum *su
 
 	// The resource holds the newest holder's token.
 	var resTok int64
-	err = sc.pool.QueryRow(ctx, `SELECT token FROM `+ident(sqlguard.ResourceTable)+` WHERE resource = $1`, resourceFor(o.period)).Scan(&resTok)
+	err = sc.Pool.QueryRow(ctx, `SELECT token FROM `+ident(sqlguard.ResourceTable)+` WHERE resource = $1`, resourceFor(o.period)).Scan(&resTok)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return err
 	}
@@ -165,20 +166,20 @@ func (sc *scenario) verify(ctx context.Context, tl *timeline, o options, sum *su
 		if h.Token == newest {
 			continue
 		}
-		_, err := b.step(ctx, sc.pool, h.Token, h.Replica, 0, nil)
+		_, err := b.step(ctx, sc.Pool, h.Token, h.Replica, 0, nil)
 		se, stale := fence.AsStale(err)
 		switch {
 		case stale:
-			tl.say(time.Now(), "orchestrator", "replayed a write of %s with its old token %d: REJECTED by PostgreSQL (the resource holds token %d)", h.Replica, h.Token, se.Current)
+			tl.Say(time.Now(), "orchestrator", "replayed a write of %s with its old token %d: REJECTED by PostgreSQL (the resource holds token %d)", h.Replica, h.Token, se.Current)
 		case err == nil:
-			tl.say(time.Now(), "orchestrator", "replayed a write of %s with its old token %d: ACCEPTED", h.Replica, h.Token)
+			tl.Say(time.Now(), "orchestrator", "replayed a write of %s with its old token %d: ACCEPTED", h.Replica, h.Token)
 		default:
-			tl.say(time.Now(), "orchestrator", "replayed a write of %s with its old token %d: failed: %v", h.Replica, h.Token, err)
+			tl.Say(time.Now(), "orchestrator", "replayed a write of %s with its old token %d: failed: %v", h.Replica, h.Token, err)
 		}
 		add(stale, "a write with %s's old token %d is rejected as stale%s", h.Replica, h.Token, errSuffix(err, stale))
 	}
 	var after int
-	if err := sc.pool.QueryRow(ctx, `SELECT count(*) FROM `+ident(invoicesTable)+` WHERE period = $1`, o.period).Scan(&after); err != nil {
+	if err := sc.Pool.QueryRow(ctx, `SELECT count(*) FROM `+ident(invoicesTable)+` WHERE period = $1`, o.period).Scan(&after); err != nil {
 		return err
 	}
 	add(after == total, "database: the stale replays changed nothing (%d invoices before, %d after)", total, after)
@@ -248,7 +249,7 @@ func errSuffix(err error, stale bool) string {
 }
 
 // print writes the summary table, the checks and the verdict.
-func (sum *summary) print(out io.Writer, tl *timeline, o options) {
+func (sum *summary) print(out io.Writer, tl *demo.Timeline, o options) {
 	fmt.Fprintf(out, "\nHolders of the lease, in the order they acquired it:\n")
 	fmt.Fprintf(out, "  %-11s %-8s %-18s %-10s %-8s %-17s %s\n", "replica", "pid", "token", "acquired", "resumed", "invoices (DB)", "how it ended")
 	for _, h := range sum.Holders {
@@ -262,19 +263,19 @@ func (sum *summary) print(out io.Writer, tl *timeline, o options) {
 		}
 		fate := fateText(h.Fate)
 		if !h.KilledAt.IsZero() {
-			fate += " at " + tl.rel(h.KilledAt)
+			fate += " at " + tl.Rel(h.KilledAt)
 		}
-		fmt.Fprintf(out, "  %-11s %-8d %-18d %-10s %-8s %-17s %s\n", h.Replica, h.Pid, h.Token, tl.rel(h.AcquiredAt), resumed, inv, fate)
+		fmt.Fprintf(out, "  %-11s %-8d %-18d %-10s %-8s %-17s %s\n", h.Replica, h.Pid, h.Token, tl.Rel(h.AcquiredAt), resumed, inv, fate)
 	}
 	if len(sum.Handovers) > 0 {
 		fmt.Fprintf(out, "\nHandovers (from the kill to the next acquire):\n")
 		for _, k := range sum.Handovers {
 			to := "nobody"
 			if k.To != "" {
-				to = fmt.Sprintf("%s acquired at %s with token %d: handover %v", k.To, tl.rel(k.Acquired), k.ToToken, k.Took.Round(time.Millisecond))
+				to = fmt.Sprintf("%s acquired at %s with token %d: handover %v", k.To, tl.Rel(k.Acquired), k.ToToken, k.Took.Round(time.Millisecond))
 			}
 			fmt.Fprintf(out, "  %s (token %d) killed at %s, its grant had %v left in Redis; %s (TTL %v, renew interval %v)\n",
-				k.From, k.FromToken, tl.rel(k.KilledAt), k.LeaseLeft.Round(time.Millisecond), to, o.ttl, o.renewInterval().Round(time.Millisecond))
+				k.From, k.FromToken, tl.Rel(k.KilledAt), k.LeaseLeft.Round(time.Millisecond), to, o.ttl, o.renewInterval().Round(time.Millisecond))
 		}
 	}
 	fmt.Fprintf(out, "\nChecks:\n")

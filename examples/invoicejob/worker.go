@@ -10,15 +10,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 
+	"github.com/fencekit/fencekit/examples/internal/demo"
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/lease"
-	"github.com/fencekit/fencekit/lease/redislease"
 )
 
 // workerConfig is what the orchestrator hands a replica process (as JSON in
-// the environment variable configVar).
+// the environment variable configVar, see demo.StartChild).
 type workerConfig struct {
 	Replica        string        `json:"replica"`
 	RedisURL       string        `json:"redis_url"`
@@ -95,29 +94,18 @@ func (r *replica) fail(format string, args ...any) int {
 // starting where the progress row says the batch stands.
 func runReplica() int {
 	r := &replica{enc: json.NewEncoder(os.Stdout)}
-	if err := json.Unmarshal([]byte(os.Getenv(configVar)), &r.cfg); err != nil {
-		fmt.Fprintf(os.Stderr, "invoicejob replica: bad %s: %v\n", configVar, err)
+	if err := demo.ReadChildConfig(configVar, &r.cfg); err != nil {
+		fmt.Fprintf(os.Stderr, "invoicejob replica: %v\n", err)
 		return 2
 	}
 	cfg := r.cfg
 	ctx := context.Background()
 
-	ropt, err := redis.ParseURL(cfg.RedisURL)
-	if err != nil {
-		return r.fail("redis URL: %v", err)
-	}
-	ropt.ContextTimeoutEnabled = true
-	rc := redis.NewClient(ropt)
-	defer rc.Close()
-	backend, err := redislease.New(rc, func(o *redislease.Options) { o.Prefix = cfg.RedisPrefix })
+	m, closeLeases, err := demo.NewLeaseManager(cfg.RedisURL, cfg.RedisPrefix, lease.Options{TTL: cfg.TTL, Identity: cfg.Replica})
 	if err != nil {
 		return r.fail("%v", err)
 	}
-	defer backend.Close()
-	m, err := lease.NewManager(backend, lease.Options{TTL: cfg.TTL, Identity: cfg.Replica})
-	if err != nil {
-		return r.fail("%v", err)
-	}
+	defer closeLeases()
 	pcfg, err := pgxpool.ParseConfig(cfg.PostgresURL)
 	if err != nil {
 		return r.fail("postgres URL: %v", err)

@@ -27,21 +27,16 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"os/signal"
 	"sort"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -49,13 +44,11 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/fencekit/fencekit/blobguard"
+	"github.com/fencekit/fencekit/examples/internal/demo"
 	"github.com/fencekit/fencekit/examples/services"
 	"github.com/fencekit/fencekit/fence"
-	"github.com/fencekit/fencekit/lease/redislease"
-	"github.com/fencekit/fencekit/migrations"
 )
 
 func main() {
@@ -120,19 +113,6 @@ Flags:
 	return o, errors.Join(errs...)
 }
 
-// timeline prints events with the time since the start of the run.
-type timeline struct {
-	mu    sync.Mutex
-	start time.Time
-	out   io.Writer
-}
-
-func (t *timeline) say(at time.Time, who, format string, args ...any) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	fmt.Fprintf(t.out, "  %+8.3fs  %-12s %s\n", at.Sub(t.start).Seconds(), who, fmt.Sprintf(format, args...))
-}
-
 // summary is what --json writes.
 type summary struct {
 	OK          bool          `json:"ok"`
@@ -181,27 +161,21 @@ func run(args []string, out io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	tl := &timeline{start: time.Now(), out: out}
+	tl := demo.NewTimeline(out)
 	mode := "guarded: fenced pgx transaction + blobguard"
 	if o.unguarded {
 		mode = "UNGUARDED: plain SQL UPDATE + plain S3 PUT"
 	}
 	fmt.Fprintf(out, "stalewriter: lease TTL %v, worker A frozen for %v, writes %s\n\n", o.ttl, o.pause, mode)
 
-	svc, err := services.Provide(ctx, services.Config{
+	svc, err := demo.ProvideServices(ctx, services.Config{
 		RedisURL: o.redisURL, PostgresURL: o.pgURL, S3Endpoint: o.s3URL,
-		Log: func(f string, a ...any) { fmt.Fprintf(out, "  ... "+f+"\n", a...) },
-	})
+	}, out)
 	if err != nil {
 		fmt.Fprintf(out, "stalewriter: cannot run without its services:\n  %s\n", strings.ReplaceAll(err.Error(), "\n", "\n  "))
 		return 2
 	}
 	defer svc.Close()
-	fmt.Fprintln(out, "Services:")
-	for _, u := range svc.Used {
-		fmt.Fprintln(out, "  "+u)
-	}
-	fmt.Fprintln(out)
 
 	sc, err := setUp(ctx, svc, o)
 	if err != nil {
@@ -213,7 +187,7 @@ func run(args []string, out io.Writer) int {
 	} else {
 		defer sc.tearDown(out)
 	}
-	tl.start = time.Now() // the timeline counts from the first worker, not from starting services
+	tl.Restart() // the timeline counts from the first worker, not from starting services
 	fmt.Fprintf(out, "Row %s.%s id=%s and object s3://%s/%s start empty; lease %q.\n\nTimeline:\n",
 		sc.cfg.Schema, sc.cfg.Table, sc.cfg.RowID, sc.cfg.S3.Bucket, sc.cfg.ObjectKey, sc.cfg.LeaseName)
 
@@ -223,7 +197,7 @@ func run(args []string, out io.Writer) int {
 		return 2
 	}
 	sum.Services = svc.Used
-	sum.Elapsed = time.Since(tl.start)
+	sum.Elapsed = tl.Elapsed()
 	fmt.Fprintf(out, "\nFinal state:\n  row:    written by %s, token %d, lock_version %d\n  object: written by %s, token %d\n\n%s\n",
 		orNone(sum.Final.RowWrittenBy), sum.Final.RowToken, sum.Final.RowLockVersion,
 		orNone(sum.Final.ObjectWrittenBy), sum.Final.ObjectToken, sum.Verdict)
@@ -247,23 +221,16 @@ func orNone(s string) string {
 	return s
 }
 
-// scenario holds what one run created.
+// scenario holds what one run created: the schema and the lease's keys
+// (Stores), and the object in S3.
 type scenario struct {
-	cfg  workerConfig
-	pool *pgxpool.Pool
-	s3   *s3.Client
-	rc   *redis.Client
-	keys redislease.Keys
-}
-
-func randomID() string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
+	cfg workerConfig
+	*demo.Stores
+	s3 *s3.Client
 }
 
 func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error) {
-	id := randomID()
+	id := demo.RandomID()
 	sc := &scenario{cfg: workerConfig{
 		RedisURL: svc.RedisURL, PostgresURL: svc.PostgresURL, S3: svc.S3,
 		Schema: "stalewriter_" + id, Table: "report", RowID: "2026-11",
@@ -272,119 +239,51 @@ func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error)
 		TTL: o.ttl, WriteDelay: o.writeDelay, Unguarded: o.unguarded,
 	}}
 	var err error
-	if sc.pool, err = pgxpool.New(ctx, svc.PostgresURL); err != nil {
+	sc.Stores, err = demo.SetUpStores(ctx, demo.StoresConfig{
+		PostgresURL: svc.PostgresURL, Schema: sc.cfg.Schema,
+		CreateTables: sc.createTable,
+		FencedTables: []string{sc.cfg.Table},
+		RedisURL:     svc.RedisURL, RedisPrefix: sc.cfg.RedisPrefix, LeaseName: sc.cfg.LeaseName,
+	})
+	if err != nil {
 		return nil, err
 	}
-	schema := pgx.Identifier{sc.cfg.Schema}.Sanitize()
-	if _, err := sc.pool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		sc.pool.Close()
-		return nil, fmt.Errorf("create schema: %w", err)
-	}
-	fail := func(err error) (*scenario, error) { sc.tearDown(io.Discard); return nil, err }
-	table := pgx.Identifier{sc.cfg.Schema, sc.cfg.Table}.Sanitize()
-	if _, err := sc.pool.Exec(ctx, `CREATE TABLE `+table+` (id text PRIMARY KEY, written_by text NOT NULL, token bigint NOT NULL, note text NOT NULL)`); err != nil {
-		return fail(fmt.Errorf("create table: %w", err))
-	}
-	if _, err := sc.pool.Exec(ctx, `INSERT INTO `+table+` VALUES ($1, '', 0, 'not written yet')`, sc.cfg.RowID); err != nil {
-		return fail(fmt.Errorf("insert row: %w", err))
-	}
-	// fencekit's own tables, and lock_version on the user table: the same
-	// steps as `fencekit migrate up` and `fencekit migrate add-lock-version`.
-	db, err := migrations.Open(svc.PostgresURL, sc.cfg.Schema)
-	if err != nil {
-		return fail(err)
-	}
-	defer db.Close()
-	if _, err := migrations.Up(ctx, db); err != nil {
-		return fail(fmt.Errorf("fencekit migrations: %w", err))
-	}
-	if err := migrations.ApplyLockVersion(ctx, db, migrations.TableName{Schema: sc.cfg.Schema, Name: sc.cfg.Table}); err != nil {
-		return fail(fmt.Errorf("add lock_version: %w", err))
-	}
 	sc.s3 = services.NewS3Client(svc.S3)
-	ropt, err := redis.ParseURL(svc.RedisURL)
-	if err != nil {
-		return fail(err)
-	}
-	sc.rc = redis.NewClient(ropt)
-	b, err := redislease.New(sc.rc, func(opt *redislease.Options) { opt.Prefix = sc.cfg.RedisPrefix })
-	if err != nil {
-		return fail(err)
-	}
-	sc.keys = b.KeysFor(sc.cfg.LeaseName)
-	_ = b.Close()
 	return sc, nil
+}
+
+// createTable creates the report table with its one row, not written yet.
+func (sc *scenario) createTable(ctx context.Context, pool *pgxpool.Pool) error {
+	table := pgx.Identifier{sc.cfg.Schema, sc.cfg.Table}.Sanitize()
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+table+` (id text PRIMARY KEY, written_by text NOT NULL, token bigint NOT NULL, note text NOT NULL)`); err != nil {
+		return fmt.Errorf("create table: %w", err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO `+table+` VALUES ($1, '', 0, 'not written yet')`, sc.cfg.RowID); err != nil {
+		return fmt.Errorf("insert row: %w", err)
+	}
+	return nil
 }
 
 func (sc *scenario) tearDown(out io.Writer) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	var errs []error
-	if sc.pool != nil {
-		if _, err := sc.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{sc.cfg.Schema}.Sanitize()+" CASCADE"); err != nil {
-			errs = append(errs, err)
-		}
-		sc.pool.Close()
-	}
-	if sc.s3 != nil {
-		if _, err := sc.s3.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(sc.cfg.S3.Bucket), Key: aws.String(sc.cfg.ObjectKey)}); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if sc.rc != nil {
-		if err := sc.rc.Del(ctx, sc.keys.Lease, sc.keys.Token).Err(); err != nil {
-			errs = append(errs, err)
-		}
-		_ = sc.rc.Close()
-	}
-	if err := errors.Join(errs...); err != nil {
+	_, err := sc.s3.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(sc.cfg.S3.Bucket), Key: aws.String(sc.cfg.ObjectKey)})
+	if err := errors.Join(sc.Stores.TearDown(), err); err != nil {
 		fmt.Fprintf(out, "stalewriter: cleaning up: %v\n", err)
 	}
 }
 
 // proc is a running worker process.
-type proc struct {
-	role   string
-	cmd    *exec.Cmd
-	events chan event
-	done   chan error
-}
+type proc = demo.Child[event]
 
 func (sc *scenario) startWorker(role string, acquireTimeout time.Duration) (*proc, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
 	cfg := sc.cfg
 	cfg.Role, cfg.AcquireTimeout = role, acquireTimeout
-	js, _ := json.Marshal(cfg)
-	cmd := exec.Command(self, "worker")
-	cmd.Env = append(os.Environ(), configVar+"="+string(js))
-	cmd.Stderr = os.Stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	p := &proc{role: role, cmd: cmd, events: make(chan event, 64), done: make(chan error, 1)}
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			var e event
-			if json.Unmarshal(sc.Bytes(), &e) == nil {
-				p.events <- e
-			}
-		}
-		close(p.events)
-		p.done <- cmd.Wait()
-	}()
-	return p, nil
+	return demo.StartChild[event]("worker", configVar, cfg)
 }
 
 // play runs the timeline and judges the outcome.
-func (sc *scenario) play(ctx context.Context, tl *timeline, o options) (*summary, error) {
+func (sc *scenario) play(ctx context.Context, tl *demo.Timeline, o options) (*summary, error) {
 	sum := &summary{Unguarded: o.unguarded, TTLMillis: o.ttl.Milliseconds(), PauseMillis: o.pause.Milliseconds(),
 		Run: runInfo{Schema: sc.cfg.Schema, Table: sc.cfg.Table, RowID: sc.cfg.RowID, Bucket: sc.cfg.S3.Bucket,
 			ObjectKey: sc.cfg.ObjectKey, LeaseName: sc.cfg.LeaseName, RedisPrefix: sc.cfg.RedisPrefix}}
@@ -392,22 +291,22 @@ func (sc *scenario) play(ctx context.Context, tl *timeline, o options) (*summary
 	if err != nil {
 		return nil, err
 	}
-	tl.say(time.Now(), "orchestrator", "started worker A (pid %d)", a.cmd.Process.Pid)
+	tl.Say(time.Now(), "orchestrator", "started worker A (pid %d)", a.Cmd.Process.Pid)
 	var (
 		b       *proc
 		frozen  bool
 		resume  <-chan time.Time
-		aEvents = a.events
+		aEvents = a.Events
 		bEvents <-chan event
-		aDone   = a.done
+		aDone   = a.Done
 		bDone   <-chan error
 		running = 2
 	)
 	defer func() { // never leave a process behind, frozen or not
 		for _, p := range []*proc{a, b} {
-			if p != nil && p.cmd.ProcessState == nil {
-				_ = p.cmd.Process.Signal(syscall.SIGCONT)
-				_ = p.cmd.Process.Kill()
+			if p != nil && p.Cmd.ProcessState == nil {
+				_ = p.Cmd.Process.Signal(syscall.SIGCONT)
+				_ = p.Cmd.Process.Kill()
 			}
 		}
 	}()
@@ -420,7 +319,7 @@ func (sc *scenario) play(ctx context.Context, tl *timeline, o options) (*summary
 				continue
 			}
 			sum.Events = append(sum.Events, e)
-			tl.say(e.At, "worker A", "%s", e.Text)
+			tl.Say(e.At, "worker A", "%s", e.Text)
 			switch e.Kind {
 			case evAcquired:
 				sum.TokenA = e.Token
@@ -428,17 +327,17 @@ func (sc *scenario) play(ctx context.Context, tl *timeline, o options) (*summary
 				return nil, fmt.Errorf("worker A: %s", e.Text)
 			case evChecked:
 				// Freeze A between its lease check and its write.
-				if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+				if err := a.Cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 					return nil, fmt.Errorf("SIGSTOP worker A: %w", err)
 				}
 				frozen = true
-				tl.say(time.Now(), "orchestrator", "froze worker A with SIGSTOP for %v (TTL %v): its heartbeat stops with it", o.pause, o.ttl)
+				tl.Say(time.Now(), "orchestrator", "froze worker A with SIGSTOP for %v (TTL %v): its heartbeat stops with it", o.pause, o.ttl)
 				resume = time.After(o.pause)
 				if b, err = sc.startWorker("B", o.pause+4*o.ttl+30*time.Second); err != nil {
 					return nil, err
 				}
-				bEvents, bDone = b.events, b.done
-				tl.say(time.Now(), "orchestrator", "started worker B (pid %d); it waits for the lease", b.cmd.Process.Pid)
+				bEvents, bDone = b.Events, b.Done
+				tl.Say(time.Now(), "orchestrator", "started worker B (pid %d); it waits for the lease", b.Cmd.Process.Pid)
 			}
 		case e, ok := <-bEvents:
 			if !ok {
@@ -446,7 +345,7 @@ func (sc *scenario) play(ctx context.Context, tl *timeline, o options) (*summary
 				continue
 			}
 			sum.Events = append(sum.Events, e)
-			tl.say(e.At, "worker B", "%s", e.Text)
+			tl.Say(e.At, "worker B", "%s", e.Text)
 			switch e.Kind {
 			case evAcquired:
 				sum.TokenB = e.Token
@@ -455,11 +354,11 @@ func (sc *scenario) play(ctx context.Context, tl *timeline, o options) (*summary
 			}
 		case <-resume:
 			resume = nil
-			if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+			if err := a.Cmd.Process.Signal(syscall.SIGCONT); err != nil {
 				return nil, fmt.Errorf("SIGCONT worker A: %w", err)
 			}
 			frozen = false
-			tl.say(time.Now(), "orchestrator", "resumed worker A with SIGCONT after %v; it goes on with its write", o.pause)
+			tl.Say(time.Now(), "orchestrator", "resumed worker A with SIGCONT after %v; it goes on with its write", o.pause)
 		case err := <-aDone:
 			aDone = nil
 			running--
@@ -488,7 +387,7 @@ func (sc *scenario) play(ctx context.Context, tl *timeline, o options) (*summary
 		}
 		for e := range ch {
 			sum.Events = append(sum.Events, e)
-			tl.say(e.At, "worker "+e.Role, "%s", e.Text)
+			tl.Say(e.At, "worker "+e.Role, "%s", e.Text)
 		}
 	}
 	if err := sc.readFinal(ctx, &sum.Final, o.unguarded); err != nil {
@@ -501,7 +400,7 @@ func (sc *scenario) play(ctx context.Context, tl *timeline, o options) (*summary
 func (sc *scenario) readFinal(ctx context.Context, f *finalState, unguarded bool) error {
 	table := pgx.Identifier{sc.cfg.Schema, sc.cfg.Table}.Sanitize()
 	var tok int64
-	if err := sc.pool.QueryRow(ctx, `SELECT written_by, token, lock_version FROM `+table+` WHERE id = $1`, sc.cfg.RowID).
+	if err := sc.Pool.QueryRow(ctx, `SELECT written_by, token, lock_version FROM `+table+` WHERE id = $1`, sc.cfg.RowID).
 		Scan(&f.RowWrittenBy, &tok, &f.RowLockVersion); err != nil {
 		return err
 	}

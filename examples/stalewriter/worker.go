@@ -13,19 +13,18 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/fencekit/fencekit/blobguard"
+	"github.com/fencekit/fencekit/examples/internal/demo"
 	"github.com/fencekit/fencekit/examples/services"
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/testenv"
 	"github.com/fencekit/fencekit/lease"
-	"github.com/fencekit/fencekit/lease/redislease"
 	"github.com/fencekit/fencekit/sqlguard"
 )
 
 // workerConfig is what the orchestrator hands a worker process (as JSON in
-// the environment variable configVar).
+// the environment variable configVar, see demo.StartChild).
 type workerConfig struct {
 	Role           string        `json:"role"`
 	RedisURL       string        `json:"redis_url"`
@@ -92,29 +91,18 @@ func (w *worker) fail(format string, args ...any) int {
 // write the row and the object with its token, release.
 func runWorker() int {
 	w := &worker{enc: json.NewEncoder(os.Stdout)}
-	if err := json.Unmarshal([]byte(os.Getenv(configVar)), &w.cfg); err != nil {
-		fmt.Fprintf(os.Stderr, "stalewriter worker: bad %s: %v\n", configVar, err)
+	if err := demo.ReadChildConfig(configVar, &w.cfg); err != nil {
+		fmt.Fprintf(os.Stderr, "stalewriter worker: %v\n", err)
 		return 2
 	}
 	cfg := w.cfg
 	ctx := context.Background()
 
-	ropt, err := redis.ParseURL(cfg.RedisURL)
-	if err != nil {
-		return w.fail("redis URL: %v", err)
-	}
-	ropt.ContextTimeoutEnabled = true
-	rc := redis.NewClient(ropt)
-	defer rc.Close()
-	backend, err := redislease.New(rc, func(o *redislease.Options) { o.Prefix = cfg.RedisPrefix })
+	m, closeLeases, err := demo.NewLeaseManager(cfg.RedisURL, cfg.RedisPrefix, lease.Options{TTL: cfg.TTL, Identity: "worker-" + cfg.Role})
 	if err != nil {
 		return w.fail("%v", err)
 	}
-	defer backend.Close()
-	m, err := lease.NewManager(backend, lease.Options{TTL: cfg.TTL, Identity: "worker-" + cfg.Role})
-	if err != nil {
-		return w.fail("%v", err)
-	}
+	defer closeLeases()
 	pool, err := pgxpool.New(ctx, cfg.PostgresURL)
 	if err != nil {
 		return w.fail("postgres: %v", err)

@@ -1,0 +1,100 @@
+package demo
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/redislease"
+)
+
+// Child is a child process started by StartChild.
+type Child[E any] struct {
+	Cmd *exec.Cmd
+	// Events receives the events the child prints on its standard output,
+	// one JSON object a line (a line that does not decode is skipped). It
+	// is closed when the output ends.
+	Events <-chan E
+	// Done receives the child's exit (the error of Cmd.Wait) once Events
+	// is closed.
+	Done <-chan error
+}
+
+// StartChild starts this same executable as a child process with the
+// argument subcommand, and with cfg as JSON in the environment variable
+// envVar (ReadChildConfig reads it on the child's side). The child's
+// standard error is this process's.
+func StartChild[E any](subcommand, envVar string, cfg any) (*Child[E], error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	js, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(self, subcommand)
+	cmd.Env = append(os.Environ(), envVar+"="+string(js))
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	events, done := make(chan E, 64), make(chan error, 1)
+	go func() {
+		s := bufio.NewScanner(stdout)
+		for s.Scan() {
+			var e E
+			if json.Unmarshal(s.Bytes(), &e) == nil {
+				events <- e
+			}
+		}
+		close(events)
+		done <- cmd.Wait()
+	}()
+	return &Child[E]{Cmd: cmd, Events: events, Done: done}, nil
+}
+
+// ReadChildConfig is the child's side of StartChild: it decodes the JSON in
+// the environment variable envVar into cfg.
+func ReadChildConfig(envVar string, cfg any) error {
+	if err := json.Unmarshal([]byte(os.Getenv(envVar)), cfg); err != nil {
+		return fmt.Errorf("bad %s: %w", envVar, err)
+	}
+	return nil
+}
+
+// NewLeaseManager returns, for a child process, a lease.Manager on Redis at
+// redisURL with its keys under prefix, and a function that closes the
+// backend and the Redis client.
+func NewLeaseManager(redisURL, prefix string, opts lease.Options) (*lease.Manager, func(), error) {
+	ropt, err := redis.ParseURL(redisURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("redis URL: %w", err)
+	}
+	ropt.ContextTimeoutEnabled = true
+	rc := redis.NewClient(ropt)
+	backend, err := redislease.New(rc, func(o *redislease.Options) { o.Prefix = prefix })
+	if err != nil {
+		_ = rc.Close()
+		return nil, nil, err
+	}
+	closeAll := func() {
+		_ = backend.Close()
+		_ = rc.Close()
+	}
+	m, err := lease.NewManager(backend, opts)
+	if err != nil {
+		closeAll()
+		return nil, nil, err
+	}
+	return m, closeAll, nil
+}

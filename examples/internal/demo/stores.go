@@ -1,0 +1,116 @@
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fencekit/fencekit/lease/redislease"
+	"github.com/fencekit/fencekit/migrations"
+)
+
+// Stores is what one run works in: a throwaway PostgreSQL schema, and the
+// Redis keys of its lease.
+type Stores struct {
+	Schema string
+	Pool   *pgxpool.Pool
+	Redis  *redis.Client
+	// Keys are the lease's keys in Redis.
+	Keys redislease.Keys
+}
+
+// StoresConfig says what SetUpStores prepares.
+type StoresConfig struct {
+	PostgresURL string
+	// Schema is created by SetUpStores and dropped, with everything in
+	// it, by TearDown.
+	Schema string
+	// CreateTables creates the program's own tables in Schema and fills
+	// them.
+	CreateTables func(ctx context.Context, pool *pgxpool.Pool) error
+	// FencedTables are the tables, among those, that get a lock_version
+	// column.
+	FencedTables []string
+
+	RedisURL    string
+	RedisPrefix string
+	LeaseName   string
+}
+
+// SetUpStores creates the schema and the program's tables in it, then does
+// there what `fencekit migrate up` and `fencekit migrate add-lock-version`
+// do: fencekit's own tables, and lock_version on the fenced tables. It
+// connects to Redis and finds the lease's keys. On error it has already
+// torn down what it created.
+func SetUpStores(ctx context.Context, cfg StoresConfig) (*Stores, error) {
+	pool, err := pgxpool.New(ctx, cfg.PostgresURL)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{cfg.Schema}.Sanitize()); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("create schema: %w", err)
+	}
+	st := &Stores{Schema: cfg.Schema, Pool: pool}
+	if err := st.prepare(ctx, cfg); err != nil {
+		_ = st.TearDown()
+		return nil, err
+	}
+	return st, nil
+}
+
+func (st *Stores) prepare(ctx context.Context, cfg StoresConfig) error {
+	if err := cfg.CreateTables(ctx, st.Pool); err != nil {
+		return err
+	}
+	db, err := migrations.Open(cfg.PostgresURL, cfg.Schema)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if _, err := migrations.Up(ctx, db); err != nil {
+		return fmt.Errorf("fencekit migrations: %w", err)
+	}
+	for _, t := range cfg.FencedTables {
+		if err := migrations.ApplyLockVersion(ctx, db, migrations.TableName{Schema: cfg.Schema, Name: t}); err != nil {
+			return fmt.Errorf("add lock_version to %s: %w", t, err)
+		}
+	}
+	ropt, err := redis.ParseURL(cfg.RedisURL)
+	if err != nil {
+		return err
+	}
+	st.Redis = redis.NewClient(ropt)
+	b, err := redislease.New(st.Redis, func(o *redislease.Options) { o.Prefix = cfg.RedisPrefix })
+	if err != nil {
+		return err
+	}
+	st.Keys = b.KeysFor(cfg.LeaseName)
+	_ = b.Close()
+	return nil
+}
+
+// TearDown drops the schema with everything in it, deletes the lease's
+// keys, and closes the connections. It has its own timeout, so that it
+// can run after the run's context is cancelled.
+func (st *Stores) TearDown() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	var errs []error
+	if _, err := st.Pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{st.Schema}.Sanitize()+" CASCADE"); err != nil {
+		errs = append(errs, err)
+	}
+	st.Pool.Close()
+	if st.Redis != nil {
+		if err := st.Redis.Del(ctx, st.Keys.Lease, st.Keys.Token).Err(); err != nil {
+			errs = append(errs, err)
+		}
+		_ = st.Redis.Close()
+	}
+	return errors.Join(errs...)
+}
