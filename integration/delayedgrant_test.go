@@ -388,7 +388,7 @@ func TestDelayedGrantWithinTTL(t *testing.T) {
 	}
 	// Renewals (their replies delayed too) keep the lease past its first
 	// deadline.
-	time.Sleep(dl.Sub(time.Now()) + ttl/2)
+	time.Sleep(time.Until(dl) + ttl/2)
 	if err := l.Err(); err != nil {
 		t.Fatalf("the lease ended although renewals under a %v delay fit in the TTL %v: %v", latency, ttl, err)
 	}
