@@ -61,6 +61,18 @@ var ErrStaleToken = errors.New("fence: stale token")
 // example one above the int64 range for a PostgreSQL bigint column).
 var ErrInvalidToken = errors.New("fence: invalid token")
 
+// ErrOutcomeUnknown is matched by the error a guard returns when a write was
+// sent to the store but its outcome could not be learned: the context ended
+// or the connection broke while the request was in flight, or the store's
+// answer could not settle it. The write may or may not have been applied,
+// now or later (a statement blocked on a lock can still commit after its
+// client gave up); it is never reported as success, and never as a clean
+// rejection. Read the resource again to learn what happened. Both guards
+// (sqlguard, blobguard) use this one sentinel, so that callers handle "maybe"
+// the same way whatever the store (DESIGN.md invariant 6: an ambiguous
+// outcome is reported as such).
+var ErrOutcomeUnknown = errors.New("fence: write outcome unknown")
+
 // StaleError is the rich form of ErrStaleToken. It says which resource
 // rejected the write, the token the writer presented and the newest token the
 // resource had accepted when it rejected the write. errors.Is(err,
