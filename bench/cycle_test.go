@@ -220,7 +220,7 @@ func cycleLibs(b *testing.B) []cycleLib {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = be.Close() })
-	m, err := lease.NewManager(be, lease.Options{TTL: benchTTL})
+	m, err := lease.NewManager(be, benchTTL)
 	if err != nil {
 		b.Fatal(err)
 	}

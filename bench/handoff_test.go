@@ -80,7 +80,7 @@ func BenchmarkHandoff(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = be.Close() })
-	m, err := lease.NewManager(be, lease.Options{TTL: benchTTL})
+	m, err := lease.NewManager(be, benchTTL)
 	if err != nil {
 		b.Fatal(err)
 	}

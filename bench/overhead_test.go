@@ -11,19 +11,20 @@ import (
 // nopBackend grants every acquire at once, without I/O.
 type nopBackend struct{ tok fence.Token }
 
-func (b *nopBackend) Acquire(context.Context, lease.Record) (fence.Token, error) {
+func (b *nopBackend) Limits() lease.Limits { return lease.Limits{} }
+func (b *nopBackend) Acquire(_ context.Context, req lease.Request) (lease.Grant, error) {
 	b.tok++
-	return b.tok, nil
+	return lease.Grant{Name: req.Name, Owner: req.Owner, Token: b.tok, TTL: req.TTL}, nil
 }
-func (*nopBackend) Renew(context.Context, lease.Record) error   { return nil }
-func (*nopBackend) Release(context.Context, lease.Record) error { return nil }
+func (*nopBackend) Renew(context.Context, lease.Grant) error   { return nil }
+func (*nopBackend) Release(context.Context, lease.Grant) error { return nil }
 
 // BenchmarkManagerOverhead is the Go-side cost of a fencekit cycle
 // (TryAcquire + Release with default options) over a backend that answers
 // at once without I/O: what lib=fencekit adds to lib=fencekit-lua in
 // BenchmarkCycle, measured without the network's noise.
 func BenchmarkManagerOverhead(b *testing.B) {
-	m, err := lease.NewManager(&nopBackend{}, lease.Options{TTL: benchTTL})
+	m, err := lease.NewManager(&nopBackend{}, benchTTL)
 	if err != nil {
 		b.Fatal(err)
 	}

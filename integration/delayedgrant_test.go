@@ -81,7 +81,7 @@ func (d *delayedRedis) manager(c *redis.Client, ttl time.Duration) (*lease.Manag
 	}
 	d.t.Cleanup(func() { _ = b.Close() })
 	rb := &recordingBackend{Backend: b}
-	m, err := lease.NewManager(rb, lease.Options{TTL: ttl})
+	m, err := lease.NewManager(rb, ttl)
 	if err != nil {
 		d.t.Fatal(err)
 	}
@@ -127,13 +127,13 @@ type acquireCall struct {
 	err            error
 }
 
-func (b *recordingBackend) Acquire(ctx context.Context, rec lease.Record) (fence.Token, error) {
+func (b *recordingBackend) Acquire(ctx context.Context, req lease.Request) (lease.Grant, error) {
 	sent := time.Now() // after the Manager's own send time
-	tok, err := b.Backend.Acquire(ctx, rec)
+	g, err := b.Backend.Acquire(ctx, req)
 	b.mu.Lock()
-	b.calls = append(b.calls, acquireCall{name: rec.Name, sent: sent, returned: time.Now(), token: tok, err: err})
+	b.calls = append(b.calls, acquireCall{name: req.Name, sent: sent, returned: time.Now(), token: g.Token, err: err})
 	b.mu.Unlock()
-	return tok, err
+	return g, err
 }
 
 func (b *recordingBackend) acquires() []acquireCall {

@@ -10,45 +10,129 @@ import (
 	"github.com/fencekit/fencekit/fence"
 )
 
-// Record names one grant of a lease: what a Backend stores and compares.
-type Record struct {
-	// Name is the lease name, already validated by the Manager.
+// Request asks a Backend for one grant of a lease.
+type Request struct {
+	// Name is the lease name, already validated by the Manager
+	// (ValidateName).
 	Name string
-	// Owner identifies this grant. The Manager makes a new, random owner
-	// for every Acquire call, so an owner is never reused by another grant.
+	// Owner identifies the grant. The Manager makes a new, random owner
+	// for every Acquire call (all attempts of one call share it), so an
+	// owner is never reused by another grant.
 	Owner string
-	// Token is the fencing token of the grant: 0 in Acquire (the backend
-	// mints it), the granted token in Renew and Release.
-	Token fence.Token
-	// TTL is how long the store keeps the grant after it processes an
-	// Acquire or Renew, a positive whole number of milliseconds.
+	// TTL is the validity asked for: how long the store should keep the
+	// grant after it processes the request. The Manager has checked it
+	// against the backend's Limits.
 	TTL time.Duration
+	// Notify receives what the backend learns about this grant on its own,
+	// outside a call (see Notifier). It is never nil when the Manager sends
+	// the request; a backend called directly (a test) may get nil and must
+	// then not call it.
+	Notify Notifier
 }
 
-// Backend is a store that can hold leases. Each method is one atomic step at
-// the store (a single script or transaction, one round trip where the store
-// allows). Every backend must pass the suite in package leasetest.
+// Grant is one grant of a lease, as the store made it. The Manager passes it
+// back, unchanged, to Renew, RenewBatch and Release.
+type Grant struct {
+	// Name and Owner repeat the Request.
+	Name, Owner string
+	// Token is the fencing token minted atomically with the grant: never 0,
+	// and strictly greater than every token granted before for Name.
+	Token fence.Token
+	// TTL is the validity the store granted, which may be longer than the
+	// one asked for (a store that rounds TTLs up or has a minimum) but
+	// never shorter: the Manager gives back a grant shorter than asked.
+	// The local deadline counts it from the send time of the request that
+	// last confirmed the grant.
+	TTL time.Duration
+	// State is the backend's own per-grant state (a lease ID, a node path,
+	// a pinned connection). The Manager never reads it.
+	State any
+}
+
+// Limits are the TTLs a backend can honour. NewManager rejects a TTL outside
+// them before any I/O.
+type Limits struct {
+	// MinTTL is the shortest TTL the store can keep alive. 0 means 1
+	// millisecond.
+	MinTTL time.Duration
+	// MaxTTL is the longest TTL the store can keep; 0 means no limit.
+	MaxTTL time.Duration
+	// Resolution is the unit the store counts TTLs in: a TTL must be a
+	// whole multiple of it (Redis: 1 ms; etcd: 1 s). 0 means 1 ms.
+	Resolution time.Duration
+	// SelfRenewing is set by a backend whose store keeps each grant alive
+	// by itself (a session or a keep-alive stream). The Manager then sends
+	// no heartbeats: the backend reports each confirmation through
+	// Notifier.Confirmed, and a loss through Notifier.Lost. Lease.Renew
+	// still calls Backend.Renew, as an explicit check.
+	SelfRenewing bool
+}
+
+// Notifier is how a backend reports what it learns about a grant outside a
+// call: a session that expired, a pinned connection that broke, a keep-alive
+// that the store confirmed. Its methods are safe for concurrent use from any
+// goroutine, never block, and do nothing once the lease has ended.
+type Notifier interface {
+	// Confirmed reports that the store confirmed the grant in answer to a
+	// request sent at sent (read from time.Now, so that it carries a
+	// monotonic reading, just before the request went out): the store keeps
+	// the grant for at least its TTL from then. The Manager moves the
+	// local deadline to sent + TTL - safety margin if that is later.
+	Confirmed(sent time.Time)
+	// Lost reports that the store no longer holds the grant, or that the
+	// backend can no longer tell (a session expired or was replaced). The
+	// lease ends at once as lost (LostTakenOver), with cause as its
+	// LostError.Cause.
+	Lost(cause error)
+}
+
+// Backend is a store that can hold leases. Each of Acquire, Renew and Release
+// is one atomic step at the store (a single script or transaction, one round
+// trip where the store allows). Every backend must pass the suite in package
+// leasetest.
+//
+// The Manager owns time and the token rules: it computes local deadlines,
+// schedules heartbeats (unless the backend is SelfRenewing), and gives back
+// grants that arrive too late. A backend owns only the store's side.
 //
 // The context bounds the single request, not the lease.
 type Backend interface {
-	// Acquire grants rec.Name to rec.Owner for rec.TTL if no one holds it,
-	// and returns a fencing token minted atomically with the grant:
-	// strictly greater than every token granted before for rec.Name, and
-	// never 0. If rec.Owner already holds it (a retried request), Acquire
-	// extends it to rec.TTL and returns the token already granted. If
-	// another owner holds it, Acquire returns an error matching
-	// ErrNotAcquired, ideally a *NotAcquiredError with RetryAfter set.
-	Acquire(ctx context.Context, rec Record) (fence.Token, error)
+	// Limits returns the TTLs the backend can honour. It must not change
+	// over the backend's life and does no I/O.
+	Limits() Limits
 
-	// Renew extends the grant to rec.TTL if the store still names
-	// rec.Owner with rec.Token as the holder, and returns ErrNotHeld
-	// otherwise. It never grants a lease that is not held.
-	Renew(ctx context.Context, rec Record) error
+	// Acquire grants req.Name to req.Owner if no one holds it, with a
+	// fencing token minted atomically with the grant. If req.Owner already
+	// holds it (a retried request whose reply was lost), it extends the
+	// grant and returns the token already granted. If another owner holds
+	// it, it returns an error matching ErrNotAcquired, ideally a
+	// *NotAcquiredError with RetryAfter set. It never returns a Grant
+	// together with an error.
+	Acquire(ctx context.Context, req Request) (Grant, error)
 
-	// Release ends the grant if the store still names rec.Owner with
-	// rec.Token as the holder (compare-and-delete), waking waiters where
-	// the backend implements Watcher, and returns ErrNotHeld otherwise.
-	Release(ctx context.Context, rec Record) error
+	// Renew confirms that the store still names g.Owner with g.Token as the
+	// holder of g.Name and extends the grant to g.TTL from now, or returns
+	// an error matching ErrNotHeld if it does not (compare-and-extend). It
+	// never grants a lease that is not held.
+	Renew(ctx context.Context, g Grant) error
+
+	// Release ends the grant if the store still names g.Owner with g.Token
+	// as the holder (compare-and-delete), waking waiters where the backend
+	// implements Watcher, and returns an error matching ErrNotHeld
+	// otherwise. It frees what the backend keeps for the grant (g.State)
+	// whatever the outcome.
+	Release(ctx context.Context, g Grant) error
+}
+
+// BatchRenewer is implemented by backends that can renew many grants in one
+// round trip (Redis: a pipeline of renew scripts). The Manager then sends the
+// heartbeats that fall due within Options.RenewBatchWindow of each other
+// together.
+type BatchRenewer interface {
+	// RenewBatch renews every grant as Renew would and returns one error
+	// per grant, in order: nil, ErrNotHeld, or the store's error. ctx
+	// bounds the whole batch.
+	RenewBatch(ctx context.Context, gs []Grant) []error
 }
 
 // Watcher is implemented by backends that can tell waiters when a lease is

@@ -12,7 +12,7 @@ import (
 func ExampleManager_TryAcquire() {
 	ctx := context.Background()
 	backend := lease.NewMemoryBackend() // lease/redislease in production
-	m, err := lease.NewManager(backend, lease.Options{TTL: 10 * time.Second})
+	m, err := lease.NewManager(backend, 10*time.Second)
 	if err != nil {
 		panic(err)
 	}
@@ -42,7 +42,7 @@ func ExampleManager_TryAcquire() {
 
 func ExampleManager_Acquire() {
 	ctx := context.Background()
-	m, _ := lease.NewManager(lease.NewMemoryBackend(), lease.Options{TTL: 10 * time.Second})
+	m, _ := lease.NewManager(lease.NewMemoryBackend(), 10*time.Second)
 	first, _ := m.TryAcquire(ctx, "migration")
 
 	got := make(chan *lease.Lease)
@@ -68,7 +68,7 @@ func ExampleManager_Acquire() {
 
 func ExampleLease_Context() {
 	ctx := context.Background()
-	m, _ := lease.NewManager(lease.NewMemoryBackend(), lease.Options{TTL: 200 * time.Millisecond, DisableAutoRenew: true})
+	m, _ := lease.NewManager(lease.NewMemoryBackend(), 200*time.Millisecond, lease.WithoutAutoRenew())
 	l, _ := m.TryAcquire(ctx, "report")
 
 	// Work under the lease's context: it ends when the lease is lost. Here

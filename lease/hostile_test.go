@@ -22,7 +22,7 @@ type slowBatchBackend struct {
 	releaseDelay time.Duration
 }
 
-func (s *slowBatchBackend) RenewBatch(ctx context.Context, recs []lease.Record) []error {
+func (s *slowBatchBackend) RenewBatch(ctx context.Context, recs []lease.Grant) []error {
 	errs := s.MemoryBackend.RenewBatch(ctx, recs)
 	if at := s.replyAt.Load(); at != nil && len(recs) >= 2 {
 		time.Sleep(time.Until(*at))
@@ -30,7 +30,7 @@ func (s *slowBatchBackend) RenewBatch(ctx context.Context, recs []lease.Record) 
 	return errs
 }
 
-func (s *slowBatchBackend) Release(ctx context.Context, rec lease.Record) error {
+func (s *slowBatchBackend) Release(ctx context.Context, rec lease.Grant) error {
 	time.Sleep(s.releaseDelay)
 	return s.MemoryBackend.Release(ctx, rec)
 }
@@ -48,7 +48,7 @@ func (s *slowBatchBackend) Release(ctx context.Context, rec lease.Record) error 
 // deadlines (about 3.04s), 75ms before B's.
 func TestHostile_BatchGiveBackDelaysOtherLeases(t *testing.T) {
 	sb := &slowBatchBackend{MemoryBackend: lease.NewMemoryBackend(), releaseDelay: 400 * time.Millisecond}
-	m, err := lease.NewManager(sb, lease.Options{TTL: 3 * time.Second, RenewInterval: time.Second, RenewBatchWindow: 200 * time.Millisecond})
+	m, err := lease.NewManager(sb, 3*time.Second, lease.WithRenewInterval(time.Second), lease.WithRenewBatchWindow(200*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func TestHostile_BatchGiveBackDelaysOtherLeases(t *testing.T) {
 // out. Invariant 7 asks for a clear error before any I/O.
 func TestHostile_OptionsEdges(t *testing.T) {
 	t.Run("valid margin, default renew interval", func(t *testing.T) {
-		m, err := lease.NewManager(lease.NewMemoryBackend(), lease.Options{TTL: time.Second, SafetyMargin: 400 * time.Millisecond})
+		m, err := lease.NewManager(lease.NewMemoryBackend(), time.Second, lease.WithSafetyMargin(400*time.Millisecond))
 		if err != nil {
 			t.Fatalf("TTL 1s with a safety margin of 400ms (less than the TTL, as documented) was refused because of the default renew interval: %v", err)
 		}
@@ -116,7 +116,7 @@ func TestHostile_OptionsEdges(t *testing.T) {
 		{"release timeout 1ns", lease.Options{TTL: time.Second, ReleaseTimeout: time.Nanosecond}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := lease.NewManager(lease.NewMemoryBackend(), tc.opts); err == nil {
+			if _, err := lease.NewManager(lease.NewMemoryBackend(), tc.opts.TTL, withOptions(tc.opts)); err == nil {
 				t.Errorf("NewManager accepted %s: a busy loop against the store (or a release that always times out)", tc.name)
 			}
 		})
@@ -133,19 +133,19 @@ type jitterBackend struct {
 
 func (j *jitterBackend) sleep() { time.Sleep(mrand.N(j.max)) }
 
-func (j *jitterBackend) Renew(ctx context.Context, rec lease.Record) error {
+func (j *jitterBackend) Renew(ctx context.Context, rec lease.Grant) error {
 	err := j.MemoryBackend.Renew(ctx, rec)
 	j.sleep()
 	return err
 }
 
-func (j *jitterBackend) RenewBatch(ctx context.Context, recs []lease.Record) []error {
+func (j *jitterBackend) RenewBatch(ctx context.Context, recs []lease.Grant) []error {
 	errs := j.MemoryBackend.RenewBatch(ctx, recs)
 	j.sleep()
 	return errs
 }
 
-func (j *jitterBackend) Release(ctx context.Context, rec lease.Record) error {
+func (j *jitterBackend) Release(ctx context.Context, rec lease.Grant) error {
 	j.sleep()
 	return j.MemoryBackend.Release(ctx, rec)
 }
@@ -165,13 +165,13 @@ func TestHostile_ReleaseRenewDeadlineRaces(t *testing.T) {
 		{TTL: 20 * time.Millisecond, RenewBatchWindow: lease.NoBatching},
 		{TTL: 20 * time.Millisecond, DisableAutoRenew: true},
 	} {
-		m, err := lease.NewManager(jb, o)
+		m, err := lease.NewManager(jb, o.TTL, withOptions(o))
 		if err != nil {
 			t.Fatal(err)
 		}
 		ms = append(ms, m)
 	}
-	other, err := lease.NewManager(mem, lease.Options{TTL: time.Second, DisableAutoRenew: true})
+	other, err := lease.NewManager(mem, time.Second, lease.WithoutAutoRenew())
 	if err != nil {
 		t.Fatal(err)
 	}

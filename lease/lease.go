@@ -4,23 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fencekit/fencekit/fence"
 )
-
-type state int
-
-const (
-	held      state = iota
-	releasing       // Release is at the store: no new renewals, the deadline still counts
-	lost
-	released
-)
-
-// live reports whether the lease has not ended (held, or being released).
-func (s state) live() bool { return s == held || s == releasing }
 
 // Lease is one grant of a lease name to this process. Its methods are safe
 // for concurrent use.
@@ -31,248 +21,332 @@ func (s state) live() bool { return s == held || s == releasing }
 // writes of a holder that was paused past its deadline.
 type Lease struct {
 	m       *Manager
-	rec     Record
-	granted time.Time
-
-	ctx    context.Context
-	cancel context.CancelCauseFunc
+	g       Grant
+	granted time.Time       // send time of the acquire request
+	parent  context.Context // the acquire call's context, for its values
 
 	mu       sync.Mutex
-	state    state
-	deadline time.Time   // local deadline, with a monotonic reading
-	timer    *time.Timer // fires at deadline
-	endErr   error       // nil while held
-	lastErr  error       // last renew error, for LostError.Cause
+	st       state
+	ctx      *leaseContext           // made on first use
+	cancel   context.CancelCauseFunc // cancels ctx
+	stop     context.Context         // done when Release begins: cuts in-flight renews
+	stopFn   context.CancelFunc
+	drained  chan struct{} // closed when the last in-flight renew answers, while a release waits
+	reported bool          // the end was reported; ctx, if made now, starts cancelled
 
-	renewTimer    *time.Timer // the heartbeat; nil without automatic renewal
-	releaseMu     sync.Mutex  // serialises Release
-	storeReleased bool        // the store confirmed the release (or there is nothing to release)
+	releaseMu sync.Mutex // serialises Release
+
+	dl, hb entry // the deadline and the next heartbeat, in the Manager's scheduler
+
+	// Copies of st.deadline and st.end for Err and Deadline, which read
+	// them without the lock: a holder may check its lease before every
+	// write, and must not contend with the scheduler ending thousands.
+	deadlineNs atomic.Int64          // st.deadline on the Manager's monotonic clock (Manager.since)
+	endP       atomic.Pointer[error] // &st.end once it is set (it never changes after)
 }
 
-func newLease(m *Manager, parent context.Context, rec Record, sent, deadline time.Time) *Lease {
-	ctx, cancel := context.WithCancelCause(fence.NewContext(context.WithoutCancel(parent), rec.Token))
-	l := &Lease{
-		m: m, rec: rec, granted: sent,
-		ctx: ctx, cancel: cancel,
-		deadline: deadline,
+// apply runs the transition function and publishes the result; mu must be
+// held.
+func (l *Lease) apply(ev event) effect {
+	eff := l.st.apply(ev, l.g.Name, l.g.Token)
+	l.deadlineNs.Store(int64(l.m.since(l.st.deadline)))
+	if l.st.end != nil && l.endP.Load() == nil {
+		l.endP.Store(&l.st.end)
 	}
-	l.mu.Lock()
-	l.timer = time.AfterFunc(time.Until(deadline), l.onDeadline)
-	if !m.o.DisableAutoRenew {
-		// Counted from the send time, like the deadline: a slow reply must
-		// not push the first renewal towards the deadline.
-		l.renewTimer = time.AfterFunc(m.renewDelay(sent.Add(m.o.RenewInterval)), l.heartbeat)
-	}
-	l.mu.Unlock()
+	return eff
+}
+
+func newLease(m *Manager, parent context.Context) *Lease {
+	l := &Lease{m: m, parent: parent}
+	l.dl = entry{l: l, idx: -1}
+	l.hb = entry{l: l, idx: -1}
 	return l
 }
 
 // Name returns the lease name.
-func (l *Lease) Name() string { return l.rec.Name }
+func (l *Lease) Name() string { return l.g.Name }
 
 // Owner returns the owner this grant is stored under: the Manager's
 // Identity plus a random suffix, unique to this grant.
-func (l *Lease) Owner() string { return l.rec.Owner }
+func (l *Lease) Owner() string { return l.g.Owner }
 
 // Token returns the fencing token of this grant: never 0, and greater than
 // every token granted before for this name. Present it to every fenced
 // write (packages sqlguard and blobguard).
-func (l *Lease) Token() fence.Token { return l.rec.Token }
+func (l *Lease) Token() fence.Token { return l.g.Token }
 
-// TTL returns the lease's time to live at the store.
-func (l *Lease) TTL() time.Duration { return l.rec.TTL }
+// TTL returns the validity the store granted: the TTL asked for, or more
+// where the store rounds TTLs up (see the backend's Limits).
+func (l *Lease) TTL() time.Duration { return l.g.TTL }
 
-// Deadline returns the local deadline: when the last successful acquire or
-// renew request was sent, plus the TTL, minus the safety margin. The time
-// carries a monotonic clock reading, so time.Until(l.Deadline()) is immune
-// to wall-clock steps. Past it the lease is lost.
+// Deadline returns the local deadline: when the last request the store
+// confirmed (acquire or renew) was sent, plus the granted TTL, minus the
+// safety margin. The time carries a monotonic clock reading, so
+// time.Until(l.Deadline()) is immune to wall-clock steps. From that instant
+// on, the lease is lost.
 func (l *Lease) Deadline() time.Time {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.deadline
+	return l.m.epoch.Add(time.Duration(l.deadlineNs.Load()))
 }
 
 // Context returns a context that is cancelled when the lease is lost or
-// released; context.Cause then returns the same error as Err. It carries
-// the lease's token (fence.FromContext) and the values of the context
-// passed to Acquire, but not that context's cancellation.
-func (l *Lease) Context() context.Context { return l.ctx }
+// released; context.Cause then returns the same error as Err. Its Err method
+// reads the clock as Lease.Err does. It carries the lease's token
+// (fence.FromContext) and the values of the context passed to Acquire, but
+// not that context's cancellation.
+func (l *Lease) Context() context.Context {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.context()
+}
+
+// context makes the lease's context on first use; mu must be held.
+func (l *Lease) context() *leaseContext {
+	if l.ctx == nil {
+		inner, cancel := context.WithCancelCause(fence.NewContext(context.WithoutCancel(l.parent), l.g.Token))
+		l.ctx, l.cancel = &leaseContext{Context: inner, l: l}, cancel
+		if l.reported {
+			cancel(l.st.end)
+		}
+	}
+	return l.ctx
+}
+
+// leaseContext is the lease's context: a cancel-cause context whose Err also
+// checks the local deadline. Children attach to the inner context directly
+// (it answers Value for the context package's own key), so they cost no
+// goroutine.
+type leaseContext struct {
+	context.Context
+	l *Lease
+}
+
+func (c *leaseContext) Err() error {
+	_ = c.l.Err() // ends the lease at its deadline, if the scheduler has not yet
+	return c.Context.Err()
+}
 
 // Done returns a channel that is closed when the lease is lost or released.
-func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
+func (l *Lease) Done() <-chan struct{} { return l.Context().Done() }
 
 // Err returns nil while the lease is held, ErrReleased after Release, and a
 // *LostError (matching ErrLost) after the lease was lost, including when
 // Release found that the store had already let it go.
+//
+// It reads the monotonic clock and never returns nil at or past the local
+// deadline, even if the Manager has not yet ended the lease: from
+// Options.SafetyMargin/4 (at most 1 ms) before the deadline it ends the lease
+// itself, so that a nil answer still holds when the caller reads the clock
+// after it. It takes no lock while the lease is valid.
 func (l *Lease) Err() error {
+	if p := l.endP.Load(); p != nil {
+		return *p
+	}
+	if l.m.since(time.Now()) < time.Duration(l.deadlineNs.Load())-l.m.errLead {
+		return nil
+	}
+	l.checkDeadline()
+	if p := l.endP.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// checkDeadline ends the lease if its local deadline is within errLead,
+// without waiting for the scheduler.
+func (l *Lease) checkDeadline() {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.endErr
+	eff := l.apply(event{kind: evDeadline, at: time.Now().Add(l.m.errLead)})
+	l.mu.Unlock()
+	l.finish(eff)
+}
+
+// Confirmed implements Notifier, for backends that keep grants alive
+// themselves.
+func (l *Lease) Confirmed(sent time.Time) {
+	l.mu.Lock()
+	eff := l.apply(event{kind: evConfirmed, at: sent})
+	if eff.moved {
+		l.m.sched.setDeadline(&l.dl, l.st.deadline)
+	}
+	l.mu.Unlock()
+}
+
+// Lost implements Notifier.
+func (l *Lease) Lost(cause error) {
+	if cause == nil {
+		cause = ErrNotHeld
+	}
+	l.mu.Lock()
+	eff := l.apply(event{kind: evPushedLoss, err: cause})
+	l.mu.Unlock()
+	l.finish(eff)
 }
 
 // Renew extends the lease now, in one request, and moves the local deadline
-// to the send time of that request plus TTL minus the safety margin. The
+// to the send time of that request plus the TTL minus the safety margin. The
 // request is bounded by ctx and by the current local deadline. Automatic
-// renewal (on by default) calls the same code.
+// renewal (on by default) sends the same request.
 //
 // Errors: a *LostError (ErrLost) if the store no longer names this holder,
 // in which case the lease ends at once, or if it was already lost;
-// ErrReleased after Release; otherwise the store's error, after which the
-// lease stays valid until its local deadline.
+// ErrReleased once Release has begun; otherwise the store's error, after
+// which the lease stays valid until its local deadline.
 func (l *Lease) Renew(ctx context.Context) error {
-	deadline, err := l.renewable()
+	return l.renew(ctx)
+}
+
+func (l *Lease) renew(ctx context.Context) error {
+	deadline, stop, err := l.beginRenew()
 	if err != nil {
 		return err
 	}
 	rctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
+	defer context.AfterFunc(stop, cancel)()
 	sent := time.Now()
-	err = l.m.b.Renew(rctx, l.rec)
-	err, giveBack := l.renewed(sent, time.Since(sent), err)
+	err = l.m.b.Renew(rctx, l.g)
+	err, giveBack := l.endRenew(sent, time.Since(sent), err)
 	if giveBack {
-		l.m.releaseQuietly(ctx, l.rec)
+		l.m.releaseQuietly(ctx, l.g)
 	}
 	return err
 }
 
-// renewable returns the local deadline of a held lease, or the error that
-// ended it.
-func (l *Lease) renewable() (time.Time, error) {
+// beginRenew lets one renew request through the gate: only while the lease
+// is held and before its deadline. It returns the deadline that bounds the
+// request and a context that is done when Release begins.
+func (l *Lease) beginRenew() (time.Time, context.Context, error) {
+	now := time.Now()
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	switch l.state {
-	case held:
-		return l.deadline, nil
-	case releasing:
-		return time.Time{}, ErrReleased
+	eff := l.apply(event{kind: evRenewBegin, at: now})
+	deadline := l.st.deadline
+	if l.stop == nil && eff.refused == nil {
+		l.stop, l.stopFn = context.WithCancel(context.Background())
 	}
-	return time.Time{}, l.endErr
+	stop := l.stop
+	l.mu.Unlock()
+	l.finish(eff)
+	return deadline, stop, eff.refused
 }
 
-// renewed applies the outcome err of a renew request sent at sent and
-// returns Renew's result. giveBack is true when the renewal succeeded at the
-// store after the lease was lost: the store still names this holder, and
-// the caller should give the grant back (Manager.releaseQuietly) so that
-// others need not wait a TTL.
-func (l *Lease) renewed(sent time.Time, latency time.Duration, err error) (_ error, giveBack bool) {
-	l.m.o.Observer.Renewed(RenewedEvent{Name: l.rec.Name, Token: l.rec.Token, Sent: sent, Latency: latency, Err: err})
-	switch {
-	case err == nil:
-		if l.extend(sent) {
-			return nil, false
+// endRenew applies the outcome err of a renew request sent at sent and
+// returns what Renew returns. giveBack is true when the store renewed a
+// grant that had already ended here: the caller should give it back
+// (Manager.releaseQuietly), after answering everyone else waiting on the
+// same reply.
+func (l *Lease) endRenew(sent time.Time, latency time.Duration, err error) (_ error, giveBack bool) {
+	l.m.o.Observer.Renewed(RenewedEvent{Name: l.g.Name, Token: l.g.Token, Sent: sent, Latency: latency, Err: err})
+	l.mu.Lock()
+	eff := l.apply(event{kind: evRenewEnd, at: sent, err: err})
+	if err != nil && !eff.ended {
+		// A failed renew answered at or past the deadline (a store that
+		// hung until the request's own deadline): end the lease here
+		// rather than leave it to the scheduler, which may be ending
+		// thousands of others at this very instant.
+		if e := l.apply(event{kind: evDeadline, at: time.Now()}); e.ended {
+			eff.ended, eff.reason = true, e.reason
 		}
-		end := l.Err()
-		return end, errors.Is(end, ErrLost)
-	case errors.Is(err, ErrNotHeld):
-		l.lose(LostTakenOver, err)
-		return l.Err(), false
-	default:
-		l.mu.Lock()
-		l.lastErr = err
-		l.mu.Unlock()
-		return fmt.Errorf("lease: renew %q (token %d): %w", l.rec.Name, l.rec.Token, err), false
 	}
-}
-
-// extend moves the deadline after a renew sent at sent succeeded, and
-// reports whether the lease is still held.
-func (l *Lease) extend(sent time.Time) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !l.state.live() {
-		return false
+	if eff.moved {
+		l.m.sched.setDeadline(&l.dl, l.st.deadline)
 	}
-	l.lastErr = nil
-	if d := sent.Add(l.m.o.TTL - l.m.o.SafetyMargin); d.After(l.deadline) {
-		l.deadline = d
-		l.timer.Reset(time.Until(d))
+	if eff.drained && l.drained != nil {
+		close(l.drained)
+		l.drained = nil
 	}
-	return true
-}
-
-// stopTimers stops the deadline and renew timers; mu must be held.
-func (l *Lease) stopTimers() {
-	l.timer.Stop()
-	if l.renewTimer != nil {
-		l.renewTimer.Stop()
-	}
-}
-
-// onDeadline runs when the deadline timer fires.
-func (l *Lease) onDeadline() {
-	l.mu.Lock()
-	if !l.state.live() {
-		l.mu.Unlock()
-		return
-	}
-	if d := time.Until(l.deadline); d > 0 {
-		// A renewal moved the deadline after the timer had fired.
-		l.timer.Reset(d)
-		l.mu.Unlock()
-		return
-	}
+	ph, end := l.st.phase, l.st.end
 	l.mu.Unlock()
-	l.lose(LostExpired, nil)
+	l.finish(eff)
+	switch {
+	case ph == releasing:
+		return ErrReleased, eff.giveBack
+	case end != nil:
+		return end, eff.giveBack
+	case err != nil:
+		return fmt.Errorf("lease: renew %q (token %d): %w", l.g.Name, l.g.Token, err), eff.giveBack
+	}
+	return nil, eff.giveBack
 }
 
-// lose ends a live lease as lost, once.
-func (l *Lease) lose(reason LostReason, cause error) {
-	l.mu.Lock()
-	if !l.state.live() {
-		l.mu.Unlock()
-		return
-	}
-	if cause == nil {
-		cause = l.lastErr
-	}
-	err := &LostError{Name: l.rec.Name, Token: l.rec.Token, Reason: reason, Cause: cause}
-	l.state, l.endErr = lost, err
-	if reason == LostTakenOver {
-		l.storeReleased = true // the store holds nothing of ours
-	}
-	l.stopTimers()
-	l.mu.Unlock()
-	// Report before cancelling, so that whoever waits on Done sees the event
-	// already counted.
-	l.m.o.Observer.Lost(LostEvent{Name: l.rec.Name, Token: l.rec.Token, Reason: reason, Held: time.Since(l.granted), Err: err})
-	l.m.o.Logger.Warn("lease: lost", "name", l.rec.Name, "token", uint64(l.rec.Token), "reason", string(reason), "err", cause)
-	l.cancel(err)
-}
-
-// heartbeat runs on the renew timer: it renews the lease and schedules the
-// next renewal RenewInterval after this one began, or a retry
-// RenewRetryInterval after it when the store failed transiently, until the
-// lease ends. No goroutine waits
-// between renewals.
+// heartbeat is one automatic renewal: it renews the lease and schedules the
+// next one RenewInterval after this one was sent, or a retry
+// RenewRetryInterval after it when the store failed transiently.
 func (l *Lease) heartbeat() {
-	start := time.Now()
-	next := l.m.o.RenewInterval
-	var err error
-	if b := l.m.batcher; b != nil {
-		err = b.renew(l)
-	} else {
-		err = l.Renew(l.ctx)
-	}
+	deadline, stop, err := l.beginRenew()
 	if err != nil {
-		next = l.m.o.RenewRetryInterval
-		l.m.o.Logger.Debug("lease: renew failed", "name", l.rec.Name, "err", err)
+		return
 	}
-	// The interval runs from the start of this renewal, not its end, so
-	// that slow replies do not stretch the heartbeat.
-	delay := l.m.renewDelay(start.Add(next))
+	rctx, cancel := context.WithDeadline(stop, deadline)
+	sent := time.Now()
+	err = l.m.b.Renew(rctx, l.g)
+	cancel()
+	err, giveBack := l.endRenew(sent, time.Since(sent), err)
+	l.scheduleHeartbeat(sent, err)
+	if giveBack {
+		l.m.releaseQuietly(context.Background(), l.g)
+	}
+}
+
+// scheduleHeartbeat queues the next heartbeat after one sent at sent.
+func (l *Lease) scheduleHeartbeat(sent time.Time, err error) {
+	next := sent.Add(l.m.o.RenewInterval)
+	if err != nil {
+		next = time.Now().Add(l.m.o.RenewRetryInterval)
+		l.m.o.Logger.Debug("lease: renew failed, will retry", "name", l.g.Name, "err", err)
+	}
 	l.mu.Lock()
-	if l.state == held {
-		l.renewTimer.Reset(delay)
+	if l.st.phase == held {
+		l.m.sched.setHeartbeat(&l.hb, next)
 	}
 	l.mu.Unlock()
 }
 
-// Release ends the lease: it stops the heartbeat, deletes the grant at the
-// store if the store still names this holder (compare-and-delete), which
-// wakes waiters, and cancels the lease's Context with the outcome as its
-// cause: ErrReleased, or a *LostError if the store had already let the
-// grant go. Until the store answers the lease counts as held, and its local
-// deadline still applies.
+// finish carries out the effect of a transition that ended the lease: it
+// unschedules it, reports it and cancels its context. It does nothing for
+// other effects.
+func (l *Lease) finish(eff effect) {
+	if !eff.ended {
+		return
+	}
+	l.m.sched.remove(l)
+	l.report(eff)
+}
+
+// report tells the Observer and the log that the lease ended, then cancels
+// its context: whoever waits on Done sees the event already counted. It does
+// nothing unless eff ended the lease.
+func (l *Lease) report(eff effect) {
+	if !eff.ended {
+		return
+	}
+	end := *l.endP.Load() // set by the transition that ended the lease
+	if eff.reason != "" {
+		l.m.o.Observer.Lost(LostEvent{Name: l.g.Name, Token: l.g.Token, Reason: eff.reason, Held: time.Since(l.granted), Err: end})
+		if l.m.o.Logger.Enabled(context.Background(), slog.LevelWarn) {
+			var cause error
+			if le, ok := end.(*LostError); ok {
+				cause = le.Cause
+			}
+			l.m.o.Logger.Warn("lease: lost", "name", l.g.Name, "token", uint64(l.g.Token), "reason", string(eff.reason), "err", cause)
+		}
+	}
+	l.mu.Lock()
+	l.reported = true
+	cancel := l.cancel // a context made from now on starts cancelled
+	l.mu.Unlock()
+	if cancel != nil {
+		cancel(end)
+	}
+}
+
+// Release ends the lease: it stops renewals, deletes the grant at the store
+// if the store still names this holder (compare-and-delete), which wakes
+// waiters, and cancels the lease's Context with the outcome as its cause:
+// ErrReleased, or a *LostError if the store had already let the grant go.
+// Once Release has begun, no renew request is sent for the lease; one
+// already in flight is cut short and answered before the release is sent,
+// and its answer does not decide the outcome. Until the store answers, the
+// lease counts as held and its local deadline still applies.
 //
 // ctx bounds the request while it is live; if it is already done, Release
 // uses a detached context, so a deferred Release works after the work's
@@ -290,56 +364,56 @@ func (l *Lease) Release(ctx context.Context) error {
 	defer l.releaseMu.Unlock()
 
 	l.mu.Lock()
-	if l.storeReleased {
-		end := l.endErr
-		l.mu.Unlock()
-		if errors.Is(end, ErrLost) {
-			return end
+	eff := l.apply(event{kind: evReleaseBegin})
+	var drained chan struct{}
+	if eff.wait {
+		if l.drained == nil {
+			l.drained = make(chan struct{})
 		}
-		return nil
+		drained = l.drained
 	}
-	if l.state == held {
-		l.state = releasing
-		if l.renewTimer != nil {
-			l.renewTimer.Stop()
-		}
+	if l.stopFn != nil {
+		l.stopFn()
 	}
+	end := l.st.end
 	l.mu.Unlock()
+	if !eff.send {
+		return releaseResult(end, nil)
+	}
+	l.m.sched.removeHeartbeat(l) // the deadline still counts until the store answers
 
 	rctx, cancel := l.m.releaseContext(ctx)
 	defer cancel()
-	err := l.m.b.Release(rctx, l.rec)
-	notHeld := errors.Is(err, ErrNotHeld)
-	if err != nil && !notHeld {
-		err = fmt.Errorf("lease: release %q (token %d): %w", l.rec.Name, l.rec.Token, err)
+	var err error
+	if drained != nil {
+		select {
+		case <-drained:
+		case <-rctx.Done():
+			err = fmt.Errorf("lease: release %q (token %d) not sent: a renew request is still unanswered: %w", l.g.Name, l.g.Token, rctx.Err())
+		}
+	}
+	if err == nil {
+		err = l.m.b.Release(rctx, l.g)
+		if err != nil && !errors.Is(err, ErrNotHeld) {
+			err = fmt.Errorf("lease: release %q (token %d): %w", l.g.Name, l.g.Token, err)
+		}
 	}
 
 	l.mu.Lock()
-	if err == nil || notHeld {
-		l.storeReleased = true
-	}
-	ended := l.state == releasing // not lost meanwhile
-	if ended {
-		l.timer.Stop()
-		if notHeld {
-			// We believed we held it, but the store had let it go.
-			l.state, l.endErr = lost, &LostError{Name: l.rec.Name, Token: l.rec.Token, Reason: LostTakenOver, Cause: ErrNotHeld}
-		} else {
-			l.state, l.endErr = released, ErrReleased
-		}
-	}
-	end := l.endErr
+	eff = l.apply(event{kind: evReleaseEnd, err: err})
+	end = l.st.end
 	l.mu.Unlock()
-
-	if ended {
-		held := time.Since(l.granted)
-		if notHeld {
-			l.m.o.Observer.Lost(LostEvent{Name: l.rec.Name, Token: l.rec.Token, Reason: LostTakenOver, Held: held, Err: end})
-		} else {
-			l.m.o.Observer.Released(ReleasedEvent{Name: l.rec.Name, Token: l.rec.Token, Held: held, Err: err})
-		}
-		l.cancel(end)
+	if eff.ended && eff.reason == "" {
+		l.m.o.Observer.Released(ReleasedEvent{Name: l.g.Name, Token: l.g.Token, Held: time.Since(l.granted), Err: err})
 	}
+	l.finish(eff)
+	return releaseResult(end, err)
+}
+
+// releaseResult is what Release returns given how the lease ended and what
+// the store answered this time.
+func releaseResult(end, err error) error {
+	notHeld := errors.Is(err, ErrNotHeld)
 	switch {
 	case errors.Is(end, ErrLost) && err != nil && !notHeld:
 		return errors.Join(end, err)

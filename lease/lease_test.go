@@ -19,9 +19,15 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestMemoryConformance(t *testing.T) {
-	leasetest.Run(t, func(t *testing.T) func() lease.Backend {
-		b := lease.NewMemoryBackend()
-		return func() lease.Backend { return b }
+	leasetest.Run(t, leasetest.Config{
+		NewStore: func(t *testing.T) func() lease.Backend {
+			b := lease.NewMemoryBackend()
+			return func() lease.Backend { return b }
+		},
+		LoseData: func(t *testing.T, b lease.Backend) { b.(*lease.MemoryBackend).Forget() },
+		Lacks: map[leasetest.Capability]string{
+			leasetest.PushLoss: "the memory backend has no sessions: its grants end only by expiry or release",
+		},
 	})
 }
 
@@ -34,14 +40,14 @@ type faultBackend struct {
 	renews       atomic.Int64
 }
 
-func (f *faultBackend) Acquire(ctx context.Context, r lease.Record) (fence.Token, error) {
+func (f *faultBackend) Acquire(ctx context.Context, r lease.Request) (lease.Grant, error) {
 	f.calls.Add(1)
-	tok, err := f.Backend.Acquire(ctx, r)
+	g, err := f.Backend.Acquire(ctx, r)
 	time.Sleep(f.acquireDelay) // the reply is held up on its way back
-	return tok, err
+	return g, err
 }
 
-func (f *faultBackend) Renew(ctx context.Context, r lease.Record) error {
+func (f *faultBackend) Renew(ctx context.Context, r lease.Grant) error {
 	f.calls.Add(1)
 	f.renews.Add(1)
 	if p := f.renewErr.Load(); p != nil {
@@ -50,7 +56,7 @@ func (f *faultBackend) Renew(ctx context.Context, r lease.Record) error {
 	return f.Backend.Renew(ctx, r)
 }
 
-func (f *faultBackend) Release(ctx context.Context, r lease.Record) error {
+func (f *faultBackend) Release(ctx context.Context, r lease.Grant) error {
 	f.calls.Add(1)
 	return f.Backend.Release(ctx, r)
 }
@@ -66,8 +72,8 @@ func TestNewManagerRejectsBadOptions(t *testing.T) {
 		{"nil backend", true, valid, []string{"backend is nil"}},
 		{"zero TTL", false, lease.Options{}, []string{"TTL is 0s"}},
 		{"negative TTL", false, lease.Options{TTL: -time.Second}, []string{"TTL is -1s"}},
-		{"TTL not whole ms", false, lease.Options{TTL: 1500 * time.Microsecond}, []string{"whole number of milliseconds"}},
-		{"TTL too short", false, lease.Options{TTL: 5 * time.Millisecond}, []string{"too short to renew"}},
+		{"TTL not whole ms", false, lease.Options{TTL: 1500 * time.Microsecond}, []string{"whole multiple of 1ms"}},
+		{"TTL too short", false, lease.Options{TTL: 5 * time.Millisecond}, []string{"renew interval"}},
 		{"margin >= TTL", false, lease.Options{TTL: time.Second, SafetyMargin: time.Second}, []string{"safety margin 1s must be less than the TTL"}},
 		{"negative margin", false, lease.Options{TTL: time.Second, SafetyMargin: -2 * time.Millisecond}, []string{"must not be negative"}},
 		{"renew interval == TTL", false, lease.Options{TTL: time.Second, RenewInterval: time.Second}, []string{"cannot keep the lease alive"}},
@@ -85,7 +91,7 @@ func TestNewManagerRejectsBadOptions(t *testing.T) {
 			if tc.nilB {
 				b = nil
 			}
-			m, err := lease.NewManager(b, tc.opts)
+			m, err := lease.NewManager(b, tc.opts.TTL, withOptions(tc.opts))
 			if err == nil || m != nil {
 				t.Fatalf("NewManager = %v, %v; want an error", m, err)
 			}
@@ -104,9 +110,13 @@ func TestNewManagerRejectsBadOptions(t *testing.T) {
 	}
 }
 
+// withOptions is an Option that sets every field from o (tests build
+// option tables as structs).
+func withOptions(o lease.Options) lease.Option { return func(p *lease.Options) { *p = o } }
+
 func TestNewManagerDoesNotChangeCallerOptions(t *testing.T) {
 	opts := lease.Options{TTL: 3 * time.Second}
-	m, err := lease.NewManager(lease.NewMemoryBackend(), opts, lease.WithRenewInterval(time.Second))
+	m, err := lease.NewManager(lease.NewMemoryBackend(), opts.TTL, withOptions(opts), lease.WithRenewInterval(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,12 +127,12 @@ func TestNewManagerDoesNotChangeCallerOptions(t *testing.T) {
 	if got.RenewInterval != time.Second || got.SafetyMargin != 3*time.Second/100+2*time.Millisecond || got.Identity == "" {
 		t.Fatalf("effective options %+v", got)
 	}
-	d, _ := lease.NewManager(lease.NewMemoryBackend(), lease.Options{TTL: 9 * time.Second})
+	d, _ := lease.NewManager(lease.NewMemoryBackend(), 9*time.Second)
 	if o := d.Options(); o.RenewInterval != (9*time.Second-o.SafetyMargin)/3 {
 		t.Fatalf("default renew interval = %v, want (TTL - margin)/3", o.RenewInterval)
 	}
-	for _, ttl := range []time.Duration{lease.MinTTL, 11 * time.Millisecond, 100 * time.Millisecond, time.Hour} {
-		if _, err := lease.NewManager(lease.NewMemoryBackend(), lease.Options{TTL: ttl}); err != nil {
+	for _, ttl := range []time.Duration{10 * time.Millisecond, 11 * time.Millisecond, 100 * time.Millisecond, time.Hour} {
+		if _, err := lease.NewManager(lease.NewMemoryBackend(), ttl); err != nil {
 			t.Errorf("the defaults for TTL %v are invalid: %v", ttl, err)
 		}
 	}
@@ -130,7 +140,7 @@ func TestNewManagerDoesNotChangeCallerOptions(t *testing.T) {
 
 func TestBadNamesDoNoIO(t *testing.T) {
 	fb := &faultBackend{Backend: lease.NewMemoryBackend()}
-	m, err := lease.NewManager(fb, lease.Options{TTL: time.Second})
+	m, err := lease.NewManager(fb, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +164,7 @@ func TestBadNamesDoNoIO(t *testing.T) {
 // the reply arrived.
 func TestDeadlineCountsFromSend(t *testing.T) {
 	fb := &faultBackend{Backend: lease.NewMemoryBackend(), acquireDelay: 150 * time.Millisecond}
-	m, err := lease.NewManager(fb, lease.Options{TTL: time.Second, DisableAutoRenew: true})
+	m, err := lease.NewManager(fb, time.Second, lease.WithoutAutoRenew())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +186,7 @@ func TestDeadlineCountsFromSend(t *testing.T) {
 func TestLateGrantIsRefused(t *testing.T) {
 	mem := lease.NewMemoryBackend()
 	fb := &faultBackend{Backend: mem, acquireDelay: 120 * time.Millisecond}
-	m, err := lease.NewManager(fb, lease.Options{TTL: 100 * time.Millisecond})
+	m, err := lease.NewManager(fb, 100*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +195,7 @@ func TestLateGrantIsRefused(t *testing.T) {
 		t.Fatalf("TryAcquire with a late reply = %v, %v; want ErrNotAcquired", l, err)
 	}
 	// The grant was given back: another owner gets it at once.
-	m2, _ := lease.NewManager(mem, lease.Options{TTL: time.Second})
+	m2, _ := lease.NewManager(mem, time.Second)
 	l2, err := m2.TryAcquire(context.Background(), "late")
 	if err != nil {
 		t.Fatalf("the late grant was not given back: %v", err)
@@ -195,7 +205,7 @@ func TestLateGrantIsRefused(t *testing.T) {
 
 func TestHeartbeatKeepsLeaseAlive(t *testing.T) {
 	fb := &faultBackend{Backend: lease.NewMemoryBackend()}
-	m, err := lease.NewManager(fb, lease.Options{TTL: 150 * time.Millisecond})
+	m, err := lease.NewManager(fb, 150*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +230,7 @@ func TestHeartbeatKeepsLeaseAlive(t *testing.T) {
 func TestTransientRenewErrorsLoseAtDeadline(t *testing.T) {
 	fb := &faultBackend{Backend: lease.NewMemoryBackend()}
 	ttl := 300 * time.Millisecond
-	m, err := lease.NewManager(fb, lease.Options{TTL: ttl})
+	m, err := lease.NewManager(fb, ttl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +265,7 @@ func TestTransientRenewErrorsLoseAtDeadline(t *testing.T) {
 // A renew that finds another owner ends the lease at once.
 func TestRenewTakenOverCancelsAtOnce(t *testing.T) {
 	fb := &faultBackend{Backend: lease.NewMemoryBackend()}
-	m, err := lease.NewManager(fb, lease.Options{TTL: 10 * time.Second})
+	m, err := lease.NewManager(fb, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +292,7 @@ func TestRenewTakenOverCancelsAtOnce(t *testing.T) {
 
 func TestAcquireGivesUpWithContext(t *testing.T) {
 	mem := lease.NewMemoryBackend()
-	m, _ := lease.NewManager(mem, lease.Options{TTL: 10 * time.Second})
+	m, _ := lease.NewManager(mem, 10*time.Second)
 	l, err := m.TryAcquire(context.Background(), "busy")
 	if err != nil {
 		t.Fatal(err)
@@ -297,7 +307,7 @@ func TestAcquireGivesUpWithContext(t *testing.T) {
 }
 
 func TestLeaseContextCarriesTokenAndValues(t *testing.T) {
-	m, _ := lease.NewManager(lease.NewMemoryBackend(), lease.Options{TTL: time.Second})
+	m, _ := lease.NewManager(lease.NewMemoryBackend(), time.Second)
 	type key struct{}
 	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "v"))
 	l, err := m.TryAcquire(ctx, "ctx")
@@ -332,7 +342,7 @@ func (r *recordingObserver) Released(lease.ReleasedEvent) { r.mu.Lock(); r.relea
 
 func TestObserverEvents(t *testing.T) {
 	obs := &recordingObserver{}
-	m, _ := lease.NewManager(lease.NewMemoryBackend(), lease.Options{TTL: time.Second, DisableAutoRenew: true}, lease.WithObserver(obs))
+	m, _ := lease.NewManager(lease.NewMemoryBackend(), time.Second, lease.WithoutAutoRenew(), lease.WithObserver(obs))
 	l, _ := m.TryAcquire(context.Background(), "obs")
 	_ = l.Renew(context.Background())
 	_ = l.Release(context.Background())
@@ -350,7 +360,7 @@ func TestObserverEvents(t *testing.T) {
 // not delay the first renewal towards the deadline.
 func TestFirstRenewalCountsFromSend(t *testing.T) {
 	fb := &faultBackend{Backend: lease.NewMemoryBackend(), acquireDelay: 800 * time.Millisecond}
-	m, err := lease.NewManager(fb, lease.Options{TTL: 3 * time.Second}) // renew every 1s
+	m, err := lease.NewManager(fb, 3*time.Second) // renew every 1s
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -369,30 +379,5 @@ func TestFirstRenewalCountsFromSend(t *testing.T) {
 	// Sent 800 ms before the reply, so due about 200 ms after it.
 	if d := time.Since(returned); d > 600*time.Millisecond {
 		t.Fatalf("first renewal %v after the reply; it is due 1s after the send, about 200ms after the reply", d)
-	}
-}
-
-// With batching on, heartbeats due within one batch window fire together:
-// due times are rounded up to the Manager's grid of RenewBatchWindow.
-func TestHeartbeatsAlignToTheBatchGrid(t *testing.T) {
-	const w = 50 * time.Millisecond
-	m, err := lease.NewManager(lease.NewMemoryBackend(), lease.Options{TTL: 10 * time.Second, RenewBatchWindow: w})
-	if err != nil {
-		t.Fatal(err)
-	}
-	base := m.EpochForTest().Add(time.Hour) // far enough that no delay is clipped to 0
-	now := time.Now()
-	for _, off := range []time.Duration{time.Millisecond, 25 * time.Millisecond, w - time.Nanosecond, w} {
-		got := now.Add(m.RenewDelayForTest(base.Add(off)))
-		want := base.Add(w)
-		if d := got.Sub(want); d < -5*time.Millisecond || d > 5*time.Millisecond {
-			t.Errorf("heartbeat due at grid+%v fires at grid+%v, want grid+%v", off, got.Sub(base), w)
-		}
-	}
-	off, _ := lease.NewManager(lease.NewMemoryBackend(), lease.Options{TTL: 10 * time.Second, RenewBatchWindow: lease.NoBatching})
-	due := time.Now().Add(time.Hour + 7*time.Millisecond)
-	want := time.Until(due)
-	if d := off.RenewDelayForTest(due); d > want+5*time.Millisecond || d < want-5*time.Millisecond {
-		t.Errorf("without batching the heartbeat is not aligned: delay %v for a due time %v away", d, want)
 	}
 }

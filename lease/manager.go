@@ -17,34 +17,52 @@ import (
 )
 
 // Manager acquires leases from one Backend with one set of Options. It is
-// safe for concurrent use; one Manager can hold any number of leases.
+// safe for concurrent use; one Manager can hold any number of leases, and
+// serves all their deadlines and heartbeats from one timer.
 type Manager struct {
 	b       Backend
-	w       Watcher   // nil when b cannot signal releases
-	batcher *batcher  // nil unless b implements BatchRenewer and batching is on
-	epoch   time.Time // origin of the heartbeat grid (see renewDelay)
+	w       Watcher      // nil when b cannot signal releases
+	br      BatchRenewer // nil unless b batches and batching is on
+	limits  Limits
 	o       Options
+	sched   scheduler
+	epoch   time.Time     // origin of the Manager's monotonic clock (since)
+	errLead time.Duration // how long before its deadline Err reports a lease lost
 }
 
-// NewManager returns a Manager over b. opts is copied, then each optFn is
-// applied to the copy, then defaults fill the zero fields (see Options), and
-// the result is validated. Every problem is reported at once, in an error
-// matching ErrInvalidOptions; no I/O happens.
-func NewManager(b Backend, opts Options, optFns ...func(*Options)) (*Manager, error) {
-	for _, fn := range optFns {
-		fn(&opts)
+// since returns t on the Manager's monotonic clock.
+func (m *Manager) since(t time.Time) time.Duration { return t.Sub(m.epoch) }
+
+// NewManager returns a Manager over b whose leases have the given TTL: how
+// long the store keeps a grant after each acquire or renew. The TTL must be
+// within b's Limits (for example, a whole number of milliseconds of at least
+// 10 ms for package redislease). Each opt is applied to Options whose TTL is
+// ttl, then defaults fill the zero fields (see Options), and the result is
+// validated. Every problem is reported at once, in an error matching
+// ErrInvalidOptions; no I/O happens.
+func NewManager(b Backend, ttl time.Duration, opts ...Option) (*Manager, error) {
+	o := Options{TTL: ttl}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
 	}
-	if opts.Identity == "" {
-		opts.Identity = defaultIdentity()
+	if o.Identity == "" {
+		o.Identity = defaultIdentity()
 	}
-	opts = opts.withDefaults()
-	if err := opts.validate(b); err != nil {
+	var limits Limits
+	if b != nil {
+		limits = b.Limits()
+	}
+	o = o.withDefaults()
+	if err := o.validate(b, limits); err != nil {
 		return nil, err
 	}
-	m := &Manager{b: b, o: opts, epoch: time.Now()}
+	m := &Manager{b: b, o: o, limits: limits, epoch: time.Now(), errLead: min(time.Millisecond, o.SafetyMargin/4)}
+	m.sched.m = m
 	m.w, _ = b.(Watcher)
-	if br, ok := b.(BatchRenewer); ok && opts.RenewBatchWindow > 0 && !opts.DisableAutoRenew {
-		m.batcher = &batcher{m: m, br: br, window: opts.RenewBatchWindow}
+	if br, ok := b.(BatchRenewer); ok && o.RenewBatchWindow > 0 {
+		m.br = br
 	}
 	return m, nil
 }
@@ -67,28 +85,32 @@ func (m *Manager) TryAcquire(ctx context.Context, name string) (*Lease, error) {
 		return nil, err
 	}
 	start := time.Now()
-	return m.attempt(ctx, m.record(name), start, 1)
+	return m.attempt(ctx, m.request(name), start, 1)
 }
 
 // Acquire acquires the lease name, waiting while another holder has it until
 // it is released or expires, or until ctx ends. A waiter is woken as soon as
 // the holder releases when the backend implements Watcher (Redis: pub/sub),
 // and otherwise polls with jitter (Options.PollInterval). Transient store
-// errors are retried the same way. All attempts of one call use the same
-// owner, so a retry of an attempt whose reply was lost gets that grant back.
+// errors are retried the same way, and logged as warnings. All attempts of
+// one call use the same owner, so a retry of an attempt whose reply was lost
+// gets that grant back.
 //
-// When ctx ends first, the error joins ErrNotAcquired (with the last store
-// error, if any) and ctx.Err(), so errors.Is matches both. ctx bounds the
-// wait, not the lease. Names are checked first (ErrInvalidName, no I/O).
+// When ctx ends first, the error joins ErrNotAcquired, the last store error
+// seen (if any: a store that cannot be reached is named even when the last
+// attempt only saw the context end) and ctx.Err(), so errors.Is matches all
+// of them. ctx bounds the wait, not the lease. Names are checked first
+// (ErrInvalidName, no I/O).
 func (m *Manager) Acquire(ctx context.Context, name string) (*Lease, error) {
 	if err := ValidateName(name); err != nil {
 		return nil, err
 	}
 	start := time.Now()
-	rec := m.record(name)
+	req := m.request(name)
 	var (
-		signals <-chan struct{}
-		timer   *time.Timer
+		signals  <-chan struct{}
+		timer    *time.Timer
+		storeErr error // the last error that was not a refusal or the context's
 	)
 	defer func() {
 		if timer != nil {
@@ -96,14 +118,15 @@ func (m *Manager) Acquire(ctx context.Context, name string) (*Lease, error) {
 		}
 	}()
 	for attempt := 1; ; attempt++ {
-		l, err := m.attempt(ctx, rec, start, attempt)
+		l, err := m.attempt(ctx, req, start, attempt)
 		if err == nil {
 			return l, nil
 		}
-		if errors.Is(err, ErrInvalidName) || ctx.Err() != nil {
-			return nil, m.giveUp(ctx, name, err)
+		if ctx.Err() != nil {
+			return nil, m.giveUp(ctx, name, err, storeErr)
 		}
 		if !errors.Is(err, ErrNotAcquired) {
+			storeErr = err
 			m.o.Logger.Warn("lease: acquire attempt failed, will retry", "name", name, "attempt", attempt, "err", err)
 		}
 		if signals == nil && m.w != nil {
@@ -117,7 +140,7 @@ func (m *Manager) Acquire(ctx context.Context, name string) (*Lease, error) {
 				continue
 			}
 			if ctx.Err() != nil {
-				return nil, m.giveUp(ctx, name, err)
+				return nil, m.giveUp(ctx, name, err, storeErr)
 			}
 			m.o.Logger.Warn("lease: cannot watch for releases, polling", "name", name, "err", werr)
 		}
@@ -131,19 +154,25 @@ func (m *Manager) Acquire(ctx context.Context, name string) (*Lease, error) {
 		case <-signals:
 		case <-timer.C:
 		case <-ctx.Done():
-			return nil, m.giveUp(ctx, name, err)
+			return nil, m.giveUp(ctx, name, err, storeErr)
 		}
 	}
 }
 
-func (m *Manager) giveUp(ctx context.Context, name string, last error) error {
-	if ctx.Err() == nil {
-		return last
+// giveUp is Acquire's error when ctx ended: ErrNotAcquired with the last
+// attempt's error, the last store error if that was another one, and
+// ctx.Err().
+func (m *Manager) giveUp(ctx context.Context, name string, last, storeErr error) error {
+	errs := []error{}
+	if errors.Is(last, ErrNotAcquired) {
+		errs = append(errs, last)
+	} else {
+		errs = append(errs, fmt.Errorf("%w: %q: last attempt: %w", ErrNotAcquired, name, last))
 	}
-	if !errors.Is(last, ErrNotAcquired) {
-		last = fmt.Errorf("%w: %q: last attempt: %w", ErrNotAcquired, name, last)
+	if storeErr != nil && storeErr != last {
+		errs = append(errs, fmt.Errorf("lease: last store error: %w", storeErr))
 	}
-	return errors.Join(last, ctx.Err())
+	return errors.Join(append(errs, ctx.Err())...)
 }
 
 // pollWait is how long a blocked Acquire sleeps without a signal. When the
@@ -162,38 +191,70 @@ func (m *Manager) pollWait(err error) time.Duration {
 	return half + mrand.N(d-half+1)
 }
 
-func (m *Manager) record(name string) Record {
+func (m *Manager) request(name string) Request {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
-	return Record{Name: name, Owner: m.o.Identity + "/" + hex.EncodeToString(b[:]), TTL: m.o.TTL}
+	return Request{Name: name, Owner: m.o.Identity + "/" + hex.EncodeToString(b[:]), TTL: m.o.TTL}
 }
 
 // attempt sends one acquire request and turns a grant into a Lease.
-func (m *Manager) attempt(ctx context.Context, rec Record, start time.Time, n int) (*Lease, error) {
+func (m *Manager) attempt(ctx context.Context, req Request, start time.Time, n int) (*Lease, error) {
+	l := newLease(m, ctx)
+	req.Notify = l
 	sent := time.Now()
-	tok, err := m.b.Acquire(ctx, rec)
+	g, err := m.b.Acquire(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	rec.Token = tok
-	deadline := sent.Add(m.o.TTL - m.o.SafetyMargin)
-	if tok == fence.None {
-		m.releaseQuietly(ctx, rec)
-		return nil, fmt.Errorf("lease: acquire %q: the backend granted token 0, which is never valid; lease given back", rec.Name)
+	if err := m.checkGrant(req, g); err != nil {
+		m.releaseQuietly(ctx, g)
+		return nil, err
 	}
+	validity := g.TTL - m.o.SafetyMargin
+	deadline := sent.Add(validity)
 	if now := time.Now(); !now.Before(deadline) {
 		// The reply took longer than the lease is valid: the store may
 		// already have let it expire. Never hand out such a grant.
-		m.releaseQuietly(ctx, rec)
+		m.releaseQuietly(ctx, g)
 		return nil, fmt.Errorf("%w: %q: the grant arrived %v after its request was sent, past its local deadline (TTL %v - safety margin %v); given back",
-			ErrNotAcquired, rec.Name, now.Sub(sent), m.o.TTL, m.o.SafetyMargin)
+			ErrNotAcquired, req.Name, now.Sub(sent), g.TTL, m.o.SafetyMargin)
 	}
-	l := newLease(m, ctx, rec, sent, deadline)
-	m.o.Observer.Acquired(AcquiredEvent{Name: rec.Name, Token: tok, Wait: time.Since(start), Attempts: n})
+	l.mu.Lock()
+	l.g, l.granted, l.st.validity = g, sent, validity
+	eff := l.apply(event{kind: evGranted, at: deadline})
+	if !eff.ended {
+		m.sched.setDeadline(&l.dl, deadline)
+		if !m.o.DisableAutoRenew && !m.limits.SelfRenewing {
+			// Counted from the send time, like the deadline: a slow reply
+			// must not push the first renewal towards the deadline.
+			m.sched.setHeartbeat(&l.hb, sent.Add(m.o.RenewInterval))
+		}
+	}
+	l.mu.Unlock()
+	if eff.ended {
+		// The backend reported the grant lost before its reply arrived.
+		l.finish(eff)
+		m.releaseQuietly(ctx, g)
+		return nil, fmt.Errorf("%w: %q: the grant was lost before it could be used: %w", ErrNotAcquired, req.Name, l.Err())
+	}
+	m.o.Observer.Acquired(AcquiredEvent{Name: g.Name, Token: g.Token, Wait: time.Since(start), Attempts: n})
 	if m.o.Logger.Enabled(ctx, slog.LevelDebug) { // spare the hot path the arguments' allocations
-		m.o.Logger.Debug("lease: acquired", "name", rec.Name, "token", uint64(tok), "owner", rec.Owner, "attempts", n)
+		m.o.Logger.Debug("lease: acquired", "name", g.Name, "token", uint64(g.Token), "owner", g.Owner, "attempts", n)
 	}
 	return l, nil
+}
+
+// checkGrant refuses a grant that breaks the Backend contract.
+func (m *Manager) checkGrant(req Request, g Grant) error {
+	switch {
+	case g.Token == fence.None:
+		return fmt.Errorf("lease: acquire %q: the backend granted token 0, which is never valid; lease given back", req.Name)
+	case g.Name != req.Name || g.Owner != req.Owner:
+		return fmt.Errorf("lease: acquire %q: the backend granted %q to %q instead; given back", req.Name, g.Name, g.Owner)
+	case g.TTL < req.TTL:
+		return fmt.Errorf("lease: acquire %q: the store granted a TTL of %v, shorter than the %v asked for; given back", req.Name, g.TTL, req.TTL)
+	}
+	return nil
 }
 
 // releaseContext bounds a release: the caller's context while it is live,
@@ -206,11 +267,11 @@ func (m *Manager) releaseContext(ctx context.Context) (context.Context, context.
 }
 
 // releaseQuietly gives a grant back, best effort, within ReleaseTimeout.
-func (m *Manager) releaseQuietly(ctx context.Context, rec Record) {
+func (m *Manager) releaseQuietly(ctx context.Context, g Grant) {
 	rctx, cancel := m.releaseContext(ctx)
 	defer cancel()
-	if err := m.b.Release(rctx, rec); err != nil && !errors.Is(err, ErrNotHeld) {
-		m.o.Logger.Warn("lease: could not give back a grant; it expires after its TTL", "name", rec.Name, "token", uint64(rec.Token), "err", err)
+	if err := m.b.Release(rctx, g); err != nil && !errors.Is(err, ErrNotHeld) {
+		m.o.Logger.Warn("lease: could not give back a grant; it expires after its TTL", "name", g.Name, "token", uint64(g.Token), "err", err)
 	}
 }
 

@@ -17,6 +17,7 @@ type MemoryBackend struct {
 	leases   map[string]memGrant
 	tokens   map[string]fence.Token
 	watchers map[string]map[chan struct{}]struct{}
+	floor    fence.Token // the least token to mint since the last Forget
 }
 
 type memGrant struct {
@@ -50,58 +51,69 @@ func (b *MemoryBackend) current(name string, now time.Time) (memGrant, bool) {
 	return g, ok
 }
 
+// Limits implements Backend: any whole number of milliseconds.
+func (b *MemoryBackend) Limits() Limits {
+	return Limits{MinTTL: time.Millisecond, Resolution: time.Millisecond}
+}
+
 // Acquire implements Backend.
-func (b *MemoryBackend) Acquire(ctx context.Context, rec Record) (fence.Token, error) {
+func (b *MemoryBackend) Acquire(ctx context.Context, req Request) (Grant, error) {
 	if err := ctx.Err(); err != nil {
-		return 0, err
+		return Grant{}, err
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := time.Now()
-	if g, ok := b.current(rec.Name, now); ok {
-		if g.owner != rec.Owner {
-			return 0, &NotAcquiredError{Name: rec.Name, RetryAfter: g.expires.Sub(now)}
+	if g, ok := b.current(req.Name, now); ok {
+		if g.owner != req.Owner {
+			return Grant{}, &NotAcquiredError{Name: req.Name, RetryAfter: g.expires.Sub(now)}
 		}
-		g.expires = now.Add(rec.TTL)
-		b.leases[rec.Name] = g
-		return g.token, nil
+		g.expires = now.Add(req.TTL)
+		b.leases[req.Name] = g
+		return Grant{Name: req.Name, Owner: req.Owner, Token: g.token, TTL: req.TTL}, nil
 	}
-	tok := b.tokens[rec.Name] + 1
-	b.tokens[rec.Name] = tok
-	b.leases[rec.Name] = memGrant{owner: rec.Owner, token: tok, expires: now.Add(rec.TTL)}
-	return tok, nil
+	tok := max(b.tokens[req.Name]+1, b.floor)
+	b.tokens[req.Name] = tok
+	b.leases[req.Name] = memGrant{owner: req.Owner, token: tok, expires: now.Add(req.TTL)}
+	return Grant{Name: req.Name, Owner: req.Owner, Token: tok, TTL: req.TTL}, nil
+}
+
+// holds reports whether the store names g's owner and token as the live
+// holder of g.Name; mu must be held.
+func (b *MemoryBackend) holds(g Grant, now time.Time) (memGrant, bool) {
+	cur, ok := b.current(g.Name, now)
+	return cur, ok && cur.owner == g.Owner && cur.token == g.Token
 }
 
 // Renew implements Backend.
-func (b *MemoryBackend) Renew(ctx context.Context, rec Record) error {
+func (b *MemoryBackend) Renew(ctx context.Context, g Grant) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := time.Now()
-	g, ok := b.current(rec.Name, now)
-	if !ok || g.owner != rec.Owner {
+	cur, ok := b.holds(g, now)
+	if !ok {
 		return ErrNotHeld
 	}
-	g.expires = now.Add(rec.TTL)
-	b.leases[rec.Name] = g
+	cur.expires = now.Add(g.TTL)
+	b.leases[g.Name] = cur
 	return nil
 }
 
 // Release implements Backend.
-func (b *MemoryBackend) Release(ctx context.Context, rec Record) error {
+func (b *MemoryBackend) Release(ctx context.Context, g Grant) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	g, ok := b.current(rec.Name, time.Now())
-	if !ok || g.owner != rec.Owner {
+	if _, ok := b.holds(g, time.Now()); !ok {
 		return ErrNotHeld
 	}
-	delete(b.leases, rec.Name)
-	for ch := range b.watchers[rec.Name] {
+	delete(b.leases, g.Name)
+	for ch := range b.watchers[g.Name] {
 		select {
 		case ch <- struct{}{}:
 		default:
@@ -137,10 +149,26 @@ func (b *MemoryBackend) Watch(ctx context.Context, name string) (<-chan struct{}
 }
 
 // RenewBatch implements BatchRenewer.
-func (b *MemoryBackend) RenewBatch(ctx context.Context, recs []Record) []error {
-	errs := make([]error, len(recs))
-	for i, r := range recs {
-		errs[i] = b.Renew(ctx, r)
+func (b *MemoryBackend) RenewBatch(ctx context.Context, gs []Grant) []error {
+	errs := make([]error, len(gs))
+	for i, g := range gs {
+		errs[i] = b.Renew(ctx, g)
 	}
 	return errs
+}
+
+// Forget drops every grant and every token counter, as a store that lost
+// its data would (leasetest's data-loss hook). Tokens still grow across it,
+// by the rule package redislease follows with the server clock: from then
+// on a token is at least the wall clock at the time of the loss, in
+// nanoseconds since the Unix epoch, which is greater than every token
+// minted before as long as the clock is not stepped back and fewer grants
+// were made than nanoseconds passed. Before the first Forget, tokens count
+// 1, 2, 3 per name.
+func (b *MemoryBackend) Forget() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	clear(b.leases)
+	clear(b.tokens)
+	b.floor = max(b.floor, fence.Token(time.Now().UnixNano()))
 }

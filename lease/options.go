@@ -8,15 +8,15 @@ import (
 	"unicode"
 )
 
-// MinTTL is the shortest TTL a Manager accepts.
-const MinTTL = 10 * time.Millisecond
-
-// Options configures a Manager. The zero value of every field but TTL
-// selects its documented default. NewManager copies the struct; it never
-// changes the caller's.
+// Options configures a Manager. NewManager starts from the zero value with
+// TTL set to its ttl argument, applies each Option, and fills every other
+// zero field with its documented default. It never changes values the
+// caller holds.
 type Options struct {
-	// TTL is how long the store keeps a grant after each acquire or renew.
-	// Required: a whole number of milliseconds, at least MinTTL (10 ms).
+	// TTL is how long the store keeps a grant after each acquire or renew:
+	// NewManager's ttl argument. It must be within the backend's Limits
+	// (Backend.Limits): at least MinTTL, at most MaxTTL where set, and a
+	// whole multiple of Resolution.
 	TTL time.Duration
 
 	// RenewInterval is the time between automatic renewals. Default
@@ -27,20 +27,24 @@ type Options struct {
 
 	// DisableAutoRenew turns the background heartbeat off; the holder then
 	// calls Lease.Renew itself. The local deadline is enforced either way.
+	// Backends that keep grants alive themselves (Limits.SelfRenewing)
+	// never get heartbeats.
 	DisableAutoRenew bool
 
 	// SafetyMargin is subtracted from the TTL when computing a lease's
 	// local deadline, to allow for clock drift between the store and this
-	// process. Default TTL/100 + 2 ms (the Redlock drift allowance). Must
-	// be less than TTL. Set NoSafetyMargin for none.
+	// process. Default TTL/100 + 2 ms (the Redlock drift allowance), or
+	// TTL/10 for TTLs too short for that. Must be less than TTL. Set
+	// NoSafetyMargin for none.
 	SafetyMargin time.Duration
 
-	// RenewBatchWindow is how long a due heartbeat waits for others to
-	// join it in one round trip, when the backend implements BatchRenewer.
-	// Heartbeats are also aligned to a grid of this width, so that those
-	// due within one window wake the process once. Default
-	// min(RenewInterval/20, 100 ms). NoBatching turns it off. It must be
-	// less than RenewInterval/4.
+	// RenewBatchWindow is how far ahead of its time a heartbeat may be
+	// sent to share a round trip with others, when the backend implements
+	// BatchRenewer: the heartbeats due within this window are sent
+	// together, in one batch (a renewal sent early counts from its own
+	// send time, so nothing is lost). Default min(RenewInterval/20,
+	// 100 ms). NoBatching turns batching off. It must be less than
+	// RenewInterval/4.
 	RenewBatchWindow time.Duration
 
 	// RenewRetryInterval is the pause between retries of a renewal that
@@ -57,8 +61,9 @@ type Options struct {
 	// at most 1 s; at least 1 ms.
 	PollInterval time.Duration
 
-	// ReleaseTimeout bounds every Release request (and the give-back of a
-	// grant that arrived too late). Default 5 s; at least 10 ms.
+	// ReleaseTimeout bounds every Release (including its wait for a renew
+	// request already in flight) and the give-back of a grant that arrived
+	// too late. Default 5 s; at least 10 ms.
 	ReleaseTimeout time.Duration
 
 	// Identity prefixes every owner this Manager creates, to tell holders
@@ -75,33 +80,54 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// Option sets fields of Options. An Option may be any func(*Options), so a
+// caller can set several fields at once:
+//
+//	lease.NewManager(b, 10*time.Second, func(o *lease.Options) {
+//		o.Identity = "billing"
+//		o.PollInterval = 200 * time.Millisecond
+//	})
+type Option func(*Options)
+
 // NoBatching, as Options.RenewBatchWindow, sends every heartbeat on its own.
 const NoBatching time.Duration = -1
 
 // NoSafetyMargin, as Options.SafetyMargin, selects a margin of zero.
 const NoSafetyMargin time.Duration = -1
 
-// WithTTL returns an option function that sets Options.TTL.
-func WithTTL(ttl time.Duration) func(*Options) { return func(o *Options) { o.TTL = ttl } }
+// WithRenewInterval sets Options.RenewInterval.
+func WithRenewInterval(d time.Duration) Option { return func(o *Options) { o.RenewInterval = d } }
 
-// WithRenewInterval returns an option function that sets Options.RenewInterval.
-func WithRenewInterval(d time.Duration) func(*Options) {
-	return func(o *Options) { o.RenewInterval = d }
+// WithoutAutoRenew sets Options.DisableAutoRenew.
+func WithoutAutoRenew() Option { return func(o *Options) { o.DisableAutoRenew = true } }
+
+// WithSafetyMargin sets Options.SafetyMargin.
+func WithSafetyMargin(d time.Duration) Option { return func(o *Options) { o.SafetyMargin = d } }
+
+// WithRenewBatchWindow sets Options.RenewBatchWindow.
+func WithRenewBatchWindow(d time.Duration) Option {
+	return func(o *Options) { o.RenewBatchWindow = d }
 }
 
-// WithoutAutoRenew returns an option function that sets Options.DisableAutoRenew.
-func WithoutAutoRenew() func(*Options) { return func(o *Options) { o.DisableAutoRenew = true } }
-
-// WithSafetyMargin returns an option function that sets Options.SafetyMargin.
-func WithSafetyMargin(d time.Duration) func(*Options) {
-	return func(o *Options) { o.SafetyMargin = d }
+// WithRenewRetryInterval sets Options.RenewRetryInterval.
+func WithRenewRetryInterval(d time.Duration) Option {
+	return func(o *Options) { o.RenewRetryInterval = d }
 }
 
-// WithObserver returns an option function that sets Options.Observer.
-func WithObserver(obs Observer) func(*Options) { return func(o *Options) { o.Observer = obs } }
+// WithPollInterval sets Options.PollInterval.
+func WithPollInterval(d time.Duration) Option { return func(o *Options) { o.PollInterval = d } }
 
-// WithLogger returns an option function that sets Options.Logger.
-func WithLogger(l *slog.Logger) func(*Options) { return func(o *Options) { o.Logger = l } }
+// WithReleaseTimeout sets Options.ReleaseTimeout.
+func WithReleaseTimeout(d time.Duration) Option { return func(o *Options) { o.ReleaseTimeout = d } }
+
+// WithIdentity sets Options.Identity.
+func WithIdentity(id string) Option { return func(o *Options) { o.Identity = id } }
+
+// WithObserver sets Options.Observer.
+func WithObserver(obs Observer) Option { return func(o *Options) { o.Observer = obs } }
+
+// WithLogger sets Options.Logger.
+func WithLogger(l *slog.Logger) Option { return func(o *Options) { o.Logger = l } }
 
 // withDefaults fills zero fields. Fields that are invalid are left for
 // validate to report.
@@ -148,7 +174,7 @@ func (o Options) withDefaults() Options {
 
 // validate reports every problem at once, joined, each matching
 // ErrInvalidOptions.
-func (o Options) validate(b Backend) error {
+func (o Options) validate(b Backend, lim Limits) error {
 	var errs []error
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...))
@@ -156,13 +182,20 @@ func (o Options) validate(b Backend) error {
 	if b == nil {
 		bad("backend is nil")
 	}
+	res := lim.Resolution
+	if res <= 0 {
+		res = time.Millisecond
+	}
+	minTTL := max(lim.MinTTL, res)
 	switch {
 	case o.TTL <= 0:
 		bad("TTL is %v, it must be positive", o.TTL)
-	case o.TTL%time.Millisecond != 0:
-		bad("TTL is %v, it must be a whole number of milliseconds", o.TTL)
-	case o.TTL < MinTTL:
-		bad("TTL is %v, too short to renew: the minimum is %v", o.TTL, MinTTL)
+	case o.TTL%res != 0:
+		bad("TTL is %v, it must be a whole multiple of %v (the backend's resolution)", o.TTL, res)
+	case o.TTL < minTTL:
+		bad("TTL is %v, too short for the backend: the minimum is %v", o.TTL, minTTL)
+	case lim.MaxTTL > 0 && o.TTL > lim.MaxTTL:
+		bad("TTL is %v, too long for the backend: the maximum is %v", o.TTL, lim.MaxTTL)
 	}
 	if o.TTL <= 0 {
 		// Nothing else can be related to a missing TTL.

@@ -101,7 +101,7 @@ func runReplica() int {
 	cfg := r.cfg
 	ctx := context.Background()
 
-	m, closeLeases, err := demo.NewLeaseManager(cfg.RedisURL, cfg.RedisPrefix, lease.Options{TTL: cfg.TTL, Identity: cfg.Replica})
+	m, closeLeases, err := demo.NewLeaseManager(cfg.RedisURL, cfg.RedisPrefix, cfg.TTL, lease.WithIdentity(cfg.Replica))
 	if err != nil {
 		return r.fail("%v", err)
 	}

@@ -98,7 +98,7 @@ func runWorker() int {
 	cfg := w.cfg
 	ctx := context.Background()
 
-	m, closeLeases, err := demo.NewLeaseManager(cfg.RedisURL, cfg.RedisPrefix, lease.Options{TTL: cfg.TTL, Identity: "worker-" + cfg.Role})
+	m, closeLeases, err := demo.NewLeaseManager(cfg.RedisURL, cfg.RedisPrefix, cfg.TTL, lease.WithIdentity("worker-"+cfg.Role))
 	if err != nil {
 		return w.fail("%v", err)
 	}

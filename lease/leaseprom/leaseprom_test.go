@@ -22,7 +22,7 @@ func TestMetricsFollowLeaseEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := lease.NewManager(lease.NewMemoryBackend(), lease.Options{TTL: 100 * time.Millisecond, DisableAutoRenew: true}, lease.WithObserver(obs))
+	m, err := lease.NewManager(lease.NewMemoryBackend(), 100*time.Millisecond, lease.WithoutAutoRenew(), lease.WithObserver(obs))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,16 +2,29 @@
 // A backend's own tests call Run against the real store:
 //
 //	func TestConformance(t *testing.T) {
-//		leasetest.Run(t, func(t *testing.T) func() lease.Backend {
-//			ns := uniqueNamespace(t)
-//			return func() lease.Backend { return connect(t, ns) }
+//		leasetest.Run(t, leasetest.Config{
+//			NewStore: func(t *testing.T) func() lease.Backend {
+//				ns := uniqueNamespace(t)
+//				return func() lease.Backend { return connect(t, ns) }
+//			},
+//			LoseData: func(t *testing.T, b lease.Backend) { flushTheStore(t, b) },
 //		})
 //	}
 //
 // The suite checks the Backend contract directly (grants, token growth,
-// compare-and-set renew and release, expiry, watch signals) and through a
-// lease.Manager (exclusivity under contention over several connections,
-// release semantics, loss at the local deadline, prompt wake-up of waiters).
+// compare-and-set renew and release on owner and token, expiry, watch
+// signals, batches, tokens after the store lost its data, losses the store
+// pushes) and through a lease.Manager (exclusivity under contention over
+// several connections, release semantics, loss at the local deadline,
+// prompt wake-up of waiters, a release racing renewals).
+//
+// # Capabilities
+//
+// Some checks need a capability not every store has. A backend that lacks
+// one declares it in Config.Lacks with the reason, and the check is skipped
+// by name (t.Skip, so "go test -v" lists it as SKIP, never as PASS). A
+// capability that is neither present nor declared missing fails the check:
+// nothing is skipped silently.
 package leasetest
 
 import (
@@ -27,40 +40,169 @@ import (
 	"github.com/fencekit/fencekit/lease"
 )
 
-// NewStore prepares an isolated namespace of the store for one subtest
-// (registering its cleanup with t) and returns a function that connects a
-// new Backend to it. Each call of connect should open its own connection
-// where the store has connections, so that the suite can contend across
-// clients. connect is called from the test goroutine only.
-type NewStore func(t *testing.T) (connect func() lease.Backend)
+// Capability names something a backend may be unable to do.
+type Capability string
+
+const (
+	// Watch: the backend implements lease.Watcher (waiters woken on release).
+	Watch Capability = "watch"
+	// BatchRenew: the backend implements lease.BatchRenewer.
+	BatchRenew Capability = "batch-renew"
+	// DataLoss: Config.LoseData is set, so the suite can check that tokens
+	// keep growing after the store lost its data (DESIGN.md invariant 2).
+	DataLoss Capability = "data-loss"
+	// PushLoss: Config.EndSession is set, so the suite can check that a
+	// loss the store pushes (a session ended at the store) ends the lease
+	// at once.
+	PushLoss Capability = "push-loss"
+)
+
+// Config describes the store under test.
+type Config struct {
+	// NewStore prepares an isolated namespace of the store for one subtest
+	// (registering its cleanup with t) and returns a function that connects
+	// a new Backend to it. Each call of connect should open its own
+	// connection where the store has connections, so that the suite can
+	// contend across clients. connect is called from the test goroutine
+	// only. Required.
+	NewStore func(t *testing.T) (connect func() lease.Backend)
+
+	// ShortTTL is the TTL of the checks that wait for a lease to expire.
+	// Default: 200 ms, or the backend's Limits.MinTTL if that is longer.
+	ShortTTL time.Duration
+	// LongTTL is a TTL no check outlives. Default 30 s, or the backend's
+	// Limits.MaxTTL if that is shorter.
+	LongTTL time.Duration
+
+	// LoseData makes the store lose every grant and every token counter of
+	// the namespace that b is connected to (FLUSHALL, a restart without
+	// persistence, a truncated table, a wiped data directory), as an
+	// operator or a failure would. Nil unless Lacks names DataLoss.
+	LoseData func(t *testing.T, b lease.Backend)
+
+	// EndSession ends, at the store, the session that backend b's grants
+	// live in (pg_terminate_backend of its pinned connection, a ZooKeeper
+	// session expiry). Nil unless Lacks names PushLoss.
+	EndSession func(t *testing.T, b lease.Backend)
+
+	// Lacks maps each capability the backend does not have to the reason.
+	Lacks map[Capability]string
+}
 
 // Run runs the whole suite as parallel subtests of t.
-func Run(t *testing.T, newStore NewStore) {
+func Run(t *testing.T, cfg Config) {
+	if cfg.NewStore == nil {
+		t.Fatal("leasetest: Config.NewStore is nil")
+	}
 	tests := []struct {
 		name string
-		fn   func(*testing.T, func() lease.Backend)
+		fn   func(*testing.T, *suite)
 	}{
 		{"GrantMintsToken", testGrantMintsToken},
+		{"LimitsAreHonest", testLimits},
 		{"HeldByAnotherOwner", testHeldByAnotherOwner},
 		{"SameOwnerAcquireIsIdempotent", testSameOwnerIdempotent},
 		{"TokensStrictlyGrow", testTokensGrow},
-		{"RenewComparesOwner", testRenewComparesOwner},
-		{"ReleaseComparesOwner", testReleaseComparesOwner},
+		{"RenewComparesOwnerAndToken", testRenewCompares},
+		{"ReleaseComparesOwnerAndToken", testReleaseCompares},
 		{"ExpiresAfterTTL", testExpiresAfterTTL},
 		{"RenewKeepsLeaseAlive", testRenewKeepsAlive},
 		{"NamesDoNotCollide", testNamesDoNotCollide},
 		{"WatchSignalsRelease", testWatchSignalsRelease},
-		{"RenewBatchComparesOwner", testRenewBatch},
+		{"RenewBatchComparesOwnerAndToken", testRenewBatch},
+		{"TokensGrowAfterDataLoss", testTokensGrowAfterDataLoss},
+		{"StoreEndedSessionIsPushed", testPushedLoss},
 		{"ManagerExclusiveUnderContention", testExclusiveUnderContention},
 		{"ManagerReleaseSemantics", testReleaseSemantics},
 		{"ManagerLosesAtLocalDeadline", testLosesAtLocalDeadline},
 		{"ManagerWakesWaiterOnRelease", testWakesWaiter},
+		{"ManagerReleaseRacingRenewIsClean", testReleaseRacingRenew},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			tc.fn(t, newStore(t))
-		})
+	// The data-loss check wipes the store: it runs alone, after the others.
+	var destructive []func(*testing.T)
+	t.Run("group", func(t *testing.T) {
+		for _, tc := range tests {
+			if tc.name == "TokensGrowAfterDataLoss" {
+				destructive = append(destructive, func(t *testing.T) {
+					t.Run(tc.name, func(t *testing.T) { tc.fn(t, newSuite(t, cfg)) })
+				})
+				continue
+			}
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				tc.fn(t, newSuite(t, cfg))
+			})
+		}
+	})
+	for _, fn := range destructive {
+		fn(t)
+	}
+}
+
+// suite is one check's view of the store.
+type suite struct {
+	cfg      Config
+	connect  func() lease.Backend
+	limits   lease.Limits
+	short    time.Duration
+	long     time.Duration
+	probe    lease.Backend // the first backend connected, for capabilities
+	probeSet bool
+}
+
+func newSuite(t *testing.T, cfg Config) *suite {
+	s := &suite{cfg: cfg, connect: cfg.NewStore(t)}
+	s.probe = s.connect()
+	s.limits = s.probe.Limits()
+	res := s.limits.Resolution
+	if res <= 0 {
+		res = time.Millisecond
+	}
+	s.short = cfg.ShortTTL
+	if s.short == 0 {
+		s.short = max(200*time.Millisecond, s.limits.MinTTL)
+	}
+	s.short = roundUp(s.short, res)
+	s.long = cfg.LongTTL
+	if s.long == 0 {
+		s.long = 30 * time.Second
+		if s.limits.MaxTTL > 0 {
+			s.long = min(s.long, s.limits.MaxTTL)
+		}
+	}
+	s.long = roundUp(s.long, res)
+	return s
+}
+
+func roundUp(d, res time.Duration) time.Duration {
+	if r := d % res; r != 0 {
+		d += res - r
+	}
+	return d
+}
+
+// backend returns the first backend of this check, then new ones.
+func (s *suite) backend() lease.Backend {
+	if !s.probeSet {
+		s.probeSet = true
+		return s.probe
+	}
+	return s.connect()
+}
+
+// need skips the check, by name, if the backend declares that it lacks c,
+// and fails it if the backend neither has c nor declares its lack.
+func (s *suite) need(t *testing.T, c Capability, has bool) {
+	t.Helper()
+	reason, lacks := s.cfg.Lacks[c]
+	switch {
+	case has && lacks:
+		t.Fatalf("leasetest: the backend has capability %q but Config.Lacks says it does not (%s)", c, reason)
+	case has:
+	case lacks:
+		t.Skipf("capability %q not tested: the backend lacks it: %s", c, reason)
+	default:
+		t.Fatalf("leasetest: the backend lacks capability %q and Config.Lacks does not say why; this check cannot pass silently", c)
 	}
 }
 
@@ -71,191 +213,237 @@ func name(t *testing.T) string {
 	return fmt.Sprintf("%s-%d", t.Name(), seq.Add(1))
 }
 
-func rec(name, owner string, ttl time.Duration) lease.Record {
-	return lease.Record{Name: name, Owner: owner, TTL: ttl}
+func req(name, owner string, ttl time.Duration) lease.Request {
+	return lease.Request{Name: name, Owner: owner, TTL: ttl}
 }
 
 func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	return ctx
 }
 
-func mustAcquire(t *testing.T, b lease.Backend, r lease.Record) fence.Token {
+func mustAcquire(t *testing.T, b lease.Backend, r lease.Request) lease.Grant {
 	t.Helper()
-	tok, err := b.Acquire(ctxT(t), r)
+	g, err := b.Acquire(ctxT(t), r)
 	if err != nil {
 		t.Fatalf("Acquire(%q, owner %q): %v", r.Name, r.Owner, err)
 	}
-	if tok == fence.None {
+	if g.Token == fence.None {
 		t.Fatalf("Acquire(%q) granted token 0", r.Name)
 	}
-	return tok
+	if g.Name != r.Name || g.Owner != r.Owner {
+		t.Fatalf("Acquire(%q, %q) returned a grant of %q to %q", r.Name, r.Owner, g.Name, g.Owner)
+	}
+	if g.TTL < r.TTL {
+		t.Fatalf("Acquire(%q) granted a TTL of %v, shorter than the %v asked for", r.Name, g.TTL, r.TTL)
+	}
+	return g
 }
 
-func testGrantMintsToken(t *testing.T, connect func() lease.Backend) {
-	b := connect()
-	n := name(t)
-	tok := mustAcquire(t, b, rec(n, "a", time.Minute))
-	if err := b.Release(ctxT(t), lease.Record{Name: n, Owner: "a", Token: tok, TTL: time.Minute}); err != nil {
-		t.Fatalf("Release: %v", err)
+func release(t *testing.T, b lease.Backend, g lease.Grant) {
+	t.Helper()
+	if err := b.Release(ctxT(t), g); err != nil {
+		t.Fatalf("Release(%q, token %d): %v", g.Name, g.Token, err)
 	}
 }
 
-func testHeldByAnotherOwner(t *testing.T, connect func() lease.Backend) {
-	b1, b2 := connect(), connect()
+func testGrantMintsToken(t *testing.T, s *suite) {
+	b := s.backend()
 	n := name(t)
-	ttl := 10 * time.Second
-	mustAcquire(t, b1, rec(n, "a", ttl))
-	_, err := b2.Acquire(ctxT(t), rec(n, "b", ttl))
+	g := mustAcquire(t, b, req(n, "a", s.long))
+	release(t, b, g)
+}
+
+func testLimits(t *testing.T, s *suite) {
+	lim := s.limits
+	if lim.MinTTL < 0 || lim.MaxTTL < 0 || lim.Resolution < 0 {
+		t.Fatalf("negative limits: %+v", lim)
+	}
+	if lim.MaxTTL > 0 && lim.MaxTTL < lim.MinTTL {
+		t.Fatalf("MaxTTL %v < MinTTL %v", lim.MaxTTL, lim.MinTTL)
+	}
+	// A Manager accepts the suite's TTLs, and the store grants them.
+	if _, err := lease.NewManager(s.backend(), s.short); err != nil {
+		t.Fatalf("NewManager with the short TTL %v: %v", s.short, err)
+	}
+	g := mustAcquire(t, s.backend(), req(name(t), "a", s.short))
+	if s.limits.Resolution > 0 && g.TTL%s.limits.Resolution != 0 {
+		t.Errorf("granted TTL %v is not a multiple of the declared resolution %v", g.TTL, s.limits.Resolution)
+	}
+}
+
+func testHeldByAnotherOwner(t *testing.T, s *suite) {
+	b1, b2 := s.backend(), s.connect()
+	n := name(t)
+	g := mustAcquire(t, b1, req(n, "a", s.long))
+	_, err := b2.Acquire(ctxT(t), req(n, "b", s.long))
 	if !errors.Is(err, lease.ErrNotAcquired) {
 		t.Fatalf("second owner's Acquire = %v, want ErrNotAcquired", err)
 	}
 	var na *lease.NotAcquiredError
-	if errors.As(err, &na) && (na.RetryAfter < 0 || na.RetryAfter > ttl) {
-		t.Fatalf("RetryAfter = %v, want within (0, %v]", na.RetryAfter, ttl)
+	if errors.As(err, &na) && (na.RetryAfter < 0 || na.RetryAfter > g.TTL) {
+		t.Fatalf("RetryAfter = %v, want within [0, %v]", na.RetryAfter, g.TTL)
 	}
 }
 
-func testSameOwnerIdempotent(t *testing.T, connect func() lease.Backend) {
-	b := connect()
+func testSameOwnerIdempotent(t *testing.T, s *suite) {
+	b := s.backend()
 	n := name(t)
-	tok1 := mustAcquire(t, b, rec(n, "a", 10*time.Second))
-	tok2 := mustAcquire(t, b, rec(n, "a", 10*time.Second))
-	if tok1 != tok2 {
-		t.Fatalf("a retried Acquire by the same owner returned token %d, then %d; want the same", tok1, tok2)
+	g1 := mustAcquire(t, b, req(n, "a", s.long))
+	g2 := mustAcquire(t, b, req(n, "a", s.long))
+	if g1.Token != g2.Token {
+		t.Fatalf("a retried Acquire by the same owner returned token %d, then %d; want the same", g1.Token, g2.Token)
 	}
+	release(t, b, g2)
 }
 
-func testTokensGrow(t *testing.T, connect func() lease.Backend) {
-	b := connect()
+func testTokensGrow(t *testing.T, s *suite) {
+	b := s.backend()
 	n := name(t)
 	var last fence.Token
-	for i := range 50 {
-		owner := fmt.Sprintf("o%d", i)
-		tok := mustAcquire(t, b, rec(n, owner, 10*time.Second))
-		if tok <= last {
-			t.Fatalf("grant %d: token %d is not greater than the previous %d", i, tok, last)
+	for i := range 30 {
+		g := mustAcquire(t, b, req(n, fmt.Sprintf("o%d", i), s.long))
+		if g.Token <= last {
+			t.Fatalf("grant %d: token %d is not greater than the previous %d", i, g.Token, last)
 		}
-		last = tok
-		if err := b.Release(ctxT(t), lease.Record{Name: n, Owner: owner, Token: tok, TTL: 10 * time.Second}); err != nil {
-			t.Fatalf("Release: %v", err)
-		}
+		last = g.Token
+		release(t, b, g)
 	}
 }
 
-func testRenewComparesOwner(t *testing.T, connect func() lease.Backend) {
-	b := connect()
+func testRenewCompares(t *testing.T, s *suite) {
+	b := s.backend()
 	n := name(t)
-	r := rec(n, "a", 10*time.Second)
-	r.Token = mustAcquire(t, b, r)
-	other := r
+	g := mustAcquire(t, b, req(n, "a", s.long))
+	other := g
 	other.Owner = "b"
 	if err := b.Renew(ctxT(t), other); !errors.Is(err, lease.ErrNotHeld) {
 		t.Fatalf("Renew by another owner = %v, want ErrNotHeld", err)
 	}
-	if err := b.Renew(ctxT(t), r); err != nil {
+	for _, tok := range []fence.Token{g.Token - 1, g.Token + 1} {
+		wrong := g
+		wrong.Token = tok
+		if err := b.Renew(ctxT(t), wrong); !errors.Is(err, lease.ErrNotHeld) {
+			t.Fatalf("Renew by the owner with token %d (granted %d) = %v, want ErrNotHeld", tok, g.Token, err)
+		}
+	}
+	if err := b.Renew(ctxT(t), g); err != nil {
 		t.Fatalf("Renew by the owner: %v", err)
 	}
-	if err := b.Release(ctxT(t), r); err != nil {
-		t.Fatalf("Release: %v", err)
-	}
+	release(t, b, g)
 	// A renew after release must not re-create the lease.
-	if err := b.Renew(ctxT(t), r); !errors.Is(err, lease.ErrNotHeld) {
+	if err := b.Renew(ctxT(t), g); !errors.Is(err, lease.ErrNotHeld) {
 		t.Fatalf("Renew after release = %v, want ErrNotHeld", err)
 	}
-	tok := mustAcquire(t, b, rec(n, "c", 10*time.Second))
-	if tok <= r.Token {
-		t.Fatalf("token after release %d <= earlier token %d", tok, r.Token)
+	g2 := mustAcquire(t, b, req(n, "c", s.long))
+	if g2.Token <= g.Token {
+		t.Fatalf("token after release %d <= earlier token %d", g2.Token, g.Token)
 	}
+	release(t, b, g2)
 }
 
-func testReleaseComparesOwner(t *testing.T, connect func() lease.Backend) {
-	b := connect()
+func testReleaseCompares(t *testing.T, s *suite) {
+	b := s.backend()
 	n := name(t)
-	r := rec(n, "a", 10*time.Second)
-	r.Token = mustAcquire(t, b, r)
-	other := r
+	g := mustAcquire(t, b, req(n, "a", s.long))
+	other := g
 	other.Owner = "b"
 	if err := b.Release(ctxT(t), other); !errors.Is(err, lease.ErrNotHeld) {
 		t.Fatalf("Release by another owner = %v, want ErrNotHeld", err)
 	}
-	if _, err := b.Acquire(ctxT(t), rec(n, "c", 10*time.Second)); !errors.Is(err, lease.ErrNotAcquired) {
+	wrong := g
+	wrong.Token = g.Token + 1
+	if err := b.Release(ctxT(t), wrong); !errors.Is(err, lease.ErrNotHeld) {
+		t.Fatalf("Release by the owner with token %d (granted %d) = %v, want ErrNotHeld", wrong.Token, g.Token, err)
+	}
+	if _, err := s.connect().Acquire(ctxT(t), req(n, "c", s.long)); !errors.Is(err, lease.ErrNotAcquired) {
 		t.Fatalf("after a foreign Release the lease must still be held; Acquire = %v", err)
 	}
-	if err := b.Release(ctxT(t), r); err != nil {
-		t.Fatalf("Release by the owner: %v", err)
-	}
-	if err := b.Release(ctxT(t), r); !errors.Is(err, lease.ErrNotHeld) {
+	release(t, b, g)
+	if err := b.Release(ctxT(t), g); !errors.Is(err, lease.ErrNotHeld) {
 		t.Fatalf("second Release = %v, want ErrNotHeld", err)
 	}
 }
 
-func testExpiresAfterTTL(t *testing.T, connect func() lease.Backend) {
-	b := connect()
+func testExpiresAfterTTL(t *testing.T, s *suite) {
+	b := s.backend()
 	n := name(t)
-	ttl := 100 * time.Millisecond
-	r := rec(n, "a", ttl)
-	r.Token = mustAcquire(t, b, r)
-	time.Sleep(ttl + 100*time.Millisecond)
-	tok := mustAcquire(t, b, rec(n, "b", 10*time.Second))
-	if tok <= r.Token {
-		t.Fatalf("token after expiry %d <= expired token %d", tok, r.Token)
+	g := mustAcquire(t, b, req(n, "a", s.short))
+	other := s.connect()
+	// The store may keep the grant a little longer than its TTL (its own
+	// clock, its expiry sweep): poll for up to three TTLs.
+	deadline := time.Now().Add(g.TTL + 2*g.TTL + time.Second)
+	time.Sleep(g.TTL)
+	var g2 lease.Grant
+	for {
+		var err error
+		g2, err = other.Acquire(ctxT(t), req(n, "b", s.long))
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, lease.ErrNotAcquired) || time.Now().After(deadline) {
+			t.Fatalf("Acquire %v after a grant with TTL %v: %v", time.Since(deadline.Add(-3*g.TTL-time.Second)), g.TTL, err)
+		}
+		time.Sleep(g.TTL / 20)
+	}
+	if g2.Token <= g.Token {
+		t.Fatalf("token after expiry %d <= expired token %d", g2.Token, g.Token)
 	}
 	// The old owner must not get the lease back by renewing.
-	if err := b.Renew(ctxT(t), r); !errors.Is(err, lease.ErrNotHeld) {
+	if err := b.Renew(ctxT(t), g); !errors.Is(err, lease.ErrNotHeld) {
 		t.Fatalf("Renew by the expired owner = %v, want ErrNotHeld", err)
 	}
-	if err := b.Release(ctxT(t), r); !errors.Is(err, lease.ErrNotHeld) {
+	if err := b.Release(ctxT(t), g); !errors.Is(err, lease.ErrNotHeld) {
 		t.Fatalf("Release by the expired owner = %v, want ErrNotHeld", err)
 	}
+	release(t, other, g2)
 }
 
-func testRenewKeepsAlive(t *testing.T, connect func() lease.Backend) {
-	b1, b2 := connect(), connect()
+func testRenewKeepsAlive(t *testing.T, s *suite) {
+	b1, b2 := s.backend(), s.connect()
 	n := name(t)
-	ttl := 300 * time.Millisecond
-	r := rec(n, "a", ttl)
-	r.Token = mustAcquire(t, b1, r)
-	for range 8 {
-		time.Sleep(ttl / 3)
-		if err := b1.Renew(ctxT(t), r); err != nil {
+	g := mustAcquire(t, b1, req(n, "a", s.short))
+	end := time.Now().Add(3 * g.TTL)
+	for time.Now().Before(end) {
+		time.Sleep(s.short / 4)
+		if err := b1.Renew(ctxT(t), g); err != nil {
 			t.Fatalf("Renew: %v", err)
 		}
-		if _, err := b2.Acquire(ctxT(t), rec(n, "b", ttl)); !errors.Is(err, lease.ErrNotAcquired) {
+		if _, err := b2.Acquire(ctxT(t), req(n, "b", s.short)); !errors.Is(err, lease.ErrNotAcquired) {
 			t.Fatalf("a renewed lease was granted to another owner: %v", err)
 		}
 	}
+	release(t, b1, g)
 }
 
-func testNamesDoNotCollide(t *testing.T, connect func() lease.Backend) {
-	b := connect()
+func testNamesDoNotCollide(t *testing.T, s *suite) {
+	b := s.backend()
 	base := name(t)
-	names := []string{base + "a{b}c", base + "a%7Bb%7Dc", base + "}", base + "{", base + "ünï/cødé", base + "a:b", base + "a b"}
+	names := []string{base + "a{b}c", base + "a%7Bb%7Dc", base + "}", base + "{", base + "ünï/cødé", base + "a:b", base + "a b", base + "a/b", base + "a//b", base + "/", base + ".."}
 	// Each name with its own owner: names that shared a key would refuse
 	// the second owner.
+	var gs []lease.Grant
 	for i, n := range names {
-		mustAcquire(t, b, rec(n, fmt.Sprintf("owner-%d", i), 10*time.Second))
+		gs = append(gs, mustAcquire(t, b, req(n, fmt.Sprintf("owner-%d", i), s.long)))
+	}
+	for _, g := range gs {
+		release(t, b, g)
 	}
 }
 
-func testWatchSignalsRelease(t *testing.T, connect func() lease.Backend) {
-	b := connect()
+func testWatchSignalsRelease(t *testing.T, s *suite) {
+	b := s.backend()
 	w, ok := b.(lease.Watcher)
-	if !ok {
-		return // The backend does not signal; Manager polls.
-	}
+	s.need(t, Watch, ok)
 	n := name(t)
-	r := rec(n, "a", time.Minute)
-	r.Token = mustAcquire(t, b, r)
+	g := mustAcquire(t, b, req(n, "a", s.long))
 	sig, stop, err := w.Watch(ctxT(t), n)
 	if err != nil {
 		t.Fatalf("Watch: %v", err)
 	}
 	defer stop()
-	if err := connect().Release(ctxT(t), r); err != nil {
-		t.Fatalf("Release: %v", err)
-	}
+	release(t, s.connect(), g)
 	select {
 	case <-sig:
 	case <-time.After(5 * time.Second):
@@ -263,39 +451,120 @@ func testWatchSignalsRelease(t *testing.T, connect func() lease.Backend) {
 	}
 }
 
-func testRenewBatch(t *testing.T, connect func() lease.Backend) {
-	b := connect()
+func testRenewBatch(t *testing.T, s *suite) {
+	b := s.backend()
 	br, ok := b.(lease.BatchRenewer)
-	if !ok {
-		return
-	}
+	s.need(t, BatchRenew, ok)
 	n := name(t)
-	ttl := 10 * time.Second
-	mine := rec(n+"-mine", "a", ttl)
-	mine.Token = mustAcquire(t, b, mine)
-	theirs := rec(n+"-theirs", "b", ttl)
-	theirs.Token = mustAcquire(t, b, theirs)
+	mine := mustAcquire(t, b, req(n+"-mine", "a", s.long))
+	theirs := mustAcquire(t, b, req(n+"-theirs", "b", s.long))
 	stolen := theirs
 	stolen.Owner = "a"
-	gone := rec(n+"-gone", "a", ttl)
-	errs := br.RenewBatch(ctxT(t), []lease.Record{mine, stolen, gone, mine})
-	if len(errs) != 4 {
-		t.Fatalf("RenewBatch returned %d results for 4 records", len(errs))
+	wrongTok := mine
+	wrongTok.Token++
+	gone := lease.Grant{Name: n + "-gone", Owner: "a", Token: mine.Token, TTL: s.long}
+	errs := br.RenewBatch(ctxT(t), []lease.Grant{mine, stolen, gone, wrongTok, mine})
+	if len(errs) != 5 {
+		t.Fatalf("RenewBatch returned %d results for 5 grants", len(errs))
 	}
-	if errs[0] != nil || errs[3] != nil {
-		t.Fatalf("RenewBatch of a held lease: %v, %v", errs[0], errs[3])
+	if errs[0] != nil || errs[4] != nil {
+		t.Fatalf("RenewBatch of a held lease: %v, %v", errs[0], errs[4])
 	}
-	if !errors.Is(errs[1], lease.ErrNotHeld) || !errors.Is(errs[2], lease.ErrNotHeld) {
-		t.Fatalf("RenewBatch of another's and of a missing lease: %v, %v; want ErrNotHeld", errs[1], errs[2])
+	for i, what := range map[int]string{1: "another owner's lease", 2: "a missing lease", 3: "the right owner with the wrong token"} {
+		if !errors.Is(errs[i], lease.ErrNotHeld) {
+			t.Errorf("RenewBatch of %s = %v, want ErrNotHeld", what, errs[i])
+		}
 	}
-	if _, err := b.Acquire(ctxT(t), gone); err != nil {
+	if _, err := b.Acquire(ctxT(t), req(gone.Name, "z", s.long)); err != nil {
 		t.Fatalf("a batch renew must not create a lease; Acquire: %v", err)
 	}
 }
 
-func newManager(t *testing.T, b lease.Backend, opts lease.Options) *lease.Manager {
+func testTokensGrowAfterDataLoss(t *testing.T, s *suite) {
+	s.need(t, DataLoss, s.cfg.LoseData != nil)
+	b := s.backend()
+	base := name(t)
+	before := map[string]lease.Grant{}
+	for i := range 5 {
+		n := fmt.Sprintf("%s-%d", base, i)
+		// A few grants each, so that counters are well above their start.
+		for j := range 3 {
+			g := mustAcquire(t, b, req(n, fmt.Sprintf("o%d", j), s.long))
+			if j < 2 {
+				release(t, b, g)
+			}
+			before[n] = g
+		}
+	}
+	s.cfg.LoseData(t, b)
+	b2 := s.connect()
+	for n, old := range before {
+		g := mustAcquireEventually(t, b2, req(n, "after", s.long))
+		if g.Token <= old.Token {
+			t.Errorf("%s: token %d after the store lost its data, not greater than %d granted before", n, g.Token, old.Token)
+		}
+		// The holder from before the loss cannot renew into the new grant.
+		if err := b.Renew(ctxT(t), old); !errors.Is(err, lease.ErrNotHeld) {
+			t.Errorf("%s: the old holder's Renew after the loss = %v, want ErrNotHeld", n, err)
+		}
+		release(t, b2, g)
+	}
+}
+
+// mustAcquireEventually retries transient errors for a while (a store that
+// was just restarted may refuse connections for a moment).
+func mustAcquireEventually(t *testing.T, b lease.Backend, r lease.Request) lease.Grant {
 	t.Helper()
-	m, err := lease.NewManager(b, opts)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := b.Acquire(ctxT(t), r)
+		if err == nil {
+			return mustAcquire(t, b, r) // the same owner again: idempotent, and checked
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Acquire(%q) after the data loss: %v", r.Name, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func testPushedLoss(t *testing.T, s *suite) {
+	s.need(t, PushLoss, s.cfg.EndSession != nil)
+	b := s.backend()
+	m := newManager(t, b, s.long, lease.WithoutAutoRenew())
+	l, err := m.TryAcquire(ctxT(t), name(t))
+	if err != nil {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	ended := time.Now()
+	s.cfg.EndSession(t, b)
+	select {
+	case <-l.Done():
+	case <-time.After(s.long / 2):
+		t.Fatalf("the store ended the session, and the lease was not lost within %v (no heartbeat runs; the backend must push the loss)", s.long/2)
+	}
+	t.Logf("loss pushed %v after the session was ended", time.Since(ended))
+	var le *lease.LostError
+	if !errors.As(l.Err(), &le) {
+		t.Fatalf("Err = %v, want a LostError", l.Err())
+	}
+	// Another client gets the lease.
+	other := newManager(t, s.connect(), s.long)
+	ctx, cancel := context.WithTimeout(ctxT(t), s.long+10*time.Second)
+	defer cancel()
+	l2, err := other.Acquire(ctx, l.Name())
+	if err != nil {
+		t.Fatalf("another client cannot acquire after the session ended: %v", err)
+	}
+	if l2.Token() <= l.Token() {
+		t.Fatalf("token %d after %d", l2.Token(), l.Token())
+	}
+	_ = l2.Release(ctxT(t))
+}
+
+func newManager(t *testing.T, b lease.Backend, ttl time.Duration, opts ...lease.Option) *lease.Manager {
+	t.Helper()
+	m, err := lease.NewManager(b, ttl, opts...)
 	if err != nil {
 		t.Fatalf("NewManager: %v", err)
 	}
@@ -305,13 +574,10 @@ func newManager(t *testing.T, b lease.Backend, opts lease.Options) *lease.Manage
 // testExclusiveUnderContention: many goroutines over two connections take
 // the same lease in turns; a checker fails if two holders ever overlap and
 // requires tokens to grow in grant order.
-func testExclusiveUnderContention(t *testing.T, connect func() lease.Backend) {
+func testExclusiveUnderContention(t *testing.T, s *suite) {
 	n := name(t)
-	managers := []*lease.Manager{
-		newManager(t, connect(), lease.Options{TTL: 5 * time.Second}),
-		newManager(t, connect(), lease.Options{TTL: 5 * time.Second}),
-	}
-	const workers, rounds = 8, 15
+	managers := []*lease.Manager{newManager(t, s.backend(), s.long), newManager(t, s.connect(), s.long)}
+	const workers, rounds = 8, 12
 	var (
 		mu      sync.Mutex
 		holder  = -1
@@ -321,9 +587,7 @@ func testExclusiveUnderContention(t *testing.T, connect func() lease.Backend) {
 	)
 	fail := func(err error) {
 		mu.Lock()
-		if failure == nil {
-			failure = err
-		}
+		failure = errors.Join(failure, err)
 		mu.Unlock()
 	}
 	ctx := ctxT(t)
@@ -372,9 +636,9 @@ func testExclusiveUnderContention(t *testing.T, connect func() lease.Backend) {
 	}
 }
 
-func testReleaseSemantics(t *testing.T, connect func() lease.Backend) {
-	m := newManager(t, connect(), lease.Options{TTL: 10 * time.Second})
-	other := newManager(t, connect(), lease.Options{TTL: 10 * time.Second})
+func testReleaseSemantics(t *testing.T, s *suite) {
+	m := newManager(t, s.backend(), s.long)
+	other := newManager(t, s.connect(), s.long)
 	n := name(t)
 
 	l, err := m.TryAcquire(ctxT(t), n)
@@ -417,25 +681,27 @@ func testReleaseSemantics(t *testing.T, connect func() lease.Backend) {
 	}
 }
 
-func testLosesAtLocalDeadline(t *testing.T, connect func() lease.Backend) {
-	ttl := 200 * time.Millisecond
-	m := newManager(t, connect(), lease.Options{TTL: ttl, DisableAutoRenew: true})
+func testLosesAtLocalDeadline(t *testing.T, s *suite) {
+	m := newManager(t, s.backend(), s.short, lease.WithoutAutoRenew())
 	n := name(t)
 	before := time.Now()
 	l, err := m.TryAcquire(ctxT(t), n)
 	if err != nil {
 		t.Fatalf("TryAcquire: %v", err)
 	}
-	if dl := l.Deadline(); dl.After(before.Add(ttl)) || !dl.After(before) {
-		t.Fatalf("deadline %v after the call began, want within (0, %v]", dl.Sub(before), ttl)
+	after := time.Now()
+	validity := l.TTL() - m.Options().SafetyMargin
+	if dl := l.Deadline(); dl.Before(before.Add(validity)) || dl.After(after.Add(validity)) {
+		t.Fatalf("deadline %v after the call began and %v after it returned; want the send time + %v (TTL - safety margin)", dl.Sub(before), dl.Sub(after), validity)
 	}
+	dl := l.Deadline()
 	select {
 	case <-l.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("lease not lost 10s after its TTL passed without renewal")
+	case <-time.After(time.Until(dl) + 10*time.Second):
+		t.Fatal("lease not lost 10s after its deadline passed without renewal")
 	}
-	if lostAt := time.Now(); lostAt.After(before.Add(ttl + 2*time.Second)) {
-		t.Fatalf("lost %v after the call began, TTL %v", lostAt.Sub(before), ttl)
+	if lostAt := time.Now(); lostAt.Before(dl) {
+		t.Fatalf("lost %v before its deadline", dl.Sub(lostAt))
 	}
 	var le *lease.LostError
 	if !errors.As(l.Err(), &le) || le.Reason != lease.LostExpired || !errors.Is(context.Cause(l.Context()), lease.ErrLost) {
@@ -452,20 +718,19 @@ func testLosesAtLocalDeadline(t *testing.T, connect func() lease.Backend) {
 	}
 }
 
-func testWakesWaiter(t *testing.T, connect func() lease.Backend) {
-	b := connect()
-	if _, ok := b.(lease.Watcher); !ok {
-		return
-	}
+func testWakesWaiter(t *testing.T, s *suite) {
+	b := s.backend()
+	_, ok := b.(lease.Watcher)
+	s.need(t, Watch, ok)
 	n := name(t)
 	// Expiry and polling would take seconds: only a release signal can
 	// wake the waiter quickly.
-	opts := lease.Options{TTL: 30 * time.Second, PollInterval: 10 * time.Second}
-	holder, err := newManager(t, b, opts).TryAcquire(ctxT(t), n)
+	poll := lease.WithPollInterval(10 * time.Second)
+	holder, err := newManager(t, b, s.long, poll).TryAcquire(ctxT(t), n)
 	if err != nil {
 		t.Fatalf("TryAcquire: %v", err)
 	}
-	waiter := newManager(t, connect(), opts)
+	waiter := newManager(t, s.connect(), s.long, poll)
 	type result struct {
 		l   *lease.Lease
 		at  time.Time
@@ -488,7 +753,74 @@ func testWakesWaiter(t *testing.T, connect func() lease.Backend) {
 	defer r.l.Release(ctxT(t))
 	wake := r.at.Sub(releasedAt)
 	t.Logf("waiter acquired %v after the release", wake)
-	if wake > time.Second {
-		t.Fatalf("waiter acquired %v after the release; it should be woken at once (poll interval %v)", wake, opts.PollInterval)
+	if wake > 2*time.Second {
+		t.Fatalf("waiter acquired %v after the release; it should be woken at once (poll interval 10s)", wake)
+	}
+}
+
+// countingBackend records, per lease name, when the last release was sent
+// and how many renew requests were sent after it.
+type countingBackend struct {
+	lease.Backend
+	mu       sync.Mutex
+	releases map[string]bool
+	late     int
+}
+
+func (c *countingBackend) Renew(ctx context.Context, g lease.Grant) error {
+	c.mu.Lock()
+	if c.releases[g.Name] {
+		c.late++
+	}
+	c.mu.Unlock()
+	return c.Backend.Renew(ctx, g)
+}
+
+func (c *countingBackend) Release(ctx context.Context, g lease.Grant) error {
+	c.mu.Lock()
+	c.releases[g.Name] = true
+	c.mu.Unlock()
+	return c.Backend.Release(ctx, g)
+}
+
+// testReleaseRacingRenew: leases renewed as often as the Manager allows,
+// released at random moments. A clean release is never reported as a loss,
+// and no renew request is sent once the release was sent. (The batch path
+// is covered by the lease package's own tests: a wrapper here would hide
+// the backend's RenewBatch.)
+func testReleaseRacingRenew(t *testing.T, s *suite) {
+	cb := &countingBackend{Backend: s.backend(), releases: map[string]bool{}}
+	ttl := s.short
+	m := newManager(t, cb, ttl, lease.WithRenewInterval(max(time.Millisecond, (ttl-ttl/100-2*time.Millisecond)/8)), lease.WithRenewBatchWindow(lease.NoBatching))
+	base := name(t)
+	var lostReleases atomic.Int64
+	var wg sync.WaitGroup
+	const workers, rounds = 4, 25
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range rounds {
+				l, err := m.TryAcquire(ctxT(t), fmt.Sprintf("%s-%d-%d", base, w, i))
+				if err != nil {
+					t.Errorf("TryAcquire: %v", err)
+					return
+				}
+				time.Sleep(time.Duration(i%5) * m.Options().RenewInterval / 2)
+				if err := l.Release(ctxT(t)); err != nil {
+					lostReleases.Add(1)
+					t.Errorf("a release of a held lease, racing its renewals, returned %v", err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	cb.mu.Lock()
+	defer cb.mu.Unlock()
+	if cb.late > 0 {
+		t.Errorf("%d renew requests were sent after their lease's release had been sent", cb.late)
+	}
+	if n := lostReleases.Load(); n > 0 {
+		t.Errorf("%d of %d clean releases were reported as failures", n, workers*rounds)
 	}
 }

@@ -25,7 +25,7 @@ func BenchmarkCycle(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = be.Close() })
-	m, err := lease.NewManager(be, lease.Options{TTL: 10 * time.Second})
+	m, err := lease.NewManager(be, 10*time.Second)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func BenchmarkRenew(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = be.Close() })
-	m, err := lease.NewManager(be, lease.Options{TTL: 10 * time.Second, DisableAutoRenew: true})
+	m, err := lease.NewManager(be, 10*time.Second, lease.WithoutAutoRenew())
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -388,18 +388,17 @@ func TestHostile_NamesDoNotCollide(t *testing.T) {
 		"x}:lease", "x}:token", "x", "x:lease", "\u00e9", "e\u0301", "ünï/cødé", "🔒{🔑}", "a b", " ",
 		strings.Repeat("{", lease.MaxNameLen), strings.Repeat("}", lease.MaxNameLen),
 	}
-	var recs []lease.Record
+	var recs []lease.Grant
 	for i, n := range names {
 		if err := lease.ValidateName(n); err != nil {
 			t.Fatalf("name %q: %v", n, err)
 		}
-		r := lease.Record{Name: n, Owner: fmt.Sprintf("owner-%d", i), TTL: 10 * time.Second}
-		tok, err := b.Acquire(ctxT(t), r)
+		r := lease.Request{Name: n, Owner: fmt.Sprintf("owner-%d", i), TTL: 10 * time.Second}
+		g, err := b.Acquire(ctxT(t), r)
 		if err != nil {
 			t.Fatalf("Acquire(%q) by its own owner: %v (collides with another name)", n, err)
 		}
-		r.Token = tok
-		recs = append(recs, r)
+		recs = append(recs, g)
 		k := b.KeysFor(n)
 		for _, key := range []string{k.Lease, k.Token, k.Channel} {
 			if strings.Count(key, "{") != 1 || strings.Count(key, "}") != 1 {
@@ -447,18 +446,17 @@ func TestHostile_TokenCeiling(t *testing.T) {
 	if err := c.Set(ctxT(t), k.Token, strconv.FormatUint(1<<53-2, 10), 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	r := lease.Record{Name: name, Owner: "a", TTL: 10 * time.Second}
-	tok, err := b.Acquire(ctxT(t), r)
-	if err != nil || tok != 1<<53-1 {
-		t.Fatalf("Acquire below the ceiling = %d, %v; want %d", tok, err, uint64(1<<53-1))
+	r := lease.Request{Name: name, Owner: "a", TTL: 10 * time.Second}
+	g, err := b.Acquire(ctxT(t), r)
+	if err != nil || g.Token != 1<<53-1 {
+		t.Fatalf("Acquire below the ceiling = %d, %v; want %d", g.Token, err, uint64(1<<53-1))
 	}
-	r.Token = tok
-	if err := b.Release(ctxT(t), r); err != nil {
+	if err := b.Release(ctxT(t), g); err != nil {
 		t.Fatal(err)
 	}
-	tok, err = b.Acquire(ctxT(t), lease.Record{Name: name, Owner: "b", TTL: 10 * time.Second})
+	g, err = b.Acquire(ctxT(t), lease.Request{Name: name, Owner: "b", TTL: 10 * time.Second})
 	if err == nil || errors.Is(err, lease.ErrNotAcquired) {
-		t.Fatalf("Acquire at the ceiling = %d, %v; want a store error", tok, err)
+		t.Fatalf("Acquire at the ceiling = %d, %v; want a store error", g.Token, err)
 	}
 	if n := c.Exists(ctxT(t), k.Lease).Val(); n != 0 {
 		t.Fatal("a grant was stored although the acquire failed")

@@ -209,13 +209,13 @@ func TestHostile_NaNCounterStoresPhantomGrant(t *testing.T) {
 	if err := c.Set(ctxT(t), k.Token, "nan", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	tok, err := b.Acquire(ctxT(t), lease.Record{Name: name, Owner: "a", TTL: 30 * time.Second})
+	g, err := b.Acquire(ctxT(t), lease.Request{Name: name, Owner: "a", TTL: 30 * time.Second})
 	if err == nil {
-		t.Fatalf("Acquire with a corrupt counter granted token %d", tok)
+		t.Fatalf("Acquire with a corrupt counter granted token %d", g.Token)
 	}
 	if n := c.Exists(ctxT(t), k.Lease).Val(); n != 0 {
 		stored := c.HGetAll(ctxT(t), k.Lease).Val()
-		_, err2 := b.Acquire(ctxT(t), lease.Record{Name: name, Owner: "b", TTL: 30 * time.Second})
+		_, err2 := b.Acquire(ctxT(t), lease.Request{Name: name, Owner: "b", TTL: 30 * time.Second})
 		t.Fatalf("Acquire failed (%v), yet a grant %v is stored; another owner's Acquire: %v", err, stored, err2)
 	}
 }

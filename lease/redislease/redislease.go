@@ -7,11 +7,13 @@
 //     in milliseconds (PEXPIRE) and mint the token; if the same owner holds
 //     it (a retried request), extend it and return its token; otherwise
 //     return the holder's remaining time (PTTL).
-//   - Renew: extend the TTL only if the stored owner is the caller
-//     (compare-then-extend).
-//   - Release: delete only if the stored owner is the caller
+//   - Renew: extend the TTL only if the stored owner and token are the
+//     grant's (compare-then-extend).
+//   - Release: delete only if the stored owner and token are the grant's
 //     (compare-then-delete), and PUBLISH on the lease's release channel so
 //     that blocked waiters wake at once.
+//
+// TTLs are whole milliseconds, at least MinTTL (Backend.Limits).
 //
 // The keys of one lease name share a Redis Cluster hash slot: they are
 // "<prefix>{<name>}:lease", "<prefix>{<name>}:token" and the channel
@@ -94,12 +96,19 @@ var (
 	releaseScript = redis.NewScript(releaseSrc)
 )
 
-// Options configures a Backend.
+// Options configures a Backend. New starts from the defaults documented on
+// each field and applies each Option in turn.
 type Options struct {
 	// Prefix starts every key and channel name. Default "fencekit:". It
 	// must not contain '{' or '}' (they would break the hash tags).
 	Prefix string
 }
+
+// Option sets fields of Options; any func(*Options) is one.
+type Option func(*Options)
+
+// WithPrefix sets Options.Prefix.
+func WithPrefix(prefix string) Option { return func(o *Options) { o.Prefix = prefix } }
 
 // Backend stores leases in Redis. It is safe for concurrent use. Call Close
 // when done to end its pub/sub connection.
@@ -111,10 +120,12 @@ type Backend struct {
 
 // New returns a Backend over c. It does no I/O: scripts are loaded on first
 // use (EVALSHA, falling back to EVAL once).
-func New(c Client, optFns ...func(*Options)) (*Backend, error) {
+func New(c Client, opts ...Option) (*Backend, error) {
 	o := Options{Prefix: "fencekit:"}
-	for _, fn := range optFns {
-		fn(&o)
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
 	}
 	var errs []error
 	if c == nil {
@@ -147,6 +158,16 @@ func (b *Backend) KeysFor(name string) Keys {
 	return Keys{Lease: base + "lease", Token: base + "token", Channel: base + "released"}
 }
 
+// MinTTL is the shortest TTL the Redis backend accepts: shorter ones leave
+// no room for a renewal round trip.
+const MinTTL = 10 * time.Millisecond
+
+// Limits implements lease.Backend: TTLs are whole milliseconds (PEXPIRE),
+// at least MinTTL.
+func (b *Backend) Limits() lease.Limits {
+	return lease.Limits{MinTTL: MinTTL, Resolution: time.Millisecond}
+}
+
 func ttlMillis(ttl time.Duration) (int64, error) {
 	if ttl < time.Millisecond || ttl%time.Millisecond != 0 {
 		return 0, fmt.Errorf("redislease: TTL %v is not a positive whole number of milliseconds", ttl)
@@ -155,40 +176,41 @@ func ttlMillis(ttl time.Duration) (int64, error) {
 }
 
 // Acquire implements lease.Backend in one script call.
-func (b *Backend) Acquire(ctx context.Context, rec lease.Record) (fence.Token, error) {
-	ms, err := ttlMillis(rec.TTL)
+func (b *Backend) Acquire(ctx context.Context, req lease.Request) (lease.Grant, error) {
+	ms, err := ttlMillis(req.TTL)
 	if err != nil {
-		return 0, err
+		return lease.Grant{}, err
 	}
-	k := b.KeysFor(rec.Name)
-	res, err := acquireScript.Run(ctx, b.c, []string{k.Lease, k.Token}, rec.Owner, ms).Slice()
+	k := b.KeysFor(req.Name)
+	res, err := acquireScript.Run(ctx, b.c, []string{k.Lease, k.Token}, req.Owner, ms).Slice()
 	if err != nil {
-		return 0, fmt.Errorf("redislease: acquire %q: %w", rec.Name, err)
+		return lease.Grant{}, fmt.Errorf("redislease: acquire %q: %w", req.Name, err)
 	}
 	if len(res) != 2 {
-		return 0, fmt.Errorf("redislease: acquire %q: unexpected reply %v", rec.Name, res)
+		return lease.Grant{}, fmt.Errorf("redislease: acquire %q: unexpected reply %v", req.Name, res)
 	}
 	if ok, _ := res[0].(int64); ok == 0 {
 		pttl, _ := res[1].(int64)
-		return 0, &lease.NotAcquiredError{Name: rec.Name, RetryAfter: time.Duration(max(pttl, 0)) * time.Millisecond}
+		return lease.Grant{}, &lease.NotAcquiredError{Name: req.Name, RetryAfter: time.Duration(max(pttl, 0)) * time.Millisecond}
 	}
 	s, _ := res[1].(string)
 	tok, err := strconv.ParseUint(s, 10, 64)
 	if err != nil || tok == 0 {
-		return 0, fmt.Errorf("redislease: acquire %q: the store returned an invalid token %v", rec.Name, res[1])
+		return lease.Grant{}, fmt.Errorf("redislease: acquire %q: the store returned an invalid token %v", req.Name, res[1])
 	}
-	return fence.Token(tok), nil
+	return lease.Grant{Name: req.Name, Owner: req.Owner, Token: fence.Token(tok), TTL: req.TTL}, nil
 }
 
-// Renew implements lease.Backend in one script call.
-func (b *Backend) Renew(ctx context.Context, rec lease.Record) error {
-	ms, err := ttlMillis(rec.TTL)
+// Renew implements lease.Backend in one script call: it extends the grant
+// only if the lease hash still holds g's owner and token.
+func (b *Backend) Renew(ctx context.Context, g lease.Grant) error {
+	ms, err := ttlMillis(g.TTL)
 	if err != nil {
 		return err
 	}
-	n, err := renewScript.Run(ctx, b.c, []string{b.KeysFor(rec.Name).Lease}, rec.Owner, ms).Int64()
+	n, err := renewScript.Run(ctx, b.c, []string{b.KeysFor(g.Name).Lease}, g.Owner, ms, g.Token.String()).Int64()
 	if err != nil {
-		return fmt.Errorf("redislease: renew %q: %w", rec.Name, err)
+		return fmt.Errorf("redislease: renew %q: %w", g.Name, err)
 	}
 	if n != 1 {
 		return lease.ErrNotHeld
@@ -196,28 +218,28 @@ func (b *Backend) Renew(ctx context.Context, rec lease.Record) error {
 	return nil
 }
 
-// RenewBatch implements lease.BatchRenewer: the renew scripts of all records
+// RenewBatch implements lease.BatchRenewer: the renew scripts of all grants
 // go out in one pipeline (one round trip per node). If the server has lost
 // the script (NOSCRIPT), the batch is sent once more with the script's body.
-func (b *Backend) RenewBatch(ctx context.Context, recs []lease.Record) []error {
-	errs := make([]error, len(recs))
+func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant) []error {
+	errs := make([]error, len(gs))
 	// run sends every renewal in one pipeline: by SHA, or, after the server
 	// answered NOSCRIPT, with the script's body (which also caches it), so
 	// a lost script cache costs one more round trip, not two.
 	run := func(withBody bool) []*redis.Cmd {
-		cmds := make([]*redis.Cmd, len(recs))
+		cmds := make([]*redis.Cmd, len(gs))
 		_, _ = b.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for i, rec := range recs {
-				ms, err := ttlMillis(rec.TTL)
+			for i, g := range gs {
+				ms, err := ttlMillis(g.TTL)
 				if err != nil {
 					errs[i] = err
 					continue
 				}
-				keys := []string{b.KeysFor(rec.Name).Lease}
+				keys := []string{b.KeysFor(g.Name).Lease}
 				if withBody {
-					cmds[i] = renewScript.Eval(ctx, p, keys, rec.Owner, ms)
+					cmds[i] = renewScript.Eval(ctx, p, keys, g.Owner, ms, g.Token.String())
 				} else {
-					cmds[i] = renewScript.EvalSha(ctx, p, keys, rec.Owner, ms)
+					cmds[i] = renewScript.EvalSha(ctx, p, keys, g.Owner, ms, g.Token.String())
 				}
 			}
 			return nil
@@ -234,7 +256,7 @@ func (b *Backend) RenewBatch(ctx context.Context, recs []lease.Record) []error {
 		}
 		switch n, err := cmd.Int64(); {
 		case err != nil:
-			errs[i] = fmt.Errorf("redislease: renew %q: %w", recs[i].Name, err)
+			errs[i] = fmt.Errorf("redislease: renew %q: %w", gs[i].Name, err)
 		case n != 1:
 			errs[i] = lease.ErrNotHeld
 		}
@@ -251,13 +273,14 @@ func hasNoScript(cmds []*redis.Cmd) bool {
 	return false
 }
 
-// Release implements lease.Backend in one script call, publishing on the
-// release channel when it deletes.
-func (b *Backend) Release(ctx context.Context, rec lease.Record) error {
-	k := b.KeysFor(rec.Name)
-	n, err := releaseScript.Run(ctx, b.c, []string{k.Lease}, rec.Owner, k.Channel).Int64()
+// Release implements lease.Backend in one script call: it deletes the grant
+// only if the lease hash still holds g's owner and token, and then publishes
+// on the release channel.
+func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
+	k := b.KeysFor(g.Name)
+	n, err := releaseScript.Run(ctx, b.c, []string{k.Lease}, g.Owner, k.Channel, g.Token.String()).Int64()
 	if err != nil {
-		return fmt.Errorf("redislease: release %q: %w", rec.Name, err)
+		return fmt.Errorf("redislease: release %q: %w", g.Name, err)
 	}
 	if n != 1 {
 		return lease.ErrNotHeld

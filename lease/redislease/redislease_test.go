@@ -34,7 +34,7 @@ func newBackend(t testing.TB, c redislease.Client, prefix string) *redislease.Ba
 
 func newManager(t testing.TB, b lease.Backend, opts lease.Options) *lease.Manager {
 	t.Helper()
-	m, err := lease.NewManager(b, opts)
+	m, err := lease.NewManager(b, opts.TTL, func(o *lease.Options) { *o = opts })
 	if err != nil {
 		t.Fatalf("lease.NewManager: %v", err)
 	}
@@ -49,10 +49,46 @@ func ctxT(t testing.TB) context.Context {
 
 // The shared Redis, each connection its own client.
 func TestConformance(t *testing.T) {
-	leasetest.Run(t, func(t *testing.T) func() lease.Backend {
-		prefix := redistest.Prefix(t)
-		return func() lease.Backend { return newBackend(t, redistest.Shared(t), prefix) }
+	leasetest.Run(t, leasetest.Config{
+		NewStore: func(t *testing.T) func() lease.Backend {
+			prefix := redistest.Prefix(t)
+			return func() lease.Backend { return newBackend(t, redistest.Shared(t), prefix) }
+		},
+		LoseData: loseKeys,
+		Lacks:    redisLacks,
 	})
+}
+
+// redisLacks: what Redis cannot do (DESIGN.md: a Redis lease lives in keys
+// with a TTL, not in a session).
+var redisLacks = map[leasetest.Capability]string{
+	leasetest.PushLoss: "Redis grants are keys with a TTL, not sessions: nothing at the store ends them but expiry, release or data loss, which a renew finds",
+}
+
+// loseKeys deletes every key of the backend's namespace, lease hashes and
+// token counters alike, as FLUSHALL or eviction would on the shared server.
+// (TestTokensSurviveRestart restarts a server of its own for real.)
+func loseKeys(t *testing.T, b lease.Backend) {
+	t.Helper()
+	rb := b.(*redislease.Backend)
+	c := rb.ClientForTest()
+	ctx := ctxT(t)
+	var keys []string
+	iter := c.(redis.UniversalClient).Scan(ctx, 0, rb.PrefixForTest()+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		keys = append(keys, iter.Val())
+	}
+	if err := iter.Err(); err != nil {
+		t.Fatalf("SCAN: %v", err)
+	}
+	for _, k := range keys {
+		if err := c.(redis.UniversalClient).Del(ctx, k).Err(); err != nil {
+			t.Fatalf("DEL %s: %v", k, err)
+		}
+	}
+	if len(keys) == 0 {
+		t.Fatal("loseKeys: no keys under the prefix; nothing was lost")
+	}
 }
 
 // A real single-node Redis Cluster: every script's keys must share a hash
@@ -74,13 +110,21 @@ func TestConformanceCluster(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	leasetest.Run(t, func(t *testing.T) func() lease.Backend {
-		prefix := redistest.Prefix(t)
-		return func() lease.Backend {
-			c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{srv.Addr}, ContextTimeoutEnabled: true})
-			t.Cleanup(func() { _ = c.Close() })
-			return newBackend(t, c, prefix)
-		}
+	leasetest.Run(t, leasetest.Config{
+		NewStore: func(t *testing.T) func() lease.Backend {
+			prefix := redistest.Prefix(t)
+			return func() lease.Backend {
+				c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{srv.Addr}, ContextTimeoutEnabled: true})
+				t.Cleanup(func() { _ = c.Close() })
+				return newBackend(t, c, prefix)
+			}
+		},
+		LoseData: func(t *testing.T, _ lease.Backend) {
+			if err := admin.FlushAll(ctxT(t)).Err(); err != nil {
+				t.Fatalf("FLUSHALL: %v", err)
+			}
+		},
+		Lacks: redisLacks,
 	})
 }
 
@@ -495,15 +539,13 @@ func TestRenewBatchAfterScriptFlush(t *testing.T) {
 	hook := &countingHook{}
 	c.AddHook(hook)
 	b := newBackend(t, c, "fencekit:")
-	var recs []lease.Record
+	var recs []lease.Grant
 	for i := range 5 {
-		r := lease.Record{Name: "flush-" + strconv.Itoa(i), Owner: "o", TTL: 10 * time.Second}
-		tok, err := b.Acquire(ctxT(t), r)
+		g, err := b.Acquire(ctxT(t), lease.Request{Name: "flush-" + strconv.Itoa(i), Owner: "o", TTL: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
-		r.Token = tok
-		recs = append(recs, r)
+		recs = append(recs, g)
 	}
 	if err := c.ScriptFlush(ctxT(t)).Err(); err != nil {
 		t.Fatal(err)

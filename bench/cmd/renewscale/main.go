@@ -74,17 +74,17 @@ func (c config) name() string {
 	return fmt.Sprintf("BenchmarkRenewAtScale/leases=%d/batching=%s/acquire=%s-%d", c.leases, c.batching, c.acquire, runtime.GOMAXPROCS(0))
 }
 
-// options returns the Manager options of c.
-func (c config) options(ttl time.Duration) lease.Options {
-	opts := lease.Options{TTL: ttl}
-	switch c.batching {
-	case "on":
-	case "off":
-		opts.RenewBatchWindow = lease.NoBatching
-	default:
-		opts.RenewBatchWindow, _ = time.ParseDuration(c.batching) // checked in main
+// options returns the Manager option of c.
+func (c config) options() lease.Option {
+	return func(opts *lease.Options) {
+		switch c.batching {
+		case "on":
+		case "off":
+			opts.RenewBatchWindow = lease.NoBatching
+		default:
+			opts.RenewBatchWindow, _ = time.ParseDuration(c.batching) // checked in main
+		}
 	}
-	return opts
 }
 
 func main() {
@@ -186,7 +186,7 @@ func measure(ctx context.Context, admin *redis.Client, own bool, c config, ttl, 
 		return "", err
 	}
 	defer be.Close()
-	m, err := lease.NewManager(be, c.options(ttl))
+	m, err := lease.NewManager(be, ttl, c.options())
 	if err != nil {
 		return "", err
 	}
@@ -298,7 +298,7 @@ func warmUp(ctx context.Context, admin *redis.Client, own bool, ttl time.Duratio
 		return err
 	}
 	defer be.Close()
-	m, err := lease.NewManager(be, lease.Options{TTL: ttl, DisableAutoRenew: true})
+	m, err := lease.NewManager(be, ttl, lease.WithoutAutoRenew())
 	if err != nil {
 		return err
 	}

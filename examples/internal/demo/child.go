@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -75,7 +76,7 @@ func ReadChildConfig(envVar string, cfg any) error {
 // NewLeaseManager returns, for a child process, a lease.Manager on Redis at
 // redisURL with its keys under prefix, and a function that closes the
 // backend and the Redis client.
-func NewLeaseManager(redisURL, prefix string, opts lease.Options) (*lease.Manager, func(), error) {
+func NewLeaseManager(redisURL, prefix string, ttl time.Duration, opts ...lease.Option) (*lease.Manager, func(), error) {
 	ropt, err := redis.ParseURL(redisURL)
 	if err != nil {
 		return nil, nil, fmt.Errorf("redis URL: %w", err)
@@ -91,7 +92,7 @@ func NewLeaseManager(redisURL, prefix string, opts lease.Options) (*lease.Manage
 		_ = backend.Close()
 		_ = rc.Close()
 	}
-	m, err := lease.NewManager(backend, opts)
+	m, err := lease.NewManager(backend, ttl, opts...)
 	if err != nil {
 		closeAll()
 		return nil, nil, err

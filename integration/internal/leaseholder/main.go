@@ -116,7 +116,7 @@ func run() int {
 		cur *lease.Lease
 	)
 	ob := observer{out: out, l: func() *lease.Lease { mu.Lock(); defer mu.Unlock(); return cur }}
-	m, err := lease.NewManager(backend, lease.Options{TTL: ttl, Identity: fmt.Sprintf("leaseholder-%d", os.Getpid()), Observer: ob})
+	m, err := lease.NewManager(backend, ttl, lease.WithIdentity(fmt.Sprintf("leaseholder-%d", os.Getpid())), lease.WithObserver(ob))
 	if err != nil {
 		return fail("%v", err)
 	}
