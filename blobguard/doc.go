@@ -19,7 +19,12 @@
 //     (412), it reads again and decides again.
 //   - PutIf is read-modify-write in one request: the caller passes the
 //     Version it read (or the one its last write returned), and the guard
-//     writes conditionally on it without reading.
+//     writes conditionally on it without reading. A Version's fields are
+//     unexported and only a Guard makes one, from a write the store
+//     acknowledged or a read the guard checked, and for one bucket and
+//     key: the token PutIf compares is one the guard knows to be that
+//     write's, never one a caller paired with an ETag it learned
+//     elsewhere (a plain HeadObject, a listing).
 //   - Delete writes a tombstone the same way (see Deletes below).
 //
 // # The header: why every write's ETag is unique

@@ -96,8 +96,8 @@ type NotFoundError struct {
 
 // Error says which object was not found.
 func (e *NotFoundError) Error() string {
-	if e.Tombstone.ETag != "" {
-		return fmt.Sprintf("blobguard: object not found: s3://%s/%s (deleted with token %d)", e.Bucket, e.Key, e.Tombstone.Token)
+	if !e.Tombstone.IsZero() {
+		return fmt.Sprintf("blobguard: object not found: s3://%s/%s (deleted with token %d)", e.Bucket, e.Key, e.Tombstone.token)
 	}
 	return fmt.Sprintf("blobguard: object not found: s3://%s/%s", e.Bucket, e.Key)
 }
@@ -105,14 +105,32 @@ func (e *NotFoundError) Error() string {
 // Is reports whether target is ErrNotFound.
 func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
 
-// Version identifies one stored write of an object.
+// Version identifies one stored write of one object: its ETag and the
+// fencing token it carries. PutIf trusts a Version's token without reading
+// the object, so only a Guard makes one, from a write the store
+// acknowledged or from a read it checked: Get, Put, PutIf and Delete
+// return them, and a NotFoundError carries a tombstone's. Its fields are
+// unexported, so a caller cannot pair an ETag it learned elsewhere (a
+// plain HeadObject, a listing) with a token of its choosing. The zero
+// Version names no write: passed to PutIf it means "no live object".
+// Versions are comparable with ==.
 type Version struct {
-	// ETag is the store's entity tag of the write, as the store returned
-	// it (quoted). Thanks to the per-write nonce it names this write only.
-	ETag string
-	// Token is the fencing token the write carried.
-	Token fence.Token
+	bucket, key string // the object the write belongs to ("" in the zero Version)
+	etag        string // the store's entity tag of the write, as returned (quoted)
+	token       fence.Token
 }
+
+// ETag returns the store's entity tag of the write, as the store returned
+// it (quoted). Thanks to the per-write nonce it names this write only. It
+// is "" for the zero Version.
+func (v Version) ETag() string { return v.etag }
+
+// Token returns the fencing token the write carried, or fence.None for the
+// zero Version.
+func (v Version) Token() fence.Token { return v.token }
+
+// IsZero reports whether v is the zero Version, which names no write.
+func (v Version) IsZero() bool { return v == Version{} }
 
 // Object is an object read by Get: the caller's bytes (without the guard's
 // header) and the version they belong to.
@@ -249,6 +267,13 @@ func (g *Guard) Bucket() string { return g.bucket }
 
 func (g *Guard) resource(key string) string { return "s3://" + g.bucket + "/" + key }
 
+// version makes the Version of the write of key with etag and token. The
+// guard calls it only with what the store acknowledged for its own write,
+// or with the ETag and header token of a read it checked.
+func (g *Guard) version(key, etag string, token fence.Token) Version {
+	return Version{bucket: g.bucket, key: key, etag: etag, token: token}
+}
+
 // Get reads the object at key: its bytes, its token and its ETag. ctx
 // bounds the whole call (including the probe on first use). It returns a
 // *NotFoundError (matching ErrNotFound) when there is no object or a
@@ -268,11 +293,11 @@ func (g *Guard) Get(ctx context.Context, key string) (*Object, error) {
 	if !cur.exists || cur.deleted {
 		nf := &NotFoundError{Bucket: g.bucket, Key: key}
 		if cur.exists {
-			nf.Tombstone = cur.version()
+			nf.Tombstone = g.version(key, cur.etag, cur.header.token)
 		}
 		return nil, nf
 	}
-	return &Object{Version: cur.version(), Body: cur.payload}, nil
+	return &Object{Version: g.version(key, cur.etag, cur.header.token), Body: cur.payload}, nil
 }
 
 // Put writes body to key with token, unless a newer token is stored there.
@@ -298,23 +323,27 @@ func (g *Guard) Put(ctx context.Context, key string, token fence.Token, body io.
 }
 
 // PutIf is a compare-and-swap for read-modify-write: it writes body to key
-// with token only if the object is still the version prev (a Version from
-// Get, Put or PutIf; the zero Version, or a NotFoundError's Tombstone,
-// means "no live object"). In the common case it sends one request and no
-// read. It returns a *fence.StaleError without any I/O if prev.Token is
-// newer than token, and after a failed condition either a
-// *fence.StaleError (a newer token is stored) or ErrConflict (the object
+// with token only if the object is still the version prev (a Version of
+// this key from Get, Put, PutIf or Delete, of this or another Guard of the
+// same bucket; the zero Version, or a NotFoundError's Tombstone, means "no
+// live object"). In the common case it sends one request and no read: it
+// writes If-Match on prev's ETag, and the token it checks is the one the
+// guard recorded in prev when it made it, never one the caller supplies.
+// It returns an error wrapping ErrInvalidInput, before any I/O, if prev is
+// a version of another bucket or key; a *fence.StaleError without any I/O
+// if prev.Token() is newer than token; and after a failed condition either
+// a *fence.StaleError (a newer token is stored) or ErrConflict (the object
 // changed but no newer token is stored). Other errors are as for Put.
 func (g *Guard) PutIf(ctx context.Context, key string, token fence.Token, body io.Reader, prev Version) (Version, error) {
 	env, err := g.checkWrite(key, token, body)
 	if err != nil {
 		return Version{}, err
 	}
-	if prev.ETag != "" && prev.Token == fence.None {
-		return Version{}, fmt.Errorf("%w: prev has an ETag but token 0", ErrInvalidInput)
+	if !prev.IsZero() && (prev.bucket != g.bucket || prev.key != key) {
+		return Version{}, fmt.Errorf("%w: prev is a version of s3://%s/%s, not of %s", ErrInvalidInput, prev.bucket, prev.key, g.resource(key))
 	}
-	if prev.Token > token {
-		return Version{}, fence.Stale(g.resource(key), token, prev.Token)
+	if prev.token > token {
+		return Version{}, fence.Stale(g.resource(key), token, prev.token)
 	}
 	return g.write(ctx, writeReq{key: key, token: token, env: env, cas: true, prev: prev})
 }
@@ -387,8 +416,6 @@ func (s *stored) release() {
 	s.raw, s.payload, s.pooled = nil, nil, false
 }
 
-func (s stored) version() Version { return Version{ETag: s.etag, Token: s.header.token} }
-
 // maxReadAttempts bounds re-reads after an ETag that does not match the
 // bytes (a torn read while a write is being published).
 const maxReadAttempts = 5
@@ -459,10 +486,10 @@ type writeReq struct {
 
 // matchesPrev reports whether s is still the state a PutIf expected.
 func (w *writeReq) matchesPrev(s stored) bool {
-	if w.prev.ETag == "" {
+	if w.prev.IsZero() {
 		return !s.exists || s.deleted
 	}
-	return s.exists && normETag(s.etag) == normETag(w.prev.ETag)
+	return s.exists && normETag(s.etag) == normETag(w.prev.etag)
 }
 
 // write runs the conditional write loop shared by Put, PutIf and Delete.
@@ -482,7 +509,7 @@ func (g *Guard) write(ctx context.Context, w writeReq) (Version, error) {
 	if w.cas {
 		// Trust the caller's read: no GetObject before the first write.
 		haveCur = true
-		cur = stored{exists: w.prev.ETag != "", etag: w.prev.ETag, header: header{token: w.prev.Token}}
+		cur = stored{exists: !w.prev.IsZero(), etag: w.prev.etag, header: header{token: w.prev.token}}
 	}
 	for sent := 0; ; {
 		if err := ctx.Err(); err != nil {
@@ -498,7 +525,7 @@ func (g *Guard) write(ctx context.Context, w writeReq) (Version, error) {
 			if cur.exists && containsNonce(mine, cur.header.nonce) {
 				// One of our writes landed, even though its reply said
 				// otherwise (an SDK retry met our own write: 412).
-				return cur.version(), nil
+				return g.version(w.key, cur.etag, cur.header.token), nil
 			}
 			if cur.exists && cur.header.token > w.token {
 				return Version{}, withAmbiguous(ambiguous, fence.Stale(res, w.token, cur.header.token))
@@ -516,7 +543,7 @@ func (g *Guard) write(ctx context.Context, w writeReq) (Version, error) {
 				ambiguous = nil
 			}
 			if w.cas && !w.matchesPrev(cur) {
-				return Version{}, withAmbiguous(ambiguous, fmt.Errorf("%w: %s: expected ETag %q, found %q (token %d)", ErrConflict, res, w.prev.ETag, cur.etag, cur.header.token))
+				return Version{}, withAmbiguous(ambiguous, fmt.Errorf("%w: %s: expected ETag %q, found %q (token %d)", ErrConflict, res, w.prev.etag, cur.etag, cur.header.token))
 			}
 		}
 		haveCur = false
@@ -549,7 +576,7 @@ func (g *Guard) write(ctx context.Context, w writeReq) (Version, error) {
 			// The store has every byte of env: the transport is done
 			// with it. (Buffers of failed requests are left to the GC.)
 			putBuf(env)
-			return Version{ETag: etag, Token: w.token}, nil
+			return g.version(w.key, etag, w.token), nil
 		case retriedPreconditionFailed:
 			// The SDK retried: the first try may have been applied and
 			// the retry then failed on our own write. The re-read tells.

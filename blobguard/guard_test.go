@@ -25,8 +25,8 @@ func mustGet(t *testing.T, g *blobguard.Guard, key string) *blobguard.Object {
 func wantStored(t *testing.T, g *blobguard.Guard, key string, token fence.Token, body string) {
 	t.Helper()
 	obj := mustGet(t, g, key)
-	if obj.Token != token || string(obj.Body) != body {
-		t.Fatalf("stored: token %d body %q; want token %d body %q", obj.Token, obj.Body, token, body)
+	if obj.Token() != token || string(obj.Body) != body {
+		t.Fatalf("stored: token %d body %q; want token %d body %q", obj.Token(), obj.Body, token, body)
 	}
 }
 
@@ -58,7 +58,7 @@ func TestOutcomes(t *testing.T) {
 	if err != nil {
 		t.Fatalf("create: %v", err)
 	}
-	if v1.Token != 10 || v1.ETag == "" {
+	if v1.Token() != 10 || v1.ETag() == "" {
 		t.Fatalf("create returned %+v", v1)
 	}
 	obj := mustGet(t, g, key)
@@ -93,7 +93,7 @@ func TestOutcomes(t *testing.T) {
 	}
 	_, err = g.Get(ctx, key)
 	var nf *blobguard.NotFoundError
-	if !errors.As(err, &nf) || !errors.Is(err, blobguard.ErrNotFound) || nf.Tombstone != tomb || nf.Tombstone.Token != 13 {
+	if !errors.As(err, &nf) || !errors.Is(err, blobguard.ErrNotFound) || nf.Tombstone != tomb || nf.Tombstone.Token() != 13 {
 		t.Fatalf("Get after delete: %v (%+v); want NotFoundError with tombstone %+v", err, nf, tomb)
 	}
 
@@ -222,7 +222,7 @@ func TestReadModifyWrite(t *testing.T) {
 	if n, p := ct.all.Load(), ct.puts.Load(); n != 1 || p != 1 {
 		t.Fatalf("read-modify-write sent %d requests (%d PUTs); want 1", n, p)
 	}
-	if v2.ETag == v.ETag || v2.Token != 5 {
+	if v2.ETag() == v.ETag() || v2.Token() != 5 {
 		t.Fatalf("PutIf returned %+v after %+v", v2, v)
 	}
 	wantStored(t, g, key, 5, "v1+v2")
@@ -254,7 +254,8 @@ func TestReadModifyWrite(t *testing.T) {
 	wantStored(t, g, key, 6, "other")
 
 	// A newer holder wrote: stale, with the stored token.
-	if _, err := other.Put(ctx, key, 9, strings.NewReader("newer")); err != nil {
+	v9, err := other.Put(ctx, key, 9, strings.NewReader("newer"))
+	if err != nil {
 		t.Fatal(err)
 	}
 	_, err = g.PutIf(ctx, key, 7, strings.NewReader("stale"), v3)
@@ -263,7 +264,7 @@ func TestReadModifyWrite(t *testing.T) {
 
 	// A prev newer than the token is stale without any request.
 	ct.reset()
-	_, err = g.PutIf(ctx, key, 8, strings.NewReader("x"), blobguard.Version{ETag: `"abc"`, Token: 9})
+	_, err = g.PutIf(ctx, key, 8, strings.NewReader("x"), v9)
 	wantStale(t, err, 8, 9)
 	if n := ct.all.Load(); n != 0 {
 		t.Fatalf("stale prev sent %d requests; want 0", n)

@@ -215,7 +215,7 @@ func observe(ctx context.Context, g *blobguard.Guard, key string) *observer {
 			o.mu.Lock()
 			switch {
 			case err == nil:
-				o.tokens = append(o.tokens, uint64(obj.Token))
+				o.tokens = append(o.tokens, uint64(obj.Token()))
 			case !errors.Is(err, blobguard.ErrNotFound):
 				o.errs = append(o.errs, err)
 			}

@@ -80,8 +80,8 @@ func checkRound(t *testing.T, g *blobguard.Guard, key string, r int, res []putRe
 	if err != nil {
 		t.Fatalf("round %d: Get: %v", r, err)
 	}
-	if obj.Token != best || string(obj.Body) != bodyOf(best) {
-		t.Errorf("round %d: stored token %d body %q; want token %d body %q", r, obj.Token, obj.Body, best, bodyOf(best))
+	if obj.Token() != best || string(obj.Body) != bodyOf(best) {
+		t.Errorf("round %d: stored token %d body %q; want token %d body %q", r, obj.Token(), obj.Body, best, bodyOf(best))
 	}
 }
 
@@ -155,8 +155,8 @@ func TestIdenticalBytesShareETag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v1.ETag == v2.ETag {
-		t.Fatalf("two fenced writes of identical bytes share ETag %s", v1.ETag)
+	if v1.ETag() == v2.ETag() {
+		t.Fatalf("two fenced writes of identical bytes share ETag %s", v1.ETag())
 	}
 }
 

@@ -110,10 +110,6 @@ func TestCallBadInput(t *testing.T) {
 			_, err := g.PutIf(ctx, "k", 0, body(), blobguard.Version{})
 			return err
 		}, true},
-		{"PutIf prev with ETag and token 0", func(ctx context.Context) error {
-			_, err := g.PutIf(ctx, "k", 1, body(), blobguard.Version{ETag: `"x"`})
-			return err
-		}, false},
 		{"nil body", put("k", 1, nil), false},
 		{"body over MaxObjectSize", put("k", 1, strings.NewReader("123456789")), false},
 		{"empty key", put("", 1, body()), false},
