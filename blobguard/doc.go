@@ -56,10 +56,17 @@
 // fails with 412 against the caller's own write. On every 412, and after
 // every write whose outcome is unknown, the guard reads the object again:
 // if it holds one of this call's nonces, the write landed and the call
-// succeeds. If the context ends first, or a newer token is found stored
-// while an earlier attempt's outcome is still unknown, the call returns
-// ErrAmbiguous (joined with ctx.Err() or the *fence.StaleError): it is
-// never reported as success. 409 ConditionalRequestConflict is retried
+// succeeds; if it holds a state the write was not conditional on, the
+// write did not land and never can (ETags are unique per write, so that
+// state never comes back). If the call ends while a write's outcome is
+// still unknown (the context ends, a newer token is found stored, PutIf's
+// version is gone, a request fails outright, or Options.MaxAttempts is
+// spent), it returns an error matching ErrAmbiguous and
+// fence.ErrOutcomeUnknown (the sentinel both guards share, see package fence),
+// joined with the reason (ctx.Err(), the *fence.StaleError, ...): it is
+// never reported as success, nor as a clean rejection. A call that fails
+// before sending anything, or whose every write was refused, never
+// matches it. 409 ConditionalRequestConflict is retried
 // after a full-jitter exponential backoff (Options.MinBackoff and
 // MaxBackoff), up to Options.MaxAttempts writes per call; 404 on If-Match
 // (the object vanished) is decided again from a fresh read.

@@ -74,9 +74,10 @@ func Test409Exhausted(t *testing.T) {
 	})
 	g := newGuard(t, client, func(o *blobguard.Options) { o.MaxAttempts = 3; o.MaxBackoff = 20 * time.Millisecond })
 	_, err := g.Put(t.Context(), key, 3, strings.NewReader("never"))
-	if !errors.Is(err, blobguard.ErrContention) || errors.Is(err, blobguard.ErrAmbiguous) {
+	if !errors.Is(err, blobguard.ErrContention) {
 		t.Fatalf("Put: %v; want ErrContention", err)
 	}
+	wantOutcomeKnown(t, err)
 	if puts.Load() != 3 {
 		t.Fatalf("%d PUTs; want 3", puts.Load())
 	}
@@ -104,9 +105,10 @@ func Test409ContextEnds(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()
 	_, err := g.Put(ctx, key, 3, strings.NewReader("never"))
-	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, blobguard.ErrAmbiguous) {
-		t.Fatalf("Put: %v; want DeadlineExceeded, not ambiguous", err)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Put: %v; want DeadlineExceeded", err)
 	}
+	wantOutcomeKnown(t, err)
 }
 
 // TestSDKRetryOwnWrite: the first PUT reaches the server and is applied,
@@ -199,7 +201,8 @@ func TestSentThenLostResolved(t *testing.T) {
 
 // TestTimeoutAfterSendAmbiguous: the PUT is applied but the reply never
 // comes before the caller's deadline. The outcome is unknown, and the guard
-// says so: ErrAmbiguous (and the deadline), never success.
+// says so: ErrAmbiguous and fence.ErrOutcomeUnknown (and the deadline),
+// never success.
 func TestTimeoutAfterSendAmbiguous(t *testing.T) {
 	t.Parallel()
 	key := uniqueKey(t, "obj")
@@ -216,8 +219,9 @@ func TestTimeoutAfterSendAmbiguous(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()
 	_, err := g.Put(ctx, key, 4, strings.NewReader("maybe"))
-	if !errors.Is(err, blobguard.ErrAmbiguous) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Put: %v; want ErrAmbiguous and DeadlineExceeded", err)
+	wantOutcomeUnknown(t, err)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Put: %v; want DeadlineExceeded too", err)
 	}
 	// It was in fact applied, which is why success and failure were both
 	// wrong answers.
@@ -226,7 +230,8 @@ func TestTimeoutAfterSendAmbiguous(t *testing.T) {
 
 // TestAmbiguousThenStale: our PUT was applied, its reply lost, and a newer
 // holder replaced it before the guard could look. The guard cannot know
-// whether its write ever landed: the error matches both ErrAmbiguous and
+// whether its write ever landed: the error matches ErrAmbiguous (and
+// fence.ErrOutcomeUnknown) and
 // fence.ErrStaleToken.
 func TestAmbiguousThenStale(t *testing.T) {
 	t.Parallel()
@@ -247,9 +252,7 @@ func TestAmbiguousThenStale(t *testing.T) {
 	}, func(o *s3.Options) { o.RetryMaxAttempts = 1 })
 	g := newGuard(t, client)
 	_, err := g.Put(ctx, key, 4, strings.NewReader("mine"))
-	if !errors.Is(err, blobguard.ErrAmbiguous) {
-		t.Fatalf("Put: %v; want ErrAmbiguous", err)
-	}
+	wantOutcomeUnknown(t, err)
 	wantStale(t, err, 4, 9)
 	wantStored(t, newer, key, 9, "newer")
 }
@@ -340,7 +343,8 @@ func TestHardErrorNotRetried(t *testing.T) {
 	})
 	g := newGuard(t, client)
 	_, err := g.Put(t.Context(), key, 1, strings.NewReader("x"))
-	if err == nil || errors.Is(err, blobguard.ErrAmbiguous) || errors.Is(err, fence.ErrStaleToken) || puts.Load() != 1 {
+	if err == nil || errors.Is(err, fence.ErrStaleToken) || puts.Load() != 1 {
 		t.Fatalf("Put: %v after %d PUTs; want a plain error after 1", err, puts.Load())
 	}
+	wantOutcomeKnown(t, err)
 }

@@ -48,14 +48,27 @@ var (
 	// impossible on such a store, so the guard refuses to run (fail closed).
 	ErrPreconditionsIgnored = errors.New("blobguard: store does not honour conditional writes")
 
-	// ErrAmbiguous is returned when a write was sent and its outcome could
-	// not be learned: the context ended while a request was in flight, the
-	// connection broke after sending, or the store answered 5xx and a
-	// re-read could not settle it. The write may or may not have been
-	// applied; it is never reported as success. It may be joined with
-	// fence.ErrStaleToken when a newer token was found stored afterwards
-	// (the write may have landed and been replaced), and with ctx.Err().
-	ErrAmbiguous = errors.New("blobguard: write outcome unknown")
+	// ErrAmbiguous is blobguard's name for fence.ErrOutcomeUnknown, the
+	// sentinel both guards share: every error that matches it with
+	// errors.Is also matches fence.ErrOutcomeUnknown. Put, PutIf and
+	// Delete return it when they sent a conditional PutObject whose outcome
+	// they could not learn before the call ended. A write's outcome is
+	// unknown when the context ended or the connection broke while it was
+	// in flight, when the store answered 5xx or acknowledged it without an
+	// ETag, or when the SDK retried it and the retry met 412 (the first try
+	// may have been applied). The guard then reads the object again:
+	// finding the write's nonce makes the call a success, and finding the
+	// object changed to a state the write was not conditional on shows
+	// that it did not land and never can. If the call ends first, the
+	// error matches ErrAmbiguous, joined with the reason: ctx.Err() when
+	// the context ended; the *fence.StaleError when a newer token was
+	// found stored (the write may have landed and been replaced); ErrConflict
+	// when PutIf found another version; the error of a read or write that
+	// failed outright; or nothing more when Options.MaxAttempts was spent
+	// (in place of ErrContention). The write may or may not have been
+	// applied, now or later; it is never reported as success. Read the
+	// object (Get) to learn what is stored.
+	ErrAmbiguous error = outcomeUnknown{}
 
 	// ErrNotFound is returned (inside a *NotFoundError) by Get when the key
 	// holds no object or holds a tombstone written by Delete.
@@ -82,6 +95,16 @@ var (
 	// returned with it, again on every re-read: a torn or corrupt read.
 	ErrETagMismatch = errors.New("blobguard: store returned an ETag that does not match the object")
 )
+
+// outcomeUnknown is ErrAmbiguous: a sentinel that keeps blobguard's
+// prefix and also matches fence.ErrOutcomeUnknown.
+type outcomeUnknown struct{}
+
+func (outcomeUnknown) Error() string { return "blobguard: write outcome unknown" }
+
+// Is reports whether target is fence.ErrOutcomeUnknown (errors.Is matches
+// ErrAmbiguous itself by equality).
+func (outcomeUnknown) Is(target error) bool { return target == fence.ErrOutcomeUnknown }
 
 // NotFoundError is returned by Get when there is no live object at Key. It
 // matches ErrNotFound with errors.Is.
