@@ -3,6 +3,8 @@ package blobguard
 import (
 	"bytes"
 	"context"
+	"crypto/md5"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -173,13 +175,49 @@ type Options struct {
 	// slept after a 409 ConditionalRequestConflict, or after a write whose
 	// outcome was unknown, before trying again. Defaults 10ms and 1s.
 	MinBackoff, MaxBackoff time.Duration
-	// MaxObjectSize is the largest body, in bytes, that Put accepts and Get
-	// reads; the whole body is held in memory. Default 64 MiB; at most
-	// 5 GiB minus HeaderSize (S3's limit for one PutObject).
+	// MaxObjectSize is the largest body, in bytes, that Put and PutIf
+	// accept and Get reads (and, without HeaderReads, the largest object
+	// Put, PutIf and Delete read before replacing it); the whole body is
+	// held in memory. Default 64 MiB; at most 5 GiB minus HeaderSize (S3's
+	// limit for one PutObject).
 	MaxObjectSize int64
 	// ProbePrefix is the key prefix under which Probe writes and then
 	// deletes two scratch objects. Default ".fencekit-probe/".
 	ProbePrefix string
+	// HeaderReads makes Put and Delete (and PutIf after a failed
+	// condition) read only the HeaderSize bytes of the stored object's
+	// header, with a ranged GetObject, to learn its token and ETag, so
+	// that a write costs the same whatever the size of the object it
+	// replaces. Default false: they read the whole object and, on a store
+	// whose ETags are MD5 (see Probe), check the ETag against the bytes,
+	// reading again on a mismatch.
+	//
+	// Set it only for a store whose GetObject never returns the ETag of a
+	// write together with bytes older than that write (a newer header
+	// with an older ETag is harmless: the write's If-Match then fails and
+	// the guard reads again). The guard cannot check this from a header,
+	// and on a store that does pair an ETag with older bytes a stale
+	// holder's Put could replace a newer write. Stores, as found by
+	// reading their code and by TestHeaderReadPairing:
+	//
+	//   - AWS S3: safe (reads are strongly consistent; a GET serves one
+	//     object version's bytes and ETag).
+	//   - versitygw v1.8.0, posix backend with its default extended-
+	//     attribute metadata: safe. Each file carries its own ETag and
+	//     metadata and is swapped in whole; GetObject reads the ETag by
+	//     path and then opens the file, so a racing write can only give
+	//     an older ETag with newer bytes.
+	//   - versitygw posix with --sidecar: NOT safe. It stores the ETag and
+	//     metadata beside the object before it moves the new bytes into
+	//     place, and about 3% of ranged reads racing a write returned the
+	//     new ETag with the old header; keep the default (the MD5 check
+	//     catches it).
+	//   - Any store not listed: keep the default unless you know.
+	//
+	// HeadObject is not used in either mode: on versitygw it reads the
+	// metadata before the ETag, each by path, so it can pair an older
+	// write's token with a newer write's ETag.
+	HeaderReads bool
 }
 
 // Defaults of Options.
@@ -324,19 +362,26 @@ func (g *Guard) Get(ctx context.Context, key string) (*Object, error) {
 }
 
 // Put writes body to key with token, unless a newer token is stored there.
-// It reads the current object (one GetObject) and writes conditionally on
-// it (one PutObject: If-None-Match: * to create, If-Match on the read ETag
-// to replace). If another write got in between, it reads again and, while
+// It reads the current object (one GetObject: of the whole object, or of
+// its header only with Options.HeaderReads) and writes conditionally on it
+// (one PutObject: If-None-Match: * to create, If-Match on the read ETag to
+// replace). If another write got in between, it reads again and, while
 // the stored token is not newer than token, tries again, up to
 // Options.MaxAttempts writes. A write with a token equal to the stored one
 // succeeds (the same holder writing again). Put replaces a tombstone.
 //
 // It returns the new Version on success; a *fence.StaleError (matching
 // fence.ErrStaleToken) with the stored token when a newer token is stored,
-// in which case nothing was written; ErrAmbiguous when a write's outcome
-// could not be learned; ErrContention when every attempt lost. body is read
-// to its end before any I/O (at most Options.MaxObjectSize bytes). ctx
-// bounds the whole call, including retries and backoff.
+// in which case nothing was written; an error matching ErrAmbiguous and
+// fence.ErrOutcomeUnknown when a write's outcome could not be learned;
+// ErrContention when every attempt lost; ErrNotFenced when the key holds
+// an object no Guard wrote; ErrETagMismatch when whole-object reads kept
+// returning an ETag that does not match their bytes; ErrInvalidInput,
+// before any I/O, for a bad key, token or body (and, reading whole
+// objects, for a stored object larger than Options.MaxObjectSize); and the
+// probe's ErrPreconditionsIgnored. body is read to its end before any I/O
+// (at most Options.MaxObjectSize bytes). ctx bounds the whole call,
+// including the probe on first use, retries and backoff.
 func (g *Guard) Put(ctx context.Context, key string, token fence.Token, body io.Reader) (Version, error) {
 	env, err := g.checkWrite(key, token, body)
 	if err != nil {
@@ -420,84 +465,6 @@ func readEnvelope(body io.Reader, max int64) ([]byte, error) {
 	return env, nil
 }
 
-// stored is what read found at a key.
-type stored struct {
-	exists  bool // an object (live or tombstone) is stored
-	deleted bool // it is a tombstone
-	etag    string
-	header  header
-	payload []byte // the caller's bytes: raw without the header
-	raw     []byte // the stored bytes
-	pooled  bool   // raw is a pooled buffer: release it after use
-}
-
-// release hands a pooled buffer back; payload and raw are unusable after.
-func (s *stored) release() {
-	if s.pooled {
-		putBuf(s.raw)
-	}
-	s.raw, s.payload, s.pooled = nil, nil, false
-}
-
-// maxReadAttempts bounds re-reads after an ETag that does not match the
-// bytes (a torn read while a write is being published).
-const maxReadAttempts = 5
-
-// read fetches the whole object at key and checks it. On a store with MD5
-// ETags it checks that the ETag is the MD5 of the bytes, so that the token
-// and nonce it returns belong to the write that ETag names.
-// pooled says whether the bytes may live in a pooled buffer, which the
-// caller then hands back with release.
-func (g *Guard) read(ctx context.Context, key string, pooled bool) (stored, error) {
-	g.mu.Lock()
-	checkMD5 := g.md5ETags
-	g.mu.Unlock()
-	for i := 1; ; i++ {
-		s, err := g.readOnce(ctx, key, pooled)
-		if err != nil || !s.exists || !checkMD5 {
-			return s, err
-		}
-		if e := normETag(s.etag); !isMD5ETag(e) || e == md5Hex(s.raw) {
-			return s, nil
-		}
-		s.release()
-		if i == maxReadAttempts {
-			return stored{}, fmt.Errorf("%w: s3://%s/%s: ETag %s, %d reads", ErrETagMismatch, g.bucket, key, s.etag, i)
-		}
-	}
-}
-
-func (g *Guard) readOnce(ctx context.Context, key string, pooled bool) (stored, error) {
-	out, err := g.client.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(g.bucket), Key: aws.String(key)})
-	if err != nil {
-		if apiCode(err) == "NoSuchKey" {
-			return stored{}, nil
-		}
-		return stored{}, fmt.Errorf("blobguard: get s3://%s/%s: %w", g.bucket, key, err)
-	}
-	defer out.Body.Close()
-	raw, err := readAll(out.Body, aws.ToInt64(out.ContentLength), g.opts.MaxObjectSize+headerLen, pooled)
-	if errors.Is(err, ErrInvalidInput) {
-		return stored{}, fmt.Errorf("%w: s3://%s/%s is larger than MaxObjectSize (%d bytes)", ErrInvalidInput, g.bucket, key, g.opts.MaxObjectSize)
-	}
-	if err != nil {
-		return stored{}, fmt.Errorf("blobguard: read s3://%s/%s: %w", g.bucket, key, err)
-	}
-	s := stored{raw: raw, pooled: pooled}
-	s.etag = aws.ToString(out.ETag)
-	if s.etag == "" {
-		s.release()
-		return stored{}, fmt.Errorf("blobguard: get s3://%s/%s: the store returned no ETag", g.bucket, key)
-	}
-	s.header, s.payload, err = parseEnvelope(raw)
-	if err != nil {
-		s.release()
-		return stored{}, fmt.Errorf("s3://%s/%s: %w", g.bucket, key, err)
-	}
-	s.exists, s.deleted = true, s.header.deleted
-	return s, nil
-}
-
 type writeReq struct {
 	key     string
 	token   fence.Token
@@ -540,15 +507,14 @@ func (g *Guard) write(ctx context.Context, w writeReq) (Version, error) {
 		}
 		if !haveCur {
 			var err error
-			cur, err = g.read(ctx, w.key, true)
+			cur, err = g.readForWrite(ctx, w.key)
 			if err != nil {
 				return Version{}, withAmbiguous(ambiguous, err)
 			}
-			cur.release() // only the header and ETag are needed here
 			if cur.exists && containsNonce(mine, cur.header.nonce) {
 				// One of our writes landed, even though its reply said
 				// otherwise (an SDK retry met our own write: 412).
-				return g.version(w.key, cur.etag, cur.header.token), nil
+				return g.version(w.key, g.ownETag(w, cur), w.token), nil
 			}
 			if cur.exists && cur.header.token > w.token {
 				return Version{}, withAmbiguous(ambiguous, fence.Stale(res, w.token, cur.header.token))
@@ -627,6 +593,30 @@ func (g *Guard) write(ctx context.Context, w writeReq) (Version, error) {
 			return Version{}, withAmbiguous(ambiguous, err)
 		}
 	}
+}
+
+// ownETag returns the ETag of the write of w that read found stored (its
+// nonce is cur's). A header read may pair that header with the ETag of an
+// earlier write (see Options.HeaderReads); on a store with MD5 ETags the
+// guard knows its write's ETag anyway, the MD5 of the bytes it sent, and
+// uses that unless the read agrees.
+func (g *Guard) ownETag(w writeReq, cur stored) string {
+	g.mu.Lock()
+	md5ETags := g.md5ETags
+	g.mu.Unlock()
+	if !g.opts.HeaderReads || !md5ETags {
+		return cur.etag // a full read checked it, or nothing can
+	}
+	var h [headerLen]byte
+	putHeader(h[:], header{token: w.token, nonce: cur.header.nonce, deleted: w.deleted})
+	sum := md5.New()
+	sum.Write(h[:])
+	sum.Write(w.env[headerLen:])
+	want := hex.EncodeToString(sum.Sum(nil))
+	if normETag(cur.etag) == want {
+		return cur.etag
+	}
+	return `"` + want + `"`
 }
 
 func withAmbiguous(ambiguous, err error) error {

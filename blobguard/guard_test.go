@@ -43,10 +43,11 @@ func wantStale(t *testing.T, err error, presented, current fence.Token) {
 
 // TestOutcomes walks one key through every outcome of Put, Get and Delete
 // on the real server.
-func TestOutcomes(t *testing.T) {
-	t.Parallel()
+func TestOutcomes(t *testing.T) { forEachReadMode(t, testOutcomes) }
+
+func testOutcomes(t *testing.T, mode blobguardOption) {
 	ctx := t.Context()
-	g := newGuard(t, rawClient(baseTransport))
+	g := newGuard(t, rawClient(baseTransport), mode)
 	key := uniqueKey(t, "obj")
 
 	if _, err := g.Get(ctx, key); !errors.Is(err, blobguard.ErrNotFound) {
@@ -160,44 +161,55 @@ func TestStoredForm(t *testing.T) {
 
 // TestNotFenced: an object written by someone else is neither returned nor
 // overwritten, since its token is unknown.
-func TestNotFenced(t *testing.T) {
-	t.Parallel()
+func TestNotFenced(t *testing.T) { forEachReadMode(t, testNotFenced) }
+
+func testNotFenced(t *testing.T, mode blobguardOption) {
 	ctx := t.Context()
 	raw := rawClient(baseTransport)
-	g := newGuard(t, raw)
-	key := uniqueKey(t, "plain")
-	if _, err := raw.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(s3env.Bucket), Key: aws.String(key), Body: strings.NewReader("plain bytes")}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := g.Get(ctx, key); !errors.Is(err, blobguard.ErrNotFenced) {
-		t.Fatalf("Get: %v; want ErrNotFenced", err)
-	}
-	if _, err := g.Put(ctx, key, 1, strings.NewReader("x")); !errors.Is(err, blobguard.ErrNotFenced) {
-		t.Fatalf("Put: %v; want ErrNotFenced", err)
-	}
-	if _, err := g.Delete(ctx, key, 1); !errors.Is(err, blobguard.ErrNotFenced) {
-		t.Fatalf("Delete: %v; want ErrNotFenced", err)
-	}
-	out, err := raw.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(s3env.Bucket), Key: aws.String(key)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Body.Close()
-	var buf bytes.Buffer
-	_, _ = buf.ReadFrom(out.Body)
-	if buf.String() != "plain bytes" {
-		t.Fatalf("the plain object changed: %q", buf.String())
+	g := newGuard(t, raw, mode)
+	fakeTombstone := append([]byte("FKBG\x01\x01"), make([]byte, 24)...)
+	fakeTombstone[13] = 1 // token 1
+	for _, tc := range []struct{ name, body string }{
+		{"plain", "plain bytes, longer than a header"},
+		{"short", "short"},
+		{"empty", ""},
+		{"tombstone with a body", string(fakeTombstone) + "body"},
+	} {
+		key := uniqueKey(t, tc.name)
+		if _, err := raw.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(s3env.Bucket), Key: aws.String(key), Body: strings.NewReader(tc.body)}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := g.Get(ctx, key); !errors.Is(err, blobguard.ErrNotFenced) {
+			t.Errorf("%s: Get: %v; want ErrNotFenced", tc.name, err)
+		}
+		if _, err := g.Put(ctx, key, 1, strings.NewReader("x")); !errors.Is(err, blobguard.ErrNotFenced) {
+			t.Errorf("%s: Put: %v; want ErrNotFenced", tc.name, err)
+		}
+		if _, err := g.Delete(ctx, key, 1); !errors.Is(err, blobguard.ErrNotFenced) {
+			t.Errorf("%s: Delete: %v; want ErrNotFenced", tc.name, err)
+		}
+		out, err := raw.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(s3env.Bucket), Key: aws.String(key)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var buf bytes.Buffer
+		_, _ = buf.ReadFrom(out.Body)
+		_ = out.Body.Close()
+		if buf.String() != tc.body {
+			t.Errorf("%s: the object changed: %q", tc.name, buf.String())
+		}
 	}
 }
 
 // TestReadModifyWrite: with the version from Get (or from the last write),
 // PutIf writes in exactly one HTTP request; a cold Put takes two.
-func TestReadModifyWrite(t *testing.T) {
-	t.Parallel()
+func TestReadModifyWrite(t *testing.T) { forEachReadMode(t, testReadModifyWrite) }
+
+func testReadModifyWrite(t *testing.T, mode blobguardOption) {
 	ctx := t.Context()
 	ct := &countingTransport{next: newTransport(t)}
-	g := newGuard(t, rawClient(ct))
-	other := newGuard(t, rawClient(baseTransport))
+	g := newGuard(t, rawClient(ct), mode)
+	other := newGuard(t, rawClient(baseTransport), mode)
 	key := uniqueKey(t, "obj")
 
 	ct.reset()

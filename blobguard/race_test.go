@@ -87,10 +87,10 @@ func checkRound(t *testing.T, g *blobguard.Guard, key string, r int, res []putRe
 
 // guards returns one guard per writer over one client, as separate holders
 // would have.
-func guards(t *testing.T, client blobguard.Client) []*blobguard.Guard {
+func guards(t *testing.T, client blobguard.Client, mode blobguardOption) []*blobguard.Guard {
 	gs := make([]*blobguard.Guard, raceWriters)
 	for i := range gs {
-		gs[i] = newGuard(t, client, func(o *blobguard.Options) { o.MaxAttempts = 2 * raceWriters })
+		gs[i] = newGuard(t, client, mode, func(o *blobguard.Options) { o.MaxAttempts = 2 * raceWriters })
 	}
 	return gs
 }
@@ -99,10 +99,11 @@ func guards(t *testing.T, client blobguard.Client) []*blobguard.Guard {
 // at once, round after round. The stored token never decreases (watched by a
 // reader throughout) and each round ends with the object of its highest
 // token.
-func TestRaceDistinctTokens(t *testing.T) {
-	t.Parallel()
+func TestRaceDistinctTokens(t *testing.T) { forEachReadMode(t, testRaceDistinctTokens) }
+
+func testRaceDistinctTokens(t *testing.T, mode blobguardOption) {
 	client := rawClient(baseTransport)
-	gs := guards(t, client)
+	gs := guards(t, client, mode)
 	key := uniqueKey(t, "obj")
 	bodyOf := func(tok fence.Token) string { return fmt.Sprintf("written with token %d", tok) }
 
@@ -164,10 +165,11 @@ func TestIdenticalBytesShareETag(t *testing.T) {
 // version v (token 5, bytes B); a newer holder (token 7) then wrote the same
 // bytes B. With If-Match on v's ETag alone, the stale holder (token 6)
 // would win, as both objects hash alike. It must be refused.
-func TestIdenticalBytesStaleHolder(t *testing.T) {
-	t.Parallel()
+func TestIdenticalBytesStaleHolder(t *testing.T) { forEachReadMode(t, testIdenticalBytesStaleHolder) }
+
+func testIdenticalBytesStaleHolder(t *testing.T, mode blobguardOption) {
 	ctx := t.Context()
-	g := newGuard(t, rawClient(baseTransport))
+	g := newGuard(t, rawClient(baseTransport), mode)
 	key := uniqueKey(t, "obj")
 	const same = "identical bytes"
 
@@ -192,10 +194,11 @@ func TestIdenticalBytesStaleHolder(t *testing.T) {
 // the round began (so all hold the same, soon outdated, ETag, and every
 // object of the round hashes alike without the guard's header). The stored
 // token never decreases, and each round ends at its highest token.
-func TestRaceIdenticalBytes(t *testing.T) {
-	t.Parallel()
+func TestRaceIdenticalBytes(t *testing.T) { forEachReadMode(t, testRaceIdenticalBytes) }
+
+func testRaceIdenticalBytes(t *testing.T, mode blobguardOption) {
 	client := rawClient(baseTransport)
-	gs := guards(t, client)
+	gs := guards(t, client, mode)
 	key := uniqueKey(t, "obj")
 	const same = "every writer writes these bytes"
 	bodyOf := func(fence.Token) string { return same }
