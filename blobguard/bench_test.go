@@ -29,7 +29,7 @@ var benchSizes = []struct {
 //   - rmw: PutIf with the version of the previous write (one request).
 func benchWrites(b *testing.B, client *s3.Client, body []byte) (modes []string, step func(b *testing.B, mode, key string) func() error) {
 	g := newGuard(b, client)
-	gh := newGuard(b, client, func(o *blobguard.Options) { o.HeaderReads = true })
+	gh := newGuard(b, client, blobguard.WithHeaderReads())
 	step = func(b *testing.B, mode, key string) func() error {
 		ctx := b.Context()
 		switch mode {

@@ -75,7 +75,7 @@ func Test409Exhausted(t *testing.T) {
 		}
 		return next.RoundTrip(req)
 	})
-	g := newGuard(t, client, func(o *blobguard.Options) { o.MaxAttempts = 3; o.MaxBackoff = 20 * time.Millisecond })
+	g := newGuard(t, client, blobguard.WithMaxAttempts(3), blobguard.WithBackoff(0, 20*time.Millisecond))
 	_, err := g.Put(t.Context(), key, 3, strings.NewReader("never"))
 	if !errors.Is(err, blobguard.ErrContention) {
 		t.Fatalf("Put: %v; want ErrContention", err)
@@ -123,7 +123,7 @@ func Test409ContextEnds(t *testing.T) {
 // guard returns must still name its own write.
 func TestSDKRetryOwnWrite(t *testing.T) { forEachReadMode(t, testSDKRetryOwnWrite) }
 
-func testSDKRetryOwnWrite(t *testing.T, mode blobguardOption) {
+func testSDKRetryOwnWrite(t *testing.T, mode blobguard.Option) {
 	for _, tc := range []struct {
 		name  string
 		after func(req *http.Request) (*http.Response, error)
@@ -195,7 +195,7 @@ func testSDKRetryOwnWrite(t *testing.T, mode blobguardOption) {
 // but whose reply was lost (connection reset) is settled by a re-read.
 func TestSentThenLostResolved(t *testing.T) { forEachReadMode(t, testSentThenLostResolved) }
 
-func testSentThenLostResolved(t *testing.T, mode blobguardOption) {
+func testSentThenLostResolved(t *testing.T, mode blobguard.Option) {
 	key := uniqueKey(t, "obj")
 	var puts atomic.Int32
 	client := faultClient(t, key, func(req *http.Request, next http.RoundTripper) (*http.Response, error) {
@@ -225,7 +225,7 @@ func testSentThenLostResolved(t *testing.T, mode blobguardOption) {
 // never success.
 func TestTimeoutAfterSendAmbiguous(t *testing.T) { forEachReadMode(t, testTimeoutAfterSendAmbiguous) }
 
-func testTimeoutAfterSendAmbiguous(t *testing.T, mode blobguardOption) {
+func testTimeoutAfterSendAmbiguous(t *testing.T, mode blobguard.Option) {
 	key := uniqueKey(t, "obj")
 	client := faultClient(t, key, func(req *http.Request, next http.RoundTripper) (*http.Response, error) {
 		resp, err := next.RoundTrip(req)
@@ -256,7 +256,7 @@ func testTimeoutAfterSendAmbiguous(t *testing.T, mode blobguardOption) {
 // fence.ErrStaleToken.
 func TestAmbiguousThenStale(t *testing.T) { forEachReadMode(t, testAmbiguousThenStale) }
 
-func testAmbiguousThenStale(t *testing.T, mode blobguardOption) {
+func testAmbiguousThenStale(t *testing.T, mode blobguard.Option) {
 	ctx := t.Context()
 	key := uniqueKey(t, "obj")
 	newer := newGuard(t, rawClient(baseTransport))
@@ -284,7 +284,7 @@ func testAmbiguousThenStale(t *testing.T, mode blobguardOption) {
 // reads again and creates the object.
 func TestVanished(t *testing.T) { forEachReadMode(t, testVanished) }
 
-func testVanished(t *testing.T, mode blobguardOption) {
+func testVanished(t *testing.T, mode blobguard.Option) {
 	ctx := t.Context()
 	key := uniqueKey(t, "obj")
 	raw := rawClient(baseTransport)
@@ -322,7 +322,7 @@ func testVanished(t *testing.T, mode blobguardOption) {
 // fails, so Put gives up with ErrContention and writes nothing.
 func TestTornReadRetried(t *testing.T) { forEachReadMode(t, testTornReadRetried) }
 
-func testTornReadRetried(t *testing.T, mode blobguardOption) {
+func testTornReadRetried(t *testing.T, mode blobguard.Option) {
 	ctx := t.Context()
 	key := uniqueKey(t, "obj")
 	seed := newGuard(t, rawClient(baseTransport))
@@ -339,7 +339,7 @@ func testTornReadRetried(t *testing.T, mode blobguardOption) {
 		}
 		return resp, err
 	})
-	g := newGuard(t, client, mode, func(o *blobguard.Options) { o.MaxAttempts = 3 })
+	g := newGuard(t, client, mode, blobguard.WithMaxAttempts(3))
 	obj, err := g.Get(ctx, key)
 	if err != nil || string(obj.Body) != "body" || torn.Load() != 1 || gets.Load() != 2 {
 		t.Fatalf("Get: %v; %d GETs, %d torn; want nil, 2, 1", err, gets.Load(), torn.Load())

@@ -164,8 +164,8 @@ type Object struct {
 	Body []byte
 }
 
-// Options configure a Guard. The zero value of each field means its
-// default. New copies the struct; the caller's value is never changed.
+// Options configure a Guard; set them with Option values passed to New.
+// The zero value of each field means its default.
 type Options struct {
 	// MaxAttempts bounds the conditional PutObject requests one Put, PutIf
 	// or Delete sends (SDK retries of one request are not counted; they
@@ -219,6 +219,35 @@ type Options struct {
 	// write's token with a newer write's ETag.
 	HeaderReads bool
 }
+
+// Option changes Options. Pass any number to New; to set several fields
+// at once, pass a function literal: func(o *blobguard.Options) { ... }.
+type Option func(*Options)
+
+// WithMaxAttempts sets Options.MaxAttempts, the most conditional writes one
+// Put, PutIf or Delete sends (0: the default, 10; below 0 is refused).
+func WithMaxAttempts(n int) Option { return func(o *Options) { o.MaxAttempts = n } }
+
+// WithBackoff sets Options.MinBackoff and Options.MaxBackoff, the bounds of
+// the backoff after a 409 or an unknown outcome (0: the defaults, 10ms and
+// 1s; minBackoff below 0, or maxBackoff below minBackoff, is refused).
+func WithBackoff(minBackoff, maxBackoff time.Duration) Option {
+	return func(o *Options) { o.MinBackoff, o.MaxBackoff = minBackoff, maxBackoff }
+}
+
+// WithMaxObjectSize sets Options.MaxObjectSize, in bytes (0: the default,
+// 64 MiB; below 0 or above 5 GiB minus HeaderSize is refused).
+func WithMaxObjectSize(n int64) Option { return func(o *Options) { o.MaxObjectSize = n } }
+
+// WithProbePrefix sets Options.ProbePrefix, the key prefix of the probe's
+// scratch objects ("": the default, ".fencekit-probe/"; a prefix that does
+// not make valid keys is refused).
+func WithProbePrefix(prefix string) Option { return func(o *Options) { o.ProbePrefix = prefix } }
+
+// WithHeaderReads sets Options.HeaderReads: Put and Delete read only the
+// stored object's header. Read that field's documentation first: it is
+// safe only on some stores.
+func WithHeaderReads() Option { return func(o *Options) { o.HeaderReads = true } }
 
 // Defaults of Options.
 const (
@@ -284,15 +313,16 @@ type Guard struct {
 	md5ETags bool       // the store's ETags are MD5 of the stored bytes
 }
 
-// New returns a Guard for bucket over client. It does no I/O: the store is
-// probed (see Probe) before the first Get, Put, PutIf or Delete. It
-// returns an error wrapping ErrInvalidInput for a nil client, a malformed
-// bucket name or invalid options, reporting every problem at once.
-func New(client Client, bucket string, optFns ...func(*Options)) (*Guard, error) {
+// New returns a Guard for bucket over client, configured by opts (applied
+// in order; a nil Option is skipped). It does no I/O: the store is probed
+// (see Probe) before the first Get, Put, PutIf or Delete. It returns an
+// error wrapping ErrInvalidInput for a nil client, a malformed bucket name
+// or invalid options, reporting every problem at once.
+func New(client Client, bucket string, opts ...Option) (*Guard, error) {
 	var o Options
-	for _, fn := range optFns {
-		if fn != nil {
-			fn(&o)
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
 		}
 	}
 	o.setDefaults()
@@ -317,11 +347,8 @@ func isNilS3Client(c Client) bool {
 	return ok && sc == nil
 }
 
-// WithOptions returns an option function that replaces the Options with o
-// (fields left zero still get their defaults).
-func WithOptions(o Options) func(*Options) {
-	return func(dst *Options) { *dst = o }
-}
+// Options returns the options the Guard runs with, defaults filled in.
+func (g *Guard) Options() Options { return g.opts }
 
 // Bucket returns the bucket the guard writes to.
 func (g *Guard) Bucket() string { return g.bucket }

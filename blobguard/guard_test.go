@@ -45,7 +45,7 @@ func wantStale(t *testing.T, err error, presented, current fence.Token) {
 // on the real server.
 func TestOutcomes(t *testing.T) { forEachReadMode(t, testOutcomes) }
 
-func testOutcomes(t *testing.T, mode blobguardOption) {
+func testOutcomes(t *testing.T, mode blobguard.Option) {
 	ctx := t.Context()
 	g := newGuard(t, rawClient(baseTransport), mode)
 	key := uniqueKey(t, "obj")
@@ -163,7 +163,7 @@ func TestStoredForm(t *testing.T) {
 // overwritten, since its token is unknown.
 func TestNotFenced(t *testing.T) { forEachReadMode(t, testNotFenced) }
 
-func testNotFenced(t *testing.T, mode blobguardOption) {
+func testNotFenced(t *testing.T, mode blobguard.Option) {
 	ctx := t.Context()
 	raw := rawClient(baseTransport)
 	g := newGuard(t, raw, mode)
@@ -205,7 +205,7 @@ func testNotFenced(t *testing.T, mode blobguardOption) {
 // PutIf writes in exactly one HTTP request; a cold Put takes two.
 func TestReadModifyWrite(t *testing.T) { forEachReadMode(t, testReadModifyWrite) }
 
-func testReadModifyWrite(t *testing.T, mode blobguardOption) {
+func testReadModifyWrite(t *testing.T, mode blobguard.Option) {
 	ctx := t.Context()
 	ct := &countingTransport{next: newTransport(t)}
 	g := newGuard(t, rawClient(ct), mode)

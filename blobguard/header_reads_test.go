@@ -20,28 +20,27 @@ import (
 	"github.com/fencekit/fencekit/fence"
 )
 
-// blobguardOption is what New takes.
-type blobguardOption = func(*blobguard.Options)
-
 // readModes are the two ways a guard reads an object before writing over
 // it. Tests of write behaviour run in both.
 var readModes = []struct {
 	name string
-	opt  blobguardOption
+	opt  blobguard.Option
 }{
-	{"full", func(*blobguard.Options) {}},
-	{"header", func(o *blobguard.Options) { o.HeaderReads = true }},
+	{"full", nil},
+	{"header", blobguard.WithHeaderReads()},
 }
 
 // headerReads reports whether mode turns Options.HeaderReads on.
-func headerReads(mode blobguardOption) bool {
+func headerReads(mode blobguard.Option) bool {
 	var o blobguard.Options
-	mode(&o)
+	if mode != nil {
+		mode(&o)
+	}
 	return o.HeaderReads
 }
 
 // forEachReadMode runs test in parallel subtests, once per read mode.
-func forEachReadMode(t *testing.T, test func(t *testing.T, mode blobguardOption)) {
+func forEachReadMode(t *testing.T, test func(t *testing.T, mode blobguard.Option)) {
 	t.Parallel()
 	for _, m := range readModes {
 		t.Run(m.name, func(t *testing.T) {
@@ -241,7 +240,7 @@ func TestHeaderReadsLargeStoredObject(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, m := range readModes {
-		g := newGuard(t, rawClient(baseTransport), m.opt, func(o *blobguard.Options) { o.MaxObjectSize = 1024 })
+		g := newGuard(t, rawClient(baseTransport), m.opt, blobguard.WithMaxObjectSize(1024))
 		_, err := g.Put(ctx, key, 2, strings.NewReader("small"))
 		switch m.name {
 		case "header":

@@ -105,9 +105,9 @@ func newTransport(t testing.TB) *http.Transport {
 
 // newGuard returns a guard over client for the test bucket that has
 // already probed the store.
-func newGuard(t testing.TB, client blobguard.Client, optFns ...func(*blobguard.Options)) *blobguard.Guard {
+func newGuard(t testing.TB, client blobguard.Client, opts ...blobguard.Option) *blobguard.Guard {
 	t.Helper()
-	g, err := blobguard.New(client, s3env.Bucket, optFns...)
+	g, err := blobguard.New(client, s3env.Bucket, opts...)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -87,10 +87,10 @@ func checkRound(t *testing.T, g *blobguard.Guard, key string, r int, res []putRe
 
 // guards returns one guard per writer over one client, as separate holders
 // would have.
-func guards(t *testing.T, client blobguard.Client, mode blobguardOption) []*blobguard.Guard {
+func guards(t *testing.T, client blobguard.Client, mode blobguard.Option) []*blobguard.Guard {
 	gs := make([]*blobguard.Guard, raceWriters)
 	for i := range gs {
-		gs[i] = newGuard(t, client, mode, func(o *blobguard.Options) { o.MaxAttempts = 2 * raceWriters })
+		gs[i] = newGuard(t, client, mode, blobguard.WithMaxAttempts(2*raceWriters))
 	}
 	return gs
 }
@@ -101,7 +101,7 @@ func guards(t *testing.T, client blobguard.Client, mode blobguardOption) []*blob
 // token.
 func TestRaceDistinctTokens(t *testing.T) { forEachReadMode(t, testRaceDistinctTokens) }
 
-func testRaceDistinctTokens(t *testing.T, mode blobguardOption) {
+func testRaceDistinctTokens(t *testing.T, mode blobguard.Option) {
 	client := rawClient(baseTransport)
 	gs := guards(t, client, mode)
 	key := uniqueKey(t, "obj")
@@ -167,7 +167,7 @@ func TestIdenticalBytesShareETag(t *testing.T) {
 // would win, as both objects hash alike. It must be refused.
 func TestIdenticalBytesStaleHolder(t *testing.T) { forEachReadMode(t, testIdenticalBytesStaleHolder) }
 
-func testIdenticalBytesStaleHolder(t *testing.T, mode blobguardOption) {
+func testIdenticalBytesStaleHolder(t *testing.T, mode blobguard.Option) {
 	ctx := t.Context()
 	g := newGuard(t, rawClient(baseTransport), mode)
 	key := uniqueKey(t, "obj")
@@ -196,7 +196,7 @@ func testIdenticalBytesStaleHolder(t *testing.T, mode blobguardOption) {
 // token never decreases, and each round ends at its highest token.
 func TestRaceIdenticalBytes(t *testing.T) { forEachReadMode(t, testRaceIdenticalBytes) }
 
-func testRaceIdenticalBytes(t *testing.T, mode blobguardOption) {
+func testRaceIdenticalBytes(t *testing.T, mode blobguard.Option) {
 	client := rawClient(baseTransport)
 	gs := guards(t, client, mode)
 	key := uniqueKey(t, "obj")
