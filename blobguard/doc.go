@@ -19,7 +19,12 @@
 //     (412), it reads again and decides again.
 //   - PutIf is read-modify-write in one request: the caller passes the
 //     Version it read (or the one its last write returned), and the guard
-//     writes conditionally on it without reading.
+//     writes conditionally on it without reading. A Version's fields are
+//     unexported and only a Guard makes one, from a write the store
+//     acknowledged or a read the guard checked, and for one bucket and
+//     key: the token PutIf compares is one the guard knows to be that
+//     write's, never one a caller paired with an ETag it learned
+//     elsewhere (a plain HeadObject, a listing).
 //   - Delete writes a tombstone the same way (see Deletes below).
 //
 // # The header: why every write's ETag is unique
@@ -36,7 +41,7 @@
 // ETag, are then unique, and If-Match names exactly one write. Get strips
 // the header. The token and nonce are also set as user metadata
 // (MetaToken, MetaNonce) for people and tools, but the guard trusts only
-// the header, which it reads together with the bytes.
+// the header, which it reads in the same GetObject as the ETag.
 //
 // Trade-offs, chosen knowingly: other readers see the header (they must use
 // Guard.Get, or skip the first HeaderSize bytes); range reads are offset by
@@ -51,10 +56,17 @@
 // fails with 412 against the caller's own write. On every 412, and after
 // every write whose outcome is unknown, the guard reads the object again:
 // if it holds one of this call's nonces, the write landed and the call
-// succeeds. If the context ends first, or a newer token is found stored
-// while an earlier attempt's outcome is still unknown, the call returns
-// ErrAmbiguous (joined with ctx.Err() or the *fence.StaleError): it is
-// never reported as success. 409 ConditionalRequestConflict is retried
+// succeeds; if it holds a state the write was not conditional on, the
+// write did not land and never can (ETags are unique per write, so that
+// state never comes back). If the call ends while a write's outcome is
+// still unknown (the context ends, a newer token is found stored, PutIf's
+// version is gone, a request fails outright, or Options.MaxAttempts is
+// spent), it returns an error matching ErrAmbiguous and
+// fence.ErrOutcomeUnknown (the sentinel both guards share, see package fence),
+// joined with the reason (ctx.Err(), the *fence.StaleError, ...): it is
+// never reported as success, nor as a clean rejection. A call that fails
+// before sending anything, or whose every write was refused, never
+// matches it. 409 ConditionalRequestConflict is retried
 // after a full-jitter exponential backoff (Options.MinBackoff and
 // MaxBackoff), up to Options.MaxAttempts writes per call; 404 on If-Match
 // (the object vanished) is decided again from a fresh read.
@@ -79,12 +91,32 @@
 // them. Before its first call a Guard probes the store (see Probe) and, if
 // the store accepts a write whose precondition fails, refuses every call
 // with ErrPreconditionsIgnored. The probe also learns whether the store's
-// ETags are the MD5 of the stored bytes; if so, every read checks the ETag
-// against the bytes and reads again on a mismatch (a read torn by a
-// concurrent write), so the token the guard acts on belongs to the write
-// its If-Match names. HEAD is never used: versitygw's HeadObject reads the
-// metadata and the ETag separately and can pair one write's ETag with
-// another's token.
+// ETags are the MD5 of the stored bytes.
+//
+// # Torn reads
+//
+// A read racing a write can return the ETag of one write with the bytes of
+// another. The dangerous pairing is a newer write's ETag with an older
+// write's header: a writer whose token lies between the two would pass
+// the stale check on the older token and then replace the newer write,
+// which its If-Match names. The opposite pairing (an older ETag with a
+// newer header) is harmless: the stale check sees the newer token, and an
+// If-Match on an ETag that is no longer stored fails and is read again.
+//
+// By default the guard reads whole objects before it writes, and on a
+// store with MD5 ETags checks the ETag against the bytes and reads again
+// on a mismatch, so the token it acts on belongs to the write its If-Match
+// names whatever the store does. That read costs a transfer of the whole
+// object. Options.HeaderReads reads only the header instead (a ranged
+// GetObject of HeaderSize bytes), at a cost that does not grow with the
+// object, on stores that never make the dangerous pairing: AWS S3, and
+// versitygw's posix backend with its default metadata (TestHeaderReadPairing
+// checks this on the test server). versitygw with --sidecar does make it,
+// in about 3% of reads racing a write (measured); keep the default there.
+// HeadObject is never used: versitygw's reads the metadata before the
+// ETag, each by path, and makes the dangerous pairing (measured: about 2
+// in 1,000 racing reads, on the default backend too). Get always reads
+// the whole object and checks it.
 //
 // # The guarantee
 //
@@ -109,7 +141,9 @@
 //     on such a key is outside the fence (the guard refuses objects it did
 //     not write, but a removed tombstone forgets its token).
 //   - A read returns the ETag and the bytes of the same write, or the
-//     store's ETags are MD5 (then the guard checks it itself).
+//     store's ETags are MD5 (then the guard checks it itself). With
+//     Options.HeaderReads instead: a GetObject never returns a write's
+//     ETag with bytes older than that write (see Torn reads).
 //   - Tokens for one key come from one source that only grows them, and
 //     no two holders share a token (equal tokens are the same holder
 //     writing again and are not ordered against each other).
@@ -122,8 +156,14 @@
 //
 // # Costs
 //
-// Put sends one GetObject (which transfers the whole object) and one
-// PutObject; PutIf sends one PutObject; a lost race adds one GetObject and
-// one PutObject per retry. The first call of a Guard also runs the probe
-// (five PutObject and two DeleteObject calls).
+// Put and Delete send one GetObject and one PutObject; PutIf sends one
+// PutObject; a lost race adds one GetObject and one PutObject per retry.
+// The GetObject transfers the whole object, and the guard computes its
+// MD5 on stores with MD5 ETags, unless Options.HeaderReads is set: then
+// it transfers HeaderSize bytes. Measured against versitygw on loopback,
+// paired with plain PutObject calls (BenchmarkPutPaired; docs/blobguard.md
+// has the table): a cold Put of 1 MiB costs 1.5–1.7x a plain put by
+// default and 1.1–1.35x with HeaderReads; PutIf costs what a plain put
+// does. The first call of a Guard also runs the probe (five PutObject and
+// two DeleteObject calls).
 package blobguard

@@ -31,7 +31,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("41 wrote, stored token", v.Token)
+	fmt.Println("41 wrote, stored token", v.Token())
 
 	obj, err := guard.Get(ctx, key)
 	if err != nil {
@@ -41,7 +41,7 @@ func Example() {
 	if _, err := guard.PutIf(ctx, key, 42, bytes.NewReader(body), obj.Version); err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("42 read token", obj.Token, "and wrote", string(body))
+	fmt.Println("42 read token", obj.Token(), "and wrote", string(body))
 
 	_, err = guard.Put(ctx, key, 41, strings.NewReader(`{"rows":0}`))
 	if se, ok := fence.AsStale(err); ok {
@@ -52,7 +52,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("stored:", string(obj.Body), "token", obj.Token)
+	fmt.Println("stored:", string(obj.Body), "token", obj.Token())
 
 	// Delete is fenced too, and leaves a tombstone that keeps the token.
 	if _, err := guard.Delete(ctx, key, 41); errors.Is(err, fence.ErrStaleToken) {

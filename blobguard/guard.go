@@ -3,6 +3,8 @@ package blobguard
 import (
 	"bytes"
 	"context"
+	"crypto/md5"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -48,14 +50,27 @@ var (
 	// impossible on such a store, so the guard refuses to run (fail closed).
 	ErrPreconditionsIgnored = errors.New("blobguard: store does not honour conditional writes")
 
-	// ErrAmbiguous is returned when a write was sent and its outcome could
-	// not be learned: the context ended while a request was in flight, the
-	// connection broke after sending, or the store answered 5xx and a
-	// re-read could not settle it. The write may or may not have been
-	// applied; it is never reported as success. It may be joined with
-	// fence.ErrStaleToken when a newer token was found stored afterwards
-	// (the write may have landed and been replaced), and with ctx.Err().
-	ErrAmbiguous = errors.New("blobguard: write outcome unknown")
+	// ErrAmbiguous is blobguard's name for fence.ErrOutcomeUnknown, the
+	// sentinel both guards share: every error that matches it with
+	// errors.Is also matches fence.ErrOutcomeUnknown. Put, PutIf and
+	// Delete return it when they sent a conditional PutObject whose outcome
+	// they could not learn before the call ended. A write's outcome is
+	// unknown when the context ended or the connection broke while it was
+	// in flight, when the store answered 5xx or acknowledged it without an
+	// ETag, or when the SDK retried it and the retry met 412 (the first try
+	// may have been applied). The guard then reads the object again:
+	// finding the write's nonce makes the call a success, and finding the
+	// object changed to a state the write was not conditional on shows
+	// that it did not land and never can. If the call ends first, the
+	// error matches ErrAmbiguous, joined with the reason: ctx.Err() when
+	// the context ended; the *fence.StaleError when a newer token was
+	// found stored (the write may have landed and been replaced); ErrConflict
+	// when PutIf found another version; the error of a read or write that
+	// failed outright; or nothing more when Options.MaxAttempts was spent
+	// (in place of ErrContention). The write may or may not have been
+	// applied, now or later; it is never reported as success. Read the
+	// object (Get) to learn what is stored.
+	ErrAmbiguous error = outcomeUnknown{}
 
 	// ErrNotFound is returned (inside a *NotFoundError) by Get when the key
 	// holds no object or holds a tombstone written by Delete.
@@ -83,6 +98,16 @@ var (
 	ErrETagMismatch = errors.New("blobguard: store returned an ETag that does not match the object")
 )
 
+// outcomeUnknown is ErrAmbiguous: a sentinel that keeps blobguard's
+// prefix and also matches fence.ErrOutcomeUnknown.
+type outcomeUnknown struct{}
+
+func (outcomeUnknown) Error() string { return "blobguard: write outcome unknown" }
+
+// Is reports whether target is fence.ErrOutcomeUnknown (errors.Is matches
+// ErrAmbiguous itself by equality).
+func (outcomeUnknown) Is(target error) bool { return target == fence.ErrOutcomeUnknown }
+
 // NotFoundError is returned by Get when there is no live object at Key. It
 // matches ErrNotFound with errors.Is.
 type NotFoundError struct {
@@ -96,8 +121,8 @@ type NotFoundError struct {
 
 // Error says which object was not found.
 func (e *NotFoundError) Error() string {
-	if e.Tombstone.ETag != "" {
-		return fmt.Sprintf("blobguard: object not found: s3://%s/%s (deleted with token %d)", e.Bucket, e.Key, e.Tombstone.Token)
+	if !e.Tombstone.IsZero() {
+		return fmt.Sprintf("blobguard: object not found: s3://%s/%s (deleted with token %d)", e.Bucket, e.Key, e.Tombstone.token)
 	}
 	return fmt.Sprintf("blobguard: object not found: s3://%s/%s", e.Bucket, e.Key)
 }
@@ -105,14 +130,32 @@ func (e *NotFoundError) Error() string {
 // Is reports whether target is ErrNotFound.
 func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
 
-// Version identifies one stored write of an object.
+// Version identifies one stored write of one object: its ETag and the
+// fencing token it carries. PutIf trusts a Version's token without reading
+// the object, so only a Guard makes one, from a write the store
+// acknowledged or from a read it checked: Get, Put, PutIf and Delete
+// return them, and a NotFoundError carries a tombstone's. Its fields are
+// unexported, so a caller cannot pair an ETag it learned elsewhere (a
+// plain HeadObject, a listing) with a token of its choosing. The zero
+// Version names no write: passed to PutIf it means "no live object".
+// Versions are comparable with ==.
 type Version struct {
-	// ETag is the store's entity tag of the write, as the store returned
-	// it (quoted). Thanks to the per-write nonce it names this write only.
-	ETag string
-	// Token is the fencing token the write carried.
-	Token fence.Token
+	bucket, key string // the object the write belongs to ("" in the zero Version)
+	etag        string // the store's entity tag of the write, as returned (quoted)
+	token       fence.Token
 }
+
+// ETag returns the store's entity tag of the write, as the store returned
+// it (quoted). Thanks to the per-write nonce it names this write only. It
+// is "" for the zero Version.
+func (v Version) ETag() string { return v.etag }
+
+// Token returns the fencing token the write carried, or fence.None for the
+// zero Version.
+func (v Version) Token() fence.Token { return v.token }
+
+// IsZero reports whether v is the zero Version, which names no write.
+func (v Version) IsZero() bool { return v == Version{} }
 
 // Object is an object read by Get: the caller's bytes (without the guard's
 // header) and the version they belong to.
@@ -121,8 +164,8 @@ type Object struct {
 	Body []byte
 }
 
-// Options configure a Guard. The zero value of each field means its
-// default. New copies the struct; the caller's value is never changed.
+// Options configure a Guard; set them with Option values passed to New.
+// The zero value of each field means its default.
 type Options struct {
 	// MaxAttempts bounds the conditional PutObject requests one Put, PutIf
 	// or Delete sends (SDK retries of one request are not counted; they
@@ -132,14 +175,79 @@ type Options struct {
 	// slept after a 409 ConditionalRequestConflict, or after a write whose
 	// outcome was unknown, before trying again. Defaults 10ms and 1s.
 	MinBackoff, MaxBackoff time.Duration
-	// MaxObjectSize is the largest body, in bytes, that Put accepts and Get
-	// reads; the whole body is held in memory. Default 64 MiB; at most
-	// 5 GiB minus HeaderSize (S3's limit for one PutObject).
+	// MaxObjectSize is the largest body, in bytes, that Put and PutIf
+	// accept and Get reads (and, without HeaderReads, the largest object
+	// Put, PutIf and Delete read before replacing it); the whole body is
+	// held in memory. Default 64 MiB; at most 5 GiB minus HeaderSize (S3's
+	// limit for one PutObject).
 	MaxObjectSize int64
 	// ProbePrefix is the key prefix under which Probe writes and then
 	// deletes two scratch objects. Default ".fencekit-probe/".
 	ProbePrefix string
+	// HeaderReads makes Put and Delete (and PutIf after a failed
+	// condition) read only the HeaderSize bytes of the stored object's
+	// header, with a ranged GetObject, to learn its token and ETag, so
+	// that a write costs the same whatever the size of the object it
+	// replaces. Default false: they read the whole object and, on a store
+	// whose ETags are MD5 (see Probe), check the ETag against the bytes,
+	// reading again on a mismatch.
+	//
+	// Set it only for a store whose GetObject never returns the ETag of a
+	// write together with bytes older than that write (a newer header
+	// with an older ETag is harmless: the write's If-Match then fails and
+	// the guard reads again). The guard cannot check this from a header,
+	// and on a store that does pair an ETag with older bytes a stale
+	// holder's Put could replace a newer write. Stores, as found by
+	// reading their code and by TestHeaderReadPairing:
+	//
+	//   - AWS S3: safe (reads are strongly consistent; a GET serves one
+	//     object version's bytes and ETag).
+	//   - versitygw v1.8.0, posix backend with its default extended-
+	//     attribute metadata: safe. Each file carries its own ETag and
+	//     metadata and is swapped in whole; GetObject reads the ETag by
+	//     path and then opens the file, so a racing write can only give
+	//     an older ETag with newer bytes.
+	//   - versitygw posix with --sidecar: NOT safe. It stores the ETag and
+	//     metadata beside the object before it moves the new bytes into
+	//     place, and about 3% of ranged reads racing a write returned the
+	//     new ETag with the old header; keep the default (the MD5 check
+	//     catches it).
+	//   - Any store not listed: keep the default unless you know.
+	//
+	// HeadObject is not used in either mode: on versitygw it reads the
+	// metadata before the ETag, each by path, so it can pair an older
+	// write's token with a newer write's ETag.
+	HeaderReads bool
 }
+
+// Option changes Options. Pass any number to New; to set several fields
+// at once, pass a function literal: func(o *blobguard.Options) { ... }.
+type Option func(*Options)
+
+// WithMaxAttempts sets Options.MaxAttempts, the most conditional writes one
+// Put, PutIf or Delete sends (0: the default, 10; below 0 is refused).
+func WithMaxAttempts(n int) Option { return func(o *Options) { o.MaxAttempts = n } }
+
+// WithBackoff sets Options.MinBackoff and Options.MaxBackoff, the bounds of
+// the backoff after a 409 or an unknown outcome (0: the defaults, 10ms and
+// 1s; minBackoff below 0, or maxBackoff below minBackoff, is refused).
+func WithBackoff(minBackoff, maxBackoff time.Duration) Option {
+	return func(o *Options) { o.MinBackoff, o.MaxBackoff = minBackoff, maxBackoff }
+}
+
+// WithMaxObjectSize sets Options.MaxObjectSize, in bytes (0: the default,
+// 64 MiB; below 0 or above 5 GiB minus HeaderSize is refused).
+func WithMaxObjectSize(n int64) Option { return func(o *Options) { o.MaxObjectSize = n } }
+
+// WithProbePrefix sets Options.ProbePrefix, the key prefix of the probe's
+// scratch objects ("": the default, ".fencekit-probe/"; a prefix that does
+// not make valid keys is refused).
+func WithProbePrefix(prefix string) Option { return func(o *Options) { o.ProbePrefix = prefix } }
+
+// WithHeaderReads sets Options.HeaderReads: Put and Delete read only the
+// stored object's header. Read that field's documentation first: it is
+// safe only on some stores.
+func WithHeaderReads() Option { return func(o *Options) { o.HeaderReads = true } }
 
 // Defaults of Options.
 const (
@@ -205,15 +313,16 @@ type Guard struct {
 	md5ETags bool       // the store's ETags are MD5 of the stored bytes
 }
 
-// New returns a Guard for bucket over client. It does no I/O: the store is
-// probed (see Probe) before the first Get, Put, PutIf or Delete. It
-// returns an error wrapping ErrInvalidInput for a nil client, a malformed
-// bucket name or invalid options, reporting every problem at once.
-func New(client Client, bucket string, optFns ...func(*Options)) (*Guard, error) {
+// New returns a Guard for bucket over client, configured by opts (applied
+// in order; a nil Option is skipped). It does no I/O: the store is probed
+// (see Probe) before the first Get, Put, PutIf or Delete. It returns an
+// error wrapping ErrInvalidInput for a nil client, a malformed bucket name
+// or invalid options, reporting every problem at once.
+func New(client Client, bucket string, opts ...Option) (*Guard, error) {
 	var o Options
-	for _, fn := range optFns {
-		if fn != nil {
-			fn(&o)
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
 		}
 	}
 	o.setDefaults()
@@ -238,16 +347,20 @@ func isNilS3Client(c Client) bool {
 	return ok && sc == nil
 }
 
-// WithOptions returns an option function that replaces the Options with o
-// (fields left zero still get their defaults).
-func WithOptions(o Options) func(*Options) {
-	return func(dst *Options) { *dst = o }
-}
+// Options returns the options the Guard runs with, defaults filled in.
+func (g *Guard) Options() Options { return g.opts }
 
 // Bucket returns the bucket the guard writes to.
 func (g *Guard) Bucket() string { return g.bucket }
 
 func (g *Guard) resource(key string) string { return "s3://" + g.bucket + "/" + key }
+
+// version makes the Version of the write of key with etag and token. The
+// guard calls it only with what the store acknowledged for its own write,
+// or with the ETag and header token of a read it checked.
+func (g *Guard) version(key, etag string, token fence.Token) Version {
+	return Version{bucket: g.bucket, key: key, etag: etag, token: token}
+}
 
 // Get reads the object at key: its bytes, its token and its ETag. ctx
 // bounds the whole call (including the probe on first use). It returns a
@@ -268,27 +381,34 @@ func (g *Guard) Get(ctx context.Context, key string) (*Object, error) {
 	if !cur.exists || cur.deleted {
 		nf := &NotFoundError{Bucket: g.bucket, Key: key}
 		if cur.exists {
-			nf.Tombstone = cur.version()
+			nf.Tombstone = g.version(key, cur.etag, cur.header.token)
 		}
 		return nil, nf
 	}
-	return &Object{Version: cur.version(), Body: cur.payload}, nil
+	return &Object{Version: g.version(key, cur.etag, cur.header.token), Body: cur.payload}, nil
 }
 
 // Put writes body to key with token, unless a newer token is stored there.
-// It reads the current object (one GetObject) and writes conditionally on
-// it (one PutObject: If-None-Match: * to create, If-Match on the read ETag
-// to replace). If another write got in between, it reads again and, while
+// It reads the current object (one GetObject: of the whole object, or of
+// its header only with Options.HeaderReads) and writes conditionally on it
+// (one PutObject: If-None-Match: * to create, If-Match on the read ETag to
+// replace). If another write got in between, it reads again and, while
 // the stored token is not newer than token, tries again, up to
 // Options.MaxAttempts writes. A write with a token equal to the stored one
 // succeeds (the same holder writing again). Put replaces a tombstone.
 //
 // It returns the new Version on success; a *fence.StaleError (matching
 // fence.ErrStaleToken) with the stored token when a newer token is stored,
-// in which case nothing was written; ErrAmbiguous when a write's outcome
-// could not be learned; ErrContention when every attempt lost. body is read
-// to its end before any I/O (at most Options.MaxObjectSize bytes). ctx
-// bounds the whole call, including retries and backoff.
+// in which case nothing was written; an error matching ErrAmbiguous and
+// fence.ErrOutcomeUnknown when a write's outcome could not be learned;
+// ErrContention when every attempt lost; ErrNotFenced when the key holds
+// an object no Guard wrote; ErrETagMismatch when whole-object reads kept
+// returning an ETag that does not match their bytes; ErrInvalidInput,
+// before any I/O, for a bad key, token or body (and, reading whole
+// objects, for a stored object larger than Options.MaxObjectSize); and the
+// probe's ErrPreconditionsIgnored. body is read to its end before any I/O
+// (at most Options.MaxObjectSize bytes). ctx bounds the whole call,
+// including the probe on first use, retries and backoff.
 func (g *Guard) Put(ctx context.Context, key string, token fence.Token, body io.Reader) (Version, error) {
 	env, err := g.checkWrite(key, token, body)
 	if err != nil {
@@ -298,23 +418,27 @@ func (g *Guard) Put(ctx context.Context, key string, token fence.Token, body io.
 }
 
 // PutIf is a compare-and-swap for read-modify-write: it writes body to key
-// with token only if the object is still the version prev (a Version from
-// Get, Put or PutIf; the zero Version, or a NotFoundError's Tombstone,
-// means "no live object"). In the common case it sends one request and no
-// read. It returns a *fence.StaleError without any I/O if prev.Token is
-// newer than token, and after a failed condition either a
-// *fence.StaleError (a newer token is stored) or ErrConflict (the object
+// with token only if the object is still the version prev (a Version of
+// this key from Get, Put, PutIf or Delete, of this or another Guard of the
+// same bucket; the zero Version, or a NotFoundError's Tombstone, means "no
+// live object"). In the common case it sends one request and no read: it
+// writes If-Match on prev's ETag, and the token it checks is the one the
+// guard recorded in prev when it made it, never one the caller supplies.
+// It returns an error wrapping ErrInvalidInput, before any I/O, if prev is
+// a version of another bucket or key; a *fence.StaleError without any I/O
+// if prev.Token() is newer than token; and after a failed condition either
+// a *fence.StaleError (a newer token is stored) or ErrConflict (the object
 // changed but no newer token is stored). Other errors are as for Put.
 func (g *Guard) PutIf(ctx context.Context, key string, token fence.Token, body io.Reader, prev Version) (Version, error) {
 	env, err := g.checkWrite(key, token, body)
 	if err != nil {
 		return Version{}, err
 	}
-	if prev.ETag != "" && prev.Token == fence.None {
-		return Version{}, fmt.Errorf("%w: prev has an ETag but token 0", ErrInvalidInput)
+	if !prev.IsZero() && (prev.bucket != g.bucket || prev.key != key) {
+		return Version{}, fmt.Errorf("%w: prev is a version of s3://%s/%s, not of %s", ErrInvalidInput, prev.bucket, prev.key, g.resource(key))
 	}
-	if prev.Token > token {
-		return Version{}, fence.Stale(g.resource(key), token, prev.Token)
+	if prev.token > token {
+		return Version{}, fence.Stale(g.resource(key), token, prev.token)
 	}
 	return g.write(ctx, writeReq{key: key, token: token, env: env, cas: true, prev: prev})
 }
@@ -368,86 +492,6 @@ func readEnvelope(body io.Reader, max int64) ([]byte, error) {
 	return env, nil
 }
 
-// stored is what read found at a key.
-type stored struct {
-	exists  bool // an object (live or tombstone) is stored
-	deleted bool // it is a tombstone
-	etag    string
-	header  header
-	payload []byte // the caller's bytes: raw without the header
-	raw     []byte // the stored bytes
-	pooled  bool   // raw is a pooled buffer: release it after use
-}
-
-// release hands a pooled buffer back; payload and raw are unusable after.
-func (s *stored) release() {
-	if s.pooled {
-		putBuf(s.raw)
-	}
-	s.raw, s.payload, s.pooled = nil, nil, false
-}
-
-func (s stored) version() Version { return Version{ETag: s.etag, Token: s.header.token} }
-
-// maxReadAttempts bounds re-reads after an ETag that does not match the
-// bytes (a torn read while a write is being published).
-const maxReadAttempts = 5
-
-// read fetches the whole object at key and checks it. On a store with MD5
-// ETags it checks that the ETag is the MD5 of the bytes, so that the token
-// and nonce it returns belong to the write that ETag names.
-// pooled says whether the bytes may live in a pooled buffer, which the
-// caller then hands back with release.
-func (g *Guard) read(ctx context.Context, key string, pooled bool) (stored, error) {
-	g.mu.Lock()
-	checkMD5 := g.md5ETags
-	g.mu.Unlock()
-	for i := 1; ; i++ {
-		s, err := g.readOnce(ctx, key, pooled)
-		if err != nil || !s.exists || !checkMD5 {
-			return s, err
-		}
-		if e := normETag(s.etag); !isMD5ETag(e) || e == md5Hex(s.raw) {
-			return s, nil
-		}
-		s.release()
-		if i == maxReadAttempts {
-			return stored{}, fmt.Errorf("%w: s3://%s/%s: ETag %s, %d reads", ErrETagMismatch, g.bucket, key, s.etag, i)
-		}
-	}
-}
-
-func (g *Guard) readOnce(ctx context.Context, key string, pooled bool) (stored, error) {
-	out, err := g.client.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(g.bucket), Key: aws.String(key)})
-	if err != nil {
-		if apiCode(err) == "NoSuchKey" {
-			return stored{}, nil
-		}
-		return stored{}, fmt.Errorf("blobguard: get s3://%s/%s: %w", g.bucket, key, err)
-	}
-	defer out.Body.Close()
-	raw, err := readAll(out.Body, aws.ToInt64(out.ContentLength), g.opts.MaxObjectSize+headerLen, pooled)
-	if errors.Is(err, ErrInvalidInput) {
-		return stored{}, fmt.Errorf("%w: s3://%s/%s is larger than MaxObjectSize (%d bytes)", ErrInvalidInput, g.bucket, key, g.opts.MaxObjectSize)
-	}
-	if err != nil {
-		return stored{}, fmt.Errorf("blobguard: read s3://%s/%s: %w", g.bucket, key, err)
-	}
-	s := stored{raw: raw, pooled: pooled}
-	s.etag = aws.ToString(out.ETag)
-	if s.etag == "" {
-		s.release()
-		return stored{}, fmt.Errorf("blobguard: get s3://%s/%s: the store returned no ETag", g.bucket, key)
-	}
-	s.header, s.payload, err = parseEnvelope(raw)
-	if err != nil {
-		s.release()
-		return stored{}, fmt.Errorf("s3://%s/%s: %w", g.bucket, key, err)
-	}
-	s.exists, s.deleted = true, s.header.deleted
-	return s, nil
-}
-
 type writeReq struct {
 	key     string
 	token   fence.Token
@@ -459,10 +503,10 @@ type writeReq struct {
 
 // matchesPrev reports whether s is still the state a PutIf expected.
 func (w *writeReq) matchesPrev(s stored) bool {
-	if w.prev.ETag == "" {
+	if w.prev.IsZero() {
 		return !s.exists || s.deleted
 	}
-	return s.exists && normETag(s.etag) == normETag(w.prev.ETag)
+	return s.exists && normETag(s.etag) == normETag(w.prev.etag)
 }
 
 // write runs the conditional write loop shared by Put, PutIf and Delete.
@@ -482,7 +526,7 @@ func (g *Guard) write(ctx context.Context, w writeReq) (Version, error) {
 	if w.cas {
 		// Trust the caller's read: no GetObject before the first write.
 		haveCur = true
-		cur = stored{exists: w.prev.ETag != "", etag: w.prev.ETag, header: header{token: w.prev.Token}}
+		cur = stored{exists: !w.prev.IsZero(), etag: w.prev.etag, header: header{token: w.prev.token}}
 	}
 	for sent := 0; ; {
 		if err := ctx.Err(); err != nil {
@@ -490,15 +534,14 @@ func (g *Guard) write(ctx context.Context, w writeReq) (Version, error) {
 		}
 		if !haveCur {
 			var err error
-			cur, err = g.read(ctx, w.key, true)
+			cur, err = g.readForWrite(ctx, w.key)
 			if err != nil {
 				return Version{}, withAmbiguous(ambiguous, err)
 			}
-			cur.release() // only the header and ETag are needed here
 			if cur.exists && containsNonce(mine, cur.header.nonce) {
 				// One of our writes landed, even though its reply said
 				// otherwise (an SDK retry met our own write: 412).
-				return cur.version(), nil
+				return g.version(w.key, g.ownETag(w, cur), w.token), nil
 			}
 			if cur.exists && cur.header.token > w.token {
 				return Version{}, withAmbiguous(ambiguous, fence.Stale(res, w.token, cur.header.token))
@@ -516,7 +559,7 @@ func (g *Guard) write(ctx context.Context, w writeReq) (Version, error) {
 				ambiguous = nil
 			}
 			if w.cas && !w.matchesPrev(cur) {
-				return Version{}, withAmbiguous(ambiguous, fmt.Errorf("%w: %s: expected ETag %q, found %q (token %d)", ErrConflict, res, w.prev.ETag, cur.etag, cur.header.token))
+				return Version{}, withAmbiguous(ambiguous, fmt.Errorf("%w: %s: expected ETag %q, found %q (token %d)", ErrConflict, res, w.prev.etag, cur.etag, cur.header.token))
 			}
 		}
 		haveCur = false
@@ -549,7 +592,7 @@ func (g *Guard) write(ctx context.Context, w writeReq) (Version, error) {
 			// The store has every byte of env: the transport is done
 			// with it. (Buffers of failed requests are left to the GC.)
 			putBuf(env)
-			return Version{ETag: etag, Token: w.token}, nil
+			return g.version(w.key, etag, w.token), nil
 		case retriedPreconditionFailed:
 			// The SDK retried: the first try may have been applied and
 			// the retry then failed on our own write. The re-read tells.
@@ -577,6 +620,30 @@ func (g *Guard) write(ctx context.Context, w writeReq) (Version, error) {
 			return Version{}, withAmbiguous(ambiguous, err)
 		}
 	}
+}
+
+// ownETag returns the ETag of the write of w that read found stored (its
+// nonce is cur's). A header read may pair that header with the ETag of an
+// earlier write (see Options.HeaderReads); on a store with MD5 ETags the
+// guard knows its write's ETag anyway, the MD5 of the bytes it sent, and
+// uses that unless the read agrees.
+func (g *Guard) ownETag(w writeReq, cur stored) string {
+	g.mu.Lock()
+	md5ETags := g.md5ETags
+	g.mu.Unlock()
+	if !g.opts.HeaderReads || !md5ETags {
+		return cur.etag // a full read checked it, or nothing can
+	}
+	var h [headerLen]byte
+	putHeader(h[:], header{token: w.token, nonce: cur.header.nonce, deleted: w.deleted})
+	sum := md5.New()
+	sum.Write(h[:])
+	sum.Write(w.env[headerLen:])
+	want := hex.EncodeToString(sum.Sum(nil))
+	if normETag(cur.etag) == want {
+		return cur.etag
+	}
+	return `"` + want + `"`
 }
 
 func withAmbiguous(ambiguous, err error) error {

@@ -25,8 +25,8 @@ func mustGet(t *testing.T, g *blobguard.Guard, key string) *blobguard.Object {
 func wantStored(t *testing.T, g *blobguard.Guard, key string, token fence.Token, body string) {
 	t.Helper()
 	obj := mustGet(t, g, key)
-	if obj.Token != token || string(obj.Body) != body {
-		t.Fatalf("stored: token %d body %q; want token %d body %q", obj.Token, obj.Body, token, body)
+	if obj.Token() != token || string(obj.Body) != body {
+		t.Fatalf("stored: token %d body %q; want token %d body %q", obj.Token(), obj.Body, token, body)
 	}
 }
 
@@ -43,10 +43,11 @@ func wantStale(t *testing.T, err error, presented, current fence.Token) {
 
 // TestOutcomes walks one key through every outcome of Put, Get and Delete
 // on the real server.
-func TestOutcomes(t *testing.T) {
-	t.Parallel()
+func TestOutcomes(t *testing.T) { forEachReadMode(t, testOutcomes) }
+
+func testOutcomes(t *testing.T, mode blobguard.Option) {
 	ctx := t.Context()
-	g := newGuard(t, rawClient(baseTransport))
+	g := newGuard(t, rawClient(baseTransport), mode)
 	key := uniqueKey(t, "obj")
 
 	if _, err := g.Get(ctx, key); !errors.Is(err, blobguard.ErrNotFound) {
@@ -58,7 +59,7 @@ func TestOutcomes(t *testing.T) {
 	if err != nil {
 		t.Fatalf("create: %v", err)
 	}
-	if v1.Token != 10 || v1.ETag == "" {
+	if v1.Token() != 10 || v1.ETag() == "" {
 		t.Fatalf("create returned %+v", v1)
 	}
 	obj := mustGet(t, g, key)
@@ -93,7 +94,7 @@ func TestOutcomes(t *testing.T) {
 	}
 	_, err = g.Get(ctx, key)
 	var nf *blobguard.NotFoundError
-	if !errors.As(err, &nf) || !errors.Is(err, blobguard.ErrNotFound) || nf.Tombstone != tomb || nf.Tombstone.Token != 13 {
+	if !errors.As(err, &nf) || !errors.Is(err, blobguard.ErrNotFound) || nf.Tombstone != tomb || nf.Tombstone.Token() != 13 {
 		t.Fatalf("Get after delete: %v (%+v); want NotFoundError with tombstone %+v", err, nf, tomb)
 	}
 
@@ -160,44 +161,55 @@ func TestStoredForm(t *testing.T) {
 
 // TestNotFenced: an object written by someone else is neither returned nor
 // overwritten, since its token is unknown.
-func TestNotFenced(t *testing.T) {
-	t.Parallel()
+func TestNotFenced(t *testing.T) { forEachReadMode(t, testNotFenced) }
+
+func testNotFenced(t *testing.T, mode blobguard.Option) {
 	ctx := t.Context()
 	raw := rawClient(baseTransport)
-	g := newGuard(t, raw)
-	key := uniqueKey(t, "plain")
-	if _, err := raw.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(s3env.Bucket), Key: aws.String(key), Body: strings.NewReader("plain bytes")}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := g.Get(ctx, key); !errors.Is(err, blobguard.ErrNotFenced) {
-		t.Fatalf("Get: %v; want ErrNotFenced", err)
-	}
-	if _, err := g.Put(ctx, key, 1, strings.NewReader("x")); !errors.Is(err, blobguard.ErrNotFenced) {
-		t.Fatalf("Put: %v; want ErrNotFenced", err)
-	}
-	if _, err := g.Delete(ctx, key, 1); !errors.Is(err, blobguard.ErrNotFenced) {
-		t.Fatalf("Delete: %v; want ErrNotFenced", err)
-	}
-	out, err := raw.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(s3env.Bucket), Key: aws.String(key)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Body.Close()
-	var buf bytes.Buffer
-	_, _ = buf.ReadFrom(out.Body)
-	if buf.String() != "plain bytes" {
-		t.Fatalf("the plain object changed: %q", buf.String())
+	g := newGuard(t, raw, mode)
+	fakeTombstone := append([]byte("FKBG\x01\x01"), make([]byte, 24)...)
+	fakeTombstone[13] = 1 // token 1
+	for _, tc := range []struct{ name, body string }{
+		{"plain", "plain bytes, longer than a header"},
+		{"short", "short"},
+		{"empty", ""},
+		{"tombstone with a body", string(fakeTombstone) + "body"},
+	} {
+		key := uniqueKey(t, tc.name)
+		if _, err := raw.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(s3env.Bucket), Key: aws.String(key), Body: strings.NewReader(tc.body)}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := g.Get(ctx, key); !errors.Is(err, blobguard.ErrNotFenced) {
+			t.Errorf("%s: Get: %v; want ErrNotFenced", tc.name, err)
+		}
+		if _, err := g.Put(ctx, key, 1, strings.NewReader("x")); !errors.Is(err, blobguard.ErrNotFenced) {
+			t.Errorf("%s: Put: %v; want ErrNotFenced", tc.name, err)
+		}
+		if _, err := g.Delete(ctx, key, 1); !errors.Is(err, blobguard.ErrNotFenced) {
+			t.Errorf("%s: Delete: %v; want ErrNotFenced", tc.name, err)
+		}
+		out, err := raw.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(s3env.Bucket), Key: aws.String(key)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var buf bytes.Buffer
+		_, _ = buf.ReadFrom(out.Body)
+		_ = out.Body.Close()
+		if buf.String() != tc.body {
+			t.Errorf("%s: the object changed: %q", tc.name, buf.String())
+		}
 	}
 }
 
 // TestReadModifyWrite: with the version from Get (or from the last write),
 // PutIf writes in exactly one HTTP request; a cold Put takes two.
-func TestReadModifyWrite(t *testing.T) {
-	t.Parallel()
+func TestReadModifyWrite(t *testing.T) { forEachReadMode(t, testReadModifyWrite) }
+
+func testReadModifyWrite(t *testing.T, mode blobguard.Option) {
 	ctx := t.Context()
 	ct := &countingTransport{next: newTransport(t)}
-	g := newGuard(t, rawClient(ct))
-	other := newGuard(t, rawClient(baseTransport))
+	g := newGuard(t, rawClient(ct), mode)
+	other := newGuard(t, rawClient(baseTransport), mode)
 	key := uniqueKey(t, "obj")
 
 	ct.reset()
@@ -222,7 +234,7 @@ func TestReadModifyWrite(t *testing.T) {
 	if n, p := ct.all.Load(), ct.puts.Load(); n != 1 || p != 1 {
 		t.Fatalf("read-modify-write sent %d requests (%d PUTs); want 1", n, p)
 	}
-	if v2.ETag == v.ETag || v2.Token != 5 {
+	if v2.ETag() == v.ETag() || v2.Token() != 5 {
 		t.Fatalf("PutIf returned %+v after %+v", v2, v)
 	}
 	wantStored(t, g, key, 5, "v1+v2")
@@ -254,7 +266,8 @@ func TestReadModifyWrite(t *testing.T) {
 	wantStored(t, g, key, 6, "other")
 
 	// A newer holder wrote: stale, with the stored token.
-	if _, err := other.Put(ctx, key, 9, strings.NewReader("newer")); err != nil {
+	v9, err := other.Put(ctx, key, 9, strings.NewReader("newer"))
+	if err != nil {
 		t.Fatal(err)
 	}
 	_, err = g.PutIf(ctx, key, 7, strings.NewReader("stale"), v3)
@@ -263,7 +276,7 @@ func TestReadModifyWrite(t *testing.T) {
 
 	// A prev newer than the token is stale without any request.
 	ct.reset()
-	_, err = g.PutIf(ctx, key, 8, strings.NewReader("x"), blobguard.Version{ETag: `"abc"`, Token: 9})
+	_, err = g.PutIf(ctx, key, 8, strings.NewReader("x"), v9)
 	wantStale(t, err, 8, 9)
 	if n := ct.all.Load(); n != 0 {
 		t.Fatalf("stale prev sent %d requests; want 0", n)

@@ -105,9 +105,9 @@ func newTransport(t testing.TB) *http.Transport {
 
 // newGuard returns a guard over client for the test bucket that has
 // already probed the store.
-func newGuard(t testing.TB, client blobguard.Client, optFns ...func(*blobguard.Options)) *blobguard.Guard {
+func newGuard(t testing.TB, client blobguard.Client, opts ...blobguard.Option) *blobguard.Guard {
 	t.Helper()
-	g, err := blobguard.New(client, s3env.Bucket, optFns...)
+	g, err := blobguard.New(client, s3env.Bucket, opts...)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -215,7 +215,7 @@ func observe(ctx context.Context, g *blobguard.Guard, key string) *observer {
 			o.mu.Lock()
 			switch {
 			case err == nil:
-				o.tokens = append(o.tokens, uint64(obj.Token))
+				o.tokens = append(o.tokens, uint64(obj.Token()))
 			case !errors.Is(err, blobguard.ErrNotFound):
 				o.errs = append(o.errs, err)
 			}

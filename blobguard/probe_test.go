@@ -151,7 +151,7 @@ func TestProbeRealServer(t *testing.T) {
 	ctx := t.Context()
 	ct := &countingTransport{next: newTransport(t)}
 	prefix := uniqueKey(t, "probe") + "/"
-	g, err := blobguard.New(rawClient(ct), s3env.Bucket, func(o *blobguard.Options) { o.ProbePrefix = prefix })
+	g, err := blobguard.New(rawClient(ct), s3env.Bucket, blobguard.WithProbePrefix(prefix))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -80,17 +80,17 @@ func checkRound(t *testing.T, g *blobguard.Guard, key string, r int, res []putRe
 	if err != nil {
 		t.Fatalf("round %d: Get: %v", r, err)
 	}
-	if obj.Token != best || string(obj.Body) != bodyOf(best) {
-		t.Errorf("round %d: stored token %d body %q; want token %d body %q", r, obj.Token, obj.Body, best, bodyOf(best))
+	if obj.Token() != best || string(obj.Body) != bodyOf(best) {
+		t.Errorf("round %d: stored token %d body %q; want token %d body %q", r, obj.Token(), obj.Body, best, bodyOf(best))
 	}
 }
 
 // guards returns one guard per writer over one client, as separate holders
 // would have.
-func guards(t *testing.T, client blobguard.Client) []*blobguard.Guard {
+func guards(t *testing.T, client blobguard.Client, mode blobguard.Option) []*blobguard.Guard {
 	gs := make([]*blobguard.Guard, raceWriters)
 	for i := range gs {
-		gs[i] = newGuard(t, client, func(o *blobguard.Options) { o.MaxAttempts = 2 * raceWriters })
+		gs[i] = newGuard(t, client, mode, blobguard.WithMaxAttempts(2*raceWriters))
 	}
 	return gs
 }
@@ -99,10 +99,11 @@ func guards(t *testing.T, client blobguard.Client) []*blobguard.Guard {
 // at once, round after round. The stored token never decreases (watched by a
 // reader throughout) and each round ends with the object of its highest
 // token.
-func TestRaceDistinctTokens(t *testing.T) {
-	t.Parallel()
+func TestRaceDistinctTokens(t *testing.T) { forEachReadMode(t, testRaceDistinctTokens) }
+
+func testRaceDistinctTokens(t *testing.T, mode blobguard.Option) {
 	client := rawClient(baseTransport)
-	gs := guards(t, client)
+	gs := guards(t, client, mode)
 	key := uniqueKey(t, "obj")
 	bodyOf := func(tok fence.Token) string { return fmt.Sprintf("written with token %d", tok) }
 
@@ -155,8 +156,8 @@ func TestIdenticalBytesShareETag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v1.ETag == v2.ETag {
-		t.Fatalf("two fenced writes of identical bytes share ETag %s", v1.ETag)
+	if v1.ETag() == v2.ETag() {
+		t.Fatalf("two fenced writes of identical bytes share ETag %s", v1.ETag())
 	}
 }
 
@@ -164,10 +165,11 @@ func TestIdenticalBytesShareETag(t *testing.T) {
 // version v (token 5, bytes B); a newer holder (token 7) then wrote the same
 // bytes B. With If-Match on v's ETag alone, the stale holder (token 6)
 // would win, as both objects hash alike. It must be refused.
-func TestIdenticalBytesStaleHolder(t *testing.T) {
-	t.Parallel()
+func TestIdenticalBytesStaleHolder(t *testing.T) { forEachReadMode(t, testIdenticalBytesStaleHolder) }
+
+func testIdenticalBytesStaleHolder(t *testing.T, mode blobguard.Option) {
 	ctx := t.Context()
-	g := newGuard(t, rawClient(baseTransport))
+	g := newGuard(t, rawClient(baseTransport), mode)
 	key := uniqueKey(t, "obj")
 	const same = "identical bytes"
 
@@ -192,10 +194,11 @@ func TestIdenticalBytesStaleHolder(t *testing.T) {
 // the round began (so all hold the same, soon outdated, ETag, and every
 // object of the round hashes alike without the guard's header). The stored
 // token never decreases, and each round ends at its highest token.
-func TestRaceIdenticalBytes(t *testing.T) {
-	t.Parallel()
+func TestRaceIdenticalBytes(t *testing.T) { forEachReadMode(t, testRaceIdenticalBytes) }
+
+func testRaceIdenticalBytes(t *testing.T, mode blobguard.Option) {
 	client := rawClient(baseTransport)
-	gs := guards(t, client)
+	gs := guards(t, client, mode)
 	key := uniqueKey(t, "obj")
 	const same = "every writer writes these bytes"
 	bodyOf := func(fence.Token) string { return same }

@@ -167,7 +167,7 @@ func stored(t *testing.T, sum demoSummary, guarded bool) (rowBy string, rowVersi
 		if err != nil {
 			t.Fatalf("reading the object: %v", err)
 		}
-		body, objToken = obj.Body, obj.Token
+		body, objToken = obj.Body, obj.Token()
 	} else {
 		res, err := c.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(env.Bucket), Key: aws.String(sum.Run.ObjectKey)})
 		if err != nil {

@@ -425,8 +425,8 @@ func (sc *scenario) readFinal(ctx context.Context, f *finalState, unguarded bool
 			return err
 		}
 		body = obj.Body
-		if obj.Token != fence.Token(0) {
-			f.ObjectToken = obj.Token
+		if obj.Token() != fence.Token(0) {
+			f.ObjectToken = obj.Token()
 		}
 	}
 	var ob objectBody
