@@ -1,0 +1,396 @@
+package zklease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/lease"
+)
+
+// checkTTL refuses a TTL the backend cannot honour, before any I/O.
+func (b *Backend) checkTTL(ttl time.Duration) error {
+	switch {
+	case ttl < MinTTL || ttl%time.Millisecond != 0:
+		return fmt.Errorf("zklease: TTL %v is not a whole number of milliseconds of at least %v", ttl, MinTTL)
+	case ttl > b.o.SessionTimeout:
+		return fmt.Errorf("zklease: TTL %v is longer than the session timeout %v that keeps the grant", ttl, b.o.SessionTimeout)
+	}
+	return nil
+}
+
+func notAcquired(name string) error { return &lease.NotAcquiredError{Name: name} }
+
+// Acquire implements lease.Backend. The lease is the lowest node under the
+// name's parent:
+//
+//   - If req.Owner already holds it here (a retry whose answer was lost),
+//     one read confirms the node and the grant is returned again.
+//   - If this backend has a ticket in the queue (it has waiters, see
+//     Watch) and the ticket's predecessor is still there, the answer is
+//     ErrNotAcquired without any request. Once the predecessor is gone, one
+//     listing tells whether the ticket is the lowest node: then it becomes
+//     this owner's grant (its czxid is the token); otherwise the new
+//     predecessor is watched.
+//   - Otherwise a new node is created (one round trip, which also returns
+//     its czxid) and the parent listed: the lowest node is granted; a node
+//     that is not the lowest is kept as the ticket if this backend has
+//     waiters, and deleted if not.
+//
+// The grant's TTL is req.TTL, counted from the send time of the request
+// that created or confirmed it; the backend deletes the node when that
+// passes without a Renew. It never returns a grant on a session whose
+// server granted a timeout shorter than the TTL (ErrSessionTimeout).
+//
+// ctx bounds the wait. If it ends, the requests already sent still run to
+// their end, and a node they created for this call is deleted.
+func (b *Backend) Acquire(ctx context.Context, req lease.Request) (lease.Grant, error) {
+	if err := lease.ValidateName(req.Name); err != nil {
+		return lease.Grant{}, err
+	}
+	if err := b.checkTTL(req.TTL); err != nil {
+		return lease.Grant{}, err
+	}
+	g, err := run(b, ctx, req.Name,
+		func(ns *nameState) (lease.Grant, error) { return b.acquire(ns, req) },
+		func(ns *nameState, g lease.Grant, err error) {
+			if err == nil {
+				b.giveBack(ns, g.State.(*grantRec))
+			}
+		})
+	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		return lease.Grant{}, ctxErr("acquire", req.Name, ctx)
+	}
+	return g, err
+}
+
+// maxQueueSteps bounds how often one attempt follows a queue that keeps
+// changing under it (predecessors leaving one after the other).
+const maxQueueSteps = 16
+
+func (b *Backend) acquire(ns *nameState, req lease.Request) (lease.Grant, error) {
+	b.mu.Lock()
+	rec := ns.grants[req.Owner]
+	b.mu.Unlock()
+	if rec != nil {
+		err := b.confirm(rec)
+		if err == nil {
+			return rec.grant(), nil
+		}
+		if !errors.Is(err, lease.ErrNotHeld) {
+			return lease.Grant{}, err
+		}
+	}
+
+	for range maxQueueSteps {
+		b.mu.Lock()
+		t := ns.ticket
+		gone := t != nil && t.predGone
+		b.mu.Unlock()
+		if t == nil {
+			break
+		}
+		if !gone {
+			return lease.Grant{}, notAcquired(req.Name)
+		}
+		sent := time.Now()
+		kids, err := b.list(ns)
+		if err != nil {
+			return lease.Grant{}, err
+		}
+		i := position(kids, baseName(t.path))
+		switch {
+		case i < 0:
+			// Deleted by someone else (an operator), or its session
+			// ended: queue again.
+			b.mu.Lock()
+			if ns.ticket == t {
+				t.drop()
+				ns.ticket = nil
+			}
+			b.mu.Unlock()
+			continue
+		case i == 0:
+			if err := b.checkSession(t.session, req.TTL); err != nil {
+				return lease.Grant{}, err
+			}
+			b.mu.Lock()
+			if ns.ticket != t {
+				b.mu.Unlock()
+				continue
+			}
+			t.drop()
+			ns.ticket = nil
+			rec := b.newGrantLocked(ns, req, t.path, t.czxid, t.session, sent)
+			b.mu.Unlock()
+			return rec.grant(), nil
+		}
+		if err := b.watchPred(ns, t, kids[i-1]); err != nil {
+			return lease.Grant{}, err
+		}
+	}
+
+	n, err := b.create(ns)
+	if err != nil {
+		return lease.Grant{}, err
+	}
+	kids, err := b.list(ns)
+	if err != nil {
+		b.deleteSure(n.path)
+		return lease.Grant{}, err
+	}
+	i := position(kids, baseName(n.path))
+	switch {
+	case i < 0:
+		return lease.Grant{}, fmt.Errorf("zklease: acquire %q: the node %s vanished right after it was created (its session ended?)", req.Name, n.path)
+	case i == 0:
+		if err := b.checkSession(n.session, req.TTL); err != nil {
+			b.deleteSure(n.path)
+			return lease.Grant{}, err
+		}
+		b.mu.Lock()
+		rec := b.newGrantLocked(ns, req, n.path, n.czxid, n.session, n.sent)
+		b.mu.Unlock()
+		return rec.grant(), nil
+	}
+	b.mu.Lock()
+	var t *ticket
+	if ns.ticket == nil && len(ns.subs) > 0 {
+		t = &ticket{path: n.path, czxid: n.czxid, session: n.session, stop: make(chan struct{})}
+		ns.ticket = t
+	}
+	b.mu.Unlock()
+	if t == nil {
+		b.deleteSure(n.path)
+		return lease.Grant{}, notAcquired(req.Name)
+	}
+	if err := b.watchPred(ns, t, kids[i-1]); err != nil {
+		b.dropTicket(ns, t)
+		return lease.Grant{}, err
+	}
+	return lease.Grant{}, notAcquired(req.Name)
+}
+
+// newGrantLocked records a grant of node path to req.Owner, confirmed by a
+// request sent at sent, and starts its TTL timer; b.mu must be held.
+func (b *Backend) newGrantLocked(ns *nameState, req lease.Request, path string, czxid, session int64, sent time.Time) *grantRec {
+	rec := &grantRec{b: b, name: ns.name, owner: req.Owner, path: path, token: fence.Token(czxid),
+		session: session, ttl: req.TTL, notify: req.Notify, base: sent}
+	ns.grants[req.Owner] = rec
+	rec.timer = time.AfterFunc(time.Until(sent.Add(req.TTL)), rec.expire)
+	return rec
+}
+
+func (r *grantRec) grant() lease.Grant {
+	return lease.Grant{Name: r.name, Owner: r.owner, Token: r.token, TTL: r.ttl, State: r}
+}
+
+// expire runs at the grant's TTL: if no renewal moved it, the grant ends
+// and its node is deleted, so that a holder that stopped renewing (its
+// work hung, while its session lives on) does not keep the lease.
+func (r *grantRec) expire() {
+	b := r.b
+	b.mu.Lock()
+	if r.ended || b.isClosed {
+		b.mu.Unlock()
+		return
+	}
+	if d := time.Until(r.base.Add(r.ttl)); d > 0 {
+		r.timer.Reset(d)
+		b.mu.Unlock()
+		return
+	}
+	r.endLocked()
+	if ns := b.names[r.name]; ns != nil && ns.grants[r.owner] == r {
+		delete(ns.grants, r.owner)
+		b.forgetIfIdleLocked(ns)
+	}
+	b.mu.Unlock()
+	b.background(r.name, func(*nameState) { b.deleteSure(r.path) })
+}
+
+// giveBack ends a grant nobody will use and deletes its node; it runs
+// under the name's op lock.
+func (b *Backend) giveBack(ns *nameState, rec *grantRec) {
+	b.mu.Lock()
+	rec.endLocked()
+	if ns.grants[rec.owner] == rec {
+		delete(ns.grants, rec.owner)
+	}
+	b.mu.Unlock()
+	b.deleteSure(rec.path)
+}
+
+// confirm checks at the store that rec's node still exists, with its
+// token, in rec's session, and moves rec's TTL to count from the send time
+// of that read. It returns ErrNotHeld when the node is gone or not rec's.
+func (b *Backend) confirm(rec *grantRec) error {
+	b.mu.Lock()
+	ended := rec.ended
+	b.mu.Unlock()
+	if ended {
+		return fmt.Errorf("%w: %q (token %d) expired or was lost here", lease.ErrNotHeld, rec.name, rec.token)
+	}
+	sent := time.Now()
+	ok, st, err := b.conn.Exists(rec.path)
+	if err != nil {
+		return fmt.Errorf("zklease: renew %q: %w", rec.name, err)
+	}
+	if !ok || st.Czxid != int64(rec.token) || st.EphemeralOwner != rec.session {
+		b.mu.Lock()
+		rec.endLocked()
+		if ns := b.names[rec.name]; ns != nil && ns.grants[rec.owner] == rec {
+			delete(ns.grants, rec.owner)
+		}
+		b.mu.Unlock()
+		return fmt.Errorf("%w: %q (token %d): the node %s is gone", lease.ErrNotHeld, rec.name, rec.token, rec.path)
+	}
+	if err := b.checkSession(rec.session, rec.ttl); err != nil {
+		if errors.Is(err, ErrSessionReplaced) {
+			return fmt.Errorf("%w: %w", lease.ErrNotHeld, err)
+		}
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if rec.ended {
+		// The TTL ran out (and the node is being deleted) while the read
+		// was in flight.
+		return fmt.Errorf("%w: %q (token %d) expired while it was being renewed", lease.ErrNotHeld, rec.name, rec.token)
+	}
+	if sent.After(rec.base) {
+		rec.base = sent
+		rec.timer.Reset(time.Until(sent.Add(rec.ttl)))
+	}
+	return nil
+}
+
+// record returns the grant record of g if g names it exactly, or an error
+// matching ErrNotHeld. The record mirrors the store: its node's name is
+// unique (a random GUID), and the node's czxid and session never change, so
+// comparing owner and token with it compares them with the store.
+func record(g lease.Grant) (*grantRec, error) {
+	rec, ok := g.State.(*grantRec)
+	switch {
+	case !ok || rec == nil:
+		return nil, fmt.Errorf("%w: %q: the grant was not made by zklease", lease.ErrNotHeld, g.Name)
+	case rec.owner != g.Owner || rec.token != g.Token || rec.name != g.Name:
+		return nil, fmt.Errorf("%w: %q: the store names owner %q with token %d, not %q with token %d", lease.ErrNotHeld, g.Name, rec.owner, rec.token, g.Owner, g.Token)
+	}
+	return rec, nil
+}
+
+// Renew implements lease.Backend with one read: the node must still exist,
+// with the grant's token as its czxid, in this backend's current session;
+// the grant's TTL then counts from the read's send time. A grant made by
+// another Backend cannot be renewed here (its TTL is kept by that backend):
+// the error matches ErrNotHeld.
+func (b *Backend) Renew(ctx context.Context, g lease.Grant) error {
+	rec, err := record(g)
+	if err != nil {
+		return err
+	}
+	if rec.b != b {
+		return fmt.Errorf("%w: %q: granted by another backend, which alone keeps its TTL", lease.ErrNotHeld, g.Name)
+	}
+	return b.async(ctx, "renew", g.Name, func() error { return b.confirm(rec) })
+}
+
+// async runs fn in a goroutine the backend waits for at Close, and returns
+// its result or, if ctx ends first, ctx's error.
+func (b *Backend) async(ctx context.Context, op, name string, fn func() error) error {
+	b.mu.Lock()
+	if b.isClosed {
+		b.mu.Unlock()
+		return ErrClosed
+	}
+	b.wg.Add(1)
+	b.mu.Unlock()
+	done := make(chan error, 1)
+	go func() {
+		defer b.wg.Done()
+		done <- fn()
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctxErr(op, name, ctx)
+	}
+}
+
+// maxBatchInFlight bounds the renew requests RenewBatch has in flight.
+const maxBatchInFlight = 64
+
+// RenewBatch implements lease.BatchRenewer: the renewals go out together,
+// pipelined on the one connection (go-zookeeper writes each request as
+// soon as it is queued and matches the answers), so a batch costs about
+// one round trip. ZooKeeper has no multi-read in the protocol version
+// go-zookeeper speaks, and a Multi of check operations would be a logged
+// write.
+func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant) []error {
+	errs := make([]error, len(gs))
+	sem := make(chan struct{}, maxBatchInFlight)
+	var wg sync.WaitGroup
+	for i, g := range gs {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = b.Renew(ctx, g)
+			<-sem
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+// Release implements lease.Backend: it deletes the grant's node if it
+// still exists (one request; the node's name is unique to the grant, so no
+// other grant can be deleted by it), which wakes the one waiter watching
+// it. A grant can be released through any Backend on the same ensemble.
+// It returns ErrNotHeld when the node is gone (expired, lost with its
+// session, released) or when owner or token do not match the grant.
+//
+// A delete whose answer is lost is sent again until the server answers,
+// even after ctx ended, so the node is never left behind.
+func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
+	rec, err := record(g)
+	if err != nil {
+		return err
+	}
+	_, err = run(b, ctx, g.Name, func(ns *nameState) (struct{}, error) {
+		var expired bool
+		if rec.b == b {
+			b.mu.Lock()
+			expired = rec.ended
+			rec.endLocked()
+			if ns.grants[rec.owner] == rec {
+				delete(ns.grants, rec.owner)
+			}
+			b.mu.Unlock()
+		}
+		for {
+			err := b.conn.Delete(rec.path, -1)
+			switch {
+			case err == nil && !expired:
+				return struct{}{}, nil
+			case err == nil, errors.Is(err, zk.ErrNoNode):
+				return struct{}{}, fmt.Errorf("%w: %q (token %d): the grant had expired or was lost", lease.ErrNotHeld, g.Name, g.Token)
+			case ambiguous(err) && !b.isClosedNow():
+				time.Sleep(20 * time.Millisecond)
+				continue
+			}
+			return struct{}{}, fmt.Errorf("zklease: release %q: delete %s: %w", g.Name, rec.path, err)
+		}
+	}, nil)
+	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		return ctxErr("release", g.Name, ctx)
+	}
+	return err
+}

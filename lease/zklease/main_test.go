@@ -1,0 +1,103 @@
+package zklease_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+	"go.uber.org/goleak"
+
+	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/zklease"
+	"github.com/fencekit/fencekit/lease/zklease/internal/zktest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+var rootSeq atomic.Int64
+
+// testRoot returns a root znode unique to the test.
+func testRoot(t testing.TB) string {
+	n := strings.NewReplacer("/", "_", " ", "_", "=", "_", ":", "_", ".", "_").Replace(t.Name())
+	return fmt.Sprintf("/fencekit-test/%s-%d", n, rootSeq.Add(1))
+}
+
+// newBackend connects a Backend to servers, closed when the test ends.
+func newBackend(t testing.TB, servers []string, opts ...zklease.Option) *zklease.Backend {
+	t.Helper()
+	b, err := zklease.New(servers, opts...)
+	if err != nil {
+		t.Fatalf("zklease.New: %v", err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+func newManager(t testing.TB, b lease.Backend, ttl time.Duration, opts ...lease.Option) *lease.Manager {
+	t.Helper()
+	m, err := lease.NewManager(b, ttl, opts...)
+	if err != nil {
+		t.Fatalf("lease.NewManager: %v", err)
+	}
+	return m
+}
+
+// adminConn is a plain go-zookeeper client for the test's own inspection
+// and damage.
+func adminConn(t testing.TB, servers []string) *zk.Conn {
+	t.Helper()
+	c, _, err := zk.Connect(servers, 10*time.Second, zk.WithLogInfo(false), zk.WithLogger(quietLogger{}))
+	if err != nil {
+		t.Fatalf("zk.Connect: %v", err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+type quietLogger struct{}
+
+func (quietLogger) Printf(string, ...any) {}
+
+// deleteTree deletes path and everything under it, ephemeral nodes of
+// other sessions included, as an operator's `deleteall` would.
+func deleteTree(c *zk.Conn, path string) error {
+	kids, _, err := c.Children(path)
+	if errors.Is(err, zk.ErrNoNode) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, k := range kids {
+		if err := deleteTree(c, path+"/"+k); err != nil {
+			return err
+		}
+	}
+	if err := c.Delete(path, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
+		return err
+	}
+	return nil
+}
+
+// endSession expires b's session at the store.
+func endSession(t testing.TB, b *zklease.Backend) {
+	t.Helper()
+	server, id, passwd := b.SessionCredentials()
+	if id == 0 {
+		t.Fatal("endSession: the backend has no session")
+	}
+	if err := zktest.ExpireSession(ctxT(t), server, id, passwd); err != nil {
+		t.Fatalf("expire session 0x%x at %s: %v", id, server, err)
+	}
+}

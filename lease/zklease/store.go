@@ -1,0 +1,171 @@
+package zklease
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+)
+
+// The requests the backend sends, each one go-zookeeper call. go-zookeeper
+// takes no context: a request ends with the server's answer, a connection
+// error, or Close. The backend therefore runs every request inside an
+// operation that outlives an impatient caller (see run).
+
+// node is a node this backend created.
+type node struct {
+	path    string
+	czxid   int64
+	session int64
+	sent    time.Time // when the create request was sent
+}
+
+// ambiguous reports whether err leaves the outcome of a write unknown: the
+// request may have been applied and its answer lost.
+func ambiguous(err error) bool {
+	return errors.Is(err, zk.ErrConnectionClosed) || errors.Is(err, zk.ErrClosing) || errors.Is(err, zk.ErrNoServer)
+}
+
+// create adds an ephemeral sequential node under ns.parent, named with a
+// fresh GUID, holding the backend's identity. Its czxid comes in the same
+// round trip: the create and a no-op data write to the parent are one
+// transaction (Multi), so the parent's new mzxid is the node's czxid. A
+// missing parent is created (a container node, which the server deletes
+// when it has been empty for a while) and the create retried. When the
+// answer is lost, the backend lists the parent and looks for the GUID: the
+// node is either found (and returned) or known not to exist, so no node is
+// left behind unknown.
+func (b *Backend) create(ns *nameState) (node, error) {
+	guid := newGUID()
+	for attempt := 0; ; attempt++ {
+		before, _ := b.currentSession()
+		sent := time.Now()
+		res, err := b.conn.Multi(
+			&zk.CreateRequest{Path: ns.parent + "/" + guid + "-", Data: []byte(b.o.Identity), Acl: b.o.ACL, Flags: zk.FlagEphemeralSequential},
+			&zk.SetDataRequest{Path: ns.parent, Data: nil, Version: -1},
+		)
+		if err == nil && len(res) == 2 && res[1].Stat != nil && res[0].String != "" {
+			after, _ := b.currentSession()
+			n := node{path: res[0].String, czxid: res[1].Stat.Mzxid, session: after, sent: sent}
+			if after == 0 || (before != 0 && after != before) {
+				// The client changed sessions around the request: the
+				// node belongs to a session we cannot vouch for.
+				b.deleteSure(n.path)
+				return node{}, fmt.Errorf("zklease: acquire %q: the session changed while the node was created; retry", ns.name)
+			}
+			return n, nil
+		}
+		if err == nil {
+			return node{}, fmt.Errorf("zklease: acquire %q: unexpected answer to the create: %+v", ns.name, res)
+		}
+		switch {
+		case errors.Is(err, zk.ErrNoNode) && attempt < 3:
+			if perr := b.ensureParent(ns.parent); perr != nil {
+				return node{}, perr
+			}
+			continue
+		case ambiguous(err):
+			return b.findCreated(ns, guid, err)
+		}
+		return node{}, fmt.Errorf("zklease: acquire %q: create under %s: %w", ns.name, ns.parent, err)
+	}
+}
+
+// findCreated settles a create whose answer was lost: it lists the parent
+// until it can, and returns the node with the GUID if there is one. A node
+// created in a session that has since ended is gone with it.
+func (b *Backend) findCreated(ns *nameState, guid string, cause error) (node, error) {
+	for {
+		if b.isClosedNow() {
+			return node{}, ErrClosed
+		}
+		names, _, err := b.conn.Children(ns.parent)
+		session, _ := b.currentSession()
+		switch {
+		case errors.Is(err, zk.ErrNoNode):
+			return node{}, fmt.Errorf("zklease: acquire %q: the answer to the create was lost (%w), and no node was created", ns.name, cause)
+		case err != nil:
+			if !ambiguous(err) && !errors.Is(err, zk.ErrSessionExpired) {
+				return node{}, fmt.Errorf("zklease: acquire %q: settling a create whose answer was lost: %w", ns.name, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		for _, n := range names {
+			if strings.HasPrefix(n, guid+"-") {
+				path := ns.parent + "/" + n
+				sent := time.Now()
+				ok, st, err := b.conn.Exists(path)
+				if err != nil || !ok || st.EphemeralOwner != session {
+					b.deleteSure(path)
+					return node{}, fmt.Errorf("zklease: acquire %q: the answer to the create was lost (%w); the node it made was given back", ns.name, cause)
+				}
+				return node{path: path, czxid: st.Czxid, session: session, sent: sent}, nil
+			}
+		}
+		return node{}, fmt.Errorf("zklease: acquire %q: the answer to the create was lost (%w), and no node was created", ns.name, cause)
+	}
+}
+
+// ensureParent creates the root's components (persistent) and the parent
+// (a container) where missing.
+func (b *Backend) ensureParent(parent string) error {
+	b.mu.Lock()
+	rootDone := b.rootExists
+	b.mu.Unlock()
+	if !rootDone {
+		p := ""
+		for _, c := range strings.Split(b.o.Root[1:], "/") {
+			p += "/" + c
+			if _, err := b.conn.Create(p, nil, zk.FlagPersistent, b.o.ACL); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+				return fmt.Errorf("zklease: create %s: %w", p, err)
+			}
+		}
+		b.mu.Lock()
+		b.rootExists = true
+		b.mu.Unlock()
+	}
+	if _, err := b.conn.CreateContainer(parent, nil, zk.FlagContainer, b.o.ACL); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+		if errors.Is(err, zk.ErrNoNode) {
+			// The root was deleted (an operator, a test's data loss).
+			b.mu.Lock()
+			b.rootExists = false
+			b.mu.Unlock()
+		}
+		return fmt.Errorf("zklease: create %s: %w", parent, err)
+	}
+	return nil
+}
+
+// list returns the parent's nodes in queue order.
+func (b *Backend) list(ns *nameState) ([]child, error) {
+	names, _, err := b.conn.Children(ns.parent)
+	if errors.Is(err, zk.ErrNoNode) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("zklease: list %s: %w", ns.parent, err)
+	}
+	return parseChildren(ns.parent, names)
+}
+
+// deleteSure deletes a node of ours, retrying connection errors until the
+// server answers, the session the node lived in ends (and the node with
+// it), or the backend is closed. A node left behind would hold a place in
+// the queue for nobody.
+func (b *Backend) deleteSure(path string) {
+	for {
+		err := b.conn.Delete(path, -1)
+		switch {
+		case err == nil, errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrSessionExpired), b.isClosedNow():
+			return
+		case ambiguous(err):
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		b.log.Warn("zklease: cannot delete a node; it lives until its session ends", "path", path, "err", err)
+		return
+	}
+}

@@ -1,0 +1,161 @@
+package zklease
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"github.com/fencekit/fencekit/lease"
+)
+
+// Watch implements lease.Watcher without a herd: the backend puts one node
+// of its own (a ticket) in the lease's queue for all its waiters of the
+// name, and watches only the node just before it. When that node is
+// deleted, one notification reaches this backend alone; its waiters are
+// signalled, and the next acquire attempt lists the queue once and turns
+// the ticket into a grant if it is now the lowest node (otherwise it
+// watches the new predecessor). A release therefore wakes one backend, not
+// every waiter of the ensemble.
+//
+// Watch returns once the ticket is in the queue and its predecessor's watch
+// is set (a release after that is signalled); if the ticket is already the
+// lowest node, the channel is signalled at once. stop ends the subscription;
+// when the last subscription of the name ends, the ticket is deleted. A
+// lost session drops the ticket and signals the waiters, whose next
+// attempt queues again. ctx bounds the requests of the subscription only.
+func (b *Backend) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
+	if err := lease.ValidateName(name); err != nil {
+		return nil, nil, err
+	}
+	s := &sub{ch: make(chan struct{}, 1)}
+	_, err := run(b, ctx, name, func(ns *nameState) (struct{}, error) {
+		b.mu.Lock()
+		ns.subs[s] = struct{}{}
+		t := ns.ticket
+		if t != nil && t.predGone {
+			s.signal()
+		}
+		b.mu.Unlock()
+		if t != nil {
+			return struct{}{}, nil
+		}
+		if err := b.queue(ns); err != nil {
+			b.mu.Lock()
+			delete(ns.subs, s)
+			b.mu.Unlock()
+			return struct{}{}, err
+		}
+		return struct{}{}, nil
+	}, func(ns *nameState, _ struct{}, err error) {
+		if err == nil {
+			b.unsubscribe(ns, s)
+		}
+	})
+	if err != nil {
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			return nil, nil, ctxErr("watch", name, ctx)
+		}
+		return nil, nil, err
+	}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() { b.background(name, func(ns *nameState) { b.unsubscribe(ns, s) }) })
+	}
+	return s.ch, stop, nil
+}
+
+// queue puts a ticket for ns in the queue and watches its predecessor; it
+// runs under the name's op lock.
+func (b *Backend) queue(ns *nameState) error {
+	n, err := b.create(ns)
+	if err != nil {
+		return err
+	}
+	kids, err := b.list(ns)
+	if err != nil {
+		b.deleteSure(n.path)
+		return err
+	}
+	i := position(kids, baseName(n.path))
+	if i < 0 {
+		return errors.New("zklease: watch " + ns.name + ": the ticket vanished right after it was created (its session ended?)")
+	}
+	t := &ticket{path: n.path, czxid: n.czxid, session: n.session, stop: make(chan struct{})}
+	b.mu.Lock()
+	ns.ticket = t
+	if i == 0 {
+		t.predGone = true
+		signalLocked(ns)
+	}
+	b.mu.Unlock()
+	if i == 0 {
+		return nil
+	}
+	if err := b.watchPred(ns, t, kids[i-1]); err != nil {
+		b.dropTicket(ns, t)
+		return err
+	}
+	return nil
+}
+
+// watchPred sets a watch on the node before ticket t. If that node is
+// already gone, t is marked so and the waiters are signalled; otherwise a
+// goroutine waits for the notification. It runs under the name's op lock.
+func (b *Backend) watchPred(ns *nameState, t *ticket, pred child) error {
+	ok, _, ch, err := b.conn.ExistsW(ns.parent + "/" + pred.name)
+	if err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if ns.ticket != t || t.stopped || b.isClosed {
+		return nil
+	}
+	if !ok {
+		t.predGone = true
+		signalLocked(ns)
+		return nil
+	}
+	t.predGone = false
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		select {
+		case <-ch:
+			b.mu.Lock()
+			if ns.ticket == t {
+				t.predGone = true
+				signalLocked(ns)
+			}
+			b.mu.Unlock()
+		case <-t.stop:
+		case <-b.closed:
+		}
+	}()
+	return nil
+}
+
+// dropTicket removes ticket t and deletes its node; it runs under the
+// name's op lock.
+func (b *Backend) dropTicket(ns *nameState, t *ticket) {
+	b.mu.Lock()
+	t.drop()
+	if ns.ticket == t {
+		ns.ticket = nil
+	}
+	b.mu.Unlock()
+	b.deleteSure(t.path)
+}
+
+// unsubscribe ends subscription s, and deletes the ticket when it was the
+// last one; it runs under the name's op lock.
+func (b *Backend) unsubscribe(ns *nameState, s *sub) {
+	b.mu.Lock()
+	delete(ns.subs, s)
+	t := ns.ticket
+	last := len(ns.subs) == 0 && t != nil
+	b.mu.Unlock()
+	if last {
+		b.dropTicket(ns, t)
+	}
+}
