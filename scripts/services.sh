@@ -63,6 +63,38 @@ ensure_postgres() {
   return 1
 }
 
+# ensure_zookeeper: Debian's ZooKeeper (its jar and the Java runtime it
+# depends on) is installed; the tests start their own servers from it
+# (lease/zklease/internal/zktest). Installs the package when the jar is
+# missing and we are root (CI on a fresh machine); idempotent.
+: "${FENCE_ZK_JAR:=/usr/share/java/zookeeper.jar}"
+export FENCE_ZK_JAR
+ensure_zookeeper() {
+  if [ -f "$FENCE_ZK_JAR" ] && command -v java >/dev/null 2>&1; then
+    log "ZooKeeper: $FENCE_ZK_JAR and java present"
+    return 0
+  fi
+  if [ "$FENCE_ZK_JAR" != /usr/share/java/zookeeper.jar ]; then
+    log "ZooKeeper: FENCE_ZK_JAR=$FENCE_ZK_JAR not found (or java missing); fix it or unset it to use Debian's package"
+    return 1
+  fi
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    log "ZooKeeper: $FENCE_ZK_JAR missing; install Debian's zookeeper package (apt-get install zookeeper) as root"
+    return 1
+  fi
+  log "ZooKeeper: installing Debian's zookeeper package (about 15 s; it brings Java)"
+  if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zookeeper; } >&2; then
+    log "ZooKeeper: apt-get install zookeeper failed"
+    return 1
+  fi
+  if [ ! -f "$FENCE_ZK_JAR" ] || ! command -v java >/dev/null 2>&1; then
+    log "ZooKeeper: installed, but $FENCE_ZK_JAR or java is still missing"
+    return 1
+  fi
+  log "ZooKeeper: installed"
+}
+
 # --- S3-compatible store (versitygw) ---------------------------------------
 #
 # ensure_s3 makes FENCE_S3_ENDPOINT, FENCE_S3_ACCESS_KEY, FENCE_S3_SECRET_KEY

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole fencekit test suite, with the race detector, against real
 # services. It checks (and starts where it can) Redis, PostgreSQL and the
-# S3-compatible server, and fails loudly if one is missing.
+# S3-compatible server, installs ZooKeeper where it is missing (its tests
+# start their own servers), and fails loudly if one cannot be had.
 #
 #   ./scripts/test.sh            # everything
 #   ./scripts/test.sh ./lease/...  # just some packages
@@ -11,13 +12,15 @@ cd "$(dirname "$0")/.."
 
 ensure_redis
 ensure_postgres
+ensure_zookeeper
 trap stop_s3 EXIT
 ensure_s3
 
 pkgs=("$@")
 # Every module of the workspace (go.work): the library, examples, integration
-# tests and the benchmark module (compiled and vetted; benchmarks do not run).
-[ ${#pkgs[@]} -gt 0 ] || pkgs=(./... ./examples/... ./integration/... ./bench/...)
+# tests, the ZooKeeper backend and the benchmark module (compiled and
+# vetted; benchmarks do not run).
+[ ${#pkgs[@]} -gt 0 ] || pkgs=(./... ./examples/... ./integration/... ./lease/zklease/... ./bench/...)
 
 echo "+ go vet ${pkgs[*]}   (the first run downloads and compiles everything: a few minutes)"
 go vet "${pkgs[@]}"
