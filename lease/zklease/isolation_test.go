@@ -1,0 +1,154 @@
+package zklease_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/rs/zerolog"
+
+	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/zklease"
+	"github.com/fencekit/fencekit/lease/zklease/internal/zktest"
+)
+
+// renewLog records the send time of the last successful renewal.
+type renewLog struct {
+	lease.NopObserver
+	mu   sync.Mutex
+	last time.Time
+	n    int
+}
+
+func (r *renewLog) Renewed(e lease.RenewedEvent) {
+	if e.Err == nil {
+		r.mu.Lock()
+		r.last, r.n = e.Sent, r.n+1
+		r.mu.Unlock()
+	}
+}
+
+func (r *renewLog) lastSent() (time.Time, int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.last, r.n
+}
+
+// The holder's connection is blackholed (toxiproxy, in-process, in front of
+// the only member the holder can reach): nothing it sends arrives, nothing
+// comes back, the TCP connection stays open. Its lease's context is
+// cancelled before the last renewal's send time + TTL; another client, on
+// the other members, acquires once the ensemble expired the holder's
+// session, with a greater token; and the old holder's late writes through
+// sqlguard and blobguard are rejected as stale. Three rounds.
+func TestIsolatedHolderLosesBeforeExpiryAndIsFenced(t *testing.T) {
+	ens := zktest.Start(t, 3, zktest.Config{})
+	const ttl = 3 * time.Second
+	for round := range 3 {
+		name := "isolated"
+		root := testRoot(t)
+		fs := newFencedStores(t)
+
+		server := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
+		proxy := toxiproxy.NewProxy(server, "zk-"+strings.ReplaceAll(t.Name(), "/", "-"), "127.0.0.1:0", ens.Members[0].Addr())
+		if err := proxy.Start(); err != nil {
+			t.Fatalf("toxiproxy: %v", err)
+		}
+		log := &renewLog{}
+		holderB := newBackend(t, []string{proxy.Listen}, zklease.WithRoot(root), zklease.WithSessionTimeout(ttl))
+		holder := newManager(t, holderB, ttl, lease.WithObserver(log))
+		otherB := newBackend(t, []string{ens.Members[1].Addr(), ens.Members[2].Addr()}, zklease.WithRoot(root), zklease.WithSessionTimeout(ttl))
+		other := newManager(t, otherB, ttl, lease.WithPollInterval(10*time.Second))
+
+		ctx := ctxT(t)
+		l, err := holder.TryAcquire(ctx, name)
+		if err != nil {
+			t.Fatalf("holder: %v", err)
+		}
+		// The holder writes while it holds the lease.
+		if err := fs.writeRow(ctx, l.Token(), "A"); err != nil {
+			t.Fatalf("A's first row write: %v", err)
+		}
+		if err := fs.writeObject(ctx, l.Token(), "A"); err != nil {
+			t.Fatalf("A's first object write: %v", err)
+		}
+		type got struct {
+			l   *lease.Lease
+			at  time.Time
+			err error
+		}
+		otherGot := make(chan got, 1)
+		go func() {
+			l, err := other.Acquire(ctx, name)
+			otherGot <- got{l, time.Now(), err}
+		}()
+		for {
+			if _, n := log.lastSent(); n >= 2 {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+
+		blackholed := time.Now()
+		for _, dir := range []string{"upstream", "downstream"} {
+			if _, err := proxy.Toxics.AddToxicJson(strings.NewReader(`{"name":"blackhole-` + dir + `","type":"timeout","stream":"` + dir + `","attributes":{"timeout":0}}`)); err != nil {
+				t.Fatalf("toxiproxy: %v", err)
+			}
+		}
+		select {
+		case <-l.Done():
+		case <-time.After(3 * ttl):
+			t.Fatalf("round %d: the isolated holder's lease was not lost within 3 TTLs", round)
+		}
+		lostAt := time.Now()
+		lastSent, _ := log.lastSent()
+		if !lostAt.Before(lastSent.Add(ttl)) {
+			t.Fatalf("round %d: the holder's context was cancelled %v after its last renewal's send time + TTL", round, lostAt.Sub(lastSent.Add(ttl)))
+		}
+		var g got
+		select {
+		case g = <-otherGot:
+		case <-time.After(4 * ttl):
+			t.Fatalf("round %d: the other client did not acquire within 4 TTLs of the blackhole", round)
+		}
+		if g.err != nil {
+			t.Fatalf("round %d: other's Acquire: %v", round, g.err)
+		}
+		if !g.at.After(lostAt) {
+			t.Fatalf("round %d: the other client acquired %v before the holder's lease was lost", round, lostAt.Sub(g.at))
+		}
+		if g.l.Token() <= l.Token() {
+			t.Fatalf("round %d: token %d after %d", round, g.l.Token(), l.Token())
+		}
+		// The new holder writes; the old one, unaware, writes after it.
+		if err := fs.writeRow(ctx, g.l.Token(), "B"); err != nil {
+			t.Fatalf("B's row write: %v", err)
+		}
+		if err := fs.writeObject(ctx, g.l.Token(), "B"); err != nil {
+			t.Fatalf("B's object write: %v", err)
+		}
+		requireStale(t, "A's late row write", fs.writeRow(ctx, l.Token(), "A"))
+		requireStale(t, "A's late object write", fs.writeObject(ctx, l.Token(), "A"))
+		if rowBy, rowTok, objBy, objTok := fs.stored(t); rowBy != "B" || rowTok != g.l.Token() || objBy != "B" || objTok != g.l.Token() {
+			t.Fatalf("stored: row by %q (%d), object by %q (%d); want B's with token %d", rowBy, rowTok, objBy, objTok, g.l.Token())
+		}
+		t.Logf("round %d: blackholed %v after the last renewal was sent; holder lost its lease %v after the blackhole (%v before send + TTL); the other client acquired %v after the loss (%v after the blackhole)",
+			round, blackholed.Sub(lastSent).Round(time.Millisecond), lostAt.Sub(blackholed).Round(time.Millisecond), lastSent.Add(ttl).Sub(lostAt).Round(time.Millisecond),
+			g.at.Sub(lostAt).Round(time.Millisecond), g.at.Sub(blackholed).Round(time.Millisecond))
+
+		// Heal: the holder's client reconnects, finds its session expired
+		// and opens a new one; Release reports the lease lost.
+		proxy.Toxics.ResetToxics(context.Background())
+		if err := l.Release(ctx); err == nil {
+			t.Fatalf("round %d: Release of the lost lease returned nil", round)
+		}
+		if err := g.l.Release(ctx); err != nil {
+			t.Fatalf("round %d: B's Release: %v", round, err)
+		}
+		_ = holderB.Close()
+		proxy.Stop()
+	}
+}
