@@ -110,7 +110,7 @@ func (b *Backend) acquire(ns *nameState, req lease.Request) (lease.Grant, error)
 			// ended: queue again.
 			b.mu.Lock()
 			if ns.ticket == t {
-				t.drop()
+				b.dropLocked(t)
 				ns.ticket = nil
 			}
 			b.mu.Unlock()
@@ -124,7 +124,7 @@ func (b *Backend) acquire(ns *nameState, req lease.Request) (lease.Grant, error)
 				b.mu.Unlock()
 				continue
 			}
-			t.drop()
+			b.dropLocked(t)
 			ns.ticket = nil
 			rec := b.newGrantLocked(ns, req, t.path, t.czxid, t.session, sent)
 			b.mu.Unlock()
@@ -161,7 +161,7 @@ func (b *Backend) acquire(ns *nameState, req lease.Request) (lease.Grant, error)
 	b.mu.Lock()
 	var t *ticket
 	if ns.ticket == nil && len(ns.subs) > 0 {
-		t = &ticket{path: n.path, czxid: n.czxid, session: n.session, stop: make(chan struct{})}
+		t = &ticket{path: n.path, czxid: n.czxid, session: n.session}
 		ns.ticket = t
 	}
 	b.mu.Unlock()

@@ -59,14 +59,17 @@ type ticket struct {
 	// predGone is set when the watched predecessor was deleted (or the
 	// watch was lost): the next attempt must list the queue again.
 	predGone bool
-	stop     chan struct{} // closed when the ticket is dropped, ending its watch goroutine
+	pred     string // the watched predecessor's path, a key of Backend.watching
 	stopped  bool
 }
 
-func (t *ticket) drop() {
-	if !t.stopped {
-		t.stopped = true
-		close(t.stop)
+// dropLocked ends ticket t; b.mu must be held.
+func (b *Backend) dropLocked(t *ticket) {
+	t.stopped = true
+	if t.pred != "" {
+		if w, ok := b.watching[t.pred]; ok && w.t == t {
+			delete(b.watching, t.pred)
+		}
 	}
 }
 
@@ -123,7 +126,7 @@ func (b *Backend) dropSessionLocked(id int64) []lease.Notifier {
 			}
 		}
 		if t := ns.ticket; t != nil && (id == -1 || t.session == id) {
-			t.drop()
+			b.dropLocked(t)
 			ns.ticket = nil
 			signalLocked(ns)
 		}

@@ -80,7 +80,7 @@ func (b *Backend) queue(ns *nameState) error {
 	if i < 0 {
 		return errors.New("zklease: watch " + ns.name + ": the ticket vanished right after it was created (its session ended?)")
 	}
-	t := &ticket{path: n.path, czxid: n.czxid, session: n.session, stop: make(chan struct{})}
+	t := &ticket{path: n.path, czxid: n.czxid, session: n.session}
 	b.mu.Lock()
 	ns.ticket = t
 	if i == 0 {
@@ -99,47 +99,68 @@ func (b *Backend) queue(ns *nameState) error {
 }
 
 // watchPred sets a watch on the node before ticket t. If that node is
-// already gone, t is marked so and the waiters are signalled; otherwise a
-// goroutine waits for the notification. It runs under the name's op lock.
+// already gone, t is marked so and the waiters are signalled; otherwise the
+// notification is handled by onEvent, on go-zookeeper's receiving
+// goroutine, with no goroutine of ours in between. The watch is registered
+// with the backend before the request goes out, so a notification that
+// follows the answer at once is not missed. It runs under the name's op
+// lock.
 func (b *Backend) watchPred(ns *nameState, t *ticket, pred child) error {
-	ok, _, ch, err := b.conn.ExistsW(ns.parent + "/" + pred.name)
-	if err != nil {
-		return err
+	path := ns.parent + "/" + pred.name
+	b.mu.Lock()
+	if ns.ticket != t || t.stopped || b.isClosed {
+		b.mu.Unlock()
+		return nil
 	}
+	if t.pred != "" {
+		delete(b.watching, t.pred)
+	}
+	t.pred, t.predGone = path, false
+	b.watching[path] = watchEntry{ns: ns, t: t}
+	b.mu.Unlock()
+	ok, _, _, err := b.conn.ExistsW(path)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if ns.ticket != t || t.stopped || b.isClosed {
-		return nil
-	}
-	if !ok {
-		t.predGone = true
-		signalLocked(ns)
-		return nil
-	}
-	t.predGone = false
-	b.wg.Add(1)
-	go func() {
-		defer b.wg.Done()
-		select {
-		case <-ch:
-			b.mu.Lock()
-			if ns.ticket == t {
-				t.predGone = true
-				signalLocked(ns)
-			}
-			b.mu.Unlock()
-		case <-t.stop:
-		case <-b.closed:
+	if err != nil || !ok {
+		if w, found := b.watching[path]; found && w.t == t {
+			delete(b.watching, path)
 		}
-	}()
-	return nil
+		if err == nil && ns.ticket == t {
+			t.predGone = true
+			signalLocked(ns)
+		}
+	}
+	return err
+}
+
+// watchEntry is a ticket waiting for its predecessor's notification.
+type watchEntry struct {
+	ns *nameState
+	t  *ticket
+}
+
+// onNodeEvent handles a watch notification (or the loss of a watch) for
+// path: the ticket that watched it is marked and its waiters signalled. It
+// runs on go-zookeeper's receiving goroutine and must not block.
+func (b *Backend) onNodeEvent(path string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	w, ok := b.watching[path]
+	if !ok {
+		return
+	}
+	delete(b.watching, path)
+	if w.ns.ticket == w.t {
+		w.t.predGone = true
+		signalLocked(w.ns)
+	}
 }
 
 // dropTicket removes ticket t and deletes its node; it runs under the
 // name's op lock.
 func (b *Backend) dropTicket(ns *nameState, t *ticket) {
 	b.mu.Lock()
-	t.drop()
+	b.dropLocked(t)
 	if ns.ticket == t {
 		ns.ticket = nil
 	}

@@ -66,6 +66,7 @@ type Backend struct {
 	granted    time.Duration // the session timeout the last server granted; 0 until known
 	rootExists bool
 	names      map[string]*nameState
+	watching   map[string]watchEntry // by watched node path
 }
 
 // New returns a Backend connected to the ZooKeeper ensemble at servers
@@ -90,7 +91,7 @@ func New(servers []string, opts ...Option) (*Backend, error) {
 	if err := o.validate(servers); err != nil {
 		return nil, err
 	}
-	b := &Backend{o: o, log: o.Logger, closed: make(chan struct{}), names: map[string]*nameState{}}
+	b := &Backend{o: o, log: o.Logger, closed: make(chan struct{}), names: map[string]*nameState{}, watching: map[string]watchEntry{}}
 	conn, _, err := zk.Connect(append([]string(nil), servers...), o.SessionTimeout,
 		zk.WithDialer(b.dial),
 		zk.WithEventCallback(b.onEvent),
@@ -155,6 +156,10 @@ func (z zkLogger) Printf(format string, args ...any) {
 
 // onEvent is go-zookeeper's event callback. It must not block.
 func (b *Backend) onEvent(ev zk.Event) {
+	if ev.Type != zk.EventSession && ev.Path != "" {
+		b.onNodeEvent(ev.Path)
+		return
+	}
 	if ev.Type == zk.EventSession && ev.State == zk.StateExpired {
 		b.mu.Lock()
 		old := b.session

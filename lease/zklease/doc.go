@@ -1,0 +1,127 @@
+// Package zklease is the ZooKeeper backend of package lease, over
+// github.com/go-zookeeper/zk. It is a module of its own, so that users of
+// the core library do not inherit the ZooKeeper client.
+//
+//	b, err := zklease.New([]string{"zk1:2181", "zk2:2181", "zk3:2181"},
+//		zklease.WithSessionTimeout(10*time.Second))
+//	defer b.Close()
+//	m, err := lease.NewManager(b, 10*time.Second) // TTL at most the session timeout
+//	l, err := m.Acquire(ctx, "nightly-invoices")
+//
+// # How a lease is held
+//
+// Each lease name has a parent node, Options.Root + "/" + the name with
+// every byte outside [A-Za-z0-9_-] written as %XX (so names may contain '/'
+// and never collide). Under it, every contender has one ephemeral
+// sequential node named "<random GUID>-<sequence>", holding the backend's
+// Options.Identity; the node with the lowest sequence number holds the
+// lease (ZooKeeper's lock recipe). The fencing token is that node's czxid.
+//
+//   - Acquire: one Multi creates the node and writes nothing to the parent
+//     (the parent's new mzxid is the node's czxid: the token comes in the
+//     same round trip), one listing tells whether it is the lowest. A node
+//     that is not the lowest is deleted, unless the backend has waiters.
+//   - Waiting without a herd: a Backend that has waiters for a name keeps
+//     one node of its own in the queue (a ticket) and watches only the node
+//     just before it (ExistsW). A release is one delete; it sends one
+//     notification, to the one backend behind it, whose next attempt lists
+//     the queue once and turns its ticket into the grant. The in-process
+//     waiters of one backend share the ticket. Manager.Acquire needs no
+//     polling (its PollInterval is only a fallback).
+//   - Renew: one read (Exists) checks that the node still exists with the
+//     grant's czxid in this backend's current session.
+//   - Release: one delete of the node; its name is unique (the GUID), so no
+//     other grant can be deleted by a late or repeated release.
+//
+// A request whose answer is lost does not leave a node behind: a create is
+// settled by listing the parent for its GUID (the recipe's "protected"
+// names), a delete is sent again until the server answers, and a call
+// whose context ends keeps running in the background until the store has
+// answered, then gives back what it made. go-zookeeper's calls take no
+// context; the backend's do, and always return when it ends.
+//
+// # TTLs and sessions
+//
+// ZooKeeper keeps nodes per session, not per lease: an ephemeral node lives
+// until it is deleted or its session expires, which the ensemble does when
+// it has heard nothing from the client for the session timeout. The
+// Manager's TTL is mapped, not refused: it may be anything from MinTTL to
+// Options.SessionTimeout, and
+//
+//   - the backend ends a grant that was not renewed within its TTL of the
+//     send time of its last acquire or renew request (it deletes the node),
+//     so that a holder whose work stopped but whose process and session live
+//     on does not keep the lease: the TTL behaves as on other stores;
+//   - a holder that crashed or lost the ensemble keeps its node until its
+//     session expires: a takeover then waits for the session timeout (plus
+//     up to one tickTime, the servers' expiry granularity), not the TTL.
+//     Choose a TTL equal to the session timeout unless the holders' work can
+//     hang.
+//
+// The Manager renews every lease (Limits.SelfRenewing is false): a live
+// session does not mean live work. Each renewal is a request of the
+// session, so it also keeps the session alive. A lease's local deadline is
+// the send time of the last acquire or renew request the ensemble answered,
+// plus the TTL, minus the Manager's safety margin. The ensemble keeps the
+// session at least the session timeout after it handled that request, so
+// the deadline comes before any other holder can be granted the lease, as
+// long as the session timeout the server granted is at least the TTL: the
+// backend reads the granted timeout and the session ID from every connect
+// response on the wire (go-zookeeper does not expose them), and refuses to
+// grant or renew otherwise (ErrSessionTimeout).
+//
+// One failure escapes that bound: a follower forwards the session touches it
+// receives to the leader every tickTime/2; if it answers a renewal and then
+// loses the leader before forwarding it, the session may expire up to one
+// renew interval plus tickTime/2 earlier than counted. A session timeout at
+// least that much longer than the TTL covers it; the fencing token covers
+// it in any case.
+//
+// A session that expires (the ensemble ended it) or is replaced
+// (go-zookeeper opens a new session after an expiry and carries on, later
+// calls succeeding) ends every lease of the old session at once: each is
+// reported lost with ErrSessionExpired or ErrSessionReplaced, read from the
+// server's connect response before go-zookeeper sends anything on the new
+// session. A mere disconnection ends nothing: the client reconnects within
+// the session, possibly to another member, and the leases stay valid until
+// their deadlines. Close ends the session, and with it every lease
+// (ErrClosed).
+//
+// # What is guaranteed
+//
+//   - Exclusive: a grant is made only when a listing taken after the
+//     node's create shows it as the lowest node. ZooKeeper orders all
+//     writes through its leader (Zab) and serves each session in order, so
+//     that listing reflects every node created before it; no two nodes can
+//     both be the lowest. This holds across leader changes and through any
+//     member (TestLeaderKilledWhileHeld, TestExclusiveAcrossMembers).
+//   - Tokens only grow: a czxid is epoch<<32 | counter, global to the
+//     ensemble and growing with every transaction; a new leader starts a
+//     greater epoch; it is kept on disk across restarts of every member.
+//     The holder is always the lowest node, so grants follow creation order
+//     and their czxids grow, also when a parent is deleted and created
+//     again (its sequence numbers restart, czxids do not)
+//     (TestTokensGrowAcrossEnsembleRestart, the conformance suite).
+//   - Loss is noticed before expiry, as described above, and pushed at once
+//     when the session ends (TestIsolatedHolderLosesBeforeExpiryAndIsFenced).
+//
+// What is not: if the ensemble's data is wiped (members reinstalled with
+// empty data directories) or restored from an older snapshot, zxids start
+// again from a lower epoch and counter, and so do tokens. Nothing survives
+// in the store to prevent it. The guards then reject every write of the new
+// holders as stale (they fail closed: no stale write lands, but no new
+// holder can write) until tokens pass the old ones, which for an emptied
+// ensemble means never; clients that were connected across the wipe are
+// refused by the servers (they have seen a later zxid) and keep
+// reconnecting. Do not wipe an ensemble that issued tokens to fenced
+// stores; deleting the backend's nodes (an operator's deleteall) is safe.
+//
+// Sequence numbers are a signed 32-bit counter per parent: after 2^31
+// creates under one name's parent, Acquire fails with an error saying so
+// until the parent is deleted while no one holds or waits (it is a
+// container node, which the server deletes when it has stayed empty).
+//
+// The backend needs ZooKeeper 3.5 or later (container nodes, Multi); it is
+// tested against Debian's 3.8.0, on three-node ensembles started by the
+// tests (package internal/zktest).
+package zklease
