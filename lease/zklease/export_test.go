@@ -8,3 +8,6 @@ func (b *Backend) SessionCredentials() (server string, id int64, passwd []byte) 
 	defer b.mu.Unlock()
 	return b.server, b.session, append([]byte(nil), b.passwd...)
 }
+
+// Notified returns how many predecessor notifications woke a ticket of b.
+func (b *Backend) Notified() int64 { return b.notified.Load() }

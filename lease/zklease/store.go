@@ -3,6 +3,8 @@ package zklease
 import (
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 	"time"
 
@@ -24,8 +26,13 @@ type node struct {
 
 // ambiguous reports whether err leaves the outcome of a write unknown: the
 // request may have been applied and its answer lost.
+// go-zookeeper passes on the connection's own errors when a write fails
+// (a closed or reset socket), as well as its ErrConnectionClosed when the
+// connection broke with the request unanswered.
 func ambiguous(err error) bool {
-	return errors.Is(err, zk.ErrConnectionClosed) || errors.Is(err, zk.ErrClosing) || errors.Is(err, zk.ErrNoServer)
+	var ne net.Error
+	return errors.Is(err, zk.ErrConnectionClosed) || errors.Is(err, zk.ErrClosing) || errors.Is(err, zk.ErrNoServer) ||
+		errors.Is(err, net.ErrClosed) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &ne)
 }
 
 // create adds an ephemeral sequential node under ns.parent, named with a
@@ -139,16 +146,23 @@ func (b *Backend) ensureParent(parent string) error {
 	return nil
 }
 
-// list returns the parent's nodes in queue order.
+// list returns the parent's nodes in queue order. A listing lost with the
+// connection is sent again (it is a read) until the server answers or the
+// backend is closed; the caller's context bounds the caller's wait.
 func (b *Backend) list(ns *nameState) ([]child, error) {
-	names, _, err := b.conn.Children(ns.parent)
-	if errors.Is(err, zk.ErrNoNode) {
-		return nil, nil
+	for {
+		names, _, err := b.conn.Children(ns.parent)
+		switch {
+		case errors.Is(err, zk.ErrNoNode):
+			return nil, nil
+		case err != nil && ambiguous(err) && !b.isClosedNow():
+			time.Sleep(20 * time.Millisecond)
+			continue
+		case err != nil:
+			return nil, fmt.Errorf("zklease: list %s: %w", ns.parent, err)
+		}
+		return parseChildren(ns.parent, names)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("zklease: list %s: %w", ns.parent, err)
-	}
-	return parseChildren(ns.parent, names)
 }
 
 // deleteSure deletes a node of ours, retrying connection errors until the

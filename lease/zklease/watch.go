@@ -151,6 +151,7 @@ func (b *Backend) onNodeEvent(path string) {
 	}
 	delete(b.watching, path)
 	if w.ns.ticket == w.t {
+		b.notified.Add(1)
 		w.t.predGone = true
 		signalLocked(w.ns)
 	}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -67,6 +68,8 @@ type Backend struct {
 	rootExists bool
 	names      map[string]*nameState
 	watching   map[string]watchEntry // by watched node path
+
+	notified atomic.Int64 // predecessor notifications that woke a ticket (for tests)
 }
 
 // New returns a Backend connected to the ZooKeeper ensemble at servers

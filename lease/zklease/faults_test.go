@@ -1,0 +1,260 @@
+package zklease_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/zklease"
+	"github.com/fencekit/fencekit/lease/zklease/internal/zktest"
+)
+
+// A release wakes one waiting backend, not all of them: four backends wait
+// (each its own session and ticket), the holder releases, and exactly one
+// predecessor notification reaches them, at the backend whose ticket was
+// next. Then each releases in turn, and each hand-off again notifies one.
+func TestReleaseNotifiesOneWaiter(t *testing.T) {
+	ens := zktest.Start(t, 3, zktest.Config{})
+	root := testRoot(t)
+	const ttl = 4 * time.Second
+	holder := newManager(t, newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl)), ttl)
+	ctx := ctxT(t)
+	h, err := holder.TryAcquire(ctx, "herd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const waiters = 4
+	var backends []*zklease.Backend
+	type got struct {
+		i int
+		l *lease.Lease
+	}
+	acquired := make(chan got, waiters)
+	for i := range waiters {
+		b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl))
+		backends = append(backends, b)
+		m := newManager(t, b, ttl, lease.WithPollInterval(10*time.Second))
+		go func() {
+			l, err := m.Acquire(ctx, "herd")
+			if err != nil {
+				t.Errorf("waiter %d: %v", i, err)
+				l = nil
+			}
+			acquired <- got{i, l}
+		}()
+		time.Sleep(100 * time.Millisecond) // queue in order
+	}
+	time.Sleep(200 * time.Millisecond)
+	total := func() (n int64) {
+		for _, b := range backends {
+			n += b.Notified()
+		}
+		return n
+	}
+	if n := total(); n != 0 {
+		t.Fatalf("%d notifications before any release", n)
+	}
+	release := func(l *lease.Lease) {
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	release(h)
+	for k := 1; k <= waiters; k++ {
+		var g got
+		select {
+		case g = <-acquired:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("hand-off %d: no waiter acquired within 10s (polling is 10s apart: only a notification can wake one)", k)
+		}
+		if g.l == nil {
+			t.FailNow()
+		}
+		time.Sleep(100 * time.Millisecond) // let any stray notification arrive
+		if n := total(); n != int64(k) {
+			t.Fatalf("after %d hand-offs the waiting backends got %d predecessor notifications; want one per hand-off", k, n)
+		}
+		if g.i != k-1 {
+			t.Errorf("hand-off %d went to waiter %d, want %d (queue order)", k, g.i, k-1)
+		}
+		release(g.l)
+	}
+}
+
+// A server that grants a shorter session timeout than the lease's TTL gets
+// no grant: the session could end before the lease's local deadline.
+func TestShorterGrantedSessionTimeoutIsRefused(t *testing.T) {
+	ens := zktest.Start(t, 1, zktest.Config{MaxSessionTimeout: 2 * time.Second})
+	root := testRoot(t)
+	b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(4*time.Second))
+	m := newManager(t, b, 4*time.Second)
+	_, err := m.TryAcquire(ctxT(t), "short")
+	if !errors.Is(err, zklease.ErrSessionTimeout) {
+		t.Fatalf("TryAcquire with a 4s TTL on a session the server bounded to 2s = %v, want ErrSessionTimeout", err)
+	}
+	if _, granted := b.Session(); granted != 2*time.Second {
+		t.Fatalf("granted session timeout %v, want the server's maximum 2s", granted)
+	}
+	// Nothing was left behind: a TTL within the granted timeout works.
+	ok := newManager(t, newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(2*time.Second)), 2*time.Second)
+	l, err := ok.TryAcquire(ctxT(t), "short")
+	if err != nil {
+		t.Fatalf("TryAcquire with a 2s TTL: %v", err)
+	}
+	_ = l.Release(ctxT(t))
+}
+
+// dropAfterCreate is a dialer whose connections, when armed, pass the next
+// create (a Multi request) to the server and then break the connection
+// before the answer can be read, and refuse new connections for a while:
+// the create is applied, its answer is lost.
+type dropAfterCreate struct {
+	armed       atomic.Bool
+	mu          sync.Mutex
+	refuseUntil time.Time
+	drops       atomic.Int32
+}
+
+func (d *dropAfterCreate) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
+	d.mu.Lock()
+	wait := time.Until(d.refuseUntil)
+	d.mu.Unlock()
+	if wait > 0 {
+		return nil, fmt.Errorf("test: refusing connections for %v", wait)
+	}
+	c, err := net.DialTimeout(network, addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	return &dropConn{Conn: c, d: d}, nil
+}
+
+type dropConn struct {
+	net.Conn
+	d       *dropAfterCreate
+	swallow atomic.Bool
+}
+
+// Read drops everything the server sends once the create went out, so its
+// answer never reaches the client.
+func (c *dropConn) Read(p []byte) (int, error) {
+	for {
+		n, err := c.Conn.Read(p)
+		if err != nil || !c.swallow.Load() {
+			return n, err
+		}
+	}
+}
+
+const opMulti = 14
+
+func (c *dropConn) Write(p []byte) (int, error) {
+	// go-zookeeper writes each request whole: length, xid, opcode, body.
+	if len(p) >= 12 && int32(binary.BigEndian.Uint32(p[8:12])) == opMulti && c.d.armed.CompareAndSwap(true, false) {
+		c.swallow.Store(true)
+		n, err := c.Conn.Write(p)
+		c.d.mu.Lock()
+		c.d.refuseUntil = time.Now().Add(time.Second)
+		c.d.mu.Unlock()
+		c.d.drops.Add(1)
+		go func() {
+			time.Sleep(100 * time.Millisecond) // the server applies it; its answer is swallowed
+			c.Conn.Close()
+		}()
+		return n, err
+	}
+	return c.Conn.Write(p)
+}
+
+// A create whose answer is lost leaves no node behind: when the caller
+// still waits, the backend finds its node by its GUID and grants it; when
+// the caller gave up, the node is deleted once the connection is back, so
+// another client gets the lease at once.
+func TestLostCreateAnswerLeavesNoOrphan(t *testing.T) {
+	ens := zktest.Start(t, 3, zktest.Config{})
+	root := testRoot(t)
+	admin := adminConn(t, ens.Servers())
+	const ttl = 6 * time.Second
+	var d dropAfterCreate
+	b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl), zklease.WithDialer(d.dial))
+	m := newManager(t, b, ttl)
+	other := newManager(t, newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl)), ttl)
+	children := func(name string) []string {
+		kids, _, err := admin.Children(zklease.ParentPath(root, name))
+		if err != nil {
+			t.Fatalf("list: %v", err)
+		}
+		return kids
+	}
+	// Create the parents first, so that the armed create is the node's.
+	for _, n := range []string{"settled", "abandoned"} {
+		l, err := m.TryAcquire(ctxT(t), n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = l.Release(ctxT(t))
+	}
+
+	t.Run("caller waits", func(t *testing.T) {
+		d.armed.Store(true)
+		l, err := m.TryAcquire(ctxT(t), "settled")
+		if d.drops.Load() == 0 {
+			t.Fatal("the fault was not injected")
+		}
+		if err != nil {
+			t.Fatalf("TryAcquire across a lost create answer: %v", err)
+		}
+		if kids := children("settled"); len(kids) != 1 {
+			t.Fatalf("nodes %v, want exactly the granted one", kids)
+		}
+		if err := l.Release(ctxT(t)); err != nil {
+			t.Fatal(err)
+		}
+		if kids := children("settled"); len(kids) != 0 {
+			t.Fatalf("nodes %v left after the release", kids)
+		}
+	})
+
+	t.Run("caller gives up", func(t *testing.T) {
+		// Wait for the connection to be allowed and used again.
+		d.mu.Lock()
+		wait := time.Until(d.refuseUntil)
+		d.mu.Unlock()
+		time.Sleep(wait)
+		l, err := m.Acquire(ctxT(t), "warm")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = l.Release(ctxT(t))
+		drops := d.drops.Load()
+		d.armed.Store(true)
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		_, err = m.TryAcquire(ctx, "abandoned")
+		if d.drops.Load() == drops {
+			t.Fatal("the fault was not injected")
+		}
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("TryAcquire that gave up = %v, want DeadlineExceeded", err)
+		}
+		// The other client gets the lease once the node is settled and
+		// given back (after the connection is allowed again, about 1s).
+		ctx2, cancel2 := context.WithTimeout(context.Background(), ttl/2)
+		defer cancel2()
+		l, err = other.Acquire(ctx2, "abandoned")
+		if err != nil {
+			t.Fatalf("another client could not acquire within %v: an orphan node blocks it (nodes %v): %v", ttl/2, children("abandoned"), err)
+		}
+		if kids := children("abandoned"); len(kids) != 1 {
+			t.Fatalf("nodes %v, want only the other client's", kids)
+		}
+		_ = l.Release(ctxT(t))
+	})
+}
