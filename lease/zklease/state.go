@@ -142,8 +142,30 @@ func (r *grantRec) endLocked() {
 	}
 }
 
-// errCallerGone is never returned to a caller: it marks a result nobody
-// waits for.
+// startOp counts an operation on name, which the caller then runs in a
+// goroutine that calls endOp. It reports false after Close.
+func (b *Backend) startOp(name string) (*nameState, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.isClosed {
+		return nil, false
+	}
+	ns := b.nameLocked(name)
+	ns.ops++
+	b.wg.Add(1)
+	return ns, true
+}
+
+// endOp ends an operation started with startOp.
+func (b *Backend) endOp(ns *nameState) {
+	b.mu.Lock()
+	ns.ops--
+	b.forgetIfIdleLocked(ns)
+	b.mu.Unlock()
+	b.wg.Done()
+}
+
+// result is what an operation returns to its caller.
 type result[T any] struct {
 	v   T
 	err error
@@ -157,15 +179,10 @@ type result[T any] struct {
 // the lock when ctx ends is not started.
 func run[T any](b *Backend, ctx context.Context, name string, fn func(*nameState) (T, error), undo func(*nameState, T, error)) (T, error) {
 	var zero T
-	b.mu.Lock()
-	if b.isClosed {
-		b.mu.Unlock()
+	ns, ok := b.startOp(name)
+	if !ok {
 		return zero, ErrClosed
 	}
-	ns := b.nameLocked(name)
-	ns.ops++
-	b.wg.Add(1)
-	b.mu.Unlock()
 
 	var (
 		mu   sync.Mutex
@@ -173,13 +190,7 @@ func run[T any](b *Backend, ctx context.Context, name string, fn func(*nameState
 		ch   = make(chan result[T], 1)
 	)
 	go func() {
-		defer b.wg.Done()
-		defer func() {
-			b.mu.Lock()
-			ns.ops--
-			b.forgetIfIdleLocked(ns)
-			b.mu.Unlock()
-		}()
+		defer b.endOp(ns)
 		select {
 		case ns.lock <- struct{}{}:
 		case <-ctx.Done():
@@ -227,23 +238,12 @@ func run[T any](b *Backend, ctx context.Context, name string, fn func(*nameState
 // own, for work no caller waits for (deleting a node that expired or a
 // ticket nobody needs). It does nothing after Close.
 func (b *Backend) background(name string, fn func(*nameState)) {
-	b.mu.Lock()
-	if b.isClosed {
-		b.mu.Unlock()
+	ns, ok := b.startOp(name)
+	if !ok {
 		return
 	}
-	ns := b.nameLocked(name)
-	ns.ops++
-	b.wg.Add(1)
-	b.mu.Unlock()
 	go func() {
-		defer b.wg.Done()
-		defer func() {
-			b.mu.Lock()
-			ns.ops--
-			b.forgetIfIdleLocked(ns)
-			b.mu.Unlock()
-		}()
+		defer b.endOp(ns)
 		select {
 		case ns.lock <- struct{}{}:
 		case <-b.closed:
