@@ -40,7 +40,9 @@ func notAcquired(name string) error { return &lease.NotAcquiredError{Name: name}
 //   - Otherwise a new node is created (one round trip, which also returns
 //     its czxid) and the parent listed: the lowest node is granted; a node
 //     that is not the lowest is kept as the ticket if this backend has
-//     waiters, and deleted if not.
+//     waiters, and deleted if not. On a name this backend found held in
+//     the last few seconds, the parent is listed first, and a non-empty
+//     queue refuses the attempt with that one read.
 //
 // The grant's TTL is req.TTL, counted from the send time of the request
 // that created or confirmed it; the backend deletes the node when that
@@ -135,6 +137,21 @@ func (b *Backend) acquire(ns *nameState, req lease.Request) (lease.Grant, error)
 		}
 	}
 
+	b.mu.Lock()
+	listFirst := len(ns.subs) == 0 && b.contendedLocked(ns.name)
+	b.mu.Unlock()
+	if listFirst {
+		// Found held a moment ago: look before adding a node, which a
+		// refused attempt would only delete again (two writes).
+		kids, err := b.list(ns)
+		if err != nil {
+			return lease.Grant{}, err
+		}
+		if len(kids) > 0 {
+			b.noteContention(ns.name, true)
+			return lease.Grant{}, notAcquired(req.Name)
+		}
+	}
 	n, err := b.create(ns)
 	if err != nil {
 		return lease.Grant{}, err
@@ -145,6 +162,7 @@ func (b *Backend) acquire(ns *nameState, req lease.Request) (lease.Grant, error)
 		return lease.Grant{}, err
 	}
 	i := position(kids, baseName(n.path))
+	b.noteContention(ns.name, i != 0)
 	switch {
 	case i < 0:
 		return lease.Grant{}, fmt.Errorf("zklease: acquire %q: the node %s vanished right after it was created (its session ended?)", req.Name, n.path)
@@ -174,6 +192,45 @@ func (b *Backend) acquire(ns *nameState, req lease.Request) (lease.Grant, error)
 		return lease.Grant{}, err
 	}
 	return lease.Grant{}, notAcquired(req.Name)
+}
+
+// contendedFor is how long a name counts as contended after a listing
+// showed another node ahead of this backend's.
+const contendedFor = 5 * time.Second
+
+// maxContended bounds the names remembered as contended.
+const maxContended = 4096
+
+// noteContention records whether the last listing of name showed someone
+// ahead. An attempt on a contended name lists the queue before it creates a
+// node: a refused attempt then costs one read instead of a create and a
+// delete, and an uncontended one keeps its two round trips.
+func (b *Backend) noteContention(name string, contended bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !contended {
+		delete(b.contended, name)
+		return
+	}
+	if len(b.contended) >= maxContended {
+		now := time.Now()
+		for n, at := range b.contended {
+			if now.Sub(at) > contendedFor {
+				delete(b.contended, n)
+			}
+		}
+		if len(b.contended) >= maxContended {
+			return
+		}
+	}
+	b.contended[name] = time.Now()
+}
+
+// contendedLocked reports whether name was found contended recently; b.mu
+// must be held.
+func (b *Backend) contendedLocked(name string) bool {
+	at, ok := b.contended[name]
+	return ok && time.Since(at) < contendedFor
 }
 
 // newGrantLocked records a grant of node path to req.Owner, confirmed by a

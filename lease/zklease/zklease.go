@@ -68,6 +68,7 @@ type Backend struct {
 	rootExists bool
 	names      map[string]*nameState
 	watching   map[string]watchEntry // by watched node path
+	contended  map[string]time.Time  // names found held recently (see noteContention)
 
 	notified atomic.Int64 // predecessor notifications that woke a ticket (for tests)
 }
@@ -94,7 +95,7 @@ func New(servers []string, opts ...Option) (*Backend, error) {
 	if err := o.validate(servers); err != nil {
 		return nil, err
 	}
-	b := &Backend{o: o, log: o.Logger, closed: make(chan struct{}), names: map[string]*nameState{}, watching: map[string]watchEntry{}}
+	b := &Backend{o: o, log: o.Logger, closed: make(chan struct{}), names: map[string]*nameState{}, watching: map[string]watchEntry{}, contended: map[string]time.Time{}}
 	conn, _, err := zk.Connect(append([]string(nil), servers...), o.SessionTimeout,
 		zk.WithDialer(b.dial),
 		zk.WithEventCallback(b.onEvent),

@@ -1,0 +1,79 @@
+package zklease_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/zklease"
+)
+
+// New reports every problem with its arguments at once, before any I/O.
+func TestNewRejectsBadOptions(t *testing.T) {
+	_, err := zklease.New([]string{"no-port", ""}, func(o *zklease.Options) {
+		o.SessionTimeout = 10 * time.Millisecond
+		o.Root = "relative/root/"
+		o.Identity = "bad\x00identity"
+	})
+	if !errors.Is(err, zklease.ErrInvalidOptions) {
+		t.Fatalf("New = %v, want ErrInvalidOptions", err)
+	}
+	for _, want := range []string{`"no-port"`, `""`, "session timeout", "root", "identity"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error does not mention %s: %v", want, err)
+		}
+	}
+	for _, tc := range []struct {
+		what string
+		opt  zklease.Option
+	}{
+		{"no servers", nil},
+		{"root /", zklease.WithRoot("/")},
+		{"root with ..", zklease.WithRoot("/a/../b")},
+		{"a session timeout that is not whole milliseconds", zklease.WithSessionTimeout(time.Second + time.Microsecond)},
+	} {
+		servers := []string{"127.0.0.1:1"}
+		if tc.opt == nil {
+			servers = nil
+		}
+		if _, err := zklease.New(servers, tc.opt); !errors.Is(err, zklease.ErrInvalidOptions) {
+			t.Errorf("%s: New = %v, want ErrInvalidOptions", tc.what, err)
+		}
+	}
+}
+
+// Bad input to the backend's calls is refused before any request: the
+// backend points at a port where nothing listens, and every call returns at
+// once with a clear error.
+func TestBadInputRefusedBeforeIO(t *testing.T) {
+	b := newBackend(t, []string{"127.0.0.1:1"}, zklease.WithSessionTimeout(2*time.Second))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		what string
+		req  lease.Request
+		want error
+	}{
+		{"an empty name", lease.Request{Name: "", Owner: "a", TTL: time.Second}, lease.ErrInvalidName},
+		{"a TTL longer than the session timeout", lease.Request{Name: "n", Owner: "a", TTL: 3 * time.Second}, nil},
+		{"a TTL below MinTTL", lease.Request{Name: "n", Owner: "a", TTL: time.Millisecond}, nil},
+	} {
+		start := time.Now()
+		_, err := b.Acquire(ctx, tc.req)
+		if err == nil || (tc.want != nil && !errors.Is(err, tc.want)) || time.Since(start) > 100*time.Millisecond {
+			t.Errorf("Acquire with %s = %v after %v; want a clear error at once", tc.what, err, time.Since(start))
+		}
+	}
+	if err := b.Release(ctx, lease.Grant{Name: "n", Owner: "a", Token: 1}); !errors.Is(err, lease.ErrNotHeld) {
+		t.Errorf("Release of a grant zklease did not make = %v, want ErrNotHeld", err)
+	}
+	if err := b.Renew(ctx, lease.Grant{Name: "n", Owner: "a", Token: 1}); !errors.Is(err, lease.ErrNotHeld) {
+		t.Errorf("Renew of a grant zklease did not make = %v, want ErrNotHeld", err)
+	}
+	if _, err := lease.NewManager(b, 3*time.Second); !errors.Is(err, lease.ErrInvalidOptions) {
+		t.Errorf("NewManager with a TTL above the session timeout = %v, want ErrInvalidOptions", err)
+	}
+}
