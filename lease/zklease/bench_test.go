@@ -375,3 +375,113 @@ func percentile(s []time.Duration, p float64) time.Duration {
 	i := int(float64(len(c)-1) * p / 100)
 	return c[i]
 }
+
+// BenchmarkHandoffPaired measures one hand-off at a time, paired with the
+// floor: a holder releases while one waiter, on another member, is queued.
+// Each iteration runs one fencekit hand-off (Manager.TryAcquire by the
+// holder, Manager.Acquire queued by the waiter, Release) and one raw
+// hand-off (create, create, list, ExistsW on the holder's node, delete,
+// notification, list), in alternating order, each timed from the release
+// call to the waiter's grant. Metrics: fencekit-p50-ns, raw-p50-ns and
+// x-raw, the median of the paired ratios. Without the other contenders'
+// traffic of BenchmarkHandoff, this is the cost of the hand-off path
+// itself.
+func BenchmarkHandoffPaired(b *testing.B) {
+	ens := zktest.Start(b, 3, zktest.Config{})
+	root := testRoot(b)
+	srv := ens.Servers()
+	admin := adminConn(b, srv)
+	mustCreateParent(b, admin, root, zklease.ParentPath(root, "warm-up"))
+	warmUp(b, admin, zklease.ParentPath(root, "warm-up"))
+	ctx := context.Background()
+	holder := newManager(b, newBackend(b, srv[:1], zklease.WithRoot(root), zklease.WithSessionTimeout(benchTTL)), benchTTL)
+	waiter := newManager(b, newBackend(b, srv[1:2], zklease.WithRoot(root), zklease.WithSessionTimeout(benchTTL)), benchTTL)
+	c1, c2 := adminConn(b, srv[:1]), adminConn(b, srv[1:2])
+	parent := zklease.ParentPath(root, "raw-paired")
+	mustCreateParent(b, admin, root, parent)
+	acl := zk.WorldACL(zk.PermAll)
+
+	fencekit := func() (time.Duration, error) {
+		l1, err := holder.TryAcquire(ctx, "paired")
+		if err != nil {
+			return 0, err
+		}
+		type res struct {
+			l   *lease.Lease
+			at  time.Time
+			err error
+		}
+		got := make(chan res, 1)
+		go func() {
+			l, err := waiter.Acquire(ctx, "paired")
+			got <- res{l, time.Now(), err}
+		}()
+		time.Sleep(5 * time.Millisecond) // the waiter is queued
+		t0 := time.Now()
+		if err := l1.Release(ctx); err != nil {
+			return 0, err
+		}
+		r := <-got
+		if r.err != nil {
+			return 0, r.err
+		}
+		return r.at.Sub(t0), r.l.Release(ctx)
+	}
+	raw := func() (time.Duration, error) {
+		p1, err := c1.Create(parent+"/n-", nil, zk.FlagEphemeralSequential, acl)
+		if err != nil {
+			return 0, err
+		}
+		p2, err := c2.Create(parent+"/n-", nil, zk.FlagEphemeralSequential, acl)
+		if err != nil {
+			return 0, err
+		}
+		if _, _, err := c2.Children(parent); err != nil {
+			return 0, err
+		}
+		ok, _, ch, err := c2.ExistsW(p1)
+		if err != nil || !ok {
+			return 0, fmt.Errorf("ExistsW: %v %w", ok, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+		t0 := time.Now()
+		if err := c1.Delete(p1, -1); err != nil {
+			return 0, err
+		}
+		<-ch
+		if _, _, err := c2.Children(parent); err != nil {
+			return 0, err
+		}
+		d := time.Since(t0)
+		return d, c2.Delete(p2, -1)
+	}
+	var fk, rw []time.Duration
+	var ratios []float64
+	n := 0
+	for b.Loop() {
+		impls := []func() (time.Duration, error){fencekit, raw}
+		if n%2 == 1 {
+			impls[0], impls[1] = raw, fencekit
+		}
+		var d [2]time.Duration
+		for k, f := range impls {
+			v, err := f()
+			if err != nil {
+				b.Fatal(err)
+			}
+			d[k] = v
+		}
+		if n%2 == 1 {
+			d[0], d[1] = d[1], d[0]
+		}
+		fk, rw = append(fk, d[0]), append(rw, d[1])
+		ratios = append(ratios, float64(d[0])/float64(d[1]))
+		n++
+	}
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(float64(percentile(fk, 50)), "fencekit-p50-ns")
+	b.ReportMetric(float64(percentile(fk, 99)), "fencekit-p99-ns")
+	b.ReportMetric(float64(percentile(rw, 50)), "raw-p50-ns")
+	b.ReportMetric(float64(percentile(rw, 99)), "raw-p99-ns")
+	b.ReportMetric(median(ratios), "x-raw")
+}
