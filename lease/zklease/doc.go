@@ -105,7 +105,14 @@
 //   - Loss is noticed before expiry, as described above, and pushed at once
 //     when the session ends (TestIsolatedHolderLosesBeforeExpiryAndIsFenced).
 //
-// What is not: if the ensemble's data is wiped (members reinstalled with
+// The previous holder's node is gone only when it released, its session
+// expired (after its local deadline, as above), or the backend ended the
+// grant at its TTL (after its deadline too). A node deleted by someone else
+// (an operator, another client) ends the lease at the holder's next
+// renewal, which finds the node gone; until then two holders may overlap,
+// and their tokens order them at the guards.
+//
+// What is not guaranteed: if the ensemble's data is wiped (members reinstalled with
 // empty data directories) or restored from an older snapshot, zxids start
 // again from a lower epoch and counter, and so do tokens. Nothing survives
 // in the store to prevent it. The guards then reject every write of the new
@@ -114,7 +121,8 @@
 // ensemble means never; clients that were connected across the wipe are
 // refused by the servers (they have seen a later zxid) and keep
 // reconnecting. Do not wipe an ensemble that issued tokens to fenced
-// stores; deleting the backend's nodes (an operator's deleteall) is safe.
+// stores; deleting the backend's nodes (an operator's deleteall) keeps
+// tokens growing (with the overlap described above for a held node).
 //
 // Sequence numbers are a signed 32-bit counter per parent: after 2^31
 // creates under one name's parent, Acquire fails with an error saying so

@@ -118,7 +118,11 @@ func (b *Backend) Limits() lease.Limits {
 }
 
 // Options returns the backend's options, with defaults filled in.
-func (b *Backend) Options() Options { return b.o }
+func (b *Backend) Options() Options {
+	o := b.o
+	o.ACL = append([]zk.ACL(nil), o.ACL...)
+	return o
+}
 
 // Session returns the ID of the ZooKeeper session the client is on, and the
 // session timeout the server granted it; zeros before the first session is
