@@ -141,8 +141,8 @@ func TestPausedHolderIsFenced(t *testing.T) {
 				if err := fs.writeObject(ctxT(t), bTok, "B"); err != nil {
 					t.Fatalf("B's object write: %v", err)
 				}
-				t.Logf("holder A (token %d) frozen %v into its lease (%v left); B acquired (token %d) %v after the freeze",
-					acq.Token, checked.At.Sub(acq.At).Round(time.Millisecond), checked.Remaining.Round(time.Millisecond), bTok, time.Since(stopped).Round(time.Millisecond))
+				t.Logf("holder A (token %d) frozen right after its check, %v before its deadline; B acquired (token %d) %v after the freeze",
+					acq.Token, checked.Remaining.Round(time.Millisecond), bTok, time.Since(stopped).Round(time.Millisecond))
 				defer l.Release(ctxT(t))
 			} else {
 				time.Sleep(ttl * 3 / 10)
