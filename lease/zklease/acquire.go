@@ -41,8 +41,8 @@ func notAcquired(name string) error { return &lease.NotAcquiredError{Name: name}
 //     its czxid) and the parent listed: the lowest node is granted; a node
 //     that is not the lowest is kept as the ticket if this backend has
 //     waiters, and deleted if not. On a name this backend found held in
-//     the last few seconds, the parent is listed first, and a non-empty
-//     queue refuses the attempt with that one read.
+//     the last few seconds, the parent is synced and listed first, and a
+//     non-empty queue refuses the attempt without a write.
 //
 // The grant's TTL is req.TTL, counted from the send time of the request
 // that created or confirmed it; the backend deletes the node when that
@@ -142,7 +142,13 @@ func (b *Backend) acquire(ns *nameState, req lease.Request) (lease.Grant, error)
 	b.mu.Unlock()
 	if listFirst {
 		// Found held a moment ago: look before adding a node, which a
-		// refused attempt would only delete again (two writes).
+		// refused attempt would only delete again (two writes). A read
+		// alone may be served by a member that lags (ZooKeeper orders each
+		// session, not reads across clients): sync first, so that a
+		// release that returned before this attempt began is seen.
+		if _, err := b.conn.Sync(ns.parent); err != nil && !errors.Is(err, zk.ErrNoNode) {
+			return lease.Grant{}, fmt.Errorf("zklease: acquire %q: sync %s: %w", req.Name, ns.parent, err)
+		}
 		kids, err := b.list(ns)
 		if err != nil {
 			return lease.Grant{}, err

@@ -12,7 +12,7 @@ import (
 
 // conformanceSession is the session timeout of the conformance runs, and so
 // their long TTL.
-const conformanceSession = 4 * time.Second
+const conformanceSession = 6 * time.Second
 
 // The whole conformance suite on a three-node ensemble started by the test;
 // every backend is its own connection and session. Nothing is declared

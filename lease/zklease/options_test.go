@@ -49,7 +49,12 @@ func TestNewRejectsBadOptions(t *testing.T) {
 // backend points at a port where nothing listens, and every call returns at
 // once with a clear error.
 func TestBadInputRefusedBeforeIO(t *testing.T) {
-	b := newBackend(t, []string{"127.0.0.1:1"}, zklease.WithSessionTimeout(2*time.Second))
+	// Nothing listens there: the backend never gets a session.
+	b, err := zklease.New([]string{"127.0.0.1:1"}, zklease.WithSessionTimeout(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	for _, tc := range []struct {

@@ -116,31 +116,32 @@ func (b *Backend) findCreated(ns *nameState, guid string, cause error) (node, er
 	}
 }
 
-// ensureParent creates the root's components (persistent) and the parent
-// (a container) where missing.
+// ensureParent creates the parent (a container) where missing, and the
+// root's components (persistent) first if they are missing too.
 func (b *Backend) ensureParent(parent string) error {
-	b.mu.Lock()
-	rootDone := b.rootExists
-	b.mu.Unlock()
-	if !rootDone {
-		p := ""
-		for _, c := range strings.Split(b.o.Root[1:], "/") {
-			p += "/" + c
-			if _, err := b.conn.Create(p, nil, zk.FlagPersistent, b.o.ACL); err != nil && !errors.Is(err, zk.ErrNodeExists) {
-				return fmt.Errorf("zklease: create %s: %w", p, err)
-			}
+	createContainer := func() error {
+		_, err := b.conn.CreateContainer(parent, nil, zk.FlagContainer, b.o.ACL)
+		if err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			return err
 		}
-		b.mu.Lock()
-		b.rootExists = true
-		b.mu.Unlock()
+		return nil
 	}
-	if _, err := b.conn.CreateContainer(parent, nil, zk.FlagContainer, b.o.ACL); err != nil && !errors.Is(err, zk.ErrNodeExists) {
-		if errors.Is(err, zk.ErrNoNode) {
-			// The root was deleted (an operator, a test's data loss).
-			b.mu.Lock()
-			b.rootExists = false
-			b.mu.Unlock()
+	err := createContainer()
+	if !errors.Is(err, zk.ErrNoNode) {
+		if err != nil {
+			return fmt.Errorf("zklease: create %s: %w", parent, err)
 		}
+		return nil
+	}
+	// The root is missing (a new root, or deleted by an operator).
+	p := ""
+	for _, c := range strings.Split(b.o.Root[1:], "/") {
+		p += "/" + c
+		if _, err := b.conn.Create(p, nil, zk.FlagPersistent, b.o.ACL); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			return fmt.Errorf("zklease: create %s: %w", p, err)
+		}
+	}
+	if err := createContainer(); err != nil {
 		return fmt.Errorf("zklease: create %s: %w", parent, err)
 	}
 	return nil

@@ -59,16 +59,16 @@ type Backend struct {
 	closed chan struct{} // closed by Close
 	wg     sync.WaitGroup
 
-	mu         sync.Mutex
-	isClosed   bool
-	session    int64         // the session the client is on; 0 before the first one or right after an expiry
-	passwd     []byte        // its password (for tests that end it at the store)
-	server     string        // the server of the last connect response
-	granted    time.Duration // the session timeout the last server granted; 0 until known
-	rootExists bool
-	names      map[string]*nameState
-	watching   map[string]watchEntry // by watched node path
-	contended  map[string]time.Time  // names found held recently (see noteContention)
+	mu        sync.Mutex
+	isClosed  bool
+	session   int64         // the session the client is on; 0 before the first one or right after an expiry
+	passwd    []byte        // its password (for tests that end it at the store)
+	server    string        // the server of the last connect response
+	granted   time.Duration // the session timeout the last server granted; 0 until known
+	names     map[string]*nameState
+	ready     chan struct{}         // closed while the client is on a session
+	watching  map[string]watchEntry // by watched node path
+	contended map[string]time.Time  // names found held recently (see noteContention)
 
 	notified atomic.Int64 // predecessor notifications that woke a ticket (for tests)
 }
@@ -95,7 +95,7 @@ func New(servers []string, opts ...Option) (*Backend, error) {
 	if err := o.validate(servers); err != nil {
 		return nil, err
 	}
-	b := &Backend{o: o, log: o.Logger, closed: make(chan struct{}), names: map[string]*nameState{}, watching: map[string]watchEntry{}, contended: map[string]time.Time{}}
+	b := &Backend{o: o, log: o.Logger, closed: make(chan struct{}), names: map[string]*nameState{}, ready: make(chan struct{}), watching: map[string]watchEntry{}, contended: map[string]time.Time{}}
 	conn, _, err := zk.Connect(append([]string(nil), servers...), o.SessionTimeout,
 		zk.WithDialer(b.dial),
 		zk.WithEventCallback(b.onEvent),
@@ -171,15 +171,17 @@ func (b *Backend) onEvent(ev zk.Event) {
 	if ev.Type == zk.EventSession && ev.State == zk.StateExpired {
 		b.mu.Lock()
 		old := b.session
-		var lost []lease.Notifier
+		var (
+			lost  []lease.Notifier
+			cause error
+		)
 		if old != 0 {
 			b.session = 0
-			lost = b.dropSessionLocked(old)
+			b.setReadyLocked(false)
+			lost, cause = b.dropSessionLocked(old), ErrSessionExpired
 		}
 		b.mu.Unlock()
-		for _, n := range lost {
-			n.Lost(ErrSessionExpired)
-		}
+		b.reportLost(old, cause, lost)
 	}
 }
 
@@ -205,12 +207,55 @@ func (b *Backend) onConnectResponse(server string, id int64, timeout time.Durati
 	if id != 0 {
 		b.granted = timeout
 	}
+	b.setReadyLocked(id != 0)
 	b.mu.Unlock()
 	if old != id && id != 0 {
 		b.log.Debug("zklease: session established", "session", fmt.Sprintf("0x%x", id), "timeout", timeout, "server", server, "previous", fmt.Sprintf("0x%x", old))
 	}
+	b.reportLost(old, cause, lost)
+}
+
+// reportLost reports the leases of a session that ended as lost, and
+// warns.
+func (b *Backend) reportLost(session int64, cause error, lost []lease.Notifier) {
+	if cause == nil {
+		return
+	}
+	b.log.Warn("zklease: session ended; its leases are lost", "session", fmt.Sprintf("0x%x", session), "leases", len(lost), "cause", cause)
 	for _, n := range lost {
 		n.Lost(cause)
+	}
+}
+
+// setReadyLocked opens or closes the gate Ready waits on; b.mu must be held.
+func (b *Backend) setReadyLocked(on bool) {
+	select {
+	case <-b.ready:
+		if !on {
+			b.ready = make(chan struct{})
+		}
+	default:
+		if on {
+			close(b.ready)
+		}
+	}
+}
+
+// Ready waits until the client is on a session (New connects in the
+// background), or until ctx ends or the backend is closed (ErrClosed). A
+// first Acquire does not need it: it waits for the session itself, and
+// the Manager counts that wait against the lease's TTL.
+func (b *Backend) Ready(ctx context.Context) error {
+	b.mu.Lock()
+	ready := b.ready
+	b.mu.Unlock()
+	select {
+	case <-ready:
+		return nil
+	case <-b.closed:
+		return ErrClosed
+	case <-ctx.Done():
+		return fmt.Errorf("zklease: waiting for a session: %w", ctx.Err())
 	}
 }
 
