@@ -138,8 +138,14 @@ func (b *Backend) acquire(ns *nameState, req lease.Request) (lease.Grant, error)
 	}
 
 	b.mu.Lock()
+	queued := ns.ticket != nil
 	listFirst := len(ns.subs) == 0 && b.contendedLocked(ns.name)
 	b.mu.Unlock()
+	if queued {
+		// The queue kept changing for maxQueueSteps listings: the ticket
+		// stays, and its waiters are signalled when it moves again.
+		return lease.Grant{}, notAcquired(req.Name)
+	}
 	if listFirst {
 		// Found held a moment ago: look before adding a node, which a
 		// refused attempt would only delete again (two writes). A read
