@@ -51,6 +51,12 @@ func notAcquired(name string) error { return &lease.NotAcquiredError{Name: name}
 //
 // ctx bounds the wait. If it ends, the requests already sent still run to
 // their end, and a node they created for this call is deleted.
+//
+// Errors: a *lease.NotAcquiredError (ErrNotAcquired) when another owner
+// holds or is ahead in the queue; lease.ErrInvalidName, or an error naming
+// the TTL's bounds, before any I/O; ErrSessionTimeout; ErrSessionReplaced
+// when the session changed during the attempt; ErrClosed; go-zookeeper's
+// errors, wrapped; ctx's error, wrapped.
 func (b *Backend) Acquire(ctx context.Context, req lease.Request) (lease.Grant, error) {
 	if err := lease.ValidateName(req.Name); err != nil {
 		return lease.Grant{}, err
@@ -359,6 +365,11 @@ func record(g lease.Grant) (*grantRec, error) {
 // the grant's TTL then counts from the read's send time. A grant made by
 // another Backend cannot be renewed here (its TTL is kept by that backend):
 // the error matches ErrNotHeld.
+//
+// Errors: lease.ErrNotHeld (wrapped, with the reason) when the node is
+// gone, the grant expired here or its session ended, or owner or token do
+// not match; ErrSessionTimeout; ErrClosed; go-zookeeper's errors, wrapped;
+// ctx's error, wrapped.
 func (b *Backend) Renew(ctx context.Context, g lease.Grant) error {
 	rec, err := record(g)
 	if err != nil {
@@ -427,7 +438,8 @@ func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant) []error {
 // session, released) or when owner or token do not match the grant.
 //
 // A delete whose answer is lost is sent again until the server answers,
-// even after ctx ended, so the node is never left behind.
+// even after ctx ended, so the node is never left behind. Other errors:
+// ErrClosed, go-zookeeper's errors (wrapped), ctx's error (wrapped).
 func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
 	rec, err := record(g)
 	if err != nil {

@@ -23,6 +23,8 @@ import (
 // when the last subscription of the name ends, the ticket is deleted. A
 // lost session drops the ticket and signals the waiters, whose next
 // attempt queues again. ctx bounds the requests of the subscription only.
+// Errors: lease.ErrInvalidName before any I/O, ErrClosed, go-zookeeper's
+// errors (wrapped), ctx's error (wrapped).
 func (b *Backend) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
 	if err := lease.ValidateName(name); err != nil {
 		return nil, nil, err

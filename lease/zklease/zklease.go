@@ -347,7 +347,7 @@ func (c *sniffConn) parse() {
 	c.buf = nil
 }
 
-// ctxDone reports a context's error wrapped for an operation.
+// ctxErr wraps ctx.Err() for the operation op on name.
 func ctxErr(op, name string, ctx context.Context) error {
 	return fmt.Errorf("zklease: %s %q: %w", op, name, ctx.Err())
 }
