@@ -81,8 +81,27 @@ func (e *Ensemble) Servers() []string {
 
 // Start starts an ensemble of n members (1: a standalone server) and waits
 // until every member serves. Everything is stopped and removed when the
-// test ends.
+// test ends. Ports are picked free just before the servers bind them; if
+// another process takes one in between, the ensemble is started again on
+// other ports (three tries).
 func Start(t testing.TB, n int, cfg Config) *Ensemble {
+	t.Helper()
+	var last error
+	for range 3 {
+		e, err := start(t, n, cfg)
+		if err == nil {
+			return e
+		}
+		last = err
+		for _, m := range e.Members {
+			m.stop(syscall.SIGKILL)
+		}
+	}
+	t.Fatalf("zktest: %v", last)
+	return nil
+}
+
+func start(t testing.TB, n int, cfg Config) (*Ensemble, error) {
 	t.Helper()
 	jar := os.Getenv(JarVar)
 	if jar == "" {
@@ -139,8 +158,7 @@ func Start(t testing.TB, n int, cfg Config) *Ensemble {
 	for _, m := range e.Members {
 		m.Start()
 	}
-	e.WaitReady(60 * time.Second)
-	return e
+	return e, e.waitReady(40 * time.Second)
 }
 
 func freePorts(t testing.TB, n int) []int {
@@ -260,6 +278,12 @@ func (m *Member) Mode() (string, error) {
 // ensemble, one of them leads.
 func (e *Ensemble) WaitReady(timeout time.Duration) {
 	e.t.Helper()
+	if err := e.waitReady(timeout); err != nil {
+		e.t.Fatalf("zktest: %v", err)
+	}
+}
+
+func (e *Ensemble) waitReady(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		leaders, serving, running := 0, 0, 0
@@ -280,10 +304,10 @@ func (e *Ensemble) WaitReady(timeout time.Duration) {
 			}
 		}
 		if running > 0 && serving == running && leaders == 1 {
-			return
+			return nil
 		}
 		if time.Now().After(deadline) {
-			e.t.Fatalf("zktest: the ensemble did not serve within %v (%d of %d running members serve, %d leaders; last error %v); logs in %s",
+			return fmt.Errorf("the ensemble did not serve within %v (%d of %d running members serve, %d leaders; last error %v); logs in %s",
 				timeout, serving, running, leaders, last, filepath.Dir(e.Members[0].Dir))
 		}
 		time.Sleep(50 * time.Millisecond)
