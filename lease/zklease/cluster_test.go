@@ -293,3 +293,85 @@ func acquireEventually(t *testing.T, m *lease.Manager, name string) *lease.Lease
 	}
 	return l
 }
+
+// The leader is killed together with the only way its holder has to the
+// ensemble (the holder knows no other member): the holder cannot reconnect,
+// its lease is lost at its local deadline, the new leader expires its
+// session, and a waiter on another member acquires after the loss, with a
+// greater token. Two rounds.
+func TestLeaderKilledWithItsHolder(t *testing.T) {
+	ens := zktest.Start(t, 3, zktest.Config{})
+	root := testRoot(t)
+	const ttl = 3 * time.Second
+	for round := range 2 {
+		name := fmt.Sprintf("leader-and-holder-%d", round)
+		leader := ens.Leader(10 * time.Second)
+		var other *zktest.Member
+		for _, m := range ens.Members {
+			if m != leader {
+				other = m
+				break
+			}
+		}
+		log := &renewLog{}
+		holder := newManager(t, newBackend(t, []string{leader.Addr()}, zklease.WithRoot(root), zklease.WithSessionTimeout(ttl)), ttl, lease.WithObserver(log))
+		waiter := newManager(t, newBackend(t, []string{other.Addr()}, zklease.WithRoot(root), zklease.WithSessionTimeout(ttl)), ttl, lease.WithPollInterval(10*time.Second))
+		ctx := ctxT(t)
+		h, err := holder.TryAcquire(ctx, name)
+		if err != nil {
+			t.Fatalf("round %d: holder: %v", round, err)
+		}
+		type got struct {
+			l   *lease.Lease
+			at  time.Time
+			err error
+		}
+		gotCh := make(chan got, 1)
+		go func() {
+			l, err := waiter.Acquire(ctx, name)
+			gotCh <- got{l, time.Now(), err}
+		}()
+		for {
+			if _, n := log.lastSent(); n >= 1 {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		time.Sleep(200 * time.Millisecond) // the waiter is queued
+		killed := time.Now()
+		leader.Kill()
+		select {
+		case <-h.Done():
+		case <-time.After(3 * ttl):
+			t.Fatalf("round %d: the holder's lease was not lost within 3 TTLs of losing its only member", round)
+		}
+		lostAt := time.Now()
+		lastSent, _ := log.lastSent()
+		if !lostAt.Before(lastSent.Add(ttl)) {
+			t.Fatalf("round %d: the holder lost its lease %v after its last renewal's send time + TTL", round, lostAt.Sub(lastSent.Add(ttl)))
+		}
+		var g got
+		select {
+		case g = <-gotCh:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("round %d: the waiter did not acquire within 30s of the kill", round)
+		}
+		if g.err != nil {
+			t.Fatalf("round %d: waiter: %v", round, g.err)
+		}
+		if !g.at.After(lostAt) {
+			t.Fatalf("round %d: the waiter acquired %v before the holder's lease was lost", round, lostAt.Sub(g.at))
+		}
+		if g.l.Token() <= h.Token() {
+			t.Fatalf("round %d: token %d after %d", round, g.l.Token(), h.Token())
+		}
+		t.Logf("round %d: leader %d killed with its holder; the holder lost its lease %v after the kill (%v before send + TTL); the waiter acquired %v after the kill, %v after the holder's loss",
+			round, leader.ID, lostAt.Sub(killed).Round(time.Millisecond), lastSent.Add(ttl).Sub(lostAt).Round(time.Millisecond),
+			g.at.Sub(killed).Round(time.Millisecond), g.at.Sub(lostAt).Round(time.Millisecond))
+		if err := g.l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		leader.Start()
+		ens.WaitReady(60 * time.Second)
+	}
+}
