@@ -241,7 +241,8 @@ func cycleLibs(b *testing.B) []cycleLib {
 		if err != nil || len(res) != 2 || res[0] != int64(1) {
 			return fmt.Errorf("fencekit-lua: acquire: %v, %v", res, err)
 		}
-		if n, err := releaseLua.Run(ctx, c, []string{keys.Lease}, owner, keys.Channel).Int(); err != nil || n != 1 {
+		tok, _ := res[1].(string)
+		if n, err := releaseLua.Run(ctx, c, []string{keys.Lease}, tok+":"+owner, keys.Channel).Int(); err != nil || n != 1 {
 			return fmt.Errorf("fencekit-lua: release: %v, %v", n, err)
 		}
 		return nil

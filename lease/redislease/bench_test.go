@@ -48,10 +48,11 @@ func BenchmarkCycle(b *testing.B) {
 		for b.Loop() {
 			i++
 			owner := fmt.Sprintf("raw-%d", i)
-			if err := acquireScript.Run(ctx, c, []string{keys.Lease, keys.Token}, owner, ttlMs).Err(); err != nil {
+			res, err := acquireScript.Run(ctx, c, []string{keys.Lease, keys.Token}, owner, ttlMs).Slice()
+			if err != nil {
 				b.Fatal(err)
 			}
-			if err := releaseScript.Run(ctx, c, []string{keys.Lease}, owner, keys.Channel).Err(); err != nil {
+			if err := releaseScript.Run(ctx, c, []string{keys.Lease}, res[1].(string)+":"+owner, keys.Channel).Err(); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -96,7 +97,7 @@ func BenchmarkRenew(b *testing.B) {
 	})
 	b.Run("impl=raw-scripts", func(b *testing.B) {
 		for b.Loop() {
-			if err := renewScript.Run(ctx, c, []string{be.KeysFor("renew").Lease}, l.Owner(), int64(10000)).Err(); err != nil {
+			if err := renewScript.Run(ctx, c, []string{be.KeysFor("renew").Lease}, l.Token().String()+":"+l.Owner(), int64(10000)).Err(); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -3,10 +3,11 @@
 //
 // Each operation is one Lua script, one round trip:
 //
-//   - Acquire: if the lease hash is absent, store {owner, token} with a TTL
-//     in milliseconds (PEXPIRE) and mint the token; if the same owner holds
-//     it (a retried request), extend it and return its token; otherwise
-//     return the holder's remaining time (PTTL).
+//   - Acquire: mint the token, then SET the lease key to "<token>:<owner>"
+//     with NX and a TTL in milliseconds; if the same owner holds it (a
+//     retried request), extend it and return its token; otherwise return
+//     the holder's remaining time (PTTL). A refused attempt may advance
+//     the counter without a grant: tokens still only grow.
 //   - Renew: extend the TTL only if the stored owner and token are the
 //     grant's (compare-then-extend).
 //   - Release: delete only if the stored owner and token are the grant's
@@ -142,7 +143,8 @@ func New(c Client, opts ...Option) (*Backend, error) {
 
 // Keys are the Redis names used for one lease name.
 type Keys struct {
-	// Lease is the hash holding the owner and token of the current grant.
+	// Lease is the string "<token>:<owner>" of the current grant, with the
+	// grant's TTL.
 	Lease string
 	// Token is the counter holding the last token granted.
 	Token string
@@ -156,6 +158,12 @@ var nameEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
 func (b *Backend) KeysFor(name string) Keys {
 	base := b.prefix + "{" + nameEscaper.Replace(name) + "}:"
 	return Keys{Lease: base + "lease", Token: base + "token", Channel: base + "released"}
+}
+
+// grantValue is what the lease key holds for g: "<token>:<owner>", so that
+// renew and release compare both in one string comparison.
+func grantValue(g lease.Grant) string {
+	return strconv.FormatUint(uint64(g.Token), 10) + ":" + g.Owner
 }
 
 // MinTTL is the shortest TTL the Redis backend accepts: shorter ones leave
@@ -208,7 +216,7 @@ func (b *Backend) Renew(ctx context.Context, g lease.Grant) error {
 	if err != nil {
 		return err
 	}
-	n, err := renewScript.Run(ctx, b.c, []string{b.KeysFor(g.Name).Lease}, g.Owner, ms, g.Token.String()).Int64()
+	n, err := renewScript.Run(ctx, b.c, []string{b.KeysFor(g.Name).Lease}, grantValue(g), ms).Int64()
 	if err != nil {
 		return fmt.Errorf("redislease: renew %q: %w", g.Name, err)
 	}
@@ -237,9 +245,9 @@ func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant) []error {
 				}
 				keys := []string{b.KeysFor(g.Name).Lease}
 				if withBody {
-					cmds[i] = renewScript.Eval(ctx, p, keys, g.Owner, ms, g.Token.String())
+					cmds[i] = renewScript.Eval(ctx, p, keys, grantValue(g), ms)
 				} else {
-					cmds[i] = renewScript.EvalSha(ctx, p, keys, g.Owner, ms, g.Token.String())
+					cmds[i] = renewScript.EvalSha(ctx, p, keys, grantValue(g), ms)
 				}
 			}
 			return nil
@@ -278,7 +286,7 @@ func hasNoScript(cmds []*redis.Cmd) bool {
 // on the release channel.
 func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
 	k := b.KeysFor(g.Name)
-	n, err := releaseScript.Run(ctx, b.c, []string{k.Lease}, g.Owner, k.Channel, g.Token.String()).Int64()
+	n, err := releaseScript.Run(ctx, b.c, []string{k.Lease}, grantValue(g), k.Channel).Int64()
 	if err != nil {
 		return fmt.Errorf("redislease: release %q: %w", g.Name, err)
 	}
