@@ -48,16 +48,70 @@
 // Each call returns nil (written), a *fence.StaleError (matching
 // fence.ErrStaleToken) carrying the presented token and the newest
 // accepted one, or an error: ErrNotFound, ErrExists, ErrAmbiguousKey,
-// ErrNotMigrated, an error matching ErrRetryable (see IsRetryable), or a
+// ErrLockVersionType, ErrNotMigrated, an error matching ErrRetryable (see
+// IsRetryable), an error matching fence.ErrOutcomeUnknown (below), or a
 // database error wrapped with %w so that errors.As finds the
-// *pgconn.PgError. A rejected write changed nothing. Bad input is refused
-// before any I/O: a token that is 0 or above the int64 range (PostgreSQL's
-// bigint is signed) matches fence.ErrInvalidToken; a nil database, an
-// empty, over-long (> 63 bytes) or NUL-containing identifier, a column
-// given twice, a key column among the written columns or lock_version
-// among the caller's columns match ErrInvalid. Identifiers are always
-// quoted with pgx.Identifier.Sanitize, and values are always query
-// arguments, so names containing quotes or semicolons cannot inject SQL.
+// *pgconn.PgError. A rejected write changed nothing. A rejection always
+// matches fence.ErrStaleToken; in the one case where the guard cannot
+// read the current token (a Guard's rejection whose DETAIL is not a
+// number, which fencekit's own function never sends), the
+// *fence.StaleError carries Current = fence.None, meaning unknown. Bad
+// input is refused before any I/O: a token that is 0 or above the int64
+// range (PostgreSQL's bigint is signed) matches fence.ErrInvalidToken; a
+// nil database, an empty, over-long (> 63 bytes) or NUL-containing
+// identifier, a column given twice, a key column among the written
+// columns, lock_version among the caller's columns, or a NULL key value
+// (nil, a nil pointer, or a pgtype or database/sql null: NULL matches no
+// row and conflicts with none, so two writers could each create "the"
+// row) match ErrInvalid. Identifiers are always quoted with
+// pgx.Identifier.Sanitize, and values are always bind parameters, never
+// SQL text, so names containing quotes or semicolons cannot inject SQL,
+// whatever the session's client_encoding (a resource name is sent as its
+// UTF-8 bytes and decoded by the server).
+//
+// # Outcomes that cannot be known
+//
+// A statement that reached the server can still be applied after its
+// client stopped waiting: a write blocked on a row lock commits when the
+// lock is released, even though the context that bounded it ended and pgx
+// closed the connection (pgx's cancel request, sent then, is best effort:
+// it can be lost, or arrive after the write). Such a write is reported as
+// an error matching fence.ErrOutcomeUnknown joined with its cause (for
+// example context.DeadlineExceeded or a broken connection's error); never
+// as success, never as a rejection. Read the row or resource again to
+// learn what happened. Exactly:
+//
+//   - A Table write returns it when its statement was sent and no answer
+//     came back: the context ended or the connection broke in flight. In
+//     a transaction (db a pgx.Tx) the write can take effect only if that
+//     transaction commits, which it cannot once its connection is gone.
+//   - Guard.BeginFunc returns it when COMMIT was sent and no answer came
+//     back. An interruption earlier (in BEGIN, the advance or fn) commits
+//     nothing, because PostgreSQL rolls back the open transaction of a
+//     closed connection, and is a plain error.
+//   - Guard.Advance never returns it: it runs in your transaction, whose
+//     commit is yours.
+//
+// A failure before anything was sent (a context that had already ended,
+// no connection from the pool, an argument pgx cannot encode) is a plain
+// error: nothing can have been applied. For a DBTX other than a pool, a
+// connection or a pgx.Tx, sqlguard cannot see the connection, and reports
+// every failure that pgx does not mark as raised before sending
+// (pgconn.SafeToRetry) as unknown.
+//
+// # The lock_version column
+//
+// Row-level fencing needs lock_version to be bigint. Each write's
+// statement checks the column's declared type (read from the statement's
+// own parse of the table, not from the catalog: no round trip, a few
+// microseconds of server time) and writes nothing, returning
+// ErrLockVersionType, when it is anything else. With real or double
+// precision, two distinct tokens above 2^24 or 2^53 round to one value
+// and a stale write would pass; smallint and integer overflow; numeric
+// and text would hold values the guard cannot read back. The check is not
+// cached, so it follows the table: a column altered after the first write
+// is caught by the next one. Package migrations applies the same check
+// (internal/lockversion holds it for both) when it adds the column.
 //
 // # How the stale token's current version is learned without a race
 //
@@ -104,9 +158,12 @@
 // # Round trips
 //
 // A row-level write: one statement, one round trip, the same as the
-// unfenced statement. Guard.BeginFunc on a *pgxpool.Pool or *pgx.Conn:
-// BEGIN and the advance are sent together in one simple-protocol message,
-// so the transaction costs the same round trips as an unfenced one (one
-// statement more on the server). Guard.Advance: one statement. A stale
-// token in BeginFunc costs one more round trip, for the ROLLBACK.
+// unfenced statement. Guard.BeginFunc on a *pgxpool.Pool, *pgxpool.Conn or
+// *pgx.Conn: the begin query (pgx's, from Options.TxOptions, or your
+// BeginQuery exactly as given) and the advance are sent as one pgx batch
+// (pgx.Batch.BeginTx): two statements, with bind parameters, in one round
+// trip once pgx has prepared them on the connection, so the transaction
+// costs the same round trips as an unfenced one (one statement more on
+// the server). Guard.Advance: one statement. A stale token in BeginFunc
+// costs one more round trip, for the ROLLBACK.
 package sqlguard

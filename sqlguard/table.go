@@ -8,8 +8,10 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/lockversion"
 )
 
 // Column is one column of a row and the value to write to it. Value is
@@ -130,18 +132,24 @@ func (k writeKind) String() string {
 }
 
 // Update sets the given columns of the row whose key columns equal key (in
-// NewTable's order), and sets its lock_version to token, if and only if the
-// row's lock_version is <= token. set may be empty: the write then only
-// claims the row for token. It runs one statement (one round trip).
+// NewTable's order; none may be NULL), and sets its lock_version to token,
+// if and only if the row's lock_version is <= token. set may be empty: the
+// write then only claims the row for token. It runs one statement (one
+// round trip).
 //
 // It returns nil when the row was written; a *fence.StaleError (matching
 // fence.ErrStaleToken) carrying the row's lock_version when that is newer
 // than token; ErrNotFound when no row has the key; ErrAmbiguousKey when
-// several rows do; an error matching ErrRetryable for a serialization
-// failure or deadlock; any other database error wrapped (errors.As finds
-// the *pgconn.PgError). Bad arguments are reported before any I/O: a
-// token that is 0 or above the int64 range (fence.ErrInvalidToken), or an
-// ErrInvalid. ctx bounds the statement.
+// several rows do; ErrLockVersionType when the table's lock_version is not
+// bigint (nothing written); an error matching ErrRetryable for a
+// serialization failure or deadlock; an error matching
+// fence.ErrOutcomeUnknown, joined with its cause, when ctx ended or the
+// connection broke after the statement was sent (the write may have been
+// applied, or may still be: see the package doc); any other database
+// error wrapped (errors.As finds the *pgconn.PgError). Bad arguments are
+// reported before any I/O: a token that is 0 or above the int64 range
+// (fence.ErrInvalidToken), or an ErrInvalid (among them a NULL key
+// value). ctx bounds the statement.
 //
 // db may be a pool or connection (the write commits on its own) or a
 // pgx.Tx (the row stays locked, and the write can still be rolled back,
@@ -212,12 +220,31 @@ func (t *Table) write(ctx context.Context, kind writeKind, db DBTX, token fence.
 	var (
 		n, written int64
 		current    *int64
+		badType    *string
 	)
-	if err := db.QueryRow(ctx, t.statement(kind, cols), args...).Scan(&n, &current, &written); err != nil {
-		return wrapDBErr(op, err)
+	sql := t.statement(kind, cols)
+	if p, ok := db.(*pgxpool.Pool); ok {
+		// Acquire here rather than in p.QueryRow, so that a failure to get
+		// a connection (nothing sent) is told apart from one in flight.
+		c, err := p.Acquire(ctx)
+		if err != nil {
+			return fmt.Errorf("sqlguard: %s: acquire connection: %w", op, err)
+		}
+		err = c.QueryRow(ctx, sql, args...).Scan(&n, &current, &written, &badType)
+		if err != nil {
+			err = sentErr(op, err, c.Conn())
+		}
+		c.Release()
+		if err != nil {
+			return err
+		}
+	} else if err := db.QueryRow(ctx, sql, args...).Scan(&n, &current, &written, &badType); err != nil {
+		return sentErr(op, err, connOf(db))
 	}
 	res := t.resource(key)
 	switch {
+	case badType != nil:
+		return fmt.Errorf("sqlguard: %s: %w: %s.%s is %s, want %s", op, ErrLockVersionType, t.name, LockVersionColumn, *badType, lockversion.Type)
 	case n > 1:
 		return fmt.Errorf("sqlguard: %s: %w: %s matches %d rows", op, ErrAmbiguousKey, res, n)
 	case written > 0:
@@ -247,6 +274,11 @@ func (t *Table) check(db DBTX, key []any, cols []Column) error {
 	}
 	if len(key) != len(t.keys) {
 		errs = append(errs, fmt.Errorf("%w: %d key values for %d key columns", ErrInvalid, len(key), len(t.keys)))
+	}
+	for i, v := range key[:min(len(key), len(t.keys))] {
+		if isNull(v) {
+			errs = append(errs, fmt.Errorf("%w: key column %q is NULL (a NULL key matches no row and conflicts with none)", ErrInvalid, t.keys[i]))
+		}
 	}
 	seen := make(map[string]bool, len(cols))
 	for _, c := range cols {
@@ -293,17 +325,28 @@ func (t *Table) resource(key []any) string {
 
 // statement builds the single statement for a write. Its parameters are the
 // key values ($1..$n), the column values, then the token. It returns one
-// row: how many rows have the key (locked, newest committed version), the greatest of their lock_versions, and how many rows were
-// written.
+// row: how many rows have the key (locked, newest committed version), the
+// greatest of their lock_versions, how many rows were written, and, when
+// the lock_version column is not bigint, its type (NULL otherwise).
 //
 // Locking the row first and comparing against the locked version is what
 // makes the reported version exact under READ COMMITTED: SELECT ... FOR
-// [NO KEY] UPDATE waits for a concurrent writer and then returns the row's newest
-// committed version, and the write's own WHERE (re-checked by PostgreSQL
-// on that newest version) compares against the same value.
+// [NO KEY] UPDATE waits for a concurrent writer and then returns the row's
+// newest committed version, and the write's own WHERE (re-checked by
+// PostgreSQL on that newest version) compares against the same value.
+//
+// Every write is conditional on the column's type being bigint
+// (lockversion.IsBigint, no catalog read): with any other type nothing is
+// written, and the column is read through a cast only when it is bigint, so
+// the statement parses, the token is passed as a bigint and nothing fails
+// before the check, whatever the type (real, numeric, integer, text...).
 func (t *Table) statement(kind writeKind, cols []Column) string {
 	nk := len(t.keys)
-	tokParam := "$" + strconv.Itoa(nk+len(cols)+1)
+	tokParam := "$" + strconv.Itoa(nk+len(cols)+1) + "::bigint"
+	// What is stored: a subquery, so that a custom plan cannot fold the
+	// assignment cast to a column of another type (which would fail at
+	// planning, before the type check, for a token out of its range).
+	tokValue := "(SELECT " + tokParam + ")"
 	colIdents := make([]string, len(cols))
 	colParams := make([]string, len(cols))
 	for i, c := range cols {
@@ -311,6 +354,7 @@ func (t *Table) statement(kind writeKind, cols []Column) string {
 		colParams[i] = "$" + strconv.Itoa(nk+i+1)
 	}
 	lv := pgx.Identifier{LockVersionColumn}.Sanitize()
+	isBigint := lockversion.IsBigint(t.ident)
 	guard := "(SELECT count(*) FROM " + cteCur + ") = 1 AND (SELECT max(fencekit_v) FROM " + cteCur + ") <= " + tokParam
 
 	// The lock a plain UPDATE or DELETE of the row would take: FOR NO KEY
@@ -320,7 +364,8 @@ func (t *Table) statement(kind writeKind, cols []Column) string {
 		lock = " FOR UPDATE"
 	}
 	var b strings.Builder
-	b.WriteString("WITH " + cteCur + " AS (SELECT " + lv + " AS fencekit_v FROM " + t.ident + " WHERE " + t.where + lock + "), ")
+	b.WriteString("WITH " + cteCur + " AS (SELECT CASE WHEN " + isBigint + " THEN " + lv + "::text::bigint END AS fencekit_v FROM " +
+		t.ident + " WHERE " + t.where + lock + "), ")
 	b.WriteString(cteWritten + " AS (")
 	switch kind {
 	case kindUpdate:
@@ -328,7 +373,7 @@ func (t *Table) statement(kind writeKind, cols []Column) string {
 		for i := range cols {
 			b.WriteString(colIdents[i] + " = " + colParams[i] + ", ")
 		}
-		b.WriteString(lv + " = " + tokParam + " WHERE " + t.where + " AND " + guard)
+		b.WriteString(lv + " = " + tokValue + " WHERE " + t.where + " AND " + guard)
 	case kindDelete:
 		b.WriteString("DELETE FROM " + t.ident + " WHERE " + t.where + " AND " + guard)
 	case kindInsert, kindUpsert:
@@ -337,13 +382,13 @@ func (t *Table) statement(kind writeKind, cols []Column) string {
 		for i := 1; i <= nk; i++ {
 			params = append(params, "$"+strconv.Itoa(i))
 		}
-		params = append(append(params, colParams...), tokParam)
+		params = append(append(params, colParams...), tokValue)
 		b.WriteString("INSERT INTO " + t.ident + " AS fencekit_t (" + strings.Join(targets, ", ") + ") ")
+		b.WriteString("SELECT " + strings.Join(params, ", ") + " WHERE " + isBigint)
 		if kind == kindInsert {
-			b.WriteString("SELECT " + strings.Join(params, ", ") + " WHERE NOT EXISTS (SELECT 1 FROM " + cteCur + ")")
+			b.WriteString(" AND NOT EXISTS (SELECT 1 FROM " + cteCur + ")")
 			b.WriteString(" ON CONFLICT (" + t.keyList + ") DO NOTHING")
 		} else {
-			b.WriteString("VALUES (" + strings.Join(params, ", ") + ")")
 			b.WriteString(" ON CONFLICT (" + t.keyList + ") DO UPDATE SET ")
 			for _, id := range colIdents {
 				b.WriteString(id + " = EXCLUDED." + id + ", ")
@@ -351,6 +396,7 @@ func (t *Table) statement(kind writeKind, cols []Column) string {
 			b.WriteString(lv + " = EXCLUDED." + lv + " WHERE fencekit_t." + lv + " <= EXCLUDED." + lv)
 		}
 	}
-	b.WriteString(" RETURNING 1) SELECT (SELECT count(*) FROM " + cteCur + "), (SELECT max(fencekit_v) FROM " + cteCur + "), (SELECT count(*) FROM " + cteWritten + ")")
+	b.WriteString(" RETURNING 1) SELECT (SELECT count(*) FROM " + cteCur + "), (SELECT max(fencekit_v) FROM " + cteCur + "), (SELECT count(*) FROM " +
+		cteWritten + "), CASE WHEN " + isBigint + " THEN NULL ELSE pg_catalog.format_type(" + lockversion.TypeOf(t.ident) + ", NULL) END")
 	return b.String()
 }
