@@ -20,9 +20,9 @@
 //
 //   - Row-level: a Table writes single rows of your table, which carries a
 //     lock_version BIGINT NOT NULL column (package migrations adds it).
-//     Update, Insert, Upsert and Delete each run one statement (one round
-//     trip) that writes only if the row's lock_version is <= the token and
-//     sets lock_version to the token.
+//     Update, Insert, Upsert and Delete each write only if the row's
+//     lock_version is <= the token, and set lock_version to the token, in
+//     one statement (one round trip when the write succeeds).
 //   - Resource-level: a Guard fences any SQL that runs in a transaction.
 //     Guard.BeginFunc (like pgx.BeginFunc) advances the resource's token
 //     in the toolkit's table fencekit_resource_tokens, holds that row's lock
@@ -101,22 +101,50 @@
 //
 // # The lock_version column
 //
-// Row-level fencing needs lock_version to be bigint. Each write's
-// statement checks the column's declared type (read from the statement's
-// own parse of the table, not from the catalog: no round trip, a few
-// microseconds of server time) and writes nothing, returning
-// ErrLockVersionType, when it is anything else. With real or double
-// precision, two distinct tokens above 2^24 or 2^53 round to one value
-// and a stale write would pass; smallint and integer overflow; numeric
-// and text would hold values the guard cannot read back. The check is not
-// cached, so it follows the table: a column altered after the first write
-// is caught by the next one. Package migrations applies the same check
-// (internal/lockversion holds it for both) when it adds the column.
+// Row-level fencing needs lock_version to be bigint. With real or double
+// precision, two distinct tokens above 2^24 or 2^53 round to one value and
+// a stale write would pass; smallint and integer overflow; numeric and
+// text would hold values the guard cannot read back. So a write to a table
+// whose lock_version has any other type writes nothing and returns
+// ErrLockVersionType. The rule is defined once (internal/lockversion) for
+// this package and for package migrations, which refuses such a column
+// when it adds lock_version. How it is checked is part of the next
+// section.
+//
+// # One statement on the success path, the exact one on the rejection path
+//
+// Each connection checks a table once, at its first write to it (one
+// query, one round trip, reading only the catalog): that lock_version is
+// bigint, and that a unique index (valid, not deferrable, not partial, on
+// plain columns) has exactly the Table's key columns, so that a key can
+// reach one row at most. The answer is kept with the connection
+// (pgconn.CustomData: it lives as long as the connection, and a pool's
+// connections each check once). Where both hold, a write is first sent as
+// the plain statement with "lock_version <= token" added to its condition
+// (UPDATE ... WHERE key AND lock_version <= $t, DELETE likewise, INSERT ...
+// ON CONFLICT DO NOTHING or DO UPDATE ... WHERE lock_version <=
+// EXCLUDED.lock_version), which costs what the unfenced statement costs; it
+// also re-checks lock_version's type in its condition, at no cost at run
+// time (the type is resolved when the statement is planned), so a column
+// altered after the check is not trusted. When that statement writes the
+// row, that is the whole write. When it writes nothing, which says nothing
+// about why, the exact statement below follows (a second round trip, on
+// the rejection path only): it writes if it may by now, or says exactly
+// why not. Where the check fails (no such unique index, for example on a
+// view), and through a DBTX whose connection sqlguard cannot see (neither
+// a pool, a connection nor a pgx.Tx), every write is the exact statement
+// alone, which checks lock_version's type by itself.
+//
+// What a connection learned at its first write is not read again: a unique
+// index dropped later is not seen by that connection, and a write that
+// then reaches several rows is written and reported (ErrAmbiguousKey,
+// saying so). A search_path changed with SET after the first write is not
+// seen either; set it in the connection's configuration instead.
 //
 // # How the stale token's current version is learned without a race
 //
-// A row-level write locks the row first and then writes conditionally, in
-// one statement:
+// The exact statement of a row-level write locks the row first and then
+// writes conditionally, in one statement:
 //
 //	WITH fencekit_cur AS (SELECT lock_version ... WHERE key = $1 FOR NO KEY UPDATE),
 //	     fencekit_w AS (UPDATE ... SET ..., lock_version = $t
@@ -125,13 +153,17 @@
 //	SELECT count(fencekit_cur), max(lock_version), count(fencekit_w)
 //
 // Under READ COMMITTED, SELECT ... FOR NO KEY UPDATE (the lock an UPDATE
-// takes) waits for a concurrent writer
-// of the row and then returns the row's newest committed version, now
-// locked by this statement; the UPDATE compares against that same value
-// (PostgreSQL re-checks its WHERE on the newest version). So the version
-// reported in a *fence.StaleError is the one that rejected the write, never
-// an older snapshot's. A plain "UPDATE ... WHERE lock_version <= $t" could
-// not tell a stale row from a missing one, and a second SELECT would race.
+// takes) waits for a concurrent writer of the row and then returns the
+// row's newest committed version, now locked by this statement; the UPDATE
+// compares against that same value (PostgreSQL re-checks its WHERE on the
+// newest version). So the version reported in a *fence.StaleError is the
+// one that rejected the write, never an older snapshot's. A plain "UPDATE
+// ... WHERE lock_version <= $t" cannot tell a stale row from a missing
+// one, and a SELECT after it would race: that is why the success path's
+// plain statement, when it writes nothing, is followed by this one, which
+// decides on its own. The exact statement also checks lock_version's type
+// (reading it from the statement's own parse of the table, at a few
+// microseconds of server time) and writes nothing when it is not bigint.
 //
 // The resource-level advance is one call to the toolkit's function
 // fencekit_advance_token (package migrations): an INSERT ... ON CONFLICT DO
@@ -157,8 +189,10 @@
 //
 // # Round trips
 //
-// A row-level write: one statement, one round trip, the same as the
-// unfenced statement. Guard.BeginFunc on a *pgxpool.Pool, *pgxpool.Conn or
+// A row-level write that succeeds: one statement, one round trip, the
+// same as the unfenced statement (plus one round trip at a connection's
+// first write to the table, for its check). A rejected one, or one on a
+// connection without the fast path: two statements, two round trips. Guard.BeginFunc on a *pgxpool.Pool, *pgxpool.Conn or
 // *pgx.Conn: the begin query (pgx's, from Options.TxOptions, or your
 // BeginQuery exactly as given) and the advance are sent as one pgx batch
 // (pgx.Batch.BeginTx): two statements, with bind parameters, in one round

@@ -14,12 +14,12 @@ import (
 
 // TestTableRefusesLockVersionNotBigint: a lock_version column of any type
 // but bigint is refused, closed, with ErrLockVersionType, and nothing is
-// written. With real, two distinct tokens above 2^24 (16777217 here)
-// round to the same value, so a stale holder's write would pass the check;
+// written. With real, two distinct tokens above 2^24 (16777217 here) round
+// to the same value, so a stale holder's write would pass the check;
 // smallint and integer overflow on tokens a lease hands out; numeric and
-// text would compare and store what the guard cannot read back as a token. The check is part of every write's
-// statement, so it follows the table: a column changed after the first
-// write is caught by the next one.
+// text would compare and store what the guard cannot read back as a
+// token. A column changed after a connection's first write (which checked
+// it) is caught by the next write: each statement re-checks the type.
 func TestTableRefusesLockVersionNotBigint(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)

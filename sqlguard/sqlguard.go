@@ -74,7 +74,10 @@ var ErrExists = errors.New("sqlguard: row already exists")
 
 // ErrAmbiguousKey is returned by a Table write when the key matches more
 // than one row: the key columns do not identify a row (they must be the
-// primary key or a unique key). Nothing was written.
+// primary key or a unique key). Nothing was written, except in one case
+// the error then says: a connection that found a unique index on the key
+// columns at its first write to the table, after which the index was
+// dropped and duplicate keys were added (see the package doc).
 var ErrAmbiguousKey = errors.New("sqlguard: key matches more than one row")
 
 // ErrRetryable is matched (through a *RetryableError) by failures that say

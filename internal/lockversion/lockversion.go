@@ -32,3 +32,25 @@ func TypeOf(ident string) string {
 func IsBigint(ident string) string {
 	return TypeOf(ident) + " = 'pg_catalog.int8'::pg_catalog.regtype"
 }
+
+// RowTypeIsBigint returns an SQL boolean expression that is true when the
+// lock_version field of the row type named ident (quoted, as for TypeOf)
+// is bigint. It costs nothing at run time (the type is resolved when the
+// statement is parsed), but names the row type, which is looked up among
+// types rather than relations: it agrees with IsBigint unless a schema
+// earlier in the search_path holds a stand-alone type of the table's name.
+// Use it only as a cheap re-check where IsBigint or InCatalog has already
+// been answered for the table.
+func RowTypeIsBigint(ident string) string {
+	return "pg_catalog.pg_typeof((NULL::" + ident + ")." + Column + ") = 'pg_catalog.int8'::pg_catalog.regtype"
+}
+
+// InCatalog returns an SQL boolean expression that is true when the
+// relation whose oid the SQL expression relid gives has a lock_version
+// column of type bigint, false when it has one of another type, no such
+// column, or relid is NULL. Unlike IsBigint it cannot fail to parse, so a
+// probe built on it never aborts the transaction it runs in.
+func InCatalog(relid string) string {
+	return "coalesce((SELECT a.atttypid = 'pg_catalog.int8'::pg_catalog.regtype FROM pg_catalog.pg_attribute a" +
+		" WHERE a.attrelid = " + relid + " AND a.attname = '" + Column + "' AND NOT a.attisdropped), false)"
+}
