@@ -76,6 +76,7 @@ var (
 	_ lease.Watcher = (*Backend)(nil)
 
 	_ lease.BatchRenewer = (*Backend)(nil)
+	_ lease.Inspector    = (*Backend)(nil)
 )
 
 var (
@@ -95,6 +96,9 @@ var (
 	//go:embed release.lua
 	releaseSrc    string
 	releaseScript = redis.NewScript(releaseSrc)
+	//go:embed holder.lua
+	holderSrc    string
+	holderScript = redis.NewScript(holderSrc)
 )
 
 // Options configures a Backend. New starts from the defaults documented on
@@ -294,6 +298,27 @@ func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
 		return lease.ErrNotHeld
 	}
 	return nil
+}
+
+// Holder implements lease.Inspector in one script call.
+func (b *Backend) Holder(ctx context.Context, name string) (lease.Holder, error) {
+	res, err := holderScript.Run(ctx, b.c, []string{b.KeysFor(name).Lease}).Slice()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return lease.Holder{}, lease.ErrNotHeld
+	case err != nil:
+		return lease.Holder{}, fmt.Errorf("redislease: holder of %q: %w", name, err)
+	case len(res) != 2:
+		return lease.Holder{}, fmt.Errorf("redislease: holder of %q: unexpected reply %v", name, res)
+	}
+	v, _ := res[0].(string)
+	tokS, owner, ok := strings.Cut(v, ":")
+	tok, perr := strconv.ParseUint(tokS, 10, 64)
+	if !ok || perr != nil || tok == 0 {
+		return lease.Holder{}, fmt.Errorf("redislease: holder of %q: the lease key holds %q, not a grant", name, v)
+	}
+	pttl, _ := res[1].(int64)
+	return lease.Holder{Name: name, Owner: owner, Token: fence.Token(tok), Remaining: time.Duration(max(pttl, 0)) * time.Millisecond}, nil
 }
 
 // Watch implements lease.Watcher over one shared pub/sub connection. It
