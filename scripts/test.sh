@@ -23,3 +23,9 @@ echo "+ go vet ${pkgs[*]}   (the first run downloads and compiles everything: a 
 go vet "${pkgs[@]}"
 echo "+ go test -race -count=1 ${pkgs[*]}"
 go test -race -count=1 -timeout 20m "${pkgs[@]}"
+
+if [ $# -eq 0 ]; then
+  # Tests of deadlines under load, alone on the machine (build tag "scale").
+  echo "+ go test -race -count=1 -tags scale -run AtScale ./lease/..."
+  go test -race -count=1 -tags scale -run AtScale -timeout 10m ./lease/...
+fi

@@ -1,3 +1,5 @@
+//go:build scale
+
 package redislease_test
 
 import (
@@ -22,10 +24,13 @@ import (
 // instant, as seen by a goroutine waiting on Done, and Err must never
 // return nil at or past the local deadline.
 //
-// The safety margin is 150 ms rather than the default (52 ms for this
-// TTL), so that the test holds while other packages' tests load the
-// machine; SCALE_TTL and SCALE_MARGIN (a duration, or "default") change
-// the scenario for measurements.
+// It runs only with the build tag "scale": scripts/test.sh runs it on its
+// own after everything else, so that no other test loads the machine
+// meanwhile (a 2-core machine shared with etcd and ZooKeeper clusters
+// starves any process of CPU for longer than a safety margin). The safety
+// margin is 150 ms rather than the default (52 ms for this TTL) for the same
+// reason; SCALE_TTL and SCALE_MARGIN (a duration, or "default") change the
+// scenario for measurements.
 func TestDeadlinesHoldAtScale(t *testing.T) {
 	const leases = 10000
 	ttl := 5 * time.Second

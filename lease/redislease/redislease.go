@@ -194,22 +194,19 @@ func (b *Backend) Acquire(ctx context.Context, req lease.Request) (lease.Grant, 
 		return lease.Grant{}, err
 	}
 	k := b.KeysFor(req.Name)
-	res, err := acquireScript.Run(ctx, b.c, []string{k.Lease, k.Token}, req.Owner, ms).Slice()
+	v, err := acquireScript.Run(ctx, b.c, []string{k.Lease, k.Token}, req.Owner, ms).Int64()
 	if err != nil {
 		return lease.Grant{}, fmt.Errorf("redislease: acquire %q: %w", req.Name, err)
 	}
-	if len(res) != 2 {
-		return lease.Grant{}, fmt.Errorf("redislease: acquire %q: unexpected reply %v", req.Name, res)
+	if v < 0 {
+		// -pttl - 1: held by another owner, for pttl more milliseconds
+		// (-1 or -2 from PTTL: no expiry, or gone meanwhile).
+		return lease.Grant{}, &lease.NotAcquiredError{Name: req.Name, RetryAfter: time.Duration(max(-v-1, 0)) * time.Millisecond}
 	}
-	if ok, _ := res[0].(int64); ok == 0 {
-		pttl, _ := res[1].(int64)
-		return lease.Grant{}, &lease.NotAcquiredError{Name: req.Name, RetryAfter: time.Duration(max(pttl, 0)) * time.Millisecond}
+	if v == 0 {
+		return lease.Grant{}, fmt.Errorf("redislease: acquire %q: the store returned token 0", req.Name)
 	}
-	s, _ := res[1].(string)
-	tok, err := strconv.ParseUint(s, 10, 64)
-	if err != nil || tok == 0 {
-		return lease.Grant{}, fmt.Errorf("redislease: acquire %q: the store returned an invalid token %v", req.Name, res[1])
-	}
+	tok := uint64(v)
 	return lease.Grant{Name: req.Name, Owner: req.Owner, Token: fence.Token(tok), TTL: req.TTL}, nil
 }
 
