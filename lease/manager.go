@@ -192,9 +192,16 @@ func (m *Manager) pollWait(err error) time.Duration {
 }
 
 func (m *Manager) request(name string) Request {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
-	return Request{Name: name, Owner: m.o.Identity + "/" + hex.EncodeToString(b[:]), TTL: m.o.TTL}
+	var r [16]byte
+	_, _ = rand.Read(r[:]) // crypto/rand.Read never fails (Go 1.24+)
+	var owner strings.Builder
+	owner.Grow(len(m.o.Identity) + 1 + hex.EncodedLen(len(r)))
+	owner.WriteString(m.o.Identity)
+	owner.WriteByte('/')
+	var h [32]byte
+	hex.Encode(h[:], r[:])
+	owner.Write(h[:])
+	return Request{Name: name, Owner: owner.String(), TTL: m.o.TTL}
 }
 
 // attempt sends one acquire request and turns a grant into a Lease.

@@ -160,14 +160,53 @@ var nameEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
 
 // KeysFor returns the keys the backend uses for the lease name.
 func (b *Backend) KeysFor(name string) Keys {
-	base := b.prefix + "{" + nameEscaper.Replace(name) + "}:"
-	return Keys{Lease: base + "lease", Token: base + "token", Channel: base + "released"}
+	lk, tk, ch := b.keys(name, "lease", "token", "released")
+	return Keys{Lease: lk, Token: tk, Channel: ch}
+}
+
+// keys returns the names "<prefix>{<name>}:<suffix>" for two or three
+// suffixes (c may be empty), built in one allocation: they are substrings of
+// one string.
+func (b *Backend) keys(name, a, c, d string) (string, string, string) {
+	esc := nameEscaper.Replace(name)
+	base := len(b.prefix) + len(esc) + 3
+	var sb strings.Builder
+	sb.Grow(3*base + len(a) + len(c) + len(d))
+	for _, suffix := range [...]string{a, c, d} {
+		if suffix == "" {
+			continue
+		}
+		sb.WriteString(b.prefix)
+		sb.WriteByte('{')
+		sb.WriteString(esc)
+		sb.WriteString("}:")
+		sb.WriteString(suffix)
+	}
+	all := sb.String()
+	i, j := base+len(a), base+len(a)
+	if c != "" {
+		j += base + len(c)
+	}
+	return all[:i], all[i:j], all[j:]
+}
+
+// leaseKey returns the key of name's lease alone.
+func (b *Backend) leaseKey(name string) string {
+	k, _, _ := b.keys(name, "lease", "", "")
+	return k
 }
 
 // grantValue is what the lease key holds for g: "<token>:<owner>", so that
 // renew and release compare both in one string comparison.
 func grantValue(g lease.Grant) string {
-	return strconv.FormatUint(uint64(g.Token), 10) + ":" + g.Owner
+	var num [20]byte
+	tok := strconv.AppendUint(num[:0], uint64(g.Token), 10)
+	var sb strings.Builder
+	sb.Grow(len(tok) + 1 + len(g.Owner))
+	sb.Write(tok)
+	sb.WriteByte(':')
+	sb.WriteString(g.Owner)
+	return sb.String()
 }
 
 // MinTTL is the shortest TTL the Redis backend accepts: shorter ones leave
@@ -193,8 +232,8 @@ func (b *Backend) Acquire(ctx context.Context, req lease.Request) (lease.Grant, 
 	if err != nil {
 		return lease.Grant{}, err
 	}
-	k := b.KeysFor(req.Name)
-	v, err := acquireScript.Run(ctx, b.c, []string{k.Lease, k.Token}, req.Owner, ms).Int64()
+	lk, tk, _ := b.keys(req.Name, "lease", "token", "")
+	v, err := acquireScript.Run(ctx, b.c, []string{lk, tk}, req.Owner, ms).Int64()
 	if err != nil {
 		return lease.Grant{}, fmt.Errorf("redislease: acquire %q: %w", req.Name, err)
 	}
@@ -217,7 +256,7 @@ func (b *Backend) Renew(ctx context.Context, g lease.Grant) error {
 	if err != nil {
 		return err
 	}
-	n, err := renewScript.Run(ctx, b.c, []string{b.KeysFor(g.Name).Lease}, grantValue(g), ms).Int64()
+	n, err := renewScript.Run(ctx, b.c, []string{b.leaseKey(g.Name)}, grantValue(g), ms).Int64()
 	if err != nil {
 		return fmt.Errorf("redislease: renew %q: %w", g.Name, err)
 	}
@@ -244,7 +283,7 @@ func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant) []error {
 					errs[i] = err
 					continue
 				}
-				keys := []string{b.KeysFor(g.Name).Lease}
+				keys := []string{b.leaseKey(g.Name)}
 				if withBody {
 					cmds[i] = renewScript.Eval(ctx, p, keys, grantValue(g), ms)
 				} else {
@@ -286,8 +325,8 @@ func hasNoScript(cmds []*redis.Cmd) bool {
 // only if the lease hash still holds g's owner and token, and then publishes
 // on the release channel.
 func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
-	k := b.KeysFor(g.Name)
-	n, err := releaseScript.Run(ctx, b.c, []string{k.Lease}, grantValue(g), k.Channel).Int64()
+	lk, _, ch := b.keys(g.Name, "lease", "", "released")
+	n, err := releaseScript.Run(ctx, b.c, []string{lk}, grantValue(g), ch).Int64()
 	if err != nil {
 		return fmt.Errorf("redislease: release %q: %w", g.Name, err)
 	}
@@ -299,7 +338,7 @@ func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
 
 // Holder implements lease.Inspector in one script call.
 func (b *Backend) Holder(ctx context.Context, name string) (lease.Holder, error) {
-	res, err := holderScript.Run(ctx, b.c, []string{b.KeysFor(name).Lease}).Slice()
+	res, err := holderScript.Run(ctx, b.c, []string{b.leaseKey(name)}).Slice()
 	switch {
 	case errors.Is(err, redis.Nil):
 		return lease.Holder{}, lease.ErrNotHeld
