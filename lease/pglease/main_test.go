@@ -119,6 +119,17 @@ func newManager(tb testing.TB, b lease.Backend, ttl time.Duration, opts ...lease
 	return m
 }
 
+// connectT opens a connection to url, closed when the test ends.
+func connectT(tb testing.TB, url string) *pgx.Conn {
+	tb.Helper()
+	c, err := pgx.Connect(ctxT(tb), url)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { c.Close(context.Background()) })
+	return c
+}
+
 // exec runs SQL on a new connection to url.
 func exec(tb testing.TB, url, sql string, args ...any) {
 	tb.Helper()

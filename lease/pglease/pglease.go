@@ -152,10 +152,10 @@ func WithLogger(l *slog.Logger) Option { return func(o *Options) { o.Logger = l 
 // the listening connection and, in session mode, the sessions of leases
 // still held.
 type Backend struct {
-	db   Pool
-	o    Options
-	q    statements
-	hub  *hub
+	db  Pool
+	o   Options
+	q   statements
+	hub *hub
 
 	mu     sync.Mutex
 	pins   map[*pin]struct{} // session mode: live pinned connections

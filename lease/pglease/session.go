@@ -83,13 +83,20 @@ func (b *Backend) sessionAcquire(ctx context.Context, req lease.Request) (lease.
 		pid     int32
 		idleWas string
 	)
+	announced := pc.Conn().PgConn().PID()
 	sent := time.Now()
-	err = pc.QueryRow(ctx, b.q.sessionAcquire, req.Name, req.Owner, key, strconv.FormatInt(ms, 10)).Scan(&ok, &token, &pid, &idleWas)
+	err = pc.QueryRow(ctx, b.q.sessionAcquire, req.Name, req.Owner, key, strconv.FormatInt(ms, 10), b.o.AllowPooler, int32(announced)).
+		Scan(&ok, &token, &pid, &idleWas)
 	if err != nil {
 		// The lock may be held (session locks survive a failed
 		// statement): end the session.
 		destroy(pc)
 		return lease.Grant{}, storeErr("acquire", req.Name, err)
+	}
+	if uint32(pid) != announced && !b.o.AllowPooler {
+		pc.Release() // the statement took nothing
+		return lease.Grant{}, fmt.Errorf("%w: the connection announced server process %d at connect, but server process %d ran the statement (see Options.AllowPooler)",
+			ErrPooler, announced, pid)
 	}
 	if !ok {
 		pc.Release() // nothing was taken or set on it
@@ -98,11 +105,6 @@ func (b *Backend) sessionAcquire(ctx context.Context, req lease.Request) (lease.
 	if token <= 0 {
 		destroy(pc)
 		return lease.Grant{}, fmt.Errorf("pglease: acquire %q: the store returned an invalid token %d", req.Name, token)
-	}
-	if announced := pc.Conn().PgConn().PID(); uint32(pid) != announced && !b.o.AllowPooler {
-		destroy(pc)
-		return lease.Grant{}, fmt.Errorf("%w: the connection announced server process %d at connect, but server process %d ran the statement (see Options.AllowPooler)",
-			ErrPooler, announced, pid)
 	}
 	p = &pin{
 		b: b, pc: pc, name: req.Name, owner: req.Owner, token: fence.Token(token), key: key,

@@ -78,13 +78,20 @@ RETURNING l.name, l.owner, l.token`,
 )
 SELECT count(*) FROM (SELECT pg_notify($4, r.name) FROM r) n`,
 
-		// $1 name, $2 owner, $3 lock key, $4 TTL in ms (text). Takes the
-		// lock without waiting; only if it got it, sets the session's
-		// idle_session_timeout to the TTL (the server ends a session idle
-		// for that long, which frees its lock: the lease's expiry) and
-		// mints the token as table mode does. Returns whether it got the
-		// lock, the token, the server process and the timeout it replaced.
-		sessionAcquire: `WITH k AS (SELECT pg_try_advisory_lock($3::bigint) AS ok),
+		// $1 name, $2 owner, $3 lock key, $4 TTL in ms (text), $5 whether
+		// a pooler is allowed, $6 the server process the connection
+		// announced at connect. Unless the statement runs in that process
+		// (or a pooler is allowed), it takes nothing: behind a pooler a
+		// session lock would stay on a server connection others use.
+		// Otherwise it takes the lock without waiting; only if it got it,
+		// it sets the session's idle_session_timeout to the TTL (the
+		// server ends a session idle for that long, which frees its lock:
+		// the lease's expiry) and mints the token as table mode does.
+		// Returns whether it got the lock, the token, the server process
+		// and the timeout it replaced.
+		sessionAcquire: `WITH k AS (
+	SELECT CASE WHEN $5::bool OR pg_backend_pid() = $6::int THEN pg_try_advisory_lock($3::bigint) ELSE false END AS ok
+),
 s AS (
 	SELECT current_setting('idle_session_timeout') AS was, set_config('idle_session_timeout', $4::text, false) AS now
 	FROM k WHERE k.ok
