@@ -240,8 +240,8 @@ func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error)
 		PostgresURL: svc.PostgresURL, Schema: sc.cfg.Schema,
 		CreateTables: sc.createTables,
 		FencedTables: []string{invoicesTable, jobTable},
-		LeaseStore: sc.cfg.LeaseStore,
-		RedisURL:   svc.RedisURL, RedisPrefix: sc.cfg.RedisPrefix, LeaseName: sc.cfg.LeaseName,
+		LeaseStore:   sc.cfg.LeaseStore,
+		RedisURL:     svc.RedisURL, RedisPrefix: sc.cfg.RedisPrefix, LeaseName: sc.cfg.LeaseName,
 	})
 	if err != nil {
 		return nil, err

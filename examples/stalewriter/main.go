@@ -252,8 +252,8 @@ func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error)
 		PostgresURL: svc.PostgresURL, Schema: sc.cfg.Schema,
 		CreateTables: sc.createTable,
 		FencedTables: []string{sc.cfg.Table},
-		LeaseStore: sc.cfg.LeaseStore,
-		RedisURL:   svc.RedisURL, RedisPrefix: sc.cfg.RedisPrefix, LeaseName: sc.cfg.LeaseName,
+		LeaseStore:   sc.cfg.LeaseStore,
+		RedisURL:     svc.RedisURL, RedisPrefix: sc.cfg.RedisPrefix, LeaseName: sc.cfg.LeaseName,
 	})
 	if err != nil {
 		return nil, err
