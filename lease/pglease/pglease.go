@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekit/fencekit/internal/pgident"
+	"github.com/fencekit/fencekit/internal/pgleasesql"
 	"github.com/fencekit/fencekit/lease"
 )
 
@@ -39,9 +40,9 @@ var (
 // (fencekit migrate up).
 const (
 	// LeaseTable holds table mode's leases: one row per name.
-	LeaseTable = "fencekit_leases"
+	LeaseTable = pgleasesql.LeaseTable
 	// SessionLeaseTable holds session mode's last token per name.
-	SessionLeaseTable = "fencekit_session_leases"
+	SessionLeaseTable = pgleasesql.SessionLeaseTable
 	// Channel is the LISTEN/NOTIFY channel on which releases are announced;
 	// the payload is the lease name.
 	Channel = "fencekit_lease_released"
@@ -154,7 +155,7 @@ func WithLogger(l *slog.Logger) Option { return func(o *Options) { o.Logger = l 
 type Backend struct {
 	db  Pool
 	o   Options
-	q   statements
+	q   pgleasesql.Statements
 	hub *hub
 
 	mu     sync.Mutex
@@ -189,7 +190,7 @@ func New(db Pool, opts ...Option) (*Backend, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	b := &Backend{db: db, o: o, q: newStatements(o.Schema), pins: make(map[*pin]struct{}), byName: make(map[string]*pin)}
+	b := &Backend{db: db, o: o, q: pgleasesql.New(o.Schema), pins: make(map[*pin]struct{}), byName: make(map[string]*pin)}
 	b.hub = newHub(db, o.Logger)
 	return b, nil
 }

@@ -85,7 +85,7 @@ func (b *Backend) sessionAcquire(ctx context.Context, req lease.Request) (lease.
 	)
 	announced := pc.Conn().PgConn().PID()
 	sent := time.Now()
-	err = pc.QueryRow(ctx, b.q.sessionAcquire, req.Name, req.Owner, key, strconv.FormatInt(ms, 10), b.o.AllowPooler, int32(announced)).
+	err = pc.QueryRow(ctx, b.q.SessionAcquire, req.Name, req.Owner, key, strconv.FormatInt(ms, 10), b.o.AllowPooler, int32(announced)).
 		Scan(&ok, &token, &pid, &idleWas)
 	if err != nil {
 		// The lock may be held (session locks survive a failed
@@ -184,7 +184,7 @@ func (p *pin) confirm(ctx context.Context) error {
 // checkLocked runs the liveness check; p.mu must be held.
 func (p *pin) checkLocked(ctx context.Context) (bool, error) {
 	var held bool
-	err := p.pc.QueryRow(ctx, p.b.q.sessionCheck, p.name, p.owner, int64(p.token), int32(p.pid),
+	err := p.pc.QueryRow(ctx, p.b.q.SessionCheck, p.name, p.owner, int64(p.token), int32(p.pid),
 		int64(uint64(p.key)>>32), int64(uint64(p.key)&0xffffffff)).Scan(&held)
 	return held, err
 }
@@ -203,7 +203,7 @@ func (b *Backend) sessionRelease(ctx context.Context, g lease.Grant) error {
 		return fmt.Errorf("%w: %w", lease.ErrNotHeld, err)
 	}
 	var named, unlocked bool
-	err := p.pc.QueryRow(ctx, p.b.q.sessionRelease, p.name, p.owner, int64(p.token), int32(p.pid), p.key, p.idleWas, Channel).
+	err := p.pc.QueryRow(ctx, p.b.q.SessionRelease, p.name, p.owner, int64(p.token), int32(p.pid), p.key, p.idleWas, Channel).
 		Scan(&named, &unlocked, nil, nil)
 	switch {
 	case err != nil:
