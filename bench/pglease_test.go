@@ -142,6 +142,9 @@ func newPGBackend(b *testing.B, s *pgSetup, mode pglease.Mode) *pglease.Backend 
 //     upsert to acquire, an update to release.
 //
 // rtts/op is the round trips per cycle, counted as writes on the sockets.
+// lib=fencekit-table-paired and lib=fencekit-session-paired alternate a
+// fencekit cycle with a raw one and report raw-ratio, fencekit's time over
+// the floor's (their ns/op is that of a pair).
 func BenchmarkPGCycle(b *testing.B) {
 	ctx := context.Background()
 	s := newPGSetup(b)
@@ -213,6 +216,35 @@ func BenchmarkPGCycle(b *testing.B) {
 			}
 			return pl.ReleaseContext(ctx, l)
 		}},
+	}
+	// Paired: each fencekit cycle followed by a raw one of the same mode,
+	// so that the drifts of a shared machine and server hit both alike;
+	// raw-ratio is the fencekit cycles' total time over the raw ones'.
+	for _, pair := range [][2]int{{0, 1}, {2, 3}} {
+		fk, raw := libs[pair[0]], libs[pair[1]]
+		b.Run("lib="+fk.name+"-paired", func(b *testing.B) {
+			if err := fk.cycle(-1); err != nil {
+				b.Fatal(err)
+			}
+			if err := raw.cycle(-1); err != nil {
+				b.Fatal(err)
+			}
+			var tFk, tRaw time.Duration
+			i := 0
+			for b.Loop() {
+				t0 := time.Now()
+				if err := fk.cycle(i); err != nil {
+					b.Fatal(err)
+				}
+				t1 := time.Now()
+				if err := raw.cycle(i); err != nil {
+					b.Fatal(err)
+				}
+				tFk, tRaw = tFk+t1.Sub(t0), tRaw+time.Since(t1)
+				i++
+			}
+			b.ReportMetric(float64(tFk)/float64(tRaw), "raw-ratio")
+		})
 	}
 	for _, lib := range libs {
 		b.Run("lib="+lib.name, func(b *testing.B) {

@@ -2,6 +2,7 @@ package pglease_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -11,11 +12,18 @@ import (
 	"github.com/fencekit/fencekit/lease/pglease"
 )
 
+// shortTTL is the TTL of the checks that wait for expiry: every write
+// commits (a WAL flush of the shared server, milliseconds on a loaded
+// machine), so the suite's default of 200 ms leaves too little room for
+// renewals on two shared cores.
+const shortTTL = 500 * time.Millisecond
+
 // Table mode on the shared server: each subtest its own schema, each
 // connect its own pool.
 func TestConformanceTable(t *testing.T) {
 	url := testenv.PostgresURL()
 	leasetest.Run(t, leasetest.Config{
+		ShortTTL: shortTTL,
 		NewStore: func(t *testing.T) func() lease.Backend {
 			schema := newSchema(t, url)
 			return func() lease.Backend {
@@ -36,6 +44,7 @@ func TestConformanceTable(t *testing.T) {
 func TestConformanceSession(t *testing.T) {
 	url := testenv.PostgresURL()
 	leasetest.Run(t, leasetest.Config{
+		ShortTTL: shortTTL,
 		NewStore: func(t *testing.T) func() lease.Backend {
 			schema := newSchema(t, url)
 			return func() lease.Backend {
