@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole fencekit test suite, with the race detector, against real
 # services. It checks (and starts where it can) Redis, PostgreSQL and the
-# S3-compatible server, and fails loudly if one is missing.
+# S3-compatible server, installs PgBouncer if it is missing (the pooler
+# tests start their own), and fails loudly if one cannot be had.
 #
 #   ./scripts/test.sh            # everything
 #   ./scripts/test.sh ./lease/...  # just some packages
@@ -11,6 +12,7 @@ cd "$(dirname "$0")/.."
 
 ensure_redis
 ensure_postgres
+ensure_pgbouncer
 trap stop_s3 EXIT
 ensure_s3
 
