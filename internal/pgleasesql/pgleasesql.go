@@ -14,8 +14,8 @@ const (
 // (and qualified when Options.Schema is set). Values are always bound
 // parameters.
 type Statements struct {
-	Acquire, Renew, RenewBatch, Release                    string
-	SessionAcquire, SessionCheck, SessionRelease, Sessions string
+	Acquire, Renew, RenewBatch, Release, Holder                           string
+	SessionAcquire, SessionCheck, SessionRelease, SessionHolder, Sessions string
 }
 
 // New returns the statements for the tables in schema ("" for the
@@ -127,6 +127,20 @@ FROM (
 	SELECT pg_backend_pid() = $4::int AND EXISTS (SELECT 1 FROM ` + sessions + ` WHERE name = $1 AND owner = $2 AND token = $3) AS named,
 		pg_advisory_unlock($5::bigint) AS unlocked
 ) u`,
+
+		// $1 name: the live grant's owner, token and remaining µs.
+		Holder: `SELECT owner, token, greatest(0, (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint)
+FROM ` + leases + ` WHERE name = $1 AND owner <> '' AND expires_at > clock_timestamp()`,
+
+		// $1 name, $2 and $3 the lock key's high and low 32 bits: the last
+		// grant's owner and token, if the session it was granted to still
+		// holds the lock.
+		SessionHolder: `SELECT t.owner, t.token FROM ` + sessions + ` t
+WHERE t.name = $1 AND EXISTS (
+	SELECT 1 FROM pg_locks
+	WHERE locktype = 'advisory' AND pid = t.backend_pid AND granted
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		AND classid = $2::bigint::oid AND objid = $3::bigint::oid AND objsubid = 1)`,
 
 		Sessions: sessions,
 	}

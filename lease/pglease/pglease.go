@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/pgident"
 	"github.com/fencekit/fencekit/internal/pgleasesql"
 	"github.com/fencekit/fencekit/lease"
@@ -33,6 +34,7 @@ var (
 	_ Pool               = (*pgxpool.Pool)(nil)
 	_ lease.Backend      = (*Backend)(nil)
 	_ lease.Watcher      = (*Backend)(nil)
+	_ lease.Inspector    = (*Backend)(nil)
 	_ lease.BatchRenewer = (*Backend)(nil)
 )
 
@@ -294,6 +296,34 @@ func (b *Backend) Watch(ctx context.Context, name string) (<-chan struct{}, func
 		return nil, nil, ErrClosed
 	}
 	return b.hub.watch(ctx, name)
+}
+
+// Holder implements lease.Inspector in one statement. Table mode: the row's
+// owner and token while its expiry has not passed, and the time left.
+// Session mode: the last grant's owner and token while the session it was
+// granted to still holds the advisory lock (Remaining is 0: the server ends
+// an idle session after its TTL, and does not say when it last heard from
+// it).
+func (b *Backend) Holder(ctx context.Context, name string) (lease.Holder, error) {
+	var (
+		owner string
+		token int64
+		left  int64
+		err   error
+	)
+	if b.o.Mode == ModeSession {
+		key := lockKey(b.o.Schema, name)
+		err = b.db.QueryRow(ctx, b.q.SessionHolder, name, int64(uint64(key)>>32), int64(uint64(key)&0xffffffff)).Scan(&owner, &token)
+	} else {
+		err = b.db.QueryRow(ctx, b.q.Holder, name).Scan(&owner, &token, &left)
+	}
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return lease.Holder{}, lease.ErrNotHeld
+	case err != nil:
+		return lease.Holder{}, storeErr("holder of", name, err)
+	}
+	return lease.Holder{Name: name, Owner: owner, Token: fence.Token(token), Remaining: time.Duration(left) * time.Microsecond}, nil
 }
 
 // Close ends the listening connection and its goroutine and, in session
