@@ -1,6 +1,9 @@
 package redislease_test
 
 import (
+	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,6 +71,128 @@ func TestCluster(t *testing.T) {
 	})
 	t.Run("ExclusiveUnderContention", func(t *testing.T) { testExclusiveUnderContention(t, d) })
 	t.Run("RoundTrips", func(t *testing.T) { testRoundTrips(t, d) })
+	t.Run("RenewalsAtScale", func(t *testing.T) { testRenewalsAtScale(t, d, 10000) })
+	t.Run("ShardedWakeUps", func(t *testing.T) { testShardedWakeUps(t, d) })
+	t.Run("ShardedConnsClosed", func(t *testing.T) { testShardedConnsClosed(t, d) })
 	t.Run("ManualFailover", func(t *testing.T) { testManualFailover(t, d) })
+	t.Run("ShardedWakeUpsAcrossFailover", func(t *testing.T) { testShardedWakeUpsAcrossFailover(t, d) })
 	t.Run("MasterKilled", func(t *testing.T) { testPrimaryKilled(t, d, 3) })
+}
+
+// testRenewalsAtScale holds n leases, spread by their names over every
+// master, through one Manager, and counts the round trips of their
+// heartbeats over two renew intervals: each batch the Manager sends (the
+// heartbeats due within one RenewBatchWindow) costs one pipeline per
+// master, whatever its size, so a renew interval costs at most one
+// pipeline per master per batch window in it, not one round trip per lease.
+func testRenewalsAtScale(t *testing.T, d clusterDeployment, n int) {
+	const ttl = 5 * time.Second
+	counter := newNodeCounter()
+	b := newBackend(t, d.countedClient(t, counter), uniquePrefix(t))
+	log := &flushLog{}
+	m := multiNodeManager(t, b, ttl, func(o *lease.Options) { o.Observer = log })
+	opts := m.Options()
+	ctx := ctxT(t)
+
+	start := time.Now()
+	held := make([]*lease.Lease, n)
+	var wg sync.WaitGroup
+	const workers = 32
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += workers {
+				l, err := m.TryAcquire(ctx, fmt.Sprintf("scale-%d", i))
+				if err != nil {
+					t.Errorf("TryAcquire: %v", err)
+					return
+				}
+				held[i] = l
+			}
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	acquired := time.Since(start)
+	masters := d.primaries(t)
+
+	// Skip the first interval (heartbeats of the leases acquired last
+	// were not all due yet), then count two intervals.
+	time.Sleep(opts.RenewInterval)
+	log.take()
+	before := counter.perNode()
+	window := 2 * opts.RenewInterval
+	time.Sleep(window)
+	after := counter.perNode()
+	batches, failed := log.take()
+	if failed > 0 {
+		t.Errorf("%d renewals failed", failed)
+	}
+	renewals := 0
+	for _, names := range batches {
+		renewals += len(names)
+	}
+	per := diff(after, before)
+	var trips int64
+	for _, ms := range masters {
+		trips += per[ms.Addr]
+	}
+	ticks := float64(window) / float64(opts.RenewInterval)
+	windowsPerTick := float64(opts.RenewInterval) / float64(opts.RenewBatchWindow)
+	t.Logf("%d leases over %d masters, acquired in %v by %d goroutines; renew interval %v, batch window %v",
+		n, len(masters), acquired.Round(time.Millisecond), workers, opts.RenewInterval.Round(time.Millisecond), opts.RenewBatchWindow.Round(time.Millisecond))
+	t.Logf("per renew interval: %.0f renewals in %.1f batches, %.1f round trips (%.1f per master; at most %.0f batch windows per interval), %.0f renewals per round trip; per master over %.0f intervals: %v",
+		float64(renewals)/ticks, float64(len(batches))/ticks, float64(trips)/ticks, float64(trips)/ticks/float64(len(masters)), windowsPerTick,
+		float64(renewals)/max(float64(trips), 1), ticks, per)
+	if renewals < n {
+		t.Errorf("%d renewals of %d leases in two renew intervals", renewals, n)
+	}
+	for _, ms := range masters {
+		// One pipeline per batch per master (a batch in flight at either
+		// end of the window may count on one side only).
+		if got, want := per[ms.Addr], int64(len(batches)); got < want-2 || got > want+2 {
+			t.Errorf("master %s: %d round trips for %d batches", ms.Addr, got, want)
+		}
+		if limit := int64(2*windowsPerTick) + 2; per[ms.Addr] > limit {
+			t.Errorf("master %s: %d round trips in two renew intervals, more than one per batch window (%d)", ms.Addr, per[ms.Addr], limit)
+		}
+	}
+	for _, l := range held {
+		if err := l.Err(); err != nil {
+			t.Fatalf("lease %s ended while renewed at scale: %v", l.Name(), err)
+		}
+	}
+	start = time.Now()
+	var (
+		mu   sync.Mutex
+		late []time.Duration // for a lease the store no longer had: its local deadline, from the release
+	)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += workers {
+				dl, at := held[i].Deadline(), time.Now()
+				err := held[i].Release(ctx)
+				switch {
+				case errors.Is(err, lease.ErrLost):
+					mu.Lock()
+					late = append(late, dl.Sub(at))
+					mu.Unlock()
+				case err != nil:
+					t.Errorf("Release: %v", err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("released in %v", time.Since(start).Round(time.Millisecond))
+	if len(late) > 0 {
+		t.Errorf("%d leases were gone from the store when released while their holder believed it held them; their local deadlines were %v from the release",
+			len(late), span(late))
+	}
 }

@@ -534,6 +534,7 @@ type killRun struct {
 	promoted time.Duration // from the kill to the replica serving, as the servers say
 	takeover time.Duration // from the kill to another client's grant of a lost lease
 	stale    int           // stale writes rejected by the guards
+	wake     time.Duration // from a release after the failover to a sharded waiter's grant
 }
 
 // testPrimaryKilled kills a primary (SIGKILL) runs times, each time after
@@ -570,15 +571,16 @@ func testPrimaryKilled(t *testing.T, d deployment, runs int) {
 			return
 		}
 	}
-	var promoted, takeover []time.Duration
+	var promoted, takeover, wake []time.Duration
 	stale := 0
 	for _, r := range results {
 		promoted = append(promoted, r.promoted)
 		takeover = append(takeover, r.takeover)
+		wake = append(wake, r.wake)
 		stale += r.stale
 	}
-	t.Logf("SIGKILL of a primary, %d runs: replica serving after %v, lost lease granted to another client after %v; %d stale writes rejected by the guards",
-		len(results), span(promoted), span(takeover), stale)
+	t.Logf("SIGKILL of a primary, %d runs: the servers agree on the promoted replica after %v; the lost lease granted to a waiting client after %v; a sharded waiter woken %v after a release on the new primary; %d stale writes rejected by the guards",
+		len(results), span(promoted), span(takeover), span(wake), stale)
 }
 
 // span formats the range of ds as "min–max".
@@ -597,8 +599,8 @@ func killOnce(t *testing.T, d deployment, stores *fencedStores, target *redistes
 	renews := &renewLogAll{}
 	auto := func(o *lease.Options) { o.RenewInterval = 500 * time.Millisecond; o.Observer = renews }
 	probe := newBackend(t, d.client(t), prefix)
-	names := namesOn(t, d, probe, target, "killed", 4)
-	replicated, lostAuto, lostManual, churned := names[0], names[1], names[2], names[3]
+	names := namesOn(t, d, probe, target, "killed", 5)
+	replicated, lostAuto, lostManual, churned, watched := names[0], names[1], names[2], names[3], names[4]
 	replica := d.replicaOf(t, target)
 
 	mA := multiNodeManager(t, newBackend(t, d.client(t), prefix), ttl, auto)
@@ -607,11 +609,14 @@ func killOnce(t *testing.T, d deployment, stores *fencedStores, target *redistes
 	mE := multiNodeManager(t, newBackend(t, d.client(t), prefix), ttl, func(o *lease.Options) { o.DisableAutoRenew = true })
 	cBackend := newBackend(t, d.client(t), prefix)
 	mC := multiNodeManager(t, cBackend, ttl, func(o *lease.Options) { o.DisableAutoRenew = true })
+	// A holder and a waiter that use sharded pub/sub (SPUBLISH, SSUBSCRIBE).
+	mH := multiNodeManager(t, newShardedBackend(t, d.client(t), prefix), ttl, auto)
+	mW := multiNodeManager(t, newShardedBackend(t, d.client(t), prefix), ttl, func(o *lease.Options) { o.PollInterval = 20 * time.Second })
 
 	// Every client finds its way around the cluster before the replica is
 	// paused (a fresh cluster client that asked the paused replica for the
 	// slot map would wait for its read timeout).
-	for i, m := range []*lease.Manager{mA, mB, mC, mD, mE} {
+	for i, m := range []*lease.Manager{mA, mB, mC, mD, mE, mH, mW} {
 		l := acquire(t, m, fmt.Sprintf("warm-%d", i))
 		if err := l.Release(ctx); err != nil {
 			t.Fatal(err)
@@ -624,6 +629,16 @@ func killOnce(t *testing.T, d deployment, stores *fencedStores, target *redistes
 		return l
 	}
 	a := grant(mA, replicated)
+	hl := grant(mH, watched)
+	wGot := make(chan *lease.Lease, 1)
+	go func() {
+		l, err := mW.Acquire(ctx, watched)
+		if err != nil {
+			t.Errorf("the waiter for %s: %v", watched, err)
+		}
+		wGot <- l
+	}()
+	time.Sleep(100 * time.Millisecond) // the waiter is refused and subscribes
 	waitReplicated(t, d, target)
 
 	// Cut the replica off: paused, it cannot reconnect; the primary drops
@@ -789,6 +804,30 @@ func killOnce(t *testing.T, d deployment, stores *fencedStores, target *redistes
 		t.Errorf("A's replicated lease ended across the failover: %v", err)
 	} else if !renews.succeededSince(replicated, killed.Add(promoted)) {
 		t.Errorf("A's lease was not renewed on the new primary")
+	}
+
+	// The waiter's subscription died with the primary; its hub subscribed
+	// again on the new one, so the release wakes it at once (the poll
+	// interval is 20 s).
+	if err := hl.Err(); err != nil {
+		t.Errorf("H's replicated lease ended across the failover: %v", err)
+	}
+	released := time.Now()
+	if err := hl.Release(ctx); err != nil {
+		t.Errorf("Release of %s after the failover: %v", watched, err)
+	}
+	select {
+	case wl := <-wGot:
+		if wl != nil {
+			run.wake = time.Since(released)
+			t.Logf("the waiter on %s (sharded pub/sub) was woken %v after the release on the new primary", watched, run.wake.Round(10*time.Microsecond))
+			if err := wl.Release(ctx); err != nil {
+				t.Errorf("Release: %v", err)
+			}
+		}
+	case <-time.After(5 * time.Second):
+		t.Errorf("the waiter on %s was not woken within 5 s of the release after the failover (poll interval 20 s)", watched)
+		<-wGot
 	}
 
 	for _, l := range []*lease.Lease{a, cl, lb} {
