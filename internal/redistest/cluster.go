@@ -364,6 +364,26 @@ func infoField(s, field string) string {
 	return ""
 }
 
+// CurrentEpoch returns the greatest cluster_current_epoch the running nodes
+// report. Every failover, manual or not, raises it: a test that compares it
+// before and after can tell that the cluster failed over by itself (a node
+// that did not answer within the node timeout, on an overloaded machine).
+func (c *Cluster) CurrentEpoch(t testing.TB) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var epoch int64
+	for _, s := range c.running() {
+		info, err := c.admin[s].ClusterInfo(ctx).Result()
+		if err != nil {
+			t.Fatalf("redistest: CLUSTER INFO on %s: %v", s.Addr, err)
+		}
+		n, _ := strconv.ParseInt(infoField(info, "cluster_current_epoch"), 10, 64)
+		epoch = max(epoch, n)
+	}
+	return epoch
+}
+
 // Slot returns the hash slot of key.
 func (c *Cluster) Slot(t testing.TB, key string) int {
 	t.Helper()

@@ -46,6 +46,19 @@ func (d sentinelDeployment) awaitPromoted(t *testing.T, dead, replica *redistest
 }
 func (d sentinelDeployment) awaitHealthy(t *testing.T) { d.s.AwaitHealthy(t) }
 
+// expectNoFailover makes t fail at its end, with the reason, if the
+// Sentinels failed the primary over by themselves meanwhile (it did not
+// answer them within down-after-milliseconds on an overloaded machine).
+func (d sentinelDeployment) expectNoFailover(t *testing.T) {
+	p := d.s.Primary(t)
+	t.Cleanup(func() {
+		if now := d.s.Primary(t); now != p {
+			t.Errorf("the Sentinels failed %s over to %s by themselves during this test: it stalled beyond down-after-milliseconds; the machine is overloaded", p.Addr, now.Addr)
+			d.s.AwaitHealthy(t)
+		}
+	})
+}
+
 // TestSentinel runs the backend on a primary with one replica watched by
 // three Sentinels (quorum 2, down-after-milliseconds 1000), through
 // go-redis's failover client, started once for all of its subtests. They
@@ -56,14 +69,22 @@ func TestSentinel(t *testing.T) {
 	sen := redistest.StartSentinel(t, redistest.SentinelOptions{DownAfter: time.Second})
 	t.Logf("primary, replica and 3 Sentinels healthy after %v", time.Since(start).Round(time.Millisecond))
 	d := sentinelDeployment{sen}
-	t.Run("Conformance", func(t *testing.T) {
+	// The subtests that do not fail over on purpose check that the
+	// deployment did not fail over by itself meanwhile.
+	steady := func(name string, fn func(*testing.T)) {
+		t.Run(name, func(t *testing.T) {
+			d.expectNoFailover(t)
+			fn(t)
+		})
+	}
+	steady("Conformance", func(t *testing.T) {
 		leasetest.Run(t, func(t *testing.T) func() lease.Backend {
 			prefix := uniquePrefix(t)
 			return func() lease.Backend { return newBackend(t, sen.Client(t), prefix) }
 		})
 	})
-	t.Run("ExclusiveUnderContention", func(t *testing.T) { testExclusiveUnderContention(t, d) })
-	t.Run("RoundTrips", func(t *testing.T) { testRoundTrips(t, d) })
+	steady("ExclusiveUnderContention", func(t *testing.T) { testExclusiveUnderContention(t, d) })
+	steady("RoundTrips", func(t *testing.T) { testRoundTrips(t, d) })
 	t.Run("ManualFailover", func(t *testing.T) { testManualFailover(t, d) })
 	t.Run("PrimaryKilled", func(t *testing.T) { testPrimaryKilled(t, d, 3) })
 }
