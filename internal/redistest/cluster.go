@@ -435,6 +435,42 @@ func (c *Cluster) slotOwner(t testing.TB, slot int) *Server {
 	return nil
 }
 
+// SlotOwners returns, for every hash slot, the node that serves it now (one
+// CLUSTER SHARDS), indexed by slot.
+func (c *Cluster) SlotOwners(t testing.TB) []*Server {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	owners := make([]*Server, ClusterSlots)
+	for _, s := range c.running() {
+		shards, err := c.admin[s].ClusterShards(ctx).Result()
+		if err != nil {
+			continue
+		}
+		for _, sh := range shards {
+			var master *Server
+			for _, n := range sh.Nodes {
+				if n.Role == "master" {
+					master = c.byID(n.ID)
+				}
+			}
+			for _, r := range sh.Slots {
+				for slot := r.Start; slot <= r.End; slot++ {
+					owners[slot] = master
+				}
+			}
+		}
+		for slot, o := range owners {
+			if o == nil {
+				t.Fatalf("redistest: slot %d has no master", slot)
+			}
+		}
+		return owners
+	}
+	t.Fatalf("redistest: no running node answers CLUSTER SHARDS")
+	return nil
+}
+
 // ReplicaOf returns the replica of master, as master sees it now.
 func (c *Cluster) ReplicaOf(t testing.TB, master *Server) *Server {
 	t.Helper()
