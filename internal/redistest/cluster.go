@@ -493,10 +493,8 @@ func (c *Cluster) ReplicaOf(t testing.TB, master *Server) *Server {
 func (c *Cluster) Masters(t testing.TB) []*Server {
 	t.Helper()
 	var ms []*Server
-	seen := make(map[*Server]bool)
-	for slot := 0; slot < ClusterSlots; slot += ClusterSlots / c.opts.Masters {
-		if m := c.slotOwner(t, slot); !seen[m] {
-			seen[m] = true
+	for _, m := range c.SlotOwners(t) {
+		if !slices.Contains(ms, m) {
 			ms = append(ms, m)
 		}
 	}
