@@ -11,8 +11,11 @@
 //   - Renew: extend the TTL only if the stored owner and token are the
 //     grant's (compare-then-extend).
 //   - Release: delete only if the stored owner and token are the grant's
-//     (compare-then-delete), and PUBLISH on the lease's release channel so
-//     that blocked waiters wake at once.
+//     (compare-then-delete), and publish on the lease's release channel so
+//     that blocked waiters wake at once: SPUBLISH (sharded pub/sub, Redis
+//     7.0+), or PUBLISH on a server without it or with
+//     Options.ClassicPubSub. Waiters share one pub/sub connection per
+//     Backend (one per hash slot's node on a Cluster).
 //
 // TTLs are whole milliseconds, at least MinTTL (Backend.Limits).
 //
@@ -67,6 +70,7 @@ import (
 type Client interface {
 	redis.Scripter
 	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
+	SSubscribe(ctx context.Context, channels ...string) *redis.PubSub
 	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
 }
 
@@ -107,6 +111,17 @@ type Options struct {
 	// Prefix starts every key and channel name. Default "fencekit:". It
 	// must not contain '{' or '}' (they would break the hash tags).
 	Prefix string
+
+	// ClassicPubSub makes releases publish with PUBLISH and waiters
+	// subscribe with SUBSCRIBE, as fencekit did before it used sharded
+	// pub/sub. Default false: SPUBLISH and SSUBSCRIBE where the server has
+	// them (Redis 7.0+; on a Cluster a notice then reaches only its shard's
+	// nodes instead of every node), PUBLISH and SUBSCRIBE where it does
+	// not. A waiter of one kind does not hear a release of the other kind
+	// and only polls (Options.PollInterval of package lease): during a
+	// rolling upgrade from a version without sharded pub/sub, set it on
+	// every process until all are upgraded.
+	ClassicPubSub bool
 }
 
 // Option sets fields of Options; any func(*Options) is one.
@@ -115,12 +130,16 @@ type Option func(*Options)
 // WithPrefix sets Options.Prefix.
 func WithPrefix(prefix string) Option { return func(o *Options) { o.Prefix = prefix } }
 
+// WithClassicPubSub sets Options.ClassicPubSub.
+func WithClassicPubSub() Option { return func(o *Options) { o.ClassicPubSub = true } }
+
 // Backend stores leases in Redis. It is safe for concurrent use. Call Close
 // when done to end its pub/sub connection.
 type Backend struct {
 	c      Client
 	prefix string
 	hub    *hub
+	notice string // release.lua's ARGV[3]: "sharded" or "classic"
 }
 
 // New returns a Backend over c. It does no I/O: scripts are loaded on first
@@ -142,7 +161,13 @@ func New(c Client, opts ...Option) (*Backend, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return &Backend{c: c, prefix: o.Prefix, hub: newHub(c)}, nil
+	// The hub gets the client itself: it asks it for sharded pub/sub and
+	// for its slot map.
+	mode, notice := pubsubAuto, "sharded"
+	if o.ClassicPubSub {
+		mode, notice = pubsubClassic, "classic"
+	}
+	return &Backend{c: withSlotReload(c), prefix: o.Prefix, hub: newHubMode(c, mode), notice: notice}, nil
 }
 
 // Keys are the Redis names used for one lease name.
@@ -326,7 +351,7 @@ func hasNoScript(cmds []*redis.Cmd) bool {
 // on the release channel.
 func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
 	lk, _, ch := b.keys(g.Name, "lease", "", "released")
-	n, err := releaseScript.Run(ctx, b.c, []string{lk}, grantValue(g), ch).Int64()
+	n, err := releaseScript.Run(ctx, b.c, []string{lk}, grantValue(g), ch, b.notice).Int64()
 	if err != nil {
 		return fmt.Errorf("redislease: release %q: %w", g.Name, err)
 	}
