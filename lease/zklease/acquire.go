@@ -136,6 +136,12 @@ func (b *Backend) acquire(ns *nameState, req lease.Request) (lease.Grant, error)
 			ns.ticket = nil
 			rec := b.newGrantLocked(ns, req, t.path, t.czxid, t.session, sent)
 			b.mu.Unlock()
+			if t.data != req.Owner {
+				// Name the owner in the node for Holder, with one write
+				// after the grant rather than on the hand-off's path.
+				path, owner := t.path, req.Owner
+				b.background(ns.name, func(*nameState) { _, _ = b.conn.Set(path, []byte(owner), -1) })
+			}
 			return rec.grant(), nil
 		}
 		if err := b.watchPred(ns, t, kids[i-1]); err != nil {
@@ -170,7 +176,7 @@ func (b *Backend) acquire(ns *nameState, req lease.Request) (lease.Grant, error)
 			return lease.Grant{}, notAcquired(req.Name)
 		}
 	}
-	n, err := b.create(ns)
+	n, err := b.create(ns, req.Owner)
 	if err != nil {
 		return lease.Grant{}, err
 	}
@@ -197,7 +203,7 @@ func (b *Backend) acquire(ns *nameState, req lease.Request) (lease.Grant, error)
 	b.mu.Lock()
 	var t *ticket
 	if ns.ticket == nil && len(ns.subs) > 0 {
-		t = &ticket{path: n.path, czxid: n.czxid, session: n.session}
+		t = &ticket{path: n.path, czxid: n.czxid, session: n.session, data: n.data}
 		ns.ticket = t
 	}
 	b.mu.Unlock()
@@ -260,6 +266,8 @@ func (b *Backend) newGrantLocked(ns *nameState, req lease.Request, path string, 
 	rec.timer = time.AfterFunc(time.Until(sent.Add(req.TTL)), rec.expire)
 	return rec
 }
+
+func fenceToken(czxid int64) fence.Token { return fence.Token(czxid) }
 
 func (r *grantRec) grant() lease.Grant {
 	return lease.Grant{Name: r.name, Owner: r.owner, Token: r.token, TTL: r.ttl, State: r}

@@ -13,9 +13,11 @@
 // Each lease name has a parent node, Options.Root + "/" + the name with
 // every byte outside [A-Za-z0-9_-] written as %XX (so names may contain '/'
 // and never collide). Under it, every contender has one ephemeral
-// sequential node named "<random GUID>-<sequence>", holding the backend's
-// Options.Identity; the node with the lowest sequence number holds the
-// lease (ZooKeeper's lock recipe). The fencing token is that node's czxid.
+// sequential node named "<random GUID>-<sequence>", holding the owner it
+// was granted to (or, for a waiting backend's ticket, its Options.Identity
+// + "/waiting"); the node with the lowest sequence number holds the lease
+// (ZooKeeper's lock recipe). The fencing token is that node's czxid.
+// Holder (lease.Inspector) reads both.
 //
 //   - Acquire: one Multi creates the node and writes nothing to the parent
 //     (the parent's new mzxid is the node's czxid: the token comes in the

@@ -258,3 +258,54 @@ func TestLostCreateAnswerLeavesNoOrphan(t *testing.T) {
 		_ = l.Release(ctxT(t))
 	})
 }
+
+// After a hand-off to a waiting backend (its ticket turned into the grant),
+// Holder, asked through a third backend, names the new owner and token, not
+// the ticket: the owner is written right after the grant, and Holder waits
+// for that write.
+func TestHolderNamesTheOwnerAfterAHandOff(t *testing.T) {
+	ens := zktest.Start(t, 3, zktest.Config{})
+	root := testRoot(t)
+	const ttl = 4 * time.Second
+	mgr := func(id string) *lease.Manager {
+		return newManager(t, newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl), zklease.WithIdentity("backend-"+id)),
+			ttl, lease.WithIdentity(id), lease.WithPollInterval(10*time.Second))
+	}
+	holder, waiter, observer := mgr("holder"), mgr("waiter"), mgr("observer")
+	ctx := ctxT(t)
+	for round := range 5 {
+		h, err := holder.Acquire(ctx, "inspected")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan *lease.Lease, 1)
+		go func() {
+			l, err := waiter.Acquire(ctx, "inspected")
+			if err != nil {
+				t.Errorf("waiter: %v", err)
+			}
+			got <- l
+		}()
+		time.Sleep(200 * time.Millisecond) // queued
+		if hd, err := observer.Holder(ctx, "inspected"); err != nil || hd.Owner != h.Owner() || hd.Token != h.Token() {
+			t.Fatalf("round %d: Holder while the first holds = %+v, %v; want %s with token %d", round, hd, err, h.Owner(), h.Token())
+		}
+		if err := h.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		w := <-got
+		if w == nil {
+			t.FailNow()
+		}
+		hd, err := observer.Holder(ctx, "inspected")
+		if err != nil || hd.Owner != w.Owner() || hd.Token != w.Token() || hd.Identity() != "waiter" {
+			t.Fatalf("round %d: Holder after the hand-off = %+v, %v; want %s with token %d", round, hd, err, w.Owner(), w.Token())
+		}
+		if err := w.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := observer.Holder(ctx, "inspected"); !errors.Is(err, lease.ErrNotHeld) {
+		t.Fatalf("Holder of a free lease = %v, want ErrNotHeld", err)
+	}
+}

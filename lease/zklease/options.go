@@ -36,9 +36,10 @@ type Options struct {
 	// ("/" is not allowed). Default "/fencekit/leases".
 	Root string
 
-	// Identity is written into every node the backend creates, so that an
-	// operator can see which process holds or waits for a lease (the
-	// node's ephemeralOwner is its session). At most 256 bytes, printable.
+	// Identity is written, followed by "/waiting", into the nodes the
+	// backend queues for its waiters (grants hold their owner), so that an
+	// operator can see which process waits for a lease (the node's
+	// ephemeralOwner is its session). At most 256 bytes, printable.
 	// Default "host/pid-N".
 	Identity string
 

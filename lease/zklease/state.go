@@ -56,6 +56,7 @@ type ticket struct {
 	path    string
 	czxid   int64
 	session int64
+	data    string // what the node holds (waitingData, or the owner it was created for)
 	// predGone is set when the watched predecessor was deleted (or the
 	// watch was lost): the next attempt must list the queue again.
 	predGone bool

@@ -22,6 +22,7 @@ type node struct {
 	czxid   int64
 	session int64
 	sent    time.Time // when the create request was sent
+	data    string    // what it holds: an owner, or a ticket's waitingData
 }
 
 // ambiguous reports whether err leaves the outcome of a write unknown: the
@@ -38,24 +39,26 @@ func ambiguous(err error) bool {
 // create adds an ephemeral sequential node under ns.parent, named with a
 // fresh GUID, holding the backend's identity. Its czxid comes in the same
 // round trip: the create and a no-op data write to the parent are one
-// transaction (Multi), so the parent's new mzxid is the node's czxid. A
+// transaction (Multi), so the parent's new mzxid is the node's czxid. The
+// node holds data: the owner it is created for, or waitingData for a
+// ticket. A
 // missing parent is created (a container node, which the server deletes
 // when it has been empty for a while) and the create retried. When the
 // answer is lost, the backend lists the parent and looks for the GUID: the
 // node is either found (and returned) or known not to exist, so no node is
 // left behind unknown.
-func (b *Backend) create(ns *nameState) (node, error) {
+func (b *Backend) create(ns *nameState, data string) (node, error) {
 	guid := newGUID()
 	for attempt := 0; ; attempt++ {
 		before, _ := b.currentSession()
 		sent := time.Now()
 		res, err := b.conn.Multi(
-			&zk.CreateRequest{Path: ns.parent + "/" + guid + "-", Data: []byte(b.o.Identity), Acl: b.o.ACL, Flags: zk.FlagEphemeralSequential},
+			&zk.CreateRequest{Path: ns.parent + "/" + guid + "-", Data: []byte(data), Acl: b.o.ACL, Flags: zk.FlagEphemeralSequential},
 			&zk.SetDataRequest{Path: ns.parent, Data: nil, Version: -1},
 		)
 		if err == nil && len(res) == 2 && res[1].Stat != nil && res[0].String != "" {
 			after, _ := b.currentSession()
-			n := node{path: res[0].String, czxid: res[1].Stat.Mzxid, session: after, sent: sent}
+			n := node{path: res[0].String, czxid: res[1].Stat.Mzxid, session: after, sent: sent, data: data}
 			if after == 0 || (before != 0 && after != before) {
 				// The client changed sessions around the request: the
 				// node belongs to a session we cannot vouch for.
@@ -74,7 +77,9 @@ func (b *Backend) create(ns *nameState) (node, error) {
 			}
 			continue
 		case ambiguous(err):
-			return b.findCreated(ns, guid, err)
+			n, err := b.findCreated(ns, guid, err)
+			n.data = data
+			return n, err
 		}
 		return node{}, fmt.Errorf("zklease: acquire %q: create under %s: %w", ns.name, ns.parent, err)
 	}

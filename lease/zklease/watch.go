@@ -69,7 +69,7 @@ func (b *Backend) Watch(ctx context.Context, name string) (<-chan struct{}, func
 // queue puts a ticket for ns in the queue and watches its predecessor; it
 // runs under the name's op lock.
 func (b *Backend) queue(ns *nameState) error {
-	n, err := b.create(ns)
+	n, err := b.create(ns, b.waitingData())
 	if err != nil {
 		return err
 	}
@@ -82,7 +82,7 @@ func (b *Backend) queue(ns *nameState) error {
 	if i < 0 {
 		return errors.New("zklease: watch " + ns.name + ": the ticket vanished right after it was created (its session ended?)")
 	}
-	t := &ticket{path: n.path, czxid: n.czxid, session: n.session}
+	t := &ticket{path: n.path, czxid: n.czxid, session: n.session, data: n.data}
 	b.mu.Lock()
 	ns.ticket = t
 	if i == 0 {
