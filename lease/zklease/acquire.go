@@ -172,7 +172,7 @@ func (b *Backend) acquire(ns *nameState, req lease.Request) (lease.Grant, error)
 			return lease.Grant{}, err
 		}
 		if len(kids) > 0 {
-			b.noteContention(ns.name, true)
+			b.noteContention(ns.name, true, req.Owner)
 			return lease.Grant{}, notAcquired(req.Name)
 		}
 	}
@@ -186,7 +186,7 @@ func (b *Backend) acquire(ns *nameState, req lease.Request) (lease.Grant, error)
 		return lease.Grant{}, err
 	}
 	i := position(kids, baseName(n.path))
-	b.noteContention(ns.name, i != 0)
+	b.noteContention(ns.name, i != 0, req.Owner)
 	switch {
 	case i < 0:
 		return lease.Grant{}, fmt.Errorf("zklease: acquire %q: the node %s vanished right after it was created (its session ended?)", req.Name, n.path)
@@ -225,11 +225,20 @@ const contendedFor = 5 * time.Second
 // maxContended bounds the names remembered as contended.
 const maxContended = 4096
 
-// noteContention records whether the last listing of name showed someone
-// ahead. An attempt on a contended name lists the queue before it creates a
-// node: a refused attempt then costs one read instead of a create and a
-// delete, and an uncontended one keeps its two round trips.
-func (b *Backend) noteContention(name string, contended bool) {
+// contention is what the backend remembers of a name it found held.
+type contention struct {
+	at    time.Time
+	owner string // the owner of the refused attempt
+}
+
+// noteContention records whether the last listing of name, for owner,
+// showed someone ahead. An attempt on a contended name lists the queue
+// before it creates a node: a refused attempt then costs a sync and a read
+// instead of a create and a delete, and an uncontended one keeps its two
+// round trips. Watch names its ticket after the refused owner (the Manager
+// subscribes right after a refused attempt, and that owner claims the
+// ticket), so that the grant needs no write.
+func (b *Backend) noteContention(name string, contended bool, owner string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if !contended {
@@ -238,8 +247,8 @@ func (b *Backend) noteContention(name string, contended bool) {
 	}
 	if len(b.contended) >= maxContended {
 		now := time.Now()
-		for n, at := range b.contended {
-			if now.Sub(at) > contendedFor {
+		for n, c := range b.contended {
+			if now.Sub(c.at) > contendedFor {
 				delete(b.contended, n)
 			}
 		}
@@ -247,14 +256,24 @@ func (b *Backend) noteContention(name string, contended bool) {
 			return
 		}
 	}
-	b.contended[name] = time.Now()
+	b.contended[name] = contention{at: time.Now(), owner: owner}
 }
 
 // contendedLocked reports whether name was found contended recently; b.mu
 // must be held.
 func (b *Backend) contendedLocked(name string) bool {
-	at, ok := b.contended[name]
-	return ok && time.Since(at) < contendedFor
+	c, ok := b.contended[name]
+	return ok && time.Since(c.at) < contendedFor
+}
+
+// ticketDataLocked is what a new ticket for name holds: the owner of the
+// last refused attempt on it, if recent, else waitingData; b.mu must be
+// held.
+func (b *Backend) ticketDataLocked(name string) string {
+	if c, ok := b.contended[name]; ok && time.Since(c.at) < contendedFor {
+		return c.owner
+	}
+	return b.waitingData()
 }
 
 // newGrantLocked records a grant of node path to req.Owner, confirmed by a

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"sync"
 
+	"github.com/go-zookeeper/zk"
+
 	"github.com/fencekit/fencekit/lease"
 )
 
@@ -69,7 +71,10 @@ func (b *Backend) Watch(ctx context.Context, name string) (<-chan struct{}, func
 // queue puts a ticket for ns in the queue and watches its predecessor; it
 // runs under the name's op lock.
 func (b *Backend) queue(ns *nameState) error {
-	n, err := b.create(ns, b.waitingData())
+	b.mu.Lock()
+	data := b.ticketDataLocked(ns.name)
+	b.mu.Unlock()
+	n, err := b.create(ns, data)
 	if err != nil {
 		return err
 	}
@@ -142,13 +147,22 @@ type watchEntry struct {
 }
 
 // onNodeEvent handles a watch notification (or the loss of a watch) for
-// path: the ticket that watched it is marked and its waiters signalled. It
-// runs on go-zookeeper's receiving goroutine and must not block.
-func (b *Backend) onNodeEvent(path string) {
+// path: the ticket that watched it is marked and its waiters signalled. A
+// change of the predecessor's data (its owner written after a hand-off to
+// it) wakes no one: the watch is set again. It runs on go-zookeeper's
+// receiving goroutine and must not block.
+func (b *Backend) onNodeEvent(path string, typ zk.EventType) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	w, ok := b.watching[path]
 	if !ok {
+		return
+	}
+	if typ == zk.EventNodeDataChanged {
+		name, t := w.ns.name, w.t
+		b.mu.Unlock()
+		b.background(name, func(ns *nameState) { b.rewatch(ns, t, path) })
+		b.mu.Lock()
 		return
 	}
 	delete(b.watching, path)
@@ -157,6 +171,23 @@ func (b *Backend) onNodeEvent(path string) {
 		w.t.predGone = true
 		signalLocked(w.ns)
 	}
+}
+
+// rewatch sets the watch on ticket t's predecessor again after it fired
+// for a data change; it runs under the name's op lock.
+func (b *Backend) rewatch(ns *nameState, t *ticket, path string) {
+	b.mu.Lock()
+	current := ns.ticket == t && t.pred == path && !t.stopped
+	b.mu.Unlock()
+	if !current {
+		return
+	}
+	ok, _, _, err := b.conn.ExistsW(path)
+	if err == nil && ok {
+		return
+	}
+	// Gone meanwhile, or the watch could not be set: let the waiters look.
+	b.onNodeEvent(path, zk.EventNodeDeleted)
 }
 
 // dropTicket removes ticket t and deletes its node; it runs under the

@@ -68,7 +68,7 @@ type Backend struct {
 	names     map[string]*nameState
 	ready     chan struct{}         // closed while the client is on a session
 	watching  map[string]watchEntry // by watched node path
-	contended map[string]time.Time  // names found held recently (see noteContention)
+	contended map[string]contention // names found held recently (see noteContention)
 
 	notified atomic.Int64 // predecessor notifications that woke a ticket (for tests)
 }
@@ -95,7 +95,7 @@ func New(servers []string, opts ...Option) (*Backend, error) {
 	if err := o.validate(servers); err != nil {
 		return nil, err
 	}
-	b := &Backend{o: o, log: o.Logger, closed: make(chan struct{}), names: map[string]*nameState{}, ready: make(chan struct{}), watching: map[string]watchEntry{}, contended: map[string]time.Time{}}
+	b := &Backend{o: o, log: o.Logger, closed: make(chan struct{}), names: map[string]*nameState{}, ready: make(chan struct{}), watching: map[string]watchEntry{}, contended: map[string]contention{}}
 	conn, _, err := zk.Connect(append([]string(nil), servers...), o.SessionTimeout,
 		zk.WithDialer(b.dial),
 		zk.WithEventCallback(b.onEvent),
@@ -165,7 +165,7 @@ func (z zkLogger) Printf(format string, args ...any) {
 // onEvent is go-zookeeper's event callback. It must not block.
 func (b *Backend) onEvent(ev zk.Event) {
 	if ev.Type != zk.EventSession && ev.Path != "" {
-		b.onNodeEvent(ev.Path)
+		b.onNodeEvent(ev.Path, ev.Type)
 		return
 	}
 	if ev.Type == zk.EventSession && ev.State == zk.StateExpired {
