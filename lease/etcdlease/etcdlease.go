@@ -172,12 +172,12 @@ type Backend struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // the watches' goroutines
 
-	mu        sync.Mutex
-	closed    bool
-	epoch     *epoch
-	seenRev   int64 // the highest revision of a completed response, in this epoch
-	spares    map[int64][]*spare // leases of refused attempts, by TTL in seconds, oldest first
-	minEpoch  int64              // the least value a new epoch may have (after a rewind)
+	mu       sync.Mutex
+	closed   bool
+	epoch    *epoch
+	seenRev  int64              // the highest revision of a completed response, in this epoch
+	spares   map[int64][]*spare // leases of refused attempts, by TTL in seconds, oldest first
+	minEpoch int64              // the least value a new epoch may have (after a rewind)
 }
 
 // New returns a Backend over c. It does no I/O. It returns an error

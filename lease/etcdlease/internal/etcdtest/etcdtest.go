@@ -46,10 +46,10 @@ type Cluster struct {
 
 // Member is one embedded etcd server.
 type Member struct {
-	c        *Cluster
-	Name     string
-	Dir      string
-	peerURL  url.URL
+	c         *Cluster
+	Name      string
+	Dir       string
+	peerURL   url.URL
 	clientURL url.URL
 
 	mu sync.Mutex
