@@ -52,8 +52,9 @@ type Member struct {
 	peerURL   url.URL
 	clientURL url.URL
 
-	mu sync.Mutex
-	e  *embed.Etcd // nil while stopped
+	mu      sync.Mutex
+	e       *embed.Etcd   // nil while stopped
+	closing chan struct{} // closed when the last Kill's Close is done; nil if none
 }
 
 // Start starts a cluster of n members and waits until it has a leader. The
@@ -270,9 +271,45 @@ func (m *Member) etcd() *embed.Etcd {
 	return m.e
 }
 
-// Stop stops the member (a crash as far as the others can tell: its
-// connections close, it takes no more part in elections).
+// Stop stops the member the way etcd shuts down: it drains its clients'
+// requests (up to etcd's request timeout, about 5 s, while it still takes
+// part in raft), hands leadership over if it leads, and closes.
 func (m *Member) Stop() { m.stop() }
+
+// Kill stops the member's raft node at once, without handing leadership
+// over (EtcdServer.HardStop): a crash as far as the other members can
+// tell. Its listeners close in the background (embed's Close, which waits
+// for open client streams); Start, Stop and the test's cleanup wait for
+// that.
+func (m *Member) Kill() {
+	m.mu.Lock()
+	e := m.e
+	m.e = nil
+	var closing chan struct{}
+	if e != nil {
+		closing = make(chan struct{})
+		m.closing = closing
+	}
+	m.mu.Unlock()
+	if e == nil {
+		return
+	}
+	e.Server.HardStop()
+	go func() {
+		defer close(closing)
+		e.Close()
+	}()
+}
+
+// waitClosed waits for the Close of the last Kill.
+func (m *Member) waitClosed() {
+	m.mu.Lock()
+	closing := m.closing
+	m.mu.Unlock()
+	if closing != nil {
+		<-closing
+	}
+}
 
 // Start starts a stopped member again over its data directory and waits
 // until it is ready.
@@ -284,6 +321,7 @@ func (m *Member) Start() {
 }
 
 func (m *Member) stop() {
+	m.waitClosed()
 	m.mu.Lock()
 	e := m.e
 	m.e = nil
@@ -294,6 +332,7 @@ func (m *Member) stop() {
 }
 
 func (m *Member) start() error {
+	m.waitClosed()
 	if m.Running() {
 		return fmt.Errorf("already running")
 	}
