@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -16,7 +18,22 @@ import (
 	"github.com/fencekit/fencekit/lease/etcdlease/internal/etcdtest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(mainM{m}) }
+
+// mainM makes the directory the helper program is built into, and removes
+// it after the tests; goleak checks for leaked goroutines once it returns.
+type mainM struct{ m *testing.M }
+
+func (w mainM) Run() int {
+	dir, err := os.MkdirTemp("", "fencekit-etcdlease-bin-")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "etcdlease: %v\n", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	holderDir = dir
+	return w.m.Run()
+}
 
 // prefix returns a key prefix of its own for one test.
 func prefix(t testing.TB) string {
