@@ -525,16 +525,15 @@ func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
 	}
 	if st.held != nil {
 		st.held.releasing.Store(true)
-		defer st.held.stop()
+		// Ended without waiting: its goroutine is the backend's (Close
+		// waits for it), and the release need not wait for the client.
+		defer st.held.cancel()
 	}
 	_, err := b.c.Revoke(ctx, st.id)
 	switch {
 	case errors.Is(err, rpctypes.ErrLeaseNotFound):
 		return fmt.Errorf("%w: %q: its etcd lease %x had expired or was revoked", lease.ErrNotHeld, g.Name, int64(st.id))
 	case err != nil:
-		if st.held != nil {
-			st.held.releasing.Store(false)
-		}
 		return fmt.Errorf("etcdlease: release %q: %w", g.Name, err)
 	}
 	return nil

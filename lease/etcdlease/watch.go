@@ -91,13 +91,6 @@ func (b *Backend) Watch(ctx context.Context, name string) (<-chan struct{}, func
 type heldWatch struct {
 	releasing atomic.Bool // set by Release before it revokes: the deletion to come is its own
 	cancel    context.CancelFunc
-	done      chan struct{}
-}
-
-// stop ends the watch and waits for its goroutine.
-func (h *heldWatch) stop() {
-	h.cancel()
-	<-h.done
 }
 
 // heldRetry is the pause before a held grant's watch is made again after it
@@ -110,19 +103,17 @@ const heldRetry = 100 * time.Millisecond
 // when Release stops it, or when the backend closes.
 func (b *Backend) watchHeld(st *grantState, n lease.Notifier) *heldWatch {
 	ctx, cancel := context.WithCancel(b.ctx)
-	h := &heldWatch{cancel: cancel, done: make(chan struct{})}
+	h := &heldWatch{cancel: cancel}
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
 		cancel()
-		close(h.done)
 		return h
 	}
 	b.wg.Add(1)
 	b.mu.Unlock()
 	go func() {
 		defer b.wg.Done()
-		defer close(h.done)
 		from := st.rev + 1
 		for {
 			next, cause := b.followHeld(ctx, st, from)
