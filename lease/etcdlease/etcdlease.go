@@ -8,16 +8,22 @@
 // holding the owner and attached to that lease:
 //
 //   - Acquire: LeaseGrant with the TTL in whole seconds (rounded up), then
-//     one transaction: if the key does not exist, put it with the owner as
-//     its value, attached to the new lease. Two round trips. The store's
-//     TTL for the grant (LeaseGrantResponse.TTL, never less than asked;
-//     etcd raises a TTL below its minimum) is Grant.TTL. A refused attempt
-//     keeps its etcd lease for the next attempt of the same Acquire call
-//     (the same owner), refreshed by a keep-alive sent alongside that
-//     attempt's transaction, so a waiter's later attempts, and the hand-off
-//     after a release, cost one round trip. A retry by the same owner
-//     (a reply that was lost) finds the key with its own value and gets
-//     that grant back, extended.
+//     one transaction: if the key does not exist (create revision 0) and
+//     the epoch key is the one this backend read (see below), put the key
+//     with the owner as its value, attached to the new lease. Two round
+//     trips. The TTL etcd granted (LeaseGrantResponse.TTL: never less than
+//     asked; etcd raises a TTL below its minimum) is Grant.TTL. A refused
+//     attempt keeps its etcd lease, which no key is attached to, for a
+//     later attempt asking the same TTL; that attempt sends only its
+//     transaction and, alongside it, a keep-alive of the lease, so that
+//     the grant counts from the attempt's own send time: one round trip.
+//     That is what a waiter's attempts and a hand-off cost. A kept lease
+//     that no attempt uses within half its TTL is left to expire at the
+//     store. A retry by the same owner (an attempt whose reply was lost)
+//     finds the key holding its own value and gets that grant back,
+//     extended by a keep-alive. A refusal does not say how long the holder
+//     has left (that would cost a round trip): waiters are woken by the
+//     key's deletion instead, expiry included.
 //   - Renew (driven by the Manager): a keep-alive of the grant's etcd lease
 //     and, at the same time, a read-only transaction that checks that the
 //     key still holds this owner, was created by this grant (create
@@ -27,8 +33,13 @@
 //     at once: one round trip for the whole batch.
 //   - Release: a revoke of the grant's etcd lease, which deletes the key
 //     at the store if, and only if, it is still attached to that lease,
-//     that is, still this grant's: no other grant's key can be attached to
-//     it. One round trip. A lease that is already gone is ErrNotHeld.
+//     that is, still this grant's: a lease is granted for one grant, and
+//     no other grant's key is ever attached to it. This is the
+//     compare-and-delete, done by the store, in one round trip. A lease
+//     that is already gone (expired, revoked) is ErrNotHeld. A Grant whose
+//     Owner or Token differ from the ones its State was made for is
+//     ErrNotHeld without any request (its State names another grant's
+//     lease).
 //   - Waiters (Watcher) watch the key for deletions: a release, an expiry
 //     or a revoke wakes them at once.
 //   - A held grant's key is watched too (from its create revision, so
@@ -134,6 +145,9 @@ const MaxTTL = 9_000_000_000 * time.Second
 // MaxTxnOps is the number of keys RenewBatch checks in one transaction:
 // etcd's default --max-txn-ops. Larger batches are split.
 const MaxTxnOps = 128
+
+// maxKeepAlives bounds the keep-alives RenewBatch has in flight at once.
+const maxKeepAlives = 64
 
 // Options configures a Backend. New starts from the defaults documented on
 // each field and applies each Option in turn.
@@ -422,8 +436,9 @@ func (b *Backend) Renew(ctx context.Context, g lease.Grant) error {
 
 // RenewBatch implements lease.BatchRenewer: the keys of up to MaxTxnOps
 // grants are checked in one read-only transaction (larger batches in
-// several, sent together), and every grant's keep-alive is sent at the same
-// time. A grant is renewed (nil) only if its keep-alive succeeded and its
+// several, sent together), and the grants' keep-alives are sent at the same
+// time, up to 64 at once (etcd has no keep-alive of several leases in one
+// message). A grant is renewed (nil) only if its keep-alive succeeded and its
 // key holds its owner, was created by it and is attached to its lease;
 // otherwise its error matches lease.ErrNotHeld, or is the store's error.
 // A grant whose State is not the one Acquire made for it (another owner's
@@ -455,10 +470,12 @@ func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant) []error {
 		}()
 	}
 	kas := make([]error, len(gs))
+	inflight := make(chan struct{}, maxKeepAlives)
 	for _, i := range live {
 		wg.Add(1)
+		inflight <- struct{}{}
 		go func() {
-			defer wg.Done()
+			defer func() { <-inflight; wg.Done() }()
 			_, err := b.c.KeepAliveOnce(ctx, sts[i].id)
 			switch {
 			case errors.Is(err, rpctypes.ErrLeaseNotFound):
