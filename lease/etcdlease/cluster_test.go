@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/rs/zerolog"
+
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/lease"
-	"github.com/fencekit/fencekit/lease/etcdlease/internal/etcdtest"
 	"github.com/fencekit/fencekit/lease/etcdlease/internal/guarded"
 )
 
@@ -256,20 +259,24 @@ func testLeaderKilled(t *testing.T, ttl time.Duration) {
 	}
 }
 
-// The holder's member is stopped: the holder cannot renew, its lease's
-// context is cancelled before the last confirmed send + TTL, another client
-// (on the other members) acquires after the grant expired, with a greater
-// token, and the old holder's writes, made as a stale holder would (after
-// its loss, ignoring it), are rejected at PostgreSQL and S3.
+// The holder is cut off from the cluster, in two ways: its member is
+// killed, or its connection is blackholed by a proxy (nothing gets through,
+// nothing is closed, the member lives on). Either way the holder cannot
+// renew, its lease's context is done from the last confirmed send + TTL on,
+// another client (on the other members) acquires after the grant expired,
+// with a greater token, and the old holder's writes, made as a stale holder
+// would (after its loss, ignoring it), are rejected at PostgreSQL and S3.
 func TestHolderMemberIsolated(t *testing.T) {
-	for _, ttl := range []time.Duration{time.Second, 3 * time.Second} {
-		t.Run(fmt.Sprintf("ttl=%v", ttl), func(t *testing.T) {
-			testHolderMemberIsolated(t, ttl)
-		})
+	for _, mode := range []string{"killed", "blackholed"} {
+		for _, ttl := range []time.Duration{time.Second, 3 * time.Second} {
+			t.Run(fmt.Sprintf("%s/ttl=%v", mode, ttl), func(t *testing.T) {
+				testHolderMemberIsolated(t, ttl, mode == "blackholed")
+			})
+		}
 	}
 }
 
-func testHolderMemberIsolated(t *testing.T, ttl time.Duration) {
+func testHolderMemberIsolated(t *testing.T, ttl time.Duration, blackhole bool) {
 	ctx := ctxT(t)
 	res, drop, err := guarded.Create(ctx)
 	if err != nil {
@@ -287,7 +294,18 @@ func testHolderMemberIsolated(t *testing.T, ttl time.Duration) {
 		}
 	}
 	log := newRenewLog()
-	holderM := newManager(t, newBackend(t, cl.Client(cl.Endpoints(x)...), p), ttl, lease.WithObserver(log))
+	holderEndpoint := cl.Endpoints(x)[0]
+	var proxy *toxiproxy.Proxy
+	if blackhole {
+		proxy = toxiproxy.NewProxy(toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop()),
+			"etcd-"+strings.ReplaceAll(t.Name(), "/", "-"), "127.0.0.1:0", strings.TrimPrefix(holderEndpoint, "http://"))
+		if err := proxy.Start(); err != nil {
+			t.Fatalf("toxiproxy: start a proxy in front of %s: %v", holderEndpoint, err)
+		}
+		t.Cleanup(proxy.Stop)
+		holderEndpoint = "http://" + proxy.Listen
+	}
+	holderM := newManager(t, newBackend(t, cl.Client(holderEndpoint), p), ttl, lease.WithObserver(log))
 	otherM := newManager(t, newBackend(t, cl.Client(cl.Endpoints(rest...)...), p), ttl)
 
 	la, err := holderM.TryAcquire(ctx, "job")
@@ -303,7 +321,20 @@ func testHolderMemberIsolated(t *testing.T, ttl time.Duration) {
 	time.Sleep(ttl / 2) // at least one renewal
 
 	isolated := time.Now()
-	cl.Members[x].Kill()
+	if blackhole {
+		// Nothing passes either way, and no connection is closed
+		// (toxiproxy's timeout toxic with timeout 0).
+		for _, stream := range []string{"upstream", "downstream"} {
+			js := fmt.Sprintf(`{"name":"blackhole-%s","type":"timeout","stream":%q,"toxicity":1,"attributes":{"timeout":0}}`, stream, stream)
+			if _, err := proxy.Toxics.AddToxicJson(strings.NewReader(js)); err != nil {
+				t.Fatalf("toxiproxy: add the blackhole: %v", err)
+			}
+		}
+		// Lifted before the clients close (cleanups run last-in first).
+		t.Cleanup(func() { proxy.Toxics.ResetToxics(context.Background()) })
+	} else {
+		cl.Members[x].Kill()
+	}
 	// At any moment from the last confirmed send + TTL on, the holder's
 	// context must be done. (Its Err reads the clock itself, so a check
 	// that runs late still tests the moment it runs.)
@@ -337,8 +368,12 @@ func testHolderMemberIsolated(t *testing.T, ttl time.Duration) {
 	if lb.Token() <= la.Token() {
 		t.Fatalf("new token %d <= the isolated holder's %d", lb.Token(), la.Token())
 	}
-	t.Logf("TTL %v: isolated %v after the last confirmed send; the test saw the holder's context done %v before send + TTL; the other client acquired %v after that (%v after send + TTL)",
-		ttl, isolated.Sub(lastSent).Round(time.Millisecond), expiry.Sub(lostAt).Round(time.Millisecond),
+	how := "member killed"
+	if blackhole {
+		how = "connection blackholed"
+	}
+	t.Logf("%s, TTL %v: isolated %v after the last confirmed send; the test saw the holder's context done %v before send + TTL; the other client acquired %v after that (%v after send + TTL)",
+		how, ttl, isolated.Sub(lastSent).Round(time.Millisecond), expiry.Sub(lostAt).Round(time.Millisecond),
 		acquiredAt.Sub(lostAt).Round(time.Millisecond), acquiredAt.Sub(expiry).Round(time.Millisecond))
 
 	for _, w := range guarded.Write(ctx, res, "B", lb.Token()) {
@@ -454,5 +489,3 @@ func TestTokensGrowAfterRestoreFromBackup(t *testing.T) {
 		t.Logf("restore, epoch key deleted, new backend: token %d before, %d after", high, got)
 	}
 }
-
-var _ = etcdtest.TickMs

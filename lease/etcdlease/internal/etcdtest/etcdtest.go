@@ -36,11 +36,24 @@ const (
 // ready.
 const startTimeout = 30 * time.Second
 
+// Timing is a cluster's raft timing, in milliseconds.
+type Timing struct{ TickMs, ElectionMs uint }
+
+// Fast is the tests' timing (TickMs, ElectionMs).
+var Fast = Timing{TickMs, ElectionMs}
+
+// Default is etcd's own default timing (100 ms heartbeats, 1 s election
+// timeout; a minimum lease TTL of 2 s), for benchmarks on a loaded machine:
+// with the fast timing a starved process misses heartbeats, and the
+// elections that follow stall requests.
+var Default = Timing{100, 1000}
+
 // Cluster is a set of embedded etcd members. Its methods must be called from
 // the test goroutine.
 type Cluster struct {
 	t       testing.TB
 	token   string
+	timing  Timing
 	Members []*Member
 }
 
@@ -57,15 +70,21 @@ type Member struct {
 	closing chan struct{} // closed when the last Kill's Close is done; nil if none
 }
 
-// Start starts a cluster of n members and waits until it has a leader. The
-// cluster is stopped when the test ends.
+// Start starts a cluster of n members with the Fast timing and waits until
+// it has a leader. The cluster is stopped when the test ends.
 func Start(t testing.TB, n int) *Cluster {
+	t.Helper()
+	return StartWith(t, n, Fast)
+}
+
+// StartWith is Start with the given timing.
+func StartWith(t testing.TB, n int, timing Timing) *Cluster {
 	t.Helper()
 	if n < 1 {
 		t.Fatalf("etcdtest: %d members", n)
 	}
 	base := t.TempDir()
-	c := &Cluster{t: t, token: fmt.Sprintf("fencekit-test-%d", time.Now().UnixNano())}
+	c := &Cluster{t: t, token: fmt.Sprintf("fencekit-test-%d", time.Now().UnixNano()), timing: timing}
 	for i := range n {
 		name := fmt.Sprintf("m%d", i)
 		c.Members = append(c.Members, &Member{
@@ -346,8 +365,8 @@ func (m *Member) start() error {
 	cfg.InitialCluster = m.c.initialCluster()
 	cfg.InitialClusterToken = m.c.token
 	cfg.ClusterState = embed.ClusterStateFlagNew // ignored when the data directory exists
-	cfg.TickMs = TickMs
-	cfg.ElectionMs = ElectionMs
+	cfg.TickMs = m.c.timing.TickMs
+	cfg.ElectionMs = m.c.timing.ElectionMs
 	cfg.UnsafeNoFsync = true
 	cfg.Logger = "zap"
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
