@@ -14,6 +14,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/etcdlease/internal/etcdtest"
 	"github.com/fencekit/fencekit/lease/etcdlease/internal/guarded"
 )
 
@@ -163,7 +164,7 @@ func TestLeaderKilled(t *testing.T) {
 }
 
 func testLeaderKilled(t *testing.T, ttl time.Duration) {
-	cl := cluster(t)
+	cl := etcdtest.Start(t, 3) // the Fast timing: elections within about 100-300 ms
 	p := prefix(t)
 	log := newRenewLog()
 	// Every client knows every member, so that it can fail over.

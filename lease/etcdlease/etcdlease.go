@@ -189,9 +189,10 @@ type Backend struct {
 	mu       sync.Mutex
 	closed   bool
 	epoch    *epoch
-	seenRev  int64              // the highest revision of a completed response, in this epoch
-	spares   map[int64][]*spare // leases of refused attempts, by TTL in seconds, oldest first
-	minEpoch int64              // the least value a new epoch may have (after a rewind)
+	seenRev  int64                 // the highest revision of a completed response, in this epoch
+	spares   map[int64][]*spare    // leases of refused attempts, by TTL in seconds, oldest first
+	minEpoch int64                 // the least value a new epoch may have (after a rewind)
+	watches  map[string]*nameWatch // the watches waiters share, by lease name
 }
 
 // New returns a Backend over c. It does no I/O. It returns an error

@@ -97,5 +97,7 @@ func revokeLeasesUnder(t testing.TB, admin *clientv3.Client, prefix string) int 
 	return n
 }
 
-// cluster starts a three-member cluster for one test.
-func cluster(t testing.TB) *etcdtest.Cluster { return etcdtest.Start(t, 3) }
+// cluster starts a three-member cluster for one test, with the Steady
+// timing (see etcdtest.Steady); tests that measure a failover use
+// etcdtest.Start (the Fast timing: TickMs 10, ElectionMs 100).
+func cluster(t testing.TB) *etcdtest.Cluster { return etcdtest.StartWith(t, 3, etcdtest.Steady) }

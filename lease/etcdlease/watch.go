@@ -14,76 +14,154 @@ import (
 	"github.com/fencekit/fencekit/lease"
 )
 
-// Watch implements lease.Watcher: an etcd watch on the lease's key, for
-// deletions only (a release, an expiry, a revoke). It returns once etcd
-// has confirmed that the watch is created, bounded by ctx. The watch
-// requires a leader: when the member the client talks to loses its leader,
-// the watch ends, and the waiter is signalled once so that it tries again
-// (and then polls).
+// Watch implements lease.Watcher. The waiters of one name in one Backend
+// share one etcd watch on the lease's key, for deletions only (a release,
+// an expiry, a revoke). Each deletion wakes one of them, the one that has
+// waited longest without a signal, rather than all: the lease can go to one
+// holder only, and the others would only send refused attempts. (A waiter
+// that stops with a signal it did not take passes it on.) Other processes'
+// waiters have watches of their own. Watch returns once etcd has confirmed
+// that the watch is created, bounded by ctx. The watch requires a leader:
+// when the member the client talks to loses its leader, the watch ends and
+// every waiter is signalled, so that each tries again (and then polls).
 func (b *Backend) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
 	if err := lease.ValidateName(name); err != nil {
 		return nil, nil, err
 	}
+	w := &waiter{ch: make(chan struct{}, 1)}
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
 		return nil, nil, ErrClosed
 	}
-	b.wg.Add(1)
+	nw := b.watches[name]
+	if nw == nil {
+		nw = &nameWatch{ready: make(chan struct{})}
+		if b.watches == nil {
+			b.watches = make(map[string]*nameWatch)
+		}
+		b.watches[name] = nw
+		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(b.ctx))
+		nw.cancel = cancel
+		b.wg.Add(1)
+		go b.runNameWatch(wctx, name, nw)
+	}
+	nw.waiters = append(nw.waiters, w)
 	b.mu.Unlock()
 
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(b.ctx))
-	wch := b.c.Watch(wctx, b.Key(name), clientv3.WithCreatedNotify(), clientv3.WithFilterPut())
-	fail := func(err error) (<-chan struct{}, func(), error) {
-		cancel()
-		for range wch { // the client closes it once the cancel is through
-		}
-		b.wg.Done()
-		return nil, nil, err
-	}
-	select {
-	case resp, ok := <-wch:
-		switch {
-		case !ok:
-			return fail(fmt.Errorf("etcdlease: watch %q: the watch ended before it was created: %w", name, errors.Join(wctx.Err(), ErrClosed)))
-		case resp.Err() != nil:
-			return fail(fmt.Errorf("etcdlease: watch %q: %w", name, resp.Err()))
-		case !resp.Created:
-			return fail(fmt.Errorf("etcdlease: watch %q: the first response did not confirm the watch", name))
-		}
-	case <-ctx.Done():
-		return fail(ctx.Err())
-	}
-	signals := make(chan struct{}, 1)
-	signal := func() {
-		select {
-		case signals <- struct{}{}:
-		default:
-		}
-	}
-	done := make(chan struct{})
-	go func() {
-		defer b.wg.Done()
-		defer close(done)
-		for resp := range wch {
-			if len(resp.Events) > 0 || resp.Err() != nil || resp.Canceled {
-				signal()
-			}
-		}
-		// The watch ended (lost leader, closed client): one last signal,
-		// so that the waiter looks again rather than waiting for a poll.
-		if wctx.Err() == nil {
-			signal()
-		}
-	}()
 	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			<-done
-		})
+	stop := func() { once.Do(func() { b.leave(name, nw, w) }) }
+	select {
+	case <-nw.ready:
+	case <-ctx.Done():
+		stop()
+		return nil, nil, ctx.Err()
 	}
-	return signals, stop, nil
+	if nw.err != nil {
+		stop()
+		return nil, nil, nw.err
+	}
+	return w.ch, stop, nil
+}
+
+// nameWatch is the etcd watch that the waiters of one name share.
+type nameWatch struct {
+	cancel  context.CancelFunc
+	ready   chan struct{} // closed once etcd confirmed the watch, or it failed (err)
+	err     error
+	waiters []*waiter // oldest first; guarded by Backend.mu
+	ended   bool      // the etcd watch ended; guarded by Backend.mu
+}
+
+type waiter struct{ ch chan struct{} }
+
+// runNameWatch runs the etcd watch of nw until it ends (its last waiter
+// left, the backend closed, or etcd ended it).
+func (b *Backend) runNameWatch(ctx context.Context, name string, nw *nameWatch) {
+	defer b.wg.Done()
+	wch := b.c.Watch(ctx, b.Key(name), clientv3.WithCreatedNotify(), clientv3.WithFilterPut())
+	resp, ok := <-wch
+	switch {
+	case !ok:
+		nw.err = fmt.Errorf("etcdlease: watch %q: the watch ended before it was created: %w", name, errors.Join(ctx.Err(), ErrClosed))
+	case resp.Err() != nil:
+		nw.err = fmt.Errorf("etcdlease: watch %q: %w", name, resp.Err())
+	case !resp.Created:
+		nw.err = fmt.Errorf("etcdlease: watch %q: the first response did not confirm the watch", name)
+	}
+	close(nw.ready)
+	if nw.err == nil {
+		for resp := range wch {
+			switch {
+			case resp.Err() != nil || resp.Canceled:
+				break
+			case len(resp.Events) > 0:
+				b.mu.Lock()
+				nw.signalOne()
+				b.mu.Unlock()
+				continue
+			default:
+				continue
+			}
+			break
+		}
+	}
+	// Ended: by its last waiter or the backend (nothing to tell), or by
+	// etcd (a lost leader, a closed client: every waiter looks again).
+	// Later waiters of the name get a new watch.
+	b.mu.Lock()
+	nw.ended = true
+	if b.watches[name] == nw {
+		delete(b.watches, name)
+	}
+	for _, w := range nw.waiters {
+		signal(w.ch)
+	}
+	b.mu.Unlock()
+	nw.cancel()
+	for range wch { // closed by the client once the cancel is through
+	}
+}
+
+// signalOne wakes the waiter that has waited longest without a signal, and
+// moves it to the back. Backend.mu must be held.
+func (nw *nameWatch) signalOne() {
+	for i, w := range nw.waiters {
+		if len(w.ch) == 0 {
+			signal(w.ch)
+			nw.waiters = append(append(nw.waiters[:i:i], nw.waiters[i+1:]...), w)
+			return
+		}
+	}
+}
+
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// leave removes w from nw. A signal w did not take goes to another waiter;
+// the last waiter to leave ends the etcd watch.
+func (b *Backend) leave(name string, nw *nameWatch, w *waiter) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i, x := range nw.waiters {
+		if x == w {
+			nw.waiters = append(nw.waiters[:i:i], nw.waiters[i+1:]...)
+			break
+		}
+	}
+	if len(w.ch) > 0 && !nw.ended {
+		nw.signalOne()
+	}
+	if len(nw.waiters) == 0 {
+		if b.watches[name] == nw {
+			delete(b.watches, name)
+		}
+		nw.cancel()
+	}
 }
 
 // heldWatch watches a held grant's key, so that a loss the store makes (an
