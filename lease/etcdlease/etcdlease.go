@@ -41,7 +41,9 @@
 //     ErrNotHeld without any request (its State names another grant's
 //     lease).
 //   - Waiters (Watcher) watch the key for deletions: a release, an expiry
-//     or a revoke wakes them at once.
+//     or a revoke wakes a waiter at once. The waiters of one name in one
+//     Backend share one etcd watch, and each deletion wakes the one that
+//     waited longest, not all of them (only one can win).
 //   - A held grant's key is watched too (from its create revision, so
 //     nothing is missed): when the key is deleted or changed by anything
 //     but this grant's Release (the lease expired at the store, an
