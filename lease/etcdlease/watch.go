@@ -92,18 +92,14 @@ func (b *Backend) runNameWatch(ctx context.Context, name string, nw *nameWatch) 
 	close(nw.ready)
 	if nw.err == nil {
 		for resp := range wch {
-			switch {
-			case resp.Err() != nil || resp.Canceled:
+			if resp.Err() != nil || resp.Canceled {
 				break
-			case len(resp.Events) > 0:
+			}
+			if len(resp.Events) > 0 {
 				b.mu.Lock()
 				nw.signalOne()
 				b.mu.Unlock()
-				continue
-			default:
-				continue
 			}
-			break
 		}
 	}
 	// Ended: by its last waiter or the backend (nothing to tell), or by
