@@ -10,6 +10,7 @@ package etcdtest
 import (
 	"context"
 	"fmt"
+	mrand "math/rand/v2"
 	"net"
 	"net/url"
 	"os"
@@ -109,16 +110,25 @@ func StartWith(t testing.TB, n int, timing Timing) *Cluster {
 	return c
 }
 
-// freeURL returns an http URL on a loopback port nothing listens on now.
+// freeURL returns an http URL on a loopback port nothing listens on now,
+// chosen below the kernel's ephemeral range (Linux: 32768 and up by
+// default): a member that is stopped and started again must find its port
+// free, and an ephemeral port can meanwhile become the local end of any
+// outgoing connection (a client reconnecting), which makes it refuse the
+// bind.
 func freeURL(t testing.TB) url.URL {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("etcdtest: no free loopback port: %v", err)
+	for range 200 {
+		addr := fmt.Sprintf("127.0.0.1:%d", 15000+mrand.IntN(17000))
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue
+		}
+		_ = l.Close()
+		return url.URL{Scheme: "http", Host: addr}
 	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	return url.URL{Scheme: "http", Host: addr}
+	t.Fatal("etcdtest: no free loopback port in 15000-31999")
+	return url.URL{}
 }
 
 func (c *Cluster) initialCluster() string {
@@ -388,7 +398,7 @@ func (m *Member) start() error {
 	// another process, may refuse the bind for a moment: try a few times.
 	for attempt := 0; ; attempt++ {
 		e, err = embed.StartEtcd(cfg)
-		if err == nil || attempt == 20 || !strings.Contains(err.Error(), "address already in use") {
+		if err == nil || attempt == 50 || !strings.Contains(err.Error(), "address already in use") {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
