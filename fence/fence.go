@@ -84,7 +84,9 @@ type StaleError struct {
 	// Presented is the token the rejected write carried.
 	Presented Token
 	// Current is the newest token the resource had accepted, as observed
-	// by the guard when the write was rejected (always > Presented).
+	// by the guard when the write was rejected (> Presented), or None when
+	// the guard could not learn it (each guard documents when); the
+	// rejection stands either way.
 	Current Token
 }
 

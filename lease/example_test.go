@@ -84,3 +84,55 @@ func ExampleLease_Context() {
 	// stopped: true
 	// release reports the loss: true
 }
+
+func ExampleManager_Run() {
+	ctx := context.Background()
+	m, _ := lease.NewManager(lease.NewMemoryBackend(), 10*time.Second)
+
+	// One replica at a time runs the nightly job; the others wait (or use
+	// TryRun to skip it). The token fences the job's writes.
+	err := m.Run(ctx, "nightly-invoices", func(ctx context.Context, l *lease.Lease) error {
+		fmt.Println("running with token", l.Token())
+		return nil // e.g. sqlguard's Table.Update(ctx, pool, l.Token(), ...)
+	})
+	fmt.Println("done:", err)
+
+	// A job that outlives its lease is told so, whatever the job returned.
+	short, _ := lease.NewManager(lease.NewMemoryBackend(), 100*time.Millisecond, lease.WithoutAutoRenew())
+	err = short.Run(ctx, "report", func(ctx context.Context, l *lease.Lease) error {
+		<-ctx.Done() // the lease expires: nobody renews it here
+		return nil
+	})
+	fmt.Println("lost:", errors.Is(err, lease.ErrLost))
+	// Output:
+	// running with token 1
+	// done: <nil>
+	// lost: true
+}
+
+func ExampleElection() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	m, _ := lease.NewManager(lease.NewMemoryBackend(), 10*time.Second, lease.WithIdentity("replica-1"))
+	e, _ := lease.NewElection(m, "scheduler-leader",
+		lease.WithOnElected(func(l *lease.Lease) { fmt.Println("elected with token", l.Token()) }),
+	)
+
+	done := make(chan error)
+	go func() {
+		done <- e.Run(ctx, func(ctx context.Context, l *lease.Lease) error {
+			// Lead until the context ends: leadership lost, Resign, or
+			// shutdown. Fence every write with l.Token().
+			who, _ := e.Leader(ctx)
+			fmt.Println("leader:", who.Identity())
+			cancel() // shut down
+			<-ctx.Done()
+			return nil
+		})
+	}()
+	fmt.Println("Run:", <-done)
+	// Output:
+	// elected with token 1
+	// leader: replica-1
+	// Run: context canceled
+}

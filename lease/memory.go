@@ -30,6 +30,7 @@ var (
 	_ Backend      = (*MemoryBackend)(nil)
 	_ Watcher      = (*MemoryBackend)(nil)
 	_ BatchRenewer = (*MemoryBackend)(nil)
+	_ Inspector    = (*MemoryBackend)(nil)
 )
 
 // NewMemoryBackend returns an empty in-memory backend.
@@ -171,4 +172,19 @@ func (b *MemoryBackend) Forget() {
 	clear(b.leases)
 	clear(b.tokens)
 	b.floor = max(b.floor, fence.Token(time.Now().UnixNano()))
+}
+
+// Holder implements Inspector.
+func (b *MemoryBackend) Holder(ctx context.Context, name string) (Holder, error) {
+	if err := ctx.Err(); err != nil {
+		return Holder{}, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := time.Now()
+	g, ok := b.current(name, now)
+	if !ok {
+		return Holder{}, ErrNotHeld
+	}
+	return Holder{Name: name, Owner: g.owner, Token: g.token, Remaining: g.expires.Sub(now)}, nil
 }

@@ -12,11 +12,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fencekit/fencekit/internal/lockversion"
 	"github.com/fencekit/fencekit/internal/pgident"
 )
 
 // LockVersionColumn is the column row-level fencing reads and writes.
-const LockVersionColumn = "lock_version"
+const LockVersionColumn = lockversion.Column
 
 // LockVersionConstraint is the name of the CHECK (lock_version >= 0)
 // constraint the lock_version migration adds. CHECK constraint names are
@@ -142,28 +143,29 @@ func checkIdent(kind, s string) error { return pgident.Check(ErrInvalid, kind, s
 
 // lockVersionUp is the Up section's one statement: a DO block that adds the
 // column and the check if they are missing, and fails if a lock_version
-// column exists with the wrong type.
+// column exists with another type than bigint. The table appears in it
+// only as an identifier quoted by pgx (a DO block takes no parameters);
+// its type is read with the expression package sqlguard checks on every
+// write (internal/lockversion), and the block holds no other value.
 func lockVersionUp(t TableName) string {
 	ident := t.String()
-	lit := escapeLiteral(ident)
-	body := fmt.Sprintf(`
+	body := `
 BEGIN
-    ALTER TABLE %[1]s ADD COLUMN IF NOT EXISTS lock_version bigint NOT NULL DEFAULT 0;
-    IF NOT EXISTS (
-        SELECT 1 FROM pg_catalog.pg_attribute
-        WHERE attrelid = %[2]s::regclass AND attname = 'lock_version' AND NOT attisdropped
-          AND atttypid = 'bigint'::regtype AND attnotnull
-    ) THEN
-        RAISE EXCEPTION 'fencekit: column lock_version of %% exists but is not bigint NOT NULL', %[2]s;
+    ALTER TABLE ` + ident + ` ADD COLUMN IF NOT EXISTS ` + lockversion.Column + ` ` + lockversion.Type + ` NOT NULL DEFAULT 0;
+    IF NOT (` + lockversion.IsBigint(ident) + `) THEN
+        RAISE EXCEPTION 'fencekit: column lock_version exists with type %, want ` + lockversion.Type + `',
+            pg_catalog.format_type(` + lockversion.TypeOf(ident) + `, NULL);
     END IF;
-    IF NOT EXISTS (
-        SELECT 1 FROM pg_catalog.pg_constraint
-        WHERE conrelid = %[2]s::regclass AND conname = '%[3]s'
-    ) THEN
-        ALTER TABLE %[1]s ADD CONSTRAINT %[3]s CHECK (lock_version >= 0);
-    END IF;
+    ALTER TABLE ` + ident + ` ALTER COLUMN ` + lockversion.Column + ` SET NOT NULL;
+    BEGIN
+        ALTER TABLE ` + ident + ` ADD CONSTRAINT ` + LockVersionConstraint + ` CHECK (` + lockversion.Column + ` >= 0);
+    EXCEPTION WHEN duplicate_object THEN
+        NULL; -- added by an earlier run
+    END;
 END
-`, ident, lit, LockVersionConstraint)
+`
+	// The identifier may contain anything but control characters, so
+	// the block's dollar quote is chosen not to occur in it.
 	tag := "$fencekit$"
 	for i := 1; strings.Contains(body, tag); i++ {
 		tag = fmt.Sprintf("$fencekit%d$", i)
@@ -175,40 +177,45 @@ END
 func lockVersionDown(t TableName) []string {
 	ident := t.String()
 	return []string{
-		fmt.Sprintf("ALTER TABLE %s DROP CONSTRAINT IF EXISTS %s", ident, LockVersionConstraint),
-		fmt.Sprintf("ALTER TABLE %s DROP COLUMN IF EXISTS lock_version", ident),
+		"ALTER TABLE " + ident + " DROP CONSTRAINT IF EXISTS " + LockVersionConstraint,
+		"ALTER TABLE " + ident + " DROP COLUMN IF EXISTS " + lockversion.Column,
 	}
-}
-
-// escapeLiteral returns s as an E” string literal, which means the same
-// whatever standard_conforming_strings is.
-func escapeLiteral(s string) string {
-	s = strings.ReplaceAll(s, `\`, `\\`)
-	s = strings.ReplaceAll(s, `'`, `''`)
-	return "E'" + s + "'"
 }
 
 // LockVersionMigration returns the text of a goose SQL migration that adds
 // lock_version to table t: Up adds the column (BIGINT NOT NULL DEFAULT 0)
-// and a CHECK (lock_version >= 0) constraint named LockVersionConstraint if
-// they are missing, and fails if a lock_version column exists that is not
-// BIGINT NOT NULL; Down drops both. Up and Down may each run more than
-// once. It does no I/O; it returns an error wrapping ErrInvalid for a bad
-// name.
+// if it is missing, fails if a lock_version column exists with another
+// type than bigint, makes an existing bigint column NOT NULL (which fails
+// if it holds NULLs), and adds a CHECK (lock_version >= 0) constraint
+// named LockVersionConstraint if it is missing; Down drops both. Up and
+// Down may each run more than once. It does no I/O; it returns an error
+// wrapping ErrInvalid for a bad name.
+//
+// goose reads every line that starts with "--" and contains "+goose" as an
+// annotation, and ends a statement outside StatementBegin/StatementEnd at
+// a line whose last word before any "--" ends in ";". So the table's name
+// appears in no comment, and every statement, each of which names the
+// table, is wrapped in StatementBegin/StatementEnd: whatever the name holds
+// (no line break: Validate refuses control characters), goose reads the
+// file as written. The file name says which table it is for.
 func LockVersionMigration(t TableName) (string, error) {
 	if err := t.Validate(); err != nil {
 		return "", err
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "-- Adds fencekit's lock_version column to %s (generated by fencekit).\n", t)
+	b.WriteString("-- Adds fencekit's lock_version column to the table named below (generated by fencekit).\n")
 	b.WriteString("-- Once the table is fenced, every write to it must go through sqlguard:\n")
-	b.WriteString("-- a plain UPDATE is not fenced and lets a stale lock holder overwrite newer rows.\n\n")
-	b.WriteString("-- +goose Up\n-- +goose StatementBegin\n")
-	b.WriteString(lockVersionUp(t))
-	b.WriteString(";\n-- +goose StatementEnd\n\n-- +goose Down\n")
-	for _, stmt := range lockVersionDown(t) {
+	b.WriteString("-- a plain UPDATE is not fenced and lets a stale lock holder overwrite newer rows.\n")
+	statement := func(stmt string) {
+		b.WriteString("-- +goose StatementBegin\n")
 		b.WriteString(stmt)
-		b.WriteString(";\n")
+		b.WriteString(";\n-- +goose StatementEnd\n")
+	}
+	b.WriteString("\n-- +goose Up\n")
+	statement(lockVersionUp(t))
+	b.WriteString("\n-- +goose Down\n")
+	for _, stmt := range lockVersionDown(t) {
+		statement(stmt)
 	}
 	return b.String(), nil
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pressly/goose/v3"
 
@@ -149,10 +150,26 @@ func TestApplyLockVersion(t *testing.T) {
 	}
 
 	// A lock_version column of the wrong type is an error, not skipped.
-	exec(`CREATE TABLE wrong (id int, lock_version int)`)
-	err = migrations.ApplyLockVersion(ctx, db, migrations.TableName{Schema: schema, Name: "wrong"})
-	if err == nil || !strings.Contains(err.Error(), "not bigint NOT NULL") {
-		t.Fatalf("wrong type: %v", err)
+	for _, typ := range []string{"int", "real", "numeric", "text"} {
+		exec(`CREATE TABLE "wrong ` + typ + `" (id int, lock_version ` + typ + ` NOT NULL)`)
+		err = migrations.ApplyLockVersion(ctx, db, migrations.TableName{Schema: schema, Name: "wrong " + typ})
+		if err == nil || !strings.Contains(err.Error(), "want bigint") {
+			t.Fatalf("wrong type %s: %v", typ, err)
+		}
+	}
+	// A nullable bigint one is made NOT NULL, unless it holds NULLs.
+	exec(`CREATE TABLE nullable (id int, lock_version bigint)`)
+	exec(`INSERT INTO nullable VALUES (1, 0)`)
+	if err := migrations.ApplyLockVersion(ctx, db, migrations.TableName{Schema: schema, Name: "nullable"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, notNull, _, check := lockVersionState(t, db, pgx.Identifier{schema, "nullable"}.Sanitize()); !notNull || !check {
+		t.Fatalf("nullable: not null %v, check %v", notNull, check)
+	}
+	exec(`CREATE TABLE nulls (id int, lock_version bigint)`)
+	exec(`INSERT INTO nulls VALUES (1, NULL)`)
+	if err := migrations.ApplyLockVersion(ctx, db, migrations.TableName{Schema: schema, Name: "nulls"}); err == nil {
+		t.Fatal("a lock_version holding NULLs was adopted")
 	}
 
 	for _, missing := range []migrations.TableName{{Schema: schema, Name: "nope"}, {Schema: "no_such_schema_fk", Name: "orders"}, {Name: "nope"}} {

@@ -128,7 +128,10 @@ func TestGuardBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	noop := func(pgx.Tx) error { return nil }
-	var typedNil *pgx.Conn
+	var (
+		typedNil   *pgx.Conn
+		typedNilTx *pgxpool.Tx
+	)
 	for _, tc := range []struct {
 		name     string
 		nilDB    int
@@ -152,13 +155,13 @@ func TestGuardBadInput(t *testing.T) {
 			cdb := &countingDB{}
 			var (
 				b sqlguard.Beginner = cdb
-				d sqlguard.DBTX     = cdb
+				d pgx.Tx            = countingTx{c: cdb}
 			)
 			switch tc.nilDB {
 			case 1:
 				b, d = nil, nil
 			case 2:
-				b, d = typedNil, typedNil
+				b, d = typedNil, typedNilTx
 			}
 			err := g.BeginFunc(ctx, b, tc.resource, tc.token, tc.fn)
 			if !errors.Is(err, tc.wantErr) || !strings.Contains(err.Error(), tc.wantMsg) {

@@ -27,11 +27,13 @@ type Options struct {
 	// migrations.Up puts them by default.
 	Schema string
 
-	// TxOptions are used by BeginFunc to begin its transaction. Default:
-	// the zero value, which begins with the server's default isolation
-	// level (READ COMMITTED unless configured otherwise). AccessMode
-	// pgx.ReadOnly is refused: the guard writes. A BeginQuery, if set, must
-	// be one statement; the guard appends its own.
+	// TxOptions are used by BeginFunc to begin its transaction, exactly as
+	// pgx.BeginTxFunc uses them. Default: the zero value, which begins
+	// with the server's default isolation level (READ COMMITTED unless
+	// configured otherwise). AccessMode pgx.ReadOnly is refused: the guard
+	// writes. A BeginQuery, if set, is sent as it is, as a statement of its
+	// own; the guard never adds to it. CommitQuery, if set, ends the
+	// transaction.
 	TxOptions pgx.TxOptions
 }
 
@@ -51,10 +53,8 @@ func WithTxOptions(txOptions pgx.TxOptions) Option {
 // or Advance). It keeps one row per resource in the toolkit's table. A
 // Guard holds only its options; it is safe for concurrent use.
 type Guard struct {
-	opts     Options
-	fn       string // quoted, possibly qualified function name
-	advance  string // the advance statement with $1, $2
-	beginSQL string // BEGIN with the isolation options
+	opts    Options
+	advance string // the advance statement: $1 the resource's UTF-8 bytes, $2 the token
 }
 
 // New returns a Guard configured by opts. It does no I/O. It returns an
@@ -93,41 +93,29 @@ func New(opts ...Option) (*Guard, error) {
 		return nil, err
 	}
 
-	g := &Guard{opts: o}
+	fn := pgx.Identifier{AdvanceFunction}.Sanitize()
 	if o.Schema != "" {
-		g.fn = pgx.Identifier{o.Schema, AdvanceFunction}.Sanitize()
-	} else {
-		g.fn = pgx.Identifier{AdvanceFunction}.Sanitize()
+		fn = pgx.Identifier{o.Schema, AdvanceFunction}.Sanitize()
 	}
-	g.advance = "SELECT " + g.fn + "($1::text, $2::bigint)"
-	if txo.BeginQuery != "" {
-		g.beginSQL = strings.TrimRight(strings.TrimSpace(txo.BeginQuery), ";")
-	} else {
-		b := "BEGIN"
-		if txo.IsoLevel != "" {
-			b += " ISOLATION LEVEL " + string(txo.IsoLevel)
-		}
-		if txo.AccessMode != "" {
-			b += " " + string(txo.AccessMode)
-		}
-		if txo.DeferrableMode != "" {
-			b += " " + string(txo.DeferrableMode)
-		}
-		g.beginSQL = b
-	}
-	return g, nil
+	// The resource name goes as bytes and is decoded by the server as
+	// UTF-8, so that it arrives exactly whatever the session's
+	// client_encoding (a text parameter would be decoded as that
+	// encoding, turning one name into another).
+	return &Guard{opts: o, advance: "SELECT " + fn + "(pg_catalog.convert_from($1::bytea, 'UTF8'), $2::bigint)"}, nil
 }
 
 // Options returns a copy of the Guard's options.
 func (g *Guard) Options() Options { return g.opts }
 
 // Advance is the resource check for a transaction you manage yourself: call
-// it first in the transaction, with tx, then write. It stores token as the
-// resource's newest token if it is >= the stored one (or the resource has
-// none yet), and the resource's row stays locked until tx ends: a holder
-// with a newer token waits at its own Advance until tx commits or rolls
-// back, and then the stale one of the two is rejected. It runs one
-// statement (one round trip).
+// it first in tx, then write. It stores token as the resource's newest
+// token if it is >= the stored one (or the resource has none yet), and the
+// resource's row stays locked until tx ends: a holder with a newer token
+// waits at its own Advance until tx commits or rolls back, and then the
+// stale one of the two is rejected. It runs one statement (one round trip).
+// It takes a pgx.Tx because the fence is that lock: on a pool or a
+// connection in autocommit it would be released at once and protect
+// nothing.
 //
 // It returns nil when the token was accepted; a *fence.StaleError
 // (matching fence.ErrStaleToken) with the stored token when that is newer,
@@ -137,23 +125,24 @@ func (g *Guard) Options() Options { return g.opts }
 // this one's snapshot) or a deadlock; ErrNotMigrated when the toolkit's
 // function is missing; other database errors wrapped. Bad arguments are
 // reported before any I/O (fence.ErrInvalidToken, ErrInvalid). ctx bounds
-// the statement.
-//
-// Called outside a transaction (a pool or a connection in autocommit), it
-// only records the token: nothing stays locked.
-func (g *Guard) Advance(ctx context.Context, tx DBTX, resource string, token fence.Token) error {
+// the statement. If ctx ends or the connection breaks while the statement
+// is at the server, the error is plain (never fence.ErrOutcomeUnknown):
+// what the statement did counts only if tx commits, and an interrupted
+// statement leaves tx unable to (pgx closes its connection, or the server
+// aborts the transaction when a cancel request reaches it).
+func (g *Guard) Advance(ctx context.Context, tx pgx.Tx, resource string, token fence.Token) error {
 	op := "advance " + strconv.Quote(resource)
 	tok, err := g.check(tx, resource, token)
 	if err != nil {
 		return fmt.Errorf("sqlguard: %s: %w", op, err)
 	}
-	_, err = tx.Exec(ctx, g.advance, resource, tok)
+	_, err = tx.Exec(ctx, g.advance, []byte(resource), tok)
 	return g.advanceErr(op, resource, token, err)
 }
 
 // BeginFunc runs fn in a transaction fenced for resource, in the manner of
-// pgx.BeginFunc. It begins a transaction (with Options.TxOptions), advances
-// the resource's token to token as Advance does, runs fn with the
+// pgx.BeginTxFunc. It begins a transaction (with Options.TxOptions),
+// advances the resource's token to token as Advance does, runs fn with the
 // transaction, and commits it if fn returns nil; otherwise it rolls back
 // and returns fn's error. If the token is stale, it rolls back and returns
 // the *fence.StaleError before fn runs.
@@ -165,18 +154,27 @@ func (g *Guard) Advance(ctx context.Context, tx DBTX, resource string, token fen
 // earlier but reaches the advance later gets the stale error. Every write
 // that must be fenced has to happen inside fn, with the tx it is given.
 //
-// With a *pgxpool.Pool or a *pgx.Conn, BEGIN and the advance go to the
-// server in one simple-protocol message, so the fence costs no extra round
-// trip: the transaction takes BEGIN+advance, fn's statements, COMMIT. With
-// any other Beginner (a pgx.Tx, which makes a savepoint) they are two round
-// trips. A stale token costs one more round trip (the ROLLBACK).
+// With a *pgxpool.Pool, a *pgxpool.Conn or a *pgx.Conn, the begin query
+// and the advance are sent together as one batch (pgx.Batch.BeginTx), two
+// statements with bind parameters in one round trip, so the fence costs
+// no extra round trip: the transaction takes BEGIN+advance, fn's
+// statements, COMMIT. With any other Beginner (a pgx.Tx, which makes a
+// savepoint) they are two round trips. A stale token costs one more round
+// trip (the ROLLBACK).
 //
 // Errors: a *fence.StaleError; an error matching ErrRetryable for a
 // serialization failure or deadlock while advancing or committing (retry
 // the whole BeginFunc; IsRetryable also recognizes them in fn's own
-// errors); ErrNotMigrated; fn's error as returned; other database errors
-// wrapped. Bad arguments are reported before any I/O. ctx bounds the whole
-// transaction, including fn's statements if fn uses it.
+// errors); ErrNotMigrated; fn's error as returned; an error matching
+// fence.ErrOutcomeUnknown, joined with its cause (such as
+// context.DeadlineExceeded), when ctx ended or the connection broke after
+// COMMIT was sent and before its answer came: the transaction may have
+// committed, or may still commit (not for a savepoint, whose release
+// commits nothing); other database errors wrapped. A failure
+// before COMMIT was sent, even one in flight, commits nothing (PostgreSQL
+// rolls back the transaction of a connection that pgx closed) and is a
+// plain error. Bad arguments are reported before any I/O. ctx bounds the
+// whole transaction, including fn's statements if fn uses it.
 func (g *Guard) BeginFunc(ctx context.Context, db Beginner, resource string, token fence.Token, fn func(pgx.Tx) error) error {
 	op := "fenced transaction " + strconv.Quote(resource)
 	tok, err := g.check(db, resource, token)
@@ -190,25 +188,16 @@ func (g *Guard) BeginFunc(ctx context.Context, db Beginner, resource string, tok
 	var tx pgx.Tx
 	switch d := db.(type) {
 	case *pgxpool.Pool:
-		pc, err := d.Acquire(ctx)
-		if err != nil {
-			return fmt.Errorf("sqlguard: %s: acquire connection: %w", op, err)
-		}
-		defer pc.Release()
-		tx, err = g.beginConn(ctx, pc.Conn(), op, resource, token, tok)
-		if err != nil {
-			return err
-		}
+		tx, err = g.beginBatch(ctx, d, op, resource, token, tok)
+	case *pgxpool.Conn:
+		tx, err = g.beginBatch(ctx, d, op, resource, token, tok)
 	case *pgx.Conn:
-		tx, err = g.beginConn(ctx, d, op, resource, token, tok)
-		if err != nil {
-			return err
-		}
+		tx, err = g.beginBatch(ctx, d, op, resource, token, tok)
 	default:
 		tx, err = g.beginGeneric(ctx, db, op, resource, token, tok)
-		if err != nil {
-			return err
-		}
+	}
+	if err != nil {
+		return err
 	}
 	// A no-op after Commit; rolls back when fn fails or panics.
 	defer tx.Rollback(ctx) //nolint:errcheck
@@ -217,25 +206,48 @@ func (g *Guard) BeginFunc(ctx context.Context, db Beginner, resource string, tok
 		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return wrapDBErr(op+": commit", err)
+		if _, savepoint := db.(pgx.Tx); savepoint || errors.Is(err, pgx.ErrTxCommitRollback) {
+			// A savepoint's release commits nothing: the outer
+			// transaction, whose connection pgx closes on such a
+			// failure, never can.
+			return wrapDBErr(op+": commit", err)
+		}
+		return sentErr(op+": commit", err, nil)
 	}
 	return nil
 }
 
-// beginConn sends BEGIN and the advance in one simple-protocol message.
-func (g *Guard) beginConn(ctx context.Context, c *pgx.Conn, op, resource string, token fence.Token, tok int64) (pgx.Tx, error) {
-	q := g.beginSQL + "; SELECT " + g.fn + "(" + quoteLiteral(resource) + "::text, " + strconv.FormatInt(tok, 10) + "::bigint)"
-	tx, err := c.BeginTx(ctx, pgx.TxOptions{BeginQuery: q, CommitQuery: g.opts.TxOptions.CommitQuery})
+// batchSender sends a pgx.Batch; *pgxpool.Pool, *pgxpool.Conn and
+// *pgx.Conn are the ones whose batches can begin a transaction.
+type batchSender interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// beginBatch sends the begin query and the advance in one batch: one
+// round trip once pgx has prepared both statements on the connection.
+func (g *Guard) beginBatch(ctx context.Context, db batchSender, op, resource string, token fence.Token, tok int64) (pgx.Tx, error) {
+	b := &pgx.Batch{}
+	b.BeginTx(g.opts.TxOptions)
+	b.Queue(g.advance, []byte(resource), tok)
+	br := db.SendBatch(ctx, b)
+	tx := br.Tx()
+	// Preparing the batch's statements (the first time on a connection)
+	// fails for both at the first result: the begin query's.
+	_, err := br.Exec()
+	if err == nil {
+		_, err = br.Exec()
+	}
+	err = g.advanceErr(op, resource, token, err)
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = wrapDBErr(op, cerr)
+	}
 	if err == nil {
 		return tx, nil
 	}
-	err = g.advanceErr(op, resource, token, err)
-	// BEGIN succeeded and the advance failed: the connection is in an
-	// aborted transaction. (If pgx closed it, there is nothing to do.)
-	if !c.IsClosed() && c.PgConn().TxStatus() != 'I' {
-		if _, rbErr := c.Exec(ctx, "ROLLBACK"); rbErr != nil {
-			err = errors.Join(err, fmt.Errorf("sqlguard: %s: rollback: %w", op, rbErr))
-		}
+	// Roll back whatever began (a pool's connection goes back to the
+	// pool even when nothing did).
+	if rbErr := tx.Rollback(ctx); rbErr != nil && !errors.Is(rbErr, pgx.ErrTxClosed) {
+		err = errors.Join(err, fmt.Errorf("sqlguard: %s: rollback: %w", op, rbErr))
 	}
 	return nil, err
 }
@@ -258,7 +270,7 @@ func (g *Guard) beginGeneric(ctx context.Context, db Beginner, op, resource stri
 	if err != nil {
 		return nil, wrapDBErr(op+": begin", err)
 	}
-	if _, err := tx.Exec(ctx, g.advance, resource, tok); err != nil {
+	if _, err := tx.Exec(ctx, g.advance, []byte(resource), tok); err != nil {
 		err = g.advanceErr(op, resource, token, err)
 		if rbErr := tx.Rollback(ctx); rbErr != nil && !errors.Is(rbErr, pgx.ErrTxClosed) {
 			err = errors.Join(err, fmt.Errorf("sqlguard: %s: rollback: %w", op, rbErr))
@@ -294,7 +306,10 @@ func checkResource(resource string) error {
 	return nil
 }
 
-// advanceErr maps an error from the advance statement.
+// advanceErr maps an error from the advance statement. A rejection
+// (SQLSTATE FK409) always matches fence.ErrStaleToken; its DETAIL is the
+// stored token, and when that cannot be read the *fence.StaleError carries
+// Current = fence.None, meaning unknown.
 func (g *Guard) advanceErr(op, resource string, token fence.Token, err error) error {
 	if err == nil {
 		return nil
@@ -304,8 +319,9 @@ func (g *Guard) advanceErr(op, resource string, token fence.Token, err error) er
 		switch pgErr.Code {
 		case codeStale:
 			cur, perr := strconv.ParseInt(pgErr.Detail, 10, 64)
-			if perr != nil {
-				return fmt.Errorf("sqlguard: %s: stale token, unreadable current token %q: %w", op, pgErr.Detail, err)
+			if perr != nil || cur <= 0 {
+				return fmt.Errorf("sqlguard: %s: current token unreadable (DETAIL %q): %w: %w",
+					op, pgErr.Detail, fence.Stale(resource, token, fence.None), err)
 			}
 			return fence.Stale(resource, token, fence.Token(cur))
 		case codeUndefinedFunction, codeUndefinedTable, codeInvalidSchemaName:
@@ -313,13 +329,4 @@ func (g *Guard) advanceErr(op, resource string, token fence.Token, err error) er
 		}
 	}
 	return wrapDBErr(op, err)
-}
-
-// quoteLiteral returns s as an E” string literal, which means the same
-// whatever standard_conforming_strings is. pgx always talks UTF-8 to the
-// server, so no multibyte character can hide a quote or backslash.
-func quoteLiteral(s string) string {
-	s = strings.ReplaceAll(s, `\`, `\\`)
-	s = strings.ReplaceAll(s, `'`, `''`)
-	return "E'" + s + "'"
 }

@@ -26,6 +26,11 @@ type onlyBegin struct{ b sqlguard.Beginner }
 
 func (o onlyBegin) Begin(ctx context.Context) (pgx.Tx, error) { return o.b.Begin(ctx) }
 
+// advanceInTx runs g.Advance in a transaction of its own on db.
+func advanceInTx(ctx context.Context, g *sqlguard.Guard, db sqlguard.Beginner, resource string, token fence.Token) error {
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return g.Advance(ctx, tx, resource, token) })
+}
+
 func (e *env) storedToken(t *testing.T, resource string) int64 {
 	t.Helper()
 	return e.int64Query(t, `SELECT coalesce((SELECT token FROM fencekit_resource_tokens WHERE resource = $1), 0)`, resource)
@@ -252,7 +257,7 @@ func TestGuardAdvance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := g.Advance(ctx, e.pool, "a", 4); err != nil {
+	if err := advanceInTx(ctx, g, e.pool, "a", 4); err != nil {
 		t.Fatal(err)
 	}
 	err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
@@ -261,8 +266,8 @@ func TestGuardAdvance(t *testing.T) {
 	if err != nil {
 		t.Fatalf("equal token: %v", err)
 	}
-	checkOutcome(t, g.Advance(ctx, e.pool, "a", 3), stale, 3, 4, "a")
-	if err := g.Advance(ctx, e.pool, "a", 1<<62); err != nil {
+	checkOutcome(t, advanceInTx(ctx, g, e.pool, "a", 3), stale, 3, 4, "a")
+	if err := advanceInTx(ctx, g, e.pool, "a", 1<<62); err != nil {
 		t.Fatal(err)
 	}
 	if got := e.storedToken(t, "a"); got != 1<<62 {
@@ -302,7 +307,7 @@ func TestGuardSchemaOption(t *testing.T) {
 	if got := e.storedToken(t, "s"); got != 3 {
 		t.Fatalf("stored %d", got)
 	}
-	checkOutcome(t, g.Advance(ctx, plain, "s", 2), stale, 2, 3, "s")
+	checkOutcome(t, advanceInTx(ctx, g, plain, "s", 2), stale, 2, 3, "s")
 
 	e.exec(t, `CREATE SCHEMA `+pgx.Identifier{e.schema + "_empty"}.Sanitize())
 	defer e.exec(t, `DROP SCHEMA `+pgx.Identifier{e.schema + "_empty"}.Sanitize())
@@ -314,7 +319,7 @@ func TestGuardSchemaOption(t *testing.T) {
 		if err := bad.BeginFunc(ctx, plain, "s", 3, func(pgx.Tx) error { return nil }); !errors.Is(err, sqlguard.ErrNotMigrated) {
 			t.Fatalf("%s: BeginFunc: want ErrNotMigrated, got %v", schema, err)
 		}
-		if err := bad.Advance(ctx, plain, "s", 3); !errors.Is(err, sqlguard.ErrNotMigrated) {
+		if err := advanceInTx(ctx, bad, plain, "s", 3); !errors.Is(err, sqlguard.ErrNotMigrated) {
 			t.Fatalf("%s: Advance: want ErrNotMigrated, got %v", schema, err)
 		}
 	}

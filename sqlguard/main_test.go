@@ -226,6 +226,27 @@ func (c *countingDB) Begin(context.Context) (pgx.Tx, error) {
 	return nil, fmt.Errorf("countingDB: no I/O expected")
 }
 
+// countingTx is a pgx.Tx whose statements are counted by a countingDB; its
+// other methods are not implemented.
+type countingTx struct {
+	pgx.Tx
+	c *countingDB
+}
+
+func (t countingTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return t.c.Exec(ctx, sql, args...)
+}
+
+func (t countingTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return t.c.Query(ctx, sql, args...)
+}
+
+func (t countingTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return t.c.QueryRow(ctx, sql, args...)
+}
+
+func (t countingTx) Begin(ctx context.Context) (pgx.Tx, error) { return t.c.Begin(ctx) }
+
 type errRow struct{}
 
 func (errRow) Scan(...any) error { return fmt.Errorf("countingDB: no I/O expected") }

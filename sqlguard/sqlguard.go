@@ -2,6 +2,7 @@ package sqlguard
 
 import (
 	"context"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"math"
@@ -73,7 +74,10 @@ var ErrExists = errors.New("sqlguard: row already exists")
 
 // ErrAmbiguousKey is returned by a Table write when the key matches more
 // than one row: the key columns do not identify a row (they must be the
-// primary key or a unique key). Nothing was written.
+// primary key or a unique key). Nothing was written, except in one case
+// the error then says: a connection that found a unique index on the key
+// columns at its first write to the table, after which the index was
+// dropped and duplicate keys were added (see the package doc).
 var ErrAmbiguousKey = errors.New("sqlguard: key matches more than one row")
 
 // ErrRetryable is matched (through a *RetryableError) by failures that say
@@ -87,9 +91,19 @@ var ErrRetryable = errors.New("sqlguard: retryable conflict")
 // ErrInvalid is returned, before any I/O, for an argument that cannot be
 // used: a nil database or function, an empty, over-long or malformed
 // identifier, a duplicate or ambiguous column, the wrong number of key
-// values, an empty resource name. Bad tokens match fence.ErrInvalidToken
+// values, a NULL key value, an empty resource name. Bad tokens match fence.ErrInvalidToken
 // instead.
 var ErrInvalid = errors.New("sqlguard: invalid argument")
+
+// ErrLockVersionType is returned by a Table write, and nothing is written,
+// when the table's lock_version column is not bigint (for example real,
+// numeric, integer or text): such a column cannot hold every token
+// exactly, and with a floating-point type a stale token can compare equal
+// to a newer one. The check is part of the write's own statement, so it
+// costs no round trip and follows the table as it is now. Change the
+// column to bigint NOT NULL (migrations.ApplyLockVersion refuses to adopt
+// a column of another type).
+var ErrLockVersionType = errors.New("sqlguard: lock_version column is not bigint")
 
 // ErrNotMigrated is returned by a Guard when the toolkit's table or
 // function does not exist in the schema it looks in: run
@@ -160,6 +174,39 @@ func wrapDBErr(op string, err error) error {
 	return fmt.Errorf("sqlguard: %s: %w", op, err)
 }
 
+// sentErr maps the error of a statement that may have reached the server
+// (a Table write's, a COMMIT's). A *pgconn.PgError is the server's answer:
+// the statement failed and changed nothing. An error that pgx marks as
+// raised before anything was sent (pgconn.SafeToRetry), or one after which
+// the connection is still open and in step with the server (an argument
+// that could not be encoded), is a plain failure. Anything else happened
+// while the statement was in flight: the context ended or the connection
+// broke after sending, and the server may still apply it, so the error
+// matches fence.ErrOutcomeUnknown as well as its cause. conn is the
+// connection the statement ran on, or nil when it is not known (a DBTX
+// that is neither a pool, a connection nor a pgx.Tx); then only pgx's own
+// mark tells a failure before sending.
+func sentErr(op string, err error, conn *pgx.Conn) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) || pgconn.SafeToRetry(err) || errors.Is(err, pgx.ErrTxClosed) ||
+		(conn != nil && !conn.IsClosed()) {
+		return wrapDBErr(op, err)
+	}
+	return fmt.Errorf("sqlguard: %s: %w: %w", op, fence.ErrOutcomeUnknown, err)
+}
+
+// connOf returns the connection behind db when it is a *pgx.Conn or has
+// one (pgx.Tx, *pgxpool.Conn), and nil otherwise.
+func connOf(db any) *pgx.Conn {
+	switch d := db.(type) {
+	case *pgx.Conn:
+		return d
+	case interface{ Conn() *pgx.Conn }:
+		return d.Conn()
+	}
+	return nil
+}
+
 // tokenArg converts a token to the bigint PostgreSQL stores, or returns an
 // error wrapping fence.ErrInvalidToken.
 func tokenArg(t fence.Token) (int64, error) {
@@ -174,6 +221,20 @@ func tokenArg(t fence.Token) (int64, error) {
 
 // checkIdent validates one identifier (see pgident.Check).
 func checkIdent(kind, s string) error { return pgident.Check(ErrInvalid, kind, s) }
+
+// isNull reports whether pgx would send v as SQL NULL: v is nil, a nil
+// pointer, map or slice, or a driver.Valuer (the pgtype types,
+// database/sql's Null types) whose Value is nil.
+func isNull(v any) bool {
+	if isNil(v) {
+		return true
+	}
+	if vr, ok := v.(driver.Valuer); ok {
+		dv, err := vr.Value()
+		return err == nil && dv == nil
+	}
+	return false
+}
 
 // isNil reports whether v is nil or a typed nil pointer (or other nilable
 // value) inside an interface.

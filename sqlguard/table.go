@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/lockversion"
 )
 
 // Column is one column of a row and the value to write to it. Value is
@@ -28,19 +32,37 @@ func Col(name string, value any) Column { return Column{Name: name, Value: value
 //
 // (package migrations adds it), and key columns that identify one row: the
 // primary key or a unique key (Insert and Upsert need a unique index on
-// exactly those columns, as ON CONFLICT does). Each write runs one
-// statement that writes only if the row's lock_version is <= the presented
-// token and then sets lock_version to the token.
+// exactly those columns, as ON CONFLICT does). Each write writes only if
+// the row's lock_version is <= the presented token and then sets
+// lock_version to the token: one statement, one round trip, when it
+// succeeds; a second statement says why when it does not (see the package
+// doc).
 //
-// A Table holds only names; it is safe for concurrent use, and one Table
-// can be used with any number of pools, connections and transactions.
+// A Table holds names and the statements it built from them; it is safe
+// for concurrent use, and one Table can be used with any number of pools,
+// connections and transactions (each connection checks the table once,
+// at its first write to it).
 type Table struct {
 	name      string // for messages: schema.table or table
 	ident     string // quoted, qualified
 	keys      []string
 	keyIdents []string
-	keyList   string // "k1", "k2"
-	where     string // "k1" = $1 AND "k2" = $2
+	keyList   string    // "k1", "k2"
+	where     string    // "k1" = $1 AND "k2" = $2
+	probeKey  string    // where a connection records its first-use check (pgconn.CustomData)
+	ops       [4]string // "update \"t\"" and so on, for errors
+
+	// last holds, per write kind, the statements built for the most
+	// recent list of columns: callers mostly write the same columns
+	// again, and then nothing is built.
+	last [4]atomic.Pointer[statements]
+}
+
+// statements are the two statements of one write kind and column list.
+type statements struct {
+	cols []string // the columns' names, in order
+	fast string   // the success path: writes, or changes nothing
+	full string   // the exact statement: locks the row, reports why not
 }
 
 // CTE names used in the statements; an unqualified table with one of these
@@ -106,6 +128,10 @@ func NewTable(schema, name string, keyColumns ...string) (*Table, error) {
 	}
 	t.keyList = strings.Join(t.keyIdents, ", ")
 	t.where = strings.Join(conds, " AND ")
+	t.probeKey = "fencekit/sqlguard: fast path for " + t.ident + " (" + t.keyList + ")"
+	for k := range t.ops {
+		t.ops[k] = writeKind(k).String() + " " + t.ident
+	}
 	return t, nil
 }
 
@@ -130,18 +156,24 @@ func (k writeKind) String() string {
 }
 
 // Update sets the given columns of the row whose key columns equal key (in
-// NewTable's order), and sets its lock_version to token, if and only if the
-// row's lock_version is <= token. set may be empty: the write then only
-// claims the row for token. It runs one statement (one round trip).
+// NewTable's order; none may be NULL), and sets its lock_version to token,
+// if and only if the row's lock_version is <= token. set may be empty: the
+// write then only claims the row for token. It runs one statement (one
+// round trip).
 //
 // It returns nil when the row was written; a *fence.StaleError (matching
 // fence.ErrStaleToken) carrying the row's lock_version when that is newer
 // than token; ErrNotFound when no row has the key; ErrAmbiguousKey when
-// several rows do; an error matching ErrRetryable for a serialization
-// failure or deadlock; any other database error wrapped (errors.As finds
-// the *pgconn.PgError). Bad arguments are reported before any I/O: a
-// token that is 0 or above the int64 range (fence.ErrInvalidToken), or an
-// ErrInvalid. ctx bounds the statement.
+// several rows do; ErrLockVersionType when the table's lock_version is not
+// bigint (nothing written); an error matching ErrRetryable for a
+// serialization failure or deadlock; an error matching
+// fence.ErrOutcomeUnknown, joined with its cause, when ctx ended or the
+// connection broke after the statement was sent (the write may have been
+// applied, or may still be: see the package doc); any other database
+// error wrapped (errors.As finds the *pgconn.PgError). Bad arguments are
+// reported before any I/O: a token that is 0 or above the int64 range
+// (fence.ErrInvalidToken), or an ErrInvalid (among them a NULL key
+// value). ctx bounds the statement.
 //
 // db may be a pool or connection (the write commits on its own) or a
 // pgx.Tx (the row stays locked, and the write can still be rolled back,
@@ -194,12 +226,13 @@ func (t *Table) Delete(ctx context.Context, db DBTX, token fence.Token, key []an
 }
 
 func (t *Table) write(ctx context.Context, kind writeKind, db DBTX, token fence.Token, key []any, cols []Column) error {
-	op := kind.String() + " " + t.ident
+	op := t.ops[kind]
 	tok, err := tokenArg(token)
 	if err != nil {
 		return fmt.Errorf("sqlguard: %s: %w", op, err)
 	}
-	if err := t.check(db, key, cols); err != nil {
+	st, colErr := t.statementsFor(kind, cols)
+	if err := errors.Join(t.check(db, key), colErr); err != nil {
 		return fmt.Errorf("sqlguard: %s: %w", op, err)
 	}
 	args := make([]any, 0, len(key)+len(cols)+1)
@@ -209,38 +242,153 @@ func (t *Table) write(ctx context.Context, kind writeKind, db DBTX, token fence.
 	}
 	args = append(args, tok)
 
+	p, ok := db.(*pgxpool.Pool)
+	if !ok {
+		return t.run(ctx, kind, op, db, connOf(db), st, args, token, key)
+	}
+	// Acquire here rather than in the pool's own Exec, so that a failure
+	// to get a connection (nothing sent) is told apart from one in flight,
+	// and so that the connection's first-use check can be read.
+	c, err := p.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("sqlguard: %s: acquire connection: %w", op, err)
+	}
+	defer c.Release()
+	return t.run(ctx, kind, op, c, c.Conn(), st, args, token, key)
+}
+
+// run writes through db, whose connection is conn (nil when unknown).
+//
+// The success path is one plain statement: the write with "lock_version
+// <= token" in its condition, as cheap as the unfenced write. It is taken
+// on a connection that has checked, at its first write to the table, that
+// lock_version is bigint and that a unique index covers exactly the key
+// columns (so the write cannot reach two rows). When it writes nothing,
+// the exact statement runs (a second round trip, on the rejection path
+// only): it locks the row, writes if it now may, or says exactly why not.
+// Without a known connection, or without those properties, the exact
+// statement runs alone.
+func (t *Table) run(ctx context.Context, kind writeKind, op string, db DBTX, conn *pgx.Conn, st *statements, args []any, token fence.Token, key []any) error {
+	if conn != nil {
+		fast, err := t.fastPath(ctx, op, db, conn)
+		if err != nil {
+			return err
+		}
+		if fast {
+			tag, err := db.Exec(ctx, st.fast, args...)
+			if err != nil {
+				return sentErr(op, err, conn)
+			}
+			switch n := tag.RowsAffected(); {
+			case n == 1:
+				return nil
+			case n > 1:
+				return fmt.Errorf("sqlguard: %s: %w: %s matched and wrote %d rows: the unique index on the key columns that this connection found at its first write is gone",
+					op, ErrAmbiguousKey, t.resource(key), n)
+			}
+		}
+	}
 	var (
 		n, written int64
 		current    *int64
+		badType    *string
 	)
-	if err := db.QueryRow(ctx, t.statement(kind, cols), args...).Scan(&n, &current, &written); err != nil {
-		return wrapDBErr(op, err)
+	if err := db.QueryRow(ctx, st.full, args...).Scan(&n, &current, &written, &badType); err != nil {
+		return sentErr(op, err, conn)
 	}
-	res := t.resource(key)
+	tok := args[len(args)-1].(int64)
 	switch {
+	case badType != nil:
+		return fmt.Errorf("sqlguard: %s: %w: %s.%s is %s, want %s", op, ErrLockVersionType, t.name, LockVersionColumn, *badType, lockversion.Type)
 	case n > 1:
-		return fmt.Errorf("sqlguard: %s: %w: %s matches %d rows", op, ErrAmbiguousKey, res, n)
+		return fmt.Errorf("sqlguard: %s: %w: %s matches %d rows", op, ErrAmbiguousKey, t.resource(key), n)
 	case written > 0:
 		return nil
 	case n == 0 && (kind == kindUpdate || kind == kindDelete):
-		return fmt.Errorf("sqlguard: %s: %w: %s", op, ErrNotFound, res)
+		return fmt.Errorf("sqlguard: %s: %w: %s", op, ErrNotFound, t.resource(key))
 	case n == 0:
-		return &RetryableError{Op: op, Err: fmt.Errorf("a row %s was committed concurrently, after this statement's snapshot", res)}
+		return &RetryableError{Op: op, Err: fmt.Errorf("a row %s was committed concurrently, after this statement's snapshot", t.resource(key))}
 	case current == nil:
-		return fmt.Errorf("sqlguard: %s: %s has a NULL lock_version (the column must be NOT NULL)", op, res)
+		return fmt.Errorf("sqlguard: %s: %s has a NULL lock_version (the column must be NOT NULL)", op, t.resource(key))
 	case *current > tok:
-		return fence.Stale(res, token, fence.Token(*current))
+		return fence.Stale(t.resource(key), token, fence.Token(*current))
 	case kind == kindInsert:
-		return fmt.Errorf("sqlguard: %s: %w: %s (lock_version %d)", op, ErrExists, res, *current)
+		return fmt.Errorf("sqlguard: %s: %w: %s (lock_version %d)", op, ErrExists, t.resource(key), *current)
 	default:
 		// The row was locked with lock_version <= token and still not
 		// written: it changed in a way the statement could not follow.
-		return &RetryableError{Op: op, Err: fmt.Errorf("%s changed concurrently", res)}
+		return &RetryableError{Op: op, Err: fmt.Errorf("%s changed concurrently", t.resource(key))}
 	}
 }
 
-// check validates a write's arguments, reporting every problem at once.
-func (t *Table) check(db DBTX, key []any, cols []Column) error {
+// probeSQL reads, in the catalog and without failing for a missing table
+// or column, whether the table named $1 (quoted) has a bigint lock_version
+// and a unique index (valid, not deferrable, not partial, on columns only)
+// whose key columns are exactly the names in $2.
+var probeSQL = `SELECT ` + lockversion.InCatalog("r.oid") + ` AND EXISTS (
+	SELECT 1 FROM pg_catalog.pg_index i
+	WHERE i.indrelid = r.oid AND i.indisunique AND i.indimmediate AND i.indisvalid
+	  AND i.indpred IS NULL AND i.indexprs IS NULL AND i.indnkeyatts = pg_catalog.cardinality($2::text[])
+	  AND (SELECT pg_catalog.array_agg(a.attname::text ORDER BY a.attname::text)
+	       FROM pg_catalog.unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, n)
+	       JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+	       WHERE k.n <= i.indnkeyatts)
+	    = (SELECT pg_catalog.array_agg(c ORDER BY c) FROM pg_catalog.unnest($2::text[]) AS c))
+FROM (SELECT pg_catalog.to_regclass($1) AS oid) AS r`
+
+// fastPath reports whether conn may take the success path for t. It asks
+// the database once per connection and table (one round trip, at the
+// first write), and records the answer in the connection's CustomData,
+// which lives and dies with the connection; a connection is used by one
+// goroutine at a time, so the map needs no lock.
+func (t *Table) fastPath(ctx context.Context, op string, db DBTX, conn *pgx.Conn) (bool, error) {
+	data := conn.PgConn().CustomData()
+	if ok, found := data[t.probeKey].(bool); found {
+		return ok, nil
+	}
+	var ok bool
+	if err := db.QueryRow(ctx, probeSQL, t.ident, t.keys).Scan(&ok); err != nil {
+		// Nothing of the write was sent.
+		return false, wrapDBErr(op+": check the table", err)
+	}
+	data[t.probeKey] = ok
+	return ok, nil
+}
+
+// statementsFor returns the statements of a write of kind with cols, or an
+// error wrapping ErrInvalid when the columns cannot be written. Columns
+// are checked when their statements are built: the same names again find
+// those statements, already checked.
+func (t *Table) statementsFor(kind writeKind, cols []Column) (*statements, error) {
+	if st := t.last[kind].Load(); st != nil && sameNames(st.cols, cols) {
+		return st, nil
+	}
+	if err := t.checkColumns(cols); err != nil {
+		return nil, err
+	}
+	st := &statements{cols: make([]string, len(cols)), fast: t.fastStatement(kind, cols), full: t.statement(kind, cols)}
+	for i, c := range cols {
+		st.cols[i] = c.Name
+	}
+	t.last[kind].Store(st)
+	return st, nil
+}
+
+func sameNames(names []string, cols []Column) bool {
+	if len(names) != len(cols) {
+		return false
+	}
+	for i, c := range cols {
+		if names[i] != c.Name {
+			return false
+		}
+	}
+	return true
+}
+
+// check validates a write's database and key, reporting every problem
+// at once. The columns are checked by statementsFor.
+func (t *Table) check(db DBTX, key []any) error {
 	var errs []error
 	if isNil(db) {
 		errs = append(errs, fmt.Errorf("%w: nil database", ErrInvalid))
@@ -248,8 +396,19 @@ func (t *Table) check(db DBTX, key []any, cols []Column) error {
 	if len(key) != len(t.keys) {
 		errs = append(errs, fmt.Errorf("%w: %d key values for %d key columns", ErrInvalid, len(key), len(t.keys)))
 	}
-	seen := make(map[string]bool, len(cols))
-	for _, c := range cols {
+	for i, v := range key[:min(len(key), len(t.keys))] {
+		if isNull(v) {
+			errs = append(errs, fmt.Errorf("%w: key column %q is NULL (a NULL key matches no row and conflicts with none)", ErrInvalid, t.keys[i]))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// checkColumns validates the columns of a write, reporting every problem
+// at once.
+func (t *Table) checkColumns(cols []Column) error {
+	var errs []error
+	for i, c := range cols {
 		if err := checkIdent("column", c.Name); err != nil {
 			errs = append(errs, err)
 			continue
@@ -259,10 +418,9 @@ func (t *Table) check(db DBTX, key []any, cols []Column) error {
 			errs = append(errs, fmt.Errorf("%w: column %s is written by the guard only", ErrInvalid, LockVersionColumn))
 		case t.isKey(c.Name):
 			errs = append(errs, fmt.Errorf("%w: column %q is a key column; pass its value in key", ErrInvalid, c.Name))
-		case seen[c.Name]:
+		case slices.ContainsFunc(cols[:i], func(p Column) bool { return p.Name == c.Name }):
 			errs = append(errs, fmt.Errorf("%w: column %q given twice", ErrInvalid, c.Name))
 		}
-		seen[c.Name] = true
 	}
 	return errors.Join(errs...)
 }
@@ -291,19 +449,77 @@ func (t *Table) resource(key []any) string {
 	return b.String()
 }
 
+// fastStatement builds the success path's statement, with the parameters
+// of statement: the plain write, conditional on the row's lock_version
+// being <= the token. It changes nothing when the condition fails, and then
+// says nothing about why (the row may be missing or newer): the exact
+// statement is asked next. RowTypeIsBigint re-checks, at no cost, the
+// type checked at the connection's first write, so that a column altered
+// since then is not trusted.
+func (t *Table) fastStatement(kind writeKind, cols []Column) string {
+	nk := len(t.keys)
+	tokParam := "$" + strconv.Itoa(nk+len(cols)+1)
+	lv := pgx.Identifier{LockVersionColumn}.Sanitize()
+	isBigint := lockversion.RowTypeIsBigint(t.ident)
+	var b strings.Builder
+	switch kind {
+	case kindUpdate:
+		b.WriteString("UPDATE " + t.ident + " SET ")
+		for i, c := range cols {
+			b.WriteString(pgx.Identifier{c.Name}.Sanitize() + " = $" + strconv.Itoa(nk+i+1) + ", ")
+		}
+		b.WriteString(lv + " = " + tokParam + " WHERE " + t.where + " AND " + lv + " <= " + tokParam + " AND " + isBigint)
+	case kindDelete:
+		b.WriteString("DELETE FROM " + t.ident + " WHERE " + t.where + " AND " + lv + " <= " + tokParam + " AND " + isBigint)
+	case kindInsert, kindUpsert:
+		targets := append([]string(nil), t.keyIdents...)
+		params := make([]string, 0, nk+len(cols)+1)
+		for i := 1; i <= nk+len(cols)+1; i++ {
+			params = append(params, "$"+strconv.Itoa(i))
+		}
+		for _, c := range cols {
+			targets = append(targets, pgx.Identifier{c.Name}.Sanitize())
+		}
+		targets = append(targets, lv)
+		b.WriteString("INSERT INTO " + t.ident + " AS fencekit_t (" + strings.Join(targets, ", ") + ") SELECT " +
+			strings.Join(params, ", ") + " WHERE " + isBigint + " ON CONFLICT (" + t.keyList + ") DO ")
+		if kind == kindInsert {
+			b.WriteString("NOTHING")
+		} else {
+			b.WriteString("UPDATE SET ")
+			for _, id := range targets[nk : len(targets)-1] {
+				b.WriteString(id + " = EXCLUDED." + id + ", ")
+			}
+			b.WriteString(lv + " = EXCLUDED." + lv + " WHERE fencekit_t." + lv + " <= EXCLUDED." + lv)
+		}
+	}
+	return b.String()
+}
+
 // statement builds the single statement for a write. Its parameters are the
 // key values ($1..$n), the column values, then the token. It returns one
-// row: how many rows have the key (locked, newest committed version), the greatest of their lock_versions, and how many rows were
-// written.
+// row: how many rows have the key (locked, newest committed version), the
+// greatest of their lock_versions, how many rows were written, and, when
+// the lock_version column is not bigint, its type (NULL otherwise).
 //
 // Locking the row first and comparing against the locked version is what
 // makes the reported version exact under READ COMMITTED: SELECT ... FOR
-// [NO KEY] UPDATE waits for a concurrent writer and then returns the row's newest
-// committed version, and the write's own WHERE (re-checked by PostgreSQL
-// on that newest version) compares against the same value.
+// [NO KEY] UPDATE waits for a concurrent writer and then returns the row's
+// newest committed version, and the write's own WHERE (re-checked by
+// PostgreSQL on that newest version) compares against the same value.
+//
+// Every write is conditional on the column's type being bigint
+// (lockversion.IsBigint, no catalog read): with any other type nothing is
+// written, and the column is read through a cast only when it is bigint, so
+// the statement parses, the token is passed as a bigint and nothing fails
+// before the check, whatever the type (real, numeric, integer, text...).
 func (t *Table) statement(kind writeKind, cols []Column) string {
 	nk := len(t.keys)
-	tokParam := "$" + strconv.Itoa(nk+len(cols)+1)
+	tokParam := "$" + strconv.Itoa(nk+len(cols)+1) + "::bigint"
+	// What is stored: a subquery, so that a custom plan cannot fold the
+	// assignment cast to a column of another type (which would fail at
+	// planning, before the type check, for a token out of its range).
+	tokValue := "(SELECT " + tokParam + ")"
 	colIdents := make([]string, len(cols))
 	colParams := make([]string, len(cols))
 	for i, c := range cols {
@@ -311,6 +527,7 @@ func (t *Table) statement(kind writeKind, cols []Column) string {
 		colParams[i] = "$" + strconv.Itoa(nk+i+1)
 	}
 	lv := pgx.Identifier{LockVersionColumn}.Sanitize()
+	isBigint := lockversion.IsBigint(t.ident)
 	guard := "(SELECT count(*) FROM " + cteCur + ") = 1 AND (SELECT max(fencekit_v) FROM " + cteCur + ") <= " + tokParam
 
 	// The lock a plain UPDATE or DELETE of the row would take: FOR NO KEY
@@ -320,7 +537,8 @@ func (t *Table) statement(kind writeKind, cols []Column) string {
 		lock = " FOR UPDATE"
 	}
 	var b strings.Builder
-	b.WriteString("WITH " + cteCur + " AS (SELECT " + lv + " AS fencekit_v FROM " + t.ident + " WHERE " + t.where + lock + "), ")
+	b.WriteString("WITH " + cteCur + " AS (SELECT CASE WHEN " + isBigint + " THEN " + lv + "::text::bigint END AS fencekit_v FROM " +
+		t.ident + " WHERE " + t.where + lock + "), ")
 	b.WriteString(cteWritten + " AS (")
 	switch kind {
 	case kindUpdate:
@@ -328,7 +546,7 @@ func (t *Table) statement(kind writeKind, cols []Column) string {
 		for i := range cols {
 			b.WriteString(colIdents[i] + " = " + colParams[i] + ", ")
 		}
-		b.WriteString(lv + " = " + tokParam + " WHERE " + t.where + " AND " + guard)
+		b.WriteString(lv + " = " + tokValue + " WHERE " + t.where + " AND " + guard)
 	case kindDelete:
 		b.WriteString("DELETE FROM " + t.ident + " WHERE " + t.where + " AND " + guard)
 	case kindInsert, kindUpsert:
@@ -337,13 +555,13 @@ func (t *Table) statement(kind writeKind, cols []Column) string {
 		for i := 1; i <= nk; i++ {
 			params = append(params, "$"+strconv.Itoa(i))
 		}
-		params = append(append(params, colParams...), tokParam)
+		params = append(append(params, colParams...), tokValue)
 		b.WriteString("INSERT INTO " + t.ident + " AS fencekit_t (" + strings.Join(targets, ", ") + ") ")
+		b.WriteString("SELECT " + strings.Join(params, ", ") + " WHERE " + isBigint)
 		if kind == kindInsert {
-			b.WriteString("SELECT " + strings.Join(params, ", ") + " WHERE NOT EXISTS (SELECT 1 FROM " + cteCur + ")")
+			b.WriteString(" AND NOT EXISTS (SELECT 1 FROM " + cteCur + ")")
 			b.WriteString(" ON CONFLICT (" + t.keyList + ") DO NOTHING")
 		} else {
-			b.WriteString("VALUES (" + strings.Join(params, ", ") + ")")
 			b.WriteString(" ON CONFLICT (" + t.keyList + ") DO UPDATE SET ")
 			for _, id := range colIdents {
 				b.WriteString(id + " = EXCLUDED." + id + ", ")
@@ -351,6 +569,7 @@ func (t *Table) statement(kind writeKind, cols []Column) string {
 			b.WriteString(lv + " = EXCLUDED." + lv + " WHERE fencekit_t." + lv + " <= EXCLUDED." + lv)
 		}
 	}
-	b.WriteString(" RETURNING 1) SELECT (SELECT count(*) FROM " + cteCur + "), (SELECT max(fencekit_v) FROM " + cteCur + "), (SELECT count(*) FROM " + cteWritten + ")")
+	b.WriteString(" RETURNING 1) SELECT (SELECT count(*) FROM " + cteCur + "), (SELECT max(fencekit_v) FROM " + cteCur + "), (SELECT count(*) FROM " +
+		cteWritten + "), CASE WHEN " + isBigint + " THEN NULL ELSE pg_catalog.format_type(" + lockversion.TypeOf(t.ident) + ", NULL) END")
 	return b.String()
 }

@@ -197,12 +197,13 @@ func TestTableStaleReportsCommittedVersion(t *testing.T) {
 		for _, tc := range []struct {
 			bToken fence.Token
 			want   outcome
-		}{{5, stale}, {12, written}} {
+			opaque bool // B through a DBTX that hides its connection: the exact statement alone
+		}{{5, stale, false}, {12, written, false}, {5, stale, true}, {12, written, true}} {
 			if k.name == "insert" && tc.want == written {
 				tc.want = exists // a newer token does not make an insert of an existing row succeed
 			}
-			t.Run(fmt.Sprintf("%s/B=%d", k.name, tc.bToken), func(t *testing.T) {
-				name := fmt.Sprintf("c%d_%d", i, tc.bToken)
+			t.Run(fmt.Sprintf("%s/B=%d/opaque=%v", k.name, tc.bToken, tc.opaque), func(t *testing.T) {
+				name := fmt.Sprintf("c%d_%d_%v", i, tc.bToken, tc.opaque)
 				tbl := e.accountsTable(t, name, 1, 1)
 
 				// A: token 10, holds the row in an open transaction.
@@ -217,8 +218,12 @@ func TestTableStaleReportsCommittedVersion(t *testing.T) {
 
 				// B: starts now (its snapshot sees lock_version 1) and blocks.
 				connB := connect(t, ctx, e.schema)
+				var dbB sqlguard.DBTX = connB
+				if tc.opaque {
+					dbB = opaqueDB{connB}
+				}
 				done := make(chan error, 1)
-				go func() { done <- k.write(tbl, connB, tc.bToken) }()
+				go func() { done <- k.write(tbl, dbB, tc.bToken) }()
 				waitBlocked(t, e, connB.PgConn().PID())
 				if err := txA.Commit(ctx); err != nil {
 					t.Fatal(err)
@@ -245,48 +250,80 @@ func TestTableStaleReportsCommittedVersion(t *testing.T) {
 	}
 }
 
-// TestTableConcurrentInsertIsRetryable: a row with the key committed after
-// the statement's snapshot cannot be read by it; Insert and Upsert report a
-// retryable error (never success, never a made-up version), and a retry
-// gives the definite answer.
-func TestTableConcurrentInsertIsRetryable(t *testing.T) {
+// opaqueDB hides everything of a DBTX but its three methods, so that
+// sqlguard cannot see the connection: it runs the exact statement only.
+type opaqueDB struct{ db sqlguard.DBTX }
+
+func (o opaqueDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return o.db.Exec(ctx, sql, args...)
+}
+
+func (o opaqueDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return o.db.Query(ctx, sql, args...)
+}
+
+func (o opaqueDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return o.db.QueryRow(ctx, sql, args...)
+}
+
+// TestTableConcurrentInsert: a row with the key committed while Insert or
+// Upsert waits for it. On a connection sqlguard can see, the success path
+// finds the conflict and the exact statement that follows (a new
+// snapshot) gives the definite answer at once: stale. Through a DBTX that
+// hides its connection, only the exact statement runs; its snapshot cannot
+// read the row, so it reports a retryable error (never success, never a
+// made-up version), and a retry gives the definite answer.
+func TestTableConcurrentInsert(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
 	for _, kind := range []string{"insert", "upsert"} {
-		t.Run(kind, func(t *testing.T) {
-			name := "r_" + kind
-			tbl := e.accountsTable(t, name, 1, 1)
-			write := func(db sqlguard.DBTX) error {
-				if kind == "insert" {
-					return tbl.Insert(ctx, db, 5, []any{3}, sqlguard.Col("owner", "b"))
+		for _, opaque := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s opaque=%v", kind, opaque), func(t *testing.T) {
+				name := fmt.Sprintf("r_%s_%v", kind, opaque)
+				tbl := e.accountsTable(t, name, 1, 1)
+				connB := connect(t, ctx, e.schema)
+				var dbB sqlguard.DBTX = connB
+				if opaque {
+					dbB = opaqueDB{connB}
 				}
-				return tbl.Upsert(ctx, db, 5, []any{3}, sqlguard.Col("owner", "b"))
-			}
-			txA, err := e.pool.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer txA.Rollback(ctx)
-			if err := tbl.Insert(ctx, txA, 10, []any{3}, sqlguard.Col("owner", "a")); err != nil {
-				t.Fatalf("A: %v", err)
-			}
-			connB := connect(t, ctx, e.schema)
-			done := make(chan error, 1)
-			go func() { done <- write(connB) }()
-			waitBlocked(t, e, connB.PgConn().PID())
-			if err := txA.Commit(ctx); err != nil {
-				t.Fatal(err)
-			}
-			err = <-done
-			if !errors.Is(err, sqlguard.ErrRetryable) || !sqlguard.IsRetryable(err) || errors.Is(err, fence.ErrStaleToken) {
-				t.Fatalf("B: want retryable, got %v", err)
-			}
-			checkOutcome(t, write(connB), stale, 5, 10, name+"(id=3)")
-			if got := e.row(t, name, 3); got != (row{true, "a", 0, 10}) {
-				t.Fatalf("row = %+v, want A's", got)
-			}
-		})
+				write := func() error {
+					if kind == "insert" {
+						return tbl.Insert(ctx, dbB, 5, []any{3}, sqlguard.Col("owner", "b"))
+					}
+					return tbl.Upsert(ctx, dbB, 5, []any{3}, sqlguard.Col("owner", "b"))
+				}
+				// B's first write to the table, so that its check is done.
+				if err := tbl.Update(ctx, dbB, 1, []any{1}); err != nil {
+					t.Fatal(err)
+				}
+				txA, err := e.pool.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer txA.Rollback(ctx)
+				if err := tbl.Insert(ctx, txA, 10, []any{3}, sqlguard.Col("owner", "a")); err != nil {
+					t.Fatalf("A: %v", err)
+				}
+				done := make(chan error, 1)
+				go func() { done <- write() }()
+				waitBlocked(t, e, connB.PgConn().PID())
+				if err := txA.Commit(ctx); err != nil {
+					t.Fatal(err)
+				}
+				err = <-done
+				if opaque {
+					if !errors.Is(err, sqlguard.ErrRetryable) || !sqlguard.IsRetryable(err) || errors.Is(err, fence.ErrStaleToken) {
+						t.Fatalf("B: want retryable, got %v", err)
+					}
+					err = write()
+				}
+				checkOutcome(t, err, stale, 5, 10, name+"(id=3)")
+				if got := e.row(t, name, 3); got != (row{true, "a", 0, 10}) {
+					t.Fatalf("row = %+v, want A's", got)
+				}
+			})
+		}
 	}
 }
 

@@ -123,6 +123,7 @@ var (
 	_ lease.Backend      = (*Backend)(nil)
 	_ lease.Watcher      = (*Backend)(nil)
 	_ lease.BatchRenewer = (*Backend)(nil)
+	_ lease.Inspector    = (*Backend)(nil)
 )
 
 var (
@@ -728,4 +729,42 @@ func (b *Backend) newEpochAfterRewind(ctx context.Context, ep *epoch, floor int6
 		return fmt.Errorf("etcdlease: the cluster's revisions went back to %d or below (restored from a backup?); starting a new epoch: %w", floor, err)
 	}
 	return nil
+}
+
+// Holder implements lease.Inspector: the key and the epoch key, read in one
+// transaction, name the owner and the token; the grant's etcd lease, asked
+// for its time to live, gives Remaining. Two round trips. It returns an
+// error matching lease.ErrNotHeld when the key is absent (or its lease ran
+// out between the two requests).
+func (b *Backend) Holder(ctx context.Context, name string) (lease.Holder, error) {
+	if err := lease.ValidateName(name); err != nil {
+		return lease.Holder{}, err
+	}
+	resp, err := b.c.Txn(ctx).Then(clientv3.OpGet(b.Key(name)), clientv3.OpGet(b.epochKey)).Commit()
+	if err != nil {
+		return lease.Holder{}, fmt.Errorf("etcdlease: holder of %q: %w", name, err)
+	}
+	kvs := resp.Responses[0].GetResponseRange().GetKvs()
+	if len(kvs) == 0 {
+		return lease.Holder{}, fmt.Errorf("%w: %q is free", lease.ErrNotHeld, name)
+	}
+	kv := kvs[0]
+	eps := resp.Responses[1].GetResponseRange().GetKvs()
+	if len(eps) == 0 || eps[0].CreateRevision > kv.CreateRevision {
+		return lease.Holder{}, fmt.Errorf("etcdlease: holder of %q: the key was created before the current epoch key (%q), so its token cannot be told", name, b.epochKey)
+	}
+	us, err := strconv.ParseInt(string(eps[0].Value), 10, 64)
+	if err != nil || us <= eps[0].CreateRevision {
+		return lease.Holder{}, fmt.Errorf("%w: %q holds %.40q", ErrCorruptEpoch, b.epochKey, eps[0].Value)
+	}
+	h := lease.Holder{Name: name, Owner: string(kv.Value), Token: fence.Token(us - eps[0].CreateRevision + kv.CreateRevision)}
+	ttl, err := b.c.TimeToLive(ctx, clientv3.LeaseID(kv.Lease))
+	switch {
+	case err != nil:
+		return lease.Holder{}, fmt.Errorf("etcdlease: holder of %q: time to live of its lease: %w", name, err)
+	case ttl.TTL <= 0:
+		return lease.Holder{}, fmt.Errorf("%w: %q: its lease ran out", lease.ErrNotHeld, name)
+	}
+	h.Remaining = time.Duration(ttl.TTL) * time.Second
+	return h, nil
 }

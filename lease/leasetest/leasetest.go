@@ -55,6 +55,8 @@ const (
 	// loss the store pushes (a session ended at the store) ends the lease
 	// at once.
 	PushLoss Capability = "push-loss"
+	// Inspect: the backend implements lease.Inspector (who holds a lease).
+	Inspect Capability = "inspect"
 )
 
 // Config describes the store under test.
@@ -68,7 +70,9 @@ type Config struct {
 	NewStore func(t *testing.T) (connect func() lease.Backend)
 
 	// ShortTTL is the TTL of the checks that wait for a lease to expire.
-	// Default: 200 ms, or the backend's Limits.MinTTL if that is longer.
+	// Default: 500 ms (long enough that a loaded 2-core machine does not
+	// starve a renewal past it), or the backend's Limits.MinTTL if that is
+	// longer.
 	ShortTTL time.Duration
 	// LongTTL is a TTL no check outlives. Default 30 s, or the backend's
 	// Limits.MaxTTL if that is shorter.
@@ -117,6 +121,10 @@ func Run(t *testing.T, cfg Config) {
 		{"ManagerLosesAtLocalDeadline", testLosesAtLocalDeadline},
 		{"ManagerWakesWaiterOnRelease", testWakesWaiter},
 		{"ManagerReleaseRacingRenewIsClean", testReleaseRacingRenew},
+		{"HolderReportsTheCurrentGrant", testHolder},
+		{"RunHoldsTheLeaseForTheWork", testRun},
+		{"RunReportsALossDuringTheWork", testRunLost},
+		{"ElectionHandsLeadershipOver", testElection},
 	}
 	// The data-loss check wipes the store: it runs alone, after the others.
 	var destructive []func(*testing.T)
@@ -160,7 +168,7 @@ func newSuite(t *testing.T, cfg Config) *suite {
 	}
 	s.short = cfg.ShortTTL
 	if s.short == 0 {
-		s.short = max(200*time.Millisecond, s.limits.MinTTL)
+		s.short = max(500*time.Millisecond, s.limits.MinTTL)
 	}
 	s.short = roundUp(s.short, res)
 	s.long = cfg.LongTTL
@@ -790,8 +798,9 @@ func (c *countingBackend) Release(ctx context.Context, g lease.Grant) error {
 // the backend's RenewBatch.)
 func testReleaseRacingRenew(t *testing.T, s *suite) {
 	cb := &countingBackend{Backend: s.backend(), releases: map[string]bool{}}
-	ttl := s.short
-	m := newManager(t, cb, ttl, lease.WithRenewInterval(max(time.Millisecond, (ttl-ttl/100-2*time.Millisecond)/8)), lease.WithRenewBatchWindow(lease.NoBatching))
+	// A long TTL, so that no lease can expire meanwhile: every loss
+	// reported is false. Renewals as often as the short TTL would need.
+	m := newManager(t, cb, s.long, lease.WithRenewInterval(max(time.Millisecond, s.short/8)), lease.WithRenewBatchWindow(lease.NoBatching))
 	base := name(t)
 	var lostReleases atomic.Int64
 	var wg sync.WaitGroup
@@ -823,4 +832,189 @@ func testReleaseRacingRenew(t *testing.T, s *suite) {
 	if n := lostReleases.Load(); n > 0 {
 		t.Errorf("%d of %d clean releases were reported as failures", n, workers*rounds)
 	}
+}
+
+func testHolder(t *testing.T, s *suite) {
+	b := s.backend()
+	in, ok := b.(lease.Inspector)
+	s.need(t, Inspect, ok)
+	n := name(t)
+	if _, err := in.Holder(ctxT(t), n); !errors.Is(err, lease.ErrNotHeld) {
+		t.Fatalf("Holder of a free lease = %v, want ErrNotHeld", err)
+	}
+	m := newManager(t, b, s.long, lease.WithIdentity("inspected"))
+	l, err := m.TryAcquire(ctxT(t), n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := newManager(t, s.connect(), s.long).Holder(ctxT(t), n)
+	if err != nil {
+		t.Fatalf("Holder: %v", err)
+	}
+	if h.Name != n || h.Owner != l.Owner() || h.Token != l.Token() || h.Identity() != "inspected" {
+		t.Fatalf("Holder = %+v (identity %q), want owner %q, token %d, identity inspected", h, h.Identity(), l.Owner(), l.Token())
+	}
+	if h.Remaining < 0 || h.Remaining > l.TTL() {
+		t.Fatalf("Holder.Remaining = %v, want within [0, %v]", h.Remaining, l.TTL())
+	}
+	if err := l.Release(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in.Holder(ctxT(t), n); !errors.Is(err, lease.ErrNotHeld) {
+		t.Fatalf("Holder after release = %v, want ErrNotHeld", err)
+	}
+}
+
+func testRun(t *testing.T, s *suite) {
+	m := newManager(t, s.backend(), s.long)
+	other := newManager(t, s.connect(), s.long)
+	n := name(t)
+	var (
+		ran   bool
+		token fence.Token
+	)
+	boom := errors.New("the job failed")
+	err := m.Run(ctxT(t), n, func(ctx context.Context, l *lease.Lease) error {
+		ran, token = true, l.Token()
+		if tok, ok := fence.FromContext(ctx); !ok || tok != l.Token() {
+			t.Errorf("the work's context carries token %d, %v; want %d", tok, ok, l.Token())
+		}
+		if _, err := other.TryAcquire(ctxT(t), n); !errors.Is(err, lease.ErrNotAcquired) {
+			t.Errorf("another holder got the lease while Run's work ran: %v", err)
+		}
+		if err := other.TryRun(ctxT(t), n, func(context.Context, *lease.Lease) error {
+			t.Error("TryRun ran its function while the lease was held")
+			return nil
+		}); !errors.Is(err, lease.ErrNotAcquired) {
+			t.Errorf("TryRun of a held lease = %v, want ErrNotAcquired", err)
+		}
+		return boom
+	})
+	if !ran || token == fence.None {
+		t.Fatal("Run did not run the work with a token")
+	}
+	if !errors.Is(err, boom) || errors.Is(err, lease.ErrLost) {
+		t.Fatalf("Run = %v, want the work's error alone", err)
+	}
+	// Released: another holder gets it at once, with a newer token.
+	l, err := other.TryAcquire(ctxT(t), n)
+	if err != nil {
+		t.Fatalf("the lease was not released after Run: %v", err)
+	}
+	if l.Token() <= token {
+		t.Fatalf("token %d after Run's %d", l.Token(), token)
+	}
+	_ = l.Release(ctxT(t))
+	// The caller's context ends the work.
+	ctx, cancel := context.WithCancel(ctxT(t))
+	err = m.Run(ctx, n, func(ctx context.Context, _ *lease.Lease) error {
+		cancel()
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run whose caller cancelled = %v, want context.Canceled", err)
+	}
+}
+
+func testRunLost(t *testing.T, s *suite) {
+	m := newManager(t, s.backend(), s.short, lease.WithoutAutoRenew())
+	n := name(t)
+	var workErr error
+	err := m.Run(ctxT(t), n, func(ctx context.Context, l *lease.Lease) error {
+		select {
+		case <-ctx.Done(): // nobody renews: lost at the deadline
+			workErr = context.Cause(ctx)
+			return nil
+		case <-time.After(s.short + 10*time.Second):
+			return errors.New("the work's context did not end when the lease was lost")
+		}
+	})
+	var le *lease.LostError
+	if !errors.As(err, &le) || le.Reason != lease.LostExpired {
+		t.Fatalf("Run of work that outlived its lease = %v, want a LostError (expired)", err)
+	}
+	if !errors.Is(workErr, lease.ErrLost) {
+		t.Fatalf("the work's context cause = %v, want ErrLost", workErr)
+	}
+}
+
+func testElection(t *testing.T, s *suite) {
+	n := name(t)
+	type term struct {
+		who   string
+		token fence.Token
+	}
+	var (
+		mu    sync.Mutex
+		terms []term
+	)
+	ctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	elections := map[string]*lease.Election{}
+	var wg sync.WaitGroup
+	for _, who := range []string{"a", "b"} {
+		m := newManager(t, s.connect(), s.long, lease.WithIdentity(who), lease.WithPollInterval(50*time.Millisecond))
+		e, err := lease.NewElection(m, n, lease.WithBackoff(10*time.Millisecond, 50*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		elections[who] = e
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := e.Run(ctx, func(ctx context.Context, l *lease.Lease) error {
+				mu.Lock()
+				terms = append(terms, term{who, l.Token()})
+				mu.Unlock()
+				<-ctx.Done()
+				return nil
+			})
+			if !errors.Is(err, context.Canceled) {
+				t.Errorf("%s: Run = %v, want context.Canceled", who, err)
+			}
+		}()
+	}
+	waitTerms := func(k int) []term {
+		deadline := time.Now().Add(s.long + 10*time.Second)
+		for time.Now().Before(deadline) {
+			mu.Lock()
+			got := append([]term(nil), terms...)
+			mu.Unlock()
+			if len(got) >= k {
+				return got
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		t.Fatalf("fewer than %d terms", k)
+		return nil
+	}
+	first := waitTerms(1)[0]
+	leader := elections[first.who]
+	if l := leader.Lease(); l == nil || l.Token() != first.token {
+		t.Fatalf("the leader's Election.Lease() = %v, want its term's lease", l)
+	}
+	if h, err := leader.Leader(ctxT(t)); err == nil {
+		if h.Identity() != first.who || h.Token != first.token {
+			t.Errorf("Leader() = %+v, want %s with token %d", h, first.who, first.token)
+		}
+	} else if !errors.Is(err, errors.ErrUnsupported) {
+		t.Errorf("Leader(): %v", err)
+	}
+	// Hand over by resigning, a few times; tokens grow term after term and
+	// no two terms overlap (each work waits for its context to end).
+	for k := 2; k <= 4; k++ {
+		mu.Lock()
+		cur := terms[len(terms)-1]
+		mu.Unlock()
+		if err := elections[cur.who].Resign(ctxT(t)); err != nil {
+			t.Fatalf("Resign: %v", err)
+		}
+		got := waitTerms(k)
+		if got[k-1].token <= got[k-2].token {
+			t.Fatalf("term %d has token %d after %d", k, got[k-1].token, got[k-2].token)
+		}
+	}
+	cancel()
+	wg.Wait()
 }

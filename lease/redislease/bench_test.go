@@ -3,6 +3,7 @@ package redislease
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -48,10 +49,11 @@ func BenchmarkCycle(b *testing.B) {
 		for b.Loop() {
 			i++
 			owner := fmt.Sprintf("raw-%d", i)
-			if err := acquireScript.Run(ctx, c, []string{keys.Lease, keys.Token}, owner, ttlMs).Err(); err != nil {
+			tok, err := acquireScript.Run(ctx, c, []string{keys.Lease, keys.Token}, owner, ttlMs).Int64()
+			if err != nil {
 				b.Fatal(err)
 			}
-			if err := releaseScript.Run(ctx, c, []string{keys.Lease}, owner, keys.Channel).Err(); err != nil {
+			if err := releaseScript.Run(ctx, c, []string{keys.Lease}, strconv.FormatInt(tok, 10)+":"+owner, keys.Channel).Err(); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -96,7 +98,7 @@ func BenchmarkRenew(b *testing.B) {
 	})
 	b.Run("impl=raw-scripts", func(b *testing.B) {
 		for b.Loop() {
-			if err := renewScript.Run(ctx, c, []string{be.KeysFor("renew").Lease}, l.Owner(), int64(10000)).Err(); err != nil {
+			if err := renewScript.Run(ctx, c, []string{be.KeysFor("renew").Lease}, l.Token().String()+":"+l.Owner(), int64(10000)).Err(); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -329,7 +329,7 @@ func TestRenewFindsAnotherOwner(t *testing.T) {
 	b := newBackend(t, c, redistest.Prefix(t))
 	m := newManager(t, b, lease.Options{TTL: 30 * time.Second, DisableAutoRenew: true})
 	l := acquire(t, m, "taken")
-	if err := c.HSet(ctxT(t), b.KeysFor("taken").Lease, "owner", "intruder").Err(); err != nil {
+	if err := c.Set(ctxT(t), b.KeysFor("taken").Lease, l.Token().String()+":intruder", redis.KeepTTL).Err(); err != nil {
 		t.Fatal(err)
 	}
 	err := l.Renew(ctxT(t))
@@ -346,15 +346,15 @@ func TestRenewFindsAnotherOwner(t *testing.T) {
 	if err := l.Release(ctxT(t)); !errors.Is(err, lease.ErrLost) {
 		t.Fatalf("Release = %v, want ErrLost", err)
 	}
-	if owner, _ := c.HGet(ctxT(t), b.KeysFor("taken").Lease, "owner").Result(); owner != "intruder" {
-		t.Fatalf("owner after Release = %q, want the intruder's lease untouched", owner)
+	if v, _ := c.Get(ctxT(t), b.KeysFor("taken").Lease).Result(); v != l.Token().String()+":intruder" {
+		t.Fatalf("lease after Release = %q, want the intruder's lease untouched", v)
 	}
 
 	// The heartbeat notices within one renew interval.
 	const ttl = 3 * time.Second
 	m2 := newManager(t, b, lease.Options{TTL: ttl, RenewInterval: 200 * time.Millisecond})
 	l2 := acquire(t, m2, "taken-hb")
-	if err := c.HSet(ctxT(t), b.KeysFor("taken-hb").Lease, "owner", "intruder").Err(); err != nil {
+	if err := c.Set(ctxT(t), b.KeysFor("taken-hb").Lease, l2.Token().String()+":intruder", redis.KeepTTL).Err(); err != nil {
 		t.Fatal(err)
 	}
 	hijacked := time.Now()

@@ -1,0 +1,249 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fencekit/fencekit/fence"
+)
+
+// Inspector is implemented by backends that can say who holds a lease now
+// (Redis, PostgreSQL). Manager.Holder and Election.Leader use it.
+type Inspector interface {
+	// Holder returns the current grant of name as the store sees it, or an
+	// error matching ErrNotHeld when no one holds it. ctx bounds the one
+	// request.
+	Holder(ctx context.Context, name string) (Holder, error)
+}
+
+// Holder is the current grant of a lease, as the store sees it.
+type Holder struct {
+	// Name is the lease name.
+	Name string
+	// Owner is the grant's owner: the holder Manager's Options.Identity, a
+	// slash, and a random suffix.
+	Owner string
+	// Token is the grant's fencing token.
+	Token fence.Token
+	// Remaining is how long the store keeps the grant unless it is renewed
+	// (0 when the store cannot tell).
+	Remaining time.Duration
+}
+
+// Identity returns the holder Manager's Options.Identity: Owner without its
+// random suffix.
+func (h Holder) Identity() string {
+	if i := strings.LastIndexByte(h.Owner, '/'); i >= 0 {
+		return h.Owner[:i]
+	}
+	return h.Owner
+}
+
+// Holder asks the store who holds the lease name now. It returns an error
+// matching ErrNotHeld when no one does, and one matching
+// errors.ErrUnsupported when the backend does not implement Inspector.
+// The answer may be stale by the time it arrives: use it to report, never
+// to decide who may write (that is what the fencing token is for).
+func (m *Manager) Holder(ctx context.Context, name string) (Holder, error) {
+	if err := ValidateName(name); err != nil {
+		return Holder{}, err
+	}
+	in, ok := m.b.(Inspector)
+	if !ok {
+		return Holder{}, fmt.Errorf("lease: the backend cannot say who holds a lease: %w", errors.ErrUnsupported)
+	}
+	return in.Holder(ctx, name)
+}
+
+// ElectionOptions configures an Election. NewElection starts from the zero
+// value, applies each ElectionOption, and fills zero fields with their
+// defaults.
+type ElectionOptions struct {
+	// OnElected is called when this process becomes the leader, before the
+	// leader's work starts. Default: none.
+	OnElected func(l *Lease)
+	// OnDeposed is called when a leadership ends, after the lease was
+	// released: err is what Run returned for that term (the work's error,
+	// joined with the loss if the lease was lost), nil after a clean end.
+	// Default: none.
+	OnDeposed func(l *Lease, err error)
+	// MinBackoff is the pause before campaigning again after a term
+	// ended. It doubles, with jitter, after each term shorter than
+	// MaxBackoff, up to MaxBackoff, and starts again from MinBackoff after
+	// a longer one. Default 100 ms; at least 1 ms.
+	MinBackoff time.Duration
+	// MaxBackoff bounds the pause. Default 10 s; at least MinBackoff.
+	MaxBackoff time.Duration
+}
+
+// ElectionOption sets fields of ElectionOptions; any
+// func(*ElectionOptions) is one.
+type ElectionOption func(*ElectionOptions)
+
+// WithOnElected sets ElectionOptions.OnElected.
+func WithOnElected(fn func(l *Lease)) ElectionOption {
+	return func(o *ElectionOptions) { o.OnElected = fn }
+}
+
+// WithOnDeposed sets ElectionOptions.OnDeposed.
+func WithOnDeposed(fn func(l *Lease, err error)) ElectionOption {
+	return func(o *ElectionOptions) { o.OnDeposed = fn }
+}
+
+// WithBackoff sets ElectionOptions.MinBackoff and MaxBackoff.
+func WithBackoff(min, max time.Duration) ElectionOption {
+	return func(o *ElectionOptions) { o.MinBackoff, o.MaxBackoff = min, max }
+}
+
+// Election is a leader election over one lease name: every process that
+// runs one campaigns for the name, the one that holds the lease leads, and
+// its work gets the lease's context and fencing token. Unlike client-go's
+// leaderelection and etcd's concurrency.Election, the leader's writes can be
+// fenced: present Lease.Token to sqlguard and blobguard, and a deposed
+// leader that was paused past its term cannot overwrite its successor.
+type Election struct {
+	m    *Manager
+	name string
+	o    ElectionOptions
+
+	mu      sync.Mutex
+	current *Lease
+	running bool
+}
+
+// NewElection returns an Election for the lease name on m. It does no I/O.
+// Errors match ErrInvalidName or ErrInvalidOptions (every problem at once).
+func NewElection(m *Manager, name string, opts ...ElectionOption) (*Election, error) {
+	if err := ValidateName(name); err != nil {
+		return nil, err
+	}
+	var o ElectionOptions
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
+	}
+	if o.MinBackoff == 0 {
+		o.MinBackoff = 100 * time.Millisecond
+	}
+	if o.MaxBackoff == 0 {
+		o.MaxBackoff = max(10*time.Second, o.MinBackoff)
+	}
+	var errs []error
+	if m == nil {
+		errs = append(errs, fmt.Errorf("%w: election: the Manager is nil", ErrInvalidOptions))
+	}
+	if o.MinBackoff < time.Millisecond {
+		errs = append(errs, fmt.Errorf("%w: election: minimum backoff %v is below 1ms", ErrInvalidOptions, o.MinBackoff))
+	}
+	if o.MaxBackoff < o.MinBackoff {
+		errs = append(errs, fmt.Errorf("%w: election: maximum backoff %v is below the minimum %v", ErrInvalidOptions, o.MaxBackoff, o.MinBackoff))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return &Election{m: m, name: name, o: o}, nil
+}
+
+// Run campaigns until ctx ends. Each time this process is elected, it calls
+// lead with a context that ends when the leadership does (the lease was
+// lost, Resign was called, or ctx ended) and with the lease, whose Token
+// fences the leader's writes. When lead returns, or the leadership is lost,
+// the lease is released, OnDeposed is called, and after a backoff the
+// process campaigns again. lead should return promptly once its context is
+// done; a lead that returns early simply ends its term.
+//
+// Run returns ctx's error when ctx ends, and an error matching
+// ErrInvalidOptions if lead is nil or Run is already running. The errors of
+// single terms go to OnDeposed and the Manager's log, not to Run's caller.
+func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, l *Lease) error) error {
+	if lead == nil {
+		return fmt.Errorf("%w: election %q: the leader's function is nil", ErrInvalidOptions, e.name)
+	}
+	e.mu.Lock()
+	if e.running {
+		e.mu.Unlock()
+		return fmt.Errorf("%w: election %q: Run is already running", ErrInvalidOptions, e.name)
+	}
+	e.running = true
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		e.running = false
+		e.mu.Unlock()
+	}()
+
+	backoff := e.o.MinBackoff
+	for {
+		l, err := e.m.Acquire(ctx, e.name)
+		if err != nil {
+			// Acquire retries the store until ctx ends.
+			return ctx.Err()
+		}
+		e.setCurrent(l)
+		if e.o.OnElected != nil {
+			e.o.OnElected(l)
+		}
+		err = runHeld(ctx, l, lead)
+		e.setCurrent(nil)
+		if e.o.OnDeposed != nil {
+			e.o.OnDeposed(l, err)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil {
+			e.m.o.Logger.Warn("lease: election term ended with an error", "name", e.name, "token", uint64(l.Token()), "err", err)
+		}
+		if held := time.Since(l.granted); held > e.o.MaxBackoff {
+			backoff = e.o.MinBackoff
+		}
+		wait := backoff/2 + mrand.N(backoff/2+1)
+		backoff = min(2*backoff, e.o.MaxBackoff)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+func (e *Election) setCurrent(l *Lease) {
+	e.mu.Lock()
+	e.current = l
+	e.mu.Unlock()
+}
+
+// Lease returns the lease of the current term while this process leads,
+// and nil otherwise.
+func (e *Election) Lease() *Lease {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.current
+}
+
+// Resign ends this process's current term, if it leads: the lease is
+// released, the leader's context ends, and Run campaigns again after its
+// backoff. It returns what Lease.Release returns, or nil when this process
+// does not lead. ctx bounds the release (see Lease.Release).
+func (e *Election) Resign(ctx context.Context) error {
+	l := e.Lease()
+	if l == nil {
+		return nil
+	}
+	return l.Release(ctx)
+}
+
+// Leader asks the store who leads now (see Manager.Holder): an error
+// matching ErrNotHeld when no one does, or errors.ErrUnsupported when the
+// backend cannot tell.
+func (e *Election) Leader(ctx context.Context) (Holder, error) {
+	return e.m.Holder(ctx, e.name)
+}
