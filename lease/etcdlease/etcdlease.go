@@ -44,6 +44,8 @@
 //     or a revoke wakes a waiter at once. The waiters of one name in one
 //     Backend share one etcd watch, and each deletion wakes the one that
 //     waited longest, not all of them (only one can win).
+//   - Holder (lease.Inspector) reads the key and the epoch key in one
+//     transaction, and the lease's time to live: two round trips.
 //   - A held grant's key is watched too (from its create revision, so
 //     nothing is missed): when the key is deleted or changed by anything
 //     but this grant's Release (the lease expired at the store, an
