@@ -22,15 +22,15 @@ import (
 type outcome int
 
 const (
-	outOK         outcome = iota // applied
-	outStale                     // rejected: a newer token was stored (fence.ErrStaleToken)
-	outNotFound                  // nothing written: no such row
-	outExists                    // nothing written: the row exists (Insert)
-	outConflict                  // nothing written: the object is not the version read (PutIf)
-	outNoChange                  // nothing written, for a reason the model does not order (retryable, contention)
-	outFailed                    // a plain error: the guard says nothing was, or will be, applied
-	outUnknown                   // fence.ErrOutcomeUnknown: may be applied, now or later
-	outRead                      // a read's result
+	outOK       outcome = iota // applied
+	outStale                   // rejected: a newer token was stored (fence.ErrStaleToken)
+	outNotFound                // nothing written: no such row
+	outExists                  // nothing written: the row exists (Insert)
+	outConflict                // nothing written: the object is not the version read (PutIf)
+	outNoChange                // nothing written, for a reason the model does not order (retryable, contention)
+	outFailed                  // a plain error: the guard says nothing was, or will be, applied
+	outUnknown                 // fence.ErrOutcomeUnknown: may be applied, now or later
+	outRead                    // a read's result
 )
 
 func (o outcome) String() string {
