@@ -28,10 +28,12 @@ ensure_s3
 echo "soak: $TRIALS trials, seed $SEED (replay: SEED=$SEED $0), $PARALLEL at once, TTL ${TTL_MS}ms; figures in $FIGURES"
 start=$(date +%s)
 cd integration
+set +e
 RELIABILITY_TRIALS="$TRIALS" RELIABILITY_SEED="$SEED" RELIABILITY_PARALLEL="$PARALLEL" \
 RELIABILITY_TTL_MS="$TTL_MS" RELIABILITY_FIGURES="$FIGURES" \
   go test -count=1 -timeout 60m -run '^TestPausedHoldersRandomized$' -v ./reliability/ \
-  | grep -E '^(---|===|ok|FAIL|PASS)|paused-holder trials|seed|trial [0-9]+' || true
+  | grep -E '^(---|ok|FAIL|PASS)|paused-holder trials|seed|trial [0-9]+'
 status=${PIPESTATUS[0]}
+set -e
 echo "soak: $(( $(date +%s) - start ))s"
 exit "$status"
