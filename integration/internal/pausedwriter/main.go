@@ -80,9 +80,9 @@ func main() { os.Exit(run()) }
 func run() int {
 	var (
 		redisURL, prefix, name, role, schema, rowKey, objKey string
-		ttl, interval, wait                                   time.Duration
-		writes                                                int
-		reckless                                              bool
+		ttl, interval, wait                                  time.Duration
+		writes                                               int
+		reckless                                             bool
 	)
 	flag.StringVar(&redisURL, "redis", testenv.RedisURL(), "Redis URL")
 	flag.StringVar(&prefix, "prefix", "fencekit:", "redislease key prefix")
