@@ -114,33 +114,76 @@ func (h *history) check(t *testing.T, model porcupine.Model, what string) {
 			fmt.Fprintf(&b, "visualization: %s. ", f.Name())
 		}
 	}
-	// The operations of the longest partial linearization's partition,
-	// in call order, for the report.
-	parts := model.Partition(ops)
-	partial := info.PartialLinearizations()
-	for i, p := range parts {
-		if i >= len(partial) || len(partial[i]) == 0 {
+	// For the first partition that does not linearize: the longest
+	// partial linearization's last steps, the states they lead to, and the
+	// operations it could not take next (the one that returns first is
+	// where every order failed).
+	for _, lins := range info.PartialLinearizationsOperations() {
+		var longest []porcupine.Operation
+		total := 0
+		for _, l := range lins {
+			if len(l) > len(longest) {
+				longest = l
+			}
+		}
+		if len(lins) == 0 {
 			continue
 		}
-		longest := 0
-		for _, l := range partial[i] {
-			longest = max(longest, len(l))
+		// The partition's size: the operations of the first linearization's keys.
+		in := map[porcupine.Operation]bool{}
+		for _, op := range longest {
+			in[op] = true
 		}
-		if longest == len(p) {
-			continue // this partition linearized
+		part := partitionOf(model, ops, longest)
+		total = len(part)
+		if len(longest) == total {
+			continue
 		}
-		sort.Slice(p, func(a, c int) bool { return p[a].Call < p[c].Call })
-		fmt.Fprintf(&b, "\npartition %d (%d ops, longest linearizable prefix %d):", i, len(p), longest)
-		for _, op := range p {
-			ret := "inf"
-			if op.Return != math.MaxInt64 {
-				ret = time.Duration(op.Return).String()
+		state := model.Init()
+		for _, op := range longest {
+			_, state = model.Step(state, op.Input, op.Output)
+		}
+		fmt.Fprintf(&b, "\nlongest partial linearization: %d of %d operations; its last steps:", len(longest), total)
+		for _, op := range longest[max(0, len(longest)-8):] {
+			fmt.Fprintf(&b, "\n  %s", describeOp(model, op))
+		}
+		fmt.Fprintf(&b, "\nstates after them: %s\nnot linearized (in return order):", model.DescribeState(state))
+		var rest []porcupine.Operation
+		for _, op := range part {
+			if !in[op] {
+				rest = append(rest, op)
 			}
-			fmt.Fprintf(&b, "\n  c%d [%v, %s] %s", op.ClientId, time.Duration(op.Call), ret, model.DescribeOperation(op.Input, op.Output))
+		}
+		sort.Slice(rest, func(a, c int) bool { return rest[a].Return < rest[c].Return })
+		for _, op := range rest[:min(len(rest), 12)] {
+			fmt.Fprintf(&b, "\n  %s", describeOp(model, op))
 		}
 		break
 	}
 	t.Fatal(b.String())
+}
+
+// partitionOf returns the partition of ops that holds the operations of lin.
+func partitionOf(model porcupine.Model, ops []porcupine.Operation, lin []porcupine.Operation) []porcupine.Operation {
+	if len(lin) == 0 {
+		return nil
+	}
+	for _, p := range model.Partition(ops) {
+		for _, op := range p {
+			if op == lin[0] {
+				return p
+			}
+		}
+	}
+	return nil
+}
+
+func describeOp(model porcupine.Model, op porcupine.Operation) string {
+	ret := "inf"
+	if op.Return != math.MaxInt64 {
+		ret = time.Duration(op.Return).String()
+	}
+	return fmt.Sprintf("c%d [%v, %s] %s", op.ClientId, time.Duration(op.Call), ret, model.DescribeOperation(op.Input, op.Output))
 }
 
 // classify turns a guard's error into an outcome. The order matters: an

@@ -217,27 +217,33 @@ type blobInput struct {
 // blobState is the object at a key: absent, live or a tombstone, with the
 // token and body of the write that made it and that write's ETag. An ETag
 // of "" means the write's outcome was unknown to its caller, so its ETag
-// was never returned: the first read that meets the write binds it.
+// was never returned: the first read that meets the write binds it. Every
+// write has an ETag of its own (the guard's nonce makes each one unique),
+// so Bound lists the ETags already bound on this path, which no other
+// write can have.
 type blobState struct {
 	Exists  bool
 	Deleted bool
 	Token   uint64
 	Body    string
 	ETag    string
+	Bound   string // ETags bound to writes of unknown outcome so far, each followed by ","
 }
 
 // blobSpec holds what the blob model needs to know about the whole
 // history: the ETags returned to callers of writes that were acknowledged.
-// An unbound state may only be bound to an ETag that is none of those.
+// An unbound state may only be bound to an ETag that is none of those, and
+// none bound before.
 type blobSpec struct{ known map[string]bool }
 
 func (b blobSpec) etagMatches(s blobState, etag string) (blobState, bool) {
 	etag = normETag(etag)
 	if s.ETag == "" {
-		if b.known[etag] {
+		if b.known[etag] || strings.Contains(s.Bound, etag+",") {
 			return s, false
 		}
 		s.ETag = etag
+		s.Bound += etag + ","
 		return s, true
 	}
 	return s, s.ETag == etag
@@ -284,7 +290,7 @@ func (b blobSpec) step(s blobState, in blobInput, out result) []any {
 			return nil
 		}
 	}
-	applied := blobState{Exists: true, Deleted: in.Op == opBlobDelete, Token: t, Body: in.Body}
+	applied := blobState{Exists: true, Deleted: in.Op == opBlobDelete, Token: t, Body: in.Body, Bound: s.Bound}
 	switch out.Outcome {
 	case outOK:
 		if canApply && out.Token == t {
