@@ -314,3 +314,31 @@ func (s *tokenSource) next(r interface{ IntN(int) int }) uint64 {
 		return cur - back
 	}
 }
+
+// holder hands out tokens as one lease holder would see them: only tokens
+// it was granted (minted from the shared source, so each belongs to one
+// holder), mostly its newest, sometimes an older one of its own, and now
+// and then a new grant. Other holders' grants make its tokens stale.
+type holder struct {
+	src  *tokenSource
+	mine []uint64
+}
+
+// grant mints a new token for the holder: greater than every token
+// minted before.
+func (h *holder) grant() uint64 {
+	t := h.src.newest.Add(1)
+	h.mine = append(h.mine, t)
+	return t
+}
+
+func (h *holder) next(r interface{ IntN(int) int }) uint64 {
+	switch n := r.IntN(10); {
+	case n < 3 || len(h.mine) == 0:
+		return h.grant()
+	case n < 8:
+		return h.mine[len(h.mine)-1]
+	default:
+		return h.mine[max(0, len(h.mine)-1-r.IntN(4))]
+	}
+}
