@@ -45,13 +45,20 @@ func seedFor(t *testing.T) uint64 {
 }
 
 // opContext returns the context of one operation: usually a generous
-// deadline, sometimes one of a few milliseconds that fires while the
-// statement is in flight (or blocked on a row lock), and counts the short
-// ones as faults.
-func opContext(r *rand.Rand, faults *faultCounter) (context.Context, context.CancelFunc) {
+// deadline, in 3 operations of 10 one of 0.5 to 15.5 ms, which often
+// fires while the request is in flight (or blocked on a row lock). The
+// returned function ends the context and counts, as faults, the short
+// deadlines set and those that expired before the operation returned.
+func opContext(r *rand.Rand, faults *faultCounter) (context.Context, func()) {
 	if r.IntN(10) < 3 {
-		faults.add("deadline-mid-flight")
-		return context.WithTimeout(context.Background(), time.Duration(500+r.IntN(15000))*time.Microsecond)
+		faults.add("short-deadline")
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(500+r.IntN(15000))*time.Microsecond)
+		return ctx, func() {
+			if ctx.Err() != nil {
+				faults.add("deadline-expired")
+			}
+			cancel()
+		}
 	}
 	return context.WithTimeout(context.Background(), 3*time.Second)
 }
