@@ -68,6 +68,7 @@ type options struct {
 	ttl, invoiceTime                      time.Duration
 	period                                string
 	keep                                  bool
+	leaseStore                            string
 	redisURL, pgURL                       string
 	jsonOut                               string
 }
@@ -89,7 +90,8 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 		fmt.Fprintf(out, `Usage: go run ./examples/invoicejob [flags]
 
 Runs replicas of a scheduled invoice job as real processes competing for one
-lease (Redis); the holder writes invoices through fenced PostgreSQL
+lease (Redis, or PostgreSQL with --lease-store postgres); the holder writes
+invoices through fenced PostgreSQL
 transactions and is killed with SIGKILL mid-batch; another replica takes over
 within about one TTL and finishes the batch. Then it checks that no invoice
 was written twice or lost and that the dead holder's token can no longer
@@ -109,6 +111,7 @@ Flags:
 	fs.DurationVar(&o.invoiceTime, "invoice-time", 100*time.Millisecond, "time to render one invoice, inside its fenced transaction")
 	fs.StringVar(&o.period, "period", "2026-11", "billing period the batch is for")
 	fs.BoolVar(&o.keep, "keep", false, "keep the schema and the Redis keys created, for inspection")
+	fs.StringVar(&o.leaseStore, "lease-store", demo.LeaseRedis, demo.LeaseStoreUsage)
 	fs.StringVar(&o.redisURL, "redis-url", "", "Redis URL (default: $FENCE_REDIS_URL, else redis://127.0.0.1:6379/0, else one it starts)")
 	fs.StringVar(&o.pgURL, "postgres-url", "", "PostgreSQL URL (default: $FENCE_POSTGRES_URL, else postgres://postgres@127.0.0.1:5432/test, else one it starts)")
 	fs.StringVar(&o.jsonOut, "json", "", "also write a machine-readable summary of the run to this file")
@@ -139,6 +142,9 @@ Flags:
 	if o.invoiceTime < 0 {
 		errs = append(errs, fmt.Errorf("--invoice-time %v: must not be negative", o.invoiceTime))
 	}
+	if err := demo.CheckLeaseStore(o.leaseStore); err != nil {
+		errs = append(errs, err)
+	}
 	if o.period == "" || len(o.period) > 32 {
 		errs = append(errs, fmt.Errorf("--period %q: must be 1 to 32 bytes", o.period))
 	}
@@ -163,6 +169,7 @@ func run(args []string, out io.Writer) int {
 
 	svc, err := demo.ProvideServices(ctx, services.Config{
 		RedisURL: o.redisURL, PostgresURL: o.pgURL, NoS3: true,
+		NoRedis: o.leaseStore != demo.LeaseRedis,
 	}, out)
 	if err != nil {
 		fmt.Fprintf(out, "invoicejob: cannot run without its services:\n  %s\n", strings.ReplaceAll(err.Error(), "\n", "\n  "))
@@ -221,7 +228,7 @@ func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error)
 	sc := &scenario{cfg: workerConfig{
 		RedisURL: svc.RedisURL, PostgresURL: svc.PostgresURL,
 		Schema: "invoicejob_" + id, Period: o.period,
-		LeaseName: "invoicejob-" + id + "/generate-invoices", RedisPrefix: "fencekit:",
+		LeaseName: "invoicejob-" + id + "/generate-invoices", LeaseStore: o.leaseStore, RedisPrefix: "fencekit:",
 		TTL: o.ttl, InvoiceTime: o.invoiceTime,
 	}}
 	for i := range o.customers {
@@ -233,6 +240,7 @@ func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error)
 		PostgresURL: svc.PostgresURL, Schema: sc.cfg.Schema,
 		CreateTables: sc.createTables,
 		FencedTables: []string{invoicesTable, jobTable},
+		LeaseStore:   sc.cfg.LeaseStore,
 		RedisURL:     svc.RedisURL, RedisPrefix: sc.cfg.RedisPrefix, LeaseName: sc.cfg.LeaseName,
 	})
 	if err != nil {

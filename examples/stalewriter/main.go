@@ -61,6 +61,7 @@ func main() {
 type options struct {
 	ttl, pause, writeDelay time.Duration
 	unguarded, keep        bool
+	leaseStore             string
 	redisURL, pgURL, s3URL string
 	jsonOut                string
 }
@@ -72,8 +73,9 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.Usage = func() {
 		fmt.Fprintf(out, `Usage: go run ./examples/stalewriter [flags]
 
-Runs the paused-client scenario with two real worker processes, Redis,
-PostgreSQL and S3, and shows the stale write rejected by the stores.
+Runs the paused-client scenario with two real worker processes, a lease
+store (Redis, or PostgreSQL with --lease-store postgres), PostgreSQL and S3,
+and shows the stale write rejected by the stores.
 Exit status: 0 when every stale write was rejected and the newest token's data
 survived; 1 when a stale write landed (expected with --unguarded); 2 when the
 run could not be carried out (a service is missing, a bad flag).
@@ -87,6 +89,7 @@ Flags:
 	fs.DurationVar(&o.writeDelay, "write-delay", 300*time.Millisecond, "time between A's lease check and its write, in which A is frozen")
 	fs.BoolVar(&o.unguarded, "unguarded", false, "write with plain SQL and plain PUT, without fencing, to show the failure")
 	fs.BoolVar(&o.keep, "keep", false, "keep the schema, object and keys created, for inspection")
+	fs.StringVar(&o.leaseStore, "lease-store", demo.LeaseRedis, demo.LeaseStoreUsage)
 	fs.StringVar(&o.redisURL, "redis-url", "", "Redis URL (default: $FENCE_REDIS_URL, else redis://127.0.0.1:6379/0, else one it starts)")
 	fs.StringVar(&o.pgURL, "postgres-url", "", "PostgreSQL URL (default: $FENCE_POSTGRES_URL, else postgres://postgres@127.0.0.1:5432/test, else one it starts)")
 	fs.StringVar(&o.s3URL, "s3-endpoint", "", "S3 endpoint URL; needs FENCE_S3_ACCESS_KEY and FENCE_S3_SECRET_KEY (default: $FENCE_S3_ENDPOINT, else a versitygw it starts)")
@@ -100,6 +103,9 @@ Flags:
 	var errs []error
 	if o.ttl < 100*time.Millisecond || o.ttl%time.Millisecond != 0 {
 		errs = append(errs, fmt.Errorf("--ttl %v: must be a whole number of milliseconds, at least 100ms", o.ttl))
+	}
+	if err := demo.CheckLeaseStore(o.leaseStore); err != nil {
+		errs = append(errs, err)
 	}
 	if o.pause == 0 {
 		o.pause = 2*o.ttl + time.Second
@@ -138,6 +144,7 @@ type runInfo struct {
 	Bucket      string `json:"bucket"`
 	ObjectKey   string `json:"object_key"`
 	LeaseName   string `json:"lease_name"`
+	LeaseStore  string `json:"lease_store"`
 	RedisPrefix string `json:"redis_prefix"`
 }
 
@@ -170,6 +177,7 @@ func run(args []string, out io.Writer) int {
 
 	svc, err := demo.ProvideServices(ctx, services.Config{
 		RedisURL: o.redisURL, PostgresURL: o.pgURL, S3Endpoint: o.s3URL,
+		NoRedis: o.leaseStore != demo.LeaseRedis,
 	}, out)
 	if err != nil {
 		fmt.Fprintf(out, "stalewriter: cannot run without its services:\n  %s\n", strings.ReplaceAll(err.Error(), "\n", "\n  "))
@@ -187,6 +195,7 @@ func run(args []string, out io.Writer) int {
 	} else {
 		defer sc.tearDown(out)
 	}
+	fmt.Fprintf(out, "Leases: %s.\n", sc.cfg.leaseStore().Describe())
 	tl.Restart() // the timeline counts from the first worker, not from starting services
 	fmt.Fprintf(out, "Row %s.%s id=%s and object s3://%s/%s start empty; lease %q.\n\nTimeline:\n",
 		sc.cfg.Schema, sc.cfg.Table, sc.cfg.RowID, sc.cfg.S3.Bucket, sc.cfg.ObjectKey, sc.cfg.LeaseName)
@@ -235,7 +244,7 @@ func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error)
 		RedisURL: svc.RedisURL, PostgresURL: svc.PostgresURL, S3: svc.S3,
 		Schema: "stalewriter_" + id, Table: "report", RowID: "2026-11",
 		ObjectKey: "stalewriter/" + id + "/report.json", Resource: "report/2026-11",
-		LeaseName: "stalewriter-" + id, RedisPrefix: "fencekit:",
+		LeaseName: "stalewriter-" + id, LeaseStore: o.leaseStore, RedisPrefix: "fencekit:",
 		TTL: o.ttl, WriteDelay: o.writeDelay, Unguarded: o.unguarded,
 	}}
 	var err error
@@ -243,6 +252,7 @@ func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error)
 		PostgresURL: svc.PostgresURL, Schema: sc.cfg.Schema,
 		CreateTables: sc.createTable,
 		FencedTables: []string{sc.cfg.Table},
+		LeaseStore:   sc.cfg.LeaseStore,
 		RedisURL:     svc.RedisURL, RedisPrefix: sc.cfg.RedisPrefix, LeaseName: sc.cfg.LeaseName,
 	})
 	if err != nil {
@@ -286,7 +296,7 @@ func (sc *scenario) startWorker(role string, acquireTimeout time.Duration) (*pro
 func (sc *scenario) play(ctx context.Context, tl *demo.Timeline, o options) (*summary, error) {
 	sum := &summary{Unguarded: o.unguarded, TTLMillis: o.ttl.Milliseconds(), PauseMillis: o.pause.Milliseconds(),
 		Run: runInfo{Schema: sc.cfg.Schema, Table: sc.cfg.Table, RowID: sc.cfg.RowID, Bucket: sc.cfg.S3.Bucket,
-			ObjectKey: sc.cfg.ObjectKey, LeaseName: sc.cfg.LeaseName, RedisPrefix: sc.cfg.RedisPrefix}}
+			ObjectKey: sc.cfg.ObjectKey, LeaseName: sc.cfg.LeaseName, LeaseStore: sc.cfg.LeaseStore, RedisPrefix: sc.cfg.RedisPrefix}}
 	a, err := sc.startWorker("A", 30*time.Second)
 	if err != nil {
 		return nil, err

@@ -22,6 +22,7 @@ func TestFlags(t *testing.T) {
 		{[]string{"--write-delay", "1ms"}, 2, "--write-delay 1ms"},
 		{[]string{"extra"}, 2, "unexpected arguments"},
 		{[]string{"--nope"}, 2, "flag provided but not defined"},
+		{[]string{"--lease-store", "etcd"}, 2, `--lease-store "etcd": want redis, postgres or postgres-session`},
 	} {
 		var out bytes.Buffer
 		if code := run(tc.args, &out); code != tc.code || !strings.Contains(out.String(), tc.want) {

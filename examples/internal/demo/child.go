@@ -6,12 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"time"
-
-	"github.com/redis/go-redis/v9"
-
-	"github.com/fencekit/fencekit/lease"
-	"github.com/fencekit/fencekit/lease/redislease"
 )
 
 // Child is a child process started by StartChild.
@@ -71,31 +65,4 @@ func ReadChildConfig(envVar string, cfg any) error {
 		return fmt.Errorf("bad %s: %w", envVar, err)
 	}
 	return nil
-}
-
-// NewLeaseManager returns, for a child process, a lease.Manager on Redis at
-// redisURL with its keys under prefix, and a function that closes the
-// backend and the Redis client.
-func NewLeaseManager(redisURL, prefix string, ttl time.Duration, opts ...lease.Option) (*lease.Manager, func(), error) {
-	ropt, err := redis.ParseURL(redisURL)
-	if err != nil {
-		return nil, nil, fmt.Errorf("redis URL: %w", err)
-	}
-	ropt.ContextTimeoutEnabled = true
-	rc := redis.NewClient(ropt)
-	backend, err := redislease.New(rc, func(o *redislease.Options) { o.Prefix = prefix })
-	if err != nil {
-		_ = rc.Close()
-		return nil, nil, err
-	}
-	closeAll := func() {
-		_ = backend.Close()
-		_ = rc.Close()
-	}
-	m, err := lease.NewManager(backend, ttl, opts...)
-	if err != nil {
-		closeAll()
-		return nil, nil, err
-	}
-	return m, closeAll, nil
 }
