@@ -53,7 +53,9 @@
 //
 // A conditional write whose reply is lost may have been applied. The SDK
 // retries such a request (a 5xx, a broken connection), and the retry then
-// fails with 412 against the caller's own write. On every 412, and after
+// fails with 412 against the caller's own write, or with anything else (a
+// 409 from a racing write, a 404, a 403): once the SDK has retried, no
+// error says that the write did not land. On every 412, and after
 // every write whose outcome is unknown, the guard reads the object again:
 // if it holds one of this call's nonces, the write landed and the call
 // succeeds; if it holds a state the write was not conditional on, the

@@ -57,8 +57,11 @@ var (
 	// they could not learn before the call ended. A write's outcome is
 	// unknown when the context ended or the connection broke while it was
 	// in flight, when the store answered 5xx or acknowledged it without an
-	// ETag, or when the SDK retried it and the retry met 412 (the first try
-	// may have been applied). The guard then reads the object again:
+	// ETag, or when the SDK retried it and the retry failed in any way (412,
+	// 409, 404, 403...: the first try may have been applied). The guard
+	// then reads the object again (except after a retry that failed with
+	// an error it cannot retry, which it returns as it is, joined with
+	// ErrAmbiguous):
 	// finding the write's nonce makes the call a success, and finding the
 	// object changed to a state the write was not conditional on shows
 	// that it did not land and never can. If the call ends first, the
@@ -710,19 +713,32 @@ func (g *Guard) putOnce(ctx context.Context, key string, env []byte, h header, c
 	}
 	err = fmt.Errorf("blobguard: put s3://%s/%s: %w", g.bucket, key, err)
 	status, code := httpStatus(err), apiCode(err)
+	// After an SDK retry (or when the attempts cannot be counted) an
+	// earlier try of this request may have been applied, whatever the
+	// last one was told: no answer then says the write did not land.
+	retried := tr.sent() > 1 || !tr.applied
 	switch {
 	case status == 412 || code == "PreconditionFailed":
-		if tr.sent() > 1 || !tr.applied {
+		if retried {
 			return "", retriedPreconditionFailed, err
 		}
 		return "", preconditionFailed, err
 	case status == 409 && (code == "ConditionalRequestConflict" || code == "OperationAborted" || code == ""):
+		if retried {
+			return "", unknown, err // back off, then the re-read tells
+		}
 		return "", conflict, err
 	case status == 404 && code == "NoSuchKey":
+		if retried {
+			return "", retriedPreconditionFailed, err
+		}
 		return "", vanished, err
 	case status >= 500:
 		return "", unknown, err
 	case status != 0:
+		if retried {
+			return "", failed, fmt.Errorf("%w: %w", ErrAmbiguous, err)
+		}
 		return "", failed, err
 	case tr.applied && tr.sent() == 0:
 		// No response, and the request never got past signing.

@@ -81,8 +81,9 @@ type Notifier interface {
 	Confirmed(sent time.Time)
 	// Lost reports that the store no longer holds the grant, or that the
 	// backend can no longer tell (a session expired or was replaced). The
-	// lease ends at once as lost (LostTakenOver), with cause as its
-	// LostError.Cause.
+	// lease ends at once as lost, with cause as its LostError.Cause: as
+	// LostExpired if cause matches ErrExpiredAtStore, else as
+	// LostTakenOver.
 	Lost(cause error)
 }
 

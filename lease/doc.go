@@ -53,7 +53,8 @@
 //	err = doWork(l.Context(), l.Token())
 //
 // The in-memory backend (NewMemoryBackend) serves unit tests and examples;
-// package redislease is the Redis backend.
+// package redislease is the Redis backend, and package etcdlease (a module of
+// its own, github.com/fencekit/fencekit/lease/etcdlease) the etcd backend.
 //
 // # Time, at scale
 //

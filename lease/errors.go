@@ -32,6 +32,12 @@ var (
 	// ErrLost.
 	ErrNotHeld = errors.New("lease: not held by this owner")
 
+	// ErrExpiredAtStore is for backends: a cause passed to
+	// Notifier.Lost that matches it (a session that expired, an etcd lease
+	// that ran out) ends the lease as LostExpired rather than
+	// LostTakenOver.
+	ErrExpiredAtStore = errors.New("lease: the store let the grant expire")
+
 	// ErrInvalidOptions is matched by the error NewManager returns when the
 	// options are unusable. The error lists every problem found.
 	ErrInvalidOptions = errors.New("lease: invalid options")

@@ -146,7 +146,11 @@ func (s *state) apply(ev event, name string, token fence.Token) (eff effect) {
 			}
 		case s.phase.live():
 			s.gone = true
-			lose(LostTakenOver, ev.err)
+			reason := LostTakenOver
+			if errors.Is(ev.err, ErrExpiredAtStore) {
+				reason = LostExpired
+			}
+			lose(reason, ev.err)
 		}
 
 	case evReleaseBegin:

@@ -78,7 +78,7 @@ func TestLockVersionMigrationText(t *testing.T) {
 
 // lockVersionState reads the column's type, nullability and default, the
 // constraint's presence and the number of rows whose lock_version is not 0.
-func lockVersionState(t *testing.T, db *sql.DB, table string) (colType string, notNull bool, def string, check bool) {
+func lockVersionState(t testing.TB, db *sql.DB, table string) (colType string, notNull bool, def string, check bool) {
 	t.Helper()
 	ctx := context.Background()
 	err := db.QueryRowContext(ctx, `
@@ -265,7 +265,7 @@ func TestGeneratedMigrationRunsUnderGoose(t *testing.T) {
 	}
 }
 
-func queryInt(t *testing.T, db *sql.DB, q string) int {
+func queryInt(t testing.TB, db *sql.DB, q string) int {
 	t.Helper()
 	var n int
 	if err := db.QueryRowContext(context.Background(), q).Scan(&n); err != nil {

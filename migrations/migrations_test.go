@@ -30,7 +30,7 @@ var nonIdent = regexp.MustCompile(`[^a-z0-9]+`)
 
 // newSchema creates a throwaway schema, dropped when the test ends, and
 // returns its name and a *sql.DB whose search_path is that schema.
-func newSchema(t *testing.T) (string, *sql.DB) {
+func newSchema(t testing.TB) (string, *sql.DB) {
 	t.Helper()
 	var b [4]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -66,7 +66,7 @@ func newSchema(t *testing.T) (string, *sql.DB) {
 	return schema, db
 }
 
-func queryBool(t *testing.T, db *sql.DB, q string, args ...any) bool {
+func queryBool(t testing.TB, db *sql.DB, q string, args ...any) bool {
 	t.Helper()
 	var v bool
 	if err := db.QueryRowContext(context.Background(), q, args...).Scan(&v); err != nil {

@@ -19,10 +19,12 @@ trap stop_s3 EXIT
 ensure_s3
 
 pkgs=("$@")
-# Every module of the workspace (go.work): the library, examples, integration
-# tests, the ZooKeeper backend and the benchmark module (compiled and
-# vetted; benchmarks do not run).
-[ ${#pkgs[@]} -gt 0 ] || pkgs=(./... ./examples/... ./integration/... ./lease/zklease/... ./bench/...)
+# Every module of the workspace (go.work): the library, the etcd backend
+# (its tests start real etcd clusters in-process: nothing to install), the
+# ZooKeeper backend (its tests start real ensembles from Debian's package,
+# installed above), the examples, integration tests and the benchmark module
+# (compiled and vetted; benchmarks do not run).
+[ ${#pkgs[@]} -gt 0 ] || pkgs=(./... ./lease/etcdlease/... ./lease/zklease/... ./examples/... ./integration/... ./bench/...)
 
 echo "+ go vet ${pkgs[*]}   (the first run downloads and compiles everything: a few minutes)"
 go vet "${pkgs[@]}"

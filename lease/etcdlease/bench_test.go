@@ -1,0 +1,389 @@
+package etcdlease_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/fencekit/fencekit/lease/etcdlease"
+	"github.com/fencekit/fencekit/lease/etcdlease/internal/etcdtest"
+)
+
+// The benchmarks run on a three-member cluster of their own with etcd's
+// default timing (100 ms heartbeats, 1 s election timeout: on a loaded
+// machine the tests' fast timing leads to spurious elections, which stall
+// requests for seconds), no fsync, every client talking to every member,
+// with a 10 s TTL:
+//
+//	cd lease/etcdlease
+//	go test -run '^$' -bench 'CyclePaired' -count 6 . | tee cycle.txt
+//	go test -run '^$' -bench 'Handoff' -benchtime 300x -count 6 . | tee handoff.txt
+//	benchstat -col /lib cycle.txt; benchstat -col /lib handoff.txt
+const benchTTL = 10 * time.Second
+
+// cycleLib is one way to take a lock and give it back.
+type cycleLib struct {
+	name  string
+	cycle func(ctx context.Context, i int) error
+}
+
+// cycleLibs returns, on one cluster:
+//
+//   - raw: the floor, the requests a grant of this design needs, sent
+//     directly: LeaseGrant, the create-if-absent transaction with the key
+//     attached to the lease, and a revoke (three round trips);
+//   - fencekit: Manager.TryAcquire + Lease.Release over etcdlease
+//     (defaults; its transaction also compares the epoch key, and a watch
+//     of the held key is made and ended on the watch stream);
+//   - mutex-session: etcd's concurrency.Mutex with a session of its own
+//     per cycle (NewSession, Lock, Unlock, Close): a lease per grant, as
+//     fencekit;
+//   - mutex: concurrency.Mutex on one session kept for the whole run (Lock,
+//     Unlock: no lease per grant, all locks share the session's lease).
+func cycleLibs(b *testing.B) []cycleLib {
+	cl := etcdtest.StartWith(b, 3, etcdtest.Default)
+	p := prefix(b)
+	raw := cl.Client()
+	fk := newManager(b, benchBackend(b, cl.Client(), p+"fencekit/"), benchTTL)
+	mcli := cl.Client()
+	sess, err := concurrency.NewSession(mcli, concurrency.WithTTL(int(benchTTL/time.Second)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = sess.Close() })
+	return []cycleLib{
+		{"raw", func(ctx context.Context, i int) error {
+			key := p + "raw/cycle"
+			g, err := raw.Grant(ctx, int64(benchTTL/time.Second))
+			if err != nil {
+				return err
+			}
+			resp, err := raw.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+				Then(clientv3.OpPut(key, fmt.Sprint("raw-", i), clientv3.WithLease(g.ID))).Commit()
+			if err != nil {
+				return err
+			}
+			if !resp.Succeeded {
+				return errors.New("raw: not acquired")
+			}
+			_, err = raw.Revoke(ctx, g.ID)
+			return err
+		}},
+		{"fencekit", func(ctx context.Context, _ int) error {
+			l, err := fk.TryAcquire(ctx, "cycle")
+			if err != nil {
+				return err
+			}
+			return l.Release(ctx)
+		}},
+		{"mutex-session", func(ctx context.Context, _ int) error {
+			s, err := concurrency.NewSession(mcli, concurrency.WithTTL(int(benchTTL/time.Second)), concurrency.WithContext(ctx))
+			if err != nil {
+				return err
+			}
+			mu := concurrency.NewMutex(s, p+"mutex-session/cycle")
+			if err := mu.Lock(ctx); err != nil {
+				_ = s.Close()
+				return err
+			}
+			if err := mu.Unlock(ctx); err != nil {
+				_ = s.Close()
+				return err
+			}
+			return s.Close()
+		}},
+		{"mutex", func(ctx context.Context, _ int) error {
+			mu := concurrency.NewMutex(sess, p+"mutex/cycle")
+			if err := mu.Lock(ctx); err != nil {
+				return err
+			}
+			return mu.Unlock(ctx)
+		}},
+	}
+}
+
+// BenchmarkCyclePaired times each library's acquire+release cycle next to
+// the raw floor's, alternating which goes first, so that the ratio holds
+// when the machine's speed swings. Metrics: ns/op (the library's cycle),
+// raw-ratio (library time / floor time), over-raw-ns/op.
+func BenchmarkCyclePaired(b *testing.B) {
+	libs := cycleLibs(b)
+	raw := libs[0].cycle
+	ctx := context.Background()
+	for _, lib := range libs {
+		b.Run("lib="+lib.name, func(b *testing.B) {
+			var libT, rawT time.Duration
+			ops := 0
+			timed := func(f func(context.Context, int) error, d *time.Duration) {
+				t0 := time.Now()
+				err := f(ctx, ops)
+				*d += time.Since(t0)
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+			for b.Loop() {
+				if ops%2 == 0 {
+					timed(lib.cycle, &libT)
+					timed(raw, &rawT)
+				} else {
+					timed(raw, &rawT)
+					timed(lib.cycle, &libT)
+				}
+				ops++
+			}
+			b.ReportMetric(float64(libT.Nanoseconds())/float64(ops), "ns/op")
+			b.ReportMetric(float64(libT)/float64(rawT), "raw-ratio")
+			b.ReportMetric(float64((libT-rawT).Nanoseconds())/float64(ops), "over-raw-ns/op")
+		})
+	}
+}
+
+// A blockingLock takes a named lock, waiting in the library's own way, and
+// returns the function that releases it.
+type blockingLock func(ctx context.Context, name string) (unlock func(context.Context) error, err error)
+
+// The hand-off's shape: handoffGroups locks, each contended by
+// handoffWaiters+1 goroutines (one holds, the others wait). A holder keeps
+// the lock for 5-15 ms; after its release it waits until another has the
+// lock, then 0-10 ms, before it waits again.
+const (
+	handoffGroups  = 4
+	handoffWaiters = 3
+	holdMin        = 5 * time.Millisecond
+	holdSpread     = 10 * time.Millisecond
+	rejoinSpread   = 10 * time.Millisecond
+)
+
+// BenchmarkHandoff measures the time from a holder's release call to the
+// next holder's acquire returning, over b.N hand-offs:
+//
+//   - lib=raw: the floor: each waiter holds a lease granted before it
+//     waits, sends the create-if-absent transaction, and on refusal watches
+//     the key (from the refusal's revision) for its deletion and sends it
+//     again; release is a revoke;
+//   - lib=fencekit: Manager.Acquire (woken by its watch), Lease.Release;
+//   - lib=mutex: concurrency.Mutex.Lock, each goroutine with a session of
+//     its own for the whole run (waiters queue, each watching the key
+//     before its own), Unlock.
+//
+// Metrics: p50-ns, p99-ns and mean-ns of the hand-off (ns/op is
+// suppressed). Run with a fixed count, e.g. -benchtime 300x.
+func BenchmarkHandoff(b *testing.B) {
+	cl := etcdtest.StartWith(b, 3, etcdtest.Default)
+	p := prefix(b)
+	fk := newManager(b, benchBackend(b, cl.Client(), p+"fencekit/"), benchTTL)
+	raw := cl.Client()
+	mcli := cl.Client()
+	secs := int64(benchTTL / time.Second)
+	libs := []struct {
+		name string
+		lock func() blockingLock // one per goroutine
+	}{
+		{"raw", func() blockingLock {
+			return func(ctx context.Context, name string) (func(context.Context) error, error) {
+				key := p + "raw/" + name
+				g, err := raw.Grant(ctx, secs)
+				if err != nil {
+					return nil, err
+				}
+				for {
+					resp, err := raw.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+						Then(clientv3.OpPut(key, "raw", clientv3.WithLease(g.ID))).Commit()
+					if err != nil {
+						return nil, err
+					}
+					if resp.Succeeded {
+						return func(ctx context.Context) error { _, err := raw.Revoke(ctx, g.ID); return err }, nil
+					}
+					wctx, cancel := context.WithCancel(ctx)
+					for wr := range raw.Watch(wctx, key, clientv3.WithRev(resp.Header.Revision+1), clientv3.WithFilterPut()) {
+						if slices.ContainsFunc(wr.Events, func(e *clientv3.Event) bool { return e.Type == mvccpb.DELETE }) || wr.Err() != nil {
+							break
+						}
+					}
+					cancel()
+					if ctx.Err() != nil {
+						return nil, ctx.Err()
+					}
+				}
+			}
+		}},
+		{"fencekit", func() blockingLock {
+			return func(ctx context.Context, name string) (func(context.Context) error, error) {
+				l, err := fk.Acquire(ctx, name)
+				if err != nil {
+					return nil, err
+				}
+				return l.Release, nil
+			}
+		}},
+		{"mutex", func() blockingLock {
+			s, err := concurrency.NewSession(mcli, concurrency.WithTTL(int(secs)))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { _ = s.Close() })
+			return func(ctx context.Context, name string) (func(context.Context) error, error) {
+				mu := concurrency.NewMutex(s, p+"mutex/"+name)
+				if err := mu.Lock(ctx); err != nil {
+					return nil, err
+				}
+				return mu.Unlock, nil
+			}
+		}},
+	}
+	for _, lib := range libs {
+		b.Run("lib="+lib.name, func(b *testing.B) {
+			samples := runHandoff(b, lib.lock)
+			b.ReportMetric(0, "ns/op")
+			b.ReportMetric(float64(mean(samples)), "mean-ns")
+			b.ReportMetric(float64(percentile(samples, 50)), "p50-ns")
+			b.ReportMetric(float64(percentile(samples, 99)), "p99-ns")
+		})
+	}
+}
+
+// runHandoff runs the groups until b.N hand-offs are measured.
+func runHandoff(b *testing.B, newLock func() blockingLock) []time.Duration {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var (
+		mu       sync.Mutex
+		samples  = make([]time.Duration, 0, b.N)
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	record := func(d time.Duration) {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(samples) < b.N {
+			samples = append(samples, d)
+			if len(samples) == b.N {
+				cancel()
+			}
+		}
+	}
+	fail := func(err error) {
+		mu.Lock()
+		if firstErr == nil {
+			firstErr = err
+		}
+		mu.Unlock()
+		cancel()
+	}
+	type group struct {
+		mu         sync.Mutex
+		releasedAt time.Time
+		acquired   chan struct{}
+	}
+	run := fmt.Sprintf("%d", time.Now().UnixNano())
+	locks := make([][]blockingLock, handoffGroups)
+	for g := range locks {
+		for range handoffWaiters + 1 {
+			locks[g] = append(locks[g], newLock())
+		}
+	}
+	b.ResetTimer()
+	for g := range handoffGroups {
+		grp := &group{acquired: make(chan struct{})}
+		name := fmt.Sprintf("%s-%d", run, g)
+		for _, lock := range locks[g] {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					unlock, err := lock(ctx, name)
+					if err != nil {
+						if ctx.Err() == nil {
+							fail(err)
+						}
+						return
+					}
+					now := time.Now()
+					grp.mu.Lock()
+					if !grp.releasedAt.IsZero() {
+						record(now.Sub(grp.releasedAt))
+						grp.releasedAt = time.Time{}
+					}
+					close(grp.acquired)
+					grp.acquired = make(chan struct{})
+					grp.mu.Unlock()
+					hold := time.NewTimer(holdMin + mrand.N(holdSpread))
+					select {
+					case <-hold.C:
+					case <-ctx.Done():
+						hold.Stop()
+					}
+					grp.mu.Lock()
+					next := grp.acquired
+					grp.releasedAt = time.Now()
+					grp.mu.Unlock()
+					rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
+					err = unlock(rctx)
+					rcancel()
+					if err != nil {
+						fail(fmt.Errorf("release: %w", err))
+						return
+					}
+					select {
+					case <-next:
+					case <-ctx.Done():
+						return
+					}
+					select {
+					case <-time.After(mrand.N(rejoinSpread)):
+					case <-ctx.Done():
+						return
+					}
+				}
+			})
+		}
+	}
+	<-ctx.Done()
+	b.StopTimer()
+	wg.Wait()
+	if firstErr != nil {
+		b.Fatal(firstErr)
+	}
+	return samples
+}
+
+func percentile(s []time.Duration, p float64) time.Duration {
+	if len(s) == 0 {
+		return 0
+	}
+	s = slices.Clone(s)
+	slices.Sort(s)
+	i := int(float64(len(s))*p/100+0.5) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+func mean(s []time.Duration) time.Duration {
+	if len(s) == 0 {
+		return 0
+	}
+	var sum time.Duration
+	for _, d := range s {
+		sum += d
+	}
+	return sum / time.Duration(len(s))
+}
+
+// benchBackend is a backend with the default MinTTL (2 s: the default
+// timing's minimum).
+func benchBackend(b *testing.B, cli etcdlease.Client, prefix string) *etcdlease.Backend {
+	be, err := etcdlease.New(cli, etcdlease.WithPrefix(prefix))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = be.Close() })
+	return be
+}

@@ -1,0 +1,492 @@
+package etcdlease_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/rs/zerolog"
+
+	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/etcdlease/internal/etcdtest"
+	"github.com/fencekit/fencekit/lease/etcdlease/internal/guarded"
+)
+
+// overlapChecker fails when two holders of one lease overlap, or when a
+// grant's token is not greater than the one before.
+type overlapChecker struct {
+	mu     sync.Mutex
+	holder string
+	last   fence.Token
+	grants int
+	errs   []error
+}
+
+// begin records that who was granted the lease with token.
+func (c *overlapChecker) begin(who string, token fence.Token) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.holder != "" {
+		c.errs = append(c.errs, fmt.Errorf("%s granted token %d while %s holds the lease", who, token, c.holder))
+	}
+	if token <= c.last {
+		c.errs = append(c.errs, fmt.Errorf("%s granted token %d after token %d", who, token, c.last))
+	}
+	c.holder, c.last = who, token
+	c.grants++
+}
+
+// end records that who stopped holding (before it sends its release).
+func (c *overlapChecker) end(who string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.holder == who {
+		c.holder = ""
+	}
+}
+
+func (c *overlapChecker) check(t *testing.T) {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := errors.Join(c.errs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// renewLog records the send time of the last request the store confirmed
+// for each lease token: the acquire (set by the test) or a renewal.
+type renewLog struct {
+	lease.NopObserver
+	mu   sync.Mutex
+	sent map[fence.Token]time.Time
+}
+
+func newRenewLog() *renewLog { return &renewLog{sent: map[fence.Token]time.Time{}} }
+
+func (r *renewLog) Renewed(e lease.RenewedEvent) {
+	if e.Err == nil {
+		r.confirmed(e.Token, e.Sent)
+	}
+}
+
+func (r *renewLog) confirmed(tok fence.Token, sent time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if sent.After(r.sent[tok]) {
+		r.sent[tok] = sent
+	}
+}
+
+func (r *renewLog) last(tok fence.Token) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.sent[tok]
+}
+
+// acquiredSent is the send time of the request that granted l: its first
+// deadline is that plus TTL - safety margin.
+func acquiredSent(m *lease.Manager, l *lease.Lease) time.Time {
+	return l.Deadline().Add(-(l.TTL() - m.Options().SafetyMargin))
+}
+
+// Exclusivity under contention from three clients, each connected to a
+// different member: workers take one lease in turns, and the checker fails
+// if two ever overlap or a token does not grow.
+func TestExclusiveAcrossMembers(t *testing.T) {
+	cl := cluster(t)
+	p := prefix(t)
+	var managers []*lease.Manager
+	for i := range cl.Members {
+		managers = append(managers, newManager(t, newBackend(t, cl.Client(cl.Endpoints(i)...), p), 5*time.Second))
+	}
+	const workers, rounds = 9, 10
+	var chk overlapChecker
+	ctx := ctxT(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m := managers[w%len(managers)]
+			who := fmt.Sprintf("worker %d (member %d)", w, w%len(managers))
+			for range rounds {
+				l, err := m.Acquire(ctx, "contended")
+				if err != nil {
+					errs <- fmt.Errorf("%s: Acquire: %w", who, err)
+					return
+				}
+				chk.begin(who, l.Token())
+				time.Sleep(time.Millisecond)
+				if err := l.Err(); err != nil {
+					errs <- fmt.Errorf("%s: lease ended while working: %w", who, err)
+				}
+				chk.end(who)
+				if err := l.Release(ctx); err != nil {
+					errs <- fmt.Errorf("%s: Release: %w", who, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	chk.check(t)
+	if chk.grants != workers*rounds {
+		t.Fatalf("%d grants, want %d", chk.grants, workers*rounds)
+	}
+}
+
+// The leader is killed (stopped) while leases are held and waiters wait:
+//
+//   - a live holder keeps its lease through the election, releases it
+//     afterwards, and the waiter (woken by its watch, across the failover)
+//     gets it with a greater token, never while the holder holds it;
+//   - an abandoned grant (its holder died with the leader: never renewed,
+//     never released) is taken over by its waiter only after it expired
+//     at the store, and the time from the kill to the takeover is logged.
+func TestLeaderKilled(t *testing.T) {
+	for _, ttl := range []time.Duration{time.Second, 3 * time.Second} {
+		t.Run(fmt.Sprintf("ttl=%v", ttl), func(t *testing.T) {
+			testLeaderKilled(t, ttl)
+		})
+	}
+}
+
+func testLeaderKilled(t *testing.T, ttl time.Duration) {
+	cl := etcdtest.Start(t, 3) // the Fast timing: elections within about 100-300 ms
+	p := prefix(t)
+	log := newRenewLog()
+	// Every client knows every member, so that it can fail over.
+	holderM := newManager(t, newBackend(t, cl.Client(), p), ttl, lease.WithObserver(log))
+	waiterM := newManager(t, newBackend(t, cl.Client(), p), ttl)
+	deadB := newBackend(t, cl.Client(), p)
+	ctx := ctxT(t)
+
+	var chk overlapChecker
+	held, err := holderM.TryAcquire(ctx, "held")
+	if err != nil {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	log.confirmed(held.Token(), acquiredSent(holderM, held))
+	chk.begin("holder", held.Token())
+	deadSent := time.Now()
+	dead, err := deadB.Acquire(ctx, lease.Request{Name: "abandoned", Owner: "dead-holder", TTL: ttl})
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	before := max(held.Token(), dead.Token)
+
+	type result struct {
+		l   *lease.Lease
+		at  time.Time
+		err error
+	}
+	wait := func(name string) chan result {
+		ch := make(chan result, 1)
+		go func() {
+			l, err := waiterM.Acquire(ctx, name)
+			ch <- result{l, time.Now(), err}
+		}()
+		return ch
+	}
+	heldWaiter, deadWaiter := wait("held"), wait("abandoned")
+	time.Sleep(300 * time.Millisecond) // the waiters are refused and watch
+
+	lead := cl.Leader()
+	killed := time.Now()
+	cl.Members[lead].Kill()
+	newLead := cl.WaitLeader()
+	elected := time.Now()
+	t.Logf("leader m%d killed; m%d elected %v after the kill", lead, newLead, elected.Sub(killed).Round(time.Millisecond))
+
+	// The abandoned grant: taken over after it expired at the store.
+	var took result
+	select {
+	case took = <-deadWaiter:
+	case <-time.After(ttl + 30*time.Second):
+		t.Fatal("the abandoned lease was not taken over")
+	}
+	if took.err != nil {
+		t.Fatalf("waiter of the abandoned lease: %v", took.err)
+	}
+	if took.at.Before(deadSent.Add(ttl)) {
+		t.Errorf("the abandoned grant (sent %v before the kill, TTL %v) was taken over %v after the kill: before it could have expired",
+			killed.Sub(deadSent), ttl, took.at.Sub(killed))
+	}
+	if took.l.Token() <= before {
+		t.Errorf("token after the failover %d, not greater than %d before it", took.l.Token(), before)
+	}
+	t.Logf("TTL %v: abandoned grant taken over %v after the leader was killed (%v after it could first have expired)",
+		ttl, took.at.Sub(killed).Round(time.Millisecond), took.at.Sub(deadSent.Add(ttl)).Round(time.Millisecond))
+	_ = took.l.Release(ctx)
+
+	// The live holder kept its lease through the failover.
+	if err := held.Err(); err != nil {
+		t.Fatalf("the holder lost its lease in the failover: %v", err)
+	}
+	select {
+	case r := <-heldWaiter:
+		t.Fatalf("the waiter got the held lease while its holder held it: %v", r.err)
+	default:
+	}
+	chk.end("holder")
+	released := time.Now()
+	if err := held.Release(ctx); err != nil {
+		t.Fatalf("Release after the failover: %v", err)
+	}
+	r := <-heldWaiter
+	if r.err != nil {
+		t.Fatalf("waiter: %v", r.err)
+	}
+	chk.begin("waiter", r.l.Token())
+	chk.check(t)
+	if r.l.Token() <= held.Token() {
+		t.Errorf("waiter's token %d is not greater than the holder's %d", r.l.Token(), held.Token())
+	}
+	t.Logf("the held lease passed to its waiter %v after the release", r.at.Sub(released).Round(time.Millisecond))
+	if err := r.l.Release(ctx); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+}
+
+// The holder is cut off from the cluster, in two ways: its member is
+// killed, or its connection is blackholed by a proxy (nothing gets through,
+// nothing is closed, the member lives on). Either way the holder cannot
+// renew, its lease's context is done from the last confirmed send + TTL on,
+// another client (on the other members) acquires after the grant expired,
+// with a greater token, and the old holder's writes, made as a stale holder
+// would (after its loss, ignoring it), are rejected at PostgreSQL and S3.
+func TestHolderMemberIsolated(t *testing.T) {
+	for _, mode := range []string{"killed", "blackholed"} {
+		for _, ttl := range []time.Duration{time.Second, 3 * time.Second} {
+			t.Run(fmt.Sprintf("%s/ttl=%v", mode, ttl), func(t *testing.T) {
+				testHolderMemberIsolated(t, ttl, mode == "blackholed")
+			})
+		}
+	}
+}
+
+func testHolderMemberIsolated(t *testing.T, ttl time.Duration, blackhole bool) {
+	ctx := ctxT(t)
+	res, drop, err := guarded.Create(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { drop(context.Background()) })
+	cl := cluster(t)
+	p := prefix(t)
+	lead := cl.Leader()
+	x := (lead + 1) % len(cl.Members) // the holder's member: a follower
+	var rest []int
+	for i := range cl.Members {
+		if i != x {
+			rest = append(rest, i)
+		}
+	}
+	log := newRenewLog()
+	holderEndpoint := cl.Endpoints(x)[0]
+	var proxy *toxiproxy.Proxy
+	if blackhole {
+		proxy = toxiproxy.NewProxy(toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop()),
+			"etcd-"+strings.ReplaceAll(t.Name(), "/", "-"), "127.0.0.1:0", strings.TrimPrefix(holderEndpoint, "http://"))
+		if err := proxy.Start(); err != nil {
+			t.Fatalf("toxiproxy: start a proxy in front of %s: %v", holderEndpoint, err)
+		}
+		t.Cleanup(proxy.Stop)
+		holderEndpoint = "http://" + proxy.Listen
+	}
+	holderM := newManager(t, newBackend(t, cl.Client(holderEndpoint), p), ttl, lease.WithObserver(log))
+	otherM := newManager(t, newBackend(t, cl.Client(cl.Endpoints(rest...)...), p), ttl)
+
+	la, err := holderM.TryAcquire(ctx, "job")
+	if err != nil {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	log.confirmed(la.Token(), acquiredSent(holderM, la))
+	for _, w := range guarded.Write(ctx, res, "A", la.Token()) {
+		if !w.Accepted {
+			t.Fatalf("the holder's write to %s while it holds the lease: %s", w.Store, w.Err)
+		}
+	}
+	time.Sleep(ttl / 2) // at least one renewal
+
+	isolated := time.Now()
+	if blackhole {
+		// Nothing passes either way, and no connection is closed
+		// (toxiproxy's timeout toxic with timeout 0).
+		for _, stream := range []string{"upstream", "downstream"} {
+			js := fmt.Sprintf(`{"name":"blackhole-%s","type":"timeout","stream":%q,"toxicity":1,"attributes":{"timeout":0}}`, stream, stream)
+			if _, err := proxy.Toxics.AddToxicJson(strings.NewReader(js)); err != nil {
+				t.Fatalf("toxiproxy: add the blackhole: %v", err)
+			}
+		}
+		// Lifted before the clients close (cleanups run last-in first).
+		t.Cleanup(func() { proxy.Toxics.ResetToxics(context.Background()) })
+	} else {
+		cl.Members[x].Kill()
+	}
+	// At any moment from the last confirmed send + TTL on, the holder's
+	// context must be done. (Its Err reads the clock itself, so a check
+	// that runs late still tests the moment it runs.)
+	ctxErrAtExpiry := make(chan error, 1)
+	var armed sync.Once
+	select {
+	case <-la.Done():
+	case <-time.After(ttl + 10*time.Second):
+		t.Fatal("the isolated holder's lease was not lost")
+	}
+	lostAt := time.Now()
+	lastSent := log.last(la.Token())
+	expiry := lastSent.Add(la.TTL())
+	armed.Do(func() {
+		time.AfterFunc(time.Until(expiry), func() { ctxErrAtExpiry <- la.Context().Err() })
+	})
+	if dl := la.Deadline(); dl.After(expiry.Add(-holderM.Options().SafetyMargin)) {
+		t.Errorf("the holder's local deadline was %v after its last confirmed send + TTL - safety margin", dl.Sub(expiry.Add(-holderM.Options().SafetyMargin)))
+	}
+	if err := <-ctxErrAtExpiry; err == nil {
+		t.Error("the holder's context was not done at its last confirmed send + TTL")
+	}
+	lb, err := otherM.Acquire(ctx, "job")
+	if err != nil {
+		t.Fatalf("the other client's Acquire: %v", err)
+	}
+	acquiredAt := time.Now()
+	if acquiredAt.Before(expiry) {
+		t.Errorf("the other client acquired %v before the holder's grant could have expired", expiry.Sub(acquiredAt))
+	}
+	if lb.Token() <= la.Token() {
+		t.Fatalf("new token %d <= the isolated holder's %d", lb.Token(), la.Token())
+	}
+	how := "member killed"
+	if blackhole {
+		how = "connection blackholed"
+	}
+	t.Logf("%s, TTL %v: isolated %v after the last confirmed send; the test saw the holder's context done %v before send + TTL; the other client acquired %v after that (%v after send + TTL)",
+		how, ttl, isolated.Sub(lastSent).Round(time.Millisecond), expiry.Sub(lostAt).Round(time.Millisecond),
+		acquiredAt.Sub(lostAt).Round(time.Millisecond), acquiredAt.Sub(expiry).Round(time.Millisecond))
+
+	for _, w := range guarded.Write(ctx, res, "B", lb.Token()) {
+		if !w.Accepted {
+			t.Fatalf("the new holder's write to %s: %s", w.Store, w.Err)
+		}
+	}
+	// The old holder writes as if it still held the lease.
+	for _, w := range guarded.Write(ctx, res, "A", la.Token()) {
+		if w.Accepted || !w.Stale {
+			t.Errorf("the isolated holder's stale write to %s: accepted=%v stale=%v (%s); want rejected as stale", w.Store, w.Accepted, w.Stale, w.Err)
+		}
+	}
+	rowBy, rowTok, objBy, objTok, err := guarded.Stored(ctx, res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rowBy != "B" || rowTok != lb.Token() || objBy != "B" || objTok != lb.Token() {
+		t.Fatalf("stored: row by %q (token %d), object by %q (token %d); want B's with token %d", rowBy, rowTok, objBy, objTok, lb.Token())
+	}
+	if err := la.Release(ctx); !errors.Is(err, lease.ErrLost) {
+		t.Fatalf("Release of the lost lease = %v, want ErrLost", err)
+	}
+	if err := lb.Release(ctx); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+}
+
+// The whole cluster is stopped and started again: tokens keep growing.
+func TestTokensGrowAcrossClusterRestart(t *testing.T) {
+	cl := cluster(t)
+	p := prefix(t)
+	m := newManager(t, newBackend(t, cl.Client(), p), 2*time.Second)
+	ctx := ctxT(t)
+	var last fence.Token
+	cycle := func(when string) {
+		t.Helper()
+		for i := range 3 {
+			l, err := m.Acquire(ctx, "job")
+			if err != nil {
+				t.Fatalf("%s: Acquire: %v", when, err)
+			}
+			if l.Token() <= last {
+				t.Fatalf("%s, grant %d: token %d is not greater than %d", when, i, l.Token(), last)
+			}
+			last = l.Token()
+			if err := l.Release(ctx); err != nil {
+				t.Fatalf("%s: Release: %v", when, err)
+			}
+		}
+	}
+	cycle("before the restart")
+	for i := range 2 {
+		before := last
+		cl.StopAll()
+		cl.StartAll()
+		cycle(fmt.Sprintf("after restart %d", i+1))
+		t.Logf("restart %d: token %d before, %d after", i+1, before, last)
+	}
+}
+
+// Tokens after the cluster is restored from a backup of its data
+// directories (revisions go back): a backend that saw the later grants
+// notices the rewind and starts a new epoch; a new process cannot tell,
+// and gets greater tokens once the operator deleted the epoch key, as the
+// package documentation asks.
+func TestTokensGrowAfterRestoreFromBackup(t *testing.T) {
+	cl := cluster(t)
+	p := prefix(t)
+	b := newBackend(t, cl.Client(), p)
+	m := newManager(t, b, 2*time.Second)
+	ctx := ctxT(t)
+	cycle := func(m *lease.Manager, n int) fence.Token {
+		t.Helper()
+		var last fence.Token
+		for range n {
+			l, err := m.Acquire(ctx, "job")
+			if err != nil {
+				t.Fatalf("Acquire: %v", err)
+			}
+			if l.Token() <= last {
+				t.Fatalf("token %d after %d", l.Token(), last)
+			}
+			last = l.Token()
+			if err := l.Release(ctx); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+		}
+		return last
+	}
+	cycle(m, 2)
+	restore := cl.Backup()
+	high := cycle(m, 5)
+	restore()
+	if got := cycle(m, 1); got <= high {
+		t.Fatalf("the same backend after the restore: token %d, not greater than %d granted before it", got, high)
+	} else {
+		t.Logf("restore seen by the same backend: token %d before, %d after", high, got)
+	}
+
+	// A new process after a second restore, with the operator's step.
+	restore = cl.Backup()
+	high = cycle(m, 5)
+	restore()
+	admin := cl.Client()
+	if _, err := admin.Delete(ctx, b.EpochKey()); err != nil {
+		t.Fatalf("deleting the epoch key: %v", err)
+	}
+	fresh := newManager(t, newBackend(t, cl.Client(), p), 2*time.Second)
+	if got := cycle(fresh, 1); got <= high {
+		t.Fatalf("a new backend after the restore and the epoch key's deletion: token %d, not greater than %d", got, high)
+	} else {
+		t.Logf("restore, epoch key deleted, new backend: token %d before, %d after", high, got)
+	}
+}

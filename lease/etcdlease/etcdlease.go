@@ -1,0 +1,772 @@
+// Package etcdlease is the etcd backend of package lease, over the official
+// client go.etcd.io/etcd/client/v3. It is a module of its own, so that
+// users of the core library do not inherit grpc.
+//
+// # How a lease is kept
+//
+// A grant is an etcd lease of its own plus one key, "<prefix>l/<name>",
+// holding the owner and attached to that lease:
+//
+//   - Acquire: LeaseGrant with the TTL in whole seconds (rounded up), then
+//     one transaction: if the key does not exist (create revision 0) and
+//     the epoch key is the one this backend read (see below), put the key
+//     with the owner as its value, attached to the new lease. Two round
+//     trips. The TTL etcd granted (LeaseGrantResponse.TTL: never less than
+//     asked; etcd raises a TTL below its minimum) is Grant.TTL. A refused
+//     attempt keeps its etcd lease, which no key is attached to, for a
+//     later attempt asking the same TTL; that attempt sends only its
+//     transaction and, alongside it, a keep-alive of the lease, so that
+//     the grant counts from the attempt's own send time: one round trip.
+//     That is what a waiter's attempts and a hand-off cost. A kept lease
+//     that no attempt uses within half its TTL is left to expire at the
+//     store. A retry by the same owner (an attempt whose reply was lost)
+//     finds the key holding its own value and gets that grant back,
+//     extended by a keep-alive. A refusal does not say how long the holder
+//     has left (that would cost a round trip): waiters are woken by the
+//     key's deletion instead, expiry included.
+//   - Renew (driven by the Manager): a keep-alive of the grant's etcd lease
+//     and, at the same time, a read-only transaction that checks that the
+//     key still holds this owner, was created by this grant (create
+//     revision) and is attached to this lease. An expired or revoked lease
+//     or a key that is gone or another grant's is ErrNotHeld. RenewBatch
+//     checks up to 128 keys in one transaction and sends the keep-alives
+//     at once: one round trip for the whole batch.
+//   - Release: a revoke of the grant's etcd lease, which deletes the key
+//     at the store if, and only if, it is still attached to that lease,
+//     that is, still this grant's: a lease is granted for one grant, and
+//     no other grant's key is ever attached to it. This is the
+//     compare-and-delete, done by the store, in one round trip. A lease
+//     that is already gone (expired, revoked) is ErrNotHeld. A Grant whose
+//     Owner or Token differ from the ones its State was made for is
+//     ErrNotHeld without any request (its State names another grant's
+//     lease).
+//   - Waiters (Watcher) watch the key for deletions: a release, an expiry
+//     or a revoke wakes a waiter at once. The waiters of one name in one
+//     Backend share one etcd watch, and each deletion wakes the one that
+//     waited longest, not all of them (only one can win).
+//   - Holder (lease.Inspector) reads the key and the epoch key in one
+//     transaction, and the lease's time to live: two round trips.
+//   - A held grant's key is watched too (from its create revision, so
+//     nothing is missed): when the key is deleted or changed by anything
+//     but this grant's Release (the lease expired at the store, an
+//     operator revoked it or deleted the key), the lease ends at once
+//     through Request.Notify.Lost.
+//
+// The Manager owns time: a grant's local deadline counts from the send time
+// of the request that last confirmed it, whatever etcd does with its own
+// TTL. (etcd resets every lease's remaining TTL when a new leader is
+// elected, so the store may keep a grant longer than the deadline says,
+// never shorter.)
+//
+// # Fencing tokens, and what survives data loss
+//
+// The token of a grant is the revision of the transaction that created its
+// key plus a base kept in the key "<prefix>epoch": token = base + revision.
+// Revisions grow with every write to the cluster, across leader changes and
+// full restarts, so tokens strictly grow per cluster.
+//
+// Revisions start again at 1 when the data is lost (the data directories
+// wiped, a new cluster in place of the old one). The base is what keeps
+// tokens growing then: the epoch key holds the client's wall clock in
+// microseconds when it was created (by the first Acquire of a cluster, or
+// after it was lost), and base = that time - the key's create revision. So
+// a token is at most the time of its grant in microseconds (as long as the
+// cluster makes fewer than a million writes a second, which etcd cannot),
+// and the first token after a loss is at least the time of the loss. Every
+// acquire transaction compares the epoch key's value with the one the
+// backend read, so no grant is ever minted with a base from before a loss.
+// The assumption, as in package redislease but with the clients' clocks:
+// no client's clock is stepped back, and the clocks of the clients differ
+// by less than the time between the last grant before a loss and the first
+// after it. Tokens stay below 2^53 until the year 2255.
+//
+// A restore from a backup rolls revisions back but also brings back the old
+// epoch key, so it does not start a new epoch by itself. A Backend that
+// has seen a higher revision than the restored cluster's notices (a grant's
+// revision below one it saw complete before it sent the request) and
+// starts a new epoch before it grants anything. Other processes cannot
+// tell: after restoring etcd from a backup, delete the epoch key (etcdctl
+// del <prefix>epoch) before clients come back, or restore with etcdutl
+// snapshot restore --bump-revision (by more than the writes made since the
+// backup) --mark-compacted, which keeps revisions growing.
+//
+// Exclusivity is etcd's: the create-if-absent transaction is linearizable,
+// and a key is deleted only with its lease (expiry, revoke) or by an
+// operator. The fencing token is what makes a holder that was paused past
+// its deadline harmless at the store (packages sqlguard and blobguard).
+package etcdlease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/lease"
+)
+
+// Client is the part of an etcd client the backend uses. *clientv3.Client
+// satisfies it, as does a wrapper that injects faults.
+type Client interface {
+	clientv3.KV
+	clientv3.Lease
+	clientv3.Watcher
+}
+
+var (
+	_ Client             = (*clientv3.Client)(nil)
+	_ lease.Backend      = (*Backend)(nil)
+	_ lease.Watcher      = (*Backend)(nil)
+	_ lease.BatchRenewer = (*Backend)(nil)
+	_ lease.Inspector    = (*Backend)(nil)
+)
+
+var (
+	// ErrInvalidOptions is matched by New's error for unusable options.
+	ErrInvalidOptions = errors.New("etcdlease: invalid options")
+	// ErrClosed is returned by Acquire and Watch after Close.
+	ErrClosed = errors.New("etcdlease: backend closed")
+	// ErrCorruptEpoch is returned by Acquire when the epoch key holds
+	// something that is not a token base this package wrote (fail closed:
+	// no token is minted from it). Delete the key to start a new epoch.
+	ErrCorruptEpoch = errors.New("etcdlease: corrupt epoch key")
+)
+
+// DefaultMinTTL is the shortest TTL an etcd server with the default
+// election timeout (1000 ms) grants: etcd raises a lease's TTL to 1.5 ×
+// the election timeout, rounded up to whole seconds.
+const DefaultMinTTL = 2 * time.Second
+
+// MaxTTL is the longest TTL etcd grants (its MaxLeaseTTL, 9,000,000,000 s).
+const MaxTTL = 9_000_000_000 * time.Second
+
+// MaxTxnOps is the number of keys RenewBatch checks in one transaction:
+// etcd's default --max-txn-ops. Larger batches are split.
+const MaxTxnOps = 128
+
+// maxKeepAlives bounds the keep-alives RenewBatch has in flight at once.
+const maxKeepAlives = 64
+
+// Options configures a Backend. New starts from the defaults documented on
+// each field and applies each Option in turn.
+type Options struct {
+	// Prefix starts every key the backend writes. Default "fencekit/". A
+	// lease named N is the key Prefix+"l/"+N; the token base is the key
+	// Prefix+"epoch".
+	Prefix string
+
+	// MinTTL is the shortest TTL the Manager may ask for (Limits.MinTTL): a
+	// whole number of seconds, at least 1 s. Default DefaultMinTTL (2 s),
+	// the minimum of a server with the default election timeout. A server
+	// with an election timeout of E grants at least 1.5 × E rounded up to
+	// whole seconds, whatever is asked, and Grant.TTL then says so; set
+	// MinTTL to that to have the Manager refuse shorter TTLs up front.
+	MinTTL time.Duration
+}
+
+// Option sets fields of Options; any func(*Options) is one.
+type Option func(*Options)
+
+// WithPrefix sets Options.Prefix.
+func WithPrefix(prefix string) Option { return func(o *Options) { o.Prefix = prefix } }
+
+// WithMinTTL sets Options.MinTTL.
+func WithMinTTL(d time.Duration) Option { return func(o *Options) { o.MinTTL = d } }
+
+// Backend stores leases in etcd. It is safe for concurrent use. Call Close
+// when done: it ends the backend's watches. It does not close the client.
+type Backend struct {
+	c        Client
+	o        Options
+	epochKey string
+
+	ctx    context.Context // parent of the backend's watches; cancelled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // the watches' goroutines
+
+	mu       sync.Mutex
+	closed   bool
+	epoch    *epoch
+	seenRev  int64                 // the highest revision of a completed response, in this epoch
+	spares   map[int64][]*spare    // leases of refused attempts, by TTL in seconds, oldest first
+	minEpoch int64                 // the least value a new epoch may have (after a rewind)
+	watches  map[string]*nameWatch // the watches waiters share, by lease name
+}
+
+// New returns a Backend over c. It does no I/O. It returns an error
+// matching ErrInvalidOptions, listing every problem, when c is nil, Prefix
+// is empty, or MinTTL is not a whole number of seconds of at least 1 s.
+func New(c Client, opts ...Option) (*Backend, error) {
+	o := Options{Prefix: "fencekit/", MinTTL: DefaultMinTTL}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
+	}
+	var errs []error
+	if c == nil {
+		errs = append(errs, fmt.Errorf("%w: client is nil", ErrInvalidOptions))
+	}
+	if o.Prefix == "" {
+		errs = append(errs, fmt.Errorf("%w: prefix is empty (the backend's keys would mix with others')", ErrInvalidOptions))
+	}
+	if o.MinTTL < time.Second || o.MinTTL%time.Second != 0 {
+		errs = append(errs, fmt.Errorf("%w: MinTTL is %v, it must be a whole number of seconds, at least 1s", ErrInvalidOptions, o.MinTTL))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Backend{
+		c: c, o: o, epochKey: o.Prefix + "epoch",
+		ctx: ctx, cancel: cancel,
+		spares: make(map[int64][]*spare),
+	}, nil
+}
+
+// Options returns the backend's options, with defaults filled in.
+func (b *Backend) Options() Options { return b.o }
+
+// Key returns the etcd key of the lease name.
+func (b *Backend) Key(name string) string { return b.o.Prefix + "l/" + name }
+
+// EpochKey returns the etcd key that holds the token base.
+func (b *Backend) EpochKey() string { return b.epochKey }
+
+// Limits implements lease.Backend: whole seconds, from Options.MinTTL to
+// MaxTTL.
+func (b *Backend) Limits() lease.Limits {
+	return lease.Limits{MinTTL: b.o.MinTTL, MaxTTL: MaxTTL, Resolution: time.Second}
+}
+
+// grantState is a grant's Grant.State: what the backend needs to renew and
+// release it. It never changes once made.
+type grantState struct {
+	id    clientv3.LeaseID
+	key   string
+	owner string
+	token fence.Token
+	rev   int64 // the key's create revision: token - epoch base
+	held  *heldWatch
+}
+
+// stateOf returns g's state if g is the grant it was made for.
+func stateOf(g lease.Grant) (*grantState, bool) {
+	st, ok := g.State.(*grantState)
+	if !ok || st == nil || st.owner != g.Owner || st.token != g.Token {
+		return nil, false
+	}
+	return st, true
+}
+
+// ttlSeconds rounds ttl up to whole seconds.
+func ttlSeconds(ttl time.Duration) (int64, error) {
+	if ttl <= 0 || ttl > MaxTTL {
+		return 0, fmt.Errorf("etcdlease: TTL %v is outside (0, %v]", ttl, MaxTTL)
+	}
+	return int64(math.Ceil(ttl.Seconds())), nil
+}
+
+// Acquire implements lease.Backend. The first attempt of an Acquire call
+// costs two round trips (LeaseGrant, then the create-if-absent
+// transaction); later attempts of the same call, one (the transaction and a
+// keep-alive of the lease granted before, sent together).
+func (b *Backend) Acquire(ctx context.Context, req lease.Request) (lease.Grant, error) {
+	if err := lease.ValidateName(req.Name); err != nil {
+		return lease.Grant{}, err
+	}
+	if req.Owner == "" {
+		return lease.Grant{}, errors.New("etcdlease: acquire: owner is empty")
+	}
+	secs, err := ttlSeconds(req.TTL)
+	if err != nil {
+		return lease.Grant{}, err
+	}
+	if b.isClosed() {
+		return lease.Grant{}, ErrClosed
+	}
+	key := b.Key(req.Name)
+	// A few rounds: the epoch may have to be read again (after a data
+	// loss, or when a rewind of revisions starts a new one).
+	for round := 0; ; round++ {
+		g, retry, err := b.acquireOnce(ctx, req, key, secs)
+		if !retry || round == 3 {
+			return g, err
+		}
+	}
+}
+
+// acquireOnce makes one attempt; retry reports that the epoch changed and
+// the attempt should be made again.
+func (b *Backend) acquireOnce(ctx context.Context, req lease.Request, key string, secs int64) (g lease.Grant, retry bool, err error) {
+	ep, err := b.currentEpoch(ctx)
+	if err != nil {
+		return lease.Grant{}, false, err
+	}
+	sp := b.takeSpare(secs)
+	var kaDone chan keepAliveResult
+	if sp == nil {
+		sent := time.Now()
+		resp, err := b.c.Grant(ctx, secs)
+		if err != nil {
+			return lease.Grant{}, false, fmt.Errorf("etcdlease: acquire %q: lease grant: %w", req.Name, err)
+		}
+		sp = &spare{id: resp.ID, secs: secs, ttl: time.Duration(resp.TTL) * time.Second, confirmed: sent}
+		if resp.TTL < secs {
+			b.revokeQuietly(sp.id)
+			return lease.Grant{}, false, fmt.Errorf("etcdlease: acquire %q: etcd granted a TTL of %ds, shorter than the %ds asked for", req.Name, resp.TTL, secs)
+		}
+	} else {
+		// The lease was granted by an earlier attempt: confirm it again
+		// from now, alongside the transaction.
+		kaDone = make(chan keepAliveResult, 1)
+		go func(id clientv3.LeaseID) {
+			sent := time.Now()
+			resp, err := b.c.KeepAliveOnce(ctx, id)
+			kaDone <- keepAliveResult{sent: sent, resp: resp, err: err}
+		}(sp.id)
+	}
+	floor := b.revisionFloor(ep)
+	resp, txnErr := b.c.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0),
+			clientv3.Compare(clientv3.Value(b.epochKey), "=", ep.value)).
+		Then(clientv3.OpPut(key, req.Owner, clientv3.WithLease(sp.id))).
+		Else(clientv3.OpGet(key), clientv3.OpGet(b.epochKey)).
+		Commit()
+	ka := keepAliveResult{ok: true}
+	if kaDone != nil {
+		ka = <-kaDone
+		ka.ok = ka.err == nil
+		if ka.ok {
+			sp.confirmed = ka.sent
+		}
+	}
+	if txnErr != nil {
+		// The outcome is unknown: if the put was applied, the key is
+		// attached to this lease, which therefore cannot serve another
+		// attempt. The next attempt of this owner finds the key its own
+		// and extends it; otherwise the lease expires.
+		return lease.Grant{}, false, fmt.Errorf("etcdlease: acquire %q: %w", req.Name, txnErr)
+	}
+	b.sawRevision(ep, resp.Header.Revision)
+
+	if resp.Succeeded {
+		rev := resp.Header.Revision
+		if rev <= floor {
+			// The cluster's revisions went back (a restore from a
+			// backup): this token could repeat one granted before.
+			// Undo the grant, start a new epoch and try again.
+			b.revokeQuietly(sp.id)
+			if err := b.newEpochAfterRewind(ctx, ep, floor); err != nil {
+				return lease.Grant{}, false, err
+			}
+			return lease.Grant{}, true, nil
+		}
+		if !ka.ok {
+			// The key is ours, but the lease was not confirmed from
+			// this attempt's send time: it may expire before the local
+			// deadline would say. Give it back.
+			b.revokeQuietly(sp.id)
+			return lease.Grant{}, false, fmt.Errorf("etcdlease: acquire %q: the lease granted earlier could not be kept alive: %w", req.Name, ka.err)
+		}
+		return b.granted(req, key, sp.id, sp.ttl, ep.base+rev, rev), false, nil
+	}
+
+	kvs := resp.Responses[0].GetResponseRange().GetKvs()
+	if eps := resp.Responses[1].GetResponseRange().GetKvs(); len(eps) == 0 || string(eps[0].Value) != ep.value {
+		// The epoch changed (the data was lost, or an operator deleted
+		// the key): read it again and retry.
+		b.dropEpoch(ep)
+		if ka.ok {
+			b.putSpare(sp)
+		}
+		return lease.Grant{}, true, nil
+	}
+	if len(kvs) == 0 {
+		return lease.Grant{}, false, fmt.Errorf("etcdlease: acquire %q: the transaction failed but the key is absent and the epoch unchanged", req.Name)
+	}
+	kv := kvs[0]
+	if string(kv.Value) != req.Owner {
+		if ka.ok {
+			b.putSpare(sp)
+		}
+		return lease.Grant{}, false, &lease.NotAcquiredError{Name: req.Name}
+	}
+	// Ours already: an earlier attempt's reply was lost. Extend that
+	// grant and return its token.
+	id := clientv3.LeaseID(kv.Lease)
+	ttl := sp.ttl
+	if id != sp.id || !ka.ok {
+		if id != sp.id && ka.ok {
+			b.putSpare(sp)
+		}
+		kr, err := b.c.KeepAliveOnce(ctx, id)
+		if err != nil {
+			return lease.Grant{}, false, fmt.Errorf("etcdlease: acquire %q: extending the grant this owner already holds: %w", req.Name, err)
+		}
+		ttl = time.Duration(kr.TTL) * time.Second
+	}
+	return b.granted(req, key, id, ttl, ep.base+kv.CreateRevision, kv.CreateRevision), false, nil
+}
+
+type keepAliveResult struct {
+	sent time.Time
+	resp *clientv3.LeaseKeepAliveResponse
+	err  error
+	ok   bool
+}
+
+// granted makes the Grant, and watches its key for a loss when the Manager
+// asked to be told.
+func (b *Backend) granted(req lease.Request, key string, id clientv3.LeaseID, ttl time.Duration, token, rev int64) lease.Grant {
+	st := &grantState{id: id, key: key, owner: req.Owner, token: fence.Token(token), rev: rev}
+	if req.Notify != nil {
+		st.held = b.watchHeld(st, req.Notify)
+	}
+	return lease.Grant{Name: req.Name, Owner: req.Owner, Token: st.token, TTL: ttl, State: st}
+}
+
+// Renew implements lease.Backend: a keep-alive of the grant's etcd lease and
+// a read-only transaction that checks its key, sent together (one round
+// trip).
+func (b *Backend) Renew(ctx context.Context, g lease.Grant) error {
+	return b.RenewBatch(ctx, []lease.Grant{g})[0]
+}
+
+// RenewBatch implements lease.BatchRenewer: the keys of up to MaxTxnOps
+// grants are checked in one read-only transaction (larger batches in
+// several, sent together), and the grants' keep-alives are sent at the same
+// time, up to 64 at once (etcd has no keep-alive of several leases in one
+// message). A grant is renewed (nil) only if its keep-alive succeeded and its
+// key holds its owner, was created by it and is attached to its lease;
+// otherwise its error matches lease.ErrNotHeld, or is the store's error.
+// A grant whose State is not the one Acquire made for it (another owner's
+// or token's) is ErrNotHeld, and nothing is sent for it.
+func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant) []error {
+	errs := make([]error, len(gs))
+	sts := make([]*grantState, len(gs))
+	var live []int
+	for i, g := range gs {
+		st, ok := stateOf(g)
+		if !ok {
+			errs[i] = lease.ErrNotHeld
+			continue
+		}
+		sts[i] = st
+		live = append(live, i)
+	}
+	if len(live) == 0 {
+		return errs
+	}
+	checks := make([]error, len(gs))
+	var wg sync.WaitGroup
+	for start := 0; start < len(live); start += MaxTxnOps {
+		chunk := live[start:min(start+MaxTxnOps, len(live))]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			b.checkKeys(ctx, gs, sts, chunk, checks)
+		}()
+	}
+	kas := make([]error, len(gs))
+	inflight := make(chan struct{}, maxKeepAlives)
+	for _, i := range live {
+		wg.Add(1)
+		inflight <- struct{}{}
+		go func() {
+			defer func() { <-inflight; wg.Done() }()
+			_, err := b.c.KeepAliveOnce(ctx, sts[i].id)
+			switch {
+			case errors.Is(err, rpctypes.ErrLeaseNotFound):
+				kas[i] = fmt.Errorf("%w: %q: its etcd lease %x expired or was revoked", lease.ErrNotHeld, gs[i].Name, int64(sts[i].id))
+			case err != nil:
+				kas[i] = fmt.Errorf("etcdlease: renew %q: keep-alive: %w", gs[i].Name, err)
+			}
+		}()
+	}
+	wg.Wait()
+	for _, i := range live {
+		switch {
+		case errors.Is(kas[i], lease.ErrNotHeld):
+			errs[i] = kas[i]
+		case errors.Is(checks[i], lease.ErrNotHeld):
+			errs[i] = checks[i]
+			if kas[i] == nil {
+				// The lease is alive but holds nothing of ours: let it
+				// go now rather than after its TTL.
+				b.revokeQuietly(sts[i].id)
+			}
+		case kas[i] != nil:
+			errs[i] = kas[i]
+		default:
+			errs[i] = checks[i]
+		}
+	}
+	return errs
+}
+
+// checkKeys reads the keys of the grants gs[i] for i in idx in one
+// transaction and records in out[i] whether each is still that grant's.
+func (b *Backend) checkKeys(ctx context.Context, gs []lease.Grant, sts []*grantState, idx []int, out []error) {
+	ops := make([]clientv3.Op, len(idx))
+	for j, i := range idx {
+		ops[j] = clientv3.OpGet(sts[i].key)
+	}
+	resp, err := b.c.Txn(ctx).Then(ops...).Commit()
+	for j, i := range idx {
+		if err != nil {
+			out[i] = fmt.Errorf("etcdlease: renew %q: checking the key: %w", gs[i].Name, err)
+			continue
+		}
+		kvs := resp.Responses[j].GetResponseRange().GetKvs()
+		st := sts[i]
+		switch {
+		case len(kvs) == 0:
+			out[i] = fmt.Errorf("%w: %q: the key is gone", lease.ErrNotHeld, gs[i].Name)
+		case string(kvs[0].Value) != st.owner || kvs[0].CreateRevision != st.rev || clientv3.LeaseID(kvs[0].Lease) != st.id:
+			out[i] = fmt.Errorf("%w: %q: the key belongs to another grant", lease.ErrNotHeld, gs[i].Name)
+		}
+	}
+}
+
+// Release implements lease.Backend in one round trip: it revokes the
+// grant's etcd lease, which deletes the key if it is still attached to it,
+// that is, if it is still this grant's. A lease already gone (expired,
+// revoked) is ErrNotHeld, as is a grant whose State is not the one Acquire
+// made for it. The key's watch ends whatever the outcome.
+func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
+	st, ok := stateOf(g)
+	if !ok {
+		return lease.ErrNotHeld
+	}
+	if st.held != nil {
+		st.held.releasing.Store(true)
+		// Ended without waiting: its goroutine is the backend's (Close
+		// waits for it), and the release need not wait for the client.
+		defer st.held.cancel()
+	}
+	_, err := b.c.Revoke(ctx, st.id)
+	switch {
+	case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		return fmt.Errorf("%w: %q: its etcd lease %x had expired or was revoked", lease.ErrNotHeld, g.Name, int64(st.id))
+	case err != nil:
+		return fmt.Errorf("etcdlease: release %q: %w", g.Name, err)
+	}
+	return nil
+}
+
+// revokeQuietly revokes a lease the backend granted and no longer needs,
+// best effort, bounded by a second: one that stays expires after its TTL.
+func (b *Backend) revokeQuietly(id clientv3.LeaseID) {
+	ctx, cancel := context.WithTimeout(b.ctx, time.Second)
+	defer cancel()
+	_, _ = b.c.Revoke(ctx, id)
+}
+
+func (b *Backend) isClosed() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.closed
+}
+
+// Close ends the backend's watches and waits for their goroutines. It does
+// not close the client, and does not release grants: held leases expire
+// after their TTL unless released first. Acquire and Watch fail with
+// ErrClosed afterwards; Renew and Release keep working.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	b.closed = true
+	b.spares = map[int64][]*spare{}
+	b.mu.Unlock()
+	b.cancel()
+	b.wg.Wait()
+	return nil
+}
+
+// spare is an etcd lease granted by an attempt that was refused: no key is
+// attached to it, so any later attempt asking the same TTL may use it.
+type spare struct {
+	id        clientv3.LeaseID
+	secs      int64         // the TTL asked for
+	ttl       time.Duration // the TTL granted
+	confirmed time.Time     // send time of the last request that confirmed it
+}
+
+// maxSpares bounds the spare leases kept per TTL; more are left to expire
+// at the store.
+const maxSpares = 256
+
+// takeSpare returns a spare lease granted with a TTL of secs, fresh enough
+// to be kept alive (confirmed less than half its TTL ago), or nil.
+func (b *Backend) takeSpare(secs int64) *spare {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	pool := b.spares[secs]
+	for len(pool) > 0 {
+		sp := pool[len(pool)-1]
+		pool = pool[:len(pool)-1]
+		if time.Since(sp.confirmed) < sp.ttl/2 {
+			b.spares[secs] = pool
+			return sp
+		}
+		// The newest is stale, so all are: they expire at the store.
+		pool = pool[:0]
+	}
+	b.spares[secs] = pool
+	return nil
+}
+
+// putSpare keeps sp, a lease no key is attached to, for a later attempt.
+func (b *Backend) putSpare(sp *spare) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed || len(b.spares[sp.secs]) >= maxSpares {
+		return
+	}
+	b.spares[sp.secs] = append(b.spares[sp.secs], sp)
+}
+
+// epoch is the token base read from the epoch key.
+type epoch struct {
+	value string // the key's value, compared by every acquire transaction
+	base  int64  // token = base + revision
+}
+
+// currentEpoch returns the cached epoch, reading (or creating) the epoch key
+// if there is none: one round trip, once per epoch.
+func (b *Backend) currentEpoch(ctx context.Context) (*epoch, error) {
+	b.mu.Lock()
+	ep := b.epoch
+	b.mu.Unlock()
+	if ep != nil {
+		return ep, nil
+	}
+	b.mu.Lock()
+	least := b.minEpoch
+	b.mu.Unlock()
+	value := strconv.FormatInt(max(time.Now().UnixMicro(), least), 10)
+	resp, err := b.c.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(b.epochKey), "=", 0)).
+		Then(clientv3.OpPut(b.epochKey, value)).
+		Else(clientv3.OpGet(b.epochKey)).
+		Commit()
+	if err != nil {
+		return nil, fmt.Errorf("etcdlease: reading the epoch key %q: %w", b.epochKey, err)
+	}
+	createRev := resp.Header.Revision
+	if !resp.Succeeded {
+		kvs := resp.Responses[0].GetResponseRange().GetKvs()
+		if len(kvs) == 0 {
+			return nil, fmt.Errorf("etcdlease: the epoch key %q exists and does not (deleted meanwhile?); try again", b.epochKey)
+		}
+		value, createRev = string(kvs[0].Value), kvs[0].CreateRevision
+	}
+	return b.setEpoch(value, createRev)
+}
+
+// setEpoch parses and caches an epoch key's value.
+func (b *Backend) setEpoch(value string, createRev int64) (*epoch, error) {
+	us, err := strconv.ParseInt(value, 10, 64)
+	if err != nil || us <= 0 || createRev <= 0 || us <= createRev || strconv.FormatInt(us, 10) != value {
+		return nil, fmt.Errorf("%w: %q holds %.40q (create revision %d), not a time in microseconds", ErrCorruptEpoch, b.epochKey, value, createRev)
+	}
+	ep := &epoch{value: value, base: us - createRev}
+	b.mu.Lock()
+	b.epoch, b.seenRev = ep, 0
+	b.mu.Unlock()
+	return ep, nil
+}
+
+// dropEpoch forgets ep if it is still the cached one.
+func (b *Backend) dropEpoch(ep *epoch) {
+	b.mu.Lock()
+	if b.epoch == ep {
+		b.epoch, b.seenRev = nil, 0
+	}
+	b.mu.Unlock()
+}
+
+// revisionFloor returns the highest revision of a response of epoch ep that
+// completed before now: a write sent from now on gets a greater one, unless
+// the cluster's history was rolled back.
+func (b *Backend) revisionFloor(ep *epoch) int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.epoch != ep {
+		return 0
+	}
+	return b.seenRev
+}
+
+// sawRevision records the revision of a completed response of epoch ep.
+func (b *Backend) sawRevision(ep *epoch, rev int64) {
+	b.mu.Lock()
+	if b.epoch == ep && rev > b.seenRev {
+		b.seenRev = rev
+	}
+	b.mu.Unlock()
+}
+
+// newEpochAfterRewind deletes the epoch key after the cluster's revisions
+// went back to floor or below, so that the next Acquire makes a new one; its
+// value is then at least ep's highest token seen + 1, so every later token
+// is greater than every token of ep this backend has seen.
+func (b *Backend) newEpochAfterRewind(ctx context.Context, ep *epoch, floor int64) error {
+	b.mu.Lock()
+	b.minEpoch = max(b.minEpoch, ep.base+floor+1)
+	b.mu.Unlock()
+	_, err := b.c.Txn(ctx).
+		If(clientv3.Compare(clientv3.Value(b.epochKey), "=", ep.value)).
+		Then(clientv3.OpDelete(b.epochKey)).
+		Commit()
+	b.dropEpoch(ep)
+	if err != nil {
+		return fmt.Errorf("etcdlease: the cluster's revisions went back to %d or below (restored from a backup?); starting a new epoch: %w", floor, err)
+	}
+	return nil
+}
+
+// Holder implements lease.Inspector: the key and the epoch key, read in one
+// transaction, name the owner and the token; the grant's etcd lease, asked
+// for its time to live, gives Remaining. Two round trips. It returns an
+// error matching lease.ErrNotHeld when the key is absent (or its lease ran
+// out between the two requests).
+func (b *Backend) Holder(ctx context.Context, name string) (lease.Holder, error) {
+	if err := lease.ValidateName(name); err != nil {
+		return lease.Holder{}, err
+	}
+	resp, err := b.c.Txn(ctx).Then(clientv3.OpGet(b.Key(name)), clientv3.OpGet(b.epochKey)).Commit()
+	if err != nil {
+		return lease.Holder{}, fmt.Errorf("etcdlease: holder of %q: %w", name, err)
+	}
+	kvs := resp.Responses[0].GetResponseRange().GetKvs()
+	if len(kvs) == 0 {
+		return lease.Holder{}, fmt.Errorf("%w: %q is free", lease.ErrNotHeld, name)
+	}
+	kv := kvs[0]
+	eps := resp.Responses[1].GetResponseRange().GetKvs()
+	if len(eps) == 0 || eps[0].CreateRevision > kv.CreateRevision {
+		return lease.Holder{}, fmt.Errorf("etcdlease: holder of %q: the key was created before the current epoch key (%q), so its token cannot be told", name, b.epochKey)
+	}
+	us, err := strconv.ParseInt(string(eps[0].Value), 10, 64)
+	if err != nil || us <= eps[0].CreateRevision {
+		return lease.Holder{}, fmt.Errorf("%w: %q holds %.40q", ErrCorruptEpoch, b.epochKey, eps[0].Value)
+	}
+	h := lease.Holder{Name: name, Owner: string(kv.Value), Token: fence.Token(us - eps[0].CreateRevision + kv.CreateRevision)}
+	ttl, err := b.c.TimeToLive(ctx, clientv3.LeaseID(kv.Lease))
+	switch {
+	case err != nil:
+		return lease.Holder{}, fmt.Errorf("etcdlease: holder of %q: time to live of its lease: %w", name, err)
+	case ttl.TTL <= 0:
+		return lease.Holder{}, fmt.Errorf("%w: %q: its lease ran out", lease.ErrNotHeld, name)
+	}
+	h.Remaining = time.Duration(ttl.TTL) * time.Second
+	return h, nil
+}

@@ -1,0 +1,112 @@
+package etcdlease_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+
+	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/etcdlease"
+	"github.com/fencekit/fencekit/lease/etcdlease/internal/etcdtest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(mainM{m},
+		// A member stopped with etcdtest.Member.Kill (EtcdServer.HardStop,
+		// the only way to stop raft at once in-process) can leave its peer
+		// version handler blocked forever on the closed backend's lock:
+		// the embedded server's goroutine, not the backend's. (SERVICES.md:
+		// "HardStop leaks goroutines".)
+		goleak.IgnoreAnyFunction("go.etcd.io/etcd/server/v3/etcdserver/api/etcdhttp.newPeerHandler.versionHandler.func1"),
+	)
+}
+
+// mainM makes the directory the helper program is built into, and removes
+// it after the tests; goleak checks for leaked goroutines once it returns.
+type mainM struct{ m *testing.M }
+
+func (w mainM) Run() int {
+	dir, err := os.MkdirTemp("", "fencekit-etcdlease-bin-")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "etcdlease: %v\n", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	holderDir = dir
+	return w.m.Run()
+}
+
+// prefix returns a key prefix of its own for one test.
+func prefix(t testing.TB) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "fencekit-test/" + strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()) + "-" + hex.EncodeToString(b[:]) + "/"
+}
+
+// newBackend returns a backend over cli with the test servers' minimum TTL
+// (1 s: TickMs 10, ElectionMs 100), closed when the test ends.
+func newBackend(t testing.TB, cli etcdlease.Client, prefix string) *etcdlease.Backend {
+	t.Helper()
+	b, err := etcdlease.New(cli, etcdlease.WithPrefix(prefix), etcdlease.WithMinTTL(time.Second))
+	if err != nil {
+		t.Fatalf("etcdlease.New: %v", err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+func newManager(t testing.TB, b lease.Backend, ttl time.Duration, opts ...lease.Option) *lease.Manager {
+	t.Helper()
+	m, err := lease.NewManager(b, ttl, opts...)
+	if err != nil {
+		t.Fatalf("lease.NewManager: %v", err)
+	}
+	return m
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// revokeLeasesUnder revokes, from an operator's client, every etcd lease
+// that has a key under prefix attached, and returns how many it revoked.
+func revokeLeasesUnder(t testing.TB, admin *clientv3.Client, prefix string) int {
+	t.Helper()
+	ctx := ctxT(t)
+	ls, err := admin.Leases(ctx)
+	if err != nil {
+		t.Fatalf("Leases: %v", err)
+	}
+	n := 0
+	for _, l := range ls.Leases {
+		ttl, err := admin.TimeToLive(ctx, l.ID, clientv3.WithAttachedKeys())
+		if err != nil {
+			t.Fatalf("TimeToLive(%x): %v", l.ID, err)
+		}
+		for _, k := range ttl.Keys {
+			if strings.HasPrefix(string(k), prefix) {
+				if _, err := admin.Revoke(ctx, l.ID); err != nil {
+					t.Fatalf("Revoke(%x): %v", l.ID, err)
+				}
+				n++
+				break
+			}
+		}
+	}
+	return n
+}
+
+// cluster starts a three-member cluster for one test, with the Steady
+// timing (see etcdtest.Steady); tests that measure a failover use
+// etcdtest.Start (the Fast timing: TickMs 10, ElectionMs 100).
+func cluster(t testing.TB) *etcdtest.Cluster { return etcdtest.StartWith(t, 3, etcdtest.Steady) }

@@ -1,0 +1,85 @@
+package etcdlease_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/fencekit/fencekit/lease"
+)
+
+// The waiters of one name in one backend share a watch, and each deletion
+// wakes one of them, the one that waited longest without a signal; a
+// waiter that stops with a signal it did not take passes it on.
+func TestOneWaiterWokenPerRelease(t *testing.T) {
+	cl := cluster(t)
+	p := prefix(t)
+	b := newBackend(t, cl.Client(), p)
+	holder := newBackend(t, cl.Client(), p)
+	ctx := ctxT(t)
+	type sub struct {
+		ch   <-chan struct{}
+		stop func()
+	}
+	var subs []sub
+	for range 3 {
+		ch, stop, err := b.Watch(ctx, "job")
+		if err != nil {
+			t.Fatalf("Watch: %v", err)
+		}
+		subs = append(subs, sub{ch, stop})
+	}
+	defer func() {
+		for _, s := range subs {
+			s.stop()
+		}
+	}()
+	cycle := func(owner string) {
+		t.Helper()
+		g, err := holder.Acquire(ctx, lease.Request{Name: "job", Owner: owner, TTL: 5 * time.Second})
+		if err != nil {
+			t.Fatalf("Acquire: %v", err)
+		}
+		if err := holder.Release(ctx, g); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		time.Sleep(300 * time.Millisecond) // the deletion's event arrives
+	}
+	signalled := func() []int {
+		var got []int
+		for i, s := range subs {
+			if len(s.ch) > 0 {
+				got = append(got, i)
+			}
+		}
+		return got
+	}
+	woken := map[int]bool{}
+	for round := range 3 {
+		cycle("o" + string(rune('a'+round)))
+		got := signalled()
+		if len(got) != 1 {
+			t.Fatalf("release %d woke waiters %v, want exactly one", round+1, got)
+		}
+		if woken[got[0]] {
+			t.Fatalf("release %d woke waiter %d again while others had waited longer", round+1, got[0])
+		}
+		woken[got[0]] = true
+		<-subs[got[0]].ch
+	}
+	// A waiter that leaves with a signal passes it on.
+	cycle("od")
+	got := signalled()
+	if len(got) != 1 {
+		t.Fatalf("woke %v, want one", got)
+	}
+	subs[got[0]].stop()
+	var others []int
+	for _, i := range signalled() {
+		if i != got[0] {
+			others = append(others, i)
+		}
+	}
+	if len(others) != 1 {
+		t.Fatalf("after waiter %d left with its signal, the others signalled: %v; want one", got[0], others)
+	}
+}

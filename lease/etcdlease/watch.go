@@ -1,0 +1,259 @@
+package etcdlease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencekit/fencekit/lease"
+)
+
+// Watch implements lease.Watcher. The waiters of one name in one Backend
+// share one etcd watch on the lease's key, for deletions only (a release,
+// an expiry, a revoke). Each deletion wakes one of them, the one that has
+// waited longest without a signal, rather than all: the lease can go to one
+// holder only, and the others would only send refused attempts. (A waiter
+// that stops with a signal it did not take passes it on.) Other processes'
+// waiters have watches of their own. Watch returns once etcd has confirmed
+// that the watch is created, bounded by ctx. The watch requires a leader:
+// when the member the client talks to loses its leader, the watch ends and
+// every waiter is signalled, so that each tries again (and then polls).
+func (b *Backend) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
+	if err := lease.ValidateName(name); err != nil {
+		return nil, nil, err
+	}
+	w := &waiter{ch: make(chan struct{}, 1)}
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil, nil, ErrClosed
+	}
+	nw := b.watches[name]
+	if nw == nil {
+		nw = &nameWatch{ready: make(chan struct{})}
+		if b.watches == nil {
+			b.watches = make(map[string]*nameWatch)
+		}
+		b.watches[name] = nw
+		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(b.ctx))
+		nw.cancel = cancel
+		b.wg.Add(1)
+		go b.runNameWatch(wctx, name, nw)
+	}
+	nw.waiters = append(nw.waiters, w)
+	b.mu.Unlock()
+
+	var once sync.Once
+	stop := func() { once.Do(func() { b.leave(name, nw, w) }) }
+	select {
+	case <-nw.ready:
+	case <-ctx.Done():
+		stop()
+		return nil, nil, ctx.Err()
+	}
+	if nw.err != nil {
+		stop()
+		return nil, nil, nw.err
+	}
+	return w.ch, stop, nil
+}
+
+// nameWatch is the etcd watch that the waiters of one name share.
+type nameWatch struct {
+	cancel  context.CancelFunc
+	ready   chan struct{} // closed once etcd confirmed the watch, or it failed (err)
+	err     error
+	waiters []*waiter // oldest first; guarded by Backend.mu
+	ended   bool      // the etcd watch ended; guarded by Backend.mu
+}
+
+type waiter struct{ ch chan struct{} }
+
+// runNameWatch runs the etcd watch of nw until it ends (its last waiter
+// left, the backend closed, or etcd ended it).
+func (b *Backend) runNameWatch(ctx context.Context, name string, nw *nameWatch) {
+	defer b.wg.Done()
+	wch := b.c.Watch(ctx, b.Key(name), clientv3.WithCreatedNotify(), clientv3.WithFilterPut())
+	resp, ok := <-wch
+	switch {
+	case !ok:
+		nw.err = fmt.Errorf("etcdlease: watch %q: the watch ended before it was created: %w", name, errors.Join(ctx.Err(), ErrClosed))
+	case resp.Err() != nil:
+		nw.err = fmt.Errorf("etcdlease: watch %q: %w", name, resp.Err())
+	case !resp.Created:
+		nw.err = fmt.Errorf("etcdlease: watch %q: the first response did not confirm the watch", name)
+	}
+	close(nw.ready)
+	if nw.err == nil {
+		for resp := range wch {
+			if resp.Err() != nil || resp.Canceled {
+				break
+			}
+			if len(resp.Events) > 0 {
+				b.mu.Lock()
+				nw.signalOne()
+				b.mu.Unlock()
+			}
+		}
+	}
+	// Ended: by its last waiter or the backend (nothing to tell), or by
+	// etcd (a lost leader, a closed client: every waiter looks again).
+	// Later waiters of the name get a new watch.
+	b.mu.Lock()
+	nw.ended = true
+	if b.watches[name] == nw {
+		delete(b.watches, name)
+	}
+	for _, w := range nw.waiters {
+		signal(w.ch)
+	}
+	b.mu.Unlock()
+	nw.cancel()
+	for range wch { // closed by the client once the cancel is through
+	}
+}
+
+// signalOne wakes the waiter that has waited longest without a signal, and
+// moves it to the back. Backend.mu must be held.
+func (nw *nameWatch) signalOne() {
+	for i, w := range nw.waiters {
+		if len(w.ch) == 0 {
+			signal(w.ch)
+			nw.waiters = append(append(nw.waiters[:i:i], nw.waiters[i+1:]...), w)
+			return
+		}
+	}
+}
+
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// leave removes w from nw. A signal w did not take goes to another waiter;
+// the last waiter to leave ends the etcd watch.
+func (b *Backend) leave(name string, nw *nameWatch, w *waiter) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i, x := range nw.waiters {
+		if x == w {
+			nw.waiters = append(nw.waiters[:i:i], nw.waiters[i+1:]...)
+			break
+		}
+	}
+	if len(w.ch) > 0 && !nw.ended {
+		nw.signalOne()
+	}
+	if len(nw.waiters) == 0 {
+		if b.watches[name] == nw {
+			delete(b.watches, name)
+		}
+		nw.cancel()
+	}
+}
+
+// heldWatch watches a held grant's key, so that a loss the store makes (an
+// expiry, a revoke, a deletion) ends the lease at once.
+type heldWatch struct {
+	releasing atomic.Bool // set by Release before it revokes: the deletion to come is its own
+	cancel    context.CancelFunc
+}
+
+// heldRetry is the pause before a held grant's watch is made again after it
+// ended without news (the client reconnecting, say).
+const heldRetry = 100 * time.Millisecond
+
+// watchHeld starts watching st's key from the revision after its creation:
+// a deletion, or a put by anyone else, that happens after the grant is seen
+// even if the watch is created later. It ends when the loss is reported,
+// when Release stops it, or when the backend closes.
+func (b *Backend) watchHeld(st *grantState, n lease.Notifier) *heldWatch {
+	ctx, cancel := context.WithCancel(b.ctx)
+	h := &heldWatch{cancel: cancel}
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		cancel()
+		return h
+	}
+	b.wg.Add(1)
+	b.mu.Unlock()
+	go func() {
+		defer b.wg.Done()
+		from := st.rev + 1
+		for {
+			next, cause := b.followHeld(ctx, st, from)
+			if cause != nil && !h.releasing.Load() {
+				n.Lost(cause)
+			}
+			if cause != nil || ctx.Err() != nil {
+				return
+			}
+			from = next
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(heldRetry):
+			}
+		}
+	}()
+	return h
+}
+
+// followHeld watches st's key from revision from until the watch ends. It
+// returns the revision to watch from next, and the cause of a loss if the
+// key was deleted or overwritten.
+func (b *Backend) followHeld(ctx context.Context, st *grantState, from int64) (next int64, lost error) {
+	ctx, cancel := context.WithCancel(ctx)
+	wch := b.c.Watch(ctx, st.key, clientv3.WithRev(from))
+	defer func() {
+		cancel()
+		for range wch { // closed by the client once the cancel is through
+		}
+	}()
+	for resp := range wch {
+		if resp.CompactRevision > 0 {
+			// The history from "from" on is compacted: look at the key as
+			// it is now, and watch on from there.
+			next, err := b.checkHeld(ctx, st)
+			if errors.Is(err, lease.ErrNotHeld) {
+				return from, err
+			}
+			if err == nil {
+				from = next
+			}
+			return from, nil
+		}
+		for _, ev := range resp.Events {
+			from = ev.Kv.ModRevision + 1
+			switch {
+			case ev.Type == mvccpb.DELETE:
+				return from, fmt.Errorf("%w: %q: its key was deleted at revision %d (the etcd lease expired or was revoked, or the key was deleted)", lease.ErrNotHeld, st.key, ev.Kv.ModRevision)
+			case ev.Kv.CreateRevision != st.rev || clientv3.LeaseID(ev.Kv.Lease) != st.id || string(ev.Kv.Value) != st.owner:
+				return from, fmt.Errorf("%w: %q: its key was overwritten at revision %d", lease.ErrNotHeld, st.key, ev.Kv.ModRevision)
+			}
+		}
+	}
+	return from, nil
+}
+
+// checkHeld reads st's key and returns the revision to watch from, or an
+// error matching lease.ErrNotHeld if the key is no longer st's.
+func (b *Backend) checkHeld(ctx context.Context, st *grantState) (int64, error) {
+	resp, err := b.c.Get(ctx, st.key)
+	if err != nil {
+		return 0, err
+	}
+	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != st.rev || clientv3.LeaseID(resp.Kvs[0].Lease) != st.id {
+		return 0, fmt.Errorf("%w: %q: the key is gone or another grant's", lease.ErrNotHeld, st.key)
+	}
+	return resp.Header.Revision + 1, nil
+}
