@@ -82,7 +82,8 @@
 // A session that expires (the ensemble ended it) or is replaced
 // (go-zookeeper opens a new session after an expiry and carries on, later
 // calls succeeding) ends every lease of the old session at once: each is
-// reported lost with ErrSessionExpired or ErrSessionReplaced, read from the
+// reported lost (lease.LostExpired) with ErrSessionExpired or
+// ErrSessionReplaced as the cause, read from the
 // server's connect response before go-zookeeper sends anything on the new
 // session. A mere disconnection ends nothing: the client reconnects within
 // the session, possibly to another member, and the leases stay valid until

@@ -309,3 +309,47 @@ func TestHolderNamesTheOwnerAfterAHandOff(t *testing.T) {
 		t.Fatalf("Holder of a free lease = %v, want ErrNotHeld", err)
 	}
 }
+
+// A session expired at the store ends every lease of it at once, as
+// expired (the store let the grants go), with ErrSessionExpired as the
+// cause; the backend carries on with a new session.
+func TestExpiredSessionEndsEveryLeaseOfIt(t *testing.T) {
+	ens := zktest.Start(t, 3, zktest.Config{})
+	root := testRoot(t)
+	const ttl = 6 * time.Second
+	b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl))
+	m := newManager(t, b, ttl, lease.WithoutAutoRenew())
+	var ls []*lease.Lease
+	for _, n := range []string{"one", "two", "three"} {
+		l, err := m.TryAcquire(ctxT(t), n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+	}
+	_, before, _ := b.SessionCredentials()
+	endSession(t, b)
+	for _, l := range ls {
+		select {
+		case <-l.Done():
+		case <-time.After(ttl / 2):
+			t.Fatalf("%s: not lost within %v of the session's end", l.Name(), ttl/2)
+		}
+		var le *lease.LostError
+		if !errors.As(l.Err(), &le) || le.Reason != lease.LostExpired || !errors.Is(l.Err(), zklease.ErrSessionExpired) {
+			t.Fatalf("%s: Err = %v; want a LostError (expired) caused by ErrSessionExpired", l.Name(), l.Err())
+		}
+	}
+	// The backend is on a new session and grants again.
+	l, err := m.Acquire(ctxT(t), "one")
+	if err != nil {
+		t.Fatalf("Acquire on the new session: %v", err)
+	}
+	if _, after, _ := b.SessionCredentials(); after == before || after == 0 {
+		t.Fatalf("session 0x%x before, 0x%x after; want a new one", before, after)
+	}
+	if l.Token() <= ls[0].Token() {
+		t.Fatalf("token %d after %d", l.Token(), ls[0].Token())
+	}
+	_ = l.Release(ctxT(t))
+}

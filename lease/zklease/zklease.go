@@ -34,13 +34,15 @@ var (
 	// ErrSessionExpired is the cause of the loss of every lease of a
 	// session that the ensemble expired (the client did not reach a server
 	// within the session timeout, or the session was closed at the store).
-	ErrSessionExpired = errors.New("zklease: ZooKeeper session expired")
+	// It matches lease.ErrExpiredAtStore, so such leases end as
+	// lease.LostExpired.
+	ErrSessionExpired = fmt.Errorf("zklease: ZooKeeper session expired: %w", lease.ErrExpiredAtStore)
 
 	// ErrSessionReplaced is the cause of the loss of every lease of a
 	// session when the client is found on a different session (go-zookeeper
 	// opens a new session after an expiry and carries on): the old
-	// session's nodes are gone.
-	ErrSessionReplaced = errors.New("zklease: ZooKeeper session replaced by a new one")
+	// session's nodes are gone. It matches lease.ErrExpiredAtStore.
+	ErrSessionReplaced = fmt.Errorf("zklease: ZooKeeper session replaced by a new one: %w", lease.ErrExpiredAtStore)
 
 	// ErrSessionTimeout is returned by Acquire and Renew when the server
 	// the client is connected to granted a session timeout shorter than the
