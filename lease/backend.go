@@ -64,7 +64,10 @@ type Limits struct {
 	// by itself (a session or a keep-alive stream). The Manager then sends
 	// no heartbeats: the backend reports each confirmation through
 	// Notifier.Confirmed, and a loss through Notifier.Lost. Lease.Renew
-	// still calls Backend.Renew, as an explicit check.
+	// still calls Backend.Renew, as an explicit check. The grant must still
+	// end at the store once it has not been confirmed for its TTL (a
+	// session that outlives its holder's lease must not keep the name), or
+	// the conformance suite's expiry check fails.
 	SelfRenewing bool
 }
 
@@ -95,6 +98,10 @@ type Notifier interface {
 // The Manager owns time and the token rules: it computes local deadlines,
 // schedules heartbeats (unless the backend is SelfRenewing), and gives back
 // grants that arrive too late. A backend owns only the store's side.
+//
+// A Grant made by one Backend may be released (and, where the backend says
+// so, renewed) through another Backend of the same store and namespace: the
+// conformance suite does so, across connections.
 //
 // The context bounds the single request, not the lease.
 type Backend interface {
