@@ -143,7 +143,7 @@ func TestVerdictFromTimelines(t *testing.T) {
 				write("B", "s3", tokB, outcomeAccepted, 530, 2420).events,
 			final: finalBy("B", tokB), ok: true,
 			want: []string{"VERDICT: SAFE. No stale write was attempted", "A was frozen for 500ms and its lease had 1.9s left, so it kept its lease"},
-			not: []string{"REJECTED", "ACCEPTED"},
+			not:  []string{"REJECTED", "ACCEPTED"},
 		},
 		{
 			name: "B writes, then A's stale writes are rejected",
