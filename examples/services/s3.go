@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -113,28 +114,31 @@ func randomHex(n int) string {
 
 // startVersitygw starts versitygw with its posix backend over a temporary
 // directory on a free loopback port, waits for /health and creates bucket.
-func startVersitygw(ctx context.Context, bucket string, logf func(string, ...any)) (testenv.S3, func(), error) {
+func startVersitygw(ctx context.Context, bucket string, logf func(string, ...any), dirs *dataDirs) (testenv.S3, func(), error) {
 	bin, err := versitygwBinary(ctx, logf)
 	if err != nil {
 		return testenv.S3{}, nil, err
 	}
-	dir, err := os.MkdirTemp("", "fencekit-s3-")
+	dir, removeDir, err := dirs.make("s3")
 	if err != nil {
 		return testenv.S3{}, nil, err
 	}
 	root := filepath.Join(dir, "root")
 	if err := os.Mkdir(root, 0o755); err != nil {
+		removeDir()
 		return testenv.S3{}, nil, err
 	}
 	env := testenv.S3{AccessKey: "fencekit" + randomHex(6), SecretKey: randomHex(20), Bucket: bucket}
 	port, err := freePort()
 	if err != nil {
+		removeDir()
 		return testenv.S3{}, nil, err
 	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	env.Endpoint = "http://" + addr
 	logFile, err := os.Create(filepath.Join(dir, "versitygw.log"))
 	if err != nil {
+		removeDir()
 		return testenv.S3{}, nil, err
 	}
 	cmd := exec.Command(bin, "--port", addr, "--health", "/health", "--quiet", "posix", root)
@@ -148,14 +152,14 @@ func startVersitygw(ctx context.Context, bucket string, logf func(string, ...any
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	}
-	stop, err := startProcess(ctx, cmd, 15*time.Second, healthy)
+	stop, err := startProcess(ctx, cmd, syscall.SIGKILL, 15*time.Second, healthy)
 	if err != nil {
 		logFile.Close()
 		log, _ := os.ReadFile(logFile.Name())
-		os.RemoveAll(dir)
+		removeDir()
 		return testenv.S3{}, nil, fmt.Errorf("%w: %s", err, lastLine(string(log)))
 	}
-	cleanup := func() { stop(); logFile.Close(); os.RemoveAll(dir) }
+	cleanup := func() { stop(); logFile.Close(); removeDir() }
 	if err := createBucket(ctx, env); err != nil {
 		cleanup()
 		return testenv.S3{}, nil, fmt.Errorf("create bucket %s: %w", bucket, err)

@@ -34,7 +34,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strings"
 	"syscall"
 	"time"
@@ -46,6 +45,7 @@ import (
 
 	"github.com/fencekit/fencekit/blobguard"
 	"github.com/fencekit/fencekit/examples/internal/demo"
+	"github.com/fencekit/fencekit/examples/internal/leftover"
 	"github.com/fencekit/fencekit/examples/services"
 	"github.com/fencekit/fencekit/fence"
 )
@@ -54,7 +54,7 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "worker" {
 		os.Exit(runWorker())
 	}
-	os.Exit(run(os.Args[1:], os.Stdout))
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
 type options struct {
@@ -64,32 +64,50 @@ type options struct {
 	jsonOut                string
 }
 
-func parseFlags(args []string, out io.Writer) (options, error) {
-	var o options
-	fs := flag.NewFlagSet("stalewriter", flag.ContinueOnError)
-	fs.SetOutput(out)
-	fs.Usage = func() {
-		fmt.Fprintf(out, `Usage: go run ./examples/stalewriter [flags]
+// Bounds of the timing flags: a demo that runs for hours, or whose default
+// pause overflows, helps nobody.
+const (
+	minTTL, maxTTL               = 100 * time.Millisecond, time.Minute
+	maxPause                     = 10 * time.Minute
+	minWriteDelay, maxWriteDelay = 50 * time.Millisecond, 10 * time.Second
+)
+
+const usageText = `Usage: go run ./examples/stalewriter [flags]
 
 Runs the paused-client scenario with two real worker processes, Redis,
 PostgreSQL and S3, and shows the stale write rejected by the stores.
 Exit status: 0 when every stale write was rejected and the newest token's data
 survived; 1 when a stale write landed (expected with --unguarded); 2 when the
-run could not be carried out (a service is missing, a bad flag).
+run could not be carried out (a service is missing, a bad flag, a write that
+failed for another reason than a stale token).
 
 Flags:
-`)
+`
+
+// parseFlags parses args. --help prints the usage on stdout and returns
+// flag.ErrHelp; a bad flag's message and the usage go to stderr.
+func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("stalewriter", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usageText)
 		fs.PrintDefaults()
 	}
-	fs.DurationVar(&o.ttl, "ttl", 2*time.Second, "lease TTL (whole milliseconds, at least 100ms)")
-	fs.DurationVar(&o.pause, "pause", 0, "how long worker A is frozen (default: 2*TTL + 1s, well past the TTL)")
-	fs.DurationVar(&o.writeDelay, "write-delay", 300*time.Millisecond, "time between A's lease check and its write, in which A is frozen")
+	fs.DurationVar(&o.ttl, "ttl", 2*time.Second, "lease TTL (whole milliseconds, from 100ms to 1m)")
+	fs.DurationVar(&o.pause, "pause", 0, "how long worker A is frozen, up to 10m (default: 2*TTL + 1s, well past the TTL)")
+	fs.DurationVar(&o.writeDelay, "write-delay", 300*time.Millisecond, "time between A's lease check and its write, in which A is frozen (50ms to 10s)")
 	fs.BoolVar(&o.unguarded, "unguarded", false, "write with plain SQL and plain PUT, without fencing, to show the failure")
-	fs.BoolVar(&o.keep, "keep", false, "keep the schema, object and keys created, for inspection")
+	fs.BoolVar(&o.keep, "keep", false, "keep the schema, the lease's Redis keys and the S3 object after the run, for inspection; servers\nthe demo started itself are stopped, and their data directories are kept (their paths are printed)")
 	fs.StringVar(&o.redisURL, "redis-url", "", "Redis URL (default: $FENCE_REDIS_URL, else redis://127.0.0.1:6379/0, else one it starts)")
 	fs.StringVar(&o.pgURL, "postgres-url", "", "PostgreSQL URL (default: $FENCE_POSTGRES_URL, else postgres://postgres@127.0.0.1:5432/test, else one it starts)")
 	fs.StringVar(&o.s3URL, "s3-endpoint", "", "S3 endpoint URL; needs FENCE_S3_ACCESS_KEY and FENCE_S3_SECRET_KEY (default: $FENCE_S3_ENDPOINT, else a versitygw it starts)")
 	fs.StringVar(&o.jsonOut, "json", "", "also write a machine-readable summary of the run to this file")
+	if demo.WantsHelp(args) {
+		fs.SetOutput(stdout)
+		fs.Usage()
+		return o, flag.ErrHelp
+	}
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -97,17 +115,16 @@ Flags:
 		return o, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	var errs []error
-	if o.ttl < 100*time.Millisecond || o.ttl%time.Millisecond != 0 {
-		errs = append(errs, fmt.Errorf("--ttl %v: must be a whole number of milliseconds, at least 100ms", o.ttl))
-	}
-	if o.pause == 0 {
+	if o.ttl < minTTL || o.ttl > maxTTL || o.ttl%time.Millisecond != 0 {
+		errs = append(errs, fmt.Errorf("--ttl %v: must be a whole number of milliseconds, from %v to %v", o.ttl, minTTL, maxTTL))
+	} else if o.pause == 0 {
 		o.pause = 2*o.ttl + time.Second
 	}
-	if o.pause < 0 {
-		errs = append(errs, fmt.Errorf("--pause %v: must be positive", o.pause))
+	if o.pause < 0 || o.pause > maxPause {
+		errs = append(errs, fmt.Errorf("--pause %v: must be positive and at most %v", o.pause, maxPause))
 	}
-	if o.writeDelay < 50*time.Millisecond {
-		errs = append(errs, fmt.Errorf("--write-delay %v: must be at least 50ms, or A may write before it is frozen", o.writeDelay))
+	if o.writeDelay < minWriteDelay || o.writeDelay > maxWriteDelay {
+		errs = append(errs, fmt.Errorf("--write-delay %v: must be from %v (or A may write before it is frozen) to %v", o.writeDelay, minWriteDelay, maxWriteDelay))
 	}
 	return o, errors.Join(errs...)
 }
@@ -149,17 +166,25 @@ type finalState struct {
 	ObjectToken     fence.Token `json:"object_token"`
 }
 
-func run(args []string, out io.Writer) int {
-	o, err := parseFlags(args, out)
+// run is the program: the timeline and the verdict go to stdout, errors to
+// stderr. It returns the exit status.
+func run(args []string, stdout, stderr io.Writer) int {
+	o, err := parseFlags(args, stdout, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
 	if err != nil {
-		fmt.Fprintf(out, "stalewriter: %v\n", err)
+		fmt.Fprintf(stderr, "stalewriter: %v\n", err)
 		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, out, errOut, stop := demo.Interrupts(context.Background(), stdout, stderr)
 	defer stop()
+	ledger, err := leftover.Begin(ctx, "stalewriter", func(f string, a ...any) { fmt.Fprintf(errOut, "stalewriter: "+f+"\n", a...) })
+	if err != nil {
+		fmt.Fprintf(errOut, "stalewriter: the run's ledger: %v\n", err)
+		return 2
+	}
+	defer ledger.End() // last: after everything below is removed
 
 	tl := demo.NewTimeline(out)
 	mode := "guarded: fenced pgx transaction + blobguard"
@@ -169,23 +194,23 @@ func run(args []string, out io.Writer) int {
 	fmt.Fprintf(out, "stalewriter: lease TTL %v, worker A frozen for %v, writes %s\n\n", o.ttl, o.pause, mode)
 
 	svc, err := demo.ProvideServices(ctx, services.Config{
-		RedisURL: o.redisURL, PostgresURL: o.pgURL, S3Endpoint: o.s3URL,
+		RedisURL: o.redisURL, PostgresURL: o.pgURL, S3Endpoint: o.s3URL, Keep: o.keep,
 	}, out)
 	if err != nil {
-		fmt.Fprintf(out, "stalewriter: cannot run without its services:\n  %s\n", strings.ReplaceAll(err.Error(), "\n", "\n  "))
+		fmt.Fprintf(errOut, "stalewriter: cannot run without its services:\n  %s\n", strings.ReplaceAll(err.Error(), "\n", "\n  "))
 		return 2
 	}
 	defer svc.Close()
 
 	sc, err := setUp(ctx, svc, o)
 	if err != nil {
-		fmt.Fprintf(out, "stalewriter: setting up: %v\n", err)
+		fmt.Fprintf(errOut, "stalewriter: setting up: %v\n", err)
 		return 2
 	}
 	if o.keep {
-		fmt.Fprintf(out, "Keeping schema %s, object s3://%s/%s and lease %s after the run.\n\n", sc.cfg.Schema, sc.cfg.S3.Bucket, sc.cfg.ObjectKey, sc.cfg.LeaseName)
+		defer sc.keep(out, svc)
 	} else {
-		defer sc.tearDown(out)
+		defer sc.tearDown(errOut)
 	}
 	tl.Restart() // the timeline counts from the first worker, not from starting services
 	fmt.Fprintf(out, "Row %s.%s id=%s and object s3://%s/%s start empty; lease %q.\n\nTimeline:\n",
@@ -193,7 +218,10 @@ func run(args []string, out io.Writer) int {
 
 	sum, err := sc.play(ctx, tl, o)
 	if err != nil {
-		fmt.Fprintf(out, "\nstalewriter: the run could not be completed: %v\n", err)
+		if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
+			err = fmt.Errorf("%w (%v)", err, cause)
+		}
+		fmt.Fprintf(errOut, "\nstalewriter: the run could not be completed: %v\n", err)
 		return 2
 	}
 	sum.Services = svc.Used
@@ -204,7 +232,7 @@ func run(args []string, out io.Writer) int {
 	if o.jsonOut != "" {
 		b, _ := json.MarshalIndent(sum, "", "  ")
 		if err := os.WriteFile(o.jsonOut, b, 0o644); err != nil {
-			fmt.Fprintf(out, "stalewriter: writing %s: %v\n", o.jsonOut, err)
+			fmt.Fprintf(errOut, "stalewriter: writing %s: %v\n", o.jsonOut, err)
 			return 2
 		}
 	}
@@ -229,7 +257,8 @@ func orNone(s string) string {
 type scenario struct {
 	cfg workerConfig
 	*demo.Stores
-	s3 *s3.Client
+	s3         *s3.Client
+	objectDone func() // strikes the object off the run's ledger
 }
 
 func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error) {
@@ -247,11 +276,14 @@ func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error)
 		CreateTables: sc.createTable,
 		FencedTables: []string{sc.cfg.Table},
 		RedisURL:     svc.RedisURL, RedisPrefix: sc.cfg.RedisPrefix, LeaseName: sc.cfg.LeaseName,
+		PostgresStarted: svc.PostgresStarted, RedisStarted: svc.RedisStarted,
 	})
 	if err != nil {
 		return nil, err
 	}
 	sc.s3 = services.NewS3Client(svc.S3)
+	sc.objectDone = leftover.Track(leftover.Entry{Kind: leftover.KindS3Object, URL: svc.S3.Endpoint, Bucket: svc.S3.Bucket,
+		Name: sc.cfg.ObjectKey, Access: svc.S3.AccessKey, Secret: svc.S3.SecretKey, Ephemeral: svc.S3Started})
 	return sc, nil
 }
 
@@ -267,12 +299,26 @@ func (sc *scenario) createTable(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-func (sc *scenario) tearDown(out io.Writer) {
+func (sc *scenario) tearDown(errOut io.Writer) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	_, err := sc.s3.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(sc.cfg.S3.Bucket), Key: aws.String(sc.cfg.ObjectKey)})
+	if err == nil {
+		sc.objectDone()
+	}
 	if err := errors.Join(sc.Stores.TearDown(), err); err != nil {
-		fmt.Fprintf(out, "stalewriter: cleaning up: %v\n", err)
+		fmt.Fprintf(errOut, "stalewriter: cleaning up: %v\n", err)
+	}
+}
+
+// keep leaves what the run created in place (--keep) and says where it is.
+func (sc *scenario) keep(out io.Writer, svc *services.Set) {
+	sc.Stores.Keep()
+	sc.objectDone()
+	fmt.Fprintf(out, "\nKept (--keep): schema %s in %s, lease keys %s and %s in %s, object s3://%s/%s at %s.\n",
+		sc.cfg.Schema, services.Redact(sc.cfg.PostgresURL), sc.Keys.Lease, sc.Keys.Token, sc.cfg.RedisURL, sc.cfg.S3.Bucket, sc.cfg.ObjectKey, sc.cfg.S3.Endpoint)
+	if len(svc.Dirs) > 0 {
+		fmt.Fprintf(out, "The servers this demo started stop now; their data stays in %s (remove it when done).\n", strings.Join(svc.Dirs, ", "))
 	}
 }
 
@@ -306,11 +352,18 @@ func (sc *scenario) play(ctx context.Context, tl *demo.Timeline, o options) (*su
 		running = 2
 	)
 	defer func() { // never leave a process behind, frozen or not
-		for _, p := range []*proc{a, b} {
-			if p != nil && p.Cmd.ProcessState == nil {
-				_ = p.Cmd.Process.Signal(syscall.SIGCONT)
-				_ = p.Cmd.Process.Kill()
+		for _, w := range []struct {
+			p    *proc
+			done <-chan error
+		}{{a, aDone}, {b, bDone}} {
+			if w.p == nil || w.done == nil {
+				continue // never started, or already waited for
 			}
+			_ = w.p.Cmd.Process.Signal(syscall.SIGCONT)
+			_ = w.p.Cmd.Process.Kill()
+			for range w.p.Events { // the rest of its output, so that it can end
+			}
+			<-w.done
 		}
 	}()
 	overall := time.After(o.pause + 6*o.ttl + 60*time.Second)

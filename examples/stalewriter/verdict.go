@@ -83,6 +83,7 @@ func judge(events []event, final finalState, unguarded bool) verdict {
 		// who wrote late and was accepted by order, and the newer holder
 		// that had not written yet
 		lateWriter, lateNewer string
+		rejectedWriter        string // who wrote late and was rejected
 	)
 	for _, store := range []string{"postgres", "s3"} {
 		writes := writesTo(events, store, grants)
@@ -108,6 +109,7 @@ func judge(events []event, final finalState, unguarded bool) verdict {
 				newest = w
 			case w.Outcome == outcomeStale && newest != nil && w.Token < newest.Token:
 				rejected++
+				rejectedWriter = w.Role
 				notes = append(notes, fmt.Sprintf("%s REJECTED %s's write (token %d) %s: %s had written there first (sent %s earlier).",
 					store, w.Role, w.Token, lostPhrase(w), newest.Role, ms(w.Sent.Sub(newest.Sent))))
 			case w.Outcome == outcomeStale:
@@ -162,7 +164,8 @@ func judge(events []event, final finalState, unguarded bool) verdict {
 		v.Lines = append(v.Lines, indent(notes)...)
 		v.Lines = append(v.Lines, "  Fencing orders writes by token; it cannot stop a stale write that arrives before the newer one. The newest token's data survived.")
 	default:
-		v.Lines = append(v.Lines, fmt.Sprintf("VERDICT: SAFE. The stores rejected %s made after its lease had ended; the newest token's data survived.", plural(rejected, "the stale write", "all %d stale writes")))
+		v.Lines = append(v.Lines, fmt.Sprintf("VERDICT: SAFE. The stores rejected %s %s made after losing its lease; the newest token's data survived.",
+			plural(rejected, "the write", "all %d writes"), rejectedWriter))
 		v.Lines = append(v.Lines, indent(notes)...)
 	}
 	return v

@@ -155,7 +155,7 @@ func TestVerdictFromTimelines(t *testing.T) {
 				write("A", "postgres", tokA, outcomeStale, 5003, 1900).
 				write("A", "s3", tokA, outcomeStale, 5010, 1900).lost("A", 5012).events,
 			final: finalBy("B", tokB), ok: true,
-			want: []string{"VERDICT: SAFE. The stores rejected all 2 stale writes",
+			want: []string{"VERDICT: SAFE. The stores rejected all 2 writes A made after losing its lease; the newest token's data survived.",
 				"postgres REJECTED A's write (token 1764582012345678) 3.103s after its lease ended (B held token 1764582014351234): B had written there first (sent 2.993s earlier).",
 				"s3 REJECTED"},
 			not: []string{"ACCEPTED", "No stale write"},

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fencekit/fencekit/examples/internal/leftover"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/redislease"
 )
@@ -29,7 +31,8 @@ type Child[E any] struct {
 // StartChild starts this same executable as a child process with the
 // argument subcommand, and with cfg as JSON in the environment variable
 // envVar (ReadChildConfig reads it on the child's side). The child's
-// standard error is this process's.
+// standard error is this process's. The child is killed (SIGKILL) when this
+// process dies, however it dies, stopped or not (package leftover).
 func StartChild[E any](subcommand, envVar string, cfg any) (*Child[E], error) {
 	self, err := os.Executable()
 	if err != nil {
@@ -46,7 +49,8 @@ func StartChild[E any](subcommand, envVar string, cfg any) (*Child[E], error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := cmd.Start(); err != nil {
+	untrack, err := leftover.Start(cmd, syscall.SIGKILL)
+	if err != nil {
 		return nil, err
 	}
 	events, done := make(chan E, 64), make(chan error, 1)
@@ -59,7 +63,9 @@ func StartChild[E any](subcommand, envVar string, cfg any) (*Child[E], error) {
 			}
 		}
 		close(events)
-		done <- cmd.Wait()
+		err := cmd.Wait()
+		untrack()
+		done <- err
 	}()
 	return &Child[E]{Cmd: cmd, Events: events, Done: done}, nil
 }
