@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"syscall"
@@ -81,7 +82,9 @@ func ReadChildConfig(envVar string, cfg any) error {
 
 // NewLeaseManager returns, for a child process, a lease.Manager on Redis at
 // redisURL with its keys under prefix, and a function that closes the
-// backend and the Redis client.
+// backend and the Redis client. The Manager logs its warnings (an acquire
+// attempt that failed and will be retried, a lost lease) on stderr, which
+// is the orchestrator's; opts come after that and may replace it.
 func NewLeaseManager(redisURL, prefix string, ttl time.Duration, opts ...lease.Option) (*lease.Manager, func(), error) {
 	ropt, err := redis.ParseURL(redisURL)
 	if err != nil {
@@ -98,7 +101,8 @@ func NewLeaseManager(redisURL, prefix string, ttl time.Duration, opts ...lease.O
 		_ = backend.Close()
 		_ = rc.Close()
 	}
-	m, err := lease.NewManager(backend, ttl, opts...)
+	warnings := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	m, err := lease.NewManager(backend, ttl, append([]lease.Option{lease.WithLogger(warnings)}, opts...)...)
 	if err != nil {
 		closeAll()
 		return nil, nil, err
