@@ -12,6 +12,8 @@ cd "$(dirname "$0")/.."
 ensure_redis
 ensure_postgres
 trap stop_s3 EXIT
+# versitygw dies with this script, even if it is killed before the trap runs.
+FENCE_S3_DIE_WITH_SHELL=1
 ensure_s3
 
 pkgs=("$@")
