@@ -31,7 +31,14 @@ ensure_redis() {
       sleep 0.1
     done
   fi
-  log "Redis: nothing answers at $FENCE_REDIS_URL; start Redis or set FENCE_REDIS_URL"
+  local why
+  why="$(redis-cli -u "$FENCE_REDIS_URL" ping 2>&1 | head -n 1)"
+  case "$why" in
+  *"Could not connect"*|*"Connection refused"*|"")
+    log "Redis: nothing answers at $FENCE_REDIS_URL${why:+ ($why)}; start Redis or set FENCE_REDIS_URL" ;;
+  *)
+    log "Redis: the server at $FENCE_REDIS_URL answered with an error: $why; fix FENCE_REDIS_URL" ;;
+  esac
   return 1
 }
 
@@ -59,7 +66,16 @@ ensure_postgres() {
       sleep 0.1
     done
   fi
-  log "PostgreSQL: nothing answers at $FENCE_POSTGRES_URL; start PostgreSQL or set FENCE_POSTGRES_URL"
+  local why
+  why="$(psql "$FENCE_POSTGRES_URL" -qAtc 'select 1' 2>&1 >/dev/null | head -n 1)"
+  case "$why" in
+  *FATAL*|*"does not exist"*|*authentication*|*password*)
+    # The server answered, and refused this database, user or password.
+    log "PostgreSQL: the server at $FENCE_POSTGRES_URL answered but refused the connection: $why"
+    log "PostgreSQL: fix FENCE_POSTGRES_URL, or create what is missing (for the default: createdb -h 127.0.0.1 -U postgres test)" ;;
+  *)
+    log "PostgreSQL: nothing answers at $FENCE_POSTGRES_URL${why:+ ($why)}; start PostgreSQL or set FENCE_POSTGRES_URL" ;;
+  esac
   return 1
 }
 
