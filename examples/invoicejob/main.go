@@ -4,8 +4,10 @@
 // with fenced writes, and the holder is killed with SIGKILL in the middle of
 // the batch, as kill -9, an OOM kill or a deploy would end it.
 //
-//  1. the replicas start together and call lease.Manager.Acquire on one
-//     lease (Redis); one gets it with fencing token N, the others wait;
+//  1. the replicas start together and each runs the batch with
+//     lease.Manager.Run on one lease (Redis): Run waits for the lease, runs
+//     the batch with the lease's context and token, and releases it; one
+//     gets it with fencing token N, the others wait;
 //  2. the holder writes one invoice per customer, each in a transaction
 //     fenced with its token on the resource "invoices/<period>" (sqlguard):
 //     the invoice row (unique key (customer, period), lock_version = token)
@@ -15,7 +17,8 @@
 //     back by PostgreSQL;
 //  4. a waiting replica acquires the lease as soon as the dead holder's
 //     grant expires in Redis (waiters retry at the grant's exact expiry;
-//     pub/sub wakes them at once on a release), with token N+1, reads the
+//     pub/sub wakes them at once on a release), with a greater token (tokens
+//     are large numbers minted from the Redis server clock), reads the
 //     progress row and resumes at the first invoice not committed;
 //  5. it completes the batch and releases; the other replicas find the
 //     batch done.
@@ -32,7 +35,9 @@
 // Services come from the environment (FENCE_REDIS_URL, FENCE_POSTGRES_URL),
 // else the default local addresses, else servers it starts itself, else
 // Docker through testcontainers-go. Everything it creates (a schema, the
-// lease's Redis keys) is removed at the end.
+// lease's Redis keys) is removed at the end, however the run ends: the
+// replicas die with it, even by SIGKILL, and what a killed run leaves is
+// removed by the next run (package examples/internal/leftover).
 package main
 
 import (

@@ -8,22 +8,32 @@
 //  2. A checks that its lease is valid and starts writing; right then it is
 //     frozen with SIGSTOP, as a stop-the-world GC or a suspended VM would
 //     freeze it, longer than the TTL (its heartbeat freezes with it);
-//  3. the lease expires; worker B acquires it with token N+1 and writes a
+//  3. the lease expires; worker B acquires it with a greater token (tokens
+//     are large numbers minted from the Redis server clock) and writes a
 //     row in PostgreSQL (a fenced pgx transaction on a table with
 //     lock_version) and an object in S3 (blobguard);
 //  4. A is resumed (SIGCONT) and, still believing it holds the lease,
 //     writes the same row and object with token N;
 //  5. both of A's writes are rejected as stale; B's data survives.
 //
-// It prints a timeline and a verdict, and exits 0 only when every stale
-// write was rejected and the final state belongs to the newest token. With
-// --unguarded the same timeline uses plain SQL and plain PUT: A's write
-// overwrites B's, and the program exits 1 saying why.
+// It prints a timeline and a verdict computed from what happened (see
+// verdict.go): who held which token when, and what each store answered to
+// each write. Timing decides the story: a pause shorter than the lease's
+// remaining validity lets A keep its lease; a write A sends after losing
+// its lease is rejected if B has written there already, and accepted (B's
+// write then replaces it) if B has not, which the verdict says plainly. It
+// exits 0 when no stale write landed after a newer one and the final state
+// belongs to the newest token. With --unguarded the same timeline uses
+// plain SQL and plain PUT: A's write overwrites B's, and the program exits
+// 1 saying why.
 //
 // Services come from the environment (FENCE_REDIS_URL, FENCE_POSTGRES_URL,
 // FENCE_S3_*), else the default local addresses, else servers it starts
 // itself (versitygw is built once into the user cache), else Docker through
-// testcontainers-go. Everything it creates is removed at the end.
+// testcontainers-go. Everything it creates is removed at the end, however
+// the run ends: the processes it starts die with it, even by SIGKILL, and
+// what a killed run leaves in the stores is removed by the next run
+// (package examples/internal/leftover).
 package main
 
 import (
