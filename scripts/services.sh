@@ -118,7 +118,11 @@ install_versitygw() {
   local out start pid n last
   out="$(mktemp "${TMPDIR:-/tmp}/fencekit-versitygw-build.XXXXXX")"
   start=$SECONDS
-  (cd / && GOBIN="$bindir" exec go install -v "github.com/versity/versitygw/cmd/versitygw@$FENCE_VERSITYGW_VERSION") >"$out" 2>&1 &
+  # The build dies with this shell (setpriv, where there is one): a script
+  # stopped mid-build leaves no go command running.
+  local launcher=()
+  command -v setpriv >/dev/null 2>&1 && launcher=(setpriv --pdeathsig KILL --)
+  (cd / && GOBIN="$bindir" exec "${launcher[@]}" go install -v "github.com/versity/versitygw/cmd/versitygw@$FENCE_VERSITYGW_VERSION") >"$out" 2>&1 &
   pid=$!
   while kill -0 "$pid" 2>/dev/null; do
     sleep 1
