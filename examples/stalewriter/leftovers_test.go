@@ -2,11 +2,14 @@ package main
 
 import (
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 
 	"github.com/fencekit/fencekit/examples/internal/demo/demotest"
+	"github.com/fencekit/fencekit/examples/internal/leftover"
+	"github.com/fencekit/fencekit/internal/testenv"
 )
 
 // TestMain lets the test binary stand in for the program: run() starts
@@ -103,5 +106,53 @@ func TestKilledRunIsSweptByTheNext(t *testing.T) {
 	}
 	if left := env.Look(t, entries); !left.Empty() {
 		t.Errorf("left behind after the next run: %+v; its stderr:\n%s", left, next.Stderr)
+	}
+}
+
+// TestKeepKeepsWhatItSays: with --keep the schema, the object (in the data
+// directory of the versitygw the demo started) and the lease's keys are
+// there after the run, where the output says, and the ledger does not
+// hand them to the next run's sweep.
+func TestKeepKeepsWhatItSays(t *testing.T) {
+	env := demotest.NewEnv(t)
+	p := env.Start(t, "--keep", "--ttl", "300ms", "--pause", "800ms")
+	var schema, dir string
+	var out []string
+	for line := range p.Lines {
+		out = append(out, line)
+		f := strings.Fields(line)
+		switch {
+		case len(f) >= 2 && f[0] == "schema":
+			schema = f[1]
+		case strings.HasPrefix(line, "  the data of a server this demo started"):
+			dir = strings.TrimSuffix(strings.Fields(strings.SplitN(line, ": ", 2)[1])[0], ";")
+		}
+	}
+	if ws := p.Wait(t); ws.ExitStatus() != 0 {
+		t.Fatalf("exit %v; stderr:\n%s", ws, p.Stderr)
+	}
+	if schema == "" || dir == "" {
+		t.Fatalf("the output names no kept schema or data directory:\n%s", strings.Join(out, "\n"))
+	}
+	id := strings.TrimPrefix(schema, "stalewriter_")
+	entries := []leftover.Entry{
+		{Kind: leftover.KindSchema, Name: schema},
+		{Kind: leftover.KindRedisKeys, URL: testenv.RedisURL(), Keys: []string{"fencekit:{stalewriter-" + id + "}:token"}},
+	}
+	t.Cleanup(func() { // what --keep kept is the user's to remove; here, the test's
+		_ = os.RemoveAll(dir)
+		demotest.DropSchema(t, schema)
+		demotest.DeleteKeys(t, entries[1])
+	})
+	left := env.Look(t, entries)
+	if len(left.Schemas) != 1 || len(left.RedisKeys) != 1 {
+		t.Errorf("after --keep: %+v; want the schema and the token key", left)
+	}
+	if len(left.Ledgers) != 0 {
+		t.Errorf("after --keep the ledger still lists things for the next sweep: %v", left.Ledgers)
+	}
+	obj := filepath.Join(dir, "root", "fencekit-demo", "stalewriter", id, "report.json")
+	if _, err := os.Stat(obj); err != nil {
+		t.Errorf("the kept object: %v", err)
 	}
 }

@@ -325,10 +325,10 @@ func (sc *scenario) tearDown(errOut io.Writer) {
 func (sc *scenario) keep(out io.Writer, svc *services.Set) {
 	sc.Stores.Keep()
 	sc.objectDone()
-	fmt.Fprintf(out, "\nKept (--keep): schema %s in %s, lease keys %s and %s in %s, object s3://%s/%s at %s.\n",
+	fmt.Fprintf(out, "\nKept (--keep):\n  schema %s in %s\n  lease keys %s and %s in %s\n  object s3://%s/%s at %s\n",
 		sc.cfg.Schema, services.Redact(sc.cfg.PostgresURL), sc.Keys.Lease, sc.Keys.Token, sc.cfg.RedisURL, sc.cfg.S3.Bucket, sc.cfg.ObjectKey, sc.cfg.S3.Endpoint)
-	if len(svc.Dirs) > 0 {
-		fmt.Fprintf(out, "The servers this demo started stop now; their data stays in %s (remove it when done).\n", strings.Join(svc.Dirs, ", "))
+	for _, d := range svc.Dirs {
+		fmt.Fprintf(out, "  the data of a server this demo started (it stops now): %s; remove it when done\n", d)
 	}
 }
 

@@ -281,6 +281,30 @@ func RedisKeysIn(t *testing.T, entries []leftover.Entry) []string {
 	return out
 }
 
+// DropSchema drops schema, if it exists, with everything in it.
+func DropSchema(t *testing.T, schema string) {
+	t.Helper()
+	conn := connect(t)
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+		t.Errorf("drop schema %s: %v", schema, err)
+	}
+}
+
+// DeleteKeys deletes the Redis keys of e.
+func DeleteKeys(t *testing.T, e leftover.Entry) {
+	t.Helper()
+	opt, err := redis.ParseURL(e.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(opt)
+	defer c.Close()
+	if err := c.Del(context.Background(), e.Keys...).Err(); err != nil {
+		t.Errorf("delete %v: %v", e.Keys, err)
+	}
+}
+
 func connect(t *testing.T) *pgx.Conn {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
