@@ -237,12 +237,11 @@ func cycleLibs(b *testing.B) []cycleLib {
 	keys := be.KeysFor("cycle-lua")
 	add("fencekit-lua", func(i int) error {
 		owner := strconv.Itoa(i)
-		res, err := acquireLua.Run(ctx, c, []string{keys.Lease, keys.Token}, owner, ttlMs).Slice()
-		if err != nil || len(res) != 2 || res[0] != int64(1) {
-			return fmt.Errorf("fencekit-lua: acquire: %v, %v", res, err)
+		tok, err := acquireLua.Run(ctx, c, []string{keys.Lease, keys.Token}, owner, ttlMs).Int64()
+		if err != nil || tok <= 0 {
+			return fmt.Errorf("fencekit-lua: acquire: %v, %v", tok, err)
 		}
-		tok, _ := res[1].(string)
-		if n, err := releaseLua.Run(ctx, c, []string{keys.Lease}, tok+":"+owner, keys.Channel).Int(); err != nil || n != 1 {
+		if n, err := releaseLua.Run(ctx, c, []string{keys.Lease}, strconv.FormatInt(tok, 10)+":"+owner, keys.Channel).Int(); err != nil || n != 1 {
 			return fmt.Errorf("fencekit-lua: release: %v, %v", n, err)
 		}
 		return nil

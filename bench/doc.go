@@ -1,6 +1,7 @@
 // Package bench holds the side-by-side benchmarks of fencekit against the
 // lock libraries users would pick instead (github.com/bsm/redislock,
-// github.com/go-redsync/redsync/v4) and against the raw Redis floor. It is
+// github.com/go-redsync/redsync/v4, cirello.io/pglock) and against the raw
+// floor of each store. It is
 // its own module so that those libraries never become dependencies of
 // fencekit.
 //
@@ -14,6 +15,9 @@
 //   - BenchmarkGuardPaired: fenced versus plain PostgreSQL writes, paired
 //     operation by operation (sqlguard's and blobguard's own benchmarks
 //     cover the rest of the guards).
+//   - BenchmarkPGCycle, BenchmarkPGHandoff: leases in PostgreSQL, pglease
+//     in table and session mode against the same statements sent directly
+//     and against cirello.io/pglock.
 //
 // The benchmarks run against the Redis at FENCE_REDIS_URL (default
 // redis://127.0.0.1:6379/0) under unique key prefixes and the PostgreSQL at

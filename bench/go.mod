@@ -5,6 +5,7 @@ go 1.26.0
 replace github.com/fencekit/fencekit => ../
 
 require (
+	cirello.io/pglock v1.16.0
 	github.com/bsm/redislock v0.9.4
 	github.com/fencekit/fencekit v0.0.0-00010101000000-000000000000
 	github.com/go-redsync/redsync/v4 v4.18.1
@@ -17,6 +18,7 @@ require (
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	github.com/lib/pq v1.10.9 // indirect
 	github.com/mfridman/interpolate v0.0.2 // indirect
 	github.com/pressly/goose/v3 v3.30.0 // indirect
 	github.com/sethvargo/go-retry v0.5.0 // indirect

@@ -69,6 +69,7 @@ type demoSummary struct {
 		LeaseName   string `json:"lease_name"`
 		RowID       string `json:"row_id"`
 		ObjectKey   string `json:"object_key"`
+		LeaseStore  string `json:"lease_store"`
 		RedisPrefix string `json:"redis_prefix"`
 	} `json:"run"`
 }
@@ -124,6 +125,9 @@ func cleanUpRun(t *testing.T, sum demoSummary) {
 	}
 	c, _ := s3Client(t)
 	_, _ = c.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(sum.Run.Bucket), Key: aws.String(sum.Run.ObjectKey)})
+	if sum.Run.LeaseStore != "redis" {
+		return // PostgreSQL leases lived in the schema, dropped above
+	}
 	opt, _ := redis.ParseURL(testenv.RedisURL())
 	rc := redis.NewClient(opt)
 	defer rc.Close()
@@ -211,63 +215,84 @@ func TestPausedClient(t *testing.T) {
 		)
 	}
 	for _, c := range cases {
-		t.Run(fmt.Sprintf("ttl=%v/pause=%v", c.ttl, c.pause), func(t *testing.T) {
-			code, sum, out := runDemo(t, "--ttl", c.ttl.String(), "--pause", c.pause.String())
-			if code != 0 || !sum.OK {
-				t.Fatalf("demo exit %d, ok=%v: a stale write landed or the run failed:\n%s", code, sum.OK, out)
-			}
-			var remaining time.Duration
-			accepted := map[string][]fence.Token{}
-			rejected := map[string][]fence.Token{}
-			bWrote := map[string]time.Time{} // store -> when B's write was accepted
-			for _, e := range sum.Events {
-				switch {
-				case e.Kind == "checked" && e.Role == "A":
-					remaining = e.Remaining
-				case e.Kind == "write" && e.Accepted:
-					accepted[e.Role] = append(accepted[e.Role], e.Token)
-					if e.Role == "B" {
-						bWrote[e.Store] = e.At
-					}
-				case e.Kind == "write":
-					rejected[e.Role] = append(rejected[e.Role], e.Token)
-				}
-			}
-			if sum.TokenA == 0 || sum.TokenB <= sum.TokenA {
-				t.Fatalf("tokens A=%d B=%d: B's must be greater", sum.TokenA, sum.TokenB)
-			}
-			if len(accepted["B"]) != 2 {
-				t.Fatalf("B, the newest holder, must write both stores: accepted %v, rejected %v\n%s", accepted["B"], rejected["B"], out)
-			}
-			// A write of A's that reached a store after B's was accepted
-			// there is stale and must have been rejected.
-			for _, e := range sum.Events {
-				if e.Kind == "write" && e.Role == "A" && e.Accepted && !bWrote[e.Store].IsZero() && bWrote[e.Store].Before(e.At) {
-					t.Fatalf("%s accepted A's write (token %d) after B's (token %d)\n%s", e.Store, e.Token, sum.TokenB, out)
-				}
-			}
-			// The stores, read independently, hold B's data with B's token.
-			rowBy, rowVer, objBy, objTok := stored(t, sum, true)
-			if rowBy != "B" || rowVer != sum.TokenB || objBy != "B" || objTok != sum.TokenB {
-				t.Fatalf("stored: row by %q lock_version %d, object by %q token %d; want B's data with token %d", rowBy, rowVer, objBy, objTok, sum.TokenB)
-			}
-			switch {
-			case c.pause+300*time.Millisecond < remaining:
-				if len(accepted["A"]) != 2 {
-					t.Fatalf("pause %v within the remaining validity %v: A keeps its lease and both its writes land; accepted %v rejected %v\n%s",
-						c.pause, remaining, accepted["A"], rejected["A"], out)
-				}
-			case c.pause >= 2*c.ttl+time.Second:
-				// B acquires at the expiry (about one TTL) and writes well
-				// before A wakes: both of A's writes are stale.
-				if len(rejected["A"]) != 2 {
-					t.Fatalf("pause %v far past the TTL %v: both of A's stale writes must be rejected; accepted %v rejected %v\n%s",
-						c.pause, c.ttl, accepted["A"], rejected["A"], out)
-				}
-			}
-			t.Logf("A's remaining validity at the pause %v; A accepted %d, rejected %d", remaining.Round(time.Millisecond), len(accepted["A"]), len(rejected["A"]))
-		})
+		t.Run(fmt.Sprintf("ttl=%v/pause=%v", c.ttl, c.pause), func(t *testing.T) { checkPausedRun(t, c.ttl, c.pause) })
 	}
+}
+
+// TestPausedClientPostgresLeases runs the paused-client scenario with the
+// leases in PostgreSQL (pglease, both modes) instead of Redis: the frozen
+// holder's writes are rejected by sqlguard and blobguard all the same. (In
+// session mode the server ends the frozen holder's idle session after the
+// TTL, which frees its lock.)
+func TestPausedClientPostgresLeases(t *testing.T) {
+	for _, store := range []string{"postgres", "postgres-session"} {
+		for _, pause := range []time.Duration{time.Second + 300*time.Millisecond, 3 * time.Second} {
+			t.Run(fmt.Sprintf("%s/ttl=1s/pause=%v", store, pause), func(t *testing.T) {
+				checkPausedRun(t, time.Second, pause, "--lease-store", store)
+			})
+		}
+	}
+}
+
+// checkPausedRun runs the demo with worker A frozen for pause and checks
+// that no stale write landed (see TestPausedClient).
+func checkPausedRun(t *testing.T, ttl, pause time.Duration, extra ...string) {
+	t.Helper()
+	c := struct{ ttl, pause time.Duration }{ttl, pause}
+	code, sum, out := runDemo(t, append([]string{"--ttl", c.ttl.String(), "--pause", c.pause.String()}, extra...)...)
+	if code != 0 || !sum.OK {
+		t.Fatalf("demo exit %d, ok=%v: a stale write landed or the run failed:\n%s", code, sum.OK, out)
+	}
+	var remaining time.Duration
+	accepted := map[string][]fence.Token{}
+	rejected := map[string][]fence.Token{}
+	bWrote := map[string]time.Time{} // store -> when B's write was accepted
+	for _, e := range sum.Events {
+		switch {
+		case e.Kind == "checked" && e.Role == "A":
+			remaining = e.Remaining
+		case e.Kind == "write" && e.Accepted:
+			accepted[e.Role] = append(accepted[e.Role], e.Token)
+			if e.Role == "B" {
+				bWrote[e.Store] = e.At
+			}
+		case e.Kind == "write":
+			rejected[e.Role] = append(rejected[e.Role], e.Token)
+		}
+	}
+	if sum.TokenA == 0 || sum.TokenB <= sum.TokenA {
+		t.Fatalf("tokens A=%d B=%d: B's must be greater", sum.TokenA, sum.TokenB)
+	}
+	if len(accepted["B"]) != 2 {
+		t.Fatalf("B, the newest holder, must write both stores: accepted %v, rejected %v\n%s", accepted["B"], rejected["B"], out)
+	}
+	// A write of A's that reached a store after B's was accepted
+	// there is stale and must have been rejected.
+	for _, e := range sum.Events {
+		if e.Kind == "write" && e.Role == "A" && e.Accepted && !bWrote[e.Store].IsZero() && bWrote[e.Store].Before(e.At) {
+			t.Fatalf("%s accepted A's write (token %d) after B's (token %d)\n%s", e.Store, e.Token, sum.TokenB, out)
+		}
+	}
+	// The stores, read independently, hold B's data with B's token.
+	rowBy, rowVer, objBy, objTok := stored(t, sum, true)
+	if rowBy != "B" || rowVer != sum.TokenB || objBy != "B" || objTok != sum.TokenB {
+		t.Fatalf("stored: row by %q lock_version %d, object by %q token %d; want B's data with token %d", rowBy, rowVer, objBy, objTok, sum.TokenB)
+	}
+	switch {
+	case c.pause+300*time.Millisecond < remaining:
+		if len(accepted["A"]) != 2 {
+			t.Fatalf("pause %v within the remaining validity %v: A keeps its lease and both its writes land; accepted %v rejected %v\n%s",
+				c.pause, remaining, accepted["A"], rejected["A"], out)
+		}
+	case c.pause >= 2*c.ttl+time.Second:
+		// B acquires at the expiry (about one TTL) and writes well
+		// before A wakes: both of A's writes are stale.
+		if len(rejected["A"]) != 2 {
+			t.Fatalf("pause %v far past the TTL %v: both of A's stale writes must be rejected; accepted %v rejected %v\n%s",
+				c.pause, c.ttl, accepted["A"], rejected["A"], out)
+		}
+	}
+	t.Logf("A's remaining validity at the pause %v; A accepted %d, rejected %d", remaining.Round(time.Millisecond), len(accepted["A"]), len(rejected["A"]))
 }
 
 // TestPausedClientUnguarded shows that the check above can fail: without the

@@ -132,16 +132,14 @@ func (l *Lease) Done() <-chan struct{} { return l.Context().Done() }
 // *LostError (matching ErrLost) after the lease was lost, including when
 // Release found that the store had already let it go.
 //
-// It reads the monotonic clock and never returns nil at or past the local
-// deadline, even if the Manager has not yet ended the lease: from
-// Options.SafetyMargin/4 (at most 1 ms) before the deadline it ends the lease
-// itself, so that a nil answer still holds when the caller reads the clock
-// after it. It takes no lock while the lease is valid.
+// It reads the monotonic clock and never returns nil when called at or past
+// the local deadline, even if the Manager has not yet ended the lease: it
+// then ends the lease itself. It takes no lock while the lease is valid.
 func (l *Lease) Err() error {
 	if p := l.endP.Load(); p != nil {
 		return *p
 	}
-	if l.m.since(time.Now()) < time.Duration(l.deadlineNs.Load())-l.m.errLead {
+	if l.m.since(time.Now()) < time.Duration(l.deadlineNs.Load()) {
 		return nil
 	}
 	l.checkDeadline()
@@ -151,11 +149,11 @@ func (l *Lease) Err() error {
 	return nil
 }
 
-// checkDeadline ends the lease if its local deadline is within errLead,
-// without waiting for the scheduler.
+// checkDeadline ends the lease if its local deadline has passed, without
+// waiting for the scheduler.
 func (l *Lease) checkDeadline() {
 	l.mu.Lock()
-	eff := l.apply(event{kind: evDeadline, at: time.Now().Add(l.m.errLead)})
+	eff := l.apply(event{kind: evDeadline, at: time.Now()})
 	l.mu.Unlock()
 	l.finish(eff)
 }

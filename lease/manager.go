@@ -20,14 +20,13 @@ import (
 // safe for concurrent use; one Manager can hold any number of leases, and
 // serves all their deadlines and heartbeats from one timer.
 type Manager struct {
-	b       Backend
-	w       Watcher      // nil when b cannot signal releases
-	br      BatchRenewer // nil unless b batches and batching is on
-	limits  Limits
-	o       Options
-	sched   scheduler
-	epoch   time.Time     // origin of the Manager's monotonic clock (since)
-	errLead time.Duration // how long before its deadline Err reports a lease lost
+	b      Backend
+	w      Watcher      // nil when b cannot signal releases
+	br     BatchRenewer // nil unless b batches and batching is on
+	limits Limits
+	o      Options
+	sched  scheduler
+	epoch  time.Time // origin of the Manager's monotonic clock (since)
 }
 
 // since returns t on the Manager's monotonic clock.
@@ -58,7 +57,7 @@ func NewManager(b Backend, ttl time.Duration, opts ...Option) (*Manager, error) 
 	if err := o.validate(b, limits); err != nil {
 		return nil, err
 	}
-	m := &Manager{b: b, o: o, limits: limits, epoch: time.Now(), errLead: min(time.Millisecond, o.SafetyMargin/4)}
+	m := &Manager{b: b, o: o, limits: limits, epoch: time.Now()}
 	m.sched.m = m
 	m.w, _ = b.(Watcher)
 	if br, ok := b.(BatchRenewer); ok && o.RenewBatchWindow > 0 {
@@ -192,9 +191,16 @@ func (m *Manager) pollWait(err error) time.Duration {
 }
 
 func (m *Manager) request(name string) Request {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
-	return Request{Name: name, Owner: m.o.Identity + "/" + hex.EncodeToString(b[:]), TTL: m.o.TTL}
+	var r [16]byte
+	_, _ = rand.Read(r[:]) // crypto/rand.Read never fails (Go 1.24+)
+	var owner strings.Builder
+	owner.Grow(len(m.o.Identity) + 1 + hex.EncodedLen(len(r)))
+	owner.WriteString(m.o.Identity)
+	owner.WriteByte('/')
+	var h [32]byte
+	hex.Encode(h[:], r[:])
+	owner.Write(h[:])
+	return Request{Name: name, Owner: owner.String(), TTL: m.o.TTL}
 }
 
 // attempt sends one acquire request and turns a grant into a Lease.

@@ -24,7 +24,6 @@ type scheduler struct {
 	armed      time.Time     // when timer fires; zero while it is not set
 	lead       time.Duration // how early the next group of deadlines is served (see groupLead)
 	cost       time.Duration // what ending one lease costs here, averaged
-	late       time.Duration // how late the timer fires here, averaged
 }
 
 // Ending a lease costs a lock and a context cancellation: a few
@@ -32,13 +31,12 @@ type scheduler struct {
 // one batch share one deadline, and ending them one after the other would
 // take the last ones past their deadline, into the safety margin and beyond.
 // So when a group of deadlines is that large, the scheduler starts on it
-// early, by about what the group will take plus how late the timer has
-// been firing lately (a busy machine wakes the process late), so that the
-// last lease of the group ends near its deadline. A lead under a
-// millisecond is not taken: a quiet process serves each deadline exactly.
-// The lead never exceeds half the safety margin: at worst a lease is lost
-// that much before its deadline, and not after last send + TTL because of
-// this process's own work.
+// early, by about what the group will take, so that the last lease of the
+// group ends near its deadline. A lead under a millisecond is not taken: a
+// small group (a single lease, a few dozen) is served at its deadline
+// exactly, never before. The lead never exceeds half the safety margin: at
+// worst a lease of a large group is lost that much before its deadline, and
+// not after last send + TTL because of this process's own work.
 const (
 	minGroupLead = time.Millisecond
 	initialCost  = 2 * time.Microsecond
@@ -57,7 +55,7 @@ func (s *scheduler) groupLead() time.Duration {
 	if cost == 0 {
 		cost = initialCost
 	}
-	lead := time.Duration(n)*cost*3/2 + s.late
+	lead := time.Duration(n) * cost * 3 / 2
 	if lead < minGroupLead {
 		return 0
 	}
@@ -165,9 +163,6 @@ func (s *scheduler) arm() {
 func (s *scheduler) fire() {
 	now := time.Now()
 	s.mu.Lock()
-	if !s.armed.IsZero() {
-		s.late += (max(now.Sub(s.armed), 0) - s.late) / 8
-	}
 	s.armed = time.Time{}
 	var expired, due []*Lease
 	var lead time.Duration

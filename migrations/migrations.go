@@ -11,6 +11,11 @@
 // goose's global registry disabled, so they never collide with the host
 // application's goose migrations, even in the same schema.
 //
+// Leases kept in PostgreSQL (package lease/pglease) live in two more
+// tables created the same way: fencekit_leases (table mode: one row per
+// lease name, kept after release so that its token only grows) and
+// fencekit_session_leases (session mode: the last token of each name).
+//
 // Everything is created in the connection's current schema: the first schema
 // of its search_path that exists. To put the tables in a schema of your
 // choosing, open the database with Open(url, schema), or set search_path in

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"errors"
+	"io/fs"
 	"regexp"
 	"strings"
 	"sync"
@@ -89,12 +90,17 @@ func TestUpDownUp(t *testing.T) {
 	ctx := context.Background()
 	schema, db := newSchema(t)
 
+	files, err := fs.Glob(migrations.FS(), "*.sql")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("embedded migrations: %v, %v", files, err)
+	}
+	all := len(files)
 	for round := 1; round <= 2; round++ {
 		res, err := migrations.Up(ctx, db)
 		if err != nil {
 			t.Fatalf("round %d: Up: %v", round, err)
 		}
-		if len(res) != 2 || res[0].Source.Version != 1 || res[1].Source.Version != 2 || res[0].Direction != "up" {
+		if len(res) != all || res[0].Source.Version != 1 || res[0].Direction != "up" {
 			t.Fatalf("round %d: Up results %v", round, res)
 		}
 		if table, fn, version := objects(t, db, schema); !table || !fn || !version {
@@ -108,7 +114,7 @@ func TestUpDownUp(t *testing.T) {
 			t.Fatalf("second Up = %v, %v", res, err)
 		}
 		st, err := migrations.Status(ctx, db)
-		if err != nil || len(st) != 2 || st[0].State != goose.StateApplied || st[1].State != goose.StateApplied {
+		if err != nil || len(st) != all || st[all-1].State != goose.StateApplied {
 			t.Fatalf("Status = %v, %v", st, err)
 		}
 		// The function works and keeps the fence.
@@ -122,14 +128,14 @@ func TestUpDownUp(t *testing.T) {
 		}
 
 		res, err = migrations.Down(ctx, db)
-		if err != nil || len(res) != 2 || res[0].Direction != "down" {
+		if err != nil || len(res) != all || res[0].Direction != "down" {
 			t.Fatalf("round %d: Down = %v, %v", round, res, err)
 		}
 		if table, fn, _ := objects(t, db, schema); table || fn {
 			t.Fatalf("round %d after Down: table %v, function %v", round, table, fn)
 		}
 		st, err = migrations.Status(ctx, db)
-		if err != nil || len(st) != 2 || st[0].State != goose.StatePending {
+		if err != nil || len(st) != all || st[0].State != goose.StatePending {
 			t.Fatalf("Status after Down = %v, %v", st, err)
 		}
 	}

@@ -11,6 +11,10 @@
 #        round trips per tick, process CPU, batching on and off
 #   4. sqlguard, blobguard package benchmarks, and bench: BenchmarkGuardPaired
 #        fenced vs plain PostgreSQL UPDATE and transaction, S3 PutObject 4 KiB/1 MiB
+#   5. bench: BenchmarkPGCycle, BenchmarkPGHandoff
+#        leases in PostgreSQL: pglease (table and session mode) vs the same
+#        statements sent directly vs cirello.io/pglock; hand-off with
+#        LISTEN/NOTIFY vs pglock's polling
 #
 #   ./scripts/bench.sh [OUTDIR]     # default OUTDIR: bench/results/<UTC time>
 #
@@ -31,7 +35,8 @@
 # Output: raw go-test outputs in OUTDIR/*.txt, the machine in OUTDIR/machine.txt,
 # the benchstat tables printed and saved to OUTDIR/summary.txt.
 # Knobs: BENCH_COUNT, BENCH_RENEW_COUNT, BENCH_HANDOFFS (hand-offs per run,
-# default 300), BENCH_PRIVATE_REDIS=1.
+# default 300), BENCH_PG_CYCLES (cycles per PostgreSQL cycle run, default 400),
+# BENCH_PG_HANDOFFS (default 160), BENCH_PRIVATE_REDIS=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/services.sh
@@ -39,6 +44,8 @@ cd "$(dirname "$0")/.."
 count="${BENCH_COUNT:-6}"
 renew_count="${BENCH_RENEW_COUNT:-3}"
 handoffs="${BENCH_HANDOFFS:-300}"
+pg_cycles="${BENCH_PG_CYCLES:-400}"
+pg_handoffs="${BENCH_PG_HANDOFFS:-160}"
 benchstat_version="v0.0.0-20260908200009-22c9c6c9d4da"
 out="${1:-bench/results/$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$out"
@@ -126,6 +133,9 @@ for round in $(seq 1 "$count"); do
   (cd sqlguard && "$bin/sqlguard.test" -test.run '^$' -test.bench . -test.count 1) >>"$out/sqlguard.txt"
   (cd bench && "$bin/bench.test" -test.run '^$' -test.bench '^BenchmarkGuardPaired$' -test.benchtime 500ms -test.count 1) >>"$out/guard-paired.txt"
   (cd blobguard && "$bin/blobguard.test" -test.run '^$' -test.bench . -test.count 1) >>"$out/blobguard.txt"
+  step "round $round/$count: PostgreSQL leases"
+  (cd bench && "$bin/bench.test" -test.run '^$' -test.bench '^BenchmarkPGCycle$' -test.benchtime "${pg_cycles}x" -test.count 1) >>"$out/pg-cycle.txt"
+  (cd bench && "$bin/bench.test" -test.run '^$' -test.bench '^BenchmarkPGHandoff$' -test.benchtime "${pg_handoffs}x" -test.count 1) >>"$out/pg-handoff.txt"
 done
 (cd bench && "$bin/bench.test" -test.run '^$' -test.bench '^BenchmarkManagerOverhead$' -test.count "$count") >>"$out/overhead.txt"
 
@@ -155,5 +165,9 @@ bs() { "$benchstat_dir/benchstat" "$@"; echo; }
   bs "$out/guard-paired.txt"
   echo "## 4c. blobguard: fenced vs plain S3 PutObject"
   bs -col /mode "$out/blobguard.txt"
+  echo "## 5a. Leases in PostgreSQL: uncontended acquire+release (pglease vs its raw statements vs pglock)"
+  bs -col /lib "$out/pg-cycle.txt"
+  echo "## 5b. Leases in PostgreSQL: hand-off latency (LISTEN/NOTIFY vs pglock's polling)"
+  bs -col /lib "$out/pg-handoff.txt"
 } | tee "$out/summary.txt"
 step "done: raw outputs and summary in $out"

@@ -79,6 +79,24 @@ ensure_postgres() {
   return 1
 }
 
+# ensure_pgbouncer: PgBouncer is installed (lease/pglease's pooler tests
+# start their own), installing Debian's package when we are root.
+ensure_pgbouncer() {
+  if command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; then
+    return 0
+  fi
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "PgBouncer: not installed, installing Debian's pgbouncer package"
+    if DEBIAN_FRONTEND=noninteractive apt-get install -y pgbouncer >/dev/null 2>&1 \
+       || { apt-get update >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y pgbouncer >/dev/null 2>&1; }; then
+      log "PgBouncer: installed"
+      return 0
+    fi
+  fi
+  log "PgBouncer: not installed; install it (Debian: apt-get install pgbouncer)"
+  return 1
+}
+
 # --- S3-compatible store (versitygw) ---------------------------------------
 #
 # ensure_s3 makes FENCE_S3_ENDPOINT, FENCE_S3_ACCESS_KEY, FENCE_S3_SECRET_KEY

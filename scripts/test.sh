@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole fencekit test suite, with the race detector, against real
 # services. It checks (and starts where it can) Redis, PostgreSQL and the
-# S3-compatible server, and fails loudly if one is missing.
+# S3-compatible server, installs PgBouncer if it is missing (the pooler
+# tests start their own), and fails loudly if one cannot be had.
 #
 #   ./scripts/test.sh            # everything
 #   ./scripts/test.sh ./lease/...  # just some packages
@@ -11,6 +12,7 @@ cd "$(dirname "$0")/.."
 
 ensure_redis
 ensure_postgres
+ensure_pgbouncer
 
 pkgs=("$@")
 # Every module of the workspace (go.work): the library, examples, integration
@@ -39,3 +41,9 @@ ensure_s3
 
 echo "+ go test -race -count=1 ${pkgs[*]}"
 go test -race -count=1 -timeout 20m "${pkgs[@]}"
+
+if [ $# -eq 0 ]; then
+  # Tests of deadlines under load, alone on the machine (build tag "scale").
+  echo "+ go test -race -count=1 -tags scale -run AtScale ./lease/..."
+  go test -race -count=1 -tags scale -run AtScale -timeout 10m ./lease/...
+fi

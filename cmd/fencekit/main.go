@@ -50,10 +50,13 @@ const usage = `fencekit manages fencekit's database objects on PostgreSQL.
 Usage:
   fencekit migrate up                 apply fencekit's migrations: create the
                                       fencekit_resource_tokens table and the
-                                      fencekit_advance_token function
+                                      fencekit_advance_token function (sqlguard),
+                                      and the fencekit_leases and
+                                      fencekit_session_leases tables (pglease)
   fencekit migrate down [--to N]      roll back fencekit's migrations newer than
                                       version N (default 0: all of them; this
-                                      drops every stored resource token)
+                                      drops every stored resource token and
+                                      lease)
   fencekit migrate status             list fencekit's migrations and their state
   fencekit migrate add-lock-version --table [schema.]table [--apply] [--out DIR] [--offline]
                                       add the lock_version column that row-level

@@ -133,7 +133,7 @@ func TestMigrateCommands(t *testing.T) {
 		}
 		return stdout
 	}
-	expect(0, "00001_fencekit_resource_tokens.sql", "migrate", "up", s)
+	expect(0, "00003_fencekit_leases.sql", "migrate", "up", s)
 	expect(0, "up to date", "migrate", "up", s)
 	expect(0, "applied", "migrate", "status", s)
 

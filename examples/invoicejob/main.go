@@ -72,6 +72,7 @@ type options struct {
 	ttl, invoiceTime                      time.Duration
 	period                                string
 	keep                                  bool
+	leaseStore                            string
 	redisURL, pgURL                       string
 	jsonOut                               string
 }
@@ -106,7 +107,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 		fmt.Fprintf(fs.Output(), `Usage: go run ./examples/invoicejob [flags]
 
 Runs replicas of a scheduled invoice job as real processes competing for one
-lease (Redis); the holder writes invoices through fenced PostgreSQL
+lease (Redis, or PostgreSQL with --lease-store postgres); the holder writes
+invoices through fenced PostgreSQL
 transactions and is killed with SIGKILL mid-batch; another replica takes over
 within about one TTL and finishes the batch. Then it checks that no invoice
 was written twice or lost and that the dead holder's token can no longer
@@ -125,7 +127,8 @@ Flags:
 	fs.DurationVar(&o.ttl, "ttl", 2*time.Second, "lease TTL (whole milliseconds, from 100ms to 1m); renewed every TTL/3")
 	fs.DurationVar(&o.invoiceTime, "invoice-time", 100*time.Millisecond, "time to render one invoice, inside its fenced transaction (up to 10s;\n--customers x --invoice-time at most 30m)")
 	fs.StringVar(&o.period, "period", "2026-11", "billing period the batch is for")
-	fs.BoolVar(&o.keep, "keep", false, "keep the schema and the lease's Redis keys after the run, for inspection; servers the demo\nstarted itself are stopped, and their data directories are kept (their paths are printed)")
+	fs.BoolVar(&o.keep, "keep", false, "keep the schema and the lease's keys after the run, for inspection; servers the demo\nstarted itself are stopped, and their data directories are kept (their paths are printed)")
+	fs.StringVar(&o.leaseStore, "lease-store", demo.LeaseRedis, demo.LeaseStoreUsage)
 	fs.StringVar(&o.redisURL, "redis-url", "", "Redis URL (default: $FENCE_REDIS_URL, else redis://127.0.0.1:6379/0, else one it starts)")
 	fs.StringVar(&o.pgURL, "postgres-url", "", "PostgreSQL URL (default: $FENCE_POSTGRES_URL, else postgres://postgres@127.0.0.1:5432/test, else one it starts)")
 	fs.StringVar(&o.jsonOut, "json", "", "also write a machine-readable summary of the run to this file")
@@ -165,6 +168,9 @@ Flags:
 		errs = append(errs, fmt.Errorf("--customers %d x --invoice-time %v is %v: must be at most %v", o.customers, o.invoiceTime,
 			time.Duration(o.customers)*o.invoiceTime, maxBatchTime))
 	}
+	if err := demo.CheckLeaseStore(o.leaseStore); err != nil {
+		errs = append(errs, err)
+	}
 	if o.period == "" || len(o.period) > 32 {
 		errs = append(errs, fmt.Errorf("--period %q: must be 1 to 32 bytes", o.period))
 	}
@@ -197,6 +203,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	svc, err := demo.ProvideServices(ctx, services.Config{
 		RedisURL: o.redisURL, PostgresURL: o.pgURL, NoS3: true, Keep: o.keep,
+		NoRedis: o.leaseStore != demo.LeaseRedis,
 	}, out)
 	if err != nil {
 		fmt.Fprintf(errOut, "invoicejob: cannot run without its services:\n  %s\n", strings.ReplaceAll(err.Error(), "\n", "\n  "))
@@ -258,7 +265,7 @@ func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error)
 	sc := &scenario{cfg: workerConfig{
 		RedisURL: svc.RedisURL, PostgresURL: svc.PostgresURL,
 		Schema: "invoicejob_" + id, Period: o.period,
-		LeaseName: "invoicejob-" + id + "/generate-invoices", RedisPrefix: "fencekit:",
+		LeaseName: "invoicejob-" + id + "/generate-invoices", LeaseStore: o.leaseStore, RedisPrefix: "fencekit:",
 		TTL: o.ttl, InvoiceTime: o.invoiceTime,
 	}}
 	for i := range o.customers {
@@ -270,6 +277,7 @@ func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error)
 		PostgresURL: svc.PostgresURL, Schema: sc.cfg.Schema,
 		CreateTables: sc.createTables,
 		FencedTables: []string{invoicesTable, jobTable},
+		LeaseStore:   sc.cfg.LeaseStore,
 		RedisURL:     svc.RedisURL, RedisPrefix: sc.cfg.RedisPrefix, LeaseName: sc.cfg.LeaseName,
 		PostgresStarted: svc.PostgresStarted, RedisStarted: svc.RedisStarted,
 	})
@@ -328,8 +336,10 @@ func (sc *scenario) tearDown(errOut io.Writer) {
 // keep leaves what the run created in place (--keep) and says where it is.
 func (sc *scenario) keep(out io.Writer, svc *services.Set) {
 	sc.Stores.Keep()
-	fmt.Fprintf(out, "\nKept (--keep):\n  schema %s in %s\n  lease keys %s and %s in %s\n",
-		sc.cfg.Schema, services.Redact(sc.cfg.PostgresURL), sc.Keys.Lease, sc.Keys.Token, sc.cfg.RedisURL)
+	fmt.Fprintf(out, "\nKept (--keep):\n  schema %s in %s\n", sc.cfg.Schema, services.Redact(sc.cfg.PostgresURL))
+	if sc.Redis != nil {
+		fmt.Fprintf(out, "  lease keys %s and %s in %s\n", sc.Keys.Lease, sc.Keys.Token, sc.cfg.RedisURL)
+	}
 	for _, d := range svc.Dirs {
 		fmt.Fprintf(out, "  the data of a server this demo started (it stops now): %s; remove it when done\n", d)
 	}

@@ -38,6 +38,9 @@ func TestInvoiceJob(t *testing.T) {
 		{"one kill", []string{"--replicas", "3", "--customers", "20", "--kill-after", "6", "--kills", "1"}, 1, 3},
 		{"two kills", []string{"--replicas", "3", "--customers", "20", "--kill-after", "4", "--kills", "2"}, 2, 3},
 		{"no kill", []string{"--replicas", "2", "--customers", "8", "--kills", "0"}, 0, 2},
+		// Leases in PostgreSQL: no Redis involved.
+		{"one kill, postgres leases", []string{"--lease-store", "postgres", "--replicas", "3", "--customers", "20", "--kill-after", "6", "--kills", "1"}, 1, 3},
+		{"one kill, postgres session leases", []string{"--lease-store", "postgres-session", "--replicas", "3", "--customers", "20", "--kill-after", "6", "--kills", "1"}, 1, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			js := filepath.Join(t.TempDir(), "summary.json")

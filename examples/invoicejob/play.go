@@ -55,7 +55,7 @@ type handover struct {
 	From      string        `json:"from"`
 	FromToken fence.Token   `json:"from_token"`
 	KilledAt  time.Time     `json:"killed_at"`
-	LeaseLeft time.Duration `json:"lease_left_ns"` // PTTL of the dead holder's grant right after the kill
+	LeaseLeft time.Duration `json:"lease_left_ns"` // what the store kept of the dead holder's grant right after the kill
 	To        string        `json:"to,omitempty"`
 	ToToken   fence.Token   `json:"to_token,omitempty"`
 	Acquired  time.Time     `json:"acquired_at,omitzero"`
@@ -162,11 +162,11 @@ func (sc *scenario) play(ctx context.Context, tl *demo.Timeline, o options) (*su
 				}
 				p.killed = true
 				h.Fate, h.KilledAt = evKilled, killedAt
-				left, _ := sc.Redis.PTTL(ctx, sc.Keys.Lease).Result()
-				pending = &handover{From: e.Replica, FromToken: h.Token, KilledAt: killedAt, LeaseLeft: max(left, 0)}
+				left, _ := sc.LeaseLeft(ctx, o.ttl)
+				pending = &handover{From: e.Replica, FromToken: h.Token, KilledAt: killedAt, LeaseLeft: left}
 				sum.Handovers = append(sum.Handovers, pending)
-				tl.Say(killedAt, "orchestrator", "KILLED %s (pid %d) with SIGKILL after its invoice #%d; its lease is not released and has %v left in Redis",
-					e.Replica, p.cmd.Process.Pid, e.Number, pending.LeaseLeft.Round(time.Millisecond))
+				tl.Say(killedAt, "orchestrator", "KILLED %s (pid %d) with SIGKILL after its invoice #%d; its lease is not released and has %v left in %s",
+					e.Replica, p.cmd.Process.Pid, e.Number, pending.LeaseLeft.Round(time.Millisecond), storeName(sc.LeaseStore))
 			}
 		case evCompleted:
 			if h != nil {
@@ -224,4 +224,12 @@ func (sc *scenario) play(ctx context.Context, tl *demo.Timeline, o options) (*su
 		sum.problems = append(sum.problems, fmt.Sprintf("nobody acquired the lease after %s was killed", pending.From))
 	}
 	return sum, nil
+}
+
+// storeName names where the lease lives, for the output.
+func storeName(leaseStore string) string {
+	if leaseStore == demo.LeaseRedis {
+		return "Redis"
+	}
+	return "PostgreSQL"
 }

@@ -126,8 +126,8 @@ func (sc *scenario) verify(ctx context.Context, tl *demo.Timeline, o options, su
 			continue
 		}
 		add(k.Took > 0 && k.Took <= o.handoverBound(),
-			"%s took over %v after the kill (its grant had %v left in Redis; bound: TTL + renew interval = %v)",
-			k.To, k.Took.Round(time.Millisecond), k.LeaseLeft.Round(time.Millisecond), o.handoverBound().Round(time.Millisecond))
+			"%s took over %v after the kill (its grant had %v left in %s; bound: TTL + renew interval = %v)",
+			k.To, k.Took.Round(time.Millisecond), k.LeaseLeft.Round(time.Millisecond), storeName(o.leaseStore), o.handoverBound().Round(time.Millisecond))
 	}
 	if len(sum.Handovers) < o.kills {
 		add(false, "only %d of %d kills happened", len(sum.Handovers), o.kills)
@@ -274,8 +274,8 @@ func (sum *summary) print(out io.Writer, tl *demo.Timeline, o options) {
 			if k.To != "" {
 				to = fmt.Sprintf("%s acquired at %s with token %d: handover %v", k.To, tl.Rel(k.Acquired), k.ToToken, k.Took.Round(time.Millisecond))
 			}
-			fmt.Fprintf(out, "  %s (token %d) killed at %s, its grant had %v left in Redis; %s (TTL %v, renew interval %v)\n",
-				k.From, k.FromToken, tl.Rel(k.KilledAt), k.LeaseLeft.Round(time.Millisecond), to, o.ttl, o.renewInterval().Round(time.Millisecond))
+			fmt.Fprintf(out, "  %s (token %d) killed at %s, its grant had %v left in %s; %s (TTL %v, renew interval %v)\n",
+				k.From, k.FromToken, tl.Rel(k.KilledAt), k.LeaseLeft.Round(time.Millisecond), storeName(o.leaseStore), to, o.ttl, o.renewInterval().Round(time.Millisecond))
 		}
 	}
 	fmt.Fprintf(out, "\nChecks:\n")

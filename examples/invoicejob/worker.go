@@ -25,6 +25,7 @@ type workerConfig struct {
 	Schema         string        `json:"schema"`
 	Period         string        `json:"period"`
 	LeaseName      string        `json:"lease_name"`
+	LeaseStore     string        `json:"lease_store"`
 	RedisPrefix    string        `json:"redis_prefix"`
 	TTL            time.Duration `json:"ttl"`
 	AcquireTimeout time.Duration `json:"acquire_timeout"`
@@ -34,6 +35,12 @@ type workerConfig struct {
 }
 
 const configVar = "FENCEKIT_INVOICEJOB_REPLICA"
+
+// leaseStore says where the run's leases live: PostgreSQL leases in the
+// run's schema.
+func (c workerConfig) leaseStore() demo.LeaseStore {
+	return demo.LeaseStore{Kind: c.LeaseStore, RedisURL: c.RedisURL, RedisPrefix: c.RedisPrefix, PostgresURL: c.PostgresURL, Schema: c.Schema}
+}
 
 // Table and column names the orchestrator creates and the replicas write.
 const (
@@ -101,7 +108,7 @@ func runReplica() int {
 	cfg := r.cfg
 	ctx := context.Background()
 
-	m, closeLeases, err := demo.NewLeaseManager(cfg.RedisURL, cfg.RedisPrefix, cfg.TTL, lease.WithIdentity(cfg.Replica))
+	m, closeLeases, err := demo.NewLeaseManager(cfg.leaseStore(), cfg.TTL, lease.WithIdentity(cfg.Replica))
 	if err != nil {
 		return r.fail("%v", err)
 	}

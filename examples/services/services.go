@@ -62,6 +62,9 @@ type Config struct {
 	// NoS3 skips the S3-compatible store, for programs that use only Redis
 	// and PostgreSQL; Set.S3 is then left empty.
 	NoS3 bool
+	// NoRedis skips Redis, for programs whose leases live in PostgreSQL;
+	// Set.RedisURL is then left empty.
+	NoRedis bool
 	// Log receives progress lines (starting a server can take a while).
 	Log func(format string, args ...any)
 	// Keep keeps the data directories of the servers Provide starts
@@ -79,8 +82,10 @@ func Provide(ctx context.Context, cfg Config) (*Set, error) {
 	s := &Set{dirs: &dataDirs{keep: cfg.Keep}}
 	defer func() { s.Dirs = s.dirs.made }()
 	var errs []error
-	if err := s.redis(ctx, cfg); err != nil {
-		errs = append(errs, err)
+	if !cfg.NoRedis {
+		if err := s.redis(ctx, cfg); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := s.postgres(ctx, cfg); err != nil {
 		errs = append(errs, err)

@@ -70,6 +70,7 @@ func main() {
 type options struct {
 	ttl, pause, writeDelay time.Duration
 	unguarded, keep        bool
+	leaseStore             string
 	redisURL, pgURL, s3URL string
 	jsonOut                string
 }
@@ -84,8 +85,9 @@ const (
 
 const usageText = `Usage: go run ./examples/stalewriter [flags]
 
-Runs the paused-client scenario with two real worker processes, Redis,
-PostgreSQL and S3, and shows the stale write rejected by the stores.
+Runs the paused-client scenario with two real worker processes, a lease
+store (Redis, or PostgreSQL with --lease-store postgres), PostgreSQL and S3,
+and shows the stale write rejected by the stores.
 Exit status: 0 when every stale write was rejected and the newest token's data
 survived; 1 when a stale write landed (expected with --unguarded); 2 when the
 run could not be carried out (a service is missing, a bad flag, a write that
@@ -108,7 +110,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.pause, "pause", 0, "how long worker A is frozen, up to 10m (default: 2*TTL + 1s, well past the TTL)")
 	fs.DurationVar(&o.writeDelay, "write-delay", 300*time.Millisecond, "time between A's lease check and its write, in which A is frozen (50ms to 10s)")
 	fs.BoolVar(&o.unguarded, "unguarded", false, "write with plain SQL and plain PUT, without fencing, to show the failure")
-	fs.BoolVar(&o.keep, "keep", false, "keep the schema, the lease's Redis keys and the S3 object after the run, for inspection; servers\nthe demo started itself are stopped, and their data directories are kept (their paths are printed)")
+	fs.BoolVar(&o.keep, "keep", false, "keep the schema, the lease's keys and the S3 object after the run, for inspection; servers\nthe demo started itself are stopped, and their data directories are kept (their paths are printed)")
+	fs.StringVar(&o.leaseStore, "lease-store", demo.LeaseRedis, demo.LeaseStoreUsage)
 	fs.StringVar(&o.redisURL, "redis-url", "", "Redis URL (default: $FENCE_REDIS_URL, else redis://127.0.0.1:6379/0, else one it starts)")
 	fs.StringVar(&o.pgURL, "postgres-url", "", "PostgreSQL URL (default: $FENCE_POSTGRES_URL, else postgres://postgres@127.0.0.1:5432/test, else one it starts)")
 	fs.StringVar(&o.s3URL, "s3-endpoint", "", "S3 endpoint URL; needs FENCE_S3_ACCESS_KEY and FENCE_S3_SECRET_KEY (default: $FENCE_S3_ENDPOINT, else a versitygw it starts)")
@@ -129,6 +132,9 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 		errs = append(errs, fmt.Errorf("--ttl %v: must be a whole number of milliseconds, from %v to %v", o.ttl, minTTL, maxTTL))
 	} else if o.pause == 0 {
 		o.pause = 2*o.ttl + time.Second
+	}
+	if err := demo.CheckLeaseStore(o.leaseStore); err != nil {
+		errs = append(errs, err)
 	}
 	if o.pause < 0 || o.pause > maxPause {
 		errs = append(errs, fmt.Errorf("--pause %v: must be positive and at most %v", o.pause, maxPause))
@@ -165,6 +171,7 @@ type runInfo struct {
 	Bucket      string `json:"bucket"`
 	ObjectKey   string `json:"object_key"`
 	LeaseName   string `json:"lease_name"`
+	LeaseStore  string `json:"lease_store"`
 	RedisPrefix string `json:"redis_prefix"`
 }
 
@@ -205,6 +212,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	svc, err := demo.ProvideServices(ctx, services.Config{
 		RedisURL: o.redisURL, PostgresURL: o.pgURL, S3Endpoint: o.s3URL, Keep: o.keep,
+		NoRedis: o.leaseStore != demo.LeaseRedis,
 	}, out)
 	if err != nil {
 		fmt.Fprintf(errOut, "stalewriter: cannot run without its services:\n  %s\n", strings.ReplaceAll(err.Error(), "\n", "\n  "))
@@ -222,6 +230,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	} else {
 		defer sc.tearDown(errOut)
 	}
+	fmt.Fprintf(out, "Leases: %s.\n", sc.cfg.leaseStore().Describe())
 	tl.Restart() // the timeline counts from the first worker, not from starting services
 	fmt.Fprintf(out, "Row %s.%s id=%s and object s3://%s/%s start empty; lease %q.\n\nTimeline:\n",
 		sc.cfg.Schema, sc.cfg.Table, sc.cfg.RowID, sc.cfg.S3.Bucket, sc.cfg.ObjectKey, sc.cfg.LeaseName)
@@ -277,7 +286,7 @@ func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error)
 		RedisURL: svc.RedisURL, PostgresURL: svc.PostgresURL, S3: svc.S3,
 		Schema: "stalewriter_" + id, Table: "report", RowID: "2026-11",
 		ObjectKey: "stalewriter/" + id + "/report.json", Resource: "report/2026-11",
-		LeaseName: "stalewriter-" + id, RedisPrefix: "fencekit:",
+		LeaseName: "stalewriter-" + id, LeaseStore: o.leaseStore, RedisPrefix: "fencekit:",
 		TTL: o.ttl, WriteDelay: o.writeDelay, Unguarded: o.unguarded,
 	}}
 	var err error
@@ -285,6 +294,7 @@ func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error)
 		PostgresURL: svc.PostgresURL, Schema: sc.cfg.Schema,
 		CreateTables: sc.createTable,
 		FencedTables: []string{sc.cfg.Table},
+		LeaseStore:   sc.cfg.LeaseStore,
 		RedisURL:     svc.RedisURL, RedisPrefix: sc.cfg.RedisPrefix, LeaseName: sc.cfg.LeaseName,
 		PostgresStarted: svc.PostgresStarted, RedisStarted: svc.RedisStarted,
 	})
@@ -325,8 +335,11 @@ func (sc *scenario) tearDown(errOut io.Writer) {
 func (sc *scenario) keep(out io.Writer, svc *services.Set) {
 	sc.Stores.Keep()
 	sc.objectDone()
-	fmt.Fprintf(out, "\nKept (--keep):\n  schema %s in %s\n  lease keys %s and %s in %s\n  object s3://%s/%s at %s\n",
-		sc.cfg.Schema, services.Redact(sc.cfg.PostgresURL), sc.Keys.Lease, sc.Keys.Token, sc.cfg.RedisURL, sc.cfg.S3.Bucket, sc.cfg.ObjectKey, sc.cfg.S3.Endpoint)
+	fmt.Fprintf(out, "\nKept (--keep):\n  schema %s in %s\n", sc.cfg.Schema, services.Redact(sc.cfg.PostgresURL))
+	if sc.Redis != nil {
+		fmt.Fprintf(out, "  lease keys %s and %s in %s\n", sc.Keys.Lease, sc.Keys.Token, sc.cfg.RedisURL)
+	}
+	fmt.Fprintf(out, "  object s3://%s/%s at %s\n", sc.cfg.S3.Bucket, sc.cfg.ObjectKey, sc.cfg.S3.Endpoint)
 	for _, d := range svc.Dirs {
 		fmt.Fprintf(out, "  the data of a server this demo started (it stops now): %s; remove it when done\n", d)
 	}
@@ -345,7 +358,7 @@ func (sc *scenario) startWorker(role string, acquireTimeout time.Duration) (*pro
 func (sc *scenario) play(ctx context.Context, tl *demo.Timeline, o options) (*summary, error) {
 	sum := &summary{Unguarded: o.unguarded, TTLMillis: o.ttl.Milliseconds(), PauseMillis: o.pause.Milliseconds(),
 		Run: runInfo{Schema: sc.cfg.Schema, Table: sc.cfg.Table, RowID: sc.cfg.RowID, Bucket: sc.cfg.S3.Bucket,
-			ObjectKey: sc.cfg.ObjectKey, LeaseName: sc.cfg.LeaseName, RedisPrefix: sc.cfg.RedisPrefix}}
+			ObjectKey: sc.cfg.ObjectKey, LeaseName: sc.cfg.LeaseName, LeaseStore: sc.cfg.LeaseStore, RedisPrefix: sc.cfg.RedisPrefix}}
 	a, err := sc.startWorker("A", 30*time.Second)
 	if err != nil {
 		return nil, err

@@ -30,6 +30,7 @@ func TestFlags(t *testing.T) {
 		{[]string{"extra"}, 2, "", "unexpected arguments"},
 		{[]string{"--nope"}, 2, "", "flag provided but not defined"},
 		{[]string{"--nope"}, 2, "", "Usage: go run ./examples/stalewriter"},
+		{[]string{"--lease-store", "etcd"}, 2, "", `--lease-store "etcd": want redis, postgres or postgres-session`},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(tc.args, &stdout, &stderr)

@@ -37,6 +37,7 @@ type workerConfig struct {
 	ObjectKey      string        `json:"object_key"`
 	Resource       string        `json:"resource"`
 	LeaseName      string        `json:"lease_name"`
+	LeaseStore     string        `json:"lease_store"`
 	RedisPrefix    string        `json:"redis_prefix"`
 	TTL            time.Duration `json:"ttl"`
 	AcquireTimeout time.Duration `json:"acquire_timeout"`
@@ -47,6 +48,12 @@ type workerConfig struct {
 }
 
 const configVar = "FENCEKIT_STALEWRITER_WORKER"
+
+// leaseStore says where the run's leases live: PostgreSQL leases in the
+// run's schema.
+func (c workerConfig) leaseStore() demo.LeaseStore {
+	return demo.LeaseStore{Kind: c.LeaseStore, RedisURL: c.RedisURL, RedisPrefix: c.RedisPrefix, PostgresURL: c.PostgresURL, Schema: c.Schema}
+}
 
 // event is one line a worker prints on its standard output.
 type event struct {
@@ -138,7 +145,7 @@ func runWorker() int {
 	cfg := w.cfg
 	ctx := context.Background()
 
-	m, closeLeases, err := demo.NewLeaseManager(cfg.RedisURL, cfg.RedisPrefix, cfg.TTL, lease.WithIdentity("worker-"+cfg.Role))
+	m, closeLeases, err := demo.NewLeaseManager(cfg.leaseStore(), cfg.TTL, lease.WithIdentity("worker-"+cfg.Role))
 	if err != nil {
 		return w.fail("%v", err)
 	}

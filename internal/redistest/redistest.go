@@ -1,8 +1,10 @@
 // Package redistest gives tests real Redis servers: the machine's shared one
-// (FENCE_REDIS_URL) with a unique key prefix per test, and throwaway
+// (FENCE_REDIS_URL) with a unique key prefix per test, throwaway
 // redis-server processes on free loopback ports for destructive tests
-// (FLUSHALL, restarts, CLIENT PAUSE). It fails the test loudly when a server
-// cannot be had; it never skips.
+// (FLUSHALL, restarts, CLIENT PAUSE, SIGKILL), and multi-node deployments
+// started from Go: a Redis Cluster of masters with replicas (StartCluster)
+// and a primary with replicas watched by Sentinels (StartSentinel). It fails
+// the test loudly when a server cannot be had; it never skips.
 package redistest
 
 import (
@@ -16,6 +18,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -80,10 +83,17 @@ func Prefix(t testing.TB) string {
 
 // Server is a redis-server process owned by one test.
 type Server struct {
-	Addr   string
-	t      testing.TB
-	port   int
-	dir    string
+	Addr string
+	t    testing.TB
+	port int
+	// cluster is set for a Redis Cluster node, which needs a second port
+	// for the cluster bus (cluster-port).
+	cluster bool
+	busPort int
+	dir     string
+	// conf is the path of a configuration file passed as the first
+	// argument (a Sentinel needs one it can rewrite), or "".
+	conf   string
 	extra  []string
 	cmd    *exec.Cmd
 	exited chan error // receives cmd.Wait's result
@@ -93,13 +103,22 @@ type Server struct {
 // port, stopped when t ends. extra are more server arguments.
 func Start(t testing.TB, extra ...string) *Server {
 	t.Helper()
+	return launch(t, &Server{t: t, dir: t.TempDir(), extra: extra})
+}
+
+// launch picks free ports for s and starts it, retrying with other ports
+// when the chosen ones were taken meanwhile; it fails t when it cannot.
+func launch(t testing.TB, s *Server) *Server {
+	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatalf("redistest: redis-server is not installed (Debian: apt-get install redis-server): %v", err)
 	}
-	s := &Server{t: t, dir: t.TempDir(), extra: extra}
 	var lastErr error
 	for range 5 {
 		s.port = freePort(t)
+		if s.cluster {
+			s.busPort = freePort(t)
+		}
 		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port))
 		if lastErr = s.start(); lastErr == nil {
 			t.Cleanup(s.Stop)
@@ -120,11 +139,19 @@ func freePort(t testing.TB) int {
 }
 
 func (s *Server) start() error {
-	args := append([]string{
+	var args []string
+	if s.conf != "" {
+		args = append(args, s.conf)
+	}
+	args = append(args,
 		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", s.dir,
 		"--logfile", filepath.Join(s.dir, "redis.log"),
-	}, s.extra...)
+	)
+	if s.cluster {
+		args = append(args, "--cluster-port", strconv.Itoa(s.busPort))
+	}
+	args = append(args, s.extra...)
 	cmd := exec.Command("redis-server", args...)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
@@ -160,14 +187,51 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines, " | ")
 }
 
-// Stop kills the server and waits until it has exited.
+// Stop kills the server (SIGKILL) and waits until it has exited. It does
+// nothing when the server is not running.
 func (s *Server) Stop() {
 	if s.cmd == nil {
 		return
 	}
+	_ = s.cmd.Process.Signal(syscall.SIGCONT) // a paused server must die too
 	_ = s.cmd.Process.Kill()
 	<-s.exited
 	s.cmd, s.exited = nil, nil
+}
+
+// Kill sends SIGKILL to the running server, as a crash would, waits until
+// it has exited, and returns the time the signal was sent. It fails t when
+// the server is not running.
+func (s *Server) Kill(t testing.TB) time.Time {
+	t.Helper()
+	if s.cmd == nil {
+		t.Fatalf("redistest: Kill: redis-server on %s is not running", s.Addr)
+	}
+	at := time.Now()
+	s.Stop()
+	return at
+}
+
+// Running reports whether the server process is running (it may be paused).
+func (s *Server) Running() bool { return s.cmd != nil }
+
+// Relaunch starts the server again after Kill or Stop, on the same port,
+// directory and arguments, and fails t if it cannot. Without persistence
+// its data comes back empty; a cluster node keeps its nodes.conf, so it
+// rejoins its cluster.
+func (s *Server) Relaunch(t testing.TB) {
+	t.Helper()
+	if s.cmd != nil {
+		t.Fatalf("redistest: Relaunch: redis-server on %s is still running", s.Addr)
+	}
+	var err error
+	for range 50 {
+		if err = s.start(); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond) // the port may linger for a moment
+	}
+	t.Fatalf("redistest: cannot relaunch redis-server on %s: %v", s.Addr, err)
 }
 
 // Restart kills the server and starts a new one on the same port. Without
@@ -175,14 +239,24 @@ func (s *Server) Stop() {
 func (s *Server) Restart() {
 	s.t.Helper()
 	s.Stop()
-	var err error
-	for range 50 {
-		if err = s.start(); err == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
+	s.Relaunch(s.t)
+}
+
+// Pause stops the server process (SIGSTOP): it neither answers nor reads
+// its sockets until Resume. Stop and Kill resume it first.
+func (s *Server) Pause(t testing.TB) { s.signal(t, syscall.SIGSTOP) }
+
+// Resume continues a paused server (SIGCONT).
+func (s *Server) Resume(t testing.TB) { s.signal(t, syscall.SIGCONT) }
+
+func (s *Server) signal(t testing.TB, sig syscall.Signal) {
+	t.Helper()
+	if s.cmd == nil {
+		t.Fatalf("redistest: signal %v: redis-server on %s is not running", sig, s.Addr)
 	}
-	s.t.Fatalf("redistest: cannot restart redis-server on %s: %v", s.Addr, err)
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("redistest: signal %v to redis-server on %s: %v", sig, s.Addr, err)
+	}
 }
 
 // Client returns a new client of this server, closed when the test ends.

@@ -2,23 +2,27 @@
 -- KEYS[1] the lease: a string "<token>:<owner>" with a TTL; KEYS[2] the
 -- token counter (the last token granted for the name; no TTL).
 -- ARGV[1] the owner; ARGV[2] the TTL in milliseconds.
--- Returns {1, token} when granted (or already held by ARGV[1]: extended,
--- same token), {0, pttl} when another owner holds it.
+-- Returns the token (> 0) when granted, or already held by ARGV[1] (then
+-- extended, same token); -pttl - 1 (< 0) when another owner holds it.
 --
 -- The token is the larger of the last token + 1 and the server clock in
 -- microseconds, so that it keeps growing when the counter is lost (FLUSHALL,
 -- a restart without persistence, eviction, a failover to a lagging replica).
+-- A refused attempt may advance the counter without a grant: tokens still
+-- only grow.
 local now = redis.call('TIME')
-local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
-local counter = redis.call('GET', KEYS[2]) or '0'
-if not string.match(counter, '^%d+$') then
-  -- Fail closed, before any write: a counter that is not a decimal integer
-  -- (say "nan") would mint a token that is not a number.
-  return redis.error_reply('fencekit: token counter ' .. KEYS[2] .. ' holds ' .. string.sub(counter, 1, 40) .. ', not a whole number')
-end
-local token = tonumber(counter) + 1
-if token < floor then
-  token = floor
+local token = now[1] * 1000000 + now[2]
+local counter = redis.call('GET', KEYS[2])
+if counter then
+  local last = tonumber(counter)
+  if not last or last ~= math.floor(last) or last < 0 then
+    -- Fail closed, before any write: a counter that is not a whole number
+    -- (say "nan") would mint a token that is not a number.
+    return redis.error_reply('fencekit: token counter ' .. KEYS[2] .. ' holds ' .. string.sub(counter, 1, 40) .. ', not a whole number')
+  end
+  if last >= token then
+    token = last + 1
+  end
 end
 if token >= 9007199254740992 then
   return redis.error_reply('fencekit: token counter ' .. KEYS[2] .. ' is beyond 2^53')
@@ -27,12 +31,11 @@ local s = string.format('%d', token)
 -- The common case in one command: the lease is free.
 if redis.call('SET', KEYS[1], s .. ':' .. ARGV[1], 'NX', 'PX', ARGV[2]) then
   redis.call('SET', KEYS[2], s)
-  return {1, s}
+  return token
 end
-local cur = redis.call('GET', KEYS[1])
-local held, owner = string.match(cur or '', '^(%d+):(.*)$')
+local held, owner = string.match(redis.call('GET', KEYS[1]) or '', '^(%d+):(.*)$')
 if owner == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, held}
+  return tonumber(held)
 end
-return {0, redis.call('PTTL', KEYS[1])}
+return -redis.call('PTTL', KEYS[1]) - 1

@@ -3,6 +3,7 @@ package redislease
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -48,11 +49,11 @@ func BenchmarkCycle(b *testing.B) {
 		for b.Loop() {
 			i++
 			owner := fmt.Sprintf("raw-%d", i)
-			res, err := acquireScript.Run(ctx, c, []string{keys.Lease, keys.Token}, owner, ttlMs).Slice()
+			tok, err := acquireScript.Run(ctx, c, []string{keys.Lease, keys.Token}, owner, ttlMs).Int64()
 			if err != nil {
 				b.Fatal(err)
 			}
-			if err := releaseScript.Run(ctx, c, []string{keys.Lease}, res[1].(string)+":"+owner, keys.Channel).Err(); err != nil {
+			if err := releaseScript.Run(ctx, c, []string{keys.Lease}, strconv.FormatInt(tok, 10)+":"+owner, keys.Channel).Err(); err != nil {
 				b.Fatal(err)
 			}
 		}

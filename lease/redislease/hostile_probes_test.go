@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	mrand "math/rand/v2"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/redistest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/redislease"
@@ -49,16 +47,6 @@ func (d *delayClient) Pipelined(ctx context.Context, fn func(redis.Pipeliner) er
 	cmds, err := d.Client.Pipelined(ctx, fn)
 	time.Sleep(d.delay())
 	return cmds, err
-}
-
-// holding is what one holder believed while it held a grant.
-type holding struct {
-	token       fence.Token
-	acquiredAt  time.Time // when Acquire returned: the grant happened before
-	lastBelief  time.Time // the latest time Err() said "held"
-	maxDeadline time.Time // the latest Deadline() reported while held
-	manager     string
-	lost        bool
 }
 
 // TestHostile_ExclusiveWhileLeasesExpireDuringWork: holders over four
@@ -109,35 +97,12 @@ func TestHostile_ExclusiveWhileLeasesExpireDuringWork(t *testing.T) {
 				h := holding{token: l.Token(), acquiredAt: acquiredAt, manager: mg.name}
 				work := time.Duration(mrand.N(4)) * ttl / 2 // 0 to 1.5 TTL
 				renews := mrand.N(3)
-				end := time.Now().Add(work)
-				for time.Now().Before(end) {
+				h = workWhileHeld(t, ctx, l, h, time.Now().Add(work), func() {
 					if mg.manual && renews > 0 && mrand.N(10) == 0 {
 						renews--
 						_ = l.Renew(ctx)
 					}
-					t0 := time.Now()
-					d := l.Deadline()
-					if l.Err() != nil {
-						break
-					}
-					h.lastBelief = t0
-					if d.After(h.maxDeadline) {
-						h.maxDeadline = d
-					}
-					time.Sleep(time.Millisecond)
-				}
-				if l.Err() == nil {
-					// Released now: the belief ends at the start of Release.
-					h.lastBelief = time.Now()
-					if h.maxDeadline.After(h.lastBelief) {
-						h.maxDeadline = h.lastBelief
-					}
-				}
-				if err := l.Release(ctx); errors.Is(err, lease.ErrLost) {
-					h.lost = true
-				} else if err != nil {
-					t.Errorf("Release: %v", err)
-				}
+				})
 				mu.Lock()
 				holdings = append(holdings, h)
 				mu.Unlock()
@@ -146,34 +111,7 @@ func TestHostile_ExclusiveWhileLeasesExpireDuringWork(t *testing.T) {
 	}
 	wg.Wait()
 
-	sort.Slice(holdings, func(i, j int) bool { return holdings[i].token < holdings[j].token })
-	var lost, failures int
-	for i := range holdings {
-		if i > 0 && holdings[i].token == holdings[i-1].token {
-			t.Errorf("token %d granted twice", holdings[i].token)
-		}
-	}
-	// earliest[i] is the earliest acquiredAt of any grant after i.
-	earliest := make([]time.Time, len(holdings))
-	for i := len(holdings) - 2; i >= 0; i-- {
-		next := holdings[i+1].acquiredAt
-		if i+2 < len(holdings) && earliest[i+1].Before(next) {
-			next = earliest[i+1]
-		}
-		earliest[i] = next
-	}
-	for i, h := range holdings[:max(len(holdings)-1, 0)] {
-		if h.lost {
-			lost++
-		}
-		if h.lastBelief.After(earliest[i]) || h.maxDeadline.After(earliest[i]) {
-			failures++
-			if failures <= 5 {
-				t.Errorf("holder of token %d (%s) believed it held the lease %v after a later grant, and reported a deadline %v after it",
-					h.token, h.manager, h.lastBelief.Sub(earliest[i]), h.maxDeadline.Sub(earliest[i]))
-			}
-		}
-	}
+	lost := checkNoOverlap(t, holdings)
 	t.Logf("%d grants checked, %d lost during work", len(holdings), lost)
 	if len(holdings) < 20 {
 		t.Fatalf("only %d grants: the test did not exercise contention", len(holdings))

@@ -11,8 +11,11 @@
 //   - Renew: extend the TTL only if the stored owner and token are the
 //     grant's (compare-then-extend).
 //   - Release: delete only if the stored owner and token are the grant's
-//     (compare-then-delete), and PUBLISH on the lease's release channel so
-//     that blocked waiters wake at once.
+//     (compare-then-delete), and publish on the lease's release channel so
+//     that blocked waiters wake at once: SPUBLISH (sharded pub/sub, Redis
+//     7.0+), or PUBLISH on a server without it or with
+//     Options.ClassicPubSub. Waiters share one pub/sub connection per
+//     Backend (one per hash slot's node on a Cluster).
 //
 // TTLs are whole milliseconds, at least MinTTL (Backend.Limits).
 //
@@ -37,9 +40,35 @@
 // differ by less than the time a failover takes. Tokens stay below 2^53
 // until the year 2255.
 //
-// Exclusivity has the usual Redis limits: with asynchronous replication a
-// failover can lose a grant and let a second holder in. The fencing token
-// is what makes that safe at the store (packages sqlguard and blobguard).
+// # Deployments: standalone, Sentinel, Cluster
+//
+// What holds on each, as measured by this package's tests on real
+// deployments (docs/redis-deployments.md has the method and every figure):
+//
+//   - Tokens only grow across failovers, including to a replica that had
+//     not received the last grants (its counter is behind, the TIME floor
+//     is not), under the clock assumption above.
+//   - Exclusivity holds across a manual failover (CLUSTER FAILOVER,
+//     SENTINEL FAILOVER: no grant lost, no renewal failed). A failover to a
+//     replica that lagged can lose a grant, because replication is
+//     asynchronous: another client is then granted the lease at once, and
+//     the first holder learns of the loss at its next renewal that reaches
+//     the new primary (LostTakenOver; its renewals never re-create the
+//     grant). Until then two holders overlap, and only fencing at the store
+//     keeps the data safe (packages sqlguard and blobguard): in the tests,
+//     every write of the older holder was rejected as stale.
+//   - Takeover after a SIGKILLed primary: a waiting client was granted a
+//     lost lease 2.3-5.3 s after the kill on a Cluster with node timeout
+//     1 s, and 1.4-3.8 s with Sentinel (down-after 1 s).
+//   - On a Cluster, New wraps the client so that a request that got no
+//     reply reloads the slot map (go-redis issue 3979: otherwise requests
+//     for a dead master's slots keep going to its address for up to
+//     ClusterStateReloadInterval, 60 s by default).
+//   - One round trip per acquire, renew and release; a batch of heartbeats
+//     costs one pipeline per master holding some of its leases.
+//   - Release notices use sharded pub/sub on Redis 7 (one cluster-bus
+//     message per release instead of one per node), waiters woken in
+//     milliseconds, also across failovers.
 //
 // Use a client with ContextTimeoutEnabled set, so that a request's context
 // bounds the socket wait; a lease is declared lost at its local deadline
@@ -67,6 +96,7 @@ import (
 type Client interface {
 	redis.Scripter
 	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
+	SSubscribe(ctx context.Context, channels ...string) *redis.PubSub
 	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
 }
 
@@ -107,6 +137,17 @@ type Options struct {
 	// Prefix starts every key and channel name. Default "fencekit:". It
 	// must not contain '{' or '}' (they would break the hash tags).
 	Prefix string
+
+	// ClassicPubSub makes releases publish with PUBLISH and waiters
+	// subscribe with SUBSCRIBE, as fencekit did before it used sharded
+	// pub/sub. Default false: SPUBLISH and SSUBSCRIBE where the server has
+	// them (Redis 7.0+; on a Cluster a notice then reaches only its shard's
+	// nodes instead of every node), PUBLISH and SUBSCRIBE where it does
+	// not. A waiter of one kind does not hear a release of the other kind
+	// and only polls (Options.PollInterval of package lease): during a
+	// rolling upgrade from a version without sharded pub/sub, set it on
+	// every process until all are upgraded.
+	ClassicPubSub bool
 }
 
 // Option sets fields of Options; any func(*Options) is one.
@@ -115,12 +156,16 @@ type Option func(*Options)
 // WithPrefix sets Options.Prefix.
 func WithPrefix(prefix string) Option { return func(o *Options) { o.Prefix = prefix } }
 
+// WithClassicPubSub sets Options.ClassicPubSub.
+func WithClassicPubSub() Option { return func(o *Options) { o.ClassicPubSub = true } }
+
 // Backend stores leases in Redis. It is safe for concurrent use. Call Close
 // when done to end its pub/sub connection.
 type Backend struct {
 	c      Client
 	prefix string
 	hub    *hub
+	notice string // release.lua's ARGV[3]: "sharded" or "classic"
 }
 
 // New returns a Backend over c. It does no I/O: scripts are loaded on first
@@ -142,7 +187,13 @@ func New(c Client, opts ...Option) (*Backend, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return &Backend{c: c, prefix: o.Prefix, hub: newHub(c)}, nil
+	// The hub gets the client itself: it asks it for sharded pub/sub and
+	// for its slot map.
+	mode, notice := pubsubAuto, "sharded"
+	if o.ClassicPubSub {
+		mode, notice = pubsubClassic, "classic"
+	}
+	return &Backend{c: withSlotReload(c), prefix: o.Prefix, hub: newHubMode(c, mode), notice: notice}, nil
 }
 
 // Keys are the Redis names used for one lease name.
@@ -160,14 +211,53 @@ var nameEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
 
 // KeysFor returns the keys the backend uses for the lease name.
 func (b *Backend) KeysFor(name string) Keys {
-	base := b.prefix + "{" + nameEscaper.Replace(name) + "}:"
-	return Keys{Lease: base + "lease", Token: base + "token", Channel: base + "released"}
+	lk, tk, ch := b.keys(name, "lease", "token", "released")
+	return Keys{Lease: lk, Token: tk, Channel: ch}
+}
+
+// keys returns the names "<prefix>{<name>}:<suffix>" for two or three
+// suffixes (c may be empty), built in one allocation: they are substrings of
+// one string.
+func (b *Backend) keys(name, a, c, d string) (string, string, string) {
+	esc := nameEscaper.Replace(name)
+	base := len(b.prefix) + len(esc) + 3
+	var sb strings.Builder
+	sb.Grow(3*base + len(a) + len(c) + len(d))
+	for _, suffix := range [...]string{a, c, d} {
+		if suffix == "" {
+			continue
+		}
+		sb.WriteString(b.prefix)
+		sb.WriteByte('{')
+		sb.WriteString(esc)
+		sb.WriteString("}:")
+		sb.WriteString(suffix)
+	}
+	all := sb.String()
+	i, j := base+len(a), base+len(a)
+	if c != "" {
+		j += base + len(c)
+	}
+	return all[:i], all[i:j], all[j:]
+}
+
+// leaseKey returns the key of name's lease alone.
+func (b *Backend) leaseKey(name string) string {
+	k, _, _ := b.keys(name, "lease", "", "")
+	return k
 }
 
 // grantValue is what the lease key holds for g: "<token>:<owner>", so that
 // renew and release compare both in one string comparison.
 func grantValue(g lease.Grant) string {
-	return strconv.FormatUint(uint64(g.Token), 10) + ":" + g.Owner
+	var num [20]byte
+	tok := strconv.AppendUint(num[:0], uint64(g.Token), 10)
+	var sb strings.Builder
+	sb.Grow(len(tok) + 1 + len(g.Owner))
+	sb.Write(tok)
+	sb.WriteByte(':')
+	sb.WriteString(g.Owner)
+	return sb.String()
 }
 
 // MinTTL is the shortest TTL the Redis backend accepts: shorter ones leave
@@ -193,23 +283,20 @@ func (b *Backend) Acquire(ctx context.Context, req lease.Request) (lease.Grant, 
 	if err != nil {
 		return lease.Grant{}, err
 	}
-	k := b.KeysFor(req.Name)
-	res, err := acquireScript.Run(ctx, b.c, []string{k.Lease, k.Token}, req.Owner, ms).Slice()
+	lk, tk, _ := b.keys(req.Name, "lease", "token", "")
+	v, err := acquireScript.Run(ctx, b.c, []string{lk, tk}, req.Owner, ms).Int64()
 	if err != nil {
 		return lease.Grant{}, fmt.Errorf("redislease: acquire %q: %w", req.Name, err)
 	}
-	if len(res) != 2 {
-		return lease.Grant{}, fmt.Errorf("redislease: acquire %q: unexpected reply %v", req.Name, res)
+	if v < 0 {
+		// -pttl - 1: held by another owner, for pttl more milliseconds
+		// (-1 or -2 from PTTL: no expiry, or gone meanwhile).
+		return lease.Grant{}, &lease.NotAcquiredError{Name: req.Name, RetryAfter: time.Duration(max(-v-1, 0)) * time.Millisecond}
 	}
-	if ok, _ := res[0].(int64); ok == 0 {
-		pttl, _ := res[1].(int64)
-		return lease.Grant{}, &lease.NotAcquiredError{Name: req.Name, RetryAfter: time.Duration(max(pttl, 0)) * time.Millisecond}
+	if v == 0 {
+		return lease.Grant{}, fmt.Errorf("redislease: acquire %q: the store returned token 0", req.Name)
 	}
-	s, _ := res[1].(string)
-	tok, err := strconv.ParseUint(s, 10, 64)
-	if err != nil || tok == 0 {
-		return lease.Grant{}, fmt.Errorf("redislease: acquire %q: the store returned an invalid token %v", req.Name, res[1])
-	}
+	tok := uint64(v)
 	return lease.Grant{Name: req.Name, Owner: req.Owner, Token: fence.Token(tok), TTL: req.TTL}, nil
 }
 
@@ -220,7 +307,7 @@ func (b *Backend) Renew(ctx context.Context, g lease.Grant) error {
 	if err != nil {
 		return err
 	}
-	n, err := renewScript.Run(ctx, b.c, []string{b.KeysFor(g.Name).Lease}, grantValue(g), ms).Int64()
+	n, err := renewScript.Run(ctx, b.c, []string{b.leaseKey(g.Name)}, grantValue(g), ms).Int64()
 	if err != nil {
 		return fmt.Errorf("redislease: renew %q: %w", g.Name, err)
 	}
@@ -247,7 +334,7 @@ func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant) []error {
 					errs[i] = err
 					continue
 				}
-				keys := []string{b.KeysFor(g.Name).Lease}
+				keys := []string{b.leaseKey(g.Name)}
 				if withBody {
 					cmds[i] = renewScript.Eval(ctx, p, keys, grantValue(g), ms)
 				} else {
@@ -289,8 +376,8 @@ func hasNoScript(cmds []*redis.Cmd) bool {
 // only if the lease hash still holds g's owner and token, and then publishes
 // on the release channel.
 func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
-	k := b.KeysFor(g.Name)
-	n, err := releaseScript.Run(ctx, b.c, []string{k.Lease}, grantValue(g), k.Channel).Int64()
+	lk, _, ch := b.keys(g.Name, "lease", "", "released")
+	n, err := releaseScript.Run(ctx, b.c, []string{lk}, grantValue(g), ch, b.notice).Int64()
 	if err != nil {
 		return fmt.Errorf("redislease: release %q: %w", g.Name, err)
 	}
@@ -302,7 +389,7 @@ func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
 
 // Holder implements lease.Inspector in one script call.
 func (b *Backend) Holder(ctx context.Context, name string) (lease.Holder, error) {
-	res, err := holderScript.Run(ctx, b.c, []string{b.KeysFor(name).Lease}).Slice()
+	res, err := holderScript.Run(ctx, b.c, []string{b.leaseKey(name)}).Slice()
 	switch {
 	case errors.Is(err, redis.Nil):
 		return lease.Holder{}, lease.ErrNotHeld

@@ -14,6 +14,8 @@
 //	ctxsw/s        context switches of this process per second (getrusage:
 //	               voluntary + involuntary): how often it wakes up
 //	redis-cpu-%    the Redis server's own CPU time, percentage of one core
+//	heap-B/lease   live heap per held lease (after a GC, before and after
+//	               the acquisitions): the Manager's and the backend's state
 //	lost           leases lost during the window (must be 0)
 //
 // once with renewals batched (the default: heartbeats due within
@@ -186,10 +188,16 @@ func measure(ctx context.Context, admin *redis.Client, own bool, c config, ttl, 
 		return "", err
 	}
 	defer be.Close()
-	m, err := lease.NewManager(be, ttl, c.options())
+	ro := &renewObserver{}
+	m, err := lease.NewManager(be, ttl, c.options(), lease.WithObserver(ro))
 	if err != nil {
 		return "", err
 	}
+	defer func() {
+		if n := ro.failed.Load(); n > 0 {
+			log.Printf("%s: %d renewals failed; the last error: %v", c.name(), n, ro.lastErr.Load())
+		}
+	}()
 	interval := m.Options().RenewInterval
 	if window == 0 {
 		window = interval
@@ -201,6 +209,7 @@ func measure(ctx context.Context, admin *redis.Client, own bool, c config, ttl, 
 	if c.acquire == "spread" {
 		spread = interval
 	}
+	heap0 := heapInUse()
 	start := time.Now()
 	err = forEach(c.leases, parallel, func(i int) error {
 		if spread > 0 {
@@ -227,7 +236,7 @@ func measure(ctx context.Context, admin *redis.Client, own bool, c config, ttl, 
 	}
 	log.Printf("%s: %d leases acquired in %v; measuring for %v after %v (renew interval %v, batch window %v)",
 		c.name(), c.leases, time.Since(start).Round(time.Millisecond), window, settle, interval, m.Options().RenewBatchWindow)
-	runtime.GC() // the acquisitions' garbage is not the heartbeat's
+	perLease := float64(heapInUse()-heap0) / float64(c.leases) // after a GC: what the held leases keep
 	select {
 	case <-time.After(settle):
 	case <-ctx.Done():
@@ -274,7 +283,7 @@ func measure(ctx context.Context, admin *redis.Client, own bool, c config, ttl, 
 	if renews > 0 {
 		perRenew = float64(cpu.Microseconds()) / float64(renews)
 	}
-	return fmt.Sprintf("%s\t1\t%.1f renews/s\t%.1f cmds/s\t%.2f rtts/tick\t%.3f cpu-%%\t%.2f cpu-us/renew\t%.1f ctxsw/s\t%.3f redis-cpu-%%\t%d lost",
+	return fmt.Sprintf("%s\t1\t%.1f renews/s\t%.1f cmds/s\t%.2f rtts/tick\t%.3f cpu-%%\t%.2f cpu-us/renew\t%.1f ctxsw/s\t%.3f redis-cpu-%%\t%.0f heap-B/lease\t%d lost",
 		c.name(),
 		float64(renews)/secs,
 		float64(d.Commands-1)/secs, // the first INFO is counted in the delta
@@ -283,7 +292,30 @@ func measure(ctx context.Context, admin *redis.Client, own bool, c config, ttl, 
 		perRenew,
 		float64(u1.Switches-u0.Switches)/secs,
 		100*d.CPU.Seconds()/secs,
+		perLease,
 		lost), nil
+}
+
+// renewObserver counts failed renewals.
+type renewObserver struct {
+	lease.NopObserver
+	failed  atomic.Int64
+	lastErr atomic.Value
+}
+
+func (o *renewObserver) Renewed(e lease.RenewedEvent) {
+	if e.Err != nil {
+		o.failed.Add(1)
+		o.lastErr.Store(fmt.Sprint(e.Err))
+	}
+}
+
+// heapInUse returns the bytes of live heap objects, after a collection.
+func heapInUse() int64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapAlloc)
 }
 
 // warmUp acquires, renews and releases one lease, so that the server has

@@ -4,17 +4,11 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/exec"
 	"syscall"
-	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/fencekit/fencekit/examples/internal/leftover"
-	"github.com/fencekit/fencekit/lease"
-	"github.com/fencekit/fencekit/lease/redislease"
 )
 
 // Child is a child process started by StartChild.
@@ -78,34 +72,4 @@ func ReadChildConfig(envVar string, cfg any) error {
 		return fmt.Errorf("bad %s: %w", envVar, err)
 	}
 	return nil
-}
-
-// NewLeaseManager returns, for a child process, a lease.Manager on Redis at
-// redisURL with its keys under prefix, and a function that closes the
-// backend and the Redis client. The Manager logs its warnings (an acquire
-// attempt that failed and will be retried, a lost lease) on stderr, which
-// is the orchestrator's; opts come after that and may replace it.
-func NewLeaseManager(redisURL, prefix string, ttl time.Duration, opts ...lease.Option) (*lease.Manager, func(), error) {
-	ropt, err := redis.ParseURL(redisURL)
-	if err != nil {
-		return nil, nil, fmt.Errorf("redis URL: %w", err)
-	}
-	ropt.ContextTimeoutEnabled = true
-	rc := redis.NewClient(ropt)
-	backend, err := redislease.New(rc, func(o *redislease.Options) { o.Prefix = prefix })
-	if err != nil {
-		_ = rc.Close()
-		return nil, nil, err
-	}
-	closeAll := func() {
-		_ = backend.Close()
-		_ = rc.Close()
-	}
-	warnings := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	m, err := lease.NewManager(backend, ttl, append([]lease.Option{lease.WithLogger(warnings)}, opts...)...)
-	if err != nil {
-		closeAll()
-		return nil, nil, err
-	}
-	return m, closeAll, nil
 }

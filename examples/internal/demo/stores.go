@@ -16,11 +16,14 @@ import (
 )
 
 // Stores is what one run works in: a throwaway PostgreSQL schema, and the
-// Redis keys of its lease.
+// Redis keys of its lease when its leases live in Redis.
 type Stores struct {
 	Schema string
 	Pool   *pgxpool.Pool
-	Redis  *redis.Client
+	// LeaseStore and LeaseName repeat the StoresConfig.
+	LeaseStore, LeaseName string
+	// Redis is nil unless LeaseStore is LeaseRedis.
+	Redis *redis.Client
 	// Keys are the lease's keys in Redis.
 	Keys redislease.Keys
 
@@ -42,6 +45,10 @@ type StoresConfig struct {
 	// column.
 	FencedTables []string
 
+	// LeaseStore is LeaseRedis (the default when empty), LeasePostgres or
+	// LeasePostgresSession. PostgreSQL leases live in Schema, in the tables
+	// fencekit's migrations create, and go with it.
+	LeaseStore  string
 	RedisURL    string
 	RedisPrefix string
 	LeaseName   string
@@ -55,16 +62,20 @@ type StoresConfig struct {
 // SetUpStores creates the schema and the program's tables in it, then does
 // there what `fencekit migrate up` and `fencekit migrate add-lock-version`
 // do: fencekit's own tables, and lock_version on the fenced tables. It
-// connects to Redis and finds the lease's keys. The schema and the keys
-// are recorded in the run's ledger (package leftover) before they exist,
-// so that a run killed at any point leaves them to the next run's sweep.
-// On error it has already torn down what it created.
+// connects to Redis and finds the lease's keys, when leases live there.
+// The schema and the keys are recorded in the run's ledger (package
+// leftover) before they exist, so that a run killed at any point leaves
+// them to the next run's sweep. On error it has already torn down what it
+// created.
 func SetUpStores(ctx context.Context, cfg StoresConfig) (*Stores, error) {
 	pool, err := pgxpool.New(ctx, cfg.PostgresURL)
 	if err != nil {
 		return nil, err
 	}
-	st := &Stores{Schema: cfg.Schema, Pool: pool}
+	if cfg.LeaseStore == "" {
+		cfg.LeaseStore = LeaseRedis
+	}
+	st := &Stores{Schema: cfg.Schema, Pool: pool, LeaseStore: cfg.LeaseStore, LeaseName: cfg.LeaseName}
 	st.schemaDone = leftover.Track(leftover.Entry{Kind: leftover.KindSchema, URL: cfg.PostgresURL, Name: cfg.Schema, Ephemeral: cfg.PostgresStarted})
 	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{cfg.Schema}.Sanitize()); err != nil {
 		pool.Close()
@@ -94,6 +105,9 @@ func (st *Stores) prepare(ctx context.Context, cfg StoresConfig) error {
 		if err := migrations.ApplyLockVersion(ctx, db, migrations.TableName{Schema: cfg.Schema, Name: t}); err != nil {
 			return fmt.Errorf("add lock_version to %s: %w", t, err)
 		}
+	}
+	if cfg.LeaseStore != LeaseRedis {
+		return nil
 	}
 	ropt, err := redis.ParseURL(cfg.RedisURL)
 	if err != nil {

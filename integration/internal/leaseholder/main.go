@@ -1,5 +1,6 @@
 // Command leaseholder is a lease holder process for the integration tests.
-// It acquires one lease through lease.Manager over redislease and reports
+// It acquires one lease through lease.Manager over redislease (or, with
+// -store postgres or postgres-session, over pglease in that mode) and reports
 // what happens as JSON lines on its standard output (see Event). With
 // -hold it keeps the lease, renewing it, until it is killed or the lease is
 // lost; without it, it releases the lease at once and exits.
@@ -17,10 +18,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/pglease"
 	"github.com/fencekit/fencekit/lease/redislease"
 )
 
@@ -79,10 +82,15 @@ func main() { os.Exit(run()) }
 func run() int {
 	var (
 		url, prefix, name string
+		store, pgURL      string
+		schema            string
 		ttl, timeout      time.Duration
 		hold              bool
 	)
+	flag.StringVar(&store, "store", "redis", "lease store: redis, postgres (pglease table mode) or postgres-session (pglease session mode)")
 	flag.StringVar(&url, "redis", "redis://127.0.0.1:6379/0", "Redis URL")
+	flag.StringVar(&pgURL, "postgres", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL URL (-store postgres*)")
+	flag.StringVar(&schema, "schema", "", "schema of pglease's tables (-store postgres*)")
 	flag.StringVar(&prefix, "prefix", "fencekit:", "redislease key prefix")
 	flag.StringVar(&name, "name", "", "lease name (required)")
 	flag.DurationVar(&ttl, "ttl", time.Second, "lease TTL")
@@ -98,18 +106,42 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "leaseholder: -name is required")
 		return 2
 	}
-	opt, err := redis.ParseURL(url)
-	if err != nil {
-		return fail("redis URL: %v", err)
+	var backend lease.Backend
+	switch store {
+	case "redis":
+		opt, err := redis.ParseURL(url)
+		if err != nil {
+			return fail("redis URL: %v", err)
+		}
+		opt.ContextTimeoutEnabled = true
+		rc := redis.NewClient(opt)
+		defer rc.Close()
+		b, err := redislease.New(rc, func(o *redislease.Options) { o.Prefix = prefix })
+		if err != nil {
+			return fail("%v", err)
+		}
+		defer b.Close()
+		backend = b
+	case "postgres", "postgres-session":
+		pool, err := pgxpool.New(context.Background(), pgURL)
+		if err != nil {
+			return fail("postgres URL: %v", err)
+		}
+		defer pool.Close()
+		mode := pglease.ModeTable
+		if store == "postgres-session" {
+			mode = pglease.ModeSession
+		}
+		b, err := pglease.New(pool, pglease.WithMode(mode), pglease.WithSchema(schema))
+		if err != nil {
+			return fail("%v", err)
+		}
+		defer b.Close()
+		backend = b
+	default:
+		fmt.Fprintf(os.Stderr, "leaseholder: -store %q: want redis, postgres or postgres-session\n", store)
+		return 2
 	}
-	opt.ContextTimeoutEnabled = true
-	rc := redis.NewClient(opt)
-	defer rc.Close()
-	backend, err := redislease.New(rc, func(o *redislease.Options) { o.Prefix = prefix })
-	if err != nil {
-		return fail("%v", err)
-	}
-	defer backend.Close()
 
 	var (
 		mu  sync.Mutex

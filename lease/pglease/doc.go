@@ -1,0 +1,138 @@
+// Package pglease is the PostgreSQL backend of package lease, over a pgx v5
+// pool, in one of two modes chosen with Options.Mode.
+//
+//	pool, err := pgxpool.New(ctx, url)
+//	b, err := pglease.New(pool)                                  // table mode
+//	b, err := pglease.New(pool, pglease.WithMode(pglease.ModeSession)) // advisory locks
+//	defer b.Close()
+//	m, err := lease.NewManager(b, 10*time.Second)
+//
+// Both modes need fencekit's migrations (migrations.Up, or fencekit migrate
+// up), which create LeaseTable and SessionLeaseTable; Options.Schema names
+// the schema they are in.
+//
+// # Table mode (the default)
+//
+// Each lease name has a row {owner, token, expires_at} in LeaseTable, and
+// each operation is one statement on any connection of the pool (one round
+// trip once pgx has prepared it on that connection), so it works through
+// connection poolers in any mode:
+//
+//   - Acquire: INSERT ... ON CONFLICT DO UPDATE, which takes the row if it is
+//     free or expired, or extends it if the same owner holds it (a retried
+//     request: same token); when another owner holds it, the same statement
+//     returns the holder's remaining time, from the stored expiry, as
+//     NotAcquiredError.RetryAfter.
+//   - Renew: an UPDATE of the expiry only if the row still holds the grant's
+//     owner and token and has not expired. RenewBatch renews any number of
+//     grants in one UPDATE over unnested arrays (one round trip).
+//   - Release: the same comparison, then the row is marked free (it stays:
+//     it carries the name's token) and the release is announced with
+//     NOTIFY on Channel in the same statement.
+//
+// Expiry is computed by the server's clock: clock_timestamp(), read once per
+// statement after the statement has its table locks (not now(), which is
+// the transaction's start and would predate a wait for a lock). The store
+// keeps a grant until that reading plus the TTL, which is never earlier
+// than the request's send time plus the TTL; the Manager's local deadline
+// counts from the send time minus a safety margin, so the holder gives up
+// first as long as the server's clock and the holder's run at the same rate.
+// Statements run under READ COMMITTED (the server's default): under
+// REPEATABLE READ or SERIALIZABLE, contending acquires fail with
+// serialization errors (SQLSTATE 40001) instead of waiting.
+//
+// # Session mode (advisory locks)
+//
+// A lease is a session-level advisory lock (pg_try_advisory_lock on a 64-bit
+// key hashed from Options.Schema and the name), taken on a connection that
+// is acquired from the pool and kept out of it for the life of the lease
+// (Grant.State holds it): the lease lives exactly as long as that session.
+// Each held lease occupies one connection of the pool; give the backend a
+// pool of its own if your other work must not wait for connections.
+//
+//   - Acquire: one statement takes the lock without waiting and, only if it
+//     got it, mints the token in SessionLeaseTable (as table mode does) and
+//     sets the session's idle_session_timeout to the TTL. That timeout is
+//     the lease's expiry at the store: a holder that stops renewing (a crash
+//     that left the socket open, a paused process) has its session ended by
+//     the server after one TTL, which frees the lock.
+//   - Renew: one statement on the pinned connection checks that the same
+//     server process still holds the lock (pg_locks) and that the token row
+//     still names the grant's owner and token; it also restarts the idle
+//     timeout. A broken connection, or a lock or row that is gone, ends the
+//     grant (lease.ErrNotHeld). Only the deadline of a renew's context bounds
+//     it, not its cancellation: pgx closes a connection whose reply it
+//     stopped waiting for, which would end the session.
+//   - Release: one statement unlocks, restores the session's
+//     idle_session_timeout and announces the release with NOTIFY; the
+//     connection then goes back to the pool. If anything is in doubt (an
+//     error, a lock that was not held), the connection is closed instead:
+//     the server frees whatever it held.
+//   - Losses are pushed: while the pinned connection is idle, a goroutine
+//     waits for its socket to become readable (without reading from it). An
+//     idle connection that receives anything, or reaches EOF, has most often
+//     had its session terminated (pg_terminate_backend, a server restart);
+//     the goroutine checks the lock at once and, if it is gone, reports the
+//     loss through Request.Notify, ending the lease immediately rather than
+//     at its deadline. (Sockets are watched on Linux, macOS and FreeBSD, for
+//     TCP and Unix connections, with or without TLS; elsewhere, or through a
+//     custom dialer, the loss is found by the next renew.)
+//
+// Session mode needs PostgreSQL 14 or later (idle_session_timeout) and a
+// direct connection to the server. Behind a pooler in transaction mode, the
+// lock would stay on a server connection that other clients then use, and
+// the unlock would land elsewhere. So Acquire's statement compares the
+// server process that runs it (pg_backend_pid()) with the one the
+// connection announced when it was opened (BackendKeyData,
+// pgconn.PgConn.PID), and takes the lock only if they are the same:
+// poolers answer the latter themselves (PgBouncer makes up a process ID
+// and cancel key for each client), so the two differ, nothing is taken,
+// and Acquire returns ErrPooler. Options.AllowPooler accepts a pooler in
+// session mode (PgBouncer pool_mode=session); every renew still checks that
+// the server process is the one that took the lock. In table mode, a pooler
+// is fine for leases, but LISTEN cannot work through one in transaction
+// mode: waiters then wake by polling only.
+//
+// Every process that uses a lease name must use the same mode and schema: a
+// table-mode holder and a session-mode holder of one name do not exclude
+// each other.
+//
+// # Fencing tokens and what survives data loss
+//
+// In both modes a token is greatest(the name's stored token + 1, the
+// server's clock in microseconds since the Unix epoch), computed in the
+// statement that grants the lease, the stored token read after the
+// statement has locked the name's row (so it is the newest committed one):
+// it strictly grows while the row exists, and keeps growing when the row is
+// lost (TRUNCATE, DELETE, a restore from an older backup, a failover to a
+// replica that had not received the last grants): the first grant
+// afterwards gets the server's current time in microseconds, greater than
+// every earlier token as long as the clock of the server that grants it
+// reads later than the clocks of the servers that granted the earlier ones
+// did at the time. That is the assumption: a server's clock is never stepped
+// back past tokens already granted, and the clocks of servers that can
+// replace each other (a failover) differ by less than the time a failover
+// takes. Because the floor applies to every grant, not only after a loss,
+// tokens stay ahead of the clock, and a restored backup cannot bring back a
+// smaller one. The clock is read once per statement with clock_timestamp(),
+// after the statement has waited for its locks, so a grant that waited for
+// a TRUNCATE to finish still reads a time after it. Tokens fit in 63 bits
+// until the year 294247.
+//
+// A token taken from a sequence with nextval() in the INSERT's VALUES and
+// copied by DO UPDATE would go backwards under contention (the value is
+// drawn before the wait for the row lock); reading the stored token after
+// the lock does not.
+//
+// # Waking waiters
+//
+// Releases are announced with NOTIFY on Channel (payload: the lease name),
+// delivered when the releasing statement commits. Each Backend keeps one
+// listening connection (Watch), taken from the pool on first use, and
+// reconnects with backoff when it breaks; meanwhile, and always as a
+// fallback, blocked Acquire calls poll (lease.Options.PollInterval, or the
+// holder's RetryAfter in table mode). Backends of different schemas in one
+// database share the channel: a release of the same name in another schema
+// wakes a waiter for nothing, and it tries again. A lease that expires, or a
+// session that ends, sends no notification: waiters find out by polling.
+package pglease

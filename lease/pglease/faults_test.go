@@ -1,0 +1,280 @@
+package pglease_test
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fencekit/internal/pgtest"
+	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/pglease"
+)
+
+var modes = []pglease.Mode{pglease.ModeTable, pglease.ModeSession}
+
+// renewLog records the send time of the last request the store confirmed
+// for each lease: the acquire's (set by the test) or a renewal's.
+type renewLog struct {
+	lease.NopObserver
+	mu   sync.Mutex
+	last map[string]time.Time
+	lost map[string]time.Time // when the Manager ended the lease (just before it cancels its context)
+}
+
+func newRenewLog() *renewLog {
+	return &renewLog{last: map[string]time.Time{}, lost: map[string]time.Time{}}
+}
+
+func (r *renewLog) Lost(e lease.LostEvent) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lost[e.Name] = time.Now()
+}
+
+func (r *renewLog) lostAt(name string) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lost[name]
+}
+
+func (r *renewLog) Renewed(e lease.RenewedEvent) {
+	if e.Err == nil {
+		r.set(e.Name, e.Sent)
+	}
+}
+
+func (r *renewLog) set(name string, sent time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if sent.After(r.last[name]) {
+		r.last[name] = sent
+	}
+}
+
+func (r *renewLog) get(name string) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.last[name]
+}
+
+// holders acquires n leases through m, recording each acquire's send time.
+func holders(t *testing.T, m *lease.Manager, log *renewLog, base string, n int) []*lease.Lease {
+	t.Helper()
+	var ls []*lease.Lease
+	for i := range n {
+		name := fmt.Sprintf("%s-%d", base, i)
+		sent := time.Now()
+		l, err := m.TryAcquire(ctxT(t), name)
+		if err != nil {
+			t.Fatalf("TryAcquire(%q): %v", name, err)
+		}
+		log.set(name, sent)
+		ls = append(ls, l)
+	}
+	return ls
+}
+
+// waitLost waits for every lease to end and checks that the Manager ended
+// each (and cancelled its context) before the TTL had passed since the last
+// confirmed request was sent; it returns when each ended, after start.
+func waitLost(t *testing.T, ls []*lease.Lease, log *renewLog, ttl time.Duration, start time.Time) []time.Duration {
+	t.Helper()
+	var after []time.Duration
+	for _, l := range ls {
+		select {
+		case <-l.Done():
+		case <-time.After(ttl + 10*time.Second):
+			t.Fatalf("%s: not lost %v after the fault", l.Name(), ttl+10*time.Second)
+		}
+		lostAt := log.lostAt(l.Name())
+		last := log.get(l.Name())
+		if !lostAt.Before(last.Add(ttl)) {
+			t.Errorf("%s: lost %v after the last confirmed request was sent; must be before the TTL %v", l.Name(), lostAt.Sub(last), ttl)
+		}
+		if !errors.Is(l.Err(), lease.ErrLost) {
+			t.Errorf("%s: Err = %v, want ErrLost", l.Name(), l.Err())
+		}
+		after = append(after, lostAt.Sub(start))
+	}
+	return after
+}
+
+// The server stopped (as a crash would) while leases are held: each holder
+// learns the loss by its deadline (session mode: at once, from the broken
+// connection), and once the server is back the leases are granted again
+// with greater tokens.
+func TestServerRestartWhileHeld(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode.String(), func(t *testing.T) {
+			c := pgtest.Start(t)
+			schema := newSchema(t, c.URL)
+			const ttl = time.Second
+			log := newRenewLog()
+			b := newBackend(t, newPool(t, c.URL), pglease.WithSchema(schema), pglease.WithMode(mode))
+			// A tenth of the TTL: room for a loaded machine's timers.
+			m := newManager(t, b, ttl, lease.WithObserver(log), lease.WithSafetyMargin(ttl/10))
+			ls := holders(t, m, log, "restart", 3)
+			time.Sleep(ttl / 2) // a renewal or two
+
+			stopped := time.Now()
+			c.Stop()
+			after := waitLost(t, ls, log, ttl, stopped)
+			t.Logf("%s: lost %v after the server stopped", mode, after)
+			if mode == pglease.ModeSession {
+				for i, d := range after {
+					if d > ttl/2 {
+						t.Errorf("%s: session-mode lease lost %v after the server stopped; the broken connection should end it at once", ls[i].Name(), d)
+					}
+				}
+			}
+			time.Sleep(ttl) // past every grant's TTL at the store
+			c.StartAgain()
+
+			other := newManager(t, newBackend(t, newPool(t, c.URL), pglease.WithSchema(schema), pglease.WithMode(mode)), ttl)
+			for _, l := range ls {
+				l2, err := other.Acquire(ctxT(t), l.Name())
+				if err != nil {
+					t.Fatalf("Acquire(%q) after the restart: %v", l.Name(), err)
+				}
+				if l2.Token() <= l.Token() {
+					t.Errorf("%s: token %d after the restart, not greater than %d before", l.Name(), l2.Token(), l.Token())
+				}
+				if err := l.Release(ctxT(t)); !errors.Is(err, lease.ErrLost) {
+					t.Errorf("%s: Release of the lost lease = %v, want ErrLost", l.Name(), err)
+				}
+				if err := l2.Release(ctxT(t)); err != nil {
+					t.Errorf("Release: %v", err)
+				}
+			}
+		})
+	}
+}
+
+// The holder's server process killed with pg_terminate_backend. Session
+// mode: the lease is lost at once and another holder gets it. Table mode:
+// the pool replaces the connection and the lease lives on.
+func TestHolderBackendTerminated(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode.String(), func(t *testing.T) {
+			c := pgtest.Start(t)
+			schema := newSchema(t, c.URL)
+			const ttl = 10 * time.Second
+			pool := newPool(t, c.URL)
+			b := newBackend(t, pool, pglease.WithSchema(schema), pglease.WithMode(mode))
+			m := newManager(t, b, ttl, lease.WithRenewInterval(time.Second))
+			l, err := m.TryAcquire(ctxT(t), "terminated")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var pids []uint32
+			if mode == pglease.ModeSession {
+				pids = b.PinnedPIDsForTest()
+			} else {
+				pids = poolPIDs(t, c.URL)
+			}
+			killed := time.Now()
+			terminate(t, c.URL, pids)
+
+			other := newManager(t, newBackend(t, newPool(t, c.URL), pglease.WithSchema(schema), pglease.WithMode(mode)), ttl)
+			if mode == pglease.ModeTable {
+				time.Sleep(2500 * time.Millisecond) // two renewals, on new connections
+				if err := l.Err(); err != nil {
+					t.Fatalf("table-mode lease ended when its pool's connections were terminated: %v", err)
+				}
+				if _, err := other.TryAcquire(ctxT(t), "terminated"); !errors.Is(err, lease.ErrNotAcquired) {
+					t.Fatalf("another holder's TryAcquire = %v, want ErrNotAcquired", err)
+				}
+				if err := l.Release(ctxT(t)); err != nil {
+					t.Fatalf("Release: %v", err)
+				}
+				return
+			}
+			select {
+			case <-l.Done():
+			case <-time.After(ttl / 2):
+				t.Fatalf("session-mode lease not lost %v after its server process was terminated", ttl/2)
+			}
+			t.Logf("lost %v after pg_terminate_backend", time.Since(killed))
+			var le *lease.LostError
+			if !errors.As(l.Err(), &le) || le.Reason != lease.LostTakenOver {
+				t.Fatalf("Err = %v, want a pushed loss (taken over)", l.Err())
+			}
+			l2, err := other.TryAcquire(ctxT(t), "terminated")
+			if err != nil {
+				t.Fatalf("another holder cannot acquire after the holder's session was terminated: %v", err)
+			}
+			if l2.Token() <= l.Token() {
+				t.Fatalf("token %d after %d", l2.Token(), l.Token())
+			}
+			if err := l2.Release(ctxT(t)); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// poolPIDs returns the server processes of every client connection but the
+// caller's own.
+func poolPIDs(t *testing.T, url string) []uint32 {
+	t.Helper()
+	conn := connectT(t, url)
+	rows, err := conn.Query(ctxT(t), `SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []uint32
+	for rows.Next() {
+		var pid int32
+		if err := rows.Scan(&pid); err != nil {
+			t.Fatal(err)
+		}
+		pids = append(pids, uint32(pid))
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return pids
+}
+
+// The whole server frozen with SIGSTOP for longer than the TTL: the
+// holder's context is cancelled before the TTL has passed since the last
+// request the store confirmed was sent; once the server continues, another
+// holder gets the lease with a greater token.
+func TestServerPausedPastTTL(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode.String(), func(t *testing.T) {
+			c := pgtest.Start(t)
+			schema := newSchema(t, c.URL)
+			const ttl = time.Second
+			log := newRenewLog()
+			b := newBackend(t, newPool(t, c.URL), pglease.WithSchema(schema), pglease.WithMode(mode))
+			m := newManager(t, b, ttl, lease.WithObserver(log), lease.WithSafetyMargin(ttl/10))
+			ls := holders(t, m, log, "paused", 2)
+			time.Sleep(ttl / 2)
+
+			paused := time.Now()
+			c.Pause()
+			after := waitLost(t, ls, log, ttl, paused)
+			t.Logf("%s: lost %v after the pause", mode, after)
+			time.Sleep(ttl)
+			c.Resume()
+
+			other := newManager(t, newBackend(t, newPool(t, c.URL), pglease.WithSchema(schema), pglease.WithMode(mode)), ttl)
+			for _, l := range ls {
+				l2, err := other.Acquire(ctxT(t), l.Name())
+				if err != nil {
+					t.Fatalf("Acquire(%q) after the pause: %v", l.Name(), err)
+				}
+				if l2.Token() <= l.Token() {
+					t.Errorf("%s: token %d after the pause, not greater than %d", l.Name(), l2.Token(), l.Token())
+				}
+				_ = l.Release(ctxT(t))
+				if err := l2.Release(ctxT(t)); err != nil {
+					t.Errorf("Release: %v", err)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,355 @@
+package pglease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/lease"
+)
+
+// pin is one session-mode grant: a pool connection taken out of use for the
+// life of the lease, whose session holds the advisory lock. It is the
+// grant's State.
+type pin struct {
+	b           *Backend
+	pc          *pgxpool.Conn
+	name, owner string
+	token       fence.Token
+	key         int64
+	pid         uint32 // the server process holding the lock
+	ttl         time.Duration
+	idleWas     string // idle_session_timeout before the grant, restored on release
+
+	sock net.Conn        // the socket under the connection, for deadlines; nil if unwatched
+	raw  syscall.RawConn // nil if unwatched
+	done chan struct{}   // closed when the socket watcher ends; nil if unwatched
+
+	mu       sync.Mutex // held while the connection is in use; guards what follows
+	notify   lease.Notifier
+	lastSent time.Time // send time of the last request that found the lock held
+	ended    error     // why the connection was given back or closed; nil while live
+	stopping bool      // the socket watcher must end
+}
+
+func millis(ttl time.Duration) (int64, error) {
+	if ttl < time.Millisecond || ttl%time.Millisecond != 0 || ttl > maxSessionTTL {
+		return 0, fmt.Errorf("pglease: session TTL %v is not a whole number of milliseconds between 1 ms and %v", ttl, maxSessionTTL)
+	}
+	return ttl.Milliseconds(), nil
+}
+
+func (b *Backend) sessionAcquire(ctx context.Context, req lease.Request) (lease.Grant, error) {
+	ms, err := millis(req.TTL)
+	if err != nil {
+		return lease.Grant{}, err
+	}
+	// The same owner again (a retried request whose reply was lost, or a
+	// Manager asking twice): confirm the grant it has.
+	b.mu.Lock()
+	p := b.byName[req.Name]
+	b.mu.Unlock()
+	if p != nil && p.owner == req.Owner {
+		if err := p.confirm(ctx); err != nil {
+			if errors.Is(err, lease.ErrNotHeld) {
+				return lease.Grant{}, &lease.NotAcquiredError{Name: req.Name}
+			}
+			return lease.Grant{}, err
+		}
+		p.mu.Lock()
+		if req.Notify != nil {
+			p.notify = req.Notify
+		}
+		p.mu.Unlock()
+		return p.grant(), nil
+	}
+
+	pc, err := b.db.Acquire(ctx)
+	if err != nil {
+		return lease.Grant{}, storeErr("acquire", req.Name, err)
+	}
+	key := lockKey(b.o.Schema, req.Name)
+	var (
+		ok      bool
+		token   int64
+		pid     int32
+		idleWas string
+	)
+	announced := pc.Conn().PgConn().PID()
+	sent := time.Now()
+	err = pc.QueryRow(ctx, b.q.SessionAcquire, req.Name, req.Owner, key, strconv.FormatInt(ms, 10), b.o.AllowPooler, int32(announced)).
+		Scan(&ok, &token, &pid, &idleWas)
+	if err != nil {
+		// The lock may be held (session locks survive a failed
+		// statement): end the session.
+		destroy(pc)
+		return lease.Grant{}, storeErr("acquire", req.Name, err)
+	}
+	if uint32(pid) != announced && !b.o.AllowPooler {
+		pc.Release() // the statement took nothing
+		return lease.Grant{}, fmt.Errorf("%w: the connection announced server process %d at connect, but server process %d ran the statement (see Options.AllowPooler)",
+			ErrPooler, announced, pid)
+	}
+	if !ok {
+		pc.Release() // nothing was taken or set on it
+		return lease.Grant{}, &lease.NotAcquiredError{Name: req.Name}
+	}
+	if token <= 0 {
+		destroy(pc)
+		return lease.Grant{}, fmt.Errorf("pglease: acquire %q: the store returned an invalid token %d", req.Name, token)
+	}
+	p = &pin{
+		b: b, pc: pc, name: req.Name, owner: req.Owner, token: fence.Token(token), key: key,
+		pid: uint32(pid), ttl: req.TTL, idleWas: idleWas, notify: req.Notify, lastSent: sent,
+	}
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		destroy(pc)
+		return lease.Grant{}, ErrClosed
+	}
+	b.pins[p] = struct{}{}
+	b.byName[p.name] = p
+	b.mu.Unlock()
+	if sock, raw := socketOf(pc.Conn().PgConn().Conn()); raw != nil {
+		p.sock, p.raw, p.done = sock, raw, make(chan struct{})
+		go p.watch()
+	}
+	return p.grant(), nil
+}
+
+func (p *pin) grant() lease.Grant {
+	return lease.Grant{Name: p.name, Owner: p.owner, Token: p.token, TTL: p.ttl, State: p}
+}
+
+// pinOf returns the pin of g if g carries one with the same name, owner
+// and token as the pin was granted with; else nil. The pin knows its own
+// connection, so any Backend may renew or release it.
+func (b *Backend) pinOf(g lease.Grant) *pin {
+	p, ok := g.State.(*pin)
+	if !ok || p == nil || p.name != g.Name || p.owner != g.Owner || p.token != g.Token {
+		return nil
+	}
+	return p
+}
+
+func (b *Backend) sessionRenew(ctx context.Context, g lease.Grant) error {
+	p := b.pinOf(g)
+	if p == nil {
+		return lease.ErrNotHeld
+	}
+	return p.confirm(ctx)
+}
+
+// confirm checks on the pinned connection that the lock is still held by
+// the same server process and the token row still names the grant. A
+// connection that broke, or a lock that is gone, ends the pin: ErrNotHeld.
+func (p *pin) confirm(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ended != nil {
+		return fmt.Errorf("%w: %w", lease.ErrNotHeld, p.ended)
+	}
+	// Only ctx's deadline bounds the check, not its cancellation: pgx
+	// closes a connection whose reply it stopped waiting for, which would
+	// end the session (and the lease) because a caller lost interest.
+	ctx, cancel := deadlineOnly(ctx)
+	defer cancel()
+	sent := time.Now()
+	held, err := p.checkLocked(ctx)
+	switch {
+	case err != nil && p.pc.Conn().IsClosed():
+		cause := fmt.Errorf("pglease: the pinned connection of %q broke: %w", p.name, err)
+		p.endLocked(cause)
+		return fmt.Errorf("%w: %w", lease.ErrNotHeld, cause)
+	case err != nil:
+		return storeErr("renew", p.name, err)
+	case !held:
+		cause := fmt.Errorf("pglease: the session of %q no longer holds its lock and token", p.name)
+		p.endLocked(cause)
+		return fmt.Errorf("%w: %w", lease.ErrNotHeld, cause)
+	}
+	p.lastSent = sent
+	return nil
+}
+
+// checkLocked runs the liveness check; p.mu must be held.
+func (p *pin) checkLocked(ctx context.Context) (bool, error) {
+	var held bool
+	err := p.pc.QueryRow(ctx, p.b.q.SessionCheck, p.name, p.owner, int64(p.token), int32(p.pid),
+		int64(uint64(p.key)>>32), int64(uint64(p.key)&0xffffffff)).Scan(&held)
+	return held, err
+}
+
+func (b *Backend) sessionRelease(ctx context.Context, g lease.Grant) error {
+	p := b.pinOf(g)
+	if p == nil {
+		return lease.ErrNotHeld
+	}
+	ctx, cancel := deadlineOnly(ctx)
+	defer cancel()
+	p.mu.Lock()
+	if p.ended != nil {
+		err := p.ended
+		p.mu.Unlock()
+		return fmt.Errorf("%w: %w", lease.ErrNotHeld, err)
+	}
+	var named, unlocked bool
+	err := p.pc.QueryRow(ctx, p.b.q.SessionRelease, p.name, p.owner, int64(p.token), int32(p.pid), p.key, p.idleWas, Channel).
+		Scan(&named, &unlocked, nil, nil)
+	switch {
+	case err != nil:
+		// The lock's state is unknown: end the session.
+		p.endLocked(fmt.Errorf("pglease: release of %q failed: %w", p.name, err))
+		p.mu.Unlock()
+		return storeErr("release", p.name, err)
+	case !unlocked:
+		p.endLocked(errors.New("pglease: the session did not hold the lock at release"))
+		p.mu.Unlock()
+		return lease.ErrNotHeld
+	}
+	// Unlocked, with the session's setting restored: the connection is
+	// clean and goes back to the pool once the socket watcher is gone.
+	p.ended = errReleased
+	p.unregister()
+	p.stopping = true
+	if p.sock != nil {
+		_ = p.sock.SetReadDeadline(time.Now())
+	}
+	p.mu.Unlock()
+	if p.done != nil {
+		<-p.done
+		_ = p.sock.SetReadDeadline(time.Time{})
+	}
+	p.pc.Release()
+	if !named {
+		return lease.ErrNotHeld // the lock was ours, but the token row had moved on (data loss)
+	}
+	return nil
+}
+
+// errReleased is the cause recorded on a session grant released at the
+// store; a later Renew or Release of it matches lease.ErrNotHeld.
+var errReleased = errors.New("pglease: released")
+
+// endLocked closes the pinned connection (the server then frees its lock)
+// and records why; p.mu must be held. The socket watcher sees the closed
+// socket and ends.
+func (p *pin) endLocked(cause error) {
+	if p.ended != nil {
+		return
+	}
+	p.ended = cause
+	p.unregister()
+	destroy(p.pc)
+}
+
+func (p *pin) unregister() {
+	b := p.b
+	b.mu.Lock()
+	delete(b.pins, p)
+	if b.byName[p.name] == p {
+		delete(b.byName, p.name)
+	}
+	b.mu.Unlock()
+}
+
+// abandon ends the pin from outside (Close) and reports the loss.
+func (p *pin) abandon(cause error) {
+	p.mu.Lock()
+	live := p.ended == nil
+	p.endLocked(cause)
+	notify := p.notify
+	p.mu.Unlock()
+	if p.done != nil {
+		<-p.done
+	}
+	if live && notify != nil {
+		notify.Lost(cause)
+	}
+}
+
+// watch waits on the pinned connection's socket while it is idle. Bytes or
+// EOF on an idle connection mean the server said something unasked (most
+// often: FATAL, the session was terminated) or the socket broke; the
+// watcher then checks the lock at once and reports a loss through the
+// lease's Notifier. A reply to a request the backend itself sent also wakes
+// it; it then waits for that request to finish and finds nothing left to
+// read.
+func (p *pin) watch() {
+	defer close(p.done)
+	for {
+		werr := waitReadable(p.raw)
+		p.mu.Lock()
+		if p.stopping || p.ended != nil {
+			p.mu.Unlock()
+			return
+		}
+		var nerr net.Error
+		if (werr == nil && !readableNow(p.raw)) || (errors.As(werr, &nerr) && nerr.Timeout()) {
+			// A reply that the request holding the connection has read,
+			// or a deadline the driver set for that request and has
+			// cleared since.
+			p.mu.Unlock()
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), p.ttl)
+		sent := time.Now()
+		held, err := p.checkLocked(ctx)
+		cancel()
+		if err == nil && held {
+			p.lastSent = sent
+			notify := p.notify
+			p.mu.Unlock()
+			if notify != nil {
+				notify.Confirmed(sent)
+			}
+			continue
+		}
+		cause := err
+		if cause == nil {
+			cause = errors.New("the session no longer holds its lock and token")
+		}
+		cause = fmt.Errorf("pglease: the session of %q ended: %w", p.name, cause)
+		// Push the loss only before the grant's TTL has run out since it
+		// was last confirmed: after that, the Manager's own deadline has
+		// already passed, and the server ending an idle session at its
+		// TTL is an expiry, not a takeover.
+		early := time.Since(p.lastSent) < p.ttl
+		notify := p.notify
+		p.ended = cause
+		p.unregister()
+		p.mu.Unlock()
+		destroy(p.pc)
+		if early && notify != nil {
+			notify.Lost(cause)
+		}
+		return
+	}
+}
+
+// deadlineOnly returns a context with ctx's values and deadline but not its
+// cancellation.
+func deadlineOnly(ctx context.Context) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); ok {
+		return context.WithDeadline(context.WithoutCancel(ctx), d)
+	}
+	return context.WithCancel(context.WithoutCancel(ctx))
+}
+
+// destroy closes a pool connection and hands it back, so that the pool
+// drops it; the server ends its session and frees its locks.
+func destroy(pc *pgxpool.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = pc.Conn().Close(ctx)
+	pc.Release()
+}

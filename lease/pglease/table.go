@@ -1,0 +1,114 @@
+package pglease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/lease"
+)
+
+func (b *Backend) tableAcquire(ctx context.Context, req lease.Request) (lease.Grant, error) {
+	us, err := micros(req.TTL)
+	if err != nil {
+		return lease.Grant{}, err
+	}
+	var (
+		granted bool
+		token   int64
+		leftUs  int64
+	)
+	err = b.db.QueryRow(ctx, b.q.Acquire, req.Name, req.Owner, us).Scan(&granted, &token, &leftUs)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		// Refused, and the holder's row is newer than the snapshot: its
+		// expiry is unknown.
+		return lease.Grant{}, &lease.NotAcquiredError{Name: req.Name}
+	case err != nil:
+		return lease.Grant{}, storeErr("acquire", req.Name, err)
+	case !granted:
+		return lease.Grant{}, &lease.NotAcquiredError{Name: req.Name, RetryAfter: time.Duration(leftUs) * time.Microsecond}
+	case token <= 0:
+		return lease.Grant{}, fmt.Errorf("pglease: acquire %q: the store returned an invalid token %d", req.Name, token)
+	}
+	return lease.Grant{Name: req.Name, Owner: req.Owner, Token: fence.Token(token), TTL: req.TTL}, nil
+}
+
+func (b *Backend) tableRenew(ctx context.Context, g lease.Grant) error {
+	us, err := micros(g.TTL)
+	if err != nil {
+		return err
+	}
+	tag, err := b.db.Exec(ctx, b.q.Renew, g.Name, g.Owner, int64(g.Token), us)
+	if err != nil {
+		return storeErr("renew", g.Name, err)
+	}
+	if tag.RowsAffected() != 1 {
+		return lease.ErrNotHeld
+	}
+	return nil
+}
+
+type grantKey struct {
+	name, owner string
+	token       int64
+}
+
+func (b *Backend) tableRenewBatch(ctx context.Context, gs []lease.Grant) []error {
+	errs := make([]error, len(gs))
+	names := make([]string, 0, len(gs))
+	owners := make([]string, 0, len(gs))
+	tokens := make([]int64, 0, len(gs))
+	ttls := make([]int64, 0, len(gs))
+	for i, g := range gs {
+		us, err := micros(g.TTL)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		names, owners, tokens, ttls = append(names, g.Name), append(owners, g.Owner), append(tokens, int64(g.Token)), append(ttls, us)
+	}
+	if len(names) == 0 {
+		return errs
+	}
+	renewed := make(map[grantKey]bool, len(names))
+	rows, err := b.db.Query(ctx, b.q.RenewBatch, names, owners, tokens, ttls)
+	if err == nil {
+		for rows.Next() {
+			var k grantKey
+			if err = rows.Scan(&k.name, &k.owner, &k.token); err != nil {
+				break
+			}
+			renewed[k] = true
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+	}
+	for i, g := range gs {
+		switch {
+		case errs[i] != nil:
+		case err != nil:
+			errs[i] = storeErr("renew", g.Name, err)
+		case !renewed[grantKey{g.Name, g.Owner, int64(g.Token)}]:
+			errs[i] = lease.ErrNotHeld
+		}
+	}
+	return errs
+}
+
+func (b *Backend) tableRelease(ctx context.Context, g lease.Grant) error {
+	var n int64
+	if err := b.db.QueryRow(ctx, b.q.Release, g.Name, g.Owner, int64(g.Token), Channel).Scan(&n); err != nil {
+		return storeErr("release", g.Name, err)
+	}
+	if n != 1 {
+		return lease.ErrNotHeld
+	}
+	return nil
+}

@@ -1,0 +1,238 @@
+package redislease_test
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/leasetest"
+	"github.com/fencekit/fencekit/lease/redislease"
+)
+
+// clusterDeployment is a Redis Cluster for the failover scenarios. Its
+// clients are plain go-redis cluster clients: New wraps them to reload
+// their slot map after a request got no reply (withSlotReload), without
+// which a client keeps sending the requests for a dead master's slots to
+// its address for up to a minute.
+type clusterDeployment struct{ c *redistest.Cluster }
+
+func (d clusterDeployment) client(t *testing.T) redislease.Client {
+	return d.c.Client(t) // New adds the slot-map reload
+}
+
+func (d clusterDeployment) countedClient(t *testing.T, h *nodeCounter) redislease.Client {
+	return d.c.Client(t, func(o *redis.ClusterOptions) {
+		o.NewClient = func(opt *redis.Options) *redis.Client {
+			c := redis.NewClient(opt)
+			c.AddHook(h.hook(opt.Addr))
+			return c
+		}
+	})
+}
+
+func (d clusterDeployment) admin(s *redistest.Server) *redis.Client { return d.c.Admin(s) }
+func (d clusterDeployment) primaries(t *testing.T) []*redistest.Server {
+	return d.c.Masters(t)
+}
+func (d clusterDeployment) primaryFor(t *testing.T, key string) *redistest.Server {
+	return d.c.MasterFor(t, key)
+}
+func (d clusterDeployment) replicaOf(t *testing.T, p *redistest.Server) *redistest.Server {
+	return d.c.ReplicaOf(t, p)
+}
+func (d clusterDeployment) failover(t *testing.T, p *redistest.Server) (*redistest.Server, time.Duration) {
+	return d.c.Failover(t, p)
+}
+func (d clusterDeployment) awaitPromoted(t *testing.T, dead, replica *redistest.Server) time.Duration {
+	return d.c.AwaitPromoted(t, dead, replica)
+}
+func (d clusterDeployment) awaitHealthy(t *testing.T) { d.c.AwaitHealthy(t) }
+
+// expectNoFailover makes t fail at its end, with the reason, if the
+// cluster failed over by itself meanwhile: a node that did not answer
+// within the node timeout (1 s) on an overloaded machine makes its replica
+// take over, and any grant not yet replicated is lost, which the subtests
+// that do not fail over on purpose do not allow for.
+func (d clusterDeployment) expectNoFailover(t *testing.T) {
+	epoch := d.c.CurrentEpoch(t)
+	t.Cleanup(func() {
+		if now := d.c.CurrentEpoch(t); now != epoch {
+			t.Errorf("the cluster failed over by itself during this test (epoch %d -> %d): a node stalled beyond cluster-node-timeout; the machine is overloaded", epoch, now)
+			d.c.AwaitHealthy(t)
+		}
+	})
+}
+
+// TestCluster runs the backend on a Redis Cluster of three masters with one
+// replica each (cluster-node-timeout 1 s), started once for all of its
+// subtests. They run in order; the failover subtests come last and leave
+// the cluster healthy again (roles swapped).
+func TestCluster(t *testing.T) {
+	start := time.Now()
+	cl := redistest.StartCluster(t, redistest.ClusterOptions{Masters: 3, NodeTimeout: time.Second})
+	t.Logf("3 masters + 3 replicas healthy after %v", time.Since(start).Round(time.Millisecond))
+	d := clusterDeployment{cl}
+	// The subtests that do not fail over on purpose check that the
+	// deployment did not fail over by itself meanwhile.
+	steady := func(name string, fn func(*testing.T)) {
+		t.Run(name, func(t *testing.T) {
+			d.expectNoFailover(t)
+			fn(t)
+		})
+	}
+	steady("Conformance", func(t *testing.T) {
+		leasetest.Run(t, leasetest.Config{
+			NewStore: func(t *testing.T) func() lease.Backend {
+				prefix := uniquePrefix(t)
+				return func() lease.Backend { return newBackend(t, d.client(t), prefix) }
+			},
+			LoseData: flushAll(d),
+			Lacks:    redisLacks,
+		})
+	})
+	steady("ExclusiveUnderContention", func(t *testing.T) { testExclusiveUnderContention(t, d) })
+	steady("RoundTrips", func(t *testing.T) { testRoundTrips(t, d) })
+	steady("RenewalsAtScale", func(t *testing.T) { testRenewalsAtScale(t, d, 10000) })
+	steady("ShardedWakeUps", func(t *testing.T) { testShardedWakeUps(t, d) })
+	steady("ShardedConnsClosed", func(t *testing.T) { testShardedConnsClosed(t, d) })
+	t.Run("ManualFailover", func(t *testing.T) { testManualFailover(t, d) })
+	t.Run("ShardedWakeUpsAcrossFailover", func(t *testing.T) { testShardedWakeUpsAcrossFailover(t, d) })
+	t.Run("MasterKilled", func(t *testing.T) { testPrimaryKilled(t, d, 3) })
+}
+
+// testRenewalsAtScale holds n leases, spread by their names over every
+// master, through one Manager, and counts the round trips of their
+// heartbeats over one renew interval: each batch the Manager sends (the
+// heartbeats due within one RenewBatchWindow) costs one pipeline per
+// master, whatever its size, so a renew interval costs at most one
+// pipeline per master per batch window in it, not one round trip per lease.
+func testRenewalsAtScale(t *testing.T, d clusterDeployment, n int) {
+	const ttl = 10 * time.Second
+	counter := newNodeCounter()
+	b := newBackend(t, d.countedClient(t, counter), uniquePrefix(t))
+	log := &flushLog{}
+	m := multiNodeManager(t, b, ttl, func(o *lease.Options) { o.Observer = log })
+	opts := m.Options()
+	ctx := ctxT(t)
+
+	start := time.Now()
+	held := make([]*lease.Lease, n)
+	var wg sync.WaitGroup
+	const workers = 32
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += workers {
+				l, err := m.TryAcquire(ctx, fmt.Sprintf("scale-%d", i))
+				if err != nil {
+					t.Errorf("TryAcquire: %v", err)
+					return
+				}
+				held[i] = l
+			}
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	acquired := time.Since(start)
+	masters := d.primaries(t)
+
+	// Skip the first interval (the heartbeats of the leases acquired last
+	// were not all due yet), then count the round trips sent during one
+	// interval and the batches sent during it (each batch's renewals share
+	// its send time), once their replies are in.
+	time.Sleep(opts.RenewInterval)
+	from, before := time.Now(), counter.perNode()
+	time.Sleep(opts.RenewInterval)
+	to, after := time.Now(), counter.perNode()
+	time.Sleep(time.Second)
+	all, failed := log.take()
+	if failed > 0 {
+		t.Errorf("%d renewals failed", failed)
+	}
+	batches := make(map[time.Time][]string)
+	renewals := 0
+	for sent, names := range all {
+		if !sent.Before(from) && sent.Before(to) {
+			batches[sent] = names
+			renewals += len(names)
+		}
+	}
+	per := diff(after, before)
+	var trips int64
+	for _, ms := range masters {
+		trips += per[ms.Addr]
+	}
+	// A batch costs one round trip to each master that holds one of its
+	// leases.
+	owners := d.c.SlotOwners(t)
+	want := make(map[string]int64)
+	for _, names := range batches {
+		on := make(map[string]bool)
+		for _, name := range names {
+			on[owners[redislease.SlotOf(b.KeysFor(name).Lease)].Addr] = true
+		}
+		for addr := range on {
+			want[addr]++
+		}
+	}
+	windows := float64(opts.RenewInterval) / float64(opts.RenewBatchWindow)
+	t.Logf("%d leases over %d masters, acquired in %v by %d goroutines; renew interval %v, batch window %v",
+		n, len(masters), acquired.Round(time.Millisecond), workers, opts.RenewInterval.Round(time.Millisecond), opts.RenewBatchWindow.Round(time.Millisecond))
+	t.Logf("one renew interval: %d renewals in %d batches, %d round trips (%v per master, for batches with leases there %v; %.0f batch windows in an interval), %.0f renewals per round trip",
+		renewals, len(batches), trips, per, want, windows, float64(renewals)/max(float64(trips), 1))
+	for _, ms := range masters {
+		// One pipeline per batch per master (a batch sent at either end of
+		// the interval may count on one side only).
+		if got, want := per[ms.Addr], want[ms.Addr]; got < want-1 || got > want+2 {
+			t.Errorf("master %s: %d round trips for the %d batches that had leases there", ms.Addr, got, want)
+		}
+		if limit := int64(windows) + 2; per[ms.Addr] > limit {
+			t.Errorf("master %s: %d round trips in one renew interval, more than one per batch window (%d)", ms.Addr, per[ms.Addr], limit)
+		}
+	}
+	for _, l := range held {
+		if err := l.Err(); err != nil {
+			t.Fatalf("lease %s ended while renewed at scale: %v", l.Name(), err)
+		}
+	}
+	start = time.Now()
+	var (
+		mu   sync.Mutex
+		late []time.Duration // for a lease the store no longer had: its local deadline, from the release
+	)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += workers {
+				dl, at := held[i].Deadline(), time.Now()
+				err := held[i].Release(ctx)
+				switch {
+				case errors.Is(err, lease.ErrLost):
+					mu.Lock()
+					late = append(late, dl.Sub(at))
+					mu.Unlock()
+				case err != nil:
+					t.Errorf("Release: %v", err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("released in %v", time.Since(start).Round(time.Millisecond))
+	if len(late) > 0 {
+		t.Errorf("%d leases released while held were reported lost by Release; their local deadlines were %v from the release (not expired)",
+			len(late), span(late))
+	}
+}

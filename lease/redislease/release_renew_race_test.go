@@ -1,0 +1,70 @@
+package redislease_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/redislease"
+)
+
+// slowBatchBackend holds the first heartbeat batch at the store for a
+// while, and records when it returned and when a release was sent.
+type slowBatchBackend struct {
+	*redislease.Backend
+	hold          time.Duration
+	once          sync.Once
+	batchEntered  chan struct{}
+	batchReturned atomic.Int64 // unix nanoseconds
+	releaseSent   atomic.Int64
+}
+
+func (r *slowBatchBackend) RenewBatch(ctx context.Context, gs []lease.Grant) []error {
+	first := false
+	r.once.Do(func() { first = true })
+	if !first {
+		return r.Backend.RenewBatch(ctx, gs)
+	}
+	close(r.batchEntered)
+	time.Sleep(r.hold)
+	errs := r.Backend.RenewBatch(ctx, gs)
+	r.batchReturned.Store(time.Now().UnixNano())
+	return errs
+}
+
+func (r *slowBatchBackend) Release(ctx context.Context, g lease.Grant) error {
+	r.releaseSent.Store(time.Now().UnixNano())
+	return r.Backend.Release(ctx, g)
+}
+
+// A heartbeat batch is in flight when Release begins: the release is sent
+// only after the batch was answered (so the renewal can never reach the
+// store after the release deleted the grant), and the release is reported
+// as a release (nil, and ErrReleased as the lease's end), not a loss.
+func TestReleaseWaitsForRenewalInFlight(t *testing.T) {
+	c := redistest.Shared(t)
+	rb := &slowBatchBackend{
+		Backend:      newBackend(t, c, redistest.Prefix(t)),
+		hold:         300 * time.Millisecond,
+		batchEntered: make(chan struct{}),
+	}
+	m := multiNodeManager(t, rb, 3*time.Second, lease.WithRenewInterval(200*time.Millisecond), lease.WithRenewBatchWindow(10*time.Millisecond))
+	l := acquire(t, m, "release-while-renewing")
+	select {
+	case <-rb.batchEntered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no heartbeat batch within 5 s")
+	}
+	err := l.Release(ctxT(t))
+	if err != nil || !errors.Is(l.Err(), lease.ErrReleased) {
+		t.Fatalf("Release while a renewal was in flight = %v (lease ended with %v); want nil and ErrReleased", err, l.Err())
+	}
+	if sent, back := rb.releaseSent.Load(), rb.batchReturned.Load(); sent == 0 || back == 0 || sent < back {
+		t.Fatalf("release sent at %d, the batch in flight returned at %d: the release must wait for the batch", sent, back)
+	}
+}
