@@ -116,7 +116,7 @@ func TestKilledRunIsSweptByTheNext(t *testing.T) {
 func TestKeepKeepsWhatItSays(t *testing.T) {
 	env := demotest.NewEnv(t)
 	p := env.Start(t, "--keep", "--ttl", "300ms", "--pause", "800ms")
-	var schema, dir string
+	var schema, dir, object string
 	var out []string
 	for line := range p.Lines {
 		out = append(out, line)
@@ -124,6 +124,8 @@ func TestKeepKeepsWhatItSays(t *testing.T) {
 		switch {
 		case len(f) >= 2 && f[0] == "schema":
 			schema = f[1]
+		case len(f) >= 2 && f[0] == "object":
+			object = strings.TrimPrefix(f[1], "s3://") // bucket/key
 		case strings.HasPrefix(line, "  the data of a server this demo started"):
 			dir = strings.TrimSuffix(strings.Fields(strings.SplitN(line, ": ", 2)[1])[0], ";")
 		}
@@ -131,8 +133,8 @@ func TestKeepKeepsWhatItSays(t *testing.T) {
 	if ws := p.Wait(t); ws.ExitStatus() != 0 {
 		t.Fatalf("exit %v; stderr:\n%s", ws, p.Stderr)
 	}
-	if schema == "" || dir == "" {
-		t.Fatalf("the output names no kept schema or data directory:\n%s", strings.Join(out, "\n"))
+	if schema == "" || dir == "" || object == "" {
+		t.Fatalf("the output names no kept schema, object or data directory:\n%s", strings.Join(out, "\n"))
 	}
 	id := strings.TrimPrefix(schema, "stalewriter_")
 	entries := []leftover.Entry{
@@ -151,7 +153,8 @@ func TestKeepKeepsWhatItSays(t *testing.T) {
 	if len(left.Ledgers) != 0 {
 		t.Errorf("after --keep the ledger still lists things for the next sweep: %v", left.Ledgers)
 	}
-	obj := filepath.Join(dir, "root", "fencekit-demo", "stalewriter", id, "report.json")
+	// versitygw's posix backend keeps an object as a file: root/bucket/key.
+	obj := filepath.Join(dir, "root", filepath.FromSlash(object))
 	if _, err := os.Stat(obj); err != nil {
 		t.Errorf("the kept object: %v", err)
 	}
