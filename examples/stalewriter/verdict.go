@@ -87,47 +87,58 @@ func judge(events []event, final finalState, unguarded bool) verdict {
 	)
 	for _, store := range []string{"postgres", "s3"} {
 		writes := writesTo(events, store, grants)
-		var newest *writeView // the accepted write with the greatest token so far
+		by, tok := final.RowWrittenBy, final.RowToken
+		if store == "s3" {
+			by, tok = final.ObjectWrittenBy, final.ObjectToken
+		}
+		// The store's own order of the writes it accepted is not their
+		// send order: two writes in flight at once land in either order
+		// (a fenced transaction waits for the other's row lock). What is
+		// certain: a write answered before another was sent came first;
+		// the final state is the last accepted; and a rejection names the
+		// newer token the store had accepted.
+		var newest *writeView // the accepted write with the greatest token
+		for i := range writes {
+			if w := &writes[i]; w.Outcome == outcomeAccepted && (newest == nil || w.Token > newest.Token) {
+				newest = w
+			}
+		}
+		overwrote := false // a stale write was seen landing after a newer one
 		for i := range writes {
 			w := &writes[i]
 			if !w.lostAt.IsZero() {
 				late++
 			}
 			switch {
-			case w.Outcome == outcomeAccepted && newest != nil && w.Token < newest.Token:
-				lateOK++
-				problems = append(problems, fmt.Sprintf("%s ACCEPTED %s's write with stale token %d after %s's with token %d: %s's update is lost.",
-					store, w.Role, w.Token, newest.Role, newest.Token, newest.Role))
-				newest = w // what the store holds now
 			case w.Outcome == outcomeAccepted:
-				if !w.lostAt.IsZero() {
+				if before := acceptedBefore(writes, w); before != nil {
 					lateOK++
-					note, newer := lateAcceptedNote(store, w, writes[i+1:], unguarded)
+					overwrote = true
+					problems = append(problems, fmt.Sprintf("%s ACCEPTED %s's write with stale token %d after %s's with token %d: %s's update is lost.",
+						store, w.Role, w.Token, before.Role, before.Token, before.Role))
+				} else if !w.lostAt.IsZero() {
+					lateOK++
+					note, newer := lateAcceptedNote(store, w, newest, by, tok, unguarded)
 					notes = append(notes, note)
 					lateWriter, lateNewer = w.Role, newer
 				}
-				newest = w
-			case w.Outcome == outcomeStale && newest != nil && w.Token < newest.Token:
-				rejected++
-				rejectedWriter = w.Role
-				notes = append(notes, fmt.Sprintf("%s REJECTED %s's write (token %d) %s: %s had written there first (sent %s earlier).",
-					store, w.Role, w.Token, lostPhrase(w), newest.Role, ms(w.Sent.Sub(newest.Sent))))
 			case w.Outcome == outcomeStale:
-				failures = append(failures, fmt.Sprintf("%s rejected %s's write (token %d) as stale, but no newer write had been accepted there.",
-					store, w.Role, w.Token))
+				if v := acceptedWith(writes, w.Current, w.Token); v != nil {
+					rejected++
+					rejectedWriter = w.Role
+					notes = append(notes, fmt.Sprintf("%s REJECTED %s's write (token %d) %s: %s's write had reached it first.",
+						store, w.Role, w.Token, lostPhrase(w), v.Role))
+				} else {
+					failures = append(failures, fmt.Sprintf("%s rejected %s's write (token %d) as stale, but no newer write was accepted there.",
+						store, w.Role, w.Token))
+				}
 			default:
 				failures = append(failures, fmt.Sprintf("%s: %s's write (token %d) FAILED: %s", store, w.Role, w.Token, firstLine(w.Error, 120)))
 			}
 		}
-		if newest != nil {
-			by, tok := final.RowWrittenBy, final.RowToken
-			if store == "s3" {
-				by, tok = final.ObjectWrittenBy, final.ObjectToken
-			}
-			if by != newest.Role || tok != newest.Token {
-				problems = append(problems, fmt.Sprintf("%s holds %s's data (token %d), not that of the newest accepted token %d (%s).",
-					store, orNone(by), tok, newest.Token, newest.Role))
-			}
+		if newest != nil && (by != newest.Role || tok != newest.Token) && !overwrote {
+			problems = append(problems, fmt.Sprintf("%s holds %s's data (token %d), not that of the newest accepted token %d (%s).",
+				store, orNone(by), tok, newest.Token, newest.Role))
 		}
 	}
 	if !unguarded && final.RowLockVersion != 0 && fence.Token(final.RowLockVersion) != final.RowToken {
@@ -203,16 +214,10 @@ func writesTo(events []event, store string, grants []grant) []writeView {
 }
 
 // lateAcceptedNote says, for an accepted write sent after its writer's lease
-// had ended, why the store took it and what became of it, and names the
-// newer holder (empty if none is known).
-func lateAcceptedNote(store string, w *writeView, later []writeView, unguarded bool) (note, newer string) {
-	var after *writeView
-	for i := range later {
-		if later[i].Outcome == outcomeAccepted && later[i].Token > w.Token {
-			after = &later[i]
-			break
-		}
-	}
+// had ended, why the store took it and what became of it (newest is the
+// store's newest accepted write, finalBy and finalTok its final state), and
+// names the newer holder (empty if none is known).
+func lateAcceptedNote(store string, w, newest *writeView, finalBy string, finalTok fence.Token, unguarded bool) (note, newer string) {
 	why := "only because no newer token had reached it"
 	if unguarded {
 		why = "without any check"
@@ -221,10 +226,47 @@ func lateAcceptedNote(store string, w *writeView, later []writeView, unguarded b
 	if w.newer != nil {
 		newer = w.newer.role
 	}
-	if after != nil {
-		return s + fmt.Sprintf("; %s's write replaced it %s later.", after.Role, ms(after.Sent.Sub(w.Sent))), after.Role
+	if newest != nil && newest.Token > w.Token && finalBy == newest.Role && finalTok == newest.Token {
+		s += fmt.Sprintf("; %s's write replaced it", newest.Role)
+		if d := newest.At.Sub(w.At); d > 0 {
+			s += " " + ms(d) + " later"
+		}
+		return s + ".", newest.Role
 	}
 	return s + "; nothing newer replaced it.", newer
+}
+
+// acceptedBefore returns an accepted write with a greater token than w's
+// that the store answered before w was sent (so it certainly came first),
+// or nil.
+func acceptedBefore(writes []writeView, w *writeView) *writeView {
+	for i := range writes {
+		if v := &writes[i]; v.Outcome == outcomeAccepted && v.Token > w.Token && v.At.Before(w.Sent) {
+			return v
+		}
+	}
+	return nil
+}
+
+// acceptedWith returns the accepted write with token current, as a stale
+// rejection names it, or (when the store did not say) one with a greater
+// token than presented; nil if there is none.
+func acceptedWith(writes []writeView, current, presented fence.Token) *writeView {
+	var any *writeView
+	for i := range writes {
+		v := &writes[i]
+		if v.Outcome != outcomeAccepted || v.Token <= presented {
+			continue
+		}
+		if v.Token == current {
+			return v
+		}
+		any = v
+	}
+	if current != 0 {
+		return nil
+	}
+	return any
 }
 
 // lostPhrase says how the writer's lease had ended when it sent w.

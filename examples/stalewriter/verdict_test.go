@@ -53,8 +53,11 @@ func (tl *timeline) write(role, store string, tok fence.Token, outcome string, s
 	if deadlineMs >= 0 {
 		e.Deadline = tl.at(deadlineMs)
 	}
-	if outcome == outcomeFailed {
+	switch outcome {
+	case outcomeFailed:
 		e.Error = "sqlguard: begin: connection reset by peer"
+	case outcomeStale:
+		e.Current = tokB // the only newer token in these timelines
 	}
 	tl.events = append(tl.events, e)
 	return tl
@@ -112,7 +115,7 @@ func TestVerdictFromTimelines(t *testing.T) {
 				write("B", "s3", tokB, outcomeAccepted, 2020, 3900).events,
 			final: finalBy("B", tokB), ok: true,
 			want: []string{"VERDICT: SAFE, BY TOKEN ORDER",
-				"postgres REJECTED A's write (token 1764582012345678) 104ms after its lease ended (B held token 1764582014351234): B had written there first (sent 4ms earlier).",
+				"postgres REJECTED A's write (token 1764582012345678) 104ms after its lease ended (B held token 1764582014351234): B's write had reached it first.",
 				"s3 ACCEPTED A's write (token 1764582012345678) 112ms after its lease ended", "B's write replaced it"},
 			not: []string{"No stale write"},
 		},
@@ -131,6 +134,25 @@ func TestVerdictFromTimelines(t *testing.T) {
 			want: []string{"VERDICT: SAFE, BY TOKEN ORDER",
 				"postgres ACCEPTED A's write (token 1764582012345678) 63ms after its lease's deadline, only because no newer token had reached it"},
 			not: []string{"No stale write"},
+		},
+		{
+			// --ttl 1s --pause 1.3s, seen in the integration tests: A
+			// resumes and sends both writes just before B sends its own
+			// (B spent its write delay), yet B's row commits first (A's
+			// transaction waits for B's lock) and A's object lands first
+			// (the two PUTs overlap). Send order is not the store's order.
+			name: "ttl 1s pause 1.3s: writes in flight together, send order is not the store's",
+			events: newTimeline().acquired("A", tokA, 0).checked("A", 980*time.Millisecond, 1).froze(2).
+				acquired("B", tokB, 1002).resumed(1302).
+				write("A", "postgres", tokA, outcomeStale, 1303, 980).
+				write("B", "postgres", tokB, outcomeAccepted, 1304, 1990).
+				write("A", "s3", tokA, outcomeAccepted, 1314, 980).
+				write("B", "s3", tokB, outcomeAccepted, 1316, 1990).events,
+			final: finalBy("B", tokB), ok: true,
+			want: []string{"VERDICT: SAFE, BY TOKEN ORDER: A wrote after losing its lease, and was accepted only because B had not written yet.",
+				"postgres REJECTED A's write (token 1764582012345678) 323ms after its lease ended (B held token 1764582014351234): B's write had reached it first.",
+				"s3 ACCEPTED A's write (token 1764582012345678) 334ms after its lease ended (B held token 1764582014351234), only because no newer token had reached it; B's write replaced it 2ms later."},
+			not: []string{"UNSAFE", "NOT SHOWN"},
 		},
 		{
 			name: "short pause: A keeps its lease and writes first",
@@ -156,7 +178,7 @@ func TestVerdictFromTimelines(t *testing.T) {
 				write("A", "s3", tokA, outcomeStale, 5010, 1900).lost("A", 5012).events,
 			final: finalBy("B", tokB), ok: true,
 			want: []string{"VERDICT: SAFE. The stores rejected all 2 writes A made after losing its lease; the newest token's data survived.",
-				"postgres REJECTED A's write (token 1764582012345678) 3.103s after its lease ended (B held token 1764582014351234): B had written there first (sent 2.993s earlier).",
+				"postgres REJECTED A's write (token 1764582012345678) 3.103s after its lease ended (B held token 1764582014351234): B's write had reached it first.",
 				"s3 REJECTED"},
 			not: []string{"ACCEPTED", "No stale write"},
 		},
