@@ -220,11 +220,20 @@ func LockVersionMigration(t TableName) (string, error) {
 	return b.String(), nil
 }
 
+// ErrMigrationExists is returned by WriteLockVersionMigration when dir
+// already holds a lock_version migration for the same table: a second one
+// would only repeat the first (goose runs both, and rolling one back would
+// drop the column the other added). Nothing is written.
+var ErrMigrationExists = errors.New("migrations: a lock_version migration for this table already exists")
+
 // WriteLockVersionMigration writes LockVersionMigration(t) into dir as
 // <version>_fencekit_lock_version_<table>.sql, where version is goose's
 // timestamp format (YYYYMMDDHHMMSS, UTC) of version, and returns the file's
-// path. It never overwrites a file, and it fails if dir already holds a
-// migration with the same version.
+// path. It never overwrites a file; it fails if dir already holds a
+// migration with the same version, and with an error matching
+// ErrMigrationExists (naming the file) if dir already holds this table's
+// lock_version migration (a *_fencekit_lock_version_*.sql file with the
+// same text).
 func WriteLockVersionMigration(dir string, t TableName, version time.Time) (string, error) {
 	text, err := LockVersionMigration(t)
 	if err != nil {
@@ -232,6 +241,12 @@ func WriteLockVersionMigration(dir string, t TableName, version time.Time) (stri
 	}
 	if dir == "" {
 		return "", fmt.Errorf("%w: empty directory", ErrInvalid)
+	}
+	earlier, _ := filepath.Glob(filepath.Join(dir, "*_fencekit_lock_version_*.sql"))
+	for _, path := range earlier {
+		if b, err := os.ReadFile(path); err == nil && string(b) == text {
+			return "", fmt.Errorf("%w: %s is %s's (nothing written)", ErrMigrationExists, path, t)
+		}
 	}
 	v := version.UTC().Format("20060102150405")
 	if taken, _ := filepath.Glob(filepath.Join(dir, v+"_*")); len(taken) > 0 {
@@ -291,6 +306,27 @@ func TableExists(ctx context.Context, db *sql.DB, t TableName) (bool, error) {
 		return false, fmt.Errorf("migrations: look up table %s: %w", t, err)
 	}
 	return exists, nil
+}
+
+// HasLockVersion reports whether table t has a lock_version column (of any
+// type; ApplyLockVersion refuses one that is not bigint). It returns an
+// error wrapping ErrTableNotFound when t does not exist. ctx bounds the
+// query.
+func HasLockVersion(ctx context.Context, db *sql.DB, t TableName) (bool, error) {
+	ok, err := TableExists(ctx, db, t)
+	if err != nil {
+		return false, err
+	}
+	if !ok {
+		return false, fmt.Errorf("%w: %s", ErrTableNotFound, t)
+	}
+	var has bool
+	err = db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute
+		WHERE attrelid = pg_catalog.to_regclass($1) AND attname = $2 AND NOT attisdropped)`, t.String(), LockVersionColumn).Scan(&has)
+	if err != nil {
+		return false, fmt.Errorf("migrations: look up %s.%s: %w", t, LockVersionColumn, err)
+	}
+	return has, nil
 }
 
 // ApplyLockVersion runs the Up section of LockVersionMigration(t) on db now,

@@ -273,3 +273,23 @@ func queryInt(t testing.TB, db *sql.DB, q string) int {
 	}
 	return n
 }
+
+// TestWriteLockVersionMigrationOncePerTable: a second migration for the
+// same table is refused (goose would run both); another table's is not.
+func TestWriteLockVersionMigrationOncePerTable(t *testing.T) {
+	dir := t.TempDir()
+	orders := migrations.TableName{Schema: "shop", Name: "orders"}
+	first, err := migrations.WriteLockVersionMigration(dir, orders, time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = migrations.WriteLockVersionMigration(dir, orders, time.Date(2026, 1, 2, 3, 4, 6, 0, time.UTC))
+	if !errors.Is(err, migrations.ErrMigrationExists) || !strings.Contains(err.Error(), first) {
+		t.Fatalf("second migration for %s: %v; want ErrMigrationExists naming %s", orders, err, first)
+	}
+	// shop_orders and "shop_orders" share a file name, not a table.
+	other := migrations.TableName{Name: "shop_orders"}
+	if _, err := migrations.WriteLockVersionMigration(dir, other, time.Date(2026, 1, 2, 3, 4, 7, 0, time.UTC)); err != nil {
+		t.Fatalf("migration for %s: %v", other, err)
+	}
+}

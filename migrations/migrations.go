@@ -51,6 +51,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/database"
 	"github.com/pressly/goose/v3/lock"
 )
 
@@ -132,7 +133,7 @@ func NewProvider(ctx context.Context, db *sql.DB) (*goose.Provider, error) {
 		return nil, fmt.Errorf("migrations: read current schema: %w", err)
 	}
 	if !schema.Valid {
-		return nil, ErrNoSchema
+		return nil, noSchema(ctx, db)
 	}
 	locker, err := lock.NewPostgresSessionLocker(
 		lock.WithLockID(lockID(schema.String)),
@@ -202,16 +203,57 @@ func DownTo(ctx context.Context, db *sql.DB, version int64) ([]*goose.MigrationR
 	return res, nil
 }
 
+// noSchema is ErrNoSchema with the search_path that names no existing
+// schema.
+func noSchema(ctx context.Context, db *sql.DB) error {
+	var path string
+	if err := db.QueryRowContext(ctx, "SELECT pg_catalog.current_setting('search_path')").Scan(&path); err != nil {
+		return ErrNoSchema
+	}
+	return fmt.Errorf("%w: search_path is %s, and none of its schemas exists: create the schema, or choose an existing one", ErrNoSchema, path)
+}
+
 // Status reports each fencekit migration and whether it is applied in db's
-// current schema. ctx bounds the queries.
+// current schema. It only reads: unlike goose's Provider.Status, it
+// creates no version table and takes no lock, so it works on a read-only
+// connection (a replica, default_transaction_read_only, a role with only
+// SELECT) and while another run migrates. Every migration is pending when
+// the version table does not exist. It reads in one READ ONLY transaction,
+// so the answer is one snapshot. ctx bounds the queries.
 func Status(ctx context.Context, db *sql.DB) ([]*goose.MigrationStatus, error) {
 	p, err := NewProvider(ctx, db)
 	if err != nil {
 		return nil, err
 	}
-	st, err := p.Status(ctx)
+	store, err := database.NewStore(database.DialectPostgres, VersionTable)
 	if err != nil {
 		return nil, fmt.Errorf("migrations: status: %w", err)
+	}
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("migrations: status: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // read only: nothing to keep
+	var tracked bool
+	if err := tx.QueryRowContext(ctx,
+		`SELECT pg_catalog.to_regclass(pg_catalog.quote_ident(pg_catalog.current_schema()) || '.' || pg_catalog.quote_ident($1)) IS NOT NULL`,
+		VersionTable).Scan(&tracked); err != nil {
+		return nil, fmt.Errorf("migrations: status: look up %s: %w", VersionTable, err)
+	}
+	var st []*goose.MigrationStatus
+	for _, src := range p.ListSources() {
+		s := &goose.MigrationStatus{Source: src, State: goose.StatePending}
+		if tracked {
+			res, err := store.GetMigration(ctx, tx, src.Version)
+			switch {
+			case errors.Is(err, database.ErrVersionNotFound):
+			case err != nil:
+				return nil, fmt.Errorf("migrations: status: version %d: %w", src.Version, err)
+			default:
+				s.State, s.AppliedAt = goose.StateApplied, res.Timestamp
+			}
+		}
+		st = append(st, s)
 	}
 	return st, nil
 }

@@ -31,7 +31,14 @@ ensure_redis() {
       sleep 0.1
     done
   fi
-  log "Redis: nothing answers at $FENCE_REDIS_URL; start Redis or set FENCE_REDIS_URL"
+  local why
+  why="$(redis-cli -u "$FENCE_REDIS_URL" ping 2>&1 | head -n 1)"
+  case "$why" in
+  *"Could not connect"*|*"Connection refused"*|"")
+    log "Redis: nothing answers at $FENCE_REDIS_URL${why:+ ($why)}; start Redis or set FENCE_REDIS_URL" ;;
+  *)
+    log "Redis: the server at $FENCE_REDIS_URL answered with an error: $why; fix FENCE_REDIS_URL" ;;
+  esac
   return 1
 }
 
@@ -59,7 +66,16 @@ ensure_postgres() {
       sleep 0.1
     done
   fi
-  log "PostgreSQL: nothing answers at $FENCE_POSTGRES_URL; start PostgreSQL or set FENCE_POSTGRES_URL"
+  local why
+  why="$(psql "$FENCE_POSTGRES_URL" -qAtc 'select 1' 2>&1 >/dev/null | head -n 1)"
+  case "$why" in
+  *FATAL*|*"does not exist"*|*authentication*|*password*)
+    # The server answered, and refused this database, user or password.
+    log "PostgreSQL: the server at $FENCE_POSTGRES_URL answered but refused the connection: $why"
+    log "PostgreSQL: fix FENCE_POSTGRES_URL, or create what is missing (for the default: createdb -h 127.0.0.1 -U postgres test)" ;;
+  *)
+    log "PostgreSQL: nothing answers at $FENCE_POSTGRES_URL${why:+ ($why)}; start PostgreSQL or set FENCE_POSTGRES_URL" ;;
+  esac
   return 1
 }
 
@@ -144,13 +160,36 @@ install_versitygw() {
     return 0
   fi
   command -v go >/dev/null 2>&1 || { log "S3: go not found; cannot build versitygw"; return 1; }
-  log "S3: building versitygw $FENCE_VERSITYGW_VERSION into $bindir (once; later runs reuse it)"
+  log "S3: building versitygw $FENCE_VERSITYGW_VERSION into $bindir (once; later runs reuse it)."
+  log "S3: with an empty Go cache this downloads and compiles about 400 packages, some 130 CPU-seconds: measured 1.5 to 5 minutes on 2 cores, depending on what else runs"
   mkdir -p "$bindir"
-  # Built from outside this module so that its go.mod plays no part.
-  if ! (cd / && GOBIN="$bindir" go install "github.com/versity/versitygw/cmd/versitygw@$FENCE_VERSITYGW_VERSION") >&2; then
-    log "S3: go install github.com/versity/versitygw/cmd/versitygw@$FENCE_VERSITYGW_VERSION failed"
+  # Built from outside this module so that its go.mod plays no part; -v
+  # lists each package as it is compiled, counted below as progress.
+  local out start pid n last
+  out="$(mktemp "${TMPDIR:-/tmp}/fencekit-versitygw-build.XXXXXX")"
+  start=$SECONDS
+  # The build dies with this shell (setpriv, where there is one): a script
+  # stopped mid-build leaves no go command running.
+  local launcher=()
+  command -v setpriv >/dev/null 2>&1 && launcher=(setpriv --pdeathsig KILL --)
+  (cd / && GOBIN="$bindir" exec "${launcher[@]}" go install -v "github.com/versity/versitygw/cmd/versitygw@$FENCE_VERSITYGW_VERSION") >"$out" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    if [ $(( (SECONDS - start) % 15 )) -eq 0 ]; then
+      n="$(grep -c -v '^go: ' "$out" 2>/dev/null || true)"
+      last="$(grep -v '^go: ' "$out" 2>/dev/null | tail -n 1)"
+      log "S3: building versitygw: $((SECONDS - start))s, ${n:-0} packages compiled${last:+ (now: $last)}"
+    fi
+  done
+  if ! wait "$pid"; then
+    log "S3: go install github.com/versity/versitygw/cmd/versitygw@$FENCE_VERSITYGW_VERSION failed:"
+    grep -v '^github.com/\|^golang.org/\|^google.golang.org/\|^gopkg.in/' "$out" | tail -n 20 >&2
+    rm -f "$out"
     return 1
   fi
+  rm -f "$out"
+  log "S3: built versitygw in $((SECONDS - start))s"
   printf '%s\n' "$bin"
 }
 
@@ -191,19 +230,41 @@ free_port() {
   return 1
 }
 
+# sweep_s3_dirs: removes the directories of versitygw servers started by an
+# earlier run that is gone (a script killed before its EXIT trap ran): a
+# fencekit-s3.* directory whose recorded server no longer runs.
+sweep_s3_dirs() {
+  local d pid
+  for d in "${TMPDIR:-/tmp}"/fencekit-s3.*; do
+    [ -d "$d" ] || continue
+    pid="$(cat "$d/pid" 2>/dev/null || true)"
+    if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then
+      rm -rf "$d" && log "S3: removed $d, left by an earlier run whose versitygw (pid $pid) is gone"
+    fi
+  done
+}
+
 # start_versitygw: starts versitygw in the background over a new directory
-# and sets FENCE_S3_PID, FENCE_S3_DIR and FENCE_S3_ENDPOINT.
+# and sets FENCE_S3_PID, FENCE_S3_DIR and FENCE_S3_ENDPOINT. With
+# FENCE_S3_DIE_WITH_SHELL=1 (scripts/test.sh) the server gets a parent-death
+# signal (setpriv, util-linux): it dies with the shell that started it,
+# even when that shell is killed before its EXIT trap runs.
 start_versitygw() {
-  local bin port
+  local bin port launcher=()
   bin="$(install_versitygw)" || return 1
+  sweep_s3_dirs
+  if [ "${FENCE_S3_DIE_WITH_SHELL:-}" = 1 ] && command -v setpriv >/dev/null 2>&1; then
+    launcher=(setpriv --pdeathsig KILL --)
+  fi
   FENCE_S3_DIR="$(mktemp -d "${TMPDIR:-/tmp}/fencekit-s3.XXXXXX")"
   mkdir -p "$FENCE_S3_DIR/root"
   for _ in 1 2 3 4 5; do
     port="$(free_port)" || { log "S3: no free loopback port"; return 1; }
     ROOT_ACCESS_KEY_ID="$FENCE_S3_ACCESS_KEY" ROOT_SECRET_ACCESS_KEY="$FENCE_S3_SECRET_KEY" \
-      nohup "$bin" --port "127.0.0.1:$port" --health /health --quiet posix "$FENCE_S3_DIR/root" \
+      nohup "${launcher[@]}" "$bin" --port "127.0.0.1:$port" --health /health --quiet posix "$FENCE_S3_DIR/root" \
       >>"$FENCE_S3_DIR/versitygw.log" 2>&1 </dev/null &
     FENCE_S3_PID=$!
+    printf '%s\n' "$FENCE_S3_PID" >"$FENCE_S3_DIR/pid"
     for _ in $(seq 1 100); do
       kill -0 "$FENCE_S3_PID" 2>/dev/null || break
       if [ "$(curl -s -o /dev/null -m 1 -w '%{http_code}' "http://127.0.0.1:$port/health" 2>/dev/null)" = "200" ] \

@@ -15,8 +15,6 @@ ensure_redis
 ensure_postgres
 ensure_zookeeper
 ensure_pgbouncer
-trap stop_s3 EXIT
-ensure_s3
 
 pkgs=("$@")
 # Every module of the workspace (go.work): the library, the etcd backend
@@ -26,8 +24,26 @@ pkgs=("$@")
 # (compiled and vetted; benchmarks do not run).
 [ ${#pkgs[@]} -gt 0 ] || pkgs=(./... ./lease/etcdlease/... ./lease/zklease/... ./examples/... ./integration/... ./bench/...)
 
-echo "+ go vet ${pkgs[*]}   (the first run downloads and compiles everything: a few minutes)"
+# A first run builds versitygw (for S3) while go vet compiles the packages:
+# go vet needs no S3, and the two overlap their downloads and waits.
+build_pid=""
+if [ -z "${FENCE_S3_ENDPOINT:-}" ]; then
+  install_versitygw >/dev/null &
+  build_pid=$!
+fi
+trap '[ -z "$build_pid" ] || kill "$build_pid" 2>/dev/null; stop_s3' EXIT
+
+echo "+ go vet ${pkgs[*]}   (a first run downloads and compiles everything: see the README for how long)"
 go vet "${pkgs[@]}"
+
+if [ -n "$build_pid" ]; then
+  wait "$build_pid" || { log "S3: building versitygw failed (see above)"; exit 1; }
+  build_pid=""
+fi
+# versitygw dies with this script, even if it is killed before the trap runs.
+FENCE_S3_DIE_WITH_SHELL=1
+ensure_s3
+
 echo "+ go test -race -count=1 ${pkgs[*]}"
 go test -race -count=1 -timeout 20m "${pkgs[@]}"
 

@@ -48,7 +48,8 @@
 // Each call returns nil (written), a *fence.StaleError (matching
 // fence.ErrStaleToken) carrying the presented token and the newest
 // accepted one, or an error: ErrNotFound, ErrExists, ErrAmbiguousKey,
-// ErrLockVersionType, ErrNotMigrated, an error matching ErrRetryable (see
+// ErrLockVersionType, ErrNoLockVersion, ErrNotMigrated (both name the
+// fencekit command that fixes them), an error matching ErrRetryable (see
 // IsRetryable), an error matching fence.ErrOutcomeUnknown (below), or a
 // database error wrapped with %w so that errors.As finds the
 // *pgconn.PgError. A rejected write changed nothing. A rejection always

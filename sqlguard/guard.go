@@ -325,7 +325,13 @@ func (g *Guard) advanceErr(op, resource string, token fence.Token, err error) er
 			}
 			return fence.Stale(resource, token, fence.Token(cur))
 		case codeUndefinedFunction, codeUndefinedTable, codeInvalidSchemaName:
-			return fmt.Errorf("sqlguard: %s: %w: %w", op, ErrNotMigrated, err)
+			where := "in the connection's search_path"
+			cmd := "fencekit migrate up"
+			if g.opts.Schema != "" {
+				where = fmt.Sprintf("in schema %q (Options.Schema)", g.opts.Schema)
+				cmd += " --schema " + shellWord(g.opts.Schema)
+			}
+			return fmt.Errorf("sqlguard: %s: %w (looked %s; run `%s` there, or migrations.Up): %w", op, ErrNotMigrated, where, cmd, err)
 		}
 	}
 	return wrapDBErr(op, err)

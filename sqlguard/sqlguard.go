@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -107,8 +108,17 @@ var ErrLockVersionType = errors.New("sqlguard: lock_version column is not bigint
 
 // ErrNotMigrated is returned by a Guard when the toolkit's table or
 // function does not exist in the schema it looks in: run
-// migrations.Up (or fencekit migrate up) there, or fix Options.Schema.
-var ErrNotMigrated = errors.New("sqlguard: fencekit tables not found (run fencekit migrations)")
+// `fencekit migrate up` (or migrations.Up) there, or fix Options.Schema.
+// The error says which schema and the command to run.
+var ErrNotMigrated = errors.New("sqlguard: fencekit's table and function not found: run `fencekit migrate up` first")
+
+// ErrNoLockVersion is returned by a Table write when the table has no
+// lock_version column (SQLSTATE 42703 for that column): add it with
+// `fencekit migrate add-lock-version --table <schema.table> --apply`, or
+// with a migration that command writes (--out), or migrations.ApplyLockVersion.
+// The error names the table and the command; errors.As still finds the
+// *pgconn.PgError. Nothing was written.
+var ErrNoLockVersion = errors.New("sqlguard: table has no lock_version column")
 
 // RetryableError is the rich form of ErrRetryable. Err is the underlying
 // error; for a serialization failure or deadlock it wraps the
@@ -138,6 +148,7 @@ const (
 	codeUndefinedFunction    = "42883"
 	codeUndefinedTable       = "42P01"
 	codeInvalidSchemaName    = "3F000"
+	codeUndefinedColumn      = "42703"
 	// codeStale is raised by fencekit_advance_token (see package
 	// migrations) when the presented token is older than the stored one.
 	codeStale = "FK409"
@@ -172,6 +183,29 @@ func wrapDBErr(op string, err error) error {
 		return &RetryableError{Op: op, Err: err}
 	}
 	return fmt.Errorf("sqlguard: %s: %w", op, err)
+}
+
+// noLockVersion returns an error matching ErrNoLockVersion when err is
+// PostgreSQL's undefined_column for lock_version in stmt, and nil
+// otherwise. The column is recognised by name in the message (quoted, as
+// every translation of the message keeps it) or by the error's position in
+// stmt, so that an undefined column of the caller's own is not taken for
+// it. table is the table as `fencekit migrate add-lock-version --table`
+// takes it.
+func noLockVersion(op, table, stmt string, err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != codeUndefinedColumn {
+		return nil
+	}
+	at := false
+	if r := []rune(stmt); pgErr.Position > 0 && int(pgErr.Position) <= len(r) {
+		at = strings.HasPrefix(string(r[pgErr.Position-1:]), LockVersionColumn)
+	}
+	if !at && !strings.Contains(pgErr.Message, `"`+LockVersionColumn+`"`) {
+		return nil
+	}
+	return fmt.Errorf("sqlguard: %s: %w: add it with `fencekit migrate add-lock-version --table %s --apply` (or migrations.ApplyLockVersion): %w",
+		op, ErrNoLockVersion, table, err)
 }
 
 // sentErr maps the error of a statement that may have reached the server

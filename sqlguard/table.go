@@ -44,6 +44,7 @@ func Col(name string, value any) Column { return Column{Name: name, Value: value
 // at its first write to it).
 type Table struct {
 	name      string // for messages: schema.table or table
+	cliName   string // as fencekit migrate add-lock-version --table takes it
 	ident     string // quoted, qualified
 	keys      []string
 	keyIdents []string
@@ -117,8 +118,10 @@ func NewTable(schema, name string, keyColumns ...string) (*Table, error) {
 	if schema != "" {
 		t.name = schema + "." + name
 		t.ident = pgx.Identifier{schema, name}.Sanitize()
+		t.cliName = cliIdent(schema) + "." + cliIdent(name)
 	} else {
 		t.ident = pgx.Identifier{name}.Sanitize()
+		t.cliName = cliIdent(name)
 	}
 	conds := make([]string, len(keyColumns))
 	for i, k := range keyColumns {
@@ -133,6 +136,36 @@ func NewTable(schema, name string, keyColumns ...string) (*Table, error) {
 		t.ops[k] = writeKind(k).String() + " " + t.ident
 	}
 	return t, nil
+}
+
+// cliIdent spells one identifier the way `fencekit migrate` reads table
+// names (SQL's rules): as is when SQL would not fold or misread it
+// (lower-case letters, digits, underscores, not starting with a digit),
+// double-quoted otherwise.
+func cliIdent(s string) string {
+	plain := s != ""
+	for i, r := range s {
+		if !(r == '_' || ('a' <= r && r <= 'z') || (i > 0 && '0' <= r && r <= '9')) {
+			plain = false
+			break
+		}
+	}
+	if plain {
+		return s
+	}
+	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
+}
+
+// shellWord quotes s for a POSIX shell when it holds anything but
+// letters, digits and . _ -, so that a command in an error message can be
+// pasted as it is.
+func shellWord(s string) string {
+	for _, r := range s {
+		if !(r == '.' || r == '_' || r == '-' || ('a' <= r && r <= 'z') || ('A' <= r && r <= 'Z') || ('0' <= r && r <= '9')) {
+			return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+		}
+	}
+	return s
 }
 
 // Name returns the table's name as given to NewTable (schema.table or
@@ -165,7 +198,8 @@ func (k writeKind) String() string {
 // fence.ErrStaleToken) carrying the row's lock_version when that is newer
 // than token; ErrNotFound when no row has the key; ErrAmbiguousKey when
 // several rows do; ErrLockVersionType when the table's lock_version is not
-// bigint (nothing written); an error matching ErrRetryable for a
+// bigint (nothing written); ErrNoLockVersion, naming the command that adds
+// it, when the table has no lock_version column; an error matching ErrRetryable for a
 // serialization failure or deadlock; an error matching
 // fence.ErrOutcomeUnknown, joined with its cause, when ctx ended or the
 // connection broke after the statement was sent (the write may have been
@@ -277,6 +311,9 @@ func (t *Table) run(ctx context.Context, kind writeKind, op string, db DBTX, con
 		if fast {
 			tag, err := db.Exec(ctx, st.fast, args...)
 			if err != nil {
+				if nlv := noLockVersion(op, shellWord(t.cliName), st.fast, err); nlv != nil {
+					return nlv // dropped since this connection's first write
+				}
 				return sentErr(op, err, conn)
 			}
 			switch n := tag.RowsAffected(); {
@@ -294,6 +331,9 @@ func (t *Table) run(ctx context.Context, kind writeKind, op string, db DBTX, con
 		badType    *string
 	)
 	if err := db.QueryRow(ctx, st.full, args...).Scan(&n, &current, &written, &badType); err != nil {
+		if nlv := noLockVersion(op, shellWord(t.cliName), st.full, err); nlv != nil {
+			return nlv
+		}
 		return sentErr(op, err, conn)
 	}
 	tok := args[len(args)-1].(int64)

@@ -3,7 +3,7 @@
 //	fencekit migrate up                  create or update fencekit's tables
 //	fencekit migrate down [--to N]       roll them back (all of them by default)
 //	fencekit migrate status              show which migrations are applied
-//	fencekit migrate add-lock-version --table [schema.]table [--apply] [--out DIR]
+//	fencekit migrate add-lock-version --table [schema.]table [--apply] [--out DIR] [--offline]
 //
 // Every migrate command takes --database-url (default: $FENCE_POSTGRES_URL)
 // and --schema (the schema for fencekit's tables; default: the first
@@ -15,6 +15,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -22,6 +23,8 @@ import (
 	"os/signal"
 	"syscall"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fencekit/fencekit/migrations"
 )
@@ -55,12 +58,17 @@ Usage:
                                       drops every stored resource token and
                                       lease)
   fencekit migrate status             list fencekit's migrations and their state
-  fencekit migrate add-lock-version --table [schema.]table [--apply] [--out DIR]
+  fencekit migrate add-lock-version --table [schema.]table [--apply] [--out DIR] [--offline]
                                       add the lock_version column that row-level
                                       fencing needs to one of your tables:
                                         --out DIR  write a goose migration file
+                                                   (refused if DIR already has
+                                                   one for the table)
                                         --apply    apply it to the database now
                                         neither    print the migration
+                                        --offline  do not connect to check that
+                                                   the table exists (not with
+                                                   --apply)
   fencekit help                       show this help
 
 Flags of every migrate command:
@@ -104,7 +112,7 @@ func (c *common) register(fs *flag.FlagSet, getenv func(string) string) {
 	fs.DurationVar(&c.timeout, "timeout", 2*time.Minute, "give up after this long")
 }
 
-// open opens and pings the database.
+// open opens and pings the database, and checks that --schema exists.
 func (c *common) open(ctx context.Context) (*sql.DB, error) {
 	if c.url == "" {
 		return nil, fmt.Errorf("no database URL: pass --database-url or set %s", databaseURLVar)
@@ -115,7 +123,24 @@ func (c *common) open(ctx context.Context) (*sql.DB, error) {
 	}
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			// The server answered: it refused this database, user or
+			// password.
+			return nil, fmt.Errorf("the database server refused the connection: %w", err)
+		}
 		return nil, fmt.Errorf("cannot connect to the database: %w", err)
+	}
+	if c.schema != "" {
+		var exists bool
+		if err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = $1)`, c.schema).Scan(&exists); err != nil {
+			db.Close()
+			return nil, fmt.Errorf("look up schema %q: %w", c.schema, err)
+		}
+		if !exists {
+			db.Close()
+			return nil, fmt.Errorf("schema %q does not exist (create it with CREATE SCHEMA, or pass an existing schema to --schema)", c.schema)
+		}
 	}
 	return db, nil
 }
@@ -294,10 +319,18 @@ func addLockVersion(ctx context.Context, db *sql.DB, tbl migrations.TableName, o
 		fmt.Fprintf(w, "wrote %s\n", path)
 	}
 	if apply {
+		had, err := migrations.HasLockVersion(ctx, db, tbl)
+		if err != nil {
+			return err
+		}
 		if err := migrations.ApplyLockVersion(ctx, db, tbl); err != nil {
 			return err
 		}
-		fmt.Fprintf(w, "%s has lock_version (existing rows: 0)\n", tbl)
+		if had {
+			fmt.Fprintf(w, "%s already has lock_version: nothing changed\n", tbl)
+		} else {
+			fmt.Fprintf(w, "added lock_version to %s: every existing row starts at lock_version 0, so the first fenced write with any token succeeds\n", tbl)
+		}
 	}
 	if out == "" && !apply {
 		text, err := migrations.LockVersionMigration(tbl)

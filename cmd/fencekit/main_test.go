@@ -7,6 +7,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"errors"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -83,6 +84,8 @@ func TestHelpAndUsageErrors(t *testing.T) {
 		{[]string{"migrate", "--help"}, 0, "Usage:", "", false},
 		{[]string{"migrate", "up", "--help"}, 0, "--database-url", "", false},
 		{[]string{"migrate", "add-lock-version", "-h"}, 0, "--apply", "", false},
+		// The error for a missing table suggests --offline: help lists it.
+		{[]string{"help"}, 0, "--offline  do not connect", "", false},
 		{nil, 2, "", "Usage:", false},
 		{[]string{"frobnicate"}, 2, "", `unknown command "frobnicate"`, false},
 		{[]string{"migrate"}, 2, "", "missing subcommand", false},
@@ -95,6 +98,9 @@ func TestHelpAndUsageErrors(t *testing.T) {
 		{[]string{"migrate", "up", "--timeout", "0s"}, 2, "", "--timeout must be positive", false},
 		{[]string{"migrate", "up", "--database-url", "postgres://u:secret@h:notaport/db"}, 1, "", "bad database URL", false},
 		{[]string{"migrate", "status", "--database-url", "postgres://postgres@127.0.0.1:1/test?connect_timeout=5"}, 1, "", "cannot connect to the database", false},
+		// A wrong database name: the server answered.
+		{[]string{"migrate", "status", "--database-url", noSuchDatabaseURL()}, 1, "", `the database server refused the connection: failed to connect to `, false},
+		{[]string{"migrate", "status", "--database-url", noSuchDatabaseURL()}, 1, "", `database "fencekit_no_such_db" does not exist`, false},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			code, stdout, stderr := fencekit(t, tc.args...)
@@ -135,22 +141,31 @@ func TestMigrateCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	expect(0, "-- +goose Up", "migrate", "add-lock-version", s, "--table", schema+".orders")
-	expect(0, "has lock_version", "migrate", "add-lock-version", s, "--table", schema+".Orders", "--apply")
-	expect(0, "has lock_version", "migrate", "add-lock-version", s, "--table", "orders", "--apply") // again, via --schema
+	out := expect(0, "added lock_version to "+`"`+schema+`"."orders": every existing row starts at lock_version 0`,
+		"migrate", "add-lock-version", s, "--table", schema+".Orders", "--apply")
+	if strings.Contains(out, "existing rows: 0") {
+		t.Fatalf("--apply on a table of 5 rows says %q", out)
+	}
+	expect(0, "already has lock_version: nothing changed", "migrate", "add-lock-version", s, "--table", "orders", "--apply") // again, via --schema
 	var n int
 	if err := db.QueryRow(`SELECT count(*) FROM ` + schema + `.orders WHERE lock_version = 0`).Scan(&n); err != nil || n != 5 {
 		t.Fatalf("rows with lock_version 0: %d, %v", n, err)
 	}
 	dir := t.TempDir()
-	out := expect(0, "wrote ", "migrate", "add-lock-version", s, "--table", "orders", "--out", dir)
+	out = expect(0, "wrote ", "migrate", "add-lock-version", s, "--table", "orders", "--out", dir)
 	files, _ := filepath.Glob(filepath.Join(dir, "*_fencekit_lock_version_*.sql"))
 	if len(files) != 1 || !strings.Contains(out, files[0]) {
 		t.Fatalf("files %v, output %q", files, out)
 	}
+	// A second run for the same table is refused, even a second later.
+	expect(1, "a lock_version migration for this table already exists: "+files[0], "migrate", "add-lock-version", s, "--table", "orders", "--out", dir)
+	if again, _ := filepath.Glob(filepath.Join(dir, "*.sql")); len(again) != 1 {
+		t.Fatalf("after the second --out: %v", again)
+	}
 	expect(1, "table not found", "migrate", "add-lock-version", s, "--table", "missing", "--apply")
 	expect(1, "table not found", "migrate", "add-lock-version", s, "--table", "missing", "--out", dir)
 	expect(0, "-- +goose Up", "migrate", "add-lock-version", s, "--table", "missing", "--offline")
-	expect(1, "no current schema", "migrate", "up", "--schema", schema+"_nope")
+	expect(1, `schema "`+schema+`_nope" does not exist (create it with CREATE SCHEMA, or pass an existing schema to --schema)`, "migrate", "up", "--schema", schema+"_nope")
 
 	expect(0, "down", "migrate", "down", s)
 	expect(0, "pending", "migrate", "status", s)
@@ -189,5 +204,47 @@ func TestBinaryExitStatus(t *testing.T) {
 		if code != tc.code {
 			t.Errorf("fencekit %v: exit %d, want %d; output:\n%s", tc.args, code, tc.code, out)
 		}
+	}
+}
+
+// noSuchDatabaseURL is the test server's URL with a database that does not
+// exist.
+func noSuchDatabaseURL() string {
+	u, err := url.Parse(testenv.PostgresURL())
+	if err != nil {
+		panic(err)
+	}
+	u.Path = "/fencekit_no_such_db"
+	return u.String()
+}
+
+// TestStatusReadOnly runs migrate status on a read-only session, before
+// and after migrate up: it must answer, and create nothing.
+func TestStatusReadOnly(t *testing.T) {
+	t.Parallel()
+	schema, db := newSchema(t)
+	u, err := url.Parse(testenv.PostgresURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("default_transaction_read_only", "on")
+	u.RawQuery = q.Encode()
+	ro := "--database-url=" + u.String()
+
+	code, stdout, stderr := fencekit(t, "migrate", "status", ro, "--schema", schema)
+	if code != 0 || !strings.Contains(stdout, "pending") {
+		t.Fatalf("status before up, read-only: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+	var exists bool
+	if err := db.QueryRow(`SELECT to_regclass($1) IS NOT NULL`, pgx.Identifier{schema, "fencekit_goose_version"}.Sanitize()).Scan(&exists); err != nil || exists {
+		t.Fatalf("status created the version table: %v, %v", exists, err)
+	}
+	if code, _, stderr := fencekit(t, "migrate", "up", "--schema", schema); code != 0 {
+		t.Fatalf("up: %s", stderr)
+	}
+	code, stdout, stderr = fencekit(t, "migrate", "status", ro, "--schema", schema)
+	if code != 0 || !strings.Contains(stdout, "applied") || strings.Contains(stdout, "pending") {
+		t.Fatalf("status after up, read-only: exit %d, stdout %q, stderr %q", code, stdout, stderr)
 	}
 }

@@ -4,8 +4,10 @@
 // with fenced writes, and the holder is killed with SIGKILL in the middle of
 // the batch, as kill -9, an OOM kill or a deploy would end it.
 //
-//  1. the replicas start together and call lease.Manager.Acquire on one
-//     lease (Redis); one gets it with fencing token N, the others wait;
+//  1. the replicas start together and each runs the batch with
+//     lease.Manager.Run on one lease (Redis): Run waits for the lease, runs
+//     the batch with the lease's context and token, and releases it; one
+//     gets it with fencing token N, the others wait;
 //  2. the holder writes one invoice per customer, each in a transaction
 //     fenced with its token on the resource "invoices/<period>" (sqlguard):
 //     the invoice row (unique key (customer, period), lock_version = token)
@@ -15,7 +17,8 @@
 //     back by PostgreSQL;
 //  4. a waiting replica acquires the lease as soon as the dead holder's
 //     grant expires in Redis (waiters retry at the grant's exact expiry;
-//     pub/sub wakes them at once on a release), with token N+1, reads the
+//     pub/sub wakes them at once on a release), with a greater token (tokens
+//     are large numbers minted from the Redis server clock), reads the
 //     progress row and resumes at the first invoice not committed;
 //  5. it completes the batch and releases; the other replicas find the
 //     batch done.
@@ -32,7 +35,9 @@
 // Services come from the environment (FENCE_REDIS_URL, FENCE_POSTGRES_URL),
 // else the default local addresses, else servers it starts itself, else
 // Docker through testcontainers-go. Everything it creates (a schema, the
-// lease's Redis keys) is removed at the end.
+// lease's Redis keys) is removed at the end, however the run ends: the
+// replicas die with it, even by SIGKILL, and what a killed run leaves is
+// removed by the next run (package examples/internal/leftover).
 package main
 
 import (
@@ -44,15 +49,14 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekit/fencekit/examples/internal/demo"
+	"github.com/fencekit/fencekit/examples/internal/leftover"
 	"github.com/fencekit/fencekit/examples/services"
 )
 
@@ -60,7 +64,7 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "replica" {
 		os.Exit(runReplica())
 	}
-	os.Exit(run(os.Args[1:], os.Stdout))
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
 type options struct {
@@ -82,12 +86,25 @@ func (o options) renewInterval() time.Duration { return o.ttl / 3 }
 // expiry. One renew interval is allowed on top, for a loaded machine.
 func (o options) handoverBound() time.Duration { return o.ttl + o.renewInterval() }
 
-func parseFlags(args []string, out io.Writer) (options, error) {
+// Bounds of the flags: a demo that runs for hours helps nobody.
+const (
+	minTTL, maxTTL = 100 * time.Millisecond, time.Minute
+	maxReplicas    = 20
+	maxCustomers   = 100000
+	maxInvoiceTime = 10 * time.Second
+	// maxBatchTime bounds --customers x --invoice-time, the batch's own
+	// length.
+	maxBatchTime = 30 * time.Minute
+)
+
+// parseFlags parses args. --help prints the usage on stdout and returns
+// flag.ErrHelp; a bad flag's message and the usage go to stderr.
+func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("invoicejob", flag.ContinueOnError)
-	fs.SetOutput(out)
+	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(out, `Usage: go run ./examples/invoicejob [flags]
+		fmt.Fprintf(fs.Output(), `Usage: go run ./examples/invoicejob [flags]
 
 Runs replicas of a scheduled invoice job as real processes competing for one
 lease (Redis, or PostgreSQL with --lease-store postgres); the holder writes
@@ -103,18 +120,23 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
-	fs.IntVar(&o.replicas, "replicas", 3, "number of replica processes competing for the lease")
-	fs.IntVar(&o.customers, "customers", 40, "number of customers, one invoice each: the batch size")
+	fs.IntVar(&o.replicas, "replicas", 3, "number of replica processes competing for the lease (2 to 20)")
+	fs.IntVar(&o.customers, "customers", 40, "number of customers, one invoice each: the batch size (1 to 100000)")
 	fs.IntVar(&o.killAfter, "kill-after", 15, "kill a holder with SIGKILL after it has written this many invoices")
 	fs.IntVar(&o.kills, "kills", 1, "how many holders to kill, one after the other (fewer than --replicas)")
-	fs.DurationVar(&o.ttl, "ttl", 2*time.Second, "lease TTL (whole milliseconds, at least 100ms); renewed every TTL/3")
-	fs.DurationVar(&o.invoiceTime, "invoice-time", 100*time.Millisecond, "time to render one invoice, inside its fenced transaction")
+	fs.DurationVar(&o.ttl, "ttl", 2*time.Second, "lease TTL (whole milliseconds, from 100ms to 1m); renewed every TTL/3")
+	fs.DurationVar(&o.invoiceTime, "invoice-time", 100*time.Millisecond, "time to render one invoice, inside its fenced transaction (up to 10s;\n--customers x --invoice-time at most 30m)")
 	fs.StringVar(&o.period, "period", "2026-11", "billing period the batch is for")
-	fs.BoolVar(&o.keep, "keep", false, "keep the schema and the Redis keys created, for inspection")
+	fs.BoolVar(&o.keep, "keep", false, "keep the schema and the lease's keys after the run, for inspection; servers the demo\nstarted itself are stopped, and their data directories are kept (their paths are printed)")
 	fs.StringVar(&o.leaseStore, "lease-store", demo.LeaseRedis, demo.LeaseStoreUsage)
 	fs.StringVar(&o.redisURL, "redis-url", "", "Redis URL (default: $FENCE_REDIS_URL, else redis://127.0.0.1:6379/0, else one it starts)")
 	fs.StringVar(&o.pgURL, "postgres-url", "", "PostgreSQL URL (default: $FENCE_POSTGRES_URL, else postgres://postgres@127.0.0.1:5432/test, else one it starts)")
 	fs.StringVar(&o.jsonOut, "json", "", "also write a machine-readable summary of the run to this file")
+	if demo.WantsHelp(args) {
+		fs.SetOutput(stdout)
+		fs.Usage()
+		return o, flag.ErrHelp
+	}
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -122,11 +144,11 @@ Flags:
 		return o, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	var errs []error
-	if o.ttl < 100*time.Millisecond || o.ttl%time.Millisecond != 0 {
-		errs = append(errs, fmt.Errorf("--ttl %v: must be a whole number of milliseconds, at least 100ms", o.ttl))
+	if o.ttl < minTTL || o.ttl > maxTTL || o.ttl%time.Millisecond != 0 {
+		errs = append(errs, fmt.Errorf("--ttl %v: must be a whole number of milliseconds, from %v to %v", o.ttl, minTTL, maxTTL))
 	}
-	if o.replicas < 2 {
-		errs = append(errs, fmt.Errorf("--replicas %d: at least 2 are needed for a takeover", o.replicas))
+	if o.replicas < 2 || o.replicas > maxReplicas {
+		errs = append(errs, fmt.Errorf("--replicas %d: must be from 2 (for a takeover) to %d", o.replicas, maxReplicas))
 	}
 	if o.kills < 0 || o.kills >= o.replicas {
 		errs = append(errs, fmt.Errorf("--kills %d: must be at least 0 and fewer than --replicas (%d), or nobody is left to finish", o.kills, o.replicas))
@@ -134,13 +156,17 @@ Flags:
 	if o.killAfter < 1 {
 		errs = append(errs, fmt.Errorf("--kill-after %d: must be at least 1", o.killAfter))
 	}
-	if o.customers < 1 || o.customers > 100000 {
-		errs = append(errs, fmt.Errorf("--customers %d: must be between 1 and 100000", o.customers))
+	if o.customers < 1 || o.customers > maxCustomers {
+		errs = append(errs, fmt.Errorf("--customers %d: must be between 1 and %d", o.customers, maxCustomers))
 	} else if o.kills > 0 && o.kills*o.killAfter >= o.customers {
 		errs = append(errs, fmt.Errorf("--kills %d x --kill-after %d must be less than --customers %d, so that every kill lands mid-batch", o.kills, o.killAfter, o.customers))
 	}
-	if o.invoiceTime < 0 {
-		errs = append(errs, fmt.Errorf("--invoice-time %v: must not be negative", o.invoiceTime))
+	switch {
+	case o.invoiceTime < 0 || o.invoiceTime > maxInvoiceTime:
+		errs = append(errs, fmt.Errorf("--invoice-time %v: must be from 0 to %v", o.invoiceTime, maxInvoiceTime))
+	case o.customers >= 1 && o.customers <= maxCustomers && time.Duration(o.customers)*o.invoiceTime > maxBatchTime:
+		errs = append(errs, fmt.Errorf("--customers %d x --invoice-time %v is %v: must be at most %v", o.customers, o.invoiceTime,
+			time.Duration(o.customers)*o.invoiceTime, maxBatchTime))
 	}
 	if err := demo.CheckLeaseStore(o.leaseStore); err != nil {
 		errs = append(errs, err)
@@ -151,52 +177,63 @@ Flags:
 	return o, errors.Join(errs...)
 }
 
-func run(args []string, out io.Writer) int {
-	o, err := parseFlags(args, out)
+// run is the program: the timeline, summary and verdict go to stdout,
+// errors to stderr. It returns the exit status.
+func run(args []string, stdout, stderr io.Writer) int {
+	o, err := parseFlags(args, stdout, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
 	if err != nil {
-		fmt.Fprintf(out, "invoicejob: %v\n", err)
+		fmt.Fprintf(stderr, "invoicejob: %v\n", err)
 		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, out, errOut, stop := demo.Interrupts(context.Background(), stdout, stderr)
 	defer stop()
+	ledger, err := leftover.Begin(ctx, "invoicejob", func(f string, a ...any) { fmt.Fprintf(errOut, "invoicejob: "+f+"\n", a...) })
+	if err != nil {
+		fmt.Fprintf(errOut, "invoicejob: the run's ledger: %v\n", err)
+		return 2
+	}
+	defer ledger.End() // last: after everything below is removed
 
 	tl := demo.NewTimeline(out)
 	fmt.Fprintf(out, "invoicejob: %d replicas, %d invoices for period %s, lease TTL %v (renewed every %v); kill %d holder(s) with SIGKILL after %d invoices each\n\n",
 		o.replicas, o.customers, o.period, o.ttl, o.renewInterval().Round(time.Millisecond), o.kills, o.killAfter)
 
 	svc, err := demo.ProvideServices(ctx, services.Config{
-		RedisURL: o.redisURL, PostgresURL: o.pgURL, NoS3: true,
+		RedisURL: o.redisURL, PostgresURL: o.pgURL, NoS3: true, Keep: o.keep,
 		NoRedis: o.leaseStore != demo.LeaseRedis,
 	}, out)
 	if err != nil {
-		fmt.Fprintf(out, "invoicejob: cannot run without its services:\n  %s\n", strings.ReplaceAll(err.Error(), "\n", "\n  "))
+		fmt.Fprintf(errOut, "invoicejob: cannot run without its services:\n  %s\n", strings.ReplaceAll(err.Error(), "\n", "\n  "))
 		return 2
 	}
 	defer svc.Close()
 
 	sc, err := setUp(ctx, svc, o)
 	if err != nil {
-		fmt.Fprintf(out, "invoicejob: setting up: %v\n", err)
+		fmt.Fprintf(errOut, "invoicejob: setting up: %v\n", err)
 		return 2
 	}
 	if o.keep {
-		fmt.Fprintf(out, "Keeping schema %s and lease %s (keys %s, %s) after the run.\n\n", sc.cfg.Schema, sc.cfg.LeaseName, sc.Keys.Lease, sc.Keys.Token)
+		defer sc.keep(out, svc)
 	} else {
-		defer sc.tearDown(out)
+		defer sc.tearDown(errOut)
 	}
 	fmt.Fprintf(out, "Schema %s: %d customers, no invoices yet; lease %q; writes fenced on resource %q.\n\nTimeline:\n",
 		sc.cfg.Schema, o.customers, sc.cfg.LeaseName, resourceFor(o.period))
 
 	sum, err := sc.play(ctx, tl, o)
 	if err != nil {
-		fmt.Fprintf(out, "\ninvoicejob: the run could not be completed: %v\n", err)
+		if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
+			err = fmt.Errorf("%w (%v)", err, cause)
+		}
+		fmt.Fprintf(errOut, "\ninvoicejob: the run could not be completed: %v\n", err)
 		return 2
 	}
 	if err := sc.verify(ctx, tl, o, sum); err != nil {
-		fmt.Fprintf(out, "\ninvoicejob: checking the outcome: %v\n", err)
+		fmt.Fprintf(errOut, "\ninvoicejob: checking the outcome: %v\n", err)
 		return 2
 	}
 	sum.Services = svc.Used
@@ -205,7 +242,7 @@ func run(args []string, out io.Writer) int {
 	if o.jsonOut != "" {
 		b, _ := json.MarshalIndent(sum, "", "  ")
 		if err := os.WriteFile(o.jsonOut, b, 0o644); err != nil {
-			fmt.Fprintf(out, "invoicejob: writing %s: %v\n", o.jsonOut, err)
+			fmt.Fprintf(errOut, "invoicejob: writing %s: %v\n", o.jsonOut, err)
 			return 2
 		}
 	}
@@ -242,6 +279,7 @@ func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error)
 		FencedTables: []string{invoicesTable, jobTable},
 		LeaseStore:   sc.cfg.LeaseStore,
 		RedisURL:     svc.RedisURL, RedisPrefix: sc.cfg.RedisPrefix, LeaseName: sc.cfg.LeaseName,
+		PostgresStarted: svc.PostgresStarted, RedisStarted: svc.RedisStarted,
 	})
 	if err != nil {
 		return nil, err
@@ -289,9 +327,21 @@ func (sc *scenario) createTables(ctx context.Context, pool *pgxpool.Pool) error 
 	return nil
 }
 
-func (sc *scenario) tearDown(out io.Writer) {
+func (sc *scenario) tearDown(errOut io.Writer) {
 	if err := sc.Stores.TearDown(); err != nil {
-		fmt.Fprintf(out, "invoicejob: cleaning up: %v\n", err)
+		fmt.Fprintf(errOut, "invoicejob: cleaning up: %v\n", err)
+	}
+}
+
+// keep leaves what the run created in place (--keep) and says where it is.
+func (sc *scenario) keep(out io.Writer, svc *services.Set) {
+	sc.Stores.Keep()
+	fmt.Fprintf(out, "\nKept (--keep):\n  schema %s in %s\n", sc.cfg.Schema, services.Redact(sc.cfg.PostgresURL))
+	if sc.Redis != nil {
+		fmt.Fprintf(out, "  lease keys %s and %s in %s\n", sc.Keys.Lease, sc.Keys.Token, sc.cfg.RedisURL)
+	}
+	for _, d := range svc.Dirs {
+		fmt.Fprintf(out, "  the data of a server this demo started (it stops now): %s; remove it when done\n", d)
 	}
 }
 

@@ -8,14 +8,19 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fencekit/fencekit/examples/internal/demo/demotest"
 )
 
 // TestMain lets the test binary stand in for the program: run() starts
 // replicas as os.Executable() with configVar set, and here they run the
 // replica's body instead of the tests.
 func TestMain(m *testing.M) {
-	if os.Getenv(configVar) != "" {
+	switch {
+	case os.Getenv(configVar) != "":
 		os.Exit(runReplica())
+	case os.Getenv(demotest.RunMainVar) != "":
+		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}
 	os.Exit(m.Run())
 }
@@ -39,11 +44,11 @@ func TestInvoiceJob(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			js := filepath.Join(t.TempDir(), "summary.json")
-			var out bytes.Buffer
+			var out, errOut bytes.Buffer
 			args := append([]string{"--ttl", "500ms", "--invoice-time", "20ms", "--json", js}, tc.args...)
-			code := run(args, &out)
+			code := run(args, &out, &errOut)
 			if code != 0 {
-				t.Fatalf("exit %d, want 0; output:\n%s", code, out.String())
+				t.Fatalf("exit %d, want 0; output:\n%s\nstderr:\n%s", code, out.String(), errOut.String())
 			}
 			b, err := os.ReadFile(js)
 			if err != nil {
@@ -83,23 +88,33 @@ func TestInvoiceJob(t *testing.T) {
 	}
 }
 
+// TestFlags checks the flags' bounds, that every problem is reported at
+// once, and that usage and errors go to stderr while --help goes to stdout.
 func TestFlags(t *testing.T) {
 	for _, tc := range []struct {
-		args []string
-		code int
-		want string
+		args           []string
+		code           int
+		stdout, stderr string // an empty stdout want means stdout must be empty
 	}{
-		{[]string{"--help"}, 0, "Usage: go run ./examples/invoicejob"},
-		{[]string{"--ttl", "50ms"}, 2, "--ttl 50ms"},
-		{[]string{"--replicas", "1"}, 2, "--replicas 1"},
-		{[]string{"--kills", "3"}, 2, "--kills 3"},
-		{[]string{"--customers", "10", "--kill-after", "10"}, 2, "must be less than --customers 10"},
-		{[]string{"--ttl", "50ms", "--replicas", "0"}, 2, "--replicas 0"}, // every problem at once
-		{[]string{"extra"}, 2, "unexpected arguments"},
+		{[]string{"--help"}, 0, "Usage: go run ./examples/invoicejob", ""},
+		{[]string{"--ttl", "50ms"}, 2, "", "--ttl 50ms"},
+		{[]string{"--ttl", "1h"}, 2, "", "--ttl 1h0m0s: must be a whole number of milliseconds, from 100ms to 1m0s"},
+		{[]string{"--replicas", "1"}, 2, "", "--replicas 1"},
+		{[]string{"--replicas", "21"}, 2, "", "--replicas 21: must be from 2 (for a takeover) to 20"},
+		{[]string{"--kills", "3"}, 2, "", "--kills 3"},
+		{[]string{"--customers", "10", "--kill-after", "10"}, 2, "", "must be less than --customers 10"},
+		{[]string{"--invoice-time", "11s"}, 2, "", "--invoice-time 11s: must be from 0 to 10s"},
+		{[]string{"--customers", "100000", "--invoice-time", "1s"}, 2, "", "--customers 100000 x --invoice-time 1s is 27h46m40s: must be at most 30m0s"},
+		{[]string{"--ttl", "50ms", "--replicas", "0"}, 2, "", "--replicas 0"}, // every problem at once
+		{[]string{"extra"}, 2, "", "unexpected arguments"},
+		{[]string{"--nope"}, 2, "", "Usage: go run ./examples/invoicejob"},
 	} {
-		var out bytes.Buffer
-		if code := run(tc.args, &out); code != tc.code || !strings.Contains(out.String(), tc.want) {
-			t.Errorf("run(%q) = %d, output %q; want %d and %q", tc.args, code, out.String(), tc.code, tc.want)
+		var stdout, stderr bytes.Buffer
+		code := run(tc.args, &stdout, &stderr)
+		okOut := strings.Contains(stdout.String(), tc.stdout) && (tc.stdout != "" || stdout.Len() == 0)
+		if code != tc.code || !okOut || !strings.Contains(stderr.String(), tc.stderr) {
+			t.Errorf("run(%q) = %d, stdout %q, stderr %q; want %d, stdout %q, stderr with %q",
+				tc.args, code, stdout.String(), stderr.String(), tc.code, tc.stdout, tc.stderr)
 		}
 	}
 }

@@ -94,10 +94,20 @@ func (sc *scenario) play(ctx context.Context, tl *demo.Timeline, o options) (*su
 	events := make(chan event, 1024)
 	exits := make(chan exit, o.replicas)
 	procs := make(map[string]*proc, o.replicas)
-	defer func() { // never leave a replica behind
+	defer func() { // never leave a replica behind, and wait for each
+		left := 0
 		for _, p := range procs {
-			if !p.exited && !p.killed {
+			if !p.exited {
 				_ = p.cmd.Process.Kill()
+				left++
+			}
+		}
+		for left > 0 {
+			select {
+			case <-events: // the rest of their output, so that they can end
+			case x := <-exits:
+				procs[x.name].exited = true
+				left--
 			}
 		}
 	}()

@@ -129,24 +129,32 @@ func runReplica() int {
 	}
 
 	r.emit(event{Kind: evWaiting, Text: fmt.Sprintf("started; waiting for lease %q", cfg.LeaseName)})
+	// Manager.Run is the job's whole life under the lease: it waits for
+	// the lease (up to AcquireTimeout: a dead Redis is retried, and
+	// logged, until then), runs the batch with the lease's context and
+	// token, and releases the lease. Its error joins the batch's with the
+	// loss of the lease, if the lease was lost while the batch ran.
 	actx, cancel := context.WithTimeout(ctx, cfg.AcquireTimeout)
+	defer cancel()
 	start := time.Now()
-	l, err := m.Acquire(actx, cfg.LeaseName)
-	cancel()
-	if err != nil {
-		return r.fail("could not acquire lease %s: %v", cfg.LeaseName, err)
-	}
-	tok := l.Token()
-	r.emit(event{Kind: evAcquired, Token: tok, Text: fmt.Sprintf("acquired the lease with fencing token %d after waiting %v",
-		tok, time.Since(start).Round(time.Millisecond))})
-
-	code := r.generate(l, pool, customers)
-	err = l.Release(ctx)
+	var (
+		tok  fence.Token
+		code = 1
+	)
+	err = m.Run(actx, cfg.LeaseName, func(ctx context.Context, l *lease.Lease) error {
+		tok = l.Token()
+		r.emit(event{Kind: evAcquired, Token: tok, Text: fmt.Sprintf("acquired the lease with fencing token %d after waiting %v",
+			tok, time.Since(start).Round(time.Millisecond))})
+		code = r.generate(ctx, l, pool, customers)
+		return nil
+	})
 	switch {
+	case tok == 0: // never acquired
+		return r.fail("could not acquire lease %s: %v", cfg.LeaseName, err)
 	case err == nil:
 		r.emit(event{Kind: evReleased, Token: tok, Text: "released the lease (waiters are woken by pub/sub)"})
 	case errors.Is(err, lease.ErrLost):
-		r.emit(event{Kind: evReleased, Token: tok, Text: "release: the lease had been lost: " + err.Error()})
+		r.emit(event{Kind: evReleased, Token: tok, Text: "the lease had been lost: " + err.Error()})
 	default:
 		r.emit(event{Kind: evReleased, Token: tok, Text: "release failed (the lease expires after its TTL): " + err.Error()})
 	}
@@ -172,16 +180,16 @@ func loadCustomers(ctx context.Context, pool *pgxpool.Pool, schema string) ([]cu
 
 // generate writes the remaining invoices under the lease, one fenced
 // transaction each (batch.step), until the batch is complete. All the work
-// runs under the lease's context: if the lease is lost, the transaction in
-// flight is cancelled and rolled back, and nothing more is written.
-func (r *replica) generate(l *lease.Lease, pool *pgxpool.Pool, customers []customer) int {
+// runs under ctx, which Manager.Run ends when the lease is lost: the
+// transaction in flight is then cancelled and rolled back, and nothing
+// more is written.
+func (r *replica) generate(ctx context.Context, l *lease.Lease, pool *pgxpool.Pool, customers []customer) int {
 	cfg := r.cfg
 	tok := l.Token()
 	b, err := newBatch(cfg.Schema, cfg.Period, customers)
 	if err != nil {
 		return r.fail("%v", err)
 	}
-	ctx := l.Context()
 	first := true
 	for {
 		st, err := b.step(ctx, pool, tok, cfg.Replica, cfg.InvoiceTime, func(next int, done bool) {

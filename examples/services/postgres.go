@@ -9,12 +9,15 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"syscall"
 	"time"
 )
 
 // startPostgres creates a throwaway cluster with initdb in a temporary
-// directory and starts it with pg_ctl on a free loopback port, trust auth.
-func startPostgres(ctx context.Context, logf func(string, ...any)) (string, func(), error) {
+// directory and runs its server (postgres, not pg_ctl, so that it is this
+// program's child and dies with it: its parent-death signal is SIGQUIT,
+// PostgreSQL's immediate shutdown) on a free loopback port, trust auth.
+func startPostgres(ctx context.Context, logf func(string, ...any), dirs *dataDirs) (string, func(), error) {
 	if os.Geteuid() == 0 {
 		return "", nil, errors.New("initdb refuses to run as root")
 	}
@@ -22,42 +25,40 @@ func startPostgres(ctx context.Context, logf func(string, ...any)) (string, func
 	if err != nil {
 		return "", nil, err
 	}
-	pgctl := filepath.Join(filepath.Dir(initdb), "pg_ctl")
-	dir, err := os.MkdirTemp("", "fencekit-pg-")
+	postgres := filepath.Join(filepath.Dir(initdb), "postgres")
+	dir, removeDir, err := dirs.make("pg")
 	if err != nil {
 		return "", nil, err
 	}
 	data := filepath.Join(dir, "data")
 	logf("creating a throwaway PostgreSQL cluster in %s ...", dir)
 	if out, err := exec.CommandContext(ctx, initdb, "-D", data, "-U", "postgres", "--auth=trust", "--no-sync").CombinedOutput(); err != nil {
-		os.RemoveAll(dir)
+		removeDir()
 		return "", nil, fmt.Errorf("initdb: %v: %s", err, out)
 	}
 	port, err := freePort()
 	if err != nil {
-		os.RemoveAll(dir)
+		removeDir()
 		return "", nil, err
 	}
-	opts := fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -k %s -c fsync=off", port, dir)
-	if out, err := exec.CommandContext(ctx, pgctl, "-D", data, "-o", opts, "-l", filepath.Join(dir, "log"), "-w", "-t", "30", "start").CombinedOutput(); err != nil {
-		os.RemoveAll(dir)
-		return "", nil, fmt.Errorf("pg_ctl start: %v: %s", err, out)
-	}
-	stop := func() {
-		_ = exec.Command(pgctl, "-D", data, "-m", "immediate", "-w", "stop").Run()
-		os.RemoveAll(dir)
+	logFile, err := os.Create(filepath.Join(dir, "log"))
+	if err != nil {
+		removeDir()
+		return "", nil, err
 	}
 	url := "postgres://postgres@127.0.0.1:" + strconv.Itoa(port) + "/postgres?sslmode=disable"
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if err := pingPostgres(ctx, url); err == nil {
-			return url, stop, nil
-		} else if time.Now().After(deadline) {
-			stop()
-			return "", nil, fmt.Errorf("the new cluster does not answer: %w", err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	cmd := exec.Command(postgres, "-D", data, "-p", strconv.Itoa(port), "-c", "listen_addresses=127.0.0.1",
+		"-k", dir, "-c", "fsync=off")
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	// SIGINT (stop's signal) is PostgreSQL's fast shutdown.
+	stop, err := startProcess(ctx, cmd, syscall.SIGQUIT, 30*time.Second, func() bool { return pingPostgres(ctx, url) == nil })
+	if err != nil {
+		logFile.Close()
+		log, _ := os.ReadFile(logFile.Name())
+		removeDir()
+		return "", nil, fmt.Errorf("%w: %s", err, lastLine(string(log)))
 	}
+	return url, func() { stop(); logFile.Close(); removeDir() }, nil
 }
 
 // findPGBin looks for a PostgreSQL server program on PATH, then where Debian

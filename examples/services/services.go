@@ -17,9 +17,14 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fencekit/fencekit/examples/internal/leftover"
 	"github.com/fencekit/fencekit/internal/testenv"
 )
 
@@ -30,8 +35,15 @@ type Set struct {
 	S3          testenv.S3
 	// Used says, one line per service, what was used and where it came from.
 	Used []string
+	// RedisStarted, PostgresStarted and S3Started say which servers
+	// Provide started itself: they stop with Close, and what they hold
+	// goes with them (unless Config.Keep).
+	RedisStarted, PostgresStarted, S3Started bool
+	// Dirs are the data directories of the servers Provide started.
+	Dirs []string
 
 	closers []func()
+	dirs    *dataDirs
 }
 
 // Close stops whatever Provide started, in reverse order.
@@ -55,6 +67,10 @@ type Config struct {
 	NoRedis bool
 	// Log receives progress lines (starting a server can take a while).
 	Log func(format string, args ...any)
+	// Keep keeps the data directories of the servers Provide starts
+	// itself: Close stops the servers but leaves their directories (Used
+	// names them).
+	Keep bool
 }
 
 // Provide finds or starts every service. On error it has already stopped
@@ -63,7 +79,8 @@ func Provide(ctx context.Context, cfg Config) (*Set, error) {
 	if cfg.Log == nil {
 		cfg.Log = func(string, ...any) {}
 	}
-	s := &Set{}
+	s := &Set{dirs: &dataDirs{keep: cfg.Keep}}
+	defer func() { s.Dirs = s.dirs.made }()
 	var errs []error
 	if !cfg.NoRedis {
 		if err := s.redis(ctx, cfg); err != nil {
@@ -106,15 +123,23 @@ func (s *Set) redis(ctx context.Context, cfg Config) error {
 		s.use("Redis:      %s (%s)", url, origin(explicit, cfg.RedisURL != ""))
 		return nil
 	}
+	answered := redisAnswered(err)
 	if explicit {
+		if answered {
+			return fmt.Errorf("redis: the server at %s answered with an error: %w (fix the URL, or unset %s to let the demo find or start one)", url, err, testenv.RedisURLVar)
+		}
 		return fmt.Errorf("redis: %s does not answer: %w (start it, or unset %s to let the demo find or start one)", url, err, testenv.RedisURLVar)
 	}
+	why := "nothing answered at " + url
+	if answered {
+		why = fmt.Sprintf("the server at %s answered with an error: %v", url, err)
+	}
 	if path, lerr := exec.LookPath("redis-server"); lerr == nil {
-		addr, stop, serr := startRedis(ctx, path)
+		addr, stop, serr := startRedis(ctx, path, s.dirs)
 		if serr == nil {
 			s.onClose(stop)
-			s.RedisURL = "redis://" + addr + "/0"
-			s.use("Redis:      %s (redis-server started by this program; nothing answered at %s)", s.RedisURL, url)
+			s.RedisURL, s.RedisStarted = "redis://"+addr+"/0", true
+			s.use("Redis:      %s (redis-server started by this program; %s)", s.RedisURL, why)
 			return nil
 		}
 		cfg.Log("could not start redis-server: %v", serr)
@@ -130,7 +155,7 @@ func (s *Set) redis(ctx context.Context, cfg Config) error {
 		}
 		cfg.Log("could not start Redis in Docker: %v", derr)
 	}
-	return fmt.Errorf("redis: nothing answers at %s, redis-server is not installed and Docker is not available: install Redis (Debian: apt-get install redis-server) or set %s", url, testenv.RedisURLVar)
+	return fmt.Errorf("redis: %s, redis-server is not installed and Docker is not available: install Redis (Debian: apt-get install redis-server) or set %s", why, testenv.RedisURLVar)
 }
 
 func (s *Set) postgres(ctx context.Context, cfg Config) error {
@@ -141,13 +166,22 @@ func (s *Set) postgres(ctx context.Context, cfg Config) error {
 		s.use("PostgreSQL: %s (%s)", redactURL(url), origin(explicit, cfg.PostgresURL != ""))
 		return nil
 	}
+	var pgErr *pgconn.PgError
+	answered := errors.As(err, &pgErr)
 	if explicit {
+		if answered {
+			return fmt.Errorf("postgres: the server at %s answered but refused the connection: %w (fix the URL, or unset %s to let the demo find or start one)", redactURL(url), err, testenv.PostgresURLVar)
+		}
 		return fmt.Errorf("postgres: %s does not answer: %w (start it, or unset %s to let the demo find or start one)", redactURL(url), err, testenv.PostgresURLVar)
 	}
-	if u, stop, serr := startPostgres(ctx, cfg.Log); serr == nil {
+	why := fmt.Sprintf("nothing answered at %s (%v)", redactURL(url), err)
+	if answered {
+		why = fmt.Sprintf("the server at %s answered but refused the connection: %v", redactURL(url), err)
+	}
+	if u, stop, serr := startPostgres(ctx, cfg.Log, s.dirs); serr == nil {
 		s.onClose(stop)
-		s.PostgresURL = u
-		s.use("PostgreSQL: %s (throwaway cluster started by this program; nothing answered at %s)", u, redactURL(url))
+		s.PostgresURL, s.PostgresStarted = u, true
+		s.use("PostgreSQL: %s (throwaway cluster started by this program; %s)", u, why)
 		return nil
 	} else {
 		cfg.Log("could not start a PostgreSQL cluster: %v", serr)
@@ -163,7 +197,7 @@ func (s *Set) postgres(ctx context.Context, cfg Config) error {
 		}
 		cfg.Log("could not start PostgreSQL in Docker: %v", derr)
 	}
-	return fmt.Errorf("postgres: nothing answers at %s (%v), no cluster could be started and Docker is not available: install PostgreSQL (Debian: apt-get install postgresql) or set %s", redactURL(url), err, testenv.PostgresURLVar)
+	return fmt.Errorf("postgres: %s, no cluster could be started and Docker is not available: install PostgreSQL (Debian: apt-get install postgresql) or set %s", why, testenv.PostgresURLVar)
 }
 
 func (s *Set) s3(ctx context.Context, cfg Config) error {
@@ -185,13 +219,13 @@ func (s *Set) s3(ctx context.Context, cfg Config) error {
 		s.use("S3:         %s bucket %s (from %s)", env.Endpoint, env.Bucket, testenv.S3EndpointVar)
 		return nil
 	}
-	env, stop, err := startVersitygw(ctx, env.Bucket, cfg.Log)
+	env, stop, err := startVersitygw(ctx, env.Bucket, cfg.Log, s.dirs)
 	if err != nil {
 		return fmt.Errorf("s3: no %s set and versitygw could not be started: %w (set %s, %s, %s and %s to use your own S3-compatible store)",
 			testenv.S3EndpointVar, err, testenv.S3EndpointVar, testenv.S3AccessKeyVar, testenv.S3SecretKeyVar, testenv.S3BucketVar)
 	}
 	s.onClose(stop)
-	s.S3 = env
+	s.S3, s.S3Started = env, true
 	s.use("S3:         %s bucket %s (versitygw %s started by this program)", env.Endpoint, env.Bucket, VersitygwVersion)
 	return nil
 }
@@ -227,26 +261,36 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// startProcess runs cmd and waits until ready returns true (polled every
-// 50 ms) or timeout passes. stop kills it and waits for it.
-func startProcess(ctx context.Context, cmd *exec.Cmd, timeout time.Duration, ready func() bool) (stop func(), err error) {
+// startProcess starts cmd with the parent-death signal sig (see package
+// leftover: it dies with this program, however the program ends) and waits
+// until ready returns true (polled every 50 ms) or timeout passes. stop
+// interrupts it (SIGINT), kills it after 5 seconds, and waits for it.
+func startProcess(ctx context.Context, cmd *exec.Cmd, sig syscall.Signal, timeout time.Duration, ready func() bool) (stop func(), err error) {
 	// In a process group of its own: a Ctrl-C at the terminal reaches the
 	// program, which then stops the server after cleaning up, instead of
 	// the server dying first.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	done, err := leftover.Start(cmd, sig)
+	if err != nil {
 		return nil, err
 	}
 	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	go func() {
+		err := cmd.Wait()
+		done()
+		exited <- err
+	}()
+	var once sync.Once
 	stop = func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-exited:
-		case <-time.After(5 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
+		once.Do(func() {
+			_ = cmd.Process.Signal(os.Interrupt)
+			select {
+			case <-exited:
+			case <-time.After(5 * time.Second):
+				_ = cmd.Process.Kill()
+				<-exited
+			}
+		})
 	}
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
@@ -266,6 +310,29 @@ func startProcess(ctx context.Context, cmd *exec.Cmd, timeout time.Duration, rea
 	return nil, fmt.Errorf("%s did not become ready within %v", cmd.Path, timeout)
 }
 
+// dataDirs makes the data directories of the servers Provide starts.
+type dataDirs struct {
+	keep bool     // Config.Keep: leave them when the servers stop
+	made []string // every directory made, for Set.Dirs
+}
+
+// make makes a fencekit-<kind>- directory in the temporary directory,
+// recorded in the run's ledger (package leftover). remove removes it,
+// unless d.keep: then it stays, and leaves the ledger.
+func (d *dataDirs) make(kind string) (dir string, remove func(), err error) {
+	dir, err = os.MkdirTemp("", "fencekit-"+kind+"-")
+	if err != nil {
+		return "", nil, err
+	}
+	d.made = append(d.made, dir)
+	done := leftover.Track(leftover.Entry{Kind: leftover.KindDir, Path: dir})
+	return dir, func() {
+		if d.keep || os.RemoveAll(dir) == nil {
+			done()
+		}
+	}, nil
+}
+
 func dialable(addr string) bool {
 	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 	if err != nil {
@@ -275,23 +342,31 @@ func dialable(addr string) bool {
 	return true
 }
 
-func startRedis(ctx context.Context, bin string) (string, func(), error) {
+func startRedis(ctx context.Context, bin string, dirs *dataDirs) (string, func(), error) {
 	port, err := freePort()
 	if err != nil {
 		return "", nil, err
 	}
-	dir, err := os.MkdirTemp("", "fencekit-redis-")
+	dir, removeDir, err := dirs.make("redis")
 	if err != nil {
 		return "", nil, err
 	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir)
-	stop, err := startProcess(ctx, cmd, 10*time.Second, func() bool { return dialable(addr) })
+	stop, err := startProcess(ctx, cmd, syscall.SIGKILL, 10*time.Second, func() bool { return dialable(addr) })
 	if err != nil {
-		os.RemoveAll(dir)
+		removeDir()
 		return "", nil, err
 	}
-	return addr, func() { stop(); os.RemoveAll(dir) }, nil
+	return addr, func() { stop(); removeDir() }, nil
+}
+
+// redisAnswered reports whether err is an answer from a Redis server (an
+// error reply such as NOAUTH or a bad database index), not a failure to
+// reach one.
+func redisAnswered(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re)
 }
 
 func dockerAnswers(ctx context.Context) bool {
@@ -302,3 +377,6 @@ func dockerAnswers(ctx context.Context) bool {
 	defer cancel()
 	return exec.CommandContext(ctx, "docker", "info").Run() == nil
 }
+
+// Redact returns the URL u with its password, if any, replaced by ***.
+func Redact(u string) string { return redactURL(u) }

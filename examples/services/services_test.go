@@ -3,6 +3,7 @@ package services
 import (
 	"context"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -55,6 +56,25 @@ func TestProvideNamesWhatIsMissing(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}
+	}
+}
+
+// TestProvideSaysTheServerAnswered: a wrong database name is the server's
+// answer, not silence, and the error says so.
+func TestProvideSaysTheServerAnswered(t *testing.T) {
+	u, err := url.Parse(testenv.PostgresURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/fencekit_no_such_db"
+	_, err = Provide(context.Background(), Config{PostgresURL: u.String(), NoS3: true})
+	if err == nil {
+		t.Fatal("Provide with a database that does not exist succeeded")
+	}
+	msg := err.Error()
+	if !strings.Contains(msg, "answered but refused the connection") || !strings.Contains(msg, `database "fencekit_no_such_db" does not exist`) ||
+		strings.Contains(msg, "does not answer") || strings.Contains(msg, "nothing answers") {
+		t.Errorf("error %q; want it to say the server answered, and what", msg)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -62,8 +63,22 @@ type event struct {
 	Token fence.Token `json:"token,omitempty"`
 	// Store is "postgres" or "s3" for write events.
 	Store string `json:"store,omitempty"`
-	// Accepted is set on write events.
+	// Accepted is set on write events the store accepted.
 	Accepted bool `json:"accepted,omitempty"`
+	// Outcome is, on write events, the store's answer: outcomeAccepted,
+	// outcomeStale or outcomeFailed (see verdict.go).
+	Outcome string `json:"outcome,omitempty"`
+	// Current is, on a write rejected as stale, the newer token the store
+	// had accepted.
+	Current fence.Token `json:"current,omitempty"`
+	// Error is, on a failed write, the error.
+	Error string `json:"error,omitempty"`
+	// Sent is, on write events, when the write was sent; At is when the
+	// answer came.
+	Sent time.Time `json:"sent,omitzero"`
+	// Deadline is, on write events, the writer's local lease deadline as
+	// it stood when the write was sent (Lease.Deadline).
+	Deadline time.Time `json:"lease_deadline,omitzero"`
 	// Remaining is, on the checked event, the time left until the lease's
 	// local deadline.
 	Remaining time.Duration `json:"remaining_ns,omitempty"`
@@ -75,18 +90,43 @@ const (
 	evChecked    = "checked" // the lease was valid just now; the write follows after WriteDelay
 	evWrite      = "write"
 	evLeaseState = "lease"
+	evLost       = "lost" // the worker's lease ended without a release
 	evReleased   = "released"
 	evFailed     = "failed"
 )
 
+// Events the orchestrator adds to the workers' (Role "orchestrator").
+const (
+	evFroze   = "froze"   // worker A was frozen with SIGSTOP
+	evResumed = "resumed" // worker A was resumed with SIGCONT
+)
+
 type worker struct {
 	cfg workerConfig
+	mu  sync.Mutex // serialises enc: the loss watcher emits too
 	enc *json.Encoder
 }
 
 func (w *worker) emit(e event) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	e.At, e.Role = time.Now(), w.cfg.Role
 	_ = w.enc.Encode(e)
+}
+
+// watchLoss reports the moment this process notices that l ended without
+// a release (a frozen process notices only once it runs again). The
+// returned function waits for the watcher to finish after the release.
+func (w *worker) watchLoss(l *lease.Lease) (wait func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		<-l.Done()
+		if err := l.Err(); errors.Is(err, lease.ErrLost) {
+			w.emit(event{Kind: evLost, Token: l.Token(), Text: fmt.Sprintf("noticed its lease is lost: %v", err)})
+		}
+	}()
+	return func() { <-done }
 }
 
 func (w *worker) fail(format string, args ...any) int {
@@ -125,6 +165,7 @@ func runWorker() int {
 	}
 	tok := l.Token()
 	w.emit(event{Kind: evAcquired, Token: tok, Text: fmt.Sprintf("acquired lease %q with fencing token %d (TTL %v)", cfg.LeaseName, tok, cfg.TTL)})
+	waitWatcher := w.watchLoss(l)
 
 	if err := l.Err(); err != nil {
 		return w.fail("lease ended before the write: %v", err)
@@ -140,8 +181,8 @@ func runWorker() int {
 	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
 	defer wcancel()
 	note := fmt.Sprintf("written by %s with token %d at %s", cfg.Role, tok, time.Now().UTC().Format(time.RFC3339Nano))
-	w.writeRow(wctx, pool, tok, note)
-	w.writeObject(wctx, s3c, tok, note)
+	w.writeRow(wctx, pool, l, note)
+	w.writeObject(wctx, s3c, l, note)
 
 	if err := l.Err(); err != nil {
 		w.emit(event{Kind: evLeaseState, Token: tok, Text: fmt.Sprintf("lease state after the writes: %v", err)})
@@ -149,6 +190,7 @@ func runWorker() int {
 		w.emit(event{Kind: evLeaseState, Token: tok, Text: fmt.Sprintf("lease still held (local deadline in %v)", time.Until(l.Deadline()).Round(time.Millisecond))})
 	}
 	err = l.Release(ctx)
+	waitWatcher()
 	switch {
 	case err == nil:
 		w.emit(event{Kind: evReleased, Token: tok, Text: "released the lease"})
@@ -160,8 +202,9 @@ func runWorker() int {
 	return 0
 }
 
-func (w *worker) writeRow(ctx context.Context, pool *pgxpool.Pool, tok fence.Token, note string) {
+func (w *worker) writeRow(ctx context.Context, pool *pgxpool.Pool, l *lease.Lease, note string) {
 	cfg := w.cfg
+	tok, sent, deadline := l.Token(), time.Now(), l.Deadline()
 	var err error
 	if cfg.Unguarded {
 		_, err = pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET written_by = $1, token = $2, note = $3 WHERE id = $4`,
@@ -169,7 +212,7 @@ func (w *worker) writeRow(ctx context.Context, pool *pgxpool.Pool, tok fence.Tok
 	} else {
 		err = writeRowFenced(ctx, pool, cfg, tok, note)
 	}
-	w.reportWrite("postgres", tok, err, fmt.Sprintf("row %s.%s id=%s", cfg.Schema, cfg.Table, cfg.RowID))
+	w.reportWrite(event{Store: "postgres", Token: tok, Sent: sent, Deadline: deadline}, err, fmt.Sprintf("row %s.%s id=%s", cfg.Schema, cfg.Table, cfg.RowID))
 }
 
 // writeRowFenced is the guarded write: a fenced transaction on the resource
@@ -190,8 +233,9 @@ func writeRowFenced(ctx context.Context, pool *pgxpool.Pool, cfg workerConfig, t
 	})
 }
 
-func (w *worker) writeObject(ctx context.Context, c *s3.Client, tok fence.Token, note string) {
+func (w *worker) writeObject(ctx context.Context, c *s3.Client, l *lease.Lease, note string) {
 	cfg := w.cfg
+	tok, sent, deadline := l.Token(), time.Now(), l.Deadline()
 	body, _ := json.Marshal(objectBody{WrittenBy: cfg.Role, Token: tok, Note: note})
 	var err error
 	if cfg.Unguarded {
@@ -202,18 +246,25 @@ func (w *worker) writeObject(ctx context.Context, c *s3.Client, tok fence.Token,
 			_, err = g.Put(ctx, cfg.ObjectKey, tok, strings.NewReader(string(body)))
 		}
 	}
-	w.reportWrite("s3", tok, err, fmt.Sprintf("object s3://%s/%s", cfg.S3.Bucket, cfg.ObjectKey))
+	w.reportWrite(event{Store: "s3", Token: tok, Sent: sent, Deadline: deadline}, err, fmt.Sprintf("object s3://%s/%s", cfg.S3.Bucket, cfg.ObjectKey))
 }
 
-func (w *worker) reportWrite(store string, tok fence.Token, err error, what string) {
+// reportWrite emits the write event e (Store, Token, Sent and Deadline
+// set) with the store's answer err.
+func (w *worker) reportWrite(e event, err error, what string) {
+	e.Kind = evWrite
 	switch se, stale := fence.AsStale(err); {
 	case err == nil:
-		w.emit(event{Kind: evWrite, Store: store, Token: tok, Accepted: true, Text: fmt.Sprintf("%s: wrote %s with token %d: accepted", store, what, tok)})
+		e.Accepted, e.Outcome = true, outcomeAccepted
+		e.Text = fmt.Sprintf("%s: wrote %s with token %d: accepted", e.Store, what, e.Token)
 	case stale:
-		w.emit(event{Kind: evWrite, Store: store, Token: tok, Text: fmt.Sprintf("%s: REJECTED write of %s: stale token %d, the store has already accepted token %d", store, what, se.Presented, se.Current)})
+		e.Outcome, e.Current = outcomeStale, se.Current
+		e.Text = fmt.Sprintf("%s: REJECTED write of %s: stale token %d, the store has already accepted token %d", e.Store, what, se.Presented, se.Current)
 	default:
-		w.emit(event{Kind: evWrite, Store: store, Token: tok, Text: fmt.Sprintf("%s: write of %s failed: %v", store, what, err)})
+		e.Outcome, e.Error = outcomeFailed, err.Error()
+		e.Text = fmt.Sprintf("%s: write of %s failed: %v", e.Store, what, err)
 	}
+	w.emit(e)
 }
 
 // objectBody is what the workers store in S3.

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"syscall"
+
+	"github.com/fencekit/fencekit/examples/internal/leftover"
 )
 
 // Child is a child process started by StartChild.
@@ -23,7 +26,8 @@ type Child[E any] struct {
 // StartChild starts this same executable as a child process with the
 // argument subcommand, and with cfg as JSON in the environment variable
 // envVar (ReadChildConfig reads it on the child's side). The child's
-// standard error is this process's.
+// standard error is this process's. The child is killed (SIGKILL) when this
+// process dies, however it dies, stopped or not (package leftover).
 func StartChild[E any](subcommand, envVar string, cfg any) (*Child[E], error) {
 	self, err := os.Executable()
 	if err != nil {
@@ -40,7 +44,8 @@ func StartChild[E any](subcommand, envVar string, cfg any) (*Child[E], error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := cmd.Start(); err != nil {
+	untrack, err := leftover.Start(cmd, syscall.SIGKILL)
+	if err != nil {
 		return nil, err
 	}
 	events, done := make(chan E, 64), make(chan error, 1)
@@ -53,7 +58,9 @@ func StartChild[E any](subcommand, envVar string, cfg any) (*Child[E], error) {
 			}
 		}
 		close(events)
-		done <- cmd.Wait()
+		err := cmd.Wait()
+		untrack()
+		done <- err
 	}()
 	return &Child[E]{Cmd: cmd, Events: events, Done: done}, nil
 }

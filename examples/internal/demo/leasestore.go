@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -62,7 +64,10 @@ func (s LeaseStore) Describe() string {
 }
 
 // NewLeaseManager returns, for a child process, a lease.Manager on the
-// lease store, and a function that closes the backend and its client.
+// lease store, and a function that closes the backend and its client. The
+// Manager logs its warnings (an acquire attempt that failed and will be
+// retried, a lost lease) on stderr, which is the orchestrator's; opts come
+// after that and may replace it.
 func NewLeaseManager(store LeaseStore, ttl time.Duration, opts ...lease.Option) (*lease.Manager, func(), error) {
 	var (
 		backend  lease.Backend
@@ -98,7 +103,8 @@ func NewLeaseManager(store LeaseStore, ttl time.Duration, opts ...lease.Option) 
 		}
 		backend, closeAll = b, func() { _ = b.Close(); _ = rc.Close() }
 	}
-	m, err := lease.NewManager(backend, ttl, opts...)
+	warnings := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	m, err := lease.NewManager(backend, ttl, append([]lease.Option{lease.WithLogger(warnings)}, opts...)...)
 	if err != nil {
 		closeAll()
 		return nil, nil, err

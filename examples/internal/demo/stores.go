@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fencekit/fencekit/examples/internal/leftover"
 	"github.com/fencekit/fencekit/lease/redislease"
 	"github.com/fencekit/fencekit/migrations"
 )
@@ -25,6 +26,10 @@ type Stores struct {
 	Redis *redis.Client
 	// Keys are the lease's keys in Redis.
 	Keys redislease.Keys
+
+	// Strike the schema and the keys off the run's ledger (package
+	// leftover) once they are removed or kept.
+	schemaDone, keysDone func()
 }
 
 // StoresConfig says what SetUpStores prepares.
@@ -47,26 +52,36 @@ type StoresConfig struct {
 	RedisURL    string
 	RedisPrefix string
 	LeaseName   string
+
+	// PostgresStarted and RedisStarted say that the servers are ones the
+	// program started itself (services.Set): what they hold goes with
+	// them, so a later sweep need not reach them.
+	PostgresStarted, RedisStarted bool
 }
 
 // SetUpStores creates the schema and the program's tables in it, then does
 // there what `fencekit migrate up` and `fencekit migrate add-lock-version`
 // do: fencekit's own tables, and lock_version on the fenced tables. It
-// connects to Redis and finds the lease's keys, when leases live there. On
-// error it has already torn down what it created.
+// connects to Redis and finds the lease's keys, when leases live there.
+// The schema and the keys are recorded in the run's ledger (package
+// leftover) before they exist, so that a run killed at any point leaves
+// them to the next run's sweep. On error it has already torn down what it
+// created.
 func SetUpStores(ctx context.Context, cfg StoresConfig) (*Stores, error) {
 	pool, err := pgxpool.New(ctx, cfg.PostgresURL)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{cfg.Schema}.Sanitize()); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("create schema: %w", err)
-	}
 	if cfg.LeaseStore == "" {
 		cfg.LeaseStore = LeaseRedis
 	}
 	st := &Stores{Schema: cfg.Schema, Pool: pool, LeaseStore: cfg.LeaseStore, LeaseName: cfg.LeaseName}
+	st.schemaDone = leftover.Track(leftover.Entry{Kind: leftover.KindSchema, URL: cfg.PostgresURL, Name: cfg.Schema, Ephemeral: cfg.PostgresStarted})
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{cfg.Schema}.Sanitize()); err != nil {
+		pool.Close()
+		st.schemaDone()
+		return nil, fmt.Errorf("create schema: %w", err)
+	}
 	if err := st.prepare(ctx, cfg); err != nil {
 		_ = st.TearDown()
 		return nil, err
@@ -105,7 +120,27 @@ func (st *Stores) prepare(ctx context.Context, cfg StoresConfig) error {
 	}
 	st.Keys = b.KeysFor(cfg.LeaseName)
 	_ = b.Close()
+	st.keysDone = leftover.Track(leftover.Entry{Kind: leftover.KindRedisKeys, URL: cfg.RedisURL,
+		Keys: []string{st.Keys.Lease, st.Keys.Token}, Ephemeral: cfg.RedisStarted})
 	return nil
+}
+
+// Keep strikes the schema and the keys off the run's ledger without
+// removing them (--keep), and closes the connections.
+func (st *Stores) Keep() {
+	st.Pool.Close()
+	if st.Redis != nil {
+		_ = st.Redis.Close()
+	}
+	st.strike()
+}
+
+func (st *Stores) strike() {
+	for _, done := range []func(){st.schemaDone, st.keysDone} {
+		if done != nil {
+			done()
+		}
+	}
 }
 
 // TearDown drops the schema with everything in it, deletes the lease's
@@ -117,11 +152,15 @@ func (st *Stores) TearDown() error {
 	var errs []error
 	if _, err := st.Pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{st.Schema}.Sanitize()+" CASCADE"); err != nil {
 		errs = append(errs, err)
+	} else if st.schemaDone != nil {
+		st.schemaDone()
 	}
 	st.Pool.Close()
 	if st.Redis != nil {
 		if err := st.Redis.Del(ctx, st.Keys.Lease, st.Keys.Token).Err(); err != nil {
 			errs = append(errs, err)
+		} else if st.keysDone != nil {
+			st.keysDone()
 		}
 		_ = st.Redis.Close()
 	}

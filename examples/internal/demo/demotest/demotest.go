@@ -1,0 +1,317 @@
+// Package demotest runs an example program as a real process, ends it the
+// way a user or the system would (a signal, a closed pipe), and checks what
+// it left behind. The program is the test binary itself: its TestMain runs
+// the program's main when RunMainVar is set.
+package demotest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fencekit/fencekit/examples/internal/leftover"
+	"github.com/fencekit/fencekit/internal/testenv"
+)
+
+// RunMainVar makes the test binary run the program (see the package doc).
+const RunMainVar = "FENCEKIT_DEMOTEST_RUN_MAIN"
+
+// Env is the isolated environment the program runs in: its own ledger
+// directory and temporary directory, so that what a run leaves behind can
+// be seen and nothing else is touched.
+type Env struct {
+	StateDir, TempDir string
+}
+
+// NewEnv returns a fresh environment.
+func NewEnv(t *testing.T) *Env {
+	t.Helper()
+	return &Env{StateDir: t.TempDir(), TempDir: t.TempDir()}
+}
+
+func (e *Env) environ() []string {
+	return append(os.Environ(), RunMainVar+"=1", leftover.StateDirVar+"="+e.StateDir, "TMPDIR="+e.TempDir,
+		// The program starts its own S3 server (versitygw), whose
+		// process and directory are part of what must not be left.
+		testenv.S3EndpointVar+"=")
+}
+
+// Proc is the program running.
+type Proc struct {
+	Cmd    *exec.Cmd
+	Lines  <-chan string // stdout, line by line; closed at its end
+	Stderr *bytes.Buffer
+	stdout io.ReadCloser
+	exited chan error
+}
+
+// Start starts the program with args.
+func (e *Env) Start(t *testing.T, args ...string) *Proc {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = e.environ()
+	p := &Proc{Cmd: cmd, Stderr: &bytes.Buffer{}, exited: make(chan error, 1)}
+	cmd.Stderr = p.Stderr
+	var err error
+	if p.stdout, err = cmd.StdoutPipe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string, 1024)
+	p.Lines = lines
+	go func() {
+		s := bufio.NewScanner(p.stdout)
+		for s.Scan() {
+			lines <- s.Text()
+		}
+		close(lines)
+	}()
+	go func() { p.exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-p.exited
+		p.exited <- nil
+	})
+	return p
+}
+
+// WaitFor reads stdout until a line contains want, and fails the test if
+// the output ends or a minute passes first.
+func (p *Proc) WaitFor(t *testing.T, want string) {
+	t.Helper()
+	timeout := time.After(time.Minute)
+	for {
+		select {
+		case line, ok := <-p.Lines:
+			if !ok {
+				t.Fatalf("the program's output ended before a line with %q; stderr:\n%s", want, p.Stderr)
+			}
+			if strings.Contains(line, want) {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("no line with %q within a minute; stderr:\n%s", want, p.Stderr)
+		}
+	}
+}
+
+// CloseStdout closes the reading end of the program's stdout, as the reader
+// of `| head` does when it exits.
+func (p *Proc) CloseStdout() { _ = p.stdout.Close() }
+
+// Wait waits (up to two minutes) for the program to exit and returns its
+// wait status.
+func (p *Proc) Wait(t *testing.T) syscall.WaitStatus {
+	t.Helper()
+	go func() {
+		for range p.Lines { // keep reading, so that it never blocks on stdout
+		}
+	}()
+	select {
+	case <-p.exited:
+		p.exited <- nil
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("the program did not exit within two minutes; stderr:\n%s", p.Stderr)
+	}
+	return p.Cmd.ProcessState.Sys().(syscall.WaitStatus)
+}
+
+// Child is a process started by the program.
+type Child struct {
+	Pid   int
+	Start uint64
+	Cmd   string
+}
+
+// Children lists the program's child processes now.
+func (p *Proc) Children(t *testing.T) []Child {
+	t.Helper()
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	var out []Child
+	for _, path := range stats {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		i := bytes.LastIndexByte(b, ')')
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 20 || f[1] != strconv.Itoa(p.Cmd.Process.Pid) {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(path)))
+		start, _ := strconv.ParseUint(f[19], 10, 64)
+		cmdline, _ := os.ReadFile(filepath.Join(filepath.Dir(path), "cmdline"))
+		out = append(out, Child{Pid: pid, Start: start, Cmd: strings.TrimSpace(strings.ReplaceAll(string(cmdline), "\x00", " "))})
+	}
+	return out
+}
+
+// ExpectGone waits (up to 10 seconds) until none of children runs, and
+// fails the test naming those that still do (and kills them).
+func ExpectGone(t *testing.T, children []Child) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var alive []Child
+		for _, c := range children {
+			if leftover.Alive(c.Pid, c.Start) {
+				alive = append(alive, c)
+			}
+		}
+		if len(alive) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			for _, c := range alive {
+				t.Errorf("process %d (%s) still runs after the program died", c.Pid, c.Cmd)
+				_ = syscall.Kill(c.Pid, syscall.SIGCONT)
+				_ = syscall.Kill(c.Pid, syscall.SIGKILL)
+			}
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Leftovers lists what is left of the program's runs in env: ledger files,
+// entries in the temporary directory, and which of the schemas and Redis
+// keys that a run recorded (Ledger, read while it ran) still exist.
+type Leftovers struct {
+	Ledgers, TempEntries, Schemas, RedisKeys []string
+}
+
+// Empty reports whether nothing is left.
+func (l Leftovers) Empty() bool {
+	return len(l.Ledgers) == 0 && len(l.TempEntries) == 0 && len(l.Schemas) == 0 && len(l.RedisKeys) == 0
+}
+
+// Look lists what is left now of what entries name, and in env.
+func (e *Env) Look(t *testing.T, entries []leftover.Entry) Leftovers {
+	t.Helper()
+	var l Leftovers
+	l.Ledgers, _ = filepath.Glob(filepath.Join(e.StateDir, "*"))
+	ents, _ := os.ReadDir(e.TempDir)
+	for _, d := range ents {
+		l.TempEntries = append(l.TempEntries, d.Name())
+	}
+	l.RedisKeys = RedisKeysIn(t, entries)
+	if schemas := SchemasIn(entries); len(schemas) > 0 {
+		conn := connect(t)
+		defer conn.Close(context.Background())
+		rows, err := conn.Query(context.Background(), `SELECT nspname FROM pg_catalog.pg_namespace WHERE nspname = ANY($1)`, schemas)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Schemas, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return l
+}
+
+// Ledger returns the entries of every ledger in env now: what the
+// program's runs have created and not yet removed.
+func (e *Env) Ledger(t *testing.T) []leftover.Entry {
+	t.Helper()
+	paths, _ := filepath.Glob(filepath.Join(e.StateDir, "*.json"))
+	var out []leftover.Entry
+	for _, path := range paths {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var f struct{ Entries []leftover.Entry }
+		if err := json.Unmarshal(b, &f); err != nil {
+			t.Fatalf("ledger %s: %v", path, err)
+		}
+		out = append(out, f.Entries...)
+	}
+	return out
+}
+
+// SchemasIn returns the names of the schemas among entries.
+func SchemasIn(entries []leftover.Entry) []string {
+	var out []string
+	for _, e := range entries {
+		if e.Kind == leftover.KindSchema {
+			out = append(out, e.Name)
+		}
+	}
+	return out
+}
+
+// RedisKeysIn returns the Redis keys among entries that still exist.
+func RedisKeysIn(t *testing.T, entries []leftover.Entry) []string {
+	t.Helper()
+	var out []string
+	for _, e := range entries {
+		if e.Kind != leftover.KindRedisKeys {
+			continue
+		}
+		opt, err := redis.ParseURL(e.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := redis.NewClient(opt)
+		for _, k := range e.Keys {
+			if n, err := c.Exists(context.Background(), k).Result(); err != nil {
+				t.Fatal(err)
+			} else if n > 0 {
+				out = append(out, k)
+			}
+		}
+		_ = c.Close()
+	}
+	return out
+}
+
+// DropSchema drops schema, if it exists, with everything in it.
+func DropSchema(t *testing.T, schema string) {
+	t.Helper()
+	conn := connect(t)
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+		t.Errorf("drop schema %s: %v", schema, err)
+	}
+}
+
+// DeleteKeys deletes the Redis keys of e.
+func DeleteKeys(t *testing.T, e leftover.Entry) {
+	t.Helper()
+	opt, err := redis.ParseURL(e.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(opt)
+	defer c.Close()
+	if err := c.Del(context.Background(), e.Keys...).Err(); err != nil {
+		t.Errorf("delete %v: %v", e.Keys, err)
+	}
+}
+
+func connect(t *testing.T) *pgx.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, testenv.PostgresURL())
+	if err != nil {
+		t.Fatalf("PostgreSQL at %s is needed (run scripts/test.sh): %v", testenv.PostgresURL(), err)
+	}
+	return conn
+}

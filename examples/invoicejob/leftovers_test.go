@@ -1,0 +1,66 @@
+package main
+
+import (
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/fencekit/fencekit/examples/internal/demo/demotest"
+)
+
+// A batch long enough to be ended in its middle.
+var longBatch = []string{"--ttl", "500ms", "--replicas", "3", "--customers", "400", "--invoice-time", "50ms", "--kills", "0"}
+
+// TestSignalLeavesNothing ends the job mid-batch with SIGHUP and SIGTERM:
+// it must clean up by itself, and every replica must be gone.
+func TestSignalLeavesNothing(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGTERM} {
+		t.Run(sig.String(), func(t *testing.T) {
+			env := demotest.NewEnv(t)
+			p := env.Start(t, longBatch...)
+			p.WaitFor(t, "invoice #3 for")
+			entries, children := env.Ledger(t), p.Children(t)
+			if len(children) != 3 {
+				t.Fatalf("children %v; want the 3 replicas", children)
+			}
+			if err := p.Cmd.Process.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
+			if ws := p.Wait(t); ws.Signaled() || ws.ExitStatus() != 2 {
+				t.Errorf("exit %v; want status 2 (the run could not be completed), not death by signal", ws)
+			}
+			demotest.ExpectGone(t, children)
+			if left := env.Look(t, entries); !left.Empty() {
+				t.Errorf("left behind: %+v; stderr:\n%s", left, p.Stderr)
+			}
+		})
+	}
+}
+
+// TestKilledRunIsSweptByTheNext kills the job with SIGKILL mid-batch: every
+// replica must die with it, and the next run must remove the schema and
+// the lease's keys before its own.
+func TestKilledRunIsSweptByTheNext(t *testing.T) {
+	env := demotest.NewEnv(t)
+	p := env.Start(t, longBatch...)
+	p.WaitFor(t, "invoice #3 for")
+	entries, children := env.Ledger(t), p.Children(t)
+	if err := p.Cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	p.Wait(t)
+	demotest.ExpectGone(t, children)
+	if left := env.Look(t, entries); len(left.Ledgers) != 1 || len(left.Schemas) != 1 {
+		t.Fatalf("after SIGKILL: %+v; want the ledger and the schema left for the sweep", left)
+	}
+	next := env.Start(t, "--ttl", "300ms", "--replicas", "2", "--customers", "4", "--invoice-time", "10ms", "--kills", "0")
+	if ws := next.Wait(t); ws.ExitStatus() != 0 {
+		t.Fatalf("the next run: exit %v; stderr:\n%s", ws, next.Stderr)
+	}
+	if !strings.Contains(next.Stderr.String(), "cleaning up after an earlier invoicejob run") {
+		t.Errorf("the next run did not say it swept; stderr:\n%s", next.Stderr)
+	}
+	if left := env.Look(t, entries); !left.Empty() {
+		t.Errorf("left behind after the next run: %+v; its stderr:\n%s", left, next.Stderr)
+	}
+}

@@ -1,0 +1,161 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/fencekit/fencekit/examples/internal/demo/demotest"
+	"github.com/fencekit/fencekit/examples/internal/leftover"
+	"github.com/fencekit/fencekit/internal/testenv"
+)
+
+// TestMain lets the test binary stand in for the program: run() starts
+// workers as os.Executable() with configVar set, and the leftover tests
+// start the program itself with demotest.RunMainVar set.
+func TestMain(m *testing.M) {
+	switch {
+	case os.Getenv(configVar) != "":
+		os.Exit(runWorker())
+	case os.Getenv(demotest.RunMainVar) != "":
+		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// A long freeze keeps the run in its most fragile state while the test
+// ends it: worker A stopped with SIGSTOP, worker B and versitygw running,
+// the schema, keys and object in place.
+var frozenRun = []string{"--ttl", "2s", "--pause", "60s"}
+
+// TestSignalLeavesNothing ends the program with each signal a terminal or a
+// service manager sends, mid-run: it must clean up by itself, and every
+// process it started must be gone.
+func TestSignalLeavesNothing(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT} {
+		t.Run(sig.String(), func(t *testing.T) {
+			env := demotest.NewEnv(t)
+			p := env.Start(t, frozenRun...)
+			p.WaitFor(t, "froze worker A")
+			entries, children := env.Ledger(t), p.Children(t)
+			if len(children) < 2 {
+				t.Fatalf("children %v; want worker A and versitygw at least", children)
+			}
+			if err := p.Cmd.Process.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
+			if ws := p.Wait(t); ws.Signaled() || ws.ExitStatus() != 2 {
+				t.Errorf("exit %v; want status 2 (the run could not be completed), not death by signal", ws)
+			}
+			demotest.ExpectGone(t, children)
+			if left := env.Look(t, entries); !left.Empty() {
+				t.Errorf("left behind: %+v; stderr:\n%s", left, p.Stderr)
+			}
+		})
+	}
+}
+
+// TestClosedStdoutLeavesNothing closes the program's stdout mid-run, as
+// `stalewriter | head` does when head exits: the next write must end the
+// run and clean up, not kill the program with SIGPIPE.
+func TestClosedStdoutLeavesNothing(t *testing.T) {
+	env := demotest.NewEnv(t)
+	p := env.Start(t, "--ttl", "300ms", "--pause", "30s")
+	p.WaitFor(t, "froze worker A")
+	entries, children := env.Ledger(t), p.Children(t)
+	p.CloseStdout() // B's acquire, 300 ms on, is the next line written
+	if ws := p.Wait(t); ws.Signaled() || ws.ExitStatus() != 2 {
+		t.Errorf("exit %v; want status 2, not death by signal; stderr:\n%s", ws, p.Stderr)
+	}
+	if !strings.Contains(p.Stderr.String(), "output pipe closed") {
+		t.Errorf("stderr does not say why the run ended:\n%s", p.Stderr)
+	}
+	demotest.ExpectGone(t, children)
+	if left := env.Look(t, entries); !left.Empty() {
+		t.Errorf("left behind: %+v; stderr:\n%s", left, p.Stderr)
+	}
+}
+
+// TestKilledRunIsSweptByTheNext kills the program with SIGKILL mid-run: it
+// can clean nothing, but every process it started must die with it (their
+// parent-death signal), and the next run must remove the rest (the schema,
+// the Redis keys, the object, versitygw's directory) before its own.
+func TestKilledRunIsSweptByTheNext(t *testing.T) {
+	env := demotest.NewEnv(t)
+	p := env.Start(t, frozenRun...)
+	p.WaitFor(t, "froze worker A")
+	entries, children := env.Ledger(t), p.Children(t)
+	if err := p.Cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	p.Wait(t)
+	demotest.ExpectGone(t, children)
+	left := env.Look(t, entries)
+	if len(left.Ledgers) != 1 || len(left.Schemas) != 1 || len(left.RedisKeys) == 0 || len(left.TempEntries) == 0 {
+		t.Fatalf("after SIGKILL: %+v; want the ledger, the schema, the lease's keys and versitygw's directory left for the sweep", left)
+	}
+
+	next := env.Start(t, "--ttl", "300ms", "--pause", "800ms")
+	if ws := next.Wait(t); ws.ExitStatus() != 0 {
+		t.Fatalf("the next run: exit %v; stderr:\n%s", ws, next.Stderr)
+	}
+	if !strings.Contains(next.Stderr.String(), "cleaning up after an earlier stalewriter run") {
+		t.Errorf("the next run did not say it swept; stderr:\n%s", next.Stderr)
+	}
+	if left := env.Look(t, entries); !left.Empty() {
+		t.Errorf("left behind after the next run: %+v; its stderr:\n%s", left, next.Stderr)
+	}
+}
+
+// TestKeepKeepsWhatItSays: with --keep the schema, the object (in the data
+// directory of the versitygw the demo started) and the lease's keys are
+// there after the run, where the output says, and the ledger does not
+// hand them to the next run's sweep.
+func TestKeepKeepsWhatItSays(t *testing.T) {
+	env := demotest.NewEnv(t)
+	p := env.Start(t, "--keep", "--ttl", "300ms", "--pause", "800ms")
+	var schema, dir, object string
+	var out []string
+	for line := range p.Lines {
+		out = append(out, line)
+		f := strings.Fields(line)
+		switch {
+		case len(f) >= 2 && f[0] == "schema":
+			schema = f[1]
+		case len(f) >= 2 && f[0] == "object":
+			object = strings.TrimPrefix(f[1], "s3://") // bucket/key
+		case strings.HasPrefix(line, "  the data of a server this demo started"):
+			dir = strings.TrimSuffix(strings.Fields(strings.SplitN(line, ": ", 2)[1])[0], ";")
+		}
+	}
+	if ws := p.Wait(t); ws.ExitStatus() != 0 {
+		t.Fatalf("exit %v; stderr:\n%s", ws, p.Stderr)
+	}
+	if schema == "" || dir == "" || object == "" {
+		t.Fatalf("the output names no kept schema, object or data directory:\n%s", strings.Join(out, "\n"))
+	}
+	id := strings.TrimPrefix(schema, "stalewriter_")
+	entries := []leftover.Entry{
+		{Kind: leftover.KindSchema, Name: schema},
+		{Kind: leftover.KindRedisKeys, URL: testenv.RedisURL(), Keys: []string{"fencekit:{stalewriter-" + id + "}:token"}},
+	}
+	t.Cleanup(func() { // what --keep kept is the user's to remove; here, the test's
+		_ = os.RemoveAll(dir)
+		demotest.DropSchema(t, schema)
+		demotest.DeleteKeys(t, entries[1])
+	})
+	left := env.Look(t, entries)
+	if len(left.Schemas) != 1 || len(left.RedisKeys) != 1 {
+		t.Errorf("after --keep: %+v; want the schema and the token key", left)
+	}
+	if len(left.Ledgers) != 0 {
+		t.Errorf("after --keep the ledger still lists things for the next sweep: %v", left.Ledgers)
+	}
+	// versitygw's posix backend keeps an object as a file: root/bucket/key.
+	obj := filepath.Join(dir, "root", filepath.FromSlash(object))
+	if _, err := os.Stat(obj); err != nil {
+		t.Errorf("the kept object: %v", err)
+	}
+}
