@@ -114,7 +114,20 @@ func (s *scheduler) set(h *entryHeap, e *entry, at time.Time) {
 }
 
 func (s *scheduler) setDeadline(e *entry, at time.Time)  { s.set(&s.deadlines, e, at) }
-func (s *scheduler) setHeartbeat(e *entry, at time.Time) { s.set(&s.heartbeats, e, at) }
+// setHeartbeat schedules a heartbeat at at, rounded up to the Manager's
+// grid of RenewBatchWindow when heartbeats are batched: heartbeats that fall
+// due within one window then share one instant, one wake-up and one batch,
+// whatever the phases their acquisitions gave them. Rounding up delays a
+// renewal by less than the window, which validation keeps below a quarter
+// of RenewInterval.
+func (s *scheduler) setHeartbeat(e *entry, at time.Time) {
+	if w := s.m.o.RenewBatchWindow; w > 0 && s.m.br != nil {
+		if r := s.m.since(at) % w; r != 0 {
+			at = at.Add(w - r)
+		}
+	}
+	s.set(&s.heartbeats, e, at)
+}
 
 // remove unschedules a lease's two entries.
 func (s *scheduler) remove(l *Lease) {
@@ -176,10 +189,11 @@ func (s *scheduler) fire() {
 			expired = append(expired, heap.Pop(&s.deadlines).(*entry).l)
 		}
 	}
-	// Heartbeats due within the batch window go out now, together: a
-	// renewal sent early is valid from its own send time.
+	// Heartbeats due before the next grid point go out now, together (a
+	// renewal sent early is valid from its own send time): the timer may
+	// fire late, and those due meanwhile join.
 	horizon := now.Add(s.m.o.RenewBatchWindow)
-	for len(s.heartbeats) > 0 && !s.heartbeats[0].at.After(horizon) {
+	for len(s.heartbeats) > 0 && s.heartbeats[0].at.Before(horizon) {
 		due = append(due, heap.Pop(&s.heartbeats).(*entry).l)
 	}
 	s.arm()
