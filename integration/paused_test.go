@@ -72,6 +72,7 @@ type demoSummary struct {
 		LeaseStore  string `json:"lease_store"`
 		RedisPrefix string `json:"redis_prefix"`
 	} `json:"run"`
+	KeptDirs []string `json:"kept_dirs"`
 }
 
 // runDemo runs the stalewriter demo with args (plus --keep and --json), and
@@ -119,6 +120,11 @@ func s3Client(t *testing.T) (*s3.Client, testenv.S3) {
 func cleanUpRun(t *testing.T, sum demoSummary) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	for _, d := range sum.KeptDirs { // servers the demo started (etcd, ZooKeeper, S3 when not given)
+		if err := os.RemoveAll(d); err != nil {
+			t.Errorf("cleaning up: %v", err)
+		}
+	}
 	if conn, err := pgx.Connect(ctx, testenv.PostgresURL()); err == nil {
 		_, _ = conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{sum.Run.Schema}.Sanitize()+" CASCADE")
 		conn.Close(ctx)
@@ -126,7 +132,9 @@ func cleanUpRun(t *testing.T, sum demoSummary) {
 	c, _ := s3Client(t)
 	_, _ = c.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(sum.Run.Bucket), Key: aws.String(sum.Run.ObjectKey)})
 	if sum.Run.LeaseStore != "redis" {
-		return // PostgreSQL leases lived in the schema, dropped above
+		// PostgreSQL leases lived in the schema, dropped above; etcd and
+		// ZooKeeper leases went with the servers the demo started.
+		return
 	}
 	opt, _ := redis.ParseURL(testenv.RedisURL())
 	rc := redis.NewClient(opt)
@@ -226,6 +234,21 @@ func TestPausedClient(t *testing.T) {
 // TTL, which frees its lock.)
 func TestPausedClientPostgresLeases(t *testing.T) {
 	for _, store := range []string{"postgres", "postgres-session"} {
+		for _, pause := range []time.Duration{time.Second + 300*time.Millisecond, 3 * time.Second} {
+			t.Run(fmt.Sprintf("%s/ttl=1s/pause=%v", store, pause), func(t *testing.T) {
+				checkPausedRun(t, time.Second, pause, "--lease-store", store)
+			})
+		}
+	}
+}
+
+// TestPausedClientConsensusLeases runs the paused-client scenario with the
+// leases in etcd (etcdlease) and ZooKeeper (zklease), on servers the demo
+// starts itself: the frozen holder's etcd lease or ZooKeeper session
+// expires, B acquires with a greater token (a later revision, a later
+// czxid), and A's late writes are rejected by sqlguard and blobguard.
+func TestPausedClientConsensusLeases(t *testing.T) {
+	for _, store := range []string{"etcd", "zookeeper"} {
 		for _, pause := range []time.Duration{time.Second + 300*time.Millisecond, 3 * time.Second} {
 			t.Run(fmt.Sprintf("%s/ttl=1s/pause=%v", store, pause), func(t *testing.T) {
 				checkPausedRun(t, time.Second, pause, "--lease-store", store)

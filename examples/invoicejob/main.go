@@ -82,9 +82,13 @@ func (o options) renewInterval() time.Duration { return o.ttl / 3 }
 
 // handoverBound is the longest a handover may take: the dead holder's grant
 // has at most one TTL left at the kill (it renewed at most a renew interval
-// ago, plus the renewal's own latency), and a waiter retries right at its
-// expiry. One renew interval is allowed on top, for a loaded machine.
-func (o options) handoverBound() time.Duration { return o.ttl + o.renewInterval() }
+// ago, plus the renewal's own latency), the store ends it at most lag
+// later (demo.LeaseStore.ExpiryLag: etcd and ZooKeeper expire grants on a
+// timer of their own), and a waiter retries, or is woken, right then. One
+// renew interval is allowed on top, for a loaded machine.
+func (o options) handoverBound(lag time.Duration) time.Duration {
+	return o.ttl + o.renewInterval() + lag
+}
 
 // Bounds of the flags: a demo that runs for hours helps nobody.
 const (
@@ -170,6 +174,8 @@ Flags:
 	}
 	if err := demo.CheckLeaseStore(o.leaseStore); err != nil {
 		errs = append(errs, err)
+	} else if err := demo.CheckTTL(o.leaseStore, o.ttl); err != nil {
+		errs = append(errs, err)
 	}
 	if o.period == "" || len(o.period) > 32 {
 		errs = append(errs, fmt.Errorf("--period %q: must be 1 to 32 bytes", o.period))
@@ -201,10 +207,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(out, "invoicejob: %d replicas, %d invoices for period %s, lease TTL %v (renewed every %v); kill %d holder(s) with SIGKILL after %d invoices each\n\n",
 		o.replicas, o.customers, o.period, o.ttl, o.renewInterval().Round(time.Millisecond), o.kills, o.killAfter)
 
-	svc, err := demo.ProvideServices(ctx, services.Config{
+	svc, err := demo.ProvideServices(ctx, demo.ServicesConfig(o.leaseStore, services.Config{
 		RedisURL: o.redisURL, PostgresURL: o.pgURL, NoS3: true, Keep: o.keep,
-		NoRedis: o.leaseStore != demo.LeaseRedis,
-	}, out)
+	}), out)
 	if err != nil {
 		fmt.Fprintf(errOut, "invoicejob: cannot run without its services:\n  %s\n", strings.ReplaceAll(err.Error(), "\n", "\n  "))
 		return 2
@@ -266,7 +271,8 @@ func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error)
 		RedisURL: svc.RedisURL, PostgresURL: svc.PostgresURL,
 		Schema: "invoicejob_" + id, Period: o.period,
 		LeaseName: "invoicejob-" + id + "/generate-invoices", LeaseStore: o.leaseStore, RedisPrefix: "fencekit:",
-		TTL: o.ttl, InvoiceTime: o.invoiceTime,
+		Consensus: demo.StoreFor(o.leaseStore, svc),
+		TTL:       o.ttl, InvoiceTime: o.invoiceTime,
 	}}
 	for i := range o.customers {
 		c := customer{ID: fmt.Sprintf("cust-%05d", i+1), AmountCents: 1000 + int64(i*7919%50000)}
@@ -279,6 +285,7 @@ func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error)
 		FencedTables: []string{invoicesTable, jobTable},
 		LeaseStore:   sc.cfg.LeaseStore,
 		RedisURL:     svc.RedisURL, RedisPrefix: sc.cfg.RedisPrefix, LeaseName: sc.cfg.LeaseName,
+		Leases: sc.cfg.leaseStore(), TTL: sc.cfg.TTL,
 		PostgresStarted: svc.PostgresStarted, RedisStarted: svc.RedisStarted,
 	})
 	if err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -34,18 +35,27 @@ func TestInvoiceJob(t *testing.T) {
 		args []string
 		// kills is how many holders must have been killed.
 		kills, replicas int
+		// ttl is the leases' TTL (default 500ms); lag is how late after
+		// its TTL the store ends a dead holder's grant: etcd revokes
+		// expired leases every 500 ms, the ZooKeeper server the program
+		// starts ends expired sessions on its tick of 100 ms.
+		ttl, lag time.Duration
 	}{
-		{"one kill", []string{"--replicas", "3", "--customers", "20", "--kill-after", "6", "--kills", "1"}, 1, 3},
-		{"two kills", []string{"--replicas", "3", "--customers", "20", "--kill-after", "4", "--kills", "2"}, 2, 3},
-		{"no kill", []string{"--replicas", "2", "--customers", "8", "--kills", "0"}, 0, 2},
+		{"one kill", []string{"--replicas", "3", "--customers", "20", "--kill-after", "6", "--kills", "1"}, 1, 3, 0, 0},
+		{"two kills", []string{"--replicas", "3", "--customers", "20", "--kill-after", "4", "--kills", "2"}, 2, 3, 0, 0},
+		{"no kill", []string{"--replicas", "2", "--customers", "8", "--kills", "0"}, 0, 2, 0, 0},
 		// Leases in PostgreSQL: no Redis involved.
-		{"one kill, postgres leases", []string{"--lease-store", "postgres", "--replicas", "3", "--customers", "20", "--kill-after", "6", "--kills", "1"}, 1, 3},
-		{"one kill, postgres session leases", []string{"--lease-store", "postgres-session", "--replicas", "3", "--customers", "20", "--kill-after", "6", "--kills", "1"}, 1, 3},
+		{"one kill, postgres leases", []string{"--lease-store", "postgres", "--replicas", "3", "--customers", "20", "--kill-after", "6", "--kills", "1"}, 1, 3, 0, 0},
+		{"one kill, postgres session leases", []string{"--lease-store", "postgres-session", "--replicas", "3", "--customers", "20", "--kill-after", "6", "--kills", "1"}, 1, 3, 0, 0},
+		// Leases in etcd and ZooKeeper, servers the program starts itself.
+		{"one kill, etcd leases", []string{"--lease-store", "etcd", "--replicas", "3", "--customers", "20", "--kill-after", "6", "--kills", "1"}, 1, 3, time.Second, 500 * time.Millisecond},
+		{"two kills, zookeeper leases", []string{"--lease-store", "zookeeper", "--replicas", "3", "--customers", "20", "--kill-after", "4", "--kills", "2"}, 2, 3, 0, 100 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			js := filepath.Join(t.TempDir(), "summary.json")
 			var out, errOut bytes.Buffer
-			args := append([]string{"--ttl", "500ms", "--invoice-time", "20ms", "--json", js}, tc.args...)
+			ttl := cmp.Or(tc.ttl, 500*time.Millisecond)
+			args := append([]string{"--ttl", ttl.String(), "--invoice-time", "20ms", "--json", js}, tc.args...)
 			code := run(args, &out, &errOut)
 			if code != 0 {
 				t.Fatalf("exit %d, want 0; output:\n%s\nstderr:\n%s", code, out.String(), errOut.String())
@@ -70,7 +80,7 @@ func TestInvoiceJob(t *testing.T) {
 			if len(sum.Holders) != tc.replicas {
 				t.Errorf("%d holders, want every one of the %d replicas", len(sum.Holders), tc.replicas)
 			}
-			bound := 500*time.Millisecond + 500*time.Millisecond/3
+			bound := ttl + ttl/3 + tc.lag
 			for _, h := range sum.Handovers {
 				if h.Took <= 0 || h.Took > bound {
 					t.Errorf("handover from %s took %v, want within %v", h.From, h.Took, bound)
@@ -106,6 +116,8 @@ func TestFlags(t *testing.T) {
 		{[]string{"--invoice-time", "11s"}, 2, "", "--invoice-time 11s: must be from 0 to 10s"},
 		{[]string{"--customers", "100000", "--invoice-time", "1s"}, 2, "", "--customers 100000 x --invoice-time 1s is 27h46m40s: must be at most 30m0s"},
 		{[]string{"--ttl", "50ms", "--replicas", "0"}, 2, "", "--replicas 0"}, // every problem at once
+		{[]string{"--lease-store", "etcd", "--ttl", "2500ms"}, 2, "", "--ttl 2.5s: etcd counts lease TTLs in whole seconds, from 1s"},
+		{[]string{"--lease-store", "zk"}, 2, "", `--lease-store "zk": want redis, postgres, postgres-session, etcd or zookeeper`},
 		{[]string{"extra"}, 2, "", "unexpected arguments"},
 		{[]string{"--nope"}, 2, "", "Usage: go run ./examples/invoicejob"},
 	} {

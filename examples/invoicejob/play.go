@@ -227,9 +227,4 @@ func (sc *scenario) play(ctx context.Context, tl *demo.Timeline, o options) (*su
 }
 
 // storeName names where the lease lives, for the output.
-func storeName(leaseStore string) string {
-	if leaseStore == demo.LeaseRedis {
-		return "Redis"
-	}
-	return "PostgreSQL"
-}
+func storeName(leaseStore string) string { return demo.LeaseStore{Kind: leaseStore}.Name() }

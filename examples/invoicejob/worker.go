@@ -19,16 +19,19 @@ import (
 // workerConfig is what the orchestrator hands a replica process (as JSON in
 // the environment variable configVar, see demo.StartChild).
 type workerConfig struct {
-	Replica        string        `json:"replica"`
-	RedisURL       string        `json:"redis_url"`
-	PostgresURL    string        `json:"postgres_url"`
-	Schema         string        `json:"schema"`
-	Period         string        `json:"period"`
-	LeaseName      string        `json:"lease_name"`
-	LeaseStore     string        `json:"lease_store"`
-	RedisPrefix    string        `json:"redis_prefix"`
-	TTL            time.Duration `json:"ttl"`
-	AcquireTimeout time.Duration `json:"acquire_timeout"`
+	Replica     string `json:"replica"`
+	RedisURL    string `json:"redis_url"`
+	PostgresURL string `json:"postgres_url"`
+	Schema      string `json:"schema"`
+	Period      string `json:"period"`
+	LeaseName   string `json:"lease_name"`
+	LeaseStore  string `json:"lease_store"`
+	RedisPrefix string `json:"redis_prefix"`
+	// Consensus says where etcd or ZooKeeper are (LeaseStore etcd or
+	// zookeeper).
+	Consensus      demo.LeaseStore `json:"consensus"`
+	TTL            time.Duration   `json:"ttl"`
+	AcquireTimeout time.Duration   `json:"acquire_timeout"`
 	// InvoiceTime is how long rendering one invoice takes, inside its
 	// fenced transaction (the window in which a kill usually lands).
 	InvoiceTime time.Duration `json:"invoice_time"`
@@ -39,7 +42,9 @@ const configVar = "FENCEKIT_INVOICEJOB_REPLICA"
 // leaseStore says where the run's leases live: PostgreSQL leases in the
 // run's schema.
 func (c workerConfig) leaseStore() demo.LeaseStore {
-	return demo.LeaseStore{Kind: c.LeaseStore, RedisURL: c.RedisURL, RedisPrefix: c.RedisPrefix, PostgresURL: c.PostgresURL, Schema: c.Schema}
+	s := c.Consensus
+	s.Kind, s.RedisURL, s.RedisPrefix, s.PostgresURL, s.Schema = c.LeaseStore, c.RedisURL, c.RedisPrefix, c.PostgresURL, c.Schema
+	return s
 }
 
 // Table and column names the orchestrator creates and the replicas write.

@@ -82,12 +82,21 @@ func versitygwBinary(ctx context.Context, logf func(string, ...any)) (string, er
 	cmd := exec.CommandContext(ctx, goBin, "install", "-v", "github.com/versity/versitygw/cmd/versitygw@"+VersitygwVersion)
 	cmd.Dir = os.TempDir() // outside any module: its go.mod plays no part
 	cmd.Env = append(os.Environ(), "GOBIN="+bindir, "GOWORK=off")
+	if err := runBuild(cmd, "versitygw", logf); err != nil {
+		return "", fmt.Errorf("go install versitygw@%s: %w", VersitygwVersion, err)
+	}
+	return cached, nil
+}
+
+// runBuild runs a go build or go install -v command (it dies with this
+// program), logging its progress every 15 seconds as what it builds.
+func runBuild(cmd *exec.Cmd, what string, logf func(string, ...any)) error {
 	prog := &buildProgress{}
 	cmd.Stdout, cmd.Stderr = prog, prog
 	start := time.Now()
 	done, err := leftover.Start(cmd, syscall.SIGKILL)
 	if err != nil {
-		return "", fmt.Errorf("go install versitygw@%s: %w", VersitygwVersion, err)
+		return err
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait(); done() }()
@@ -97,14 +106,14 @@ func versitygwBinary(ctx context.Context, logf func(string, ...any)) (string, er
 		select {
 		case err := <-exited:
 			if err != nil {
-				return "", fmt.Errorf("go install versitygw@%s: %v: %s", VersitygwVersion, err, prog.tail())
+				return fmt.Errorf("%v: %s", err, prog.tail())
 			}
-			logf("built versitygw in %v", time.Since(start).Round(time.Second))
-			return cached, nil
+			logf("built %s in %v", what, time.Since(start).Round(time.Second))
+			return nil
 		case <-tick.C:
 			n, downloads, last := prog.counts()
-			logf("building versitygw: %v, %d modules downloaded, %d packages compiled%s",
-				time.Since(start).Round(time.Second), downloads, n, orEmpty(" (now: %s)", last))
+			logf("building %s: %v, %d modules downloaded, %d packages compiled%s",
+				what, time.Since(start).Round(time.Second), downloads, n, orEmpty(" (now: %s)", last))
 		}
 	}
 }
@@ -173,8 +182,15 @@ func orEmpty(format, s string) string {
 	return fmt.Sprintf(format, s)
 }
 
-// isVersion reads the module version from the binary's build information.
+// isVersion reads versitygw's module version from the binary's build
+// information.
 func isVersion(ctx context.Context, bin string) bool {
+	return hasModule(ctx, bin, "github.com/versity/versitygw", VersitygwVersion)
+}
+
+// hasModule reports whether the binary bin was built with module mod at
+// version (read from its build information).
+func hasModule(ctx context.Context, bin, mod, version string) bool {
 	if _, err := os.Stat(bin); err != nil {
 		return false
 	}
@@ -184,8 +200,8 @@ func isVersion(ctx context.Context, bin string) bool {
 	}
 	for _, line := range strings.Split(string(out), "\n") {
 		f := strings.Fields(line)
-		if len(f) >= 3 && f[0] == "mod" && f[1] == "github.com/versity/versitygw" {
-			return f[2] == VersitygwVersion
+		if len(f) >= 3 && (f[0] == "mod" || f[0] == "dep") && f[1] == mod {
+			return f[2] == version
 		}
 	}
 	return false

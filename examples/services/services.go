@@ -6,6 +6,11 @@
 // PostgreSQL cluster, versitygw built once into the user cache); a container
 // through testcontainers-go where Docker answers. When none works it returns
 // an error naming what is missing and how to provide it.
+//
+// For programs whose leases live in etcd or ZooKeeper it does the same for
+// those (FENCE_ETCD_ENDPOINTS, FENCE_ZK_SERVERS; then 127.0.0.1:2379 and
+// 127.0.0.1:2181; then a one-member etcd built once into the user cache, or
+// a standalone ZooKeeper from Debian's package).
 package services
 
 import (
@@ -42,6 +47,18 @@ type Set struct {
 	// Dirs are the data directories of the servers Provide started.
 	Dirs []string
 
+	// EtcdEndpoints and ZooKeeperServers are set when Config asked for
+	// etcd or ZooKeeper; EtcdStarted and ZooKeeperStarted say that Provide
+	// started the server itself.
+	EtcdEndpoints                 []string
+	ZooKeeperServers              []string
+	EtcdStarted, ZooKeeperStarted bool
+	// ZooKeeperTick is the tickTime of the ZooKeeper server Provide
+	// started (0 for one it found: it cannot tell). The server ends an
+	// expired session at the next tick, so a holder that died keeps its
+	// lease up to one tick past its session timeout.
+	ZooKeeperTick time.Duration
+
 	closers []func()
 	dirs    *dataDirs
 }
@@ -65,6 +82,11 @@ type Config struct {
 	// NoRedis skips Redis, for programs whose leases live in PostgreSQL;
 	// Set.RedisURL is then left empty.
 	NoRedis bool
+	// Etcd and ZooKeeper ask for those stores too, for programs whose
+	// leases live there; EtcdEndpoints and ZooKeeperServers override
+	// EtcdEndpointsVar and ZooKeeperServersVar (comma-separated lists).
+	Etcd, ZooKeeper                 bool
+	EtcdEndpoints, ZooKeeperServers string
 	// Log receives progress lines (starting a server can take a while).
 	Log func(format string, args ...any)
 	// Keep keeps the data directories of the servers Provide starts
@@ -89,6 +111,16 @@ func Provide(ctx context.Context, cfg Config) (*Set, error) {
 	}
 	if err := s.postgres(ctx, cfg); err != nil {
 		errs = append(errs, err)
+	}
+	if cfg.Etcd {
+		if err := s.etcd(ctx, cfg); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if cfg.ZooKeeper {
+		if err := s.zookeeper(ctx, cfg); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if !cfg.NoS3 {
 		if err := s.s3(ctx, cfg); err != nil {

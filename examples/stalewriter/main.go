@@ -135,6 +135,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 	}
 	if err := demo.CheckLeaseStore(o.leaseStore); err != nil {
 		errs = append(errs, err)
+	} else if err := demo.CheckTTL(o.leaseStore, o.ttl); err != nil {
+		errs = append(errs, err)
 	}
 	if o.pause < 0 || o.pause > maxPause {
 		errs = append(errs, fmt.Errorf("--pause %v: must be positive and at most %v", o.pause, maxPause))
@@ -147,20 +149,23 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 
 // summary is what --json writes.
 type summary struct {
-	OK           bool          `json:"ok"`
-	Inconclusive bool          `json:"inconclusive"`
-	Verdict      string        `json:"verdict"`
-	Unguarded    bool          `json:"unguarded"`
-	TTLMillis    int64         `json:"ttl_ms"`
-	PauseMillis  int64         `json:"pause_ms"`
-	TokenA       fence.Token   `json:"token_a"`
-	TokenB       fence.Token   `json:"token_b"`
-	Writes       []event       `json:"writes"`
-	Final        finalState    `json:"final"`
-	Services     []string      `json:"services"`
-	Run          runInfo       `json:"run"`
-	Events       []event       `json:"events"`
-	Elapsed      time.Duration `json:"elapsed_ns"`
+	OK           bool        `json:"ok"`
+	Inconclusive bool        `json:"inconclusive"`
+	Verdict      string      `json:"verdict"`
+	Unguarded    bool        `json:"unguarded"`
+	TTLMillis    int64       `json:"ttl_ms"`
+	PauseMillis  int64       `json:"pause_ms"`
+	TokenA       fence.Token `json:"token_a"`
+	TokenB       fence.Token `json:"token_b"`
+	Writes       []event     `json:"writes"`
+	Final        finalState  `json:"final"`
+	Services     []string    `json:"services"`
+	// KeptDirs are the data directories of the servers the demo started,
+	// left in place with --keep.
+	KeptDirs []string      `json:"kept_dirs,omitempty"`
+	Run      runInfo       `json:"run"`
+	Events   []event       `json:"events"`
+	Elapsed  time.Duration `json:"elapsed_ns"`
 }
 
 // runInfo names what the run created (kept with --keep).
@@ -210,10 +215,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(out, "stalewriter: lease TTL %v, worker A frozen for %v, writes %s\n\n", o.ttl, o.pause, mode)
 
-	svc, err := demo.ProvideServices(ctx, services.Config{
+	svc, err := demo.ProvideServices(ctx, demo.ServicesConfig(o.leaseStore, services.Config{
 		RedisURL: o.redisURL, PostgresURL: o.pgURL, S3Endpoint: o.s3URL, Keep: o.keep,
-		NoRedis: o.leaseStore != demo.LeaseRedis,
-	}, out)
+	}), out)
 	if err != nil {
 		fmt.Fprintf(errOut, "stalewriter: cannot run without its services:\n  %s\n", strings.ReplaceAll(err.Error(), "\n", "\n  "))
 		return 2
@@ -244,6 +248,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	sum.Services = svc.Used
+	if o.keep {
+		sum.KeptDirs = svc.Dirs
+	}
 	sum.Elapsed = tl.Elapsed()
 	fmt.Fprintf(out, "\nFinal state:\n  row:    written by %s, token %d, lock_version %d\n  object: written by %s, token %d\n\n%s\n",
 		orNone(sum.Final.RowWrittenBy), sum.Final.RowToken, sum.Final.RowLockVersion,
@@ -287,7 +294,8 @@ func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error)
 		Schema: "stalewriter_" + id, Table: "report", RowID: "2026-11",
 		ObjectKey: "stalewriter/" + id + "/report.json", Resource: "report/2026-11",
 		LeaseName: "stalewriter-" + id, LeaseStore: o.leaseStore, RedisPrefix: "fencekit:",
-		TTL: o.ttl, WriteDelay: o.writeDelay, Unguarded: o.unguarded,
+		Consensus: demo.StoreFor(o.leaseStore, svc),
+		TTL:       o.ttl, WriteDelay: o.writeDelay, Unguarded: o.unguarded,
 	}}
 	var err error
 	sc.Stores, err = demo.SetUpStores(ctx, demo.StoresConfig{
@@ -296,6 +304,7 @@ func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error)
 		FencedTables: []string{sc.cfg.Table},
 		LeaseStore:   sc.cfg.LeaseStore,
 		RedisURL:     svc.RedisURL, RedisPrefix: sc.cfg.RedisPrefix, LeaseName: sc.cfg.LeaseName,
+		Leases: sc.cfg.leaseStore(), TTL: sc.cfg.TTL,
 		PostgresStarted: svc.PostgresStarted, RedisStarted: svc.RedisStarted,
 	})
 	if err != nil {

@@ -30,7 +30,11 @@ func TestFlags(t *testing.T) {
 		{[]string{"extra"}, 2, "", "unexpected arguments"},
 		{[]string{"--nope"}, 2, "", "flag provided but not defined"},
 		{[]string{"--nope"}, 2, "", "Usage: go run ./examples/stalewriter"},
-		{[]string{"--lease-store", "etcd"}, 2, "", `--lease-store "etcd": want redis, postgres or postgres-session`},
+		{[]string{"--lease-store", "consul"}, 2, "", `--lease-store "consul": want redis, postgres, postgres-session, etcd or zookeeper`},
+		// etcd counts TTLs in whole seconds: refused before any service is
+		// looked for.
+		{[]string{"--lease-store", "etcd", "--ttl", "1500ms"}, 2, "", "--ttl 1.5s: etcd counts lease TTLs in whole seconds, from 1s"},
+		{[]string{"--lease-store", "etcd", "--ttl", "500ms"}, 2, "", "--ttl 500ms: etcd counts lease TTLs in whole seconds"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(tc.args, &stdout, &stderr)

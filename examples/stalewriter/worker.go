@@ -27,20 +27,23 @@ import (
 // workerConfig is what the orchestrator hands a worker process (as JSON in
 // the environment variable configVar, see demo.StartChild).
 type workerConfig struct {
-	Role           string        `json:"role"`
-	RedisURL       string        `json:"redis_url"`
-	PostgresURL    string        `json:"postgres_url"`
-	S3             testenv.S3    `json:"s3"`
-	Schema         string        `json:"schema"`
-	Table          string        `json:"table"`
-	RowID          string        `json:"row_id"`
-	ObjectKey      string        `json:"object_key"`
-	Resource       string        `json:"resource"`
-	LeaseName      string        `json:"lease_name"`
-	LeaseStore     string        `json:"lease_store"`
-	RedisPrefix    string        `json:"redis_prefix"`
-	TTL            time.Duration `json:"ttl"`
-	AcquireTimeout time.Duration `json:"acquire_timeout"`
+	Role        string     `json:"role"`
+	RedisURL    string     `json:"redis_url"`
+	PostgresURL string     `json:"postgres_url"`
+	S3          testenv.S3 `json:"s3"`
+	Schema      string     `json:"schema"`
+	Table       string     `json:"table"`
+	RowID       string     `json:"row_id"`
+	ObjectKey   string     `json:"object_key"`
+	Resource    string     `json:"resource"`
+	LeaseName   string     `json:"lease_name"`
+	LeaseStore  string     `json:"lease_store"`
+	RedisPrefix string     `json:"redis_prefix"`
+	// Consensus says where etcd or ZooKeeper are (LeaseStore etcd or
+	// zookeeper).
+	Consensus      demo.LeaseStore `json:"consensus"`
+	TTL            time.Duration   `json:"ttl"`
+	AcquireTimeout time.Duration   `json:"acquire_timeout"`
 	// WriteDelay is the time between checking the lease and writing: the
 	// window in which the orchestrator freezes worker A.
 	WriteDelay time.Duration `json:"write_delay"`
@@ -52,7 +55,9 @@ const configVar = "FENCEKIT_STALEWRITER_WORKER"
 // leaseStore says where the run's leases live: PostgreSQL leases in the
 // run's schema.
 func (c workerConfig) leaseStore() demo.LeaseStore {
-	return demo.LeaseStore{Kind: c.LeaseStore, RedisURL: c.RedisURL, RedisPrefix: c.RedisPrefix, PostgresURL: c.PostgresURL, Schema: c.Schema}
+	s := c.Consensus
+	s.Kind, s.RedisURL, s.RedisPrefix, s.PostgresURL, s.Schema = c.LeaseStore, c.RedisURL, c.RedisPrefix, c.PostgresURL, c.Schema
+	return s
 }
 
 // event is one line a worker prints on its standard output.

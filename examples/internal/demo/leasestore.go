@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fencekit/fencekit/examples/services"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/pglease"
 	"github.com/fencekit/fencekit/lease/redislease"
@@ -27,29 +29,112 @@ const (
 	// LeasePostgresSession keeps leases as PostgreSQL advisory locks on
 	// pinned sessions (package pglease, session mode).
 	LeasePostgresSession = "postgres-session"
+	// LeaseEtcd keeps leases in etcd (package etcdlease): TTLs in whole
+	// seconds.
+	LeaseEtcd = "etcd"
+	// LeaseZooKeeper keeps leases as ephemeral sequential nodes in
+	// ZooKeeper (package zklease), one session per process with the TTL
+	// as its timeout.
+	LeaseZooKeeper = "zookeeper"
 )
 
 // LeaseStoreUsage is the --lease-store flag's help text.
-const LeaseStoreUsage = "where leases live: redis (redislease), postgres (pglease table mode, in the run's schema: needs no Redis) or postgres-session (pglease session mode: advisory locks)"
+const LeaseStoreUsage = "where leases live: redis (redislease), postgres (pglease table mode, in the run's schema: needs no Redis),\n" +
+	"postgres-session (pglease session mode: advisory locks), etcd (etcdlease: $FENCE_ETCD_ENDPOINTS, else\n" +
+	"127.0.0.1:2379, else one it builds once and starts; TTLs in whole seconds) or zookeeper (zklease:\n" +
+	"$FENCE_ZK_SERVERS, else 127.0.0.1:2181, else a server it starts from Debian's zookeeper package)"
 
 // CheckLeaseStore returns an error for a --lease-store value that is not
 // one of the above.
 func CheckLeaseStore(s string) error {
 	switch s {
-	case LeaseRedis, LeasePostgres, LeasePostgresSession:
+	case LeaseRedis, LeasePostgres, LeasePostgresSession, LeaseEtcd, LeaseZooKeeper:
 		return nil
 	}
-	return fmt.Errorf("--lease-store %q: want %s, %s or %s", s, LeaseRedis, LeasePostgres, LeasePostgresSession)
+	return fmt.Errorf("--lease-store %q: want %s, %s, %s, %s or %s", s, LeaseRedis, LeasePostgres, LeasePostgresSession, LeaseEtcd, LeaseZooKeeper)
+}
+
+// CheckTTL returns an error for a TTL the lease store cannot take, before
+// any service is looked for: etcd counts TTLs in whole seconds, from 1 s
+// (the server the programs start; a server with etcd's default timing
+// refuses less than 2 s, which the Manager then reports).
+func CheckTTL(store string, ttl time.Duration) error {
+	if store == LeaseEtcd && (ttl < time.Second || ttl%time.Second != 0) {
+		return fmt.Errorf("--ttl %v: etcd counts lease TTLs in whole seconds, from 1s: use --ttl 1s, 2s, ...", ttl)
+	}
+	return nil
+}
+
+// ServicesConfig returns what services.Provide must find for the lease
+// store (the rest of cfg is the caller's).
+func ServicesConfig(store string, cfg services.Config) services.Config {
+	cfg.NoRedis = store != LeaseRedis
+	cfg.Etcd = store == LeaseEtcd
+	cfg.ZooKeeper = store == LeaseZooKeeper
+	return cfg
 }
 
 // LeaseStore says where a child process's leases live.
 type LeaseStore struct {
-	Kind        string `json:"kind"` // LeaseRedis, LeasePostgres or LeasePostgresSession
+	Kind        string `json:"kind"` // one of the Lease* constants
 	RedisURL    string `json:"redis_url,omitempty"`
 	RedisPrefix string `json:"redis_prefix,omitempty"`
 	PostgresURL string `json:"postgres_url,omitempty"`
 	// Schema holds pglease's tables (created by fencekit's migrations).
 	Schema string `json:"schema,omitempty"`
+	// EtcdEndpoints are etcd's client URLs; EtcdMinTTL is the shortest TTL
+	// its server grants (0: etcdlease's default, that of etcd's default
+	// timing).
+	EtcdEndpoints []string      `json:"etcd_endpoints,omitempty"`
+	EtcdMinTTL    time.Duration `json:"etcd_min_ttl_ns,omitempty"`
+	// ZooKeeperServers are the ensemble's client addresses; ZooKeeperTick
+	// its tickTime (0: unknown).
+	ZooKeeperServers []string      `json:"zk_servers,omitempty"`
+	ZooKeeperTick    time.Duration `json:"zk_tick_ns,omitempty"`
+}
+
+// StoreFor returns the LeaseStore of kind over the services svc found.
+func StoreFor(kind string, svc *services.Set) LeaseStore {
+	st := LeaseStore{Kind: kind, RedisURL: svc.RedisURL, PostgresURL: svc.PostgresURL,
+		EtcdEndpoints: svc.EtcdEndpoints, ZooKeeperServers: svc.ZooKeeperServers, ZooKeeperTick: svc.ZooKeeperTick}
+	if svc.EtcdStarted {
+		st.EtcdMinTTL = services.EtcdMinTTL
+	}
+	return st
+}
+
+// defaultZooKeeperTick is ZooKeeper's default tickTime, assumed for a
+// server whose tick is not known.
+const defaultZooKeeperTick = 2 * time.Second
+
+// ExpiryLag is how long past its TTL (counted from its last renewal) the
+// store may keep the grant of a holder that died, before a waiter can have
+// it: etcd revokes expired leases every 500 ms; ZooKeeper ends an expired
+// session at its next tick; Redis and PostgreSQL end a grant at its TTL.
+func (s LeaseStore) ExpiryLag() time.Duration {
+	switch s.Kind {
+	case LeaseEtcd:
+		return 500 * time.Millisecond
+	case LeaseZooKeeper:
+		if s.ZooKeeperTick > 0 {
+			return s.ZooKeeperTick
+		}
+		return defaultZooKeeperTick
+	}
+	return 0
+}
+
+// Name names the store in a sentence ("its lease has 2s left in Redis").
+func (s LeaseStore) Name() string {
+	switch s.Kind {
+	case LeasePostgres, LeasePostgresSession:
+		return "PostgreSQL"
+	case LeaseEtcd:
+		return "etcd"
+	case LeaseZooKeeper:
+		return "ZooKeeper"
+	}
+	return "Redis"
 }
 
 // Describe names the store for the demo's output.
@@ -59,6 +144,10 @@ func (s LeaseStore) Describe() string {
 		return fmt.Sprintf("PostgreSQL, table %s.%s (pglease, table mode)", s.Schema, pglease.LeaseTable)
 	case LeasePostgresSession:
 		return fmt.Sprintf("PostgreSQL advisory locks, tokens in %s.%s (pglease, session mode)", s.Schema, pglease.SessionLeaseTable)
+	case LeaseEtcd:
+		return fmt.Sprintf("etcd at %s (etcdlease: tokens are revisions on an epoch base)", strings.Join(s.EtcdEndpoints, ","))
+	case LeaseZooKeeper:
+		return fmt.Sprintf("ZooKeeper at %s (zklease: ephemeral sequential nodes, tokens are their czxids)", strings.Join(s.ZooKeeperServers, ","))
 	}
 	return "Redis (redislease)"
 }
@@ -89,6 +178,12 @@ func NewLeaseManager(store LeaseStore, ttl time.Duration, opts ...lease.Option) 
 			return nil, nil, err
 		}
 		backend, closeAll = b, func() { _ = b.Close(); pool.Close() }
+	case LeaseEtcd, LeaseZooKeeper:
+		b, closeB, err := newConsensusBackend(store, ttl)
+		if err != nil {
+			return nil, nil, err
+		}
+		backend, closeAll = b, closeB
 	default:
 		ropt, err := redis.ParseURL(store.RedisURL)
 		if err != nil {
@@ -113,13 +208,28 @@ func NewLeaseManager(store LeaseStore, ttl time.Duration, opts ...lease.Option) 
 }
 
 // LeaseLeft returns how long the store keeps the lease's current grant if
-// nobody renews it, read from the store: Redis PTTL, or the expiry in
-// pglease's table. In session mode a grant lasts as long as its session,
-// which ends when the holder's process dies (its socket closes) or after
-// the TTL of idleness: LeaseLeft then returns 0 once the session that took
-// the lock is gone, and at most ttl while it lives.
+// nobody renews it, read from the store: Redis PTTL, the expiry in
+// pglease's table, or the time to live of the grant's etcd lease (whole
+// seconds). In session mode a grant lasts as long as its session, which
+// ends when the holder's process dies (its socket closes) or after the TTL
+// of idleness: LeaseLeft then returns 0 once the session that took the
+// lock is gone, and at most ttl while it lives. ZooKeeper keeps a grant's
+// node until its session expires, a session timeout (ttl) after the
+// ensemble last heard from the holder, which it does not tell: LeaseLeft
+// returns ttl while the node exists, 0 once it is gone.
 func (st *Stores) LeaseLeft(ctx context.Context, ttl time.Duration) (time.Duration, error) {
 	switch st.LeaseStore {
+	case LeaseEtcd, LeaseZooKeeper:
+		h, err := st.consensus.Holder(ctx, st.LeaseName)
+		switch {
+		case errors.Is(err, lease.ErrNotHeld):
+			return 0, nil
+		case err != nil:
+			return 0, err
+		case st.LeaseStore == LeaseZooKeeper:
+			return ttl, nil
+		}
+		return h.Remaining, nil
 	case LeasePostgres:
 		var us int64
 		err := st.Pool.QueryRow(ctx, `SELECT greatest(0, (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint) FROM `+

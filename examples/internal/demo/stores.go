@@ -16,7 +16,8 @@ import (
 )
 
 // Stores is what one run works in: a throwaway PostgreSQL schema, and the
-// Redis keys of its lease when its leases live in Redis.
+// Redis keys of its lease when its leases live in Redis (or a client of
+// etcd or ZooKeeper when they live there).
 type Stores struct {
 	Schema string
 	Pool   *pgxpool.Pool
@@ -26,6 +27,10 @@ type Stores struct {
 	Redis *redis.Client
 	// Keys are the lease's keys in Redis.
 	Keys redislease.Keys
+	// consensus inspects the lease in etcd or ZooKeeper (nil elsewhere);
+	// closeConsensus closes it and its client.
+	consensus      consensusBackend
+	closeConsensus func()
 
 	// Strike the schema and the keys off the run's ledger (package
 	// leftover) once they are removed or kept.
@@ -52,6 +57,10 @@ type StoresConfig struct {
 	RedisURL    string
 	RedisPrefix string
 	LeaseName   string
+	// Leases says where etcd or ZooKeeper are, when leases live there;
+	// TTL is the leases' TTL, which SetUpStores checks the store can keep.
+	Leases LeaseStore
+	TTL    time.Duration
 
 	// PostgresStarted and RedisStarted say that the servers are ones the
 	// program started itself (services.Set): what they hold goes with
@@ -106,7 +115,21 @@ func (st *Stores) prepare(ctx context.Context, cfg StoresConfig) error {
 			return fmt.Errorf("add lock_version to %s: %w", t, err)
 		}
 	}
-	if cfg.LeaseStore != LeaseRedis {
+	switch cfg.LeaseStore {
+	case LeaseEtcd, LeaseZooKeeper:
+		// Nothing to clean up there: a grant's key or node goes with its
+		// etcd lease or ZooKeeper session, even when its holder is killed,
+		// and a lease name's ZooKeeper parent is a container node, which
+		// the server deletes once it is empty. etcdlease's epoch key stays:
+		// it is what keeps tokens growing from one run to the next.
+		b, closeB, err := newConsensusBackend(cfg.Leases, cfg.TTL)
+		if err != nil {
+			return err
+		}
+		st.consensus, st.closeConsensus = b, closeB
+		return checkConsensusStore(ctx, b, cfg.Leases, cfg.TTL)
+	case LeaseRedis:
+	default:
 		return nil
 	}
 	ropt, err := redis.ParseURL(cfg.RedisURL)
@@ -132,6 +155,7 @@ func (st *Stores) Keep() {
 	if st.Redis != nil {
 		_ = st.Redis.Close()
 	}
+	st.closeLeases()
 	st.strike()
 }
 
@@ -164,5 +188,13 @@ func (st *Stores) TearDown() error {
 		}
 		_ = st.Redis.Close()
 	}
+	st.closeLeases()
 	return errors.Join(errs...)
+}
+
+func (st *Stores) closeLeases() {
+	if st.closeConsensus != nil {
+		st.closeConsensus()
+		st.closeConsensus = nil
+	}
 }

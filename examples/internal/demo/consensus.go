@@ -1,0 +1,88 @@
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/etcdlease"
+	"github.com/fencekit/fencekit/lease/zklease"
+)
+
+// etcdPrefix starts the keys of the demos' leases in etcd; each run's lease
+// name is its own, and the epoch key (etcdlease's token base) is shared by
+// every run, as it must be for tokens to keep growing.
+const etcdPrefix = "fencekit/"
+
+// consensusBackend is a lease backend in etcd or ZooKeeper with the
+// inspection the orchestrator uses (lease.Inspector), and the function that
+// closes it and its client.
+type consensusBackend interface {
+	lease.Backend
+	lease.Inspector
+}
+
+// newConsensusBackend returns the etcdlease or zklease backend of store.
+// A ZooKeeper backend asks for a session timeout of ttl: its leases' TTL.
+func newConsensusBackend(store LeaseStore, ttl time.Duration) (consensusBackend, func(), error) {
+	switch store.Kind {
+	case LeaseEtcd:
+		cli, err := clientv3.New(clientv3.Config{Endpoints: store.EtcdEndpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			return nil, nil, fmt.Errorf("etcd client for %s: %w", strings.Join(store.EtcdEndpoints, ","), err)
+		}
+		opts := []etcdlease.Option{etcdlease.WithPrefix(etcdPrefix)}
+		if store.EtcdMinTTL > 0 {
+			opts = append(opts, etcdlease.WithMinTTL(store.EtcdMinTTL))
+		}
+		b, err := etcdlease.New(cli, opts...)
+		if err != nil {
+			_ = cli.Close()
+			return nil, nil, err
+		}
+		return b, func() { _ = b.Close(); _ = cli.Close() }, nil
+	case LeaseZooKeeper:
+		b, err := zklease.New(store.ZooKeeperServers, zklease.WithSessionTimeout(ttl))
+		if err != nil {
+			return nil, nil, err
+		}
+		return b, func() { _ = b.Close() }, nil
+	}
+	return nil, nil, fmt.Errorf("lease store %q is not etcd or zookeeper", store.Kind)
+}
+
+// checkConsensusStore connects to the store the way a holder will and
+// checks that it can keep leases of ttl: the Manager's limits (etcd's
+// whole seconds and minimum) and, on ZooKeeper, that the server grants a
+// session timeout of exactly ttl (one outside its minSessionTimeout and
+// maxSessionTimeout is changed by the server: a longer one would keep a
+// dead holder's lease past its TTL, a shorter one is refused by zklease).
+func checkConsensusStore(ctx context.Context, b consensusBackend, store LeaseStore, ttl time.Duration) error {
+	if _, err := lease.NewManager(b, ttl); err != nil {
+		return fmt.Errorf("leases of %v in %s: %w", ttl, store.Name(), err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	switch zb := b.(type) {
+	case *zklease.Backend:
+		if err := zb.Ready(ctx); err != nil {
+			return fmt.Errorf("ZooKeeper at %s: %w", strings.Join(store.ZooKeeperServers, ","), err)
+		}
+		if _, granted := zb.Session(); granted != ttl {
+			return fmt.Errorf("ZooKeeper at %s granted a session timeout of %v when asked for the TTL %v (the server bounds it by its minSessionTimeout and maxSessionTimeout): choose a --ttl within them",
+				strings.Join(store.ZooKeeperServers, ","), granted, ttl)
+		}
+	case *etcdlease.Backend:
+		// One read: the cluster answers through this client.
+		if _, err := b.Holder(ctx, "fencekit-demo-probe"); err != nil && !errors.Is(err, lease.ErrNotHeld) {
+			return fmt.Errorf("etcd at %s: %w", strings.Join(store.EtcdEndpoints, ","), err)
+		}
+	}
+	return nil
+}
