@@ -111,9 +111,9 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 		fmt.Fprintf(fs.Output(), `Usage: go run ./examples/invoicejob [flags]
 
 Runs replicas of a scheduled invoice job as real processes competing for one
-lease (Redis, or PostgreSQL with --lease-store postgres); the holder writes
-invoices through fenced PostgreSQL
-transactions and is killed with SIGKILL mid-batch; another replica takes over
+lease (Redis; or PostgreSQL, etcd or ZooKeeper with --lease-store); the
+holder writes invoices through fenced PostgreSQL transactions and is killed
+with SIGKILL mid-batch; another replica takes over
 within about one TTL and finishes the batch. Then it checks that no invoice
 was written twice or lost and that the dead holder's token can no longer
 write.

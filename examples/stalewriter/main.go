@@ -4,7 +4,8 @@
 // It runs the scenario of Kleppmann's critique of Redis locks ("How to do
 // distributed locking", 2016):
 //
-//  1. worker A acquires a lease in Redis and gets fencing token N;
+//  1. worker A acquires a lease in Redis (or PostgreSQL, etcd, ZooKeeper:
+//     --lease-store) and gets fencing token N;
 //  2. A checks that its lease is valid and starts writing; right then it is
 //     frozen with SIGSTOP, as a stop-the-world GC or a suspended VM would
 //     freeze it, longer than the TTL (its heartbeat freezes with it);
@@ -28,9 +29,10 @@
 // 1 saying why.
 //
 // Services come from the environment (FENCE_REDIS_URL, FENCE_POSTGRES_URL,
-// FENCE_S3_*), else the default local addresses, else servers it starts
-// itself (versitygw is built once into the user cache), else Docker through
-// testcontainers-go. Everything it creates is removed at the end, however
+// FENCE_S3_*, FENCE_ETCD_ENDPOINTS, FENCE_ZK_SERVERS), else the default
+// local addresses, else servers it starts itself (versitygw and etcd are
+// built once into the user cache; ZooKeeper runs from Debian's package),
+// else Docker through testcontainers-go. Everything it creates is removed at the end, however
 // the run ends: the processes it starts die with it, even by SIGKILL, and
 // what a killed run leaves in the stores is removed by the next run
 // (package examples/internal/leftover).
@@ -86,8 +88,8 @@ const (
 const usageText = `Usage: go run ./examples/stalewriter [flags]
 
 Runs the paused-client scenario with two real worker processes, a lease
-store (Redis, or PostgreSQL with --lease-store postgres), PostgreSQL and S3,
-and shows the stale write rejected by the stores.
+store (Redis; or PostgreSQL, etcd or ZooKeeper with --lease-store),
+PostgreSQL and S3, and shows the stale write rejected by the stores.
 Exit status: 0 when every stale write was rejected and the newest token's data
 survived; 1 when a stale write landed (expected with --unguarded); 2 when the
 run could not be carried out (a service is missing, a bad flag, a write that
