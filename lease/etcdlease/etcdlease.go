@@ -735,9 +735,10 @@ func (b *Backend) newEpochAfterRewind(ctx context.Context, ep *epoch, floor int6
 
 // Holder implements lease.Inspector: the key and the epoch key, read in one
 // transaction, name the owner and the token; the grant's etcd lease, asked
-// for its time to live, gives Remaining. Two round trips. It returns an
-// error matching lease.ErrNotHeld when the key is absent (or its lease ran
-// out between the two requests).
+// for its time to live, gives Remaining: in whole seconds, truncated by
+// etcd, so a lower bound (0 means less than a second). Two round trips. It
+// returns an error matching lease.ErrNotHeld when the key is absent (or
+// its lease was gone by the second request).
 func (b *Backend) Holder(ctx context.Context, name string) (lease.Holder, error) {
 	if err := lease.ValidateName(name); err != nil {
 		return lease.Holder{}, err
@@ -764,9 +765,13 @@ func (b *Backend) Holder(ctx context.Context, name string) (lease.Holder, error)
 	switch {
 	case err != nil:
 		return lease.Holder{}, fmt.Errorf("etcdlease: holder of %q: time to live of its lease: %w", name, err)
-	case ttl.TTL <= 0:
+	case ttl.TTL < 0:
+		// -1: the lease is gone (revoked or expired since the read above).
 		return lease.Holder{}, fmt.Errorf("%w: %q: its lease ran out", lease.ErrNotHeld, name)
 	}
+	// etcd reports whole seconds, truncated: 0 is less than a second left
+	// (or expired, with the key not yet deleted: etcd revokes expired
+	// leases every 500 ms), and the key still keeps everyone else out.
 	h.Remaining = time.Duration(ttl.TTL) * time.Second
 	return h, nil
 }
