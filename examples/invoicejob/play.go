@@ -165,8 +165,8 @@ func (sc *scenario) play(ctx context.Context, tl *demo.Timeline, o options) (*su
 				left, _ := sc.LeaseLeft(ctx, o.ttl)
 				pending = &handover{From: e.Replica, FromToken: h.Token, KilledAt: killedAt, LeaseLeft: left}
 				sum.Handovers = append(sum.Handovers, pending)
-				tl.Say(killedAt, "orchestrator", "KILLED %s (pid %d) with SIGKILL after its invoice #%d; its lease is not released and has %v left in %s",
-					e.Replica, p.cmd.Process.Pid, e.Number, pending.LeaseLeft.Round(time.Millisecond), storeName(sc.LeaseStore))
+				tl.Say(killedAt, "orchestrator", "KILLED %s (pid %d) with SIGKILL after its invoice #%d; its lease is not released and has %s left in %s",
+					e.Replica, p.cmd.Process.Pid, e.Number, leftText(sc.LeaseStore, pending.LeaseLeft), storeName(sc.LeaseStore))
 			}
 		case evCompleted:
 			if h != nil {
@@ -224,6 +224,24 @@ func (sc *scenario) play(ctx context.Context, tl *demo.Timeline, o options) (*su
 		sum.problems = append(sum.problems, fmt.Sprintf("nobody acquired the lease after %s was killed", pending.From))
 	}
 	return sum, nil
+}
+
+// leftText says how long a grant had left, as LeaseLeft read it: etcd
+// counts whole seconds, truncated, and ZooKeeper only knows the session
+// timeout.
+func leftText(leaseStore string, left time.Duration) string {
+	switch leaseStore {
+	case demo.LeaseEtcd:
+		if left == 0 {
+			return "under 1s"
+		}
+		return fmt.Sprintf("%v to %v", left, left+time.Second)
+	case demo.LeaseZooKeeper:
+		if left > 0 {
+			return fmt.Sprintf("up to %v", left)
+		}
+	}
+	return left.Round(time.Millisecond).String()
 }
 
 // storeName names where the lease lives, for the output.

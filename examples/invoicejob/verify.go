@@ -131,8 +131,8 @@ func (sc *scenario) verify(ctx context.Context, tl *demo.Timeline, o options, su
 			bound += fmt.Sprintf(" + %v, how late %s may expire it", lag, storeName(o.leaseStore))
 		}
 		add(k.Took > 0 && k.Took <= o.handoverBound(lag),
-			"%s took over %v after the kill (its grant had %v left in %s; bound: %s = %v)",
-			k.To, k.Took.Round(time.Millisecond), k.LeaseLeft.Round(time.Millisecond), storeName(o.leaseStore), bound, o.handoverBound(lag).Round(time.Millisecond))
+			"%s took over %v after the kill (its grant had %s left in %s; bound: %s = %v)",
+			k.To, k.Took.Round(time.Millisecond), leftText(o.leaseStore, k.LeaseLeft), storeName(o.leaseStore), bound, o.handoverBound(lag).Round(time.Millisecond))
 	}
 	if len(sum.Handovers) < o.kills {
 		add(false, "only %d of %d kills happened", len(sum.Handovers), o.kills)
@@ -279,8 +279,8 @@ func (sum *summary) print(out io.Writer, tl *demo.Timeline, o options) {
 			if k.To != "" {
 				to = fmt.Sprintf("%s acquired at %s with token %d: handover %v", k.To, tl.Rel(k.Acquired), k.ToToken, k.Took.Round(time.Millisecond))
 			}
-			fmt.Fprintf(out, "  %s (token %d) killed at %s, its grant had %v left in %s; %s (TTL %v, renew interval %v)\n",
-				k.From, k.FromToken, tl.Rel(k.KilledAt), k.LeaseLeft.Round(time.Millisecond), storeName(o.leaseStore), to, o.ttl, o.renewInterval().Round(time.Millisecond))
+			fmt.Fprintf(out, "  %s (token %d) killed at %s, its grant had %s left in %s; %s (TTL %v, renew interval %v)\n",
+				k.From, k.FromToken, tl.Rel(k.KilledAt), leftText(o.leaseStore, k.LeaseLeft), storeName(o.leaseStore), to, o.ttl, o.renewInterval().Round(time.Millisecond))
 		}
 	}
 	fmt.Fprintf(out, "\nChecks:\n")
