@@ -292,6 +292,25 @@ func (r *grantRec) grant() lease.Grant {
 	return lease.Grant{Name: r.name, Owner: r.owner, Token: r.token, TTL: r.ttl, State: r}
 }
 
+// sessionEnded reports whether the ensemble ended rec's session, and if so
+// ends rec. b.session changes only when a session ends at the store (an
+// expiry, or a connect answered with another session; sessions never come
+// back), so a grant of another session than the current one has lost its
+// node with its session.
+func (b *Backend) sessionEnded(rec *grantRec) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.session == rec.session {
+		return false
+	}
+	rec.endLocked()
+	if ns := b.names[rec.name]; ns != nil && ns.grants[rec.owner] == rec {
+		delete(ns.grants, rec.owner)
+		b.forgetIfIdleLocked(ns)
+	}
+	return true
+}
+
 // expire runs at the grant's TTL: if no renewal moved it, the grant ends
 // and its node is deleted, so that a holder that stopped renewing (its
 // work hung, while its session lives on) does not keep the lease.
@@ -471,6 +490,12 @@ func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
 	rec, err := record(g)
 	if err != nil {
 		return err
+	}
+	if rec.b == b && b.sessionEnded(rec) {
+		// An ephemeral node ends with its session, at the store: nothing to
+		// delete, and no need to wait for a server (or for a background
+		// delete of the node, which holds the name) to learn it.
+		return fmt.Errorf("%w: %q (token %d): its session ended at the store, and the node with it", lease.ErrNotHeld, g.Name, g.Token)
 	}
 	_, err = run(b, ctx, g.Name, func(ns *nameState) (struct{}, error) {
 		var expired bool

@@ -353,3 +353,47 @@ func TestExpiredSessionEndsEveryLeaseOfIt(t *testing.T) {
 	}
 	_ = l.Release(ctxT(t))
 }
+
+// A grant whose session the ensemble ended is released without a request:
+// its node went with the session. Here the lease first ends locally (its
+// deadline passes without renewals), so Release still goes to the backend;
+// then the session is expired at the store and no server answers any more.
+// Release must say the grant is gone at once, not wait for a server to
+// be told so.
+func TestReleaseAfterSessionEndedSendsNothing(t *testing.T) {
+	ens := zktest.Start(t, 1, zktest.Config{})
+	const ttl = time.Second
+	b := newBackend(t, ens.Servers(), zklease.WithRoot(testRoot(t)), zklease.WithSessionTimeout(4*ttl))
+	m := newManager(t, b, ttl, lease.WithoutAutoRenew(), lease.WithReleaseTimeout(10*time.Second))
+	l, err := m.TryAcquire(ctxT(t), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.Done(): // the local deadline: the session lives on
+	case <-time.After(3 * ttl):
+		t.Fatalf("not ended within %v of a TTL of %v without renewals", 3*ttl, ttl)
+	}
+	_, id, _ := b.SessionCredentials()
+	endSession(t, b)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, now, _ := b.SessionCredentials(); now != id {
+			break // the backend learned that the session ended
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the backend did not learn within 10s that its session was expired")
+		}
+	}
+	for _, mem := range ens.Members {
+		mem.Kill()
+	}
+	start := time.Now()
+	err = l.Release(ctxT(t))
+	took := time.Since(start)
+	if !errors.Is(err, lease.ErrLost) {
+		t.Fatalf("Release = %v; want the loss", err)
+	}
+	if took > time.Second {
+		t.Fatalf("Release took %v with no server up: it waited for one, for a node that went with its session", took)
+	}
+}
