@@ -157,7 +157,7 @@ func runReplica() int {
 	case tok == 0: // never acquired
 		return r.fail("could not acquire lease %s: %v", cfg.LeaseName, err)
 	case err == nil:
-		r.emit(event{Kind: evReleased, Token: tok, Text: "released the lease (waiters are woken by pub/sub)"})
+		r.emit(event{Kind: evReleased, Token: tok, Text: "released the lease (waiters are woken by " + cfg.leaseStore().WakeUps() + ")"})
 	case errors.Is(err, lease.ErrLost):
 		r.emit(event{Kind: evReleased, Token: tok, Text: "the lease had been lost: " + err.Error()})
 	default:

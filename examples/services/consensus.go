@@ -45,14 +45,11 @@ const (
 // no etcd answers (go.etcd.io/etcd/server/v3, as examples/go.mod requires).
 const EtcdVersion = "v3.7.3"
 
-// The raft timing of the etcd server Provide starts, in milliseconds: with
+// The raft timing of the etcd server Provide starts: with
 // an election timeout of 500 ms the server's shortest lease TTL is 1 s (etcd
 // raises a TTL to 1.5 × the election timeout, rounded up to whole seconds);
 // with etcd's defaults (100 and 1000) it is 2 s.
-const (
-	etcdHeartbeatMs = 50
-	etcdElectionMs  = 500
-)
+const etcdElectionMs = 500 // heartbeats every 50 ms
 
 // The ZooKeeper server Provide starts: its tick, and the session timeouts it
 // grants (a lease's TTL is its session timeout: see Set.ZooKeeperTick).
@@ -88,7 +85,7 @@ func (s *Set) etcd(ctx context.Context, cfg Config) error {
 	if explicit {
 		return fmt.Errorf("etcd: %s: %w (start it, or unset %s to let the program find or start one)", strings.Join(eps, ","), err, EtcdEndpointsVar)
 	}
-	ep, stop, serr := startEtcd(ctx, cfg.Log, s.dirs)
+	ep, stop, serr := startEtcd(ctx, cfg.Log, s.dirs, etcdElectionMs)
 	if serr != nil {
 		return fmt.Errorf("etcd: nothing answered at %s (%v) and no etcd could be started: %w (or set %s)", list, err, serr, EtcdEndpointsVar)
 	}
@@ -140,7 +137,7 @@ func etcdBinary(ctx context.Context, logf func(string, ...any)) (string, error) 
 	}
 	bindir := filepath.Join(cache, "fencekit", "bin")
 	cached := filepath.Join(bindir, "etcd-"+EtcdVersion)
-	if hasModule(ctx, cached, "go.etcd.io/etcd/server/v3", EtcdVersion) {
+	if hasModule(cached, "go.etcd.io/etcd/server/v3", EtcdVersion) {
 		return cached, nil
 	}
 	goBin, err := exec.LookPath("go")
@@ -162,7 +159,7 @@ func etcdBinary(ctx context.Context, logf func(string, ...any)) (string, error) 
 	tmp := cached + ".building-" + randomHex(4)
 	cmd := exec.CommandContext(ctx, goBin, "build", "-v", "-o", tmp, ".")
 	cmd.Dir = src
-	if err := runBuild(cmd, "etcd", logf); err != nil {
+	if err := runBuild(ctx, cmd, "etcd", logf); err != nil {
 		_ = os.Remove(tmp)
 		return "", fmt.Errorf("go build etcd %s: %w", EtcdVersion, err)
 	}
@@ -173,9 +170,18 @@ func etcdBinary(ctx context.Context, logf func(string, ...any)) (string, error) 
 	return cached, nil
 }
 
+// StartEtcd starts a one-member etcd (built as Provide builds it) with an
+// election timeout of electionMs milliseconds (heartbeats a tenth of it)
+// on loopback, for tests of servers with other timings than Provide's:
+// its shortest lease TTL is 1.5 × the election timeout, rounded up to
+// whole seconds. stop stops it and removes its data.
+func StartEtcd(ctx context.Context, electionMs int, logf func(string, ...any)) (endpoint string, stop func(), err error) {
+	return startEtcd(ctx, logf, &dataDirs{}, electionMs)
+}
+
 // startEtcd starts a one-member etcd cluster on free loopback ports over a
 // throwaway data directory and waits until it is healthy.
-func startEtcd(ctx context.Context, logf func(string, ...any), dirs *dataDirs) (string, func(), error) {
+func startEtcd(ctx context.Context, logf func(string, ...any), dirs *dataDirs, electionMs int) (string, func(), error) {
 	bin, err := etcdBinary(ctx, logf)
 	if err != nil {
 		return "", nil, err
@@ -203,7 +209,7 @@ func startEtcd(ctx context.Context, logf func(string, ...any), dirs *dataDirs) (
 		"--listen-client-urls", clientURL, "--advertise-client-urls", clientURL,
 		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
 		"--initial-cluster", "demo="+peerURL, "--initial-cluster-state", "new",
-		"--heartbeat-interval", strconv.Itoa(etcdHeartbeatMs), "--election-timeout", strconv.Itoa(etcdElectionMs),
+		"--heartbeat-interval", strconv.Itoa(max(electionMs/10, 1)), "--election-timeout", strconv.Itoa(electionMs),
 		"--unsafe-no-fsync", "--log-level", "warn")
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	stop, err := startProcess(ctx, cmd, syscall.SIGKILL, 30*time.Second, func() bool { return etcdHealthy(ctx, []string{clientURL}) == nil })
@@ -253,7 +259,7 @@ func zkServing(servers []string) error {
 		switch {
 		case err != nil:
 			errs = append(errs, err)
-		case mode == "leader" || mode == "follower" || mode == "standalone":
+		case mode == "leader" || mode == "follower" || mode == "observer" || mode == "standalone":
 			return nil
 		default:
 			errs = append(errs, fmt.Errorf("%s is in mode %q, not serving", addr, mode))
@@ -281,7 +287,7 @@ func zkMode(addr string) (string, error) {
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return "", fmt.Errorf("%s: srvr: %w", addr, err)
+		return "", fmt.Errorf("no answer to ZooKeeper's srvr command (is it ZooKeeper?): %w", err)
 	}
 	return "", fmt.Errorf("%s: no mode in the answer to srvr (not ZooKeeper, or srvr is not in its 4lw.commands.whitelist)", addr)
 }
@@ -335,6 +341,10 @@ func startZooKeeper(ctx context.Context, dirs *dataDirs) (string, func(), error)
 	}
 	return addr, func() { stop(); logFile.Close(); removeDir() }, nil
 }
+
+// ZooKeeperSessionBounds names the session timeouts the ZooKeeper server
+// Provide starts grants.
+var ZooKeeperSessionBounds = fmt.Sprintf("the server this program started grants %v to %v", zkMinSessionTimeout, zkMaxSessionTimeout)
 
 // EtcdMinTTL is the shortest lease TTL the etcd server Provide starts
 // grants (its election timeout is 500 ms).

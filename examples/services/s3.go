@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"debug/buildinfo"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -82,17 +83,24 @@ func versitygwBinary(ctx context.Context, logf func(string, ...any)) (string, er
 	cmd := exec.CommandContext(ctx, goBin, "install", "-v", "github.com/versity/versitygw/cmd/versitygw@"+VersitygwVersion)
 	cmd.Dir = os.TempDir() // outside any module: its go.mod plays no part
 	cmd.Env = append(os.Environ(), "GOBIN="+bindir, "GOWORK=off")
-	if err := runBuild(cmd, "versitygw", logf); err != nil {
+	if err := runBuild(ctx, cmd, "versitygw", logf); err != nil {
 		return "", fmt.Errorf("go install versitygw@%s: %w", VersitygwVersion, err)
 	}
 	return cached, nil
 }
 
-// runBuild runs a go build or go install -v command (it dies with this
-// program), logging its progress every 15 seconds as what it builds.
-func runBuild(cmd *exec.Cmd, what string, logf func(string, ...any)) error {
+// runBuild runs a go build or go install -v command made with
+// exec.CommandContext(ctx, ...) (it dies with this program), logging its
+// progress every 15 seconds as what it builds. It runs in a process group
+// of its own: when ctx ends, the group gets SIGINT, so that the go command
+// and the compilers and linker it started stop and the go command removes
+// its work directory (SIGKILL after 10 seconds).
+func runBuild(ctx context.Context, cmd *exec.Cmd, what string, logf func(string, ...any)) error {
 	prog := &buildProgress{}
 	cmd.Stdout, cmd.Stderr = prog, prog
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGINT) }
+	cmd.WaitDelay = 10 * time.Second
 	start := time.Now()
 	done, err := leftover.Start(cmd, syscall.SIGKILL)
 	if err != nil {
@@ -105,6 +113,9 @@ func runBuild(cmd *exec.Cmd, what string, logf func(string, ...any)) error {
 	for {
 		select {
 		case err := <-exited:
+			if ctx.Err() != nil {
+				return fmt.Errorf("interrupted: %w", ctx.Err())
+			}
 			if err != nil {
 				return fmt.Errorf("%v: %s", err, prog.tail())
 			}
@@ -185,23 +196,22 @@ func orEmpty(format, s string) string {
 // isVersion reads versitygw's module version from the binary's build
 // information.
 func isVersion(ctx context.Context, bin string) bool {
-	return hasModule(ctx, bin, "github.com/versity/versitygw", VersitygwVersion)
+	return hasModule(bin, "github.com/versity/versitygw", VersitygwVersion)
 }
 
 // hasModule reports whether the binary bin was built with module mod at
-// version (read from its build information).
-func hasModule(ctx context.Context, bin, mod, version string) bool {
-	if _, err := os.Stat(bin); err != nil {
-		return false
-	}
-	out, err := exec.CommandContext(ctx, "go", "version", "-m", bin).Output()
+// version (read from its build information; no go command needed).
+func hasModule(bin, mod, version string) bool {
+	info, err := buildinfo.ReadFile(bin)
 	if err != nil {
 		return false
 	}
-	for _, line := range strings.Split(string(out), "\n") {
-		f := strings.Fields(line)
-		if len(f) >= 3 && (f[0] == "mod" || f[0] == "dep") && f[1] == mod {
-			return f[2] == version
+	if info.Main.Path == mod {
+		return info.Main.Version == version
+	}
+	for _, d := range info.Deps {
+		if d.Path == mod {
+			return d.Version == version
 		}
 	}
 	return false

@@ -109,21 +109,20 @@ func Provide(ctx context.Context, cfg Config) (*Set, error) {
 			errs = append(errs, err)
 		}
 	}
-	if err := s.postgres(ctx, cfg); err != nil {
-		errs = append(errs, err)
-	}
-	if cfg.Etcd {
-		if err := s.etcd(ctx, cfg); err != nil {
-			errs = append(errs, err)
+	// Each in turn; none is looked for once ctx has ended (Ctrl-C while
+	// one is being built or started).
+	for _, svc := range []struct {
+		want bool
+		find func(context.Context, Config) error
+	}{{true, s.postgres}, {cfg.Etcd, s.etcd}, {cfg.ZooKeeper, s.zookeeper}, {!cfg.NoS3, s.s3}} {
+		if ctx.Err() != nil {
+			errs = append(errs, fmt.Errorf("interrupted: %w", context.Cause(ctx)))
+			break
 		}
-	}
-	if cfg.ZooKeeper {
-		if err := s.zookeeper(ctx, cfg); err != nil {
-			errs = append(errs, err)
+		if !svc.want {
+			continue
 		}
-	}
-	if !cfg.NoS3 {
-		if err := s.s3(ctx, cfg); err != nil {
+		if err := svc.find(ctx, cfg); err != nil {
 			errs = append(errs, err)
 		}
 	}

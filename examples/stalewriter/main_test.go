@@ -2,8 +2,12 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/fencekit/fencekit/examples/services"
 )
 
 // TestFlags checks the flags' bounds, that every problem is reported at
@@ -43,5 +47,29 @@ func TestFlags(t *testing.T) {
 			t.Errorf("run(%q) = %d, stdout %q, stderr %q; want %d, stdout %q, stderr with %q",
 				tc.args, code, stdout.String(), stderr.String(), tc.code, tc.stdout, tc.stderr)
 		}
+	}
+}
+
+// TestEtcdThatRaisesTheTTLIsRefused: an etcd whose election timeout is 3 s
+// grants no lease shorter than 5 s; asked for 2 s it grants 5 s, and a run
+// on it would keep a dead holder's lease 5 s while the timeline says 2 s.
+// The demo refuses it before starting any worker, naming the TTL to use.
+func TestEtcdThatRaisesTheTTLIsRefused(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ep, stop, err := services.StartEtcd(ctx, 3000, t.Logf)
+	if err != nil {
+		t.Fatalf("starting etcd: %v", err)
+	}
+	defer stop()
+	t.Setenv(services.EtcdEndpointsVar, ep)
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"--lease-store", "etcd", "--ttl", "2s"}, &stdout, &stderr)
+	want := "granted a lease of 5s when asked for the TTL 2s"
+	if code != 2 || !strings.Contains(stderr.String(), want) || !strings.Contains(stderr.String(), "choose --ttl 5s or more") {
+		t.Fatalf("run = %d, stderr %q; want 2 and %q", code, stderr.String(), want)
+	}
+	if strings.Contains(stdout.String(), "started worker") {
+		t.Fatalf("a worker was started:\n%s", stdout.String())
 	}
 }

@@ -75,13 +75,28 @@ func checkConsensusStore(ctx context.Context, b consensusBackend, store LeaseSto
 			return fmt.Errorf("ZooKeeper at %s: %w", strings.Join(store.ZooKeeperServers, ","), err)
 		}
 		if _, granted := zb.Session(); granted != ttl {
-			return fmt.Errorf("ZooKeeper at %s granted a session timeout of %v when asked for the TTL %v (the server bounds it by its minSessionTimeout and maxSessionTimeout): choose a --ttl within them",
-				strings.Join(store.ZooKeeperServers, ","), granted, ttl)
+			bounds := "its minSessionTimeout and maxSessionTimeout"
+			if store.ZooKeeperBounds != "" {
+				bounds = store.ZooKeeperBounds
+			}
+			return fmt.Errorf("ZooKeeper at %s granted a session timeout of %v when asked for the TTL %v (the server bounds it: %s): choose a --ttl within them",
+				strings.Join(store.ZooKeeperServers, ","), granted, ttl, bounds)
 		}
 	case *etcdlease.Backend:
-		// One read: the cluster answers through this client.
-		if _, err := b.Holder(ctx, "fencekit-demo-probe"); err != nil && !errors.Is(err, lease.ErrNotHeld) {
-			return fmt.Errorf("etcd at %s: %w", strings.Join(store.EtcdEndpoints, ","), err)
+		// A probe grant of ttl: etcd raises a TTL below its minimum (1.5 ×
+		// its election timeout, in whole seconds), which would keep a dead
+		// holder's lease longer than the run assumes.
+		where := strings.Join(store.EtcdEndpoints, ",")
+		g, err := zb.Acquire(ctx, lease.Request{Name: "fencekit-demo-probe/" + RandomID(), Owner: "probe/" + RandomID(), TTL: ttl})
+		if err != nil {
+			return fmt.Errorf("etcd at %s: a probe lease of %v: %w", where, ttl, err)
+		}
+		if err := zb.Release(ctx, g); err != nil && !errors.Is(err, lease.ErrNotHeld) {
+			return fmt.Errorf("etcd at %s: releasing the probe lease: %w", where, err)
+		}
+		if g.TTL != ttl {
+			return fmt.Errorf("etcd at %s granted a lease of %v when asked for the TTL %v (its minimum, 1.5 × its election timeout in whole seconds): choose --ttl %v or more",
+				where, g.TTL, ttl, g.TTL)
 		}
 	}
 	return nil

@@ -91,6 +91,9 @@ type LeaseStore struct {
 	// its tickTime (0: unknown).
 	ZooKeeperServers []string      `json:"zk_servers,omitempty"`
 	ZooKeeperTick    time.Duration `json:"zk_tick_ns,omitempty"`
+	// ZooKeeperBounds names the session timeouts the server grants, when
+	// known (the server services.Provide started).
+	ZooKeeperBounds string `json:"zk_bounds,omitempty"`
 }
 
 // StoreFor returns the LeaseStore of kind over the services svc found.
@@ -99,6 +102,9 @@ func StoreFor(kind string, svc *services.Set) LeaseStore {
 		EtcdEndpoints: svc.EtcdEndpoints, ZooKeeperServers: svc.ZooKeeperServers, ZooKeeperTick: svc.ZooKeeperTick}
 	if svc.EtcdStarted {
 		st.EtcdMinTTL = services.EtcdMinTTL
+	}
+	if svc.ZooKeeperStarted {
+		st.ZooKeeperBounds = services.ZooKeeperSessionBounds
 	}
 	return st
 }
@@ -122,6 +128,19 @@ func (s LeaseStore) ExpiryLag() time.Duration {
 		return defaultZooKeeperTick
 	}
 	return 0
+}
+
+// WakeUps says how the store wakes a lease's waiters on a release.
+func (s LeaseStore) WakeUps() string {
+	switch s.Kind {
+	case LeasePostgres, LeasePostgresSession:
+		return "PostgreSQL NOTIFY"
+	case LeaseEtcd:
+		return "an etcd watch on the lease's key"
+	case LeaseZooKeeper:
+		return "a ZooKeeper watch on the node before theirs"
+	}
+	return "Redis pub/sub"
 }
 
 // Name names the store in a sentence ("its lease has 2s left in Redis").
