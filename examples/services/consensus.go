@@ -152,7 +152,7 @@ func etcdBinary(ctx context.Context, logf func(string, ...any)) (string, error) 
 		return "", fmt.Errorf("the source of examples/internal/etcdserver is not at %s (was the program built with -trimpath?)", src)
 	}
 	logf("building etcd %s into %s: once, later runs reuse it.", EtcdVersion, bindir)
-	logf("with an empty Go cache this downloads and compiles about 300 packages: measured 2 to 4 minutes on 2 cores ...")
+	logf("with an empty Go build cache this compiles etcd's server: measured 46 s on 2 cores with its modules already downloaded, a minute or two more to download them ...")
 	if err := os.MkdirAll(bindir, 0o755); err != nil {
 		return "", err
 	}

@@ -35,7 +35,7 @@
 //   - Release: one delete of the node; its name is unique (the GUID), so no
 //     other grant can be deleted by a late or repeated release. A grant
 //     whose session the ensemble has ended (the backend is on another
-//     session, or none) is answered ErrNotHeld at once: its node went with
+//     session, or none) is answered lease.ErrNotHeld at once: its node went with
 //     the session.
 //
 // A request whose answer is lost does not leave a node behind: a create is
