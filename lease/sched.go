@@ -113,7 +113,8 @@ func (s *scheduler) set(h *entryHeap, e *entry, at time.Time) {
 	s.mu.Unlock()
 }
 
-func (s *scheduler) setDeadline(e *entry, at time.Time)  { s.set(&s.deadlines, e, at) }
+func (s *scheduler) setDeadline(e *entry, at time.Time) { s.set(&s.deadlines, e, at) }
+
 // setHeartbeat schedules a heartbeat at at, rounded up to the Manager's
 // grid of RenewBatchWindow when heartbeats are batched: heartbeats that fall
 // due within one window then share one instant, one wake-up and one batch,
