@@ -64,10 +64,10 @@ func versitygwBinary(ctx context.Context, logf func(string, ...any)) (string, er
 	}
 	bindir := filepath.Join(cache, "fencekit", "bin")
 	cached := filepath.Join(bindir, "versitygw")
-	if isVersion(ctx, cached) {
+	if isVersion(cached) {
 		return cached, nil
 	}
-	if p, err := exec.LookPath("versitygw"); err == nil && isVersion(ctx, p) {
+	if p, err := exec.LookPath("versitygw"); err == nil && isVersion(p) {
 		return p, nil
 	}
 	goBin, err := exec.LookPath("go")
@@ -195,7 +195,7 @@ func orEmpty(format, s string) string {
 
 // isVersion reads versitygw's module version from the binary's build
 // information.
-func isVersion(ctx context.Context, bin string) bool {
+func isVersion(bin string) bool {
 	return hasModule(bin, "github.com/versity/versitygw", VersitygwVersion)
 }
 

@@ -104,17 +104,12 @@ func Provide(ctx context.Context, cfg Config) (*Set, error) {
 	s := &Set{dirs: &dataDirs{keep: cfg.Keep}}
 	defer func() { s.Dirs = s.dirs.made }()
 	var errs []error
-	if !cfg.NoRedis {
-		if err := s.redis(ctx, cfg); err != nil {
-			errs = append(errs, err)
-		}
-	}
 	// Each in turn; none is looked for once ctx has ended (Ctrl-C while
 	// one is being built or started).
 	for _, svc := range []struct {
 		want bool
 		find func(context.Context, Config) error
-	}{{true, s.postgres}, {cfg.Etcd, s.etcd}, {cfg.ZooKeeper, s.zookeeper}, {!cfg.NoS3, s.s3}} {
+	}{{!cfg.NoRedis, s.redis}, {true, s.postgres}, {cfg.Etcd, s.etcd}, {cfg.ZooKeeper, s.zookeeper}, {!cfg.NoS3, s.s3}} {
 		if ctx.Err() != nil {
 			errs = append(errs, fmt.Errorf("interrupted: %w", context.Cause(ctx)))
 			break

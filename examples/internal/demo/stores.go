@@ -128,9 +128,8 @@ func (st *Stores) prepare(ctx context.Context, cfg StoresConfig) error {
 		}
 		st.consensus, st.closeConsensus = b, closeB
 		return checkConsensusStore(ctx, b, cfg.Leases, cfg.TTL)
-	case LeaseRedis:
-	default:
-		return nil
+	case LeasePostgres, LeasePostgresSession:
+		return nil // in the schema, which goes with the run
 	}
 	ropt, err := redis.ParseURL(cfg.RedisURL)
 	if err != nil {
