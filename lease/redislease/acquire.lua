@@ -3,13 +3,15 @@
 -- token counter (the last token granted for the name; no TTL).
 -- ARGV[1] the owner; ARGV[2] the TTL in milliseconds.
 -- Returns the token (> 0) when granted, or already held by ARGV[1] (then
--- extended, same token); -pttl - 1 (< 0) when another owner holds it.
+-- extended, same token); -pttl - 1 (< 0) when another owner holds it; an
+-- error when the lease key has no TTL (fencekit never writes one: it would
+-- hold the lease forever).
 --
 -- The token is the larger of the last token + 1 and the server clock in
 -- microseconds, so that it keeps growing when the counter is lost (FLUSHALL,
 -- a restart without persistence, eviction, a failover to a lagging replica).
--- A refused attempt may advance the counter without a grant: tokens still
--- only grow.
+-- The token is computed on every attempt and stored in the counter only
+-- with a grant.
 local now = redis.call('TIME')
 local token = now[1] * 1000000 + now[2]
 local counter = redis.call('GET', KEYS[2])
@@ -38,4 +40,8 @@ if owner == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return tonumber(held)
 end
-return -redis.call('PTTL', KEYS[1]) - 1
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl < 0 then
+  return redis.error_reply('fencekit: lease key ' .. KEYS[1] .. ' has no TTL: it was not written by fencekit, and would hold the lease forever')
+end
+return -pttl - 1

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -250,5 +251,31 @@ func TestHostile_SecondReleaseForgetsLoss(t *testing.T) {
 	if !errors.Is(second, lease.ErrLost) || !errors.Is(l.Err(), lease.ErrLost) {
 		t.Fatalf("after the first Release reported %q: second Release = %v, Err() = %v, context cause = %v; want ErrLost throughout",
 			first, second, l.Err(), context.Cause(l.Context()))
+	}
+}
+
+// TestLeaseKeyWithoutTTLIsAnError: a lease key that some other writer set
+// without a TTL ("5:other", as fencekit would write it, but never
+// expiring) holds the lease forever. PTTL answers -1 for it, which the
+// refusal's "-pttl - 1" turned into 0, reported as "the store returned
+// token 0". Acquire must say what is wrong instead, and change nothing.
+func TestLeaseKeyWithoutTTLIsAnError(t *testing.T) {
+	c := redistest.Shared(t)
+	b := newBackend(t, c, redistest.Prefix(t))
+	const name = "no-ttl"
+	k := b.KeysFor(name)
+	if err := c.Set(ctxT(t), k.Lease, "5:other", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := b.Acquire(ctxT(t), lease.Request{Name: name, Owner: "a", TTL: 30 * time.Second})
+	var na *lease.NotAcquiredError
+	if err == nil || errors.As(err, &na) || !strings.Contains(err.Error(), "has no TTL") {
+		t.Fatalf("Acquire over a lease key without a TTL: %v; want an error saying the key has no TTL", err)
+	}
+	if v := c.Get(ctxT(t), k.Lease).Val(); v != "5:other" {
+		t.Fatalf("the lease key now holds %q", v)
+	}
+	if n := c.Exists(ctxT(t), k.Token).Val(); n != 0 {
+		t.Fatalf("the token counter was written")
 	}
 }

@@ -43,10 +43,13 @@ import (
 // a node that no longer serves the slot, an ACL refusal), and a waiter must
 // then poll rather than hang.
 type hub struct {
-	c    Client
-	mode pubsubMode // as asked; pubsubAuto is resolved at the first watch
+	c Client
+	// classic: SUBSCRIBE always (Options.ClassicPubSub); otherwise SSUBSCRIBE
+	// if the server knows SPUBLISH (asked once, at the first watch), as the
+	// release script publishes with SPUBLISH where the server has it.
+	classic bool
 
-	probeMu sync.Mutex // serialises the probe of pubsubAuto
+	probeMu sync.Mutex // serialises the probe for SPUBLISH
 	wg      sync.WaitGroup
 
 	mu       sync.Mutex
@@ -58,23 +61,6 @@ type hub struct {
 	closing  chan struct{} // closed by close, to cut a reconnect's backoff short
 	watching bool          // the watchdog runs (Cluster clients only)
 }
-
-// pubsubMode says how a hub subscribes to release channels.
-type pubsubMode int
-
-const (
-	// pubsubClassic subscribes with SUBSCRIBE, for releases sent with
-	// PUBLISH.
-	pubsubClassic pubsubMode = iota
-	// pubsubSharded subscribes with SSUBSCRIBE, for releases sent with
-	// SPUBLISH (Redis 7.0+). A client without SSubscribe gets classic.
-	pubsubSharded
-	// pubsubAuto is sharded if the server knows SPUBLISH (COMMAND INFO,
-	// asked once, at the first watch) and the client has SSubscribe, and
-	// classic otherwise: it matches a release script that publishes with
-	// SPUBLISH where the server has it and with PUBLISH elsewhere.
-	pubsubAuto
-)
 
 // subscribeTimeout bounds one SUBSCRIBE or UNSUBSCRIBE sent by the hub.
 const subscribeTimeout = 10 * time.Second
@@ -123,15 +109,9 @@ type channelSubs struct {
 // subscription within confirmTimeout.
 var errNotConfirmed = errors.New("redislease: subscription not confirmed")
 
-// sSubscriber is implemented by go-redis clients that speak sharded pub/sub
-// (*redis.Client, *redis.ClusterClient).
-type sSubscriber interface {
-	SSubscribe(ctx context.Context, channels ...string) *redis.PubSub
-}
-
-// newHubMode returns a hub that uses pub/sub of the given mode.
-func newHubMode(c Client, mode pubsubMode) *hub {
-	return &hub{c: c, mode: mode, conns: make(map[int]*psConn), closing: make(chan struct{})}
+// newHub returns a hub; classic makes it use SUBSCRIBE whatever the server.
+func newHub(c Client, classic bool) *hub {
+	return &hub{c: c, classic: classic, conns: make(map[int]*psConn), closing: make(chan struct{})}
 }
 
 // resolve decides, once, which pub/sub the hub speaks.
@@ -150,19 +130,13 @@ func (h *hub) resolve(ctx context.Context) error {
 	if done {
 		return nil
 	}
-	_, canShard := h.c.(sSubscriber)
 	sharded := false
-	switch h.mode {
-	case pubsubSharded:
-		sharded = canShard
-	case pubsubAuto:
-		if canShard {
-			has, err := hasSPublish(ctx, h.c)
-			if err != nil {
-				return err
-			}
-			sharded = has
+	if !h.classic {
+		has, err := hasSPublish(ctx, h.c)
+		if err != nil {
+			return err
 		}
+		sharded = has
 	}
 	_, cluster := h.c.(stateReloader)
 	h.mu.Lock()
@@ -205,7 +179,7 @@ func (h *hub) key(channel string) int {
 // the first (S)SUBSCRIBE, routed by its channel); mu must be held.
 func (h *hub) newPubSub() *redis.PubSub {
 	if h.sharded {
-		return h.c.(sSubscriber).SSubscribe(context.Background())
+		return h.c.SSubscribe(context.Background())
 	}
 	return h.c.Subscribe(context.Background())
 }

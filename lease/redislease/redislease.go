@@ -6,8 +6,8 @@
 //   - Acquire: mint the token, then SET the lease key to "<token>:<owner>"
 //     with NX and a TTL in milliseconds; if the same owner holds it (a
 //     retried request), extend it and return its token; otherwise return
-//     the holder's remaining time (PTTL). A refused attempt may advance
-//     the counter without a grant: tokens still only grow.
+//     the holder's remaining time (PTTL). The token is computed on every
+//     attempt but stored in the counter only with a grant.
 //   - Renew: extend the TTL only if the stored owner and token are the
 //     grant's (compare-then-extend).
 //   - Release: delete only if the stored owner and token are the grant's
@@ -189,11 +189,11 @@ func New(c Client, opts ...Option) (*Backend, error) {
 	}
 	// The hub gets the client itself: it asks it for sharded pub/sub and
 	// for its slot map.
-	mode, notice := pubsubAuto, "sharded"
+	notice := "sharded"
 	if o.ClassicPubSub {
-		mode, notice = pubsubClassic, "classic"
+		notice = "classic"
 	}
-	return &Backend{c: withSlotReload(c), prefix: o.Prefix, hub: newHubMode(c, mode), notice: notice}, nil
+	return &Backend{c: withSlotReload(c), prefix: o.Prefix, hub: newHub(c, o.ClassicPubSub), notice: notice}, nil
 }
 
 // Keys are the Redis names used for one lease name.
@@ -289,8 +289,7 @@ func (b *Backend) Acquire(ctx context.Context, req lease.Request) (lease.Grant, 
 		return lease.Grant{}, fmt.Errorf("redislease: acquire %q: %w", req.Name, err)
 	}
 	if v < 0 {
-		// -pttl - 1: held by another owner, for pttl more milliseconds
-		// (-1 or -2 from PTTL: no expiry, or gone meanwhile).
+		// -pttl - 1: held by another owner, for pttl more milliseconds.
 		return lease.Grant{}, &lease.NotAcquiredError{Name: req.Name, RetryAfter: time.Duration(max(-v-1, 0)) * time.Millisecond}
 	}
 	if v == 0 {

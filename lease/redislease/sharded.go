@@ -1,9 +1,10 @@
 package redislease
 
 // Sharded pub/sub for release notices (Redis 7.0+). The hub subscribes with
-// SSUBSCRIBE where the server has SPUBLISH (pubsubAuto), and release.lua
-// publishes with SPUBLISH, falling back to PUBLISH on a server without it,
-// so that each side follows the server it talks to. See hub.go.
+// SSUBSCRIBE where the server has SPUBLISH (unless Options.ClassicPubSub),
+// and release.lua publishes with SPUBLISH, falling back to PUBLISH on a
+// server without it, so that each side follows the server it talks to. See
+// hub.go.
 
 // slotOf returns the Redis Cluster hash slot of key: CRC16 (XMODEM) of its
 // hash tag (the part between the first '{' and the next '}', if not empty)
