@@ -92,6 +92,9 @@ type StaleError struct {
 
 // Error describes the rejection with both tokens.
 func (e *StaleError) Error() string {
+	if e.Current == None {
+		return fmt.Sprintf("fence: stale token for %s: presented %d, current unknown", e.Resource, e.Presented)
+	}
 	return fmt.Sprintf("fence: stale token for %s: presented %d, current %d", e.Resource, e.Presented, e.Current)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/fencekit/fencekit/fence"
@@ -83,4 +84,13 @@ func ExampleStaleError() {
 	}
 	// Output:
 	// rejected: presented 7, store has 9
+}
+
+// TestStaleErrorWithUnknownCurrent: a guard that could not learn the
+// current token (Current is None) says so rather than "current 0".
+func TestStaleErrorWithUnknownCurrent(t *testing.T) {
+	err := fence.Stale("r", 5, fence.None)
+	if got := err.Error(); !strings.Contains(got, "presented 5, current unknown") {
+		t.Fatalf("Error() = %q; want it to say the current token is unknown", got)
+	}
 }

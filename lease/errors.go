@@ -33,9 +33,10 @@ var (
 	ErrNotHeld = errors.New("lease: not held by this owner")
 
 	// ErrExpiredAtStore is for backends: a cause passed to
-	// Notifier.Lost that matches it (a session that expired, an etcd lease
-	// that ran out) ends the lease as LostExpired rather than
-	// LostTakenOver.
+	// Notifier.Lost that matches it (a ZooKeeper session that expired)
+	// ends the lease as LostExpired rather than LostTakenOver. A backend
+	// that cannot tell an expiry from a takeover (etcdlease sees only its
+	// key deleted) reports the loss without it.
 	ErrExpiredAtStore = errors.New("lease: the store let the grant expire")
 
 	// ErrInvalidOptions is matched by the error NewManager returns when the

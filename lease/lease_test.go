@@ -381,3 +381,35 @@ func TestFirstRenewalCountsFromSend(t *testing.T) {
 		t.Fatalf("first renewal %v after the reply; it is due 1s after the send, about 200ms after the reply", d)
 	}
 }
+
+// acquireCounter counts the acquire requests sent to a backend.
+type acquireCounter struct {
+	*lease.MemoryBackend
+	n atomic.Int64
+}
+
+func (b *acquireCounter) Acquire(ctx context.Context, req lease.Request) (lease.Grant, error) {
+	b.n.Add(1)
+	return b.MemoryBackend.Acquire(ctx, req)
+}
+
+// TestRunRefusesNilFuncBeforeAcquiring: a nil function is bad input, refused
+// before any request; Run must not first wait for a lease another holder
+// has (or take one it will never use).
+func TestRunRefusesNilFuncBeforeAcquiring(t *testing.T) {
+	b := &acquireCounter{MemoryBackend: lease.NewMemoryBackend()}
+	m, err := lease.NewManager(b, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, run := range []func(context.Context, string, func(context.Context, *lease.Lease) error) error{m.Run, m.TryRun} {
+		if err := run(ctx, "job", nil); !errors.Is(err, lease.ErrInvalidOptions) {
+			t.Fatalf("Run with a nil function: %v; want ErrInvalidOptions", err)
+		}
+	}
+	if n := b.n.Load(); n != 0 {
+		t.Fatalf("%d acquire requests sent for a nil function", n)
+	}
+}

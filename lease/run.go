@@ -25,6 +25,9 @@ import (
 // throughout and released. ctx bounds the wait and the work; the release
 // runs even when ctx has ended (Lease.Release).
 func (m *Manager) Run(ctx context.Context, name string, fn func(ctx context.Context, l *Lease) error) error {
+	if fn == nil {
+		return errNilRunFunc
+	}
 	l, err := m.Acquire(ctx, name)
 	if err != nil {
 		return err
@@ -36,6 +39,9 @@ func (m *Manager) Run(ctx context.Context, name string, fn func(ctx context.Cont
 // lease, it returns at once with an error matching ErrNotAcquired and does
 // not call fn (see TryAcquire).
 func (m *Manager) TryRun(ctx context.Context, name string, fn func(ctx context.Context, l *Lease) error) error {
+	if fn == nil {
+		return errNilRunFunc
+	}
 	l, err := m.TryAcquire(ctx, name)
 	if err != nil {
 		return err
@@ -43,12 +49,12 @@ func (m *Manager) TryRun(ctx context.Context, name string, fn func(ctx context.C
 	return runHeld(ctx, l, fn)
 }
 
+// errNilRunFunc is Run's and TryRun's answer to a nil function, before
+// any request.
+var errNilRunFunc = fmt.Errorf("%w: Run: the function is nil", ErrInvalidOptions)
+
 // runHeld runs fn under the held lease l and releases it.
 func runHeld(ctx context.Context, l *Lease, fn func(ctx context.Context, l *Lease) error) error {
-	if fn == nil {
-		_ = l.Release(ctx)
-		return fmt.Errorf("%w: Run: the function is nil", ErrInvalidOptions)
-	}
 	work, cancel := context.WithCancelCause(l.Context())
 	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
 	err := callReleasingOnPanic(work, l, fn)

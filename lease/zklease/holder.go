@@ -54,7 +54,12 @@ func (b *Backend) Holder(ctx context.Context, name string) (lease.Holder, error)
 		h, err = b.holder(ctx, name, parent)
 		return err
 	})
-	return h, err
+	if err != nil {
+		// h is not read: when ctx ended first, the call is still running
+		// and will write it.
+		return lease.Holder{}, err
+	}
+	return h, nil
 }
 
 func (b *Backend) holder(ctx context.Context, name, parent string) (lease.Holder, error) {
