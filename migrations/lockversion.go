@@ -313,20 +313,42 @@ func TableExists(ctx context.Context, db *sql.DB, t TableName) (bool, error) {
 // error wrapping ErrTableNotFound when t does not exist. ctx bounds the
 // query.
 func HasLockVersion(ctx context.Context, db *sql.DB, t TableName) (bool, error) {
+	st, err := LockVersionOf(ctx, db, t)
+	return st.Column, err
+}
+
+// LockVersionState is what table t has of what ApplyLockVersion sets up.
+type LockVersionState struct {
+	Column  bool // a lock_version column (of any type)
+	NotNull bool // ... declared NOT NULL
+	Checked bool // the LockVersionConstraint check exists
+}
+
+// Complete reports whether ApplyLockVersion would change nothing (for a
+// bigint column).
+func (s LockVersionState) Complete() bool { return s.Column && s.NotNull && s.Checked }
+
+// LockVersionOf reads what table t has of lock_version (two queries). It
+// returns an error wrapping ErrTableNotFound when t does not exist. ctx
+// bounds the queries.
+func LockVersionOf(ctx context.Context, db *sql.DB, t TableName) (LockVersionState, error) {
 	ok, err := TableExists(ctx, db, t)
 	if err != nil {
-		return false, err
+		return LockVersionState{}, err
 	}
 	if !ok {
-		return false, fmt.Errorf("%w: %s", ErrTableNotFound, t)
+		return LockVersionState{}, fmt.Errorf("%w: %s", ErrTableNotFound, t)
 	}
-	var has bool
-	err = db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute
-		WHERE attrelid = pg_catalog.to_regclass($1) AND attname = $2 AND NOT attisdropped)`, t.String(), LockVersionColumn).Scan(&has)
+	var st LockVersionState
+	err = db.QueryRowContext(ctx, `SELECT
+		EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = pg_catalog.to_regclass($1) AND attname = $2 AND NOT attisdropped),
+		EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = pg_catalog.to_regclass($1) AND attname = $2 AND NOT attisdropped AND attnotnull),
+		EXISTS (SELECT 1 FROM pg_catalog.pg_constraint WHERE conrelid = pg_catalog.to_regclass($1) AND conname = $3)`,
+		t.String(), LockVersionColumn, LockVersionConstraint).Scan(&st.Column, &st.NotNull, &st.Checked)
 	if err != nil {
-		return false, fmt.Errorf("migrations: look up %s.%s: %w", t, LockVersionColumn, err)
+		return LockVersionState{}, fmt.Errorf("migrations: look up %s.%s: %w", t, LockVersionColumn, err)
 	}
-	return has, nil
+	return st, nil
 }
 
 // ApplyLockVersion runs the Up section of LockVersionMigration(t) on db now,

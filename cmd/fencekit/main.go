@@ -319,16 +319,19 @@ func addLockVersion(ctx context.Context, db *sql.DB, tbl migrations.TableName, o
 		fmt.Fprintf(w, "wrote %s\n", path)
 	}
 	if apply {
-		had, err := migrations.HasLockVersion(ctx, db, tbl)
+		had, err := migrations.LockVersionOf(ctx, db, tbl)
 		if err != nil {
 			return err
 		}
 		if err := migrations.ApplyLockVersion(ctx, db, tbl); err != nil {
 			return err
 		}
-		if had {
+		switch {
+		case had.Complete():
 			fmt.Fprintf(w, "%s already has lock_version: nothing changed\n", tbl)
-		} else {
+		case had.Column:
+			fmt.Fprintf(w, "%s had lock_version without all of its rules: it is now NOT NULL with its non-negative check (%s)\n", tbl, migrations.LockVersionConstraint)
+		default:
 			fmt.Fprintf(w, "added lock_version to %s: every existing row starts at lock_version 0, so the first fenced write with any token succeeds\n", tbl)
 		}
 	}

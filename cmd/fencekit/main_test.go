@@ -147,6 +147,13 @@ func TestMigrateCommands(t *testing.T) {
 		t.Fatalf("--apply on a table of 5 rows says %q", out)
 	}
 	expect(0, "already has lock_version: nothing changed", "migrate", "add-lock-version", s, "--table", "orders", "--apply") // again, via --schema
+	// A lock_version added by hand, nullable and unchecked, is completed,
+	// and the command says so.
+	if _, err := db.Exec(`CREATE TABLE ` + schema + `.partial (id int PRIMARY KEY, lock_version bigint)`); err != nil {
+		t.Fatal(err)
+	}
+	expect(0, "had lock_version without all of its rules: it is now NOT NULL", "migrate", "add-lock-version", s, "--table", "partial", "--apply")
+	expect(0, "already has lock_version: nothing changed", "migrate", "add-lock-version", s, "--table", "partial", "--apply")
 	var n int
 	if err := db.QueryRow(`SELECT count(*) FROM ` + schema + `.orders WHERE lock_version = 0`).Scan(&n); err != nil || n != 5 {
 		t.Fatalf("rows with lock_version 0: %d, %v", n, err)
