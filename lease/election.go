@@ -158,8 +158,9 @@ func NewElection(m *Manager, name string, opts ...ElectionOption) (*Election, er
 // process campaigns again. lead should return promptly once its context is
 // done; a lead that returns early simply ends its term.
 //
-// Run returns ctx's error when ctx ends, and an error matching
-// ErrInvalidOptions if lead is nil or Run is already running. The errors of
+// Run returns ctx's error when ctx ends, an error matching
+// ErrInvalidOptions if lead is nil or Run is already running, and Acquire's
+// error if it fails for another reason than ctx's end. The errors of
 // single terms go to OnDeposed and the Manager's log, not to Run's caller.
 func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, l *Lease) error) error {
 	if lead == nil {
@@ -182,8 +183,13 @@ func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, l *Le
 	for {
 		l, err := e.m.Acquire(ctx, e.name)
 		if err != nil {
-			// Acquire retries the store until ctx ends.
-			return ctx.Err()
+			// Acquire retries the store until ctx ends (its failures are
+			// in the Manager's log); an error before that is not one the
+			// next campaign can fix.
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("lease: election %q: %w", e.name, err)
 		}
 		e.setCurrent(l)
 		if e.o.OnElected != nil {
