@@ -146,7 +146,11 @@ type Options struct {
 	// not. A waiter of one kind does not hear a release of the other kind
 	// and only polls (Options.PollInterval of package lease): during a
 	// rolling upgrade from a version without sharded pub/sub, set it on
-	// every process until all are upgraded.
+	// every process until all are upgraded. (Versions that kept the lease
+	// in a hash rather than the string "<token>:<owner>" cannot share a
+	// store with this one at all: their scripts and these answer WRONGTYPE
+	// to each other's keys, which grants nothing twice but grants nothing;
+	// stop them all to upgrade.)
 	ClassicPubSub bool
 }
 
