@@ -27,9 +27,13 @@
 //     each backend for what survives data loss).
 //   - Loss is noticed before expiry: a Lease's local deadline is the
 //     monotonic time at which the last successful acquire or renew request
-//     was sent, plus the TTL, minus Options.SafetyMargin. At that moment the
-//     lease's Context is cancelled, whether or not the store can be reached.
-//     A renew that finds another owner cancels it at once.
+//     was sent, plus the TTL, minus Options.SafetyMargin. From that moment
+//     Lease.Err and the Context's Err report the lease lost (they read the
+//     clock), and the Manager's timer cancels the Context, whether or not
+//     the store can be reached (a timer runs when the Go runtime gets to
+//     it: on a loaded machine, milliseconds to tens of milliseconds late;
+//     check Err before a write that must not be late). A renew that finds
+//     another owner cancels it at once.
 //   - Safe release: Release deletes only if the store still names this
 //     holder, reports a lost lease as lost, is harmless when repeated, and
 //     works when the caller's context is already cancelled.

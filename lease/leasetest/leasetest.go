@@ -1018,3 +1018,57 @@ func testElection(t *testing.T, s *suite) {
 	cancel()
 	wg.Wait()
 }
+
+// LateTimerSlack is how late, by default, a lease's context may be
+// cancelled after its local deadline in the checks of CheckLostByDeadline:
+// the Manager's timer fires at the deadline, but on a loaded machine (two
+// cores running a three-node ensemble under the race detector) the Go
+// runtime runs it tens of milliseconds late. The bound still catches a
+// lease that ends only when its store's error arrives (a TCP timeout, a
+// session expiry: seconds).
+const LateTimerSlack = 250 * time.Millisecond
+
+// CheckLostByDeadline checks a lease l that was lost because its store
+// stopped answering, after the store last confirmed a request sent at
+// lastSent (RenewedEvent.Sent), with the Manager's safety margin margin:
+//
+//   - its local deadline is no later than lastSent + l.TTL() - margin (the
+//     lease package's rule, exact: no timing involved);
+//   - from that deadline on, l.Err and l.Context().Err report it lost (they
+//     read the clock, whenever the cancellation runs);
+//   - Done closed (at doneAt, read by the caller when it returned) no
+//     earlier than half the margin before the deadline (the Manager's most
+//     for a large group) and no more than slack after it (LateTimerSlack is
+//     a generous default).
+//
+// It reports each failure with t.Errorf and returns false if any.
+func CheckLostByDeadline(t testing.TB, l *lease.Lease, lastSent, doneAt time.Time, margin, slack time.Duration) bool {
+	t.Helper()
+	ok := true
+	want := lastSent.Add(l.TTL() - margin)
+	dl := l.Deadline()
+	if dl.After(want) {
+		t.Errorf("%s: local deadline %v after the last confirmed send + TTL %v - safety margin %v", l.Name(), dl.Sub(want), l.TTL(), margin)
+		ok = false
+	}
+	if early := dl.Sub(doneAt); early > margin/2 {
+		// The Manager may serve a large group of deadlines early, by at
+		// most half the margin; a store that stopped answering pushes
+		// nothing.
+		t.Errorf("%s: Done closed %v before the local deadline", l.Name(), early)
+		ok = false
+	}
+	if err := l.Err(); !errors.Is(err, lease.ErrLost) {
+		t.Errorf("%s: Err past the local deadline = %v, want ErrLost", l.Name(), err)
+		ok = false
+	}
+	if l.Context().Err() == nil {
+		t.Errorf("%s: the lease's context is not done past its local deadline", l.Name())
+		ok = false
+	}
+	if late := doneAt.Sub(dl); late > slack {
+		t.Errorf("%s: Done closed %v after the local deadline (last confirmed send + TTL %v - safety margin %v); allowed %v for a late timer", l.Name(), late, l.TTL(), margin, slack)
+		ok = false
+	}
+	return ok
+}
