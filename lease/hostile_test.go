@@ -19,12 +19,14 @@ import (
 type slowBatchBackend struct {
 	*lease.MemoryBackend
 	replyAt      atomic.Pointer[time.Time] // a batch of two or more is answered then
+	delayed      atomic.Int32              // batches held until replyAt
 	releaseDelay time.Duration
 }
 
 func (s *slowBatchBackend) RenewBatch(ctx context.Context, recs []lease.Grant) []error {
 	errs := s.MemoryBackend.RenewBatch(ctx, recs)
 	if at := s.replyAt.Load(); at != nil && len(recs) >= 2 {
+		s.delayed.Add(1)
 		time.Sleep(time.Until(*at))
 	}
 	return errs
@@ -39,16 +41,17 @@ func (s *slowBatchBackend) Release(ctx context.Context, rec lease.Grant) error {
 // batch; the store applies both renewals at once but the reply comes late,
 // after A's local deadline and well before B's. A is lost (right), and its
 // grant, which the store had just renewed, is given back. That give-back (a
-// release round trip, 400ms here) must not delay B's result past B's
+// release round trip, 800ms here) must not delay B's result past B's
 // deadline: B's renewal succeeded and was answered in time.
 //
-// Timeline (TTL 3s, deadline = send + 2.968s, RenewInterval 1s, window
-// 200ms): A acquired at 0, B at 150ms; heartbeats at 1s and 1.15s go out in
-// one batch at about 1.2s; the reply is held until halfway between the two
-// deadlines (about 3.04s), 75ms before B's.
+// Timeline (TTL 6s, deadline = send + 5.938s, RenewInterval 2s, window
+// 450ms): A acquired at 0, B at 400ms; heartbeats at 2s and 2.4s go out in
+// one batch at about 2.4s; the reply is held until halfway between the two
+// deadlines (about 6.14s), 200ms before B's: room for a loaded machine's
+// late goroutines, and much less than the give-back takes.
 func TestHostile_BatchGiveBackDelaysOtherLeases(t *testing.T) {
-	sb := &slowBatchBackend{MemoryBackend: lease.NewMemoryBackend(), releaseDelay: 400 * time.Millisecond}
-	m, err := lease.NewManager(sb, 3*time.Second, lease.WithRenewInterval(time.Second), lease.WithRenewBatchWindow(200*time.Millisecond))
+	sb := &slowBatchBackend{MemoryBackend: lease.NewMemoryBackend(), releaseDelay: 800 * time.Millisecond}
+	m, err := lease.NewManager(sb, 6*time.Second, lease.WithRenewInterval(2*time.Second), lease.WithRenewBatchWindow(450*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +60,7 @@ func TestHostile_BatchGiveBackDelaysOtherLeases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(150 * time.Millisecond)
+	time.Sleep(400 * time.Millisecond)
 	b, err := m.TryAcquire(ctx, "b")
 	if err != nil {
 		t.Fatal(err)
@@ -78,6 +81,9 @@ func TestHostile_BatchGiveBackDelaysOtherLeases(t *testing.T) {
 	}
 	if !errors.Is(a.Err(), lease.ErrLost) {
 		t.Fatalf("A: %v, want lost", a.Err())
+	}
+	if sb.delayed.Load() == 0 {
+		t.Fatal("A's and B's heartbeats never went out in one batch: the test did not exercise the give-back")
 	}
 	_ = a.Release(ctx)
 	if err := b.Release(ctx); err != nil {

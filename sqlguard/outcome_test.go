@@ -67,7 +67,12 @@ func TestTableWriteOutcomeUnknown(t *testing.T) {
 			if _, err := holder.Exec(ctx, `SELECT 1 FROM accounts WHERE id = 1 FOR UPDATE`); err != nil {
 				t.Fatal(err)
 			}
-			wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			// A connection already open, so that the deadline falls while
+			// the statement waits for the row lock, not while dialling.
+			if _, err := via.db.Exec(ctx, `SELECT 1`); err != nil {
+				t.Fatal(err)
+			}
+			wctx, cancel := context.WithTimeout(ctx, time.Second)
 			err = tbl.Update(wctx, via.db, token, []any{1}, sqlguard.Col("balance", balance))
 			cancel()
 			checkUnknown(t, err, context.DeadlineExceeded)
@@ -124,7 +129,12 @@ func TestBeginFuncCommitOutcomeUnknown(t *testing.T) {
 	if _, err := locker.Exec(ctx, `SELECT pg_advisory_lock($1)`, lockKey); err != nil {
 		t.Fatal(err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	// A connection already open, so that the deadline falls while COMMIT
+	// waits for the advisory lock, not while dialling or before COMMIT.
+	if _, err := db.Exec(ctx, `SELECT 1`); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
 	err = g.BeginFunc(wctx, db, "journal", 5, func(tx pgx.Tx) error {
 		_, err := tx.Exec(wctx, `INSERT INTO journal VALUES ($1, 'at commit')`, lockKey)
 		return err

@@ -80,7 +80,7 @@ func TestInvoiceJob(t *testing.T) {
 			if len(sum.Holders) != tc.replicas {
 				t.Errorf("%d holders, want every one of the %d replicas", len(sum.Holders), tc.replicas)
 			}
-			bound := ttl + ttl/3 + tc.lag
+			bound := ttl + ttl/3 + loadAllowance + tc.lag
 			for _, h := range sum.Handovers {
 				if h.Took <= 0 || h.Took > bound {
 					t.Errorf("handover from %s took %v, want within %v", h.From, h.Took, bound)

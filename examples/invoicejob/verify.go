@@ -126,7 +126,7 @@ func (sc *scenario) verify(ctx context.Context, tl *demo.Timeline, o options, su
 			continue
 		}
 		lag := sc.cfg.leaseStore().ExpiryLag()
-		bound := "TTL + renew interval"
+		bound := fmt.Sprintf("TTL + renew interval + %v for a loaded machine", loadAllowance)
 		if lag > 0 {
 			bound += fmt.Sprintf(" + %v, how late %s may expire it", lag, storeName(o.leaseStore))
 		}
