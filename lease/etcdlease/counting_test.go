@@ -95,7 +95,19 @@ func TestRequestsPerStep(t *testing.T) {
 	ctx := ctxT(t)
 	want := func(step string, got map[string]int, kinds map[string]int) {
 		t.Helper()
-		time.Sleep(50 * time.Millisecond) // the held key's watch starts in the background
+		// The held key's watch starts in a goroutine of its own, which a
+		// loaded machine can run long after Acquire returned: wait until
+		// the step's watches are counted, so that none of them is counted
+		// in the next step instead. The other requests are answered
+		// before the call returns, so they are counted already. A watch
+		// that never comes ends the wait at the timeout, and the counts
+		// below report it.
+		for deadline := time.Now().Add(5 * time.Second); got["watch"] < kinds["watch"] && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+			for k, v := range cc.take() {
+				got[k] += v
+			}
+		}
 		for k, v := range cc.take() {
 			got[k] += v
 		}

@@ -33,17 +33,6 @@ func TestOneWaiterWokenPerRelease(t *testing.T) {
 			s.stop()
 		}
 	}()
-	cycle := func(owner string) {
-		t.Helper()
-		g, err := holder.Acquire(ctx, lease.Request{Name: "job", Owner: owner, TTL: 5 * time.Second})
-		if err != nil {
-			t.Fatalf("Acquire: %v", err)
-		}
-		if err := holder.Release(ctx, g); err != nil {
-			t.Fatalf("Release: %v", err)
-		}
-		time.Sleep(300 * time.Millisecond) // the deletion's event arrives
-	}
 	signalled := func() []int {
 		var got []int
 		for i, s := range subs {
@@ -53,10 +42,38 @@ func TestOneWaiterWokenPerRelease(t *testing.T) {
 		}
 		return got
 	}
+	// cycle acquires and releases the lease, and returns the waiters
+	// signalled by the deletion: it waits for the first signal (the event
+	// comes over the watch stream, in the backend's goroutine, which a
+	// loaded machine can run late), then for settle more, so that a second
+	// waiter woken by the same deletion (a herd) is seen too.
+	const settle = 300 * time.Millisecond
+	cycle := func(owner string) []int {
+		t.Helper()
+		// Every signal of the rounds before was taken, or its waiter
+		// left: one here is a late second signal of an earlier deletion.
+		if got := signalled(); len(got) > 0 {
+			t.Fatalf("before release %q: waiters %v signalled, by no deletion since the last was counted", owner, got)
+		}
+		g, err := holder.Acquire(ctx, lease.Request{Name: "job", Owner: owner, TTL: 5 * time.Second})
+		if err != nil {
+			t.Fatalf("Acquire: %v", err)
+		}
+		if err := holder.Release(ctx, g); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		for deadline := time.Now().Add(5 * time.Second); len(signalled()) == 0; {
+			if time.Now().After(deadline) {
+				t.Fatalf("release %q woke no waiter within 5 s", owner)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(settle)
+		return signalled()
+	}
 	woken := map[int]bool{}
 	for round := range 3 {
-		cycle("o" + string(rune('a'+round)))
-		got := signalled()
+		got := cycle("o" + string(rune('a'+round)))
 		if len(got) != 1 {
 			t.Fatalf("release %d woke waiters %v, want exactly one", round+1, got)
 		}
@@ -66,9 +83,9 @@ func TestOneWaiterWokenPerRelease(t *testing.T) {
 		woken[got[0]] = true
 		<-subs[got[0]].ch
 	}
-	// A waiter that leaves with a signal passes it on.
-	cycle("od")
-	got := signalled()
+	// A waiter that leaves with a signal passes it on (at once: leaving
+	// hands it over before it returns).
+	got := cycle("od")
 	if len(got) != 1 {
 		t.Fatalf("woke %v, want one", got)
 	}

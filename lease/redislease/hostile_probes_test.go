@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 
 	"github.com/fencekit/fencekit/internal/redistest"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/leasetest"
 	"github.com/fencekit/fencekit/lease/redislease"
 )
 
@@ -26,26 +28,30 @@ import (
 // ContextTimeoutEnabled.
 type delayClient struct {
 	*redis.Client
-	delay func() time.Duration
+	// delay is called once Redis has run the script, with its reply (nil
+	// for a pipeline), and returns how long to hold the reply back. A
+	// script refused with NOSCRIPT (sent again with its body) is not
+	// delayed and not reported.
+	delay func(reply *redis.Cmd) time.Duration
 }
 
 func (d *delayClient) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
 	r := d.Client.Eval(ctx, script, keys, args...)
-	time.Sleep(d.delay())
+	time.Sleep(d.delay(r))
 	return r
 }
 
 func (d *delayClient) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
 	r := d.Client.EvalSha(ctx, sha, keys, args...)
 	if !redis.HasErrorPrefix(r.Err(), "NOSCRIPT") {
-		time.Sleep(d.delay())
+		time.Sleep(d.delay(r))
 	}
 	return r
 }
 
 func (d *delayClient) Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error) {
 	cmds, err := d.Client.Pipelined(ctx, fn)
-	time.Sleep(d.delay())
+	time.Sleep(d.delay(nil))
 	return cmds, err
 }
 
@@ -60,7 +66,7 @@ func TestHostile_ExclusiveWhileLeasesExpireDuringWork(t *testing.T) {
 	const ttl = 60 * time.Millisecond
 	prefix := redistest.Prefix(t)
 	delayed := func() redislease.Client {
-		return &delayClient{Client: redistest.Shared(t), delay: func() time.Duration { return mrand.N(40 * time.Millisecond) }}
+		return &delayClient{Client: redistest.Shared(t), delay: func(*redis.Cmd) time.Duration { return mrand.N(40 * time.Millisecond) }}
 	}
 	type mgr struct {
 		name   string
@@ -78,14 +84,27 @@ func TestHostile_ExclusiveWhileLeasesExpireDuringWork(t *testing.T) {
 		mu       sync.Mutex
 		holdings []holding
 	)
-	ctx := ctxT(t)
-	stopAt := time.Now().Add(4 * time.Second)
+	// The overlap check needs hand-offs to look at: the workers take turns
+	// for 4 s, and on a machine so loaded that fewer than minGrants were
+	// made by then, carry on until there are that many, for up to a
+	// minute. Fewer after that means the lease stopped being handed over.
+	const minGrants = 20
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	start := time.Now()
+	more := func() bool {
+		mu.Lock()
+		n := len(holdings)
+		mu.Unlock()
+		since := time.Since(start)
+		return since < 4*time.Second || (n < minGrants && since < time.Minute)
+	}
 	var wg sync.WaitGroup
 	for w := range 6 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for time.Now().Before(stopAt) {
+			for more() {
 				mg := mgrs[(w+mrand.N(len(mgrs)))%len(mgrs)]
 				actx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 				l, err := mg.m.Acquire(actx, name)
@@ -113,8 +132,8 @@ func TestHostile_ExclusiveWhileLeasesExpireDuringWork(t *testing.T) {
 
 	lost := checkNoOverlap(t, holdings)
 	t.Logf("%d grants checked, %d lost during work", len(holdings), lost)
-	if len(holdings) < 20 {
-		t.Fatalf("only %d grants: the test did not exercise contention", len(holdings))
+	if len(holdings) < minGrants {
+		t.Fatalf("only %d grants in %v, want %d: the test did not exercise contention", len(holdings), time.Since(start).Round(time.Millisecond), minGrants)
 	}
 }
 
@@ -172,13 +191,18 @@ func TestHostile_PubSubKilledWhileWaiting(t *testing.T) {
 	holder := acquire(t, m, name)
 	var wg sync.WaitGroup
 	got := waitersFor(t, m, name, waiters, &wg)
-	time.Sleep(300 * time.Millisecond)
+	// Each kill comes once the backend is subscribed again, on a new
+	// connection (Redis numbers clients in increasing order, so a client
+	// newer than the killed ones is a reconnection, never a connection
+	// the kill has yet to free).
+	var killed int64
 	for range 3 {
+		killed = awaitSubscribed(t, admin, killed)
 		if n, err := admin.ClientKillByFilter(ctxT(t), "TYPE", "pubsub").Result(); err != nil || n == 0 {
 			t.Fatalf("CLIENT KILL TYPE pubsub = %d, %v", n, err)
 		}
-		time.Sleep(300 * time.Millisecond)
 	}
+	awaitSubscribed(t, admin, killed)
 	// And once more, immediately followed by the release, which may be
 	// published before the connection is back.
 	if err := admin.ClientKillByFilter(ctxT(t), "TYPE", "pubsub").Err(); err != nil {
@@ -186,6 +210,46 @@ func TestHostile_PubSubKilledWhileWaiting(t *testing.T) {
 	}
 	handOff(t, holder, got, waiters, 3*time.Second)
 	wg.Wait()
+}
+
+// awaitSubscribed waits until a pub/sub client of the server behind admin
+// with an ID greater than after has subscribed to a channel (classic or
+// sharded), and returns the greatest ID of the pub/sub clients then.
+func awaitSubscribed(t *testing.T, admin *redis.Client, after int64) int64 {
+	t.Helper()
+	start := time.Now()
+	for {
+		list, err := admin.Do(ctxT(t), "CLIENT", "LIST", "TYPE", "pubsub").Text()
+		if err != nil {
+			t.Fatalf("CLIENT LIST TYPE pubsub: %v", err)
+		}
+		var newest int64
+		subscribed := false
+		for _, line := range strings.Split(strings.TrimSpace(list), "\n") {
+			var id, subs int64
+			for _, f := range strings.Fields(line) {
+				k, v, _ := strings.Cut(f, "=")
+				switch k {
+				case "id":
+					id, _ = strconv.ParseInt(v, 10, 64)
+				case "sub", "ssub":
+					n, _ := strconv.ParseInt(v, 10, 64)
+					subs += n
+				}
+			}
+			newest = max(newest, id)
+			if id > after && subs > 0 {
+				subscribed = true
+			}
+		}
+		if subscribed {
+			return newest
+		}
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("no pub/sub client newer than ID %d subscribed within 10s; clients:\n%s", after, list)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // TestHostile_CloseWhileWaiting: Backend.Close while waiters wait (some
@@ -227,9 +291,15 @@ func TestHostile_AcquireReplyLaterThanTTL(t *testing.T) {
 	const ttl = 200 * time.Millisecond
 	prefix := redistest.Prefix(t)
 	var slowOnce sync.Once
-	slow := &delayClient{Client: redistest.Shared(t), delay: func() time.Duration {
+	// The slow client's first script is the acquire: its reply, as Redis
+	// sent it, is passed on here once Redis has run it.
+	stored := make(chan *redis.Cmd, 1)
+	slow := &delayClient{Client: redistest.Shared(t), delay: func(reply *redis.Cmd) time.Duration {
 		d := time.Duration(0)
-		slowOnce.Do(func() { d = ttl + 150*time.Millisecond })
+		slowOnce.Do(func() {
+			stored <- reply
+			d = ttl + 150*time.Millisecond
+		})
 		return d
 	}}
 	slowM := newManager(t, newBackend(t, slow, prefix), lease.Options{TTL: ttl})
@@ -246,7 +316,22 @@ func TestHostile_AcquireReplyLaterThanTTL(t *testing.T) {
 		l, err := slowM.TryAcquire(ctxT(t), name)
 		done <- res{l, err}
 	}()
-	time.Sleep(ttl / 2)
+	// The other client starts once Redis has granted the slow request, so
+	// that it takes the lease over after that grant's expiry, however late
+	// the slow goroutine ran. (Started after a fixed sleep, it could come
+	// first: the slow request would then be refused at the store, and the
+	// test would pass without a late grant.)
+	var slowToken int64
+	select {
+	case reply := <-stored:
+		v, err := reply.Int64()
+		if err != nil || v <= 0 {
+			t.Fatalf("the delayed acquire was not granted at the store (reply %d, %v): the test would not exercise a late grant", v, err)
+		}
+		slowToken = v
+	case <-time.After(10 * time.Second):
+		t.Fatal("the slow client's acquire did not reach Redis within 10s")
+	}
 	other, err := otherM.Acquire(ctxT(t), name) // waits for the expiry
 	if err != nil {
 		t.Fatalf("other Acquire: %v", err)
@@ -258,6 +343,9 @@ func TestHostile_AcquireReplyLaterThanTTL(t *testing.T) {
 		}
 		t.Fatalf("TryAcquire with a reply later than the TTL = %v, %v; want ErrNotAcquired", r.l, r.err)
 	}
+	if uint64(other.Token()) <= uint64(slowToken) {
+		t.Fatalf("the other holder got token %d, not greater than the late grant's %d", other.Token(), slowToken)
+	}
 	if err := other.Renew(ctxT(t)); err != nil {
 		t.Fatalf("the other holder's grant was disturbed by the late grant's give-back: %v", err)
 	}
@@ -266,49 +354,110 @@ func TestHostile_AcquireReplyLaterThanTTL(t *testing.T) {
 	}
 }
 
+// renewRecorder records every renewal the Manager reports.
+type renewRecorder struct {
+	lease.NopObserver
+	mu     sync.Mutex
+	events []lease.RenewedEvent
+}
+
+func (r *renewRecorder) Renewed(e lease.RenewedEvent) {
+	r.mu.Lock()
+	r.events = append(r.events, e)
+	r.mu.Unlock()
+}
+
+func (r *renewRecorder) all() []lease.RenewedEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]lease.RenewedEvent(nil), r.events...)
+}
+
 // TestHostile_RenewReplyAfterDeadline: a renewal reaches the store and
 // succeeds there, but its reply arrives after the local deadline. The lease
 // must be lost at its deadline (not when the reply comes, and not revived
 // by it), Renew must report ErrLost, and the grant that the late renewal
 // extended must be given back so that others need not wait a TTL.
+//
+// The store keeps a grant for the TTL, 10 s, while the lease is valid here
+// for 1 s only (a safety margin of 9 s): when the late reply comes, the
+// grant the renewal extended still has about 8 s to live at the store, so
+// finding it gone right after Renew returned tells a give-back from an
+// expiry. (With a TTL close to the validity, the store would have let the
+// grant expire before the reply came, and the check could not fail.)
 func TestHostile_RenewReplyAfterDeadline(t *testing.T) {
-	const ttl = 300 * time.Millisecond
+	const (
+		ttl      = 10 * time.Second
+		validity = time.Second
+		// The renewal is sent after the acquire, so its reply comes at
+		// least 600 ms after the deadline: far beyond a late timer's slack
+		// (a lease that ended at the reply, not at its deadline, is told
+		// apart), and seconds before the store's TTL runs out.
+		replyDelay = validity + 600*time.Millisecond
+	)
 	prefix := redistest.Prefix(t)
-	var delay sync.Mutex
-	extra := time.Duration(0)
-	slow := &delayClient{Client: redistest.Shared(t), delay: func() time.Duration {
-		delay.Lock()
-		defer delay.Unlock()
-		return extra
+	var armed atomic.Bool // the next script's reply is delayed
+	slow := &delayClient{Client: redistest.Shared(t), delay: func(*redis.Cmd) time.Duration {
+		if armed.CompareAndSwap(true, false) {
+			return replyDelay
+		}
+		return 0
 	}}
 	b := newBackend(t, slow, prefix)
-	m := newManager(t, b, lease.Options{TTL: ttl, DisableAutoRenew: true})
+	renews := &renewRecorder{}
+	m := newManager(t, b, lease.Options{TTL: ttl, SafetyMargin: ttl - validity, DisableAutoRenew: true, Observer: renews})
 	const name = "late-renew"
 	l := acquire(t, m, name)
 	deadline := l.Deadline()
 	lostAt := make(chan time.Time, 1)
 	go func() { <-l.Done(); lostAt <- time.Now() }()
-	delay.Lock()
-	extra = ttl + 200*time.Millisecond
-	delay.Unlock()
+	armed.Store(true)
 	err := l.Renew(ctxT(t))
 	returned := time.Now()
-	delay.Lock()
-	extra = 0
-	delay.Unlock()
+	// Right away, before the store's TTL could have ended the grant the
+	// late renewal extended: the give-back ran inside Renew.
+	key := b.KeysFor(name).Lease
+	pttl, perr := redistest.Shared(t).Do(ctxT(t), "PTTL", key).Int64()
+	checked := time.Now()
+
 	var le *lease.LostError
 	if !errors.As(err, &le) {
 		t.Fatalf("Renew whose reply came %v after the deadline = %v, want ErrLost", returned.Sub(deadline), err)
 	}
+	// The path under test ran: the renewal went out before the deadline
+	// (it was not refused at the gate), the store extended the grant, and
+	// the reply came after the deadline, later than a late timer's slack.
+	evs := renews.all()
+	if len(evs) != 1 {
+		t.Fatalf("%d renewals reported, want the one late renewal: %+v", len(evs), evs)
+	}
+	e := evs[0]
+	replied := e.Sent.Add(e.Latency)
+	switch {
+	case e.Err != nil:
+		t.Fatalf("the store did not extend the grant: %v", e.Err)
+	case !e.Sent.Before(deadline):
+		t.Fatalf("the renewal was sent %v after the deadline; the test must send it before", e.Sent.Sub(deadline))
+	case replied.Sub(deadline) <= leasetest.LateTimerSlack:
+		t.Fatalf("the reply came %v after the deadline, within a late timer's slack %v: an end at the reply could not be told from one at the deadline", replied.Sub(deadline), leasetest.LateTimerSlack)
+	}
 	if !l.Deadline().Equal(deadline) {
 		t.Fatalf("the late renewal moved the deadline by %v", l.Deadline().Sub(deadline))
 	}
-	if at := <-lostAt; at.After(deadline.Add(100 * time.Millisecond)) {
-		t.Fatalf("lease context done %v after the deadline, want at it", at.Sub(deadline))
+	if at := <-lostAt; at.Sub(deadline) > leasetest.LateTimerSlack {
+		t.Fatalf("lease context done %v after the deadline (the reply came %v after it); want at the deadline, within a late timer's slack %v", at.Sub(deadline), replied.Sub(deadline), leasetest.LateTimerSlack)
 	}
-	n, err := redistest.Shared(t).Exists(ctxT(t), b.KeysFor(name).Lease).Result()
-	if err != nil || n != 0 {
-		t.Fatalf("the grant extended by the late renewal is still stored (exists=%d, %v): others wait a full TTL", n, err)
+	if perr != nil {
+		t.Fatalf("PTTL %s: %v", key, perr)
+	}
+	if pttl != -2 { // -2: no such key
+		t.Fatalf("the grant extended by the late renewal is still stored, for %v more (PTTL %d): it was not given back, others wait a full TTL", time.Duration(pttl)*time.Millisecond, pttl)
+	}
+	// Redis ran the renewal after it was sent, so the grant it extended
+	// would live until at least e.Sent + ttl: gone before that, it was
+	// given back. (Only a stall of seconds could make the check late.)
+	if !checked.Before(e.Sent.Add(ttl)) {
+		t.Fatalf("the store was checked %v after the renewal was sent, when the grant would have expired anyway: the give-back went unchecked", checked.Sub(e.Sent))
 	}
 }
 

@@ -41,9 +41,12 @@ func workWhileHeld(t *testing.T, ctx context.Context, l *lease.Lease, h holding,
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if l.Err() == nil {
+	// The clock is read before Err, as in the loop: the belief is dated
+	// no later than the moment Err said "held", so a goroutine held up
+	// between the two cannot date it after a grant made meanwhile.
+	if now := time.Now(); l.Err() == nil {
 		// Released now: the belief ends at the start of Release.
-		h.lastBelief = time.Now()
+		h.lastBelief = now
 		if h.maxDeadline.After(h.lastBelief) {
 			h.maxDeadline = h.lastBelief
 		}

@@ -16,6 +16,27 @@ import (
 	"github.com/fencekit/fencekit/lease/zklease/internal/zktest"
 )
 
+// watchedBackend tells, on watched (buffered), that a Watch of its Backend
+// returned: by then the backend's ticket is in the queue and its
+// predecessor is watched (Watch's contract). A signal nobody took yet is
+// not repeated, so that a Watch never blocks on the test. Every other
+// method is the Backend's own.
+type watchedBackend struct {
+	*zklease.Backend
+	watched chan string
+}
+
+func (w watchedBackend) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
+	sig, stop, err := w.Backend.Watch(ctx, name)
+	if err == nil {
+		select {
+		case w.watched <- name:
+		default:
+		}
+	}
+	return sig, stop, err
+}
+
 // A release wakes one waiting backend, not all of them: four backends wait
 // (each its own session and ticket), the holder releases, and exactly one
 // predecessor notification reaches them, at the backend whose ticket was
@@ -30,6 +51,8 @@ func TestReleaseNotifiesOneWaiter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	admin := adminConn(t, ens.Servers())
+	parent := zklease.ParentPath(root, "herd")
 	const waiters = 4
 	var backends []*zklease.Backend
 	type got struct {
@@ -40,7 +63,8 @@ func TestReleaseNotifiesOneWaiter(t *testing.T) {
 	for i := range waiters {
 		b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl))
 		backends = append(backends, b)
-		m := newManager(t, b, ttl, lease.WithPollInterval(10*time.Second))
+		wb := watchedBackend{Backend: b, watched: make(chan string, 1)}
+		m := newManager(t, wb, ttl, lease.WithPollInterval(10*time.Second))
 		go func() {
 			l, err := m.Acquire(ctx, "herd")
 			if err != nil {
@@ -49,9 +73,34 @@ func TestReleaseNotifiesOneWaiter(t *testing.T) {
 			}
 			acquired <- got{i, l}
 		}()
-		time.Sleep(100 * time.Millisecond) // queue in order
+		// The hand-off order asserted below is the order of the tickets'
+		// sequence numbers, so waiter i+1 starts only once waiter i's
+		// ticket is in the queue, however slowly waiter i runs. Its
+		// refused first attempt creates a node too, and deletes it before
+		// Watch queues the ticket: a count of nodes alone could be that
+		// one, so first wait for Watch to return, then for the queue to
+		// hold the holder's node and one ticket per waiter, no more (a
+		// member may lag behind the one that served the waiter: poll).
+		select {
+		case <-wb.watched:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("waiter %d did not subscribe within 30s", i)
+		}
+		want := i + 2
+		var kids []string
+		for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+			kids, _, err = admin.Children(parent)
+			if err != nil {
+				t.Fatalf("list %s: %v", parent, err)
+			}
+			if len(kids) == want {
+				break
+			}
+			if time.Since(start) > 30*time.Second {
+				t.Fatalf("after waiter %d queued, %s holds %d nodes %v, want %d (the holder's and one ticket per waiter)", i, parent, len(kids), kids, want)
+			}
+		}
 	}
-	time.Sleep(200 * time.Millisecond)
 	total := func() (n int64) {
 		for _, b := range backends {
 			n += b.Notified()
