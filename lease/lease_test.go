@@ -325,6 +325,88 @@ func TestAcquireGivesUpWithContext(t *testing.T) {
 	}
 }
 
+// stuckBackend grants the first acquire at the store, then holds its reply
+// until the request's context ends (as etcd holds a proposal lost with its
+// leader until its request timeout); later acquires are answered at once.
+type stuckBackend struct {
+	*lease.MemoryBackend
+	calls     atomic.Int32
+	firstDone chan struct{}
+	first     struct {
+		entered, deadline time.Time
+		hasDeadline       bool
+		token             fence.Token
+	}
+}
+
+func (s *stuckBackend) Acquire(ctx context.Context, r lease.Request) (lease.Grant, error) {
+	if s.calls.Add(1) > 1 {
+		return s.MemoryBackend.Acquire(ctx, r)
+	}
+	defer close(s.firstDone)
+	s.first.entered = time.Now()
+	s.first.deadline, s.first.hasDeadline = ctx.Deadline()
+	g, err := s.MemoryBackend.Acquire(ctx, r)
+	if err != nil {
+		return g, err
+	}
+	s.first.token = g.Token
+	<-ctx.Done()
+	return lease.Grant{}, ctx.Err()
+}
+
+// A blocking Acquire bounds each attempt by the lease's validity: an
+// attempt the store holds longer is abandoned (its grant could not be used
+// anyway) and sent again with the same owner, which finds the grant the
+// first one made. Without the bound, Acquire waits for the caller's
+// context and fails.
+func TestAcquireAbandonsAnAttemptHeldPastValidity(t *testing.T) {
+	sb := &stuckBackend{MemoryBackend: lease.NewMemoryBackend(), firstDone: make(chan struct{})}
+	const ttl = 2 * time.Second
+	m, err := lease.NewManager(sb, ttl, lease.WithPollInterval(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	l, err := m.Acquire(ctx, "stuck")
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	defer l.Release(context.Background())
+	<-sb.firstDone
+	validity := ttl - m.Options().SafetyMargin
+	if !sb.first.hasDeadline || sb.first.deadline.After(sb.first.entered.Add(validity)) {
+		t.Fatalf("the first attempt's context: deadline %v (set: %v), %v after the request reached the store; want at most the validity %v",
+			sb.first.deadline, sb.first.hasDeadline, sb.first.deadline.Sub(sb.first.entered), validity)
+	}
+	if l.Token() != sb.first.token {
+		t.Fatalf("lease token %d; want %d, the grant the abandoned attempt made (same owner)", l.Token(), sb.first.token)
+	}
+	if n := sb.calls.Load(); n < 2 {
+		t.Fatalf("%d acquire requests, want the abandoned one and a retry", n)
+	}
+}
+
+// TryAcquire's single attempt is bounded by its context alone (here longer
+// than the validity, 988 ms), as documented.
+func TestTryAcquireIsBoundedByItsContext(t *testing.T) {
+	sb := &stuckBackend{MemoryBackend: lease.NewMemoryBackend(), firstDone: make(chan struct{})}
+	m, err := lease.NewManager(sb, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	if _, err := m.TryAcquire(ctx, "stuck"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("TryAcquire = %v, want the context's DeadlineExceeded", err)
+	}
+	<-sb.firstDone
+	if dl, _ := ctx.Deadline(); !sb.first.deadline.Equal(dl) {
+		t.Fatalf("the attempt's deadline %v, want the caller's %v", sb.first.deadline, dl)
+	}
+}
+
 func TestLeaseContextCarriesTokenAndValues(t *testing.T) {
 	m, _ := lease.NewManager(lease.NewMemoryBackend(), time.Second)
 	type key struct{}

@@ -77,14 +77,16 @@ func (m *Manager) Options() Options { return m.o }
 // outcome may be unknown, and a grant the reply of which was lost expires
 // after one TTL. Names are checked first (ErrInvalidName, no I/O).
 //
-// ctx bounds the attempt only. The lease's own Context is not derived from
+// ctx bounds the attempt only (a grant whose reply comes after the lease's
+// validity, TTL - safety margin, is given back: a ctx with that timeout
+// stops waiting for one). The lease's own Context is not derived from
 // ctx's cancellation; it keeps ctx's values.
 func (m *Manager) TryAcquire(ctx context.Context, name string) (*Lease, error) {
 	if err := ValidateName(name); err != nil {
 		return nil, err
 	}
 	start := time.Now()
-	return m.attempt(ctx, m.request(name), start, 1)
+	return m.attempt(ctx, ctx, m.request(name), start, 1)
 }
 
 // Acquire acquires the lease name, waiting while another holder has it until
@@ -93,7 +95,11 @@ func (m *Manager) TryAcquire(ctx context.Context, name string) (*Lease, error) {
 // and otherwise polls with jitter (Options.PollInterval). Transient store
 // errors are retried the same way, and logged as warnings. All attempts of
 // one call use the same owner, so a retry of an attempt whose reply was lost
-// gets that grant back.
+// gets that grant back. Each attempt is bounded by the lease's validity
+// (TTL - safety margin) as well as by ctx: a grant whose reply came later
+// would be given back, so a request the store holds longer (etcd answers
+// a proposal lost with its leader after its 5 s request timeout) is
+// abandoned and sent again.
 //
 // When ctx ends first, the error joins ErrNotAcquired, the last store error
 // seen (if any: a store that cannot be reached is named even when the last
@@ -117,7 +123,7 @@ func (m *Manager) Acquire(ctx context.Context, name string) (*Lease, error) {
 		}
 	}()
 	for attempt := 1; ; attempt++ {
-		l, err := m.attempt(ctx, req, start, attempt)
+		l, err := m.boundedAttempt(ctx, req, start, attempt)
 		if err == nil {
 			return l, nil
 		}
@@ -203,9 +209,30 @@ func (m *Manager) request(name string) Request {
 	return Request{Name: name, Owner: owner.String(), TTL: m.o.TTL}
 }
 
-// attempt sends one acquire request and turns a grant into a Lease.
-func (m *Manager) attempt(ctx context.Context, req Request, start time.Time, n int) (*Lease, error) {
-	l := newLease(m, ctx)
+// boundedAttempt is one attempt of a blocking Acquire, cut short once the
+// lease's validity (TTL - safety margin) has passed since it began: a grant
+// whose reply came later would be given back anyway, and a request stuck at
+// the store (an etcd proposal forwarded to a leader that has just died is
+// answered only after etcd's request timeout, 5 s) is better abandoned and
+// sent again, with the same owner, so that a grant it made is found.
+func (m *Manager) boundedAttempt(ctx context.Context, req Request, start time.Time, n int) (*Lease, error) {
+	validity := m.o.TTL - m.o.SafetyMargin
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= validity {
+		return m.attempt(ctx, ctx, req, start, n)
+	}
+	actx, cancel := context.WithTimeout(ctx, validity)
+	defer cancel()
+	l, err := m.attempt(ctx, actx, req, start, n)
+	if err != nil && ctx.Err() == nil && actx.Err() != nil {
+		err = fmt.Errorf("lease: acquire %q: no reply within the lease's validity %v (TTL - safety margin), when a grant could no longer be used; attempt abandoned: %w", req.Name, validity, err)
+	}
+	return l, err
+}
+
+// attempt sends one acquire request, bounded by ctx, and turns a grant into
+// a Lease that keeps parent's values.
+func (m *Manager) attempt(parent, ctx context.Context, req Request, start time.Time, n int) (*Lease, error) {
+	l := newLease(m, parent)
 	req.Notify = l
 	sent := time.Now()
 	g, err := m.b.Acquire(ctx, req)

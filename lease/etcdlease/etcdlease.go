@@ -58,6 +58,15 @@
 // elected, so the store may keep a grant longer than the deadline says,
 // never shorter.)
 //
+// A request sent while the leader dies may get no answer until etcd's
+// request timeout (about 5 s: the member forwarded the proposal to the dead
+// leader). A blocking lease.Manager.Acquire abandons an attempt once the
+// lease's validity has passed and sends it again with the same owner, so a
+// waiter is not held that long: in TestLeaderKilled at TTL 1 s, an
+// abandoned grant was taken over 1.6-1.8 s after its leader was killed
+// (4 runs; 5.2-5.3 s before Acquire bounded its attempts). Pass TryAcquire
+// a context with a timeout for the same effect.
+//
 // # Fencing tokens, and what survives data loss
 //
 // The token of a grant is the revision of the transaction that created its
