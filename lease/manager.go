@@ -224,7 +224,7 @@ func (m *Manager) boundedAttempt(ctx context.Context, req Request, start time.Ti
 	defer cancel()
 	l, err := m.attempt(ctx, actx, req, start, n)
 	if err != nil && ctx.Err() == nil && actx.Err() != nil {
-		err = fmt.Errorf("lease: acquire %q: no reply within the lease's validity %v (TTL - safety margin), when a grant could no longer be used; attempt abandoned (%w): %w", req.Name, validity, context.DeadlineExceeded, err)
+		err = fmt.Errorf("lease: acquire %q: no reply within the lease's validity %v (TTL - safety margin), when a grant could no longer be used; attempt abandoned: %w", req.Name, validity, err)
 	}
 	return l, err
 }
