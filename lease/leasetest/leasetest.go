@@ -18,6 +18,10 @@
 // several connections, release semantics, loss at the local deadline,
 // prompt wake-up of waiters, a release racing renewals).
 //
+// CheckLostByDeadline serves a backend's own fault tests (a store that
+// stopped answering): it checks a lost lease's deadline by the rule and
+// allows for a late timer.
+//
 // # Capabilities
 //
 // Some checks need a capability not every store has. A backend that lacks
