@@ -410,6 +410,13 @@ func (r *renewLogAll) Renewed(e lease.RenewedEvent) {
 	r.mu.Unlock()
 }
 
+// all returns every renewal recorded so far.
+func (r *renewLogAll) all() []lease.RenewedEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]lease.RenewedEvent(nil), r.events...)
+}
+
 // succeededSince reports whether a renewal of name sent after since
 // succeeded.
 func (r *renewLogAll) succeededSince(name string, since time.Time) bool {

@@ -354,25 +354,6 @@ func TestHostile_AcquireReplyLaterThanTTL(t *testing.T) {
 	}
 }
 
-// renewRecorder records every renewal the Manager reports.
-type renewRecorder struct {
-	lease.NopObserver
-	mu     sync.Mutex
-	events []lease.RenewedEvent
-}
-
-func (r *renewRecorder) Renewed(e lease.RenewedEvent) {
-	r.mu.Lock()
-	r.events = append(r.events, e)
-	r.mu.Unlock()
-}
-
-func (r *renewRecorder) all() []lease.RenewedEvent {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]lease.RenewedEvent(nil), r.events...)
-}
-
 // TestHostile_RenewReplyAfterDeadline: a renewal reaches the store and
 // succeeds there, but its reply arrives after the local deadline. The lease
 // must be lost at its deadline (not when the reply comes, and not revived
@@ -404,7 +385,7 @@ func TestHostile_RenewReplyAfterDeadline(t *testing.T) {
 		return 0
 	}}
 	b := newBackend(t, slow, prefix)
-	renews := &renewRecorder{}
+	renews := &renewLogAll{}
 	m := newManager(t, b, lease.Options{TTL: ttl, SafetyMargin: ttl - validity, DisableAutoRenew: true, Observer: renews})
 	const name = "late-renew"
 	l := acquire(t, m, name)
