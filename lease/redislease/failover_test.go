@@ -821,26 +821,54 @@ func killOnce(t *testing.T, d deployment, stores *fencedStores, target *redistes
 	}
 
 	// A's grant had reached the replica: A still holds its lease, renewed
-	// on the new primary.
-	if err := a.Err(); err != nil {
-		t.Errorf("A's replicated lease ended across the failover: %v", err)
-	} else if !renews.succeededSince(replicated, killed.Add(promoted)) {
+	// on the new primary. If the new primary no longer has it (once in
+	// many CI runs, after a promotion that took about 5 s, both replicated
+	// grants were missing: Redis's failover, not this backend, lost them),
+	// the holder must have learnt it safely; a lease lost while the new
+	// primary still names its holder is this backend's fault.
+	survived := func(who string, l *lease.Lease) bool {
+		err := l.Err()
+		if err == nil {
+			return true
+		}
+		owner, gerr := storedOwner(ctx, adm, probe.KeysFor(l.Name()).Lease)
+		if owner == l.Owner() {
+			t.Errorf("%s's replicated lease ended across the failover, though the new primary still names it: %v", who, err)
+			return false
+		}
+		info, _ := adm.Info(ctx, "replication").Result()
+		t.Logf("%s's replicated grant of %s is not on the new primary %s (it names %q, %v): the failover lost it; %s learnt it: %v\n%s",
+			who, l.Name(), newPrimary.Addr, owner, gerr, who, err, info)
+		var lost *lease.LostError
+		if !errors.As(err, &lost) {
+			t.Errorf("%s's lease ended with %v, want a LostError", who, err)
+		}
+		if rerr := l.Release(ctx); !errors.Is(rerr, lease.ErrLost) {
+			t.Errorf("Release of %s's lost lease = %v, want ErrLost", who, rerr)
+		}
+		return false
+	}
+	aHeld := survived("A", a)
+	if aHeld && !renews.succeededSince(replicated, killed.Add(promoted)) {
 		t.Errorf("A's lease was not renewed on the new primary")
 	}
 
 	// The waiter's subscription died with the primary; its hub subscribed
 	// again on the new one, so the release wakes it at once (the poll
 	// interval is 20 s).
-	if err := hl.Err(); err != nil {
-		t.Errorf("H's replicated lease ended across the failover: %v", err)
-	}
+	hHeld := survived("H", hl)
 	released := time.Now()
-	if err := hl.Release(ctx); err != nil {
+	if !hHeld {
+		// H's grant is gone: the waiter may take the lease when it next
+		// tries (after its resubscription or its poll).
+	} else if err := hl.Release(ctx); err != nil {
 		t.Errorf("Release of %s after the failover: %v", watched, err)
 	}
 	select {
 	case wl := <-wGot:
-		if wl != nil {
+		if wl != nil && !hHeld {
+			_ = wl.Release(ctx)
+		} else if wl != nil {
 			run.wake = time.Since(released)
 			t.Logf("the waiter on %s (sharded pub/sub) was woken %v after the release on the new primary", watched, run.wake.Round(10*time.Microsecond))
 			if err := wl.Release(ctx); err != nil {
@@ -848,11 +876,17 @@ func killOnce(t *testing.T, d deployment, stores *fencedStores, target *redistes
 			}
 		}
 	case <-time.After(5 * time.Second):
-		t.Errorf("the waiter on %s was not woken within 5 s of the release after the failover (poll interval 20 s)", watched)
+		if hHeld {
+			t.Errorf("the waiter on %s was not woken within 5 s of the release after the failover (poll interval 20 s)", watched)
+		}
 		<-wGot
 	}
 
-	for _, l := range []*lease.Lease{a, cl, lb} {
+	kept := []*lease.Lease{cl, lb}
+	if aHeld {
+		kept = append(kept, a)
+	}
+	for _, l := range kept {
 		if err := l.Release(ctx); err != nil {
 			t.Errorf("Release of %s: %v", l.Name(), err)
 		}
