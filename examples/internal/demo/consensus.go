@@ -69,12 +69,12 @@ func checkConsensusStore(ctx context.Context, b consensusBackend, store LeaseSto
 	}
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	switch zb := b.(type) {
+	switch cb := b.(type) {
 	case *zklease.Backend:
-		if err := zb.Ready(ctx); err != nil {
+		if err := cb.Ready(ctx); err != nil {
 			return fmt.Errorf("ZooKeeper at %s: %w", strings.Join(store.ZooKeeperServers, ","), err)
 		}
-		if _, granted := zb.Session(); granted != ttl {
+		if _, granted := cb.Session(); granted != ttl {
 			bounds := "its minSessionTimeout and maxSessionTimeout"
 			if store.ZooKeeperBounds != "" {
 				bounds = store.ZooKeeperBounds
@@ -87,11 +87,11 @@ func checkConsensusStore(ctx context.Context, b consensusBackend, store LeaseSto
 		// its election timeout, in whole seconds), which would keep a dead
 		// holder's lease longer than the run assumes.
 		where := strings.Join(store.EtcdEndpoints, ",")
-		g, err := zb.Acquire(ctx, lease.Request{Name: "fencekit-demo-probe/" + RandomID(), Owner: "probe/" + RandomID(), TTL: ttl})
+		g, err := cb.Acquire(ctx, lease.Request{Name: "fencekit-demo-probe/" + RandomID(), Owner: "probe/" + RandomID(), TTL: ttl})
 		if err != nil {
 			return fmt.Errorf("etcd at %s: a probe lease of %v: %w", where, ttl, err)
 		}
-		if err := zb.Release(ctx, g); err != nil && !errors.Is(err, lease.ErrNotHeld) {
+		if err := cb.Release(ctx, g); err != nil && !errors.Is(err, lease.ErrNotHeld) {
 			return fmt.Errorf("etcd at %s: releasing the probe lease: %w", where, err)
 		}
 		if g.TTL != ttl {
