@@ -116,6 +116,13 @@ type Backend interface {
 	// it, it returns an error matching ErrNotAcquired, ideally a
 	// *NotAcquiredError with RetryAfter set. It never returns a Grant
 	// together with an error.
+	//
+	// It refuses, with an error matching ErrNotAcquired, an owner the store
+	// has recorded as ended (by Release or Abandon) within
+	// EndedOwnerTTL(req.TTL): an acquire request can reach the store after
+	// its sender stopped waiting for it, even after the grant a retry of
+	// it got was used and released, and the store must not then grant the
+	// name to an owner nobody holds.
 	Acquire(ctx context.Context, req Request) (Grant, error)
 
 	// Renew confirms that the store still names g.Owner with g.Token as the
@@ -129,7 +136,37 @@ type Backend interface {
 	// implements Watcher, and returns an error matching ErrNotHeld
 	// otherwise. It frees what the backend keeps for the grant (g.State)
 	// whatever the outcome.
+	//
+	// Ended owners are remembered: whatever its outcome, Release records
+	// g.Owner as ended at the store for at least EndedOwnerTTL(g.TTL).
+	// A Release of an owner the store already ended by Release or Abandon
+	// (a retried request whose first reply was lost: go-redis resends a
+	// script on a new connection, a ZooKeeper client resends after a
+	// reconnect) returns nil, never ErrNotHeld: a release that may have
+	// been applied is a release, not a loss. Acquire refuses an ended
+	// owner (see Acquire).
 	Release(ctx context.Context, g Grant) error
+
+	// Abandon is sent for an acquire request whose outcome the Manager
+	// will never learn (it stopped waiting: the attempt outlived the
+	// lease's validity, or the caller's context ended while it was in
+	// flight). It ends whatever grant req.Owner holds of req.Name, whatever
+	// its token, waking waiters if it ends one, and records req.Owner as
+	// ended for at least EndedOwnerTTL(req.TTL), so that the abandoned
+	// request, if it reaches the store later, is refused. It returns nil
+	// whether or not the owner held anything, and the store's error when
+	// it could not be reached.
+	Abandon(ctx context.Context, req Request) error
+}
+
+// EndedOwnerTTL is how long a store must remember an owner it ended
+// (Backend.Release, Backend.Abandon) for leases with the given TTL: twice
+// the TTL, and at least 10 seconds. An acquire request delayed longer than
+// that (in a proxy, a network partition) can still grant the name to an
+// owner nobody holds; that grant then lasts one TTL, as a crashed holder's
+// would.
+func EndedOwnerTTL(ttl time.Duration) time.Duration {
+	return max(2*ttl, 10*time.Second)
 }
 
 // BatchRenewer is implemented by backends that can renew many grants in one
@@ -137,10 +174,16 @@ type Backend interface {
 // heartbeats that fall due within Options.RenewBatchWindow of each other
 // together.
 type BatchRenewer interface {
-	// RenewBatch renews every grant as Renew would and returns one error
-	// per grant, in order: nil, ErrNotHeld, or the store's error. ctx
-	// bounds the whole batch.
-	RenewBatch(ctx context.Context, gs []Grant) []error
+	// RenewBatch renews every grant as Renew would and calls done once per
+	// grant, with the grant's index in gs and its outcome (nil,
+	// ErrNotHeld, or the store's error), as soon as that outcome is known:
+	// a store spread over several nodes (a Redis Cluster) reports each
+	// node's grants when that node answers, so that one stalled node does
+	// not hold up the leases on the others until their deadlines pass.
+	// done may be called from any goroutine, concurrently; RenewBatch
+	// returns only after every call of done has returned. ctx bounds the
+	// whole batch.
+	RenewBatch(ctx context.Context, gs []Grant, done func(i int, err error))
 }
 
 // Watcher is implemented by backends that can tell waiters when a lease is

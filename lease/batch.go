@@ -2,6 +2,7 @@ package lease
 
 import (
 	"context"
+	"sync"
 	"time"
 )
 
@@ -30,20 +31,37 @@ func (m *Manager) renewBatch(ls []*Lease) {
 	// deadline passes first is lost by the scheduler meanwhile, whatever
 	// the reply says.
 	ctx, cancel := context.WithDeadline(context.Background(), latest)
+	defer cancel()
 	sent := time.Now()
-	errs := m.br.RenewBatch(ctx, gs)
-	cancel()
-	latency := time.Since(sent)
-	var giveBack []*Lease
-	for i, l := range live {
-		err := errShortBatch
-		if i < len(errs) {
-			err = errs[i]
+	var (
+		mu       sync.Mutex
+		answered = make([]bool, len(live))
+		giveBack []*Lease
+	)
+	end := func(i int, err error) {
+		mu.Lock()
+		if i < 0 || i >= len(live) || answered[i] {
+			mu.Unlock()
+			return // a backend that broke the contract; the rest is errShortBatch
 		}
-		err, gb := l.endRenew(sent, latency, err)
+		answered[i] = true
+		mu.Unlock()
+		l := live[i]
+		err, gb := l.endRenew(sent, time.Since(sent), err)
 		l.scheduleHeartbeat(sent, err)
 		if gb {
+			mu.Lock()
 			giveBack = append(giveBack, l)
+			mu.Unlock()
+		}
+	}
+	m.br.RenewBatch(ctx, gs, end)
+	for i := range live {
+		mu.Lock()
+		missing := !answered[i]
+		mu.Unlock()
+		if missing {
+			end(i, errShortBatch)
 		}
 	}
 	// Only after every lease of the batch has its result: a give-back can

@@ -106,4 +106,4 @@ func (e *LostError) Is(target error) bool { return target == ErrLost }
 // Unwrap returns the last store error, or nil.
 func (e *LostError) Unwrap() error { return e.Cause }
 
-var errShortBatch = errors.New("lease: backend's RenewBatch returned fewer results than records")
+var errShortBatch = errors.New("lease: backend's RenewBatch did not report every grant")

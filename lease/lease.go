@@ -15,7 +15,10 @@ import (
 // Lease is one grant of a lease name to this process. Its methods are safe
 // for concurrent use.
 //
-// A Lease is valid until its Context is done. Do the guarded work under that
+// A Lease is valid while Err returns nil, and its Context is done from the
+// moment it is not (up to a late timer at the local deadline: see Err).
+// Release ends the validity before it sends the request that frees the
+// name. Do the guarded work under that
 // context and present Token to every fenced write: the context stops work
 // promptly when the lease is lost, and the token makes the store reject the
 // writes of a holder that was paused past its deadline.
@@ -42,7 +45,7 @@ type Lease struct {
 	// them without the lock: a holder may check its lease before every
 	// write, and must not contend with the scheduler ending thousands.
 	deadlineNs atomic.Int64          // st.deadline on the Manager's monotonic clock (Manager.since)
-	endP       atomic.Pointer[error] // &st.end once it is set (it never changes after)
+	endP       atomic.Pointer[error] // a copy of st.end once it is set (ErrReleased may become a *LostError when the store answers a release)
 }
 
 // apply runs the transition function and publishes the result; mu must be
@@ -50,8 +53,10 @@ type Lease struct {
 func (l *Lease) apply(ev event) effect {
 	eff := l.st.apply(ev, l.g.Name, l.g.Token)
 	l.deadlineNs.Store(int64(l.m.since(l.st.deadline)))
-	if l.st.end != nil && l.endP.Load() == nil {
-		l.endP.Store(&l.st.end)
+	if end := l.st.end; end != nil {
+		if p := l.endP.Load(); p == nil || *p != end {
+			l.endP.Store(&end) // a copy: Err reads it without the lock
+		}
 	}
 	return eff
 }
@@ -128,9 +133,12 @@ func (c *leaseContext) Err() error {
 // Done returns a channel that is closed when the lease is lost or released.
 func (l *Lease) Done() <-chan struct{} { return l.Context().Done() }
 
-// Err returns nil while the lease is held, ErrReleased after Release, and a
-// *LostError (matching ErrLost) after the lease was lost, including when
-// Release found that the store had already let it go.
+// Err returns nil while the lease is held, ErrReleased from the moment
+// Release begins (before its request is sent), and a *LostError (matching
+// ErrLost) after the lease was lost, including when Release found that the
+// store had already let it go (Err then changes from ErrReleased to that
+// *LostError when the store answers; the Context's cause stays
+// ErrReleased).
 //
 // It reads the monotonic clock and never returns nil when called at or past
 // the local deadline, even if the Manager has not yet ended the lease: it
@@ -337,26 +345,34 @@ func (l *Lease) report(eff effect) {
 	}
 }
 
-// Release ends the lease: it stops renewals, deletes the grant at the store
+// Release ends the lease and frees its name at the store. In this order:
+// it ends the lease for its holder (Err returns ErrReleased, the Context is
+// cancelled with ErrReleased as its cause, renewals stop, and work derived
+// from the Context is told to stop), then it deletes the grant at the store
 // if the store still names this holder (compare-and-delete), which wakes
-// waiters, and cancels the lease's Context with the outcome as its cause:
-// ErrReleased, or a *LostError if the store had already let the grant go.
-// Once Release has begun, no renew request is sent for the lease; one
-// already in flight is cut short and answered before the release is sent,
-// and its answer does not decide the outcome. Until the store answers, the
-// lease counts as held and its local deadline still applies.
+// waiters. The lease is never valid while the request that frees it is in
+// flight: a waiter granted the name the moment the store frees it never
+// overlaps this holder's validity (DESIGN.md invariant 1). Release does not
+// wait for work running under the Context to return: work that ignores its
+// Context is no longer exclusive, and only fenced writes stay safe.
+//
+// A renew request already in flight when Release begins is cut short and
+// answered before the release is sent, and its answer does not decide the
+// outcome.
 //
 // ctx bounds the request while it is live; if it is already done, Release
 // uses a detached context, so a deferred Release works after the work's
 // context was cancelled. Either way the request is bounded by
 // Options.ReleaseTimeout.
 //
-// It returns nil when the grant was released, and again when called after
-// that. It returns a *LostError (ErrLost) when the lease had been lost, or
-// the store no longer named this holder, and again when called after that.
-// It returns the store's error when the store could not be reached; the
-// lease is ended locally anyway (ErrReleased), the grant expires after its
-// TTL, and calling Release again retries the delete.
+// It returns nil when the grant was released (also when the store had
+// already released it for an earlier request of this Release whose reply
+// was lost), and again when called after that. It returns a *LostError
+// (ErrLost) when the lease had been lost, or the store no longer named this
+// holder, and again when called after that. It returns the store's error
+// when the store could not be reached; the lease has ended locally anyway
+// (ErrReleased), the grant expires after its TTL, and calling Release again
+// retries the delete.
 func (l *Lease) Release(ctx context.Context) error {
 	l.releaseMu.Lock()
 	defer l.releaseMu.Unlock()
@@ -375,10 +391,12 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	end := l.st.end
 	l.mu.Unlock()
+	// Unschedule the lease and cancel its Context before anything is
+	// sent: the lease is already invalid (Err says ErrReleased).
+	l.finish(eff)
 	if !eff.send {
 		return releaseResult(end, nil)
 	}
-	l.m.sched.removeHeartbeat(l) // the deadline still counts until the store answers
 
 	rctx, cancel := l.m.releaseContext(ctx)
 	defer cancel()
@@ -401,7 +419,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	eff = l.apply(event{kind: evReleaseEnd, err: err})
 	end = l.st.end
 	l.mu.Unlock()
-	if eff.ended && eff.reason == "" {
+	if eff.released {
 		l.m.o.Observer.Released(ReleasedEvent{Name: l.g.Name, Token: l.g.Token, Held: time.Since(l.granted), Err: err})
 	}
 	l.finish(eff)

@@ -2,6 +2,7 @@ package lease
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -17,8 +18,11 @@ type MemoryBackend struct {
 	leases   map[string]memGrant
 	tokens   map[string]fence.Token
 	watchers map[string]map[chan struct{}]struct{}
-	floor    fence.Token // the least token to mint since the last Forget
+	ended    map[endedKey]time.Time // owners ended by Release or Abandon, until when they are remembered
+	floor    fence.Token            // the least token to mint since the last Forget
 }
+
+type endedKey struct{ name, owner string }
 
 type memGrant struct {
 	owner   string
@@ -39,6 +43,42 @@ func NewMemoryBackend() *MemoryBackend {
 		leases:   make(map[string]memGrant),
 		tokens:   make(map[string]fence.Token),
 		watchers: make(map[string]map[chan struct{}]struct{}),
+		ended:    make(map[endedKey]time.Time),
+	}
+}
+
+// isEnded reports whether owner of name was ended within EndedOwnerTTL, and
+// forgets records past it; mu must be held.
+func (b *MemoryBackend) isEnded(name, owner string, now time.Time) bool {
+	k := endedKey{name, owner}
+	until, ok := b.ended[k]
+	if ok && !now.Before(until) {
+		delete(b.ended, k)
+		return false
+	}
+	return ok
+}
+
+// end records owner of name as ended; mu must be held.
+func (b *MemoryBackend) end(name, owner string, ttl time.Duration, now time.Time) {
+	if len(b.ended) > 1024 {
+		for k, until := range b.ended {
+			if !now.Before(until) {
+				delete(b.ended, k)
+			}
+		}
+	}
+	b.ended[endedKey{name, owner}] = now.Add(EndedOwnerTTL(ttl))
+}
+
+// free deletes the grant of name and wakes its waiters; mu must be held.
+func (b *MemoryBackend) free(name string) {
+	delete(b.leases, name)
+	for ch := range b.watchers[name] {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -65,6 +105,9 @@ func (b *MemoryBackend) Acquire(ctx context.Context, req Request) (Grant, error)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := time.Now()
+	if b.isEnded(req.Name, req.Owner, now) {
+		return Grant{}, fmt.Errorf("%w: %q: owner %q was released or abandoned", ErrNotAcquired, req.Name, req.Owner)
+	}
 	if g, ok := b.current(req.Name, now); ok {
 		if g.owner != req.Owner {
 			return Grant{}, &NotAcquiredError{Name: req.Name, RetryAfter: g.expires.Sub(now)}
@@ -110,15 +153,30 @@ func (b *MemoryBackend) Release(ctx context.Context, g Grant) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if _, ok := b.holds(g, time.Now()); !ok {
+	now := time.Now()
+	_, held := b.holds(g, now)
+	already := !held && b.isEnded(g.Name, g.Owner, now)
+	b.end(g.Name, g.Owner, g.TTL, now)
+	switch {
+	case held:
+		b.free(g.Name)
+	case !already:
 		return ErrNotHeld
 	}
-	delete(b.leases, g.Name)
-	for ch := range b.watchers[g.Name] {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
+	return nil
+}
+
+// Abandon implements Backend.
+func (b *MemoryBackend) Abandon(ctx context.Context, req Request) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := time.Now()
+	b.end(req.Name, req.Owner, req.TTL, now)
+	if cur, ok := b.current(req.Name, now); ok && cur.owner == req.Owner {
+		b.free(req.Name)
 	}
 	return nil
 }
@@ -150,12 +208,10 @@ func (b *MemoryBackend) Watch(ctx context.Context, name string) (<-chan struct{}
 }
 
 // RenewBatch implements BatchRenewer.
-func (b *MemoryBackend) RenewBatch(ctx context.Context, gs []Grant) []error {
-	errs := make([]error, len(gs))
+func (b *MemoryBackend) RenewBatch(ctx context.Context, gs []Grant, done func(int, error)) {
 	for i, g := range gs {
-		errs[i] = b.Renew(ctx, g)
+		done(i, b.Renew(ctx, g))
 	}
-	return errs
 }
 
 // Forget drops every grant and every token counter, as a store that lost
@@ -171,6 +227,7 @@ func (b *MemoryBackend) Forget() {
 	defer b.mu.Unlock()
 	clear(b.leases)
 	clear(b.tokens)
+	clear(b.ended)
 	b.floor = max(b.floor, fence.Token(time.Now().UnixNano()))
 }
 

@@ -10,20 +10,27 @@ import (
 // phase is where a lease is in its life.
 //
 //	pending ──granted──▶ held ──Release──▶ releasing ──store answered──▶ released
-//	                      │                    │                    └─(not held)─▶ lost
-//	                      └─deadline, taken over, pushed loss──────┴─────────────▶ lost
+//	                      │                                   └─(not held)─▶ lost
+//	                      └─deadline, taken over, pushed loss─────────────▶ lost
+//
+// A lease is valid only while held. Release ends its validity before the
+// request that frees it is sent (DESIGN.md invariant 1): from releasing on,
+// Err is ErrReleased and the Context is cancelled, so no work of this
+// holder runs on while a waiter the release wakes is granted the name. The
+// store's answer then only says how the lease ended: released, or lost if
+// the store had already let it go.
 type phase uint8
 
 const (
 	pending   phase = iota // the acquire request is in flight
 	held                   // granted; renewed by heartbeats or by the store
-	releasing              // Release began: no renew is sent any more; the deadline still counts
+	releasing              // Release began: ended for the holder; the store has not answered yet
 	lost                   // ended without a release: expired locally, or the store let it go
-	released               // ended by Release
+	released               // ended by Release, and the store answered (or could not be reached)
 )
 
-// live reports whether the lease has been granted and has not ended.
-func (p phase) live() bool { return p == held || p == releasing }
+// live reports whether the lease is valid: granted, and not ended.
+func (p phase) live() bool { return p == held }
 
 // state is everything about a lease that changes. It is guarded by
 // Lease.mu and changed only by apply.
@@ -59,7 +66,7 @@ type event struct {
 
 // effect tells the caller of apply what to do outside the lock.
 type effect struct {
-	ended    bool       // the lease just ended: report it, cancel its context, unschedule it
+	ended    bool       // the lease just ended (or its end changed to lost): report it, cancel its context, unschedule it
 	reason   LostReason // when it ended as lost
 	moved    bool       // the deadline moved later: reschedule it
 	refused  error      // evRenewBegin: the renew must not be sent, and this is why
@@ -67,6 +74,7 @@ type effect struct {
 	send     bool       // evReleaseBegin: send the release
 	wait     bool       // evReleaseBegin: renews are in flight; wait for them before sending
 	drained  bool       // no renew is in flight any more (a waiting Release may send)
+	released bool       // evReleaseEnd: the store released the grant (or could not be reached)
 }
 
 // apply is the lease's one transition function. name and token label the
@@ -117,15 +125,16 @@ func (s *state) apply(ev event, name string, token fence.Token) (eff effect) {
 		case ev.err == nil:
 			// The store renewed a grant this process no longer counts
 			// as held: it still names us, so others would wait a TTL.
-			eff.giveBack = !s.gone
+			// (While releasing, the release that follows frees it.)
+			eff.giveBack = !s.gone && s.phase != releasing
 		case s.phase == held && errors.Is(ev.err, ErrNotHeld):
 			s.gone = true
 			lose(LostTakenOver, ev.err)
 		case s.phase == held:
 			s.lastErr = ev.err
 		}
-		// While releasing, a failed renew decides nothing: the release
-		// that follows it asks the store the same question.
+		// While releasing, a renew decides nothing: the release that
+		// follows it asks the store the same question.
 
 	case evConfirmed:
 		if s.phase.live() {
@@ -158,7 +167,10 @@ func (s *state) apply(ev event, name string, token fence.Token) (eff effect) {
 			return eff
 		}
 		if s.phase == held {
-			s.phase = releasing
+			// Invalid from here on, before the request that frees the
+			// name is sent: a waiter it wakes may be granted at once.
+			s.phase, s.end = releasing, ErrReleased
+			eff.ended = true
 		}
 		eff.send, eff.wait = true, s.inflight > 0
 
@@ -174,8 +186,8 @@ func (s *state) apply(ev event, name string, token fence.Token) (eff effect) {
 			} else {
 				// Released, or ended locally when the store could not be
 				// reached (the grant then expires after its TTL).
-				s.phase, s.end = released, ErrReleased
-				eff.ended = true
+				s.phase = released
+				eff.released = true
 			}
 		}
 	}

@@ -113,6 +113,7 @@ func Run(t *testing.T, cfg Config) {
 		{"TokensStrictlyGrow", testTokensGrow},
 		{"RenewComparesOwnerAndToken", testRenewCompares},
 		{"ReleaseComparesOwnerAndToken", testReleaseCompares},
+		{"EndedOwnerIsRefused", testEndedOwnerIsRefused},
 		{"ExpiresAfterTTL", testExpiresAfterTTL},
 		{"RenewKeepsLeaseAlive", testRenewKeepsAlive},
 		{"NamesDoNotCollide", testNamesDoNotCollide},
@@ -373,9 +374,64 @@ func testReleaseCompares(t *testing.T, s *suite) {
 		t.Fatalf("after a foreign Release the lease must still be held; Acquire = %v", err)
 	}
 	release(t, b, g)
-	if err := b.Release(ctxT(t), g); !errors.Is(err, lease.ErrNotHeld) {
-		t.Fatalf("second Release = %v, want ErrNotHeld", err)
+	// The same request again (a retry whose first reply was lost) is a
+	// release, not a loss, and frees nothing of anyone else's.
+	g2 := mustAcquire(t, s.connect(), req(n, "c", s.long))
+	if err := b.Release(ctxT(t), g); err != nil {
+		t.Fatalf("Release retried after it was applied = %v, want nil (a release, never ErrNotHeld)", err)
 	}
+	if _, err := s.connect().Acquire(ctxT(t), req(n, "d", s.long)); !errors.Is(err, lease.ErrNotAcquired) {
+		t.Fatalf("a retried Release must not free the next holder's grant; Acquire = %v", err)
+	}
+	release(t, b, g2)
+}
+
+// testEndedOwnerIsRefused: an owner the store ended by Release or Abandon
+// is never granted the name again, so a late acquire request of an attempt
+// nobody waits for cannot leave a grant nobody holds.
+func testEndedOwnerIsRefused(t *testing.T, s *suite) {
+	b := s.backend()
+	n := name(t)
+	g := mustAcquire(t, b, req(n, "a", s.long))
+	release(t, b, g)
+	if g2, err := s.connect().Acquire(ctxT(t), req(n, "a", s.long)); !errors.Is(err, lease.ErrNotAcquired) {
+		t.Fatalf("Acquire by an owner the store released = %v (grant %+v), want ErrNotAcquired", err, g2)
+	}
+
+	// Abandon before the request arrives: refused when it does.
+	late := req(n, "late", s.long)
+	if err := b.Abandon(ctxT(t), late); err != nil {
+		t.Fatalf("Abandon of an owner that holds nothing: %v", err)
+	}
+	if g2, err := s.connect().Acquire(ctxT(t), late); !errors.Is(err, lease.ErrNotAcquired) {
+		t.Fatalf("Acquire by an abandoned owner = %v (grant %+v), want ErrNotAcquired", err, g2)
+	}
+
+	// Abandon after the store granted: the grant ends at once, the owner
+	// stays refused, and another owner gets the name with a greater token.
+	ghost := req(n, "ghost", s.long)
+	gg := mustAcquire(t, b, ghost)
+	if err := s.connect().Abandon(ctxT(t), ghost); err != nil {
+		t.Fatalf("Abandon of a granted owner: %v", err)
+	}
+	next := mustAcquire(t, s.connect(), req(n, "next", s.long))
+	if next.Token <= gg.Token {
+		t.Fatalf("token after an abandoned grant %d <= its token %d", next.Token, gg.Token)
+	}
+	if err := b.Renew(ctxT(t), gg); !errors.Is(err, lease.ErrNotHeld) {
+		t.Fatalf("Renew of an abandoned grant = %v, want ErrNotHeld", err)
+	}
+	if _, err := b.Acquire(ctxT(t), ghost); !errors.Is(err, lease.ErrNotAcquired) {
+		t.Fatalf("Acquire by an abandoned owner = %v, want ErrNotAcquired", err)
+	}
+	// Abandon of an owner that does not hold the name leaves the holder be.
+	if err := b.Abandon(ctxT(t), req(n, "someone", s.long)); err != nil {
+		t.Fatalf("Abandon: %v", err)
+	}
+	if err := b.Renew(ctxT(t), next); err != nil {
+		t.Fatalf("Abandon of another owner freed the holder's grant: Renew = %v", err)
+	}
+	release(t, b, next)
 }
 
 func testExpiresAfterTTL(t *testing.T, s *suite) {
@@ -475,9 +531,9 @@ func testRenewBatch(t *testing.T, s *suite) {
 	wrongTok := mine
 	wrongTok.Token++
 	gone := lease.Grant{Name: n + "-gone", Owner: "a", Token: mine.Token, TTL: s.long}
-	errs := br.RenewBatch(ctxT(t), []lease.Grant{mine, stolen, gone, wrongTok, mine})
-	if len(errs) != 5 {
-		t.Fatalf("RenewBatch returned %d results for 5 grants", len(errs))
+	errs, err := RenewBatch(ctxT(t), br, []lease.Grant{mine, stolen, gone, wrongTok, mine})
+	if err != nil {
+		t.Fatal(err)
 	}
 	if errs[0] != nil || errs[4] != nil {
 		t.Fatalf("RenewBatch of a held lease: %v, %v", errs[0], errs[4])
@@ -490,6 +546,42 @@ func testRenewBatch(t *testing.T, s *suite) {
 	if _, err := b.Acquire(ctxT(t), req(gone.Name, "z", s.long)); err != nil {
 		t.Fatalf("a batch renew must not create a lease; Acquire: %v", err)
 	}
+}
+
+// RenewBatch calls br.RenewBatch and collects the outcomes in order. It
+// returns an error if the backend broke the contract: a grant reported
+// twice or not at all, an index out of range, or a done call after
+// RenewBatch returned.
+func RenewBatch(ctx context.Context, br lease.BatchRenewer, gs []lease.Grant) ([]error, error) {
+	var (
+		mu       sync.Mutex
+		errs     = make([]error, len(gs))
+		seen     = make([]int, len(gs))
+		returned bool
+		bad      []error
+	)
+	br.RenewBatch(ctx, gs, func(i int, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case returned:
+			bad = append(bad, fmt.Errorf("RenewBatch reported grant %d after it returned", i))
+		case i < 0 || i >= len(gs):
+			bad = append(bad, fmt.Errorf("RenewBatch reported index %d of %d grants", i, len(gs)))
+		default:
+			seen[i]++
+			errs[i] = err
+		}
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	returned = true
+	for i, n := range seen {
+		if n != 1 {
+			bad = append(bad, fmt.Errorf("RenewBatch reported grant %d %d times, want once", i, n))
+		}
+	}
+	return errs, errors.Join(bad...)
 }
 
 func testTokensGrowAfterDataLoss(t *testing.T, s *suite) {
