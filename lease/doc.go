@@ -34,9 +34,17 @@
 //     it: on a loaded machine, milliseconds to tens of milliseconds late;
 //     check Err before a write that must not be late). A renew that finds
 //     another owner cancels it at once.
-//   - Safe release: Release deletes only if the store still names this
-//     holder, reports a lost lease as lost, is harmless when repeated, and
-//     works when the caller's context is already cancelled.
+//   - Safe release: Release ends the lease for its holder (Err, the
+//     Context) before it sends the request that frees the name, so a waiter
+//     it wakes never overlaps the holder's validity; it deletes only if the
+//     store still names this holder, reports a lost lease as lost, is
+//     harmless when repeated (a request the client resent after a lost
+//     reply is still a release, not a loss), and works when the caller's
+//     context is already cancelled.
+//   - No ghost grants: an acquire request the Manager stopped waiting for
+//     is abandoned at the store (Backend.Abandon), and the store remembers
+//     ended owners for EndedOwnerTTL, so such a request arriving late
+//     grants nothing.
 //
 // The local deadline assumes that the store's clock and the holder's
 // monotonic clock advance at the same rate, up to the safety margin; the
@@ -91,10 +99,14 @@
 //     Renew and Release compare both owner and token at the store and
 //     return ErrNotHeld when they do not match; neither ever creates a
 //     grant. Map a refusal to *NotAcquiredError (with RetryAfter when the
-//     store knows the holder's remaining time).
+//     store knows the holder's remaining time). Remember ended owners for
+//     EndedOwnerTTL: Release and Abandon record the owner, a Release of an
+//     owner already ended returns nil (a client that resent it), and
+//     Acquire refuses an ended owner.
 //  2. Choose who keeps grants alive. By default the Manager calls Renew
 //     every Options.RenewInterval (implement BatchRenewer to renew many
-//     grants in one round trip). A store whose client keeps grants alive by
+//     grants in one round trip, reporting each grant's outcome as soon as
+//     its node answers). A store whose client keeps grants alive by
 //     itself (a session, a keep-alive stream) sets Limits.SelfRenewing and
 //     reports each confirmation with Request.Notify.Confirmed, passing the
 //     send time of the request the store answered. Either way, a backend

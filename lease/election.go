@@ -235,8 +235,14 @@ func (e *Election) Lease() *Lease {
 	return e.current
 }
 
-// Resign ends this process's current term, if it leads: the lease is
-// released, the leader's context ends, and Run campaigns again after its
+// Resign ends this process's current term, if it leads. In this order: the
+// leader's context is cancelled (its cause is ErrReleased) and Lease.Err
+// reports the lease ended, then the lease is released at the store, which
+// lets the next leader in; so no other process leads while this one's
+// context is live (DESIGN.md invariant 1). Resign does not wait for the
+// leader's function to return (it may call Resign itself): work that
+// ignores its context runs on after leadership passed, and only its fenced
+// writes stay safe. Run then calls OnDeposed and campaigns again after its
 // backoff. It returns what Lease.Release returns, or nil when this process
 // does not lead. ctx bounds the release (see Lease.Release).
 func (e *Election) Resign(ctx context.Context) error {

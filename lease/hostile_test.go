@@ -23,13 +23,16 @@ type slowBatchBackend struct {
 	releaseDelay time.Duration
 }
 
-func (s *slowBatchBackend) RenewBatch(ctx context.Context, recs []lease.Grant) []error {
-	errs := s.MemoryBackend.RenewBatch(ctx, recs)
+func (s *slowBatchBackend) RenewBatch(ctx context.Context, recs []lease.Grant, done func(int, error)) {
+	errs := make([]error, len(recs))
+	s.MemoryBackend.RenewBatch(ctx, recs, func(i int, err error) { errs[i] = err })
 	if at := s.replyAt.Load(); at != nil && len(recs) >= 2 {
 		s.delayed.Add(1)
 		time.Sleep(time.Until(*at))
 	}
-	return errs
+	for i, err := range errs {
+		done(i, err)
+	}
 }
 
 func (s *slowBatchBackend) Release(ctx context.Context, rec lease.Grant) error {
@@ -145,10 +148,13 @@ func (j *jitterBackend) Renew(ctx context.Context, rec lease.Grant) error {
 	return err
 }
 
-func (j *jitterBackend) RenewBatch(ctx context.Context, recs []lease.Grant) []error {
-	errs := j.MemoryBackend.RenewBatch(ctx, recs)
+func (j *jitterBackend) RenewBatch(ctx context.Context, recs []lease.Grant, done func(int, error)) {
+	errs := make([]error, len(recs))
+	j.MemoryBackend.RenewBatch(ctx, recs, func(i int, err error) { errs[i] = err })
 	j.sleep()
-	return errs
+	for i, err := range errs {
+		done(i, err)
+	}
 }
 
 func (j *jitterBackend) Release(ctx context.Context, rec lease.Grant) error {

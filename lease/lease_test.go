@@ -336,7 +336,23 @@ type stuckBackend struct {
 		entered, deadline time.Time
 		hasDeadline       bool
 		token             fence.Token
+		owner             string
 	}
+	mu      sync.Mutex
+	abandon []string
+}
+
+func (s *stuckBackend) Abandon(ctx context.Context, r lease.Request) error {
+	s.mu.Lock()
+	s.abandon = append(s.abandon, r.Owner)
+	s.mu.Unlock()
+	return s.MemoryBackend.Abandon(ctx, r)
+}
+
+func (s *stuckBackend) abandoned() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.abandon...)
 }
 
 func (s *stuckBackend) Acquire(ctx context.Context, r lease.Request) (lease.Grant, error) {
@@ -350,16 +366,19 @@ func (s *stuckBackend) Acquire(ctx context.Context, r lease.Request) (lease.Gran
 	if err != nil {
 		return g, err
 	}
-	s.first.token = g.Token
+	s.first.token, s.first.owner = g.Token, g.Owner
 	<-ctx.Done()
 	return lease.Grant{}, ctx.Err()
 }
 
 // A blocking Acquire bounds each attempt by the lease's validity: an
 // attempt the store holds longer is abandoned (its grant could not be used
-// anyway) and sent again with the same owner, which finds the grant the
-// first one made. Without the bound, Acquire waits for the caller's
-// context and fails.
+// anyway). The store is told to end the abandoned owner (Backend.Abandon),
+// which frees the grant the stuck request made and refuses that owner from
+// then on, and the retry goes out under a new owner. Without the bound,
+// Acquire waits for the caller's context and fails; without the Abandon,
+// the stuck request's grant (or a late copy of it) holds the name for an
+// owner nobody holds.
 func TestAcquireAbandonsAnAttemptHeldPastValidity(t *testing.T) {
 	sb := &stuckBackend{MemoryBackend: lease.NewMemoryBackend(), firstDone: make(chan struct{})}
 	const ttl = 2 * time.Second
@@ -380,16 +399,26 @@ func TestAcquireAbandonsAnAttemptHeldPastValidity(t *testing.T) {
 		t.Fatalf("the first attempt's context: deadline %v (set: %v), %v after the request reached the store; want at most the validity %v",
 			sb.first.deadline, sb.first.hasDeadline, sb.first.deadline.Sub(sb.first.entered), validity)
 	}
-	if l.Token() != sb.first.token {
-		t.Fatalf("lease token %d; want %d, the grant the abandoned attempt made (same owner)", l.Token(), sb.first.token)
+	if l.Owner() == sb.first.owner {
+		t.Fatalf("the lease has the abandoned attempt's owner %q; want a new one", l.Owner())
 	}
-	if n := sb.calls.Load(); n < 2 {
-		t.Fatalf("%d acquire requests, want the abandoned one and a retry", n)
+	if l.Token() <= sb.first.token {
+		t.Fatalf("lease token %d; want more than %d, the abandoned grant's", l.Token(), sb.first.token)
+	}
+	if got := sb.abandoned(); len(got) != 1 || got[0] != sb.first.owner {
+		t.Fatalf("abandoned owners %q; want just the first attempt's %q", got, sb.first.owner)
+	}
+	// The abandoned request, arriving again late, grants nothing.
+	late := lease.Request{Name: "stuck", Owner: sb.first.owner, TTL: ttl}
+	if _, err := sb.MemoryBackend.Acquire(ctx, late); !errors.Is(err, lease.ErrNotAcquired) {
+		t.Fatalf("a late copy of the abandoned request = %v, want ErrNotAcquired", err)
 	}
 }
 
 // TryAcquire's single attempt is bounded by its context alone (here longer
-// than the validity, 988 ms), as documented.
+// than the validity, 988 ms), as documented. The store had granted it:
+// TryAcquire abandons the owner before returning, so the name is free at
+// once instead of after a TTL.
 func TestTryAcquireIsBoundedByItsContext(t *testing.T) {
 	sb := &stuckBackend{MemoryBackend: lease.NewMemoryBackend(), firstDone: make(chan struct{})}
 	m, err := lease.NewManager(sb, time.Second)
@@ -404,6 +433,13 @@ func TestTryAcquireIsBoundedByItsContext(t *testing.T) {
 	<-sb.firstDone
 	if dl, _ := ctx.Deadline(); !sb.first.deadline.Equal(dl) {
 		t.Fatalf("the attempt's deadline %v, want the caller's %v", sb.first.deadline, dl)
+	}
+	if got := sb.abandoned(); len(got) != 1 || got[0] != sb.first.owner {
+		t.Fatalf("abandoned owners %q; want the unanswered attempt's %q", got, sb.first.owner)
+	}
+	h, err := sb.Holder(context.Background(), "stuck")
+	if !errors.Is(err, lease.ErrNotHeld) {
+		t.Fatalf("after TryAcquire gave up, the store names %+v (%v); want no holder", h, err)
 	}
 }
 

@@ -79,27 +79,39 @@ func (m *Manager) Options() Options { return m.o }
 //
 // ctx bounds the attempt only (a grant whose reply comes after the lease's
 // validity, TTL - safety margin, is given back: a ctx with that timeout
-// stops waiting for one). The lease's own Context is not derived from
-// ctx's cancellation; it keeps ctx's values.
+// stops waiting for one). When ctx ends while the request is in flight,
+// TryAcquire tells the store to abandon it (Backend.Abandon, bounded by
+// Options.ReleaseTimeout) before it returns, so that a request arriving
+// late grants nothing. The lease's own Context is not derived from ctx's
+// cancellation; it keeps ctx's values.
 func (m *Manager) TryAcquire(ctx context.Context, name string) (*Lease, error) {
 	if err := ValidateName(name); err != nil {
 		return nil, err
 	}
 	start := time.Now()
-	return m.attempt(ctx, ctx, m.request(name), start, 1)
+	req := m.request(name)
+	l, err := m.attempt(ctx, ctx, req, start, 1)
+	if err != nil && ctx.Err() != nil && outcomeUnknown(err) {
+		m.abandon(ctx, req)
+	}
+	return l, err
 }
 
 // Acquire acquires the lease name, waiting while another holder has it until
 // it is released or expires, or until ctx ends. A waiter is woken as soon as
 // the holder releases when the backend implements Watcher (Redis: pub/sub),
 // and otherwise polls with jitter (Options.PollInterval). Transient store
-// errors are retried the same way, and logged as warnings. All attempts of
-// one call use the same owner, so a retry of an attempt whose reply was lost
-// gets that grant back. Each attempt is bounded by the lease's validity
+// errors are retried the same way, and logged as warnings. Attempts of one
+// call use the same owner until one is abandoned (below), so a retry of an
+// attempt whose reply was lost gets that grant back. Each attempt is bounded by the lease's validity
 // (TTL - safety margin) as well as by ctx: a grant whose reply came later
 // would be given back, so a request the store holds longer (etcd answers
 // a proposal lost with its leader after its 5 s request timeout) is
-// abandoned and sent again.
+// abandoned: the store is told to end that owner (Backend.Abandon, so
+// that the request, if it arrives later, grants nothing), and the next
+// attempt goes out under a new owner. When ctx ends with a request in
+// flight, that request is abandoned the same way before Acquire returns
+// (bounded by Options.ReleaseTimeout).
 //
 // When ctx ends first, the error joins ErrNotAcquired, the last store error
 // seen (if any: a store that cannot be reached is named even when the last
@@ -128,7 +140,17 @@ func (m *Manager) Acquire(ctx context.Context, name string) (*Lease, error) {
 			return l, nil
 		}
 		if ctx.Err() != nil {
+			if outcomeUnknown(err) {
+				m.abandon(ctx, req)
+			}
 			return nil, m.giveUp(ctx, name, err, storeErr)
+		}
+		if errors.Is(err, errAttemptAbandoned) {
+			// The request may still reach the store and grant the name
+			// to this owner after nobody waits for it any more: end that
+			// owner at the store, and go on as a new one.
+			m.abandon(ctx, req)
+			req = m.request(name)
 		}
 		if !errors.Is(err, ErrNotAcquired) {
 			storeErr = err
@@ -137,8 +159,13 @@ func (m *Manager) Acquire(ctx context.Context, name string) (*Lease, error) {
 		if signals == nil && m.w != nil {
 			// Subscribe before the next attempt so that a release between
 			// that attempt and the wait is not missed. If subscribing
-			// fails, poll this round and try again next round.
-			sig, stop, werr := m.w.Watch(ctx, name)
+			// fails, or the store does not confirm the subscription
+			// within PollInterval, poll this round and try again next
+			// round: PollInterval is the longest wait between attempts,
+			// whatever the Watch does.
+			wctx, wcancel := context.WithTimeout(ctx, m.o.PollInterval)
+			sig, stop, werr := m.w.Watch(wctx, name)
+			wcancel()
 			if werr == nil {
 				signals = sig
 				defer stop()
@@ -161,6 +188,32 @@ func (m *Manager) Acquire(ctx context.Context, name string) (*Lease, error) {
 		case <-ctx.Done():
 			return nil, m.giveUp(ctx, name, err, storeErr)
 		}
+	}
+}
+
+// errAttemptAbandoned marks an attempt of a blocking Acquire that was cut
+// short by the lease's validity.
+var errAttemptAbandoned = errors.New("attempt abandoned")
+
+// outcomeUnknown reports whether an attempt that failed with err may still
+// have been granted at the store: its request was cut short by a context
+// while in flight. A refusal, or an error the store answered, is not.
+func outcomeUnknown(err error) bool {
+	return !errors.Is(err, ErrNotAcquired) && !errors.Is(err, ErrInvalidName) &&
+		(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || errors.Is(err, errAttemptAbandoned))
+}
+
+// abandon tells the store that the acquire request req will never be
+// waited for: the store ends any grant it made to req.Owner and refuses
+// the request if it arrives later (Backend.Abandon). It is bounded by
+// ReleaseTimeout and runs even when ctx is done; a failure is logged (the
+// grant, if any, then expires after its TTL).
+func (m *Manager) abandon(ctx context.Context, req Request) {
+	rctx, cancel := m.releaseContext(ctx)
+	defer cancel()
+	req.Notify = nil
+	if err := m.b.Abandon(rctx, req); err != nil {
+		m.o.Logger.Warn("lease: could not abandon an unanswered acquire attempt; a grant it made expires after its TTL", "name", req.Name, "owner", req.Owner, "err", err)
 	}
 }
 
@@ -224,7 +277,7 @@ func (m *Manager) boundedAttempt(ctx context.Context, req Request, start time.Ti
 	defer cancel()
 	l, err := m.attempt(ctx, actx, req, start, n)
 	if err != nil && ctx.Err() == nil && actx.Err() != nil {
-		err = fmt.Errorf("lease: acquire %q: no reply within the lease's validity %v (TTL - safety margin), when a grant could no longer be used; attempt abandoned: %w", req.Name, validity, err)
+		err = fmt.Errorf("lease: acquire %q: no reply within the lease's validity %v (TTL - safety margin), when a grant could no longer be used; %w, its owner given up at the store: %w", req.Name, validity, errAttemptAbandoned, err)
 	}
 	return l, err
 }
