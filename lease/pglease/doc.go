@@ -26,9 +26,29 @@
 //   - Renew: an UPDATE of the expiry only if the row still holds the grant's
 //     owner and token and has not expired. RenewBatch renews any number of
 //     grants in one UPDATE over unnested arrays (one round trip).
-//   - Release: the same comparison, then the row is marked free (it stays:
-//     it carries the name's token) and the release is announced with
-//     NOTIFY on Channel in the same statement.
+//   - Release: the row is locked, then, if it holds the grant's owner and
+//     token and has not expired, marked free (it stays: it carries the
+//     name's token) and the release is announced with NOTIFY on Channel,
+//     in the same statement. Whatever the outcome, the owner is recorded
+//     as ended on the row (column ended: owner → until, kept for
+//     lease.EndedOwnerTTL). A Release of an owner already ended returns
+//     nil: pgx never sends a statement twice, but a caller may retry a
+//     Release whose reply was lost, and that retry is a release, not a
+//     loss.
+//   - Abandon: one INSERT ... ON CONFLICT DO UPDATE that frees the row if
+//     the owner holds it (any token), records the owner as ended (creating
+//     a free row for a name that has none, so that the record is there
+//     when a late request comes) and announces a release.
+//   - Acquire refuses an owner recorded as ended: an acquire request that
+//     reaches the server after its sender stopped waiting for it (the
+//     Manager abandoned the attempt; even after another grant was used and
+//     released) grants nothing. The ended owners are kept on the lease row,
+//     not in a table of their own, so that Acquire reads them after it has
+//     locked the row: a subquery on another table would read the
+//     statement's snapshot, older than a release committed while it
+//     waited for the row. Expired entries are dropped whenever the row is
+//     written; a name released by many owners within EndedOwnerTTL (10 s
+//     at least) carries that many entries.
 //
 // Expiry is computed by the server's clock: clock_timestamp(), read once per
 // statement after the statement has its table locks (not now(), which is
@@ -46,35 +66,67 @@
 // A lease is a session-level advisory lock (pg_try_advisory_lock on a 64-bit
 // key hashed from Options.Schema and the name), taken on a connection that
 // is acquired from the pool and kept out of it for the life of the lease
-// (Grant.State holds it): the lease lives exactly as long as that session.
-// Each held lease occupies one connection of the pool; give the backend a
-// pool of its own if your other work must not wait for connections.
+// (Grant.State holds it), together with an expiry in the name's row of
+// SessionLeaseTable. Each held lease occupies one connection of the pool;
+// give the backend a pool of its own if your other work must not wait for
+// connections.
+//
+// The lock alone would not be exclusive. The server frees it the moment it
+// ends the session (pg_terminate_backend, idle_session_timeout, a restart,
+// a failover, a keepalive that gave up), while the holder, if it hears
+// nothing (a partition), counts its lease valid until its local deadline:
+// measured with the lock alone, TTL 3 s, the next holder was granted 123-133
+// ms after the session ended, and the first read valid 2.8 s longer. So
+// every grant and every renewal also sets the row's expiry to the server's
+// clock + TTL (which is never before the request's send time + TTL, as in
+// table mode), and a new holder is granted the name only once that expiry
+// has passed or the holder released it. Measured with the expiry, TTL 2 s:
+// the next holder was granted 1.99-2.02 s after the session ended, 0.15-0.18
+// s after the first holder's local deadline (TestServerEndedSessionIsWaitedOut).
+// Session mode thus gives the exclusivity of table mode; what it adds is
+// that a holder that can hear the server learns at once that its session
+// ended (below). The price: a renewal writes the row (a commit), as in table
+// mode, and after a server-ended session that the holder could not report
+// the next holder waits out the TTL, as after a crashed holder.
 //
 //   - Acquire: one statement takes the lock without waiting and, only if it
-//     got it, mints the token in SessionLeaseTable (as table mode does) and
-//     sets the session's idle_session_timeout to the TTL. That timeout is
-//     the lease's expiry at the store: a holder that stops renewing (a crash
-//     that left the socket open, a paused process) has its session ended by
-//     the server after one TTL, which frees the lock.
-//   - Renew: one statement on the pinned connection checks that the same
-//     server process still holds the lock (pg_locks) and that the token row
-//     still names the grant's owner and token; it also restarts the idle
-//     timeout. A broken connection, or a lock or row that is gone, ends the
-//     grant (lease.ErrNotHeld). Only the deadline of a renew's context bounds
-//     it, not its cancellation: pgx closes a connection whose reply it
-//     stopped waiting for, which would end the session.
-//   - Release: one statement unlocks, restores the session's
+//     got it, writes the token row if that row's expiry has passed (or the
+//     row was released) and the owner was not ended (as table mode's
+//     Acquire), minting the token as table mode does, setting the expiry,
+//     and setting the session's idle_session_timeout to the TTL; otherwise
+//     it unlocks what it took, and the refusal carries the row's time left
+//     as NotAcquiredError.RetryAfter. The timeout ends the session of a
+//     holder that stops renewing (a crash that left the socket open, a
+//     paused process) after one TTL, which frees the lock.
+//   - Renew: one statement on the pinned connection extends the row's
+//     expiry if the same server process still holds the lock (pg_locks) and
+//     the token row still names the grant's owner and token; it also
+//     restarts the idle timeout. A broken connection, or a lock or row that
+//     is gone, ends the grant (lease.ErrNotHeld). Only the deadline of a
+//     renew's context bounds it, not its cancellation: pgx closes a
+//     connection whose reply it stopped waiting for, which would end the
+//     session.
+//   - Release: one statement marks the row free and records the owner as
+//     ended (as table mode's Release), unlocks, restores the session's
 //     idle_session_timeout and announces the release with NOTIFY; the
 //     connection then goes back to the pool. If anything is in doubt (an
 //     error, a lock that was not held), the connection is closed instead:
-//     the server frees whatever it held.
+//     the server frees whatever it held; after an error (a lost reply) the
+//     row is marked free through another connection of the pool, which
+//     makes it a release, and a Release called again finishes that if it
+//     could not be done at once.
+//   - Abandon: as table mode's, on the token row, through any connection of
+//     the pool; a session still holding the owner's lock is ended (a pin of
+//     this Backend is closed; another process's session of the same user is
+//     ended with pg_terminate_backend).
 //   - Losses are pushed: while the pinned connection is idle, a goroutine
 //     waits for its socket to become readable (without reading from it). An
 //     idle connection that receives anything, or reaches EOF, has most often
 //     had its session terminated (pg_terminate_backend, a server restart);
 //     the goroutine checks the lock at once and, if it is gone, reports the
 //     loss through Request.Notify, ending the lease immediately rather than
-//     at its deadline. (Sockets are watched on Linux, macOS and FreeBSD, for
+//     at its deadline; then, the holder having been told, it marks the row
+//     free so that the next holder need not wait out its expiry. (Sockets are watched on Linux, macOS and FreeBSD, for
 //     TCP and Unix connections, with or without TLS; elsewhere, or through a
 //     custom dialer, the loss is found by the next renew.)
 //
@@ -133,6 +185,7 @@
 // fallback, blocked Acquire calls poll (lease.Options.PollInterval, or the
 // holder's RetryAfter in table mode). Backends of different schemas in one
 // database share the channel: a release of the same name in another schema
-// wakes a waiter for nothing, and it tries again. A lease that expires, or a
-// session that ends, sends no notification: waiters find out by polling.
+// wakes a waiter for nothing, and it tries again (so does an Abandon that
+// ended nothing). A lease that expires, or a session that ends, sends no
+// notification: waiters find out by polling.
 package pglease

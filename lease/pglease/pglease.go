@@ -252,37 +252,58 @@ func (b *Backend) Renew(ctx context.Context, g lease.Grant) error {
 }
 
 // RenewBatch implements lease.BatchRenewer. Table mode sends one statement
-// for all grants (arrays unnested in one UPDATE: one round trip). Session
-// mode renews each grant on its own pinned connection, all at once, so the
-// batch takes about one round trip of time.
-func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant) []error {
+// for all grants (arrays unnested in one UPDATE: one round trip) and
+// reports every outcome when it answers. Session mode renews each grant on
+// its own pinned connection, all at once, and reports each as its
+// connection answers, so one stalled connection holds up no other grant.
+func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant, done func(i int, err error)) {
 	if b.o.Mode == ModeSession {
-		errs := make([]error, len(gs))
 		var wg sync.WaitGroup
 		for i, g := range gs {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				errs[i] = b.sessionRenew(ctx, g)
+				done(i, b.sessionRenew(ctx, g))
 			}()
 		}
 		wg.Wait()
-		return errs
+		return
 	}
-	return b.tableRenewBatch(ctx, gs)
+	b.tableRenewBatch(ctx, gs, done)
 }
 
 // Release implements lease.Backend in one statement that also announces the
 // release on Channel (NOTIFY, delivered when the statement commits), so
 // that waiters wake at once. Table mode frees the row only if it still
-// holds g's owner and token and has not expired; session mode unlocks the
-// advisory lock and gives the pinned connection back to the pool, or
-// closes it when the lock's state is in doubt.
+// holds g's owner and token and has not expired; session mode also marks
+// the token row free, unlocks the advisory lock and gives the pinned
+// connection back to the pool, or closes it when the lock's state is in
+// doubt. Either way the owner is recorded as ended
+// (lease.EndedOwnerTTL(g.TTL)), and a Release of an owner already ended by
+// an earlier Release or an Abandon returns nil: a retried release is a
+// release, not a loss.
 func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
 	if b.o.Mode == ModeSession {
 		return b.sessionRelease(ctx, g)
 	}
 	return b.tableRelease(ctx, g)
+}
+
+// Abandon implements lease.Backend in one statement on any connection of
+// the pool: it ends req.Owner's grant of req.Name if it holds one,
+// records the owner as ended for lease.EndedOwnerTTL(req.TTL), so that
+// Acquire refuses it, and announces a release on Channel (a waiter woken
+// when nothing was ended tries again). In session mode it also ends the
+// session that holds the owner's advisory lock: a pin of this Backend is
+// closed directly; another process's session is terminated on the server
+// (pg_terminate_backend, only a session of the same user; otherwise it
+// ends at that holder's next renewal, which finds the row no longer names
+// it). It returns nil whether or not the owner held anything.
+func (b *Backend) Abandon(ctx context.Context, req lease.Request) error {
+	if b.o.Mode == ModeSession {
+		return b.sessionAbandon(ctx, req)
+	}
+	return b.tableAbandon(ctx, req)
 }
 
 // Watch implements lease.Watcher over one listening connection per Backend,
@@ -300,10 +321,9 @@ func (b *Backend) Watch(ctx context.Context, name string) (<-chan struct{}, func
 
 // Holder implements lease.Inspector in one statement. Table mode: the row's
 // owner and token while its expiry has not passed, and the time left.
-// Session mode: the last grant's owner and token while the session it was
-// granted to still holds the advisory lock (Remaining is 0: the server ends
-// an idle session after its TTL, and does not say when it last heard from
-// it).
+// Session mode: the last grant's owner and token while its row's expiry
+// has not passed or the session it was granted to still holds the advisory
+// lock, and the time left until that expiry (0 once it has passed).
 func (b *Backend) Holder(ctx context.Context, name string) (lease.Holder, error) {
 	var (
 		owner string
@@ -313,7 +333,7 @@ func (b *Backend) Holder(ctx context.Context, name string) (lease.Holder, error)
 	)
 	if b.o.Mode == ModeSession {
 		key := lockKey(b.o.Schema, name)
-		err = b.db.QueryRow(ctx, b.q.SessionHolder, name, int64(uint64(key)>>32), int64(uint64(key)&0xffffffff)).Scan(&owner, &token)
+		err = b.db.QueryRow(ctx, b.q.SessionHolder, name, int64(uint64(key)>>32), int64(uint64(key)&0xffffffff)).Scan(&owner, &token, &left)
 	} else {
 		err = b.db.QueryRow(ctx, b.q.Holder, name).Scan(&owner, &token, &left)
 	}
@@ -327,8 +347,9 @@ func (b *Backend) Holder(ctx context.Context, name string) (lease.Holder, error)
 }
 
 // Close ends the listening connection and its goroutine and, in session
-// mode, the sessions of leases still held: their connections are closed
-// (the server frees their locks), and their leases are reported lost. It
+// mode, the sessions of leases still held: their leases are reported lost,
+// then their connections are closed (the server frees their locks) and
+// their token rows marked free (bounded by one second each). It
 // does not close the pool. Acquire and Watch fail with ErrClosed
 // afterwards; table-mode leases already acquired keep working.
 func (b *Backend) Close() error {

@@ -16,6 +16,7 @@ import (
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/testenv"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/leasetest"
 	"github.com/fencekit/fencekit/lease/pglease"
 	"github.com/fencekit/fencekit/migrations"
 )
@@ -213,9 +214,15 @@ func TestRoundTrips(t *testing.T) {
 				}
 				gs = append(gs, g)
 			}
-			b.RenewBatch(ctxT(t), gs) // prepares it
+			if _, err := leasetest.RenewBatch(ctxT(t), b, gs); err != nil { // prepares it
+				t.Fatal(err)
+			}
 			n := writes.Load()
-			for i, err := range b.RenewBatch(ctxT(t), gs) {
+			errs, err := leasetest.RenewBatch(ctxT(t), b, gs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, err := range errs {
 				if err != nil {
 					t.Fatalf("RenewBatch[%d]: %v", i, err)
 				}

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekit/fencekit/fence"
@@ -38,6 +39,13 @@ type pin struct {
 	lastSent time.Time // send time of the last request that found the lock held
 	ended    error     // why the connection was given back or closed; nil while live
 	stopping bool      // the socket watcher must end
+	// settled: this Backend sent the grant's Release or Abandon, so the
+	// owner is (or, after a failed request, is being) recorded as ended; a
+	// later Release returns nil, not ErrNotHeld.
+	settled bool
+	// rowFree: the token row no longer holds this grant's expiry (marked
+	// free by a Release or Abandon that the store answered).
+	rowFree bool
 }
 
 func millis(ttl time.Duration) (int64, error) {
@@ -78,15 +86,15 @@ func (b *Backend) sessionAcquire(ctx context.Context, req lease.Request) (lease.
 	}
 	key := lockKey(b.o.Schema, req.Name)
 	var (
-		ok      bool
-		token   int64
-		pid     int32
-		idleWas string
+		ok, clean, ended bool
+		token, leftUs    int64
+		pid              int32
+		idleWas          string
 	)
 	announced := pc.Conn().PgConn().PID()
 	sent := time.Now()
-	err = pc.QueryRow(ctx, b.q.SessionAcquire, req.Name, req.Owner, key, strconv.FormatInt(ms, 10), b.o.AllowPooler, int32(announced)).
-		Scan(&ok, &token, &pid, &idleWas)
+	err = pc.QueryRow(ctx, b.q.SessionAcquire, req.Name, req.Owner, key, strconv.FormatInt(ms, 10), b.o.AllowPooler, int32(announced), req.TTL.Microseconds()).
+		Scan(&ok, &token, &pid, &idleWas, &clean, &leftUs, &ended)
 	if err != nil {
 		// The lock may be held (session locks survive a failed
 		// statement): end the session.
@@ -99,8 +107,20 @@ func (b *Backend) sessionAcquire(ctx context.Context, req lease.Request) (lease.
 			ErrPooler, announced, pid)
 	}
 	if !ok {
-		pc.Release() // nothing was taken or set on it
-		return lease.Grant{}, &lease.NotAcquiredError{Name: req.Name}
+		if !clean {
+			// It took the lock and could not give it back: end the
+			// session, which frees it.
+			destroy(pc)
+		} else {
+			pc.Release() // nothing was kept or set on it
+		}
+		if ended {
+			return lease.Grant{}, endedOwnerErr(req)
+		}
+		// Another session holds the lock, or the last holder's expiry
+		// has not passed (its session may have ended on the server while
+		// its holder, unaware, still counts the lease valid).
+		return lease.Grant{}, &lease.NotAcquiredError{Name: req.Name, RetryAfter: time.Duration(leftUs) * time.Microsecond}
 	}
 	if token <= 0 {
 		destroy(pc)
@@ -181,11 +201,17 @@ func (p *pin) confirm(ctx context.Context) error {
 	return nil
 }
 
-// checkLocked runs the liveness check; p.mu must be held.
+// checkLocked runs the renewal on the pinned connection: if the same
+// server process still holds the lock and the token row still names the
+// grant, it extends the row's expiry to the server's clock + TTL and
+// reports true. p.mu must be held.
 func (p *pin) checkLocked(ctx context.Context) (bool, error) {
 	var held bool
-	err := p.pc.QueryRow(ctx, p.b.q.SessionCheck, p.name, p.owner, int64(p.token), int32(p.pid),
-		int64(uint64(p.key)>>32), int64(uint64(p.key)&0xffffffff)).Scan(&held)
+	err := p.pc.QueryRow(ctx, p.b.q.SessionRenew, p.name, p.owner, int64(p.token), int32(p.pid),
+		int64(uint64(p.key)>>32), int64(uint64(p.key)&0xffffffff), p.ttl.Microseconds()).Scan(&held)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
 	return held, err
 }
 
@@ -198,20 +224,44 @@ func (b *Backend) sessionRelease(ctx context.Context, g lease.Grant) error {
 	defer cancel()
 	p.mu.Lock()
 	if p.ended != nil {
-		err := p.ended
+		settled, rowFree, cause := p.settled, p.rowFree, p.ended
+		p.settled = true
 		p.mu.Unlock()
-		return fmt.Errorf("%w: %w", lease.ErrNotHeld, err)
+		if !settled {
+			// Lost (the session ended, the grant expired): the Manager
+			// ended the lease before it sent this Release, so the row
+			// can be marked free and the owner recorded as ended.
+			if !rowFree {
+				_ = p.freeRow(ctx) // else the row expires after its TTL
+			}
+			return fmt.Errorf("%w: %w", lease.ErrNotHeld, cause)
+		}
+		// Released or abandoned by this Backend before: a retried
+		// release. If the earlier request was cut short, finish it.
+		if !rowFree {
+			if err := p.freeRow(ctx); err != nil {
+				return storeErr("release", p.name, err)
+			}
+		}
+		return nil
 	}
+	p.settled = true
 	var named, unlocked bool
-	err := p.pc.QueryRow(ctx, p.b.q.SessionRelease, p.name, p.owner, int64(p.token), int32(p.pid), p.key, p.idleWas, Channel).
+	err := p.pc.QueryRow(ctx, p.b.q.SessionRelease, p.name, p.owner, int64(p.token), int32(p.pid), p.key, p.idleWas, Channel, endedMicros(p.ttl)).
 		Scan(&named, &unlocked, nil, nil)
 	switch {
 	case err != nil:
-		// The lock's state is unknown: end the session.
+		// The lock's state is unknown: end the session (the server frees
+		// the lock). The release may have been applied; if the row can
+		// be marked free now, it is a release.
 		p.endLocked(fmt.Errorf("pglease: release of %q failed: %w", p.name, err))
 		p.mu.Unlock()
+		if ferr := p.freeRow(ctx); ferr == nil {
+			return nil
+		}
 		return storeErr("release", p.name, err)
 	case !unlocked:
+		p.rowFree = named
 		p.endLocked(errors.New("pglease: the session did not hold the lock at release"))
 		p.mu.Unlock()
 		return lease.ErrNotHeld
@@ -219,6 +269,7 @@ func (b *Backend) sessionRelease(ctx context.Context, g lease.Grant) error {
 	// Unlocked, with the session's setting restored: the connection is
 	// clean and goes back to the pool once the socket watcher is gone.
 	p.ended = errReleased
+	p.rowFree = true
 	p.unregister()
 	p.stopping = true
 	if p.sock != nil {
@@ -235,6 +286,62 @@ func (b *Backend) sessionRelease(ctx context.Context, g lease.Grant) error {
 	}
 	return nil
 }
+
+// freeRow marks the token row free if it still names the pin's grant and
+// records the owner as ended, in one statement on a connection of the pool
+// (the pinned one is gone). Call it only once the lease is no longer
+// valid for its holder (it was released, or its loss reported): it ends
+// the wait that a new holder would otherwise have for the row's expiry.
+func (p *pin) freeRow(ctx context.Context) error {
+	b := p.b
+	var ended bool
+	err := b.db.QueryRow(ctx, b.q.SessionAbandon, p.name, p.owner, endedMicros(p.ttl), Channel,
+		int64(uint64(p.key)>>32), int64(uint64(p.key)&0xffffffff)).Scan(&ended)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.rowFree = true
+	p.mu.Unlock()
+	return nil
+}
+
+// freeRowBounded is freeRow bounded by one second, for goroutines that
+// have no context (the socket watcher, Close).
+func (p *pin) freeRowBounded() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = p.freeRow(ctx) // the row then expires after its TTL
+}
+
+func (b *Backend) sessionAbandon(ctx context.Context, req lease.Request) error {
+	// A grant this Backend made to the owner: end its session here.
+	b.mu.Lock()
+	p := b.byName[req.Name]
+	b.mu.Unlock()
+	if p != nil && p.owner == req.Owner {
+		p.mu.Lock()
+		p.settled = true
+		p.endLocked(errAbandoned)
+		p.mu.Unlock()
+	}
+	key := lockKey(b.o.Schema, req.Name)
+	var ended bool
+	err := b.db.QueryRow(ctx, b.q.SessionAbandon, req.Name, req.Owner, endedMicros(req.TTL), Channel,
+		int64(uint64(key)>>32), int64(uint64(key)&0xffffffff)).Scan(&ended)
+	if err != nil {
+		return storeErr("abandon", req.Name, err)
+	}
+	if p != nil && p.owner == req.Owner {
+		p.mu.Lock()
+		p.rowFree = true
+		p.mu.Unlock()
+	}
+	return nil
+}
+
+// errAbandoned is the cause recorded on a session grant ended by Abandon.
+var errAbandoned = errors.New("pglease: abandoned")
 
 // errReleased is the cause recorded on a session grant released at the
 // store; a later Renew or Release of it matches lease.ErrNotHeld.
@@ -262,7 +369,8 @@ func (p *pin) unregister() {
 	b.mu.Unlock()
 }
 
-// abandon ends the pin from outside (Close) and reports the loss.
+// abandon ends the pin from outside (Close) and reports the loss; once
+// the holder knows, it marks the token row free.
 func (p *pin) abandon(cause error) {
 	p.mu.Lock()
 	live := p.ended == nil
@@ -274,6 +382,7 @@ func (p *pin) abandon(cause error) {
 	}
 	if live && notify != nil {
 		notify.Lost(cause)
+		p.freeRowBounded()
 	}
 }
 
@@ -331,6 +440,12 @@ func (p *pin) watch() {
 		destroy(p.pc)
 		if early && notify != nil {
 			notify.Lost(cause)
+		}
+		if !early || notify != nil {
+			// The holder's lease has ended (Lost returns once it has,
+			// or its deadline had passed): the next holder need not
+			// wait out the row's expiry.
+			p.freeRowBounded()
 		}
 		return
 	}

@@ -18,11 +18,11 @@ func (b *Backend) tableAcquire(ctx context.Context, req lease.Request) (lease.Gr
 		return lease.Grant{}, err
 	}
 	var (
-		granted bool
-		token   int64
-		leftUs  int64
+		granted, ended bool
+		token          int64
+		leftUs         int64
 	)
-	err = b.db.QueryRow(ctx, b.q.Acquire, req.Name, req.Owner, us).Scan(&granted, &token, &leftUs)
+	err = b.db.QueryRow(ctx, b.q.Acquire, req.Name, req.Owner, us).Scan(&granted, &token, &leftUs, &ended)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		// Refused, and the holder's row is newer than the snapshot: its
@@ -30,6 +30,8 @@ func (b *Backend) tableAcquire(ctx context.Context, req lease.Request) (lease.Gr
 		return lease.Grant{}, &lease.NotAcquiredError{Name: req.Name}
 	case err != nil:
 		return lease.Grant{}, storeErr("acquire", req.Name, err)
+	case !granted && ended:
+		return lease.Grant{}, endedOwnerErr(req)
 	case !granted:
 		return lease.Grant{}, &lease.NotAcquiredError{Name: req.Name, RetryAfter: time.Duration(leftUs) * time.Microsecond}
 	case token <= 0:
@@ -58,8 +60,11 @@ type grantKey struct {
 	token       int64
 }
 
-func (b *Backend) tableRenewBatch(ctx context.Context, gs []lease.Grant) []error {
-	errs := make([]error, len(gs))
+// tableRenewBatch renews every grant in one statement, and reports each
+// outcome when that statement has answered (the grants are all on one
+// server, so they are known together).
+func (b *Backend) tableRenewBatch(ctx context.Context, gs []lease.Grant, done func(int, error)) {
+	bad := make([]error, len(gs))
 	names := make([]string, 0, len(gs))
 	owners := make([]string, 0, len(gs))
 	tokens := make([]int64, 0, len(gs))
@@ -67,48 +72,74 @@ func (b *Backend) tableRenewBatch(ctx context.Context, gs []lease.Grant) []error
 	for i, g := range gs {
 		us, err := micros(g.TTL)
 		if err != nil {
-			errs[i] = err
+			bad[i] = err
 			continue
 		}
 		names, owners, tokens, ttls = append(names, g.Name), append(owners, g.Owner), append(tokens, int64(g.Token)), append(ttls, us)
 	}
-	if len(names) == 0 {
-		return errs
-	}
 	renewed := make(map[grantKey]bool, len(names))
-	rows, err := b.db.Query(ctx, b.q.RenewBatch, names, owners, tokens, ttls)
-	if err == nil {
-		for rows.Next() {
-			var k grantKey
-			if err = rows.Scan(&k.name, &k.owner, &k.token); err != nil {
-				break
-			}
-			renewed[k] = true
-		}
-		rows.Close()
+	var err error
+	if len(names) > 0 {
+		var rows pgx.Rows
+		rows, err = b.db.Query(ctx, b.q.RenewBatch, names, owners, tokens, ttls)
 		if err == nil {
-			err = rows.Err()
+			for rows.Next() {
+				var k grantKey
+				if err = rows.Scan(&k.name, &k.owner, &k.token); err != nil {
+					break
+				}
+				renewed[k] = true
+			}
+			rows.Close()
+			if err == nil {
+				err = rows.Err()
+			}
 		}
 	}
 	for i, g := range gs {
 		switch {
-		case errs[i] != nil:
+		case bad[i] != nil:
+			done(i, bad[i])
 		case err != nil:
-			errs[i] = storeErr("renew", g.Name, err)
+			done(i, storeErr("renew", g.Name, err))
 		case !renewed[grantKey{g.Name, g.Owner, int64(g.Token)}]:
-			errs[i] = lease.ErrNotHeld
+			done(i, lease.ErrNotHeld)
+		default:
+			done(i, nil)
 		}
 	}
-	return errs
 }
 
 func (b *Backend) tableRelease(ctx context.Context, g lease.Grant) error {
-	var n int64
-	if err := b.db.QueryRow(ctx, b.q.Release, g.Name, g.Owner, int64(g.Token), Channel).Scan(&n); err != nil {
+	var released, already, notified bool
+	err := b.db.QueryRow(ctx, b.q.Release, g.Name, g.Owner, int64(g.Token), Channel, endedMicros(g.TTL)).Scan(&released, &already, &notified)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return lease.ErrNotHeld // the name has no row (data loss)
+	case err != nil:
 		return storeErr("release", g.Name, err)
+	case released || already:
+		// already: a release of this owner was applied before (a retried
+		// request whose first reply was lost): a release, not a loss.
+		return nil
 	}
-	if n != 1 {
-		return lease.ErrNotHeld
+	return lease.ErrNotHeld
+}
+
+func (b *Backend) tableAbandon(ctx context.Context, req lease.Request) error {
+	var n int64
+	if err := b.db.QueryRow(ctx, b.q.Abandon, req.Name, req.Owner, endedMicros(req.TTL), Channel).Scan(&n); err != nil {
+		return storeErr("abandon", req.Name, err)
 	}
 	return nil
+}
+
+// endedMicros is how long, in µs, the store remembers an owner it ended
+// for a grant of ttl: lease.EndedOwnerTTL.
+func endedMicros(ttl time.Duration) int64 { return lease.EndedOwnerTTL(ttl).Microseconds() }
+
+// endedOwnerErr is Acquire's refusal of an owner the store ended.
+func endedOwnerErr(req lease.Request) error {
+	return fmt.Errorf("%w: %q: owner %q was released or abandoned at the store (an acquire request that arrived after its sender stopped waiting for it)",
+		lease.ErrNotAcquired, req.Name, req.Owner)
 }
