@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/fencekit/fencekit/lease"
@@ -53,45 +54,47 @@ func (s *slowBatchBackend) Release(ctx context.Context, rec lease.Grant) error {
 // deadlines (about 6.14s), 200ms before B's: room for a loaded machine's
 // late goroutines, and much less than the give-back takes.
 func TestHostile_BatchGiveBackDelaysOtherLeases(t *testing.T) {
-	sb := &slowBatchBackend{MemoryBackend: lease.NewMemoryBackend(), releaseDelay: 800 * time.Millisecond}
-	m, err := lease.NewManager(sb, 6*time.Second, lease.WithRenewInterval(2*time.Second), lease.WithRenewBatchWindow(450*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	a, err := m.TryAcquire(ctx, "a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(400 * time.Millisecond)
-	b, err := m.TryAcquire(ctx, "b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	aDeadline, bDeadline := a.Deadline(), b.Deadline()
-	replyAt := aDeadline.Add(bDeadline.Sub(aDeadline) / 2)
-	sb.replyAt.Store(&replyAt)
-	select {
-	case <-a.Done():
-	case <-time.After(time.Until(aDeadline) + 2*time.Second):
-		t.Fatal("A was not lost at its deadline")
-	}
-	select {
-	case <-b.Done():
-		t.Errorf("B was lost %v after its deadline, although its batched renewal had been answered %v before that deadline: %v",
-			time.Since(bDeadline).Round(time.Millisecond), bDeadline.Sub(replyAt).Round(time.Millisecond), b.Err())
-	case <-time.After(time.Until(bDeadline) + 150*time.Millisecond):
-	}
-	if !errors.Is(a.Err(), lease.ErrLost) {
-		t.Fatalf("A: %v, want lost", a.Err())
-	}
-	if sb.delayed.Load() == 0 {
-		t.Fatal("A's and B's heartbeats never went out in one batch: the test did not exercise the give-back")
-	}
-	_ = a.Release(ctx)
-	if err := b.Release(ctx); err != nil {
-		t.Fatalf("B: %v", err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		sb := &slowBatchBackend{MemoryBackend: lease.NewMemoryBackend(), releaseDelay: 800 * time.Millisecond}
+		m, err := lease.NewManager(sb, 6*time.Second, lease.WithRenewInterval(2*time.Second), lease.WithRenewBatchWindow(450*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		a, err := m.TryAcquire(ctx, "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(240 * time.Millisecond)
+		b, err := m.TryAcquire(ctx, "b")
+		if err != nil {
+			t.Fatal(err)
+		}
+		aDeadline, bDeadline := a.Deadline(), b.Deadline()
+		replyAt := aDeadline.Add(bDeadline.Sub(aDeadline) / 2)
+		sb.replyAt.Store(&replyAt)
+		select {
+		case <-a.Done():
+		case <-time.After(time.Until(aDeadline) + 2*time.Second):
+			t.Fatal("A was not lost at its deadline")
+		}
+		select {
+		case <-b.Done():
+			t.Errorf("B was lost %v after its deadline, although its batched renewal had been answered %v before that deadline: %v",
+				time.Since(bDeadline).Round(time.Millisecond), bDeadline.Sub(replyAt).Round(time.Millisecond), b.Err())
+		case <-time.After(time.Until(bDeadline) + 150*time.Millisecond):
+		}
+		if !errors.Is(a.Err(), lease.ErrLost) {
+			t.Fatalf("A: %v, want lost", a.Err())
+		}
+		if sb.delayed.Load() == 0 {
+			t.Fatal("A's and B's heartbeats never went out in one batch: the test did not exercise the give-back")
+		}
+		_ = a.Release(ctx)
+		if err := b.Release(ctx); err != nil {
+			t.Fatalf("B: %v", err)
+		}
+	})
 }
 
 // TestHostile_OptionsEdges: NewManager's boundary.
@@ -168,6 +171,10 @@ func (j *jitterBackend) Release(ctx context.Context, rec lease.Grant) error {
 // random moments. Run with -race. After Release: the lease has ended, its
 // context carries the same error, a second Release agrees with the first,
 // Renew never succeeds, and the store lets another owner in at once.
+//
+// It runs on the real clock: concurrent Release calls wait on a mutex
+// held across the store's I/O, which testing/synctest does not count as
+// durably blocked, so virtual time would stand still.
 func TestHostile_ReleaseRenewDeadlineRaces(t *testing.T) {
 	mem := lease.NewMemoryBackend()
 	jb := &jitterBackend{MemoryBackend: mem, max: 15 * time.Millisecond}

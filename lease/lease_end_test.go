@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/fencekit/fencekit/lease"
@@ -74,78 +75,82 @@ func (p *releaseProbe) validAtRelease() []string {
 // the store's answer came back, and a waiter woken by the release was
 // granted meanwhile.)
 func TestReleaseEndsValidityBeforeItIsSent(t *testing.T) {
-	p := &releaseProbe{MemoryBackend: lease.NewMemoryBackend()}
-	m, err := lease.NewManager(p, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
+	synctest.Test(t, func(t *testing.T) {
+		p := &releaseProbe{MemoryBackend: lease.NewMemoryBackend()}
+		m, err := lease.NewManager(p, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
 
-	l, err := m.TryAcquire(ctx, "release")
-	if err != nil {
-		t.Fatal(err)
-	}
-	work, cancel := context.WithCancel(l.Context())
-	defer cancel()
-	p.observe(l, work)
-	if err := l.Release(ctx); err != nil {
-		t.Fatalf("Release: %v", err)
-	}
-	if p.release.Load() != 1 {
-		t.Fatalf("%d release requests, want 1", p.release.Load())
-	}
-	if seen := p.validAtRelease(); len(seen) > 0 {
-		t.Fatalf("the lease was still valid for its holder while the store freed it: %q", seen)
-	}
-	if !errors.Is(context.Cause(work), lease.ErrReleased) || !errors.Is(l.Err(), lease.ErrReleased) {
-		t.Fatalf("after Release: work cause %v, Err %v; want ErrReleased", context.Cause(work), l.Err())
-	}
+		l, err := m.TryAcquire(ctx, "release")
+		if err != nil {
+			t.Fatal(err)
+		}
+		work, cancel := context.WithCancel(l.Context())
+		defer cancel()
+		p.observe(l, work)
+		if err := l.Release(ctx); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		if p.release.Load() != 1 {
+			t.Fatalf("%d release requests, want 1", p.release.Load())
+		}
+		if seen := p.validAtRelease(); len(seen) > 0 {
+			t.Fatalf("the lease was still valid for its holder while the store freed it: %q", seen)
+		}
+		if !errors.Is(context.Cause(work), lease.ErrReleased) || !errors.Is(l.Err(), lease.ErrReleased) {
+			t.Fatalf("after Release: work cause %v, Err %v; want ErrReleased", context.Cause(work), l.Err())
+		}
 
-	// The same through Run: fn's context is done before the release is
-	// sent.
-	err = m.Run(ctx, "run", func(ctx context.Context, l *lease.Lease) error {
-		p.observe(l, ctx)
-		return nil
+		// The same through Run: fn's context is done before the release is
+		// sent.
+		err = m.Run(ctx, "run", func(ctx context.Context, l *lease.Lease) error {
+			p.observe(l, ctx)
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		if seen := p.validAtRelease(); len(seen) > 0 {
+			t.Fatalf("Run's lease was still valid while the store freed it: %q", seen)
+		}
 	})
-	if err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	if seen := p.validAtRelease(); len(seen) > 0 {
-		t.Fatalf("Run's lease was still valid while the store freed it: %q", seen)
-	}
 }
 
 // A Release that finds the store had let the grant go reports the loss,
 // and Err changes from ErrReleased to that *LostError; the lease was never
 // valid during the request.
 func TestReleaseOfAGrantTheStoreLostReportsTheLoss(t *testing.T) {
-	b := lease.NewMemoryBackend()
-	p := &releaseProbe{MemoryBackend: b}
-	var lost atomic.Int32
-	m, err := lease.NewManager(p, time.Second, lease.WithObserver(lostCounter{&lost}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := m.TryAcquire(context.Background(), "gone")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.observe(l, nil)
-	b.Forget() // the store lost the grant; the holder does not know yet
-	err = l.Release(context.Background())
-	var le *lease.LostError
-	if !errors.As(err, &le) || le.Reason != lease.LostTakenOver {
-		t.Fatalf("Release of a grant the store lost = %v, want a *LostError (taken over)", err)
-	}
-	if !errors.Is(l.Err(), lease.ErrLost) {
-		t.Fatalf("Err after Release found the grant gone = %v, want ErrLost", l.Err())
-	}
-	if seen := p.validAtRelease(); len(seen) > 0 {
-		t.Fatalf("valid while the store was asked: %q", seen)
-	}
-	if lost.Load() != 1 {
-		t.Fatalf("Observer.Lost called %d times, want 1", lost.Load())
-	}
+	synctest.Test(t, func(t *testing.T) {
+		b := lease.NewMemoryBackend()
+		p := &releaseProbe{MemoryBackend: b}
+		var lost atomic.Int32
+		m, err := lease.NewManager(p, time.Second, lease.WithObserver(lostCounter{&lost}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := m.TryAcquire(context.Background(), "gone")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.observe(l, nil)
+		b.Forget() // the store lost the grant; the holder does not know yet
+		err = l.Release(context.Background())
+		var le *lease.LostError
+		if !errors.As(err, &le) || le.Reason != lease.LostTakenOver {
+			t.Fatalf("Release of a grant the store lost = %v, want a *LostError (taken over)", err)
+		}
+		if !errors.Is(l.Err(), lease.ErrLost) {
+			t.Fatalf("Err after Release found the grant gone = %v, want ErrLost", l.Err())
+		}
+		if seen := p.validAtRelease(); len(seen) > 0 {
+			t.Fatalf("valid while the store was asked: %q", seen)
+		}
+		if lost.Load() != 1 {
+			t.Fatalf("Observer.Lost called %d times, want 1", lost.Load())
+		}
+	})
 }
 
 type lostCounter struct{ n *atomic.Int32 }
@@ -158,43 +163,45 @@ func (c lostCounter) Released(lease.ReleasedEvent) {}
 // Election.Resign tells the leader's work to stop (its context is
 // cancelled) before the request that lets the next leader in is sent.
 func TestResignStopsTheLeaderBeforeLeadershipPasses(t *testing.T) {
-	p := &releaseProbe{MemoryBackend: lease.NewMemoryBackend()}
-	m, err := lease.NewManager(p, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := lease.NewElection(m, "leader", lease.WithBackoff(time.Minute, time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	leading := make(chan struct{})
-	workDone := make(chan error, 1)
-	runDone := make(chan error, 1)
-	go func() {
-		runDone <- e.Run(ctx, func(ctx context.Context, l *lease.Lease) error {
-			p.observe(l, ctx)
-			close(leading)
-			<-ctx.Done()
-			workDone <- context.Cause(ctx)
-			return nil
-		})
-	}()
-	<-leading
-	if err := e.Resign(context.Background()); err != nil {
-		t.Fatalf("Resign: %v", err)
-	}
-	if seen := p.validAtRelease(); len(seen) > 0 {
-		t.Fatalf("the leader's work could still run when its leadership was released: %q", seen)
-	}
-	if cause := <-workDone; !errors.Is(cause, lease.ErrReleased) {
-		t.Fatalf("the leader's work ended with cause %v, want ErrReleased", cause)
-	}
-	cancel()
-	if err := <-runDone; !errors.Is(err, context.Canceled) {
-		t.Fatalf("Run = %v", err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		p := &releaseProbe{MemoryBackend: lease.NewMemoryBackend()}
+		m, err := lease.NewManager(p, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := lease.NewElection(m, "leader", lease.WithBackoff(time.Minute, time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		leading := make(chan struct{})
+		workDone := make(chan error, 1)
+		runDone := make(chan error, 1)
+		go func() {
+			runDone <- e.Run(ctx, func(ctx context.Context, l *lease.Lease) error {
+				p.observe(l, ctx)
+				close(leading)
+				<-ctx.Done()
+				workDone <- context.Cause(ctx)
+				return nil
+			})
+		}()
+		<-leading
+		if err := e.Resign(context.Background()); err != nil {
+			t.Fatalf("Resign: %v", err)
+		}
+		if seen := p.validAtRelease(); len(seen) > 0 {
+			t.Fatalf("the leader's work could still run when its leadership was released: %q", seen)
+		}
+		if cause := <-workDone; !errors.Is(cause, lease.ErrReleased) {
+			t.Fatalf("the leader's work ended with cause %v, want ErrReleased", cause)
+		}
+		cancel()
+		if err := <-runDone; !errors.Is(err, context.Canceled) {
+			t.Fatalf("Run = %v", err)
+		}
+	})
 }
 
 // hangingWatch is a store whose Watch never confirms the subscription: it
@@ -220,55 +227,57 @@ func (h *hangingWatch) Watch(ctx context.Context, name string) (<-chan struct{},
 // PollInterval and the waiter polls. (Before: the whole Acquire context
 // went to Watch, and a waiter made no attempt until it ended.)
 func TestWatchThatNeverConfirmsDoesNotStopPolling(t *testing.T) {
-	h := &hangingWatch{MemoryBackend: lease.NewMemoryBackend()}
-	const poll = 50 * time.Millisecond
-	holder, err := lease.NewManager(h.MemoryBackend, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	waiter, err := lease.NewManager(h, time.Second, lease.WithPollInterval(poll))
-	if err != nil {
-		t.Fatal(err)
-	}
-	held, err := holder.TryAcquire(context.Background(), "w")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	got := make(chan error, 1)
-	go func() {
-		l, err := waiter.Acquire(ctx, "w")
-		if err == nil {
-			err = l.Release(context.Background())
+	synctest.Test(t, func(t *testing.T) {
+		h := &hangingWatch{MemoryBackend: lease.NewMemoryBackend()}
+		const poll = 50 * time.Millisecond
+		holder, err := lease.NewManager(h.MemoryBackend, time.Second)
+		if err != nil {
+			t.Fatal(err)
 		}
-		got <- err
-	}()
-	// Let the waiter try, fail, and get stuck in Watch at least once.
-	for {
+		waiter, err := lease.NewManager(h, time.Second, lease.WithPollInterval(poll))
+		if err != nil {
+			t.Fatal(err)
+		}
+		held, err := holder.TryAcquire(context.Background(), "w")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		got := make(chan error, 1)
+		go func() {
+			l, err := waiter.Acquire(ctx, "w")
+			if err == nil {
+				err = l.Release(context.Background())
+			}
+			got <- err
+		}()
+		// Let the waiter try, fail, and get stuck in Watch at least once.
+		for {
+			h.mu.Lock()
+			n := len(h.calls)
+			h.mu.Unlock()
+			if n > 0 {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if err := held.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-got; err != nil {
+			t.Fatalf("the waiter did not get the lease before its context ended: %v", err)
+		}
 		h.mu.Lock()
-		n := len(h.calls)
-		h.mu.Unlock()
-		if n > 0 {
-			break
+		defer h.mu.Unlock()
+		for _, d := range h.calls {
+			// The Watch's context ended by its own PollInterval timeout, not
+			// by the caller's minute; allow a loaded machine's timer.
+			if d > poll+time.Second {
+				t.Fatalf("a Watch was allowed %v, want PollInterval %v", d, poll)
+			}
 		}
-		time.Sleep(time.Millisecond)
-	}
-	if err := held.Release(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-got; err != nil {
-		t.Fatalf("the waiter did not get the lease before its context ended: %v", err)
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, d := range h.calls {
-		// The Watch's context ended by its own PollInterval timeout, not
-		// by the caller's minute; allow a loaded machine's timer.
-		if d > poll+time.Second {
-			t.Fatalf("a Watch was allowed %v, want PollInterval %v", d, poll)
-		}
-	}
+	})
 }
 
 // splitBatch is a store spread over two nodes: a batch's grants whose name
@@ -303,40 +312,42 @@ func (s *splitBatch) RenewBatch(ctx context.Context, gs []lease.Grant, done func
 // (Before: RenewBatch returned every outcome at once, after the stalled
 // node, and the healthy node's leases were lost at their deadlines too.)
 func TestStalledNodeLosesOnlyItsOwnLeases(t *testing.T) {
-	sb := &splitBatch{MemoryBackend: lease.NewMemoryBackend()}
-	const ttl = 400 * time.Millisecond
-	m, err := lease.NewManager(sb, ttl, lease.WithRenewInterval(ttl/4), lease.WithRenewBatchWindow(ttl/20))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var fast, slow []*lease.Lease
-	for i := range 4 {
-		for _, prefix := range []string{"fast", "slow"} {
-			l, err := m.TryAcquire(context.Background(), fmt.Sprintf("%s-%d", prefix, i))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if prefix == "fast" {
-				fast = append(fast, l)
-			} else {
-				slow = append(slow, l)
-			}
-		}
-	}
-	for _, l := range slow {
-		<-l.Done()
-		if !errors.Is(l.Err(), lease.ErrLost) {
-			t.Fatalf("%s on the stalled node: %v, want lost", l.Name(), l.Err())
-		}
-	}
-	// Two more TTLs: the healthy node's leases live on.
-	time.Sleep(2 * ttl)
-	for _, l := range fast {
-		if err := l.Err(); err != nil {
-			t.Fatalf("%s on the healthy node was lost with the stalled node's: %v", l.Name(), err)
-		}
-		if err := l.Release(context.Background()); err != nil {
+	synctest.Test(t, func(t *testing.T) {
+		sb := &splitBatch{MemoryBackend: lease.NewMemoryBackend()}
+		const ttl = 400 * time.Millisecond
+		m, err := lease.NewManager(sb, ttl, lease.WithRenewInterval(ttl/4), lease.WithRenewBatchWindow(ttl/20))
+		if err != nil {
 			t.Fatal(err)
 		}
-	}
+		var fast, slow []*lease.Lease
+		for i := range 4 {
+			for _, prefix := range []string{"fast", "slow"} {
+				l, err := m.TryAcquire(context.Background(), fmt.Sprintf("%s-%d", prefix, i))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if prefix == "fast" {
+					fast = append(fast, l)
+				} else {
+					slow = append(slow, l)
+				}
+			}
+		}
+		for _, l := range slow {
+			<-l.Done()
+			if !errors.Is(l.Err(), lease.ErrLost) {
+				t.Fatalf("%s on the stalled node: %v, want lost", l.Name(), l.Err())
+			}
+		}
+		// Two more TTLs: the healthy node's leases live on.
+		time.Sleep(2 * ttl)
+		for _, l := range fast {
+			if err := l.Err(); err != nil {
+				t.Fatalf("%s on the healthy node was lost with the stalled node's: %v", l.Name(), err)
+			}
+			if err := l.Release(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
 }

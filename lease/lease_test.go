@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/goleak"
@@ -174,155 +175,167 @@ func TestBadNamesDoNoIO(t *testing.T) {
 // The local deadline counts from when the request was sent, not from when
 // the reply arrived.
 func TestDeadlineCountsFromSend(t *testing.T) {
-	fb := &faultBackend{Backend: lease.NewMemoryBackend(), acquireDelay: 150 * time.Millisecond}
-	m, err := lease.NewManager(fb, time.Second, lease.WithoutAutoRenew())
-	if err != nil {
-		t.Fatal(err)
-	}
-	before := time.Now()
-	l, err := m.TryAcquire(context.Background(), "deadline")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Release(context.Background())
-	after := time.Now()
-	// The request was sent between before and when it reached the backend;
-	// the reply came 150 ms after that. No timing is assumed.
-	entered := *fb.entered.Load()
-	want := time.Second - m.Options().SafetyMargin
-	if dl := l.Deadline(); dl.Before(before.Add(want)) || dl.After(entered.Add(want)) {
-		t.Fatalf("deadline is %v after the call began, %v after the request reached the store and %v after the call returned; want %v after the send",
-			dl.Sub(before), dl.Sub(entered), dl.Sub(after), want)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		fb := &faultBackend{Backend: lease.NewMemoryBackend(), acquireDelay: 150 * time.Millisecond}
+		m, err := lease.NewManager(fb, time.Second, lease.WithoutAutoRenew())
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := time.Now()
+		l, err := m.TryAcquire(context.Background(), "deadline")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Release(context.Background())
+		after := time.Now()
+		// The request was sent between before and when it reached the backend;
+		// the reply came 150 ms after that. No timing is assumed.
+		entered := *fb.entered.Load()
+		want := time.Second - m.Options().SafetyMargin
+		if dl := l.Deadline(); dl.Before(before.Add(want)) || dl.After(entered.Add(want)) {
+			t.Fatalf("deadline is %v after the call began, %v after the request reached the store and %v after the call returned; want %v after the send",
+				dl.Sub(before), dl.Sub(entered), dl.Sub(after), want)
+		}
+	})
 }
 
 // A grant whose reply arrives after its local deadline is given back and
 // reported as not acquired.
 func TestLateGrantIsRefused(t *testing.T) {
-	mem := lease.NewMemoryBackend()
-	// The store keeps the grant for a minute, so that only a give-back
-	// frees it for the next owner.
-	fb := &faultBackend{Backend: mem, acquireDelay: 120 * time.Millisecond, storeTTL: time.Minute}
-	m, err := lease.NewManager(fb, 100*time.Millisecond)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := m.TryAcquire(context.Background(), "late")
-	if !errors.Is(err, lease.ErrNotAcquired) || l != nil {
-		t.Fatalf("TryAcquire with a late reply = %v, %v; want ErrNotAcquired", l, err)
-	}
-	// The grant was given back: another owner gets it at once.
-	m2, _ := lease.NewManager(mem, time.Second)
-	l2, err := m2.TryAcquire(context.Background(), "late")
-	if err != nil {
-		t.Fatalf("the late grant was not given back: %v", err)
-	}
-	l2.Release(context.Background())
+	synctest.Test(t, func(t *testing.T) {
+		mem := lease.NewMemoryBackend()
+		// The store keeps the grant for a minute, so that only a give-back
+		// frees it for the next owner.
+		fb := &faultBackend{Backend: mem, acquireDelay: 120 * time.Millisecond, storeTTL: time.Minute}
+		m, err := lease.NewManager(fb, 100*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := m.TryAcquire(context.Background(), "late")
+		if !errors.Is(err, lease.ErrNotAcquired) || l != nil {
+			t.Fatalf("TryAcquire with a late reply = %v, %v; want ErrNotAcquired", l, err)
+		}
+		// The grant was given back: another owner gets it at once.
+		m2, _ := lease.NewManager(mem, time.Second)
+		l2, err := m2.TryAcquire(context.Background(), "late")
+		if err != nil {
+			t.Fatalf("the late grant was not given back: %v", err)
+		}
+		l2.Release(context.Background())
+	})
 }
 
 func TestHeartbeatKeepsLeaseAlive(t *testing.T) {
-	fb := &faultBackend{Backend: lease.NewMemoryBackend()}
-	// TTL 600 ms, renewed every 196 ms: a renewal may run up to 400 ms late
-	// (a loaded machine) before the lease ends; two seconds need ten.
-	m, err := lease.NewManager(fb, 600*time.Millisecond)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := m.TryAcquire(context.Background(), "hb")
-	if err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(2 * time.Second)
-	if err := l.Err(); err != nil {
-		t.Fatalf("lease ended while renewed: %v", err)
-	}
-	if n := fb.renews.Load(); n < 3 {
-		t.Fatalf("%d renewals in 2s with TTL 600ms, want several", n)
-	}
-	if err := l.Release(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		fb := &faultBackend{Backend: lease.NewMemoryBackend()}
+		// TTL 600 ms, renewed every 196 ms: a renewal may run up to 400 ms late
+		// (a loaded machine) before the lease ends; two seconds need ten.
+		m, err := lease.NewManager(fb, 600*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := m.TryAcquire(context.Background(), "hb")
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Second)
+		if err := l.Err(); err != nil {
+			t.Fatalf("lease ended while renewed: %v", err)
+		}
+		if n := fb.renews.Load(); n < 3 {
+			t.Fatalf("%d renewals in 2s with TTL 600ms, want several", n)
+		}
+		if err := l.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
 
 // Transient renew errors are retried; at the local deadline the lease is lost
 // with the last error as its cause, even though the store never answered.
 func TestTransientRenewErrorsLoseAtDeadline(t *testing.T) {
-	fb := &faultBackend{Backend: lease.NewMemoryBackend()}
-	ttl := 300 * time.Millisecond
-	m, err := lease.NewManager(fb, ttl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := m.TryAcquire(context.Background(), "transient")
-	if err != nil {
-		t.Fatal(err)
-	}
-	boom := errors.New("connection refused")
-	fb.renewErr.Store(&boom)
-	deadline := l.Deadline()
-	select {
-	case <-l.Done():
-	case <-time.After(5 * time.Second):
-		t.Fatal("lease not lost after renewals kept failing")
-	}
-	lostAt := time.Now()
-	if lostAt.Before(deadline) {
-		t.Fatalf("lost %v before the deadline", deadline.Sub(lostAt))
-	}
-	var le *lease.LostError
-	if !errors.As(l.Err(), &le) || le.Reason != lease.LostExpired || !errors.Is(l.Err(), boom) {
-		t.Fatalf("Err = %v, want an expired LostError caused by %v", l.Err(), boom)
-	}
-	if n := fb.renews.Load(); n < 3 {
-		t.Fatalf("%d renew attempts, want retries", n)
-	}
-	if err := l.Release(context.Background()); !errors.Is(err, lease.ErrLost) {
-		t.Fatalf("Release = %v, want ErrLost", err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		fb := &faultBackend{Backend: lease.NewMemoryBackend()}
+		ttl := 300 * time.Millisecond
+		m, err := lease.NewManager(fb, ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := m.TryAcquire(context.Background(), "transient")
+		if err != nil {
+			t.Fatal(err)
+		}
+		boom := errors.New("connection refused")
+		fb.renewErr.Store(&boom)
+		deadline := l.Deadline()
+		select {
+		case <-l.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("lease not lost after renewals kept failing")
+		}
+		lostAt := time.Now()
+		if lostAt.Before(deadline) {
+			t.Fatalf("lost %v before the deadline", deadline.Sub(lostAt))
+		}
+		var le *lease.LostError
+		if !errors.As(l.Err(), &le) || le.Reason != lease.LostExpired || !errors.Is(l.Err(), boom) {
+			t.Fatalf("Err = %v, want an expired LostError caused by %v", l.Err(), boom)
+		}
+		if n := fb.renews.Load(); n < 3 {
+			t.Fatalf("%d renew attempts, want retries", n)
+		}
+		if err := l.Release(context.Background()); !errors.Is(err, lease.ErrLost) {
+			t.Fatalf("Release = %v, want ErrLost", err)
+		}
+	})
 }
 
 // A renew that finds another owner ends the lease at once.
 func TestRenewTakenOverCancelsAtOnce(t *testing.T) {
-	fb := &faultBackend{Backend: lease.NewMemoryBackend()}
-	m, err := lease.NewManager(fb, 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := m.TryAcquire(context.Background(), "takeover")
-	if err != nil {
-		t.Fatal(err)
-	}
-	notHeld := lease.ErrNotHeld
-	fb.renewErr.Store(&notHeld)
-	err = l.Renew(context.Background())
-	var le *lease.LostError
-	if !errors.As(err, &le) || le.Reason != lease.LostTakenOver {
-		t.Fatalf("Renew = %v, want a LostError (taken over)", err)
-	}
-	select {
-	case <-l.Done():
-	default:
-		t.Fatal("Done not closed when Renew returned")
-	}
-	if err := l.Release(context.Background()); !errors.Is(err, lease.ErrLost) {
-		t.Fatalf("Release = %v, want ErrLost", err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		fb := &faultBackend{Backend: lease.NewMemoryBackend()}
+		m, err := lease.NewManager(fb, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := m.TryAcquire(context.Background(), "takeover")
+		if err != nil {
+			t.Fatal(err)
+		}
+		notHeld := lease.ErrNotHeld
+		fb.renewErr.Store(&notHeld)
+		err = l.Renew(context.Background())
+		var le *lease.LostError
+		if !errors.As(err, &le) || le.Reason != lease.LostTakenOver {
+			t.Fatalf("Renew = %v, want a LostError (taken over)", err)
+		}
+		select {
+		case <-l.Done():
+		default:
+			t.Fatal("Done not closed when Renew returned")
+		}
+		if err := l.Release(context.Background()); !errors.Is(err, lease.ErrLost) {
+			t.Fatalf("Release = %v, want ErrLost", err)
+		}
+	})
 }
 
 func TestAcquireGivesUpWithContext(t *testing.T) {
-	mem := lease.NewMemoryBackend()
-	m, _ := lease.NewManager(mem, 10*time.Second)
-	l, err := m.TryAcquire(context.Background(), "busy")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Release(context.Background())
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	_, err = m.Acquire(ctx, "busy")
-	if !errors.Is(err, lease.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Acquire = %v, want ErrNotAcquired joined with DeadlineExceeded", err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		mem := lease.NewMemoryBackend()
+		m, _ := lease.NewManager(mem, 10*time.Second)
+		l, err := m.TryAcquire(context.Background(), "busy")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Release(context.Background())
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		_, err = m.Acquire(ctx, "busy")
+		if !errors.Is(err, lease.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Acquire = %v, want ErrNotAcquired joined with DeadlineExceeded", err)
+		}
+	})
 }
 
 // stuckBackend grants the first acquire at the store, then holds its reply
@@ -380,39 +393,41 @@ func (s *stuckBackend) Acquire(ctx context.Context, r lease.Request) (lease.Gran
 // the stuck request's grant (or a late copy of it) holds the name for an
 // owner nobody holds.
 func TestAcquireAbandonsAnAttemptHeldPastValidity(t *testing.T) {
-	sb := &stuckBackend{MemoryBackend: lease.NewMemoryBackend(), firstDone: make(chan struct{})}
-	const ttl = 2 * time.Second
-	m, err := lease.NewManager(sb, ttl, lease.WithPollInterval(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	l, err := m.Acquire(ctx, "stuck")
-	if err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
-	defer l.Release(context.Background())
-	<-sb.firstDone
-	validity := ttl - m.Options().SafetyMargin
-	if !sb.first.hasDeadline || sb.first.deadline.After(sb.first.entered.Add(validity)) {
-		t.Fatalf("the first attempt's context: deadline %v (set: %v), %v after the request reached the store; want at most the validity %v",
-			sb.first.deadline, sb.first.hasDeadline, sb.first.deadline.Sub(sb.first.entered), validity)
-	}
-	if l.Owner() == sb.first.owner {
-		t.Fatalf("the lease has the abandoned attempt's owner %q; want a new one", l.Owner())
-	}
-	if l.Token() <= sb.first.token {
-		t.Fatalf("lease token %d; want more than %d, the abandoned grant's", l.Token(), sb.first.token)
-	}
-	if got := sb.abandoned(); len(got) != 1 || got[0] != sb.first.owner {
-		t.Fatalf("abandoned owners %q; want just the first attempt's %q", got, sb.first.owner)
-	}
-	// The abandoned request, arriving again late, grants nothing.
-	late := lease.Request{Name: "stuck", Owner: sb.first.owner, TTL: ttl}
-	if _, err := sb.MemoryBackend.Acquire(ctx, late); !errors.Is(err, lease.ErrNotAcquired) {
-		t.Fatalf("a late copy of the abandoned request = %v, want ErrNotAcquired", err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		sb := &stuckBackend{MemoryBackend: lease.NewMemoryBackend(), firstDone: make(chan struct{})}
+		const ttl = 2 * time.Second
+		m, err := lease.NewManager(sb, ttl, lease.WithPollInterval(100*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		l, err := m.Acquire(ctx, "stuck")
+		if err != nil {
+			t.Fatalf("Acquire: %v", err)
+		}
+		defer l.Release(context.Background())
+		<-sb.firstDone
+		validity := ttl - m.Options().SafetyMargin
+		if !sb.first.hasDeadline || sb.first.deadline.After(sb.first.entered.Add(validity)) {
+			t.Fatalf("the first attempt's context: deadline %v (set: %v), %v after the request reached the store; want at most the validity %v",
+				sb.first.deadline, sb.first.hasDeadline, sb.first.deadline.Sub(sb.first.entered), validity)
+		}
+		if l.Owner() == sb.first.owner {
+			t.Fatalf("the lease has the abandoned attempt's owner %q; want a new one", l.Owner())
+		}
+		if l.Token() <= sb.first.token {
+			t.Fatalf("lease token %d; want more than %d, the abandoned grant's", l.Token(), sb.first.token)
+		}
+		if got := sb.abandoned(); len(got) != 1 || got[0] != sb.first.owner {
+			t.Fatalf("abandoned owners %q; want just the first attempt's %q", got, sb.first.owner)
+		}
+		// The abandoned request, arriving again late, grants nothing.
+		late := lease.Request{Name: "stuck", Owner: sb.first.owner, TTL: ttl}
+		if _, err := sb.MemoryBackend.Acquire(ctx, late); !errors.Is(err, lease.ErrNotAcquired) {
+			t.Fatalf("a late copy of the abandoned request = %v, want ErrNotAcquired", err)
+		}
+	})
 }
 
 // TryAcquire's single attempt is bounded by its context alone (here longer
@@ -420,50 +435,54 @@ func TestAcquireAbandonsAnAttemptHeldPastValidity(t *testing.T) {
 // TryAcquire abandons the owner before returning, so the name is free at
 // once instead of after a TTL.
 func TestTryAcquireIsBoundedByItsContext(t *testing.T) {
-	sb := &stuckBackend{MemoryBackend: lease.NewMemoryBackend(), firstDone: make(chan struct{})}
-	m, err := lease.NewManager(sb, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
-	defer cancel()
-	if _, err := m.TryAcquire(ctx, "stuck"); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("TryAcquire = %v, want the context's DeadlineExceeded", err)
-	}
-	<-sb.firstDone
-	if dl, _ := ctx.Deadline(); !sb.first.deadline.Equal(dl) {
-		t.Fatalf("the attempt's deadline %v, want the caller's %v", sb.first.deadline, dl)
-	}
-	if got := sb.abandoned(); len(got) != 1 || got[0] != sb.first.owner {
-		t.Fatalf("abandoned owners %q; want the unanswered attempt's %q", got, sb.first.owner)
-	}
-	h, err := sb.Holder(context.Background(), "stuck")
-	if !errors.Is(err, lease.ErrNotHeld) {
-		t.Fatalf("after TryAcquire gave up, the store names %+v (%v); want no holder", h, err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		sb := &stuckBackend{MemoryBackend: lease.NewMemoryBackend(), firstDone: make(chan struct{})}
+		m, err := lease.NewManager(sb, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+		defer cancel()
+		if _, err := m.TryAcquire(ctx, "stuck"); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("TryAcquire = %v, want the context's DeadlineExceeded", err)
+		}
+		<-sb.firstDone
+		if dl, _ := ctx.Deadline(); !sb.first.deadline.Equal(dl) {
+			t.Fatalf("the attempt's deadline %v, want the caller's %v", sb.first.deadline, dl)
+		}
+		if got := sb.abandoned(); len(got) != 1 || got[0] != sb.first.owner {
+			t.Fatalf("abandoned owners %q; want the unanswered attempt's %q", got, sb.first.owner)
+		}
+		h, err := sb.Holder(context.Background(), "stuck")
+		if !errors.Is(err, lease.ErrNotHeld) {
+			t.Fatalf("after TryAcquire gave up, the store names %+v (%v); want no holder", h, err)
+		}
+	})
 }
 
 func TestLeaseContextCarriesTokenAndValues(t *testing.T) {
-	m, _ := lease.NewManager(lease.NewMemoryBackend(), time.Second)
-	type key struct{}
-	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "v"))
-	l, err := m.TryAcquire(ctx, "ctx")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cancel() // ends the acquire's context, not the lease
-	if l.Context().Err() != nil {
-		t.Fatal("cancelling the acquire context ended the lease")
-	}
-	if tok, ok := fence.FromContext(l.Context()); !ok || tok != l.Token() {
-		t.Fatalf("FromContext = %d, %v; want %d", tok, ok, l.Token())
-	}
-	if l.Context().Value(key{}) != "v" {
-		t.Fatal("lease context lost the acquire context's values")
-	}
-	if err := l.Release(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		m, _ := lease.NewManager(lease.NewMemoryBackend(), time.Second)
+		type key struct{}
+		ctx, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "v"))
+		l, err := m.TryAcquire(ctx, "ctx")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cancel() // ends the acquire's context, not the lease
+		if l.Context().Err() != nil {
+			t.Fatal("cancelling the acquire context ended the lease")
+		}
+		if tok, ok := fence.FromContext(l.Context()); !ok || tok != l.Token() {
+			t.Fatalf("FromContext = %d, %v; want %d", tok, ok, l.Token())
+		}
+		if l.Context().Value(key{}) != "v" {
+			t.Fatal("lease context lost the acquire context's values")
+		}
+		if err := l.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
 
 type recordingObserver struct {
@@ -478,45 +497,49 @@ func (r *recordingObserver) Lost(lease.LostEvent)         { r.mu.Lock(); r.lost+
 func (r *recordingObserver) Released(lease.ReleasedEvent) { r.mu.Lock(); r.released++; r.mu.Unlock() }
 
 func TestObserverEvents(t *testing.T) {
-	obs := &recordingObserver{}
-	m, _ := lease.NewManager(lease.NewMemoryBackend(), time.Second, lease.WithoutAutoRenew(), lease.WithObserver(obs))
-	l, _ := m.TryAcquire(context.Background(), "obs")
-	_ = l.Renew(context.Background())
-	_ = l.Release(context.Background())
-	l2, _ := m.TryAcquire(context.Background(), "obs2")
-	<-l2.Done()
-	_ = l2.Release(context.Background())
-	obs.mu.Lock()
-	defer obs.mu.Unlock()
-	if obs.acquired != 2 || obs.renewed != 1 || obs.released != 1 || obs.lost != 1 {
-		t.Fatalf("events: %+v", obs)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		obs := &recordingObserver{}
+		m, _ := lease.NewManager(lease.NewMemoryBackend(), time.Second, lease.WithoutAutoRenew(), lease.WithObserver(obs))
+		l, _ := m.TryAcquire(context.Background(), "obs")
+		_ = l.Renew(context.Background())
+		_ = l.Release(context.Background())
+		l2, _ := m.TryAcquire(context.Background(), "obs2")
+		<-l2.Done()
+		_ = l2.Release(context.Background())
+		obs.mu.Lock()
+		defer obs.mu.Unlock()
+		if obs.acquired != 2 || obs.renewed != 1 || obs.released != 1 || obs.lost != 1 {
+			t.Fatalf("events: %+v", obs)
+		}
+	})
 }
 
 // The heartbeat counts from the send time of the acquire: a slow reply does
 // not delay the first renewal towards the deadline.
 func TestFirstRenewalCountsFromSend(t *testing.T) {
-	fb := &faultBackend{Backend: lease.NewMemoryBackend(), acquireDelay: 800 * time.Millisecond}
-	m, err := lease.NewManager(fb, 3*time.Second) // renew every 1s
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := m.TryAcquire(context.Background(), "slow-reply")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Release(context.Background())
-	returned := time.Now()
-	for fb.renews.Load() == 0 {
-		if time.Since(returned) > 2*time.Second {
-			t.Fatal("no renewal within 2s")
+	synctest.Test(t, func(t *testing.T) {
+		fb := &faultBackend{Backend: lease.NewMemoryBackend(), acquireDelay: 800 * time.Millisecond}
+		m, err := lease.NewManager(fb, 3*time.Second) // renew every 1s
+		if err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	// Sent 800 ms before the reply, so due about 200 ms after it.
-	if d := time.Since(returned); d > 600*time.Millisecond {
-		t.Fatalf("first renewal %v after the reply; it is due 1s after the send, about 200ms after the reply", d)
-	}
+		l, err := m.TryAcquire(context.Background(), "slow-reply")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Release(context.Background())
+		returned := time.Now()
+		for fb.renews.Load() == 0 {
+			if time.Since(returned) > 2*time.Second {
+				t.Fatal("no renewal within 2s")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		// Sent 800 ms before the reply, so due about 200 ms after it.
+		if d := time.Since(returned); d > 600*time.Millisecond {
+			t.Fatalf("first renewal %v after the reply; it is due 1s after the send, about 200ms after the reply", d)
+		}
+	})
 }
 
 // acquireCounter counts the acquire requests sent to a backend.

@@ -194,7 +194,7 @@ func (s *scheduler) fire() {
 	// renewal sent early is valid from its own send time): the timer may
 	// fire late, and those due meanwhile join.
 	horizon := now.Add(s.m.o.RenewBatchWindow)
-	for len(s.heartbeats) > 0 && s.heartbeats[0].at.Before(horizon) {
+	for len(s.heartbeats) > 0 && !s.heartbeats[0].at.After(horizon) {
 		due = append(due, heap.Pop(&s.heartbeats).(*entry).l)
 	}
 	s.arm()
