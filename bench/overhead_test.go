@@ -16,8 +16,9 @@ func (b *nopBackend) Acquire(_ context.Context, req lease.Request) (lease.Grant,
 	b.tok++
 	return lease.Grant{Name: req.Name, Owner: req.Owner, Token: b.tok, TTL: req.TTL}, nil
 }
-func (*nopBackend) Renew(context.Context, lease.Grant) error   { return nil }
-func (*nopBackend) Release(context.Context, lease.Grant) error { return nil }
+func (*nopBackend) Renew(context.Context, lease.Grant) error     { return nil }
+func (*nopBackend) Release(context.Context, lease.Grant) error   { return nil }
+func (*nopBackend) Abandon(context.Context, lease.Request) error { return nil }
 
 // BenchmarkManagerOverhead is the Go-side cost of a fencekit cycle
 // (TryAcquire + Release with default options) over a backend that answers

@@ -161,6 +161,8 @@ func BenchmarkPGCycle(b *testing.B) {
 	pl := s.newPglock(b, benchTTL, pglock.DefaultHeartbeatFrequency)
 	q := pgleasesql.New("")
 	ttlUs := benchTTL.Microseconds()
+	endedUs := lease.EndedOwnerTTL(benchTTL).Microseconds()
+	var rawOwner atomic.Int64
 	ttlMs := strconv.FormatInt(benchTTL.Milliseconds(), 10)
 
 	manager := func(m *lease.Manager) func(int) error {
@@ -177,37 +179,41 @@ func BenchmarkPGCycle(b *testing.B) {
 		cycle func(i int) error
 	}{
 		{"fencekit-table", manager(mt)},
-		{"raw-table", func(i int) error {
-			owner := "raw-" + strconv.Itoa(i)
-			var ok bool
+		{"raw-table", func(int) error {
+			// Owners are never reused: the store refuses an owner it
+			// ended within lease.EndedOwnerTTL.
+			owner := "raw-" + strconv.FormatInt(rawOwner.Add(1), 10)
+			var ok, ended bool
 			var tok, left int64
-			if err := s.pool.QueryRow(ctx, q.Acquire, "raw-cycle", owner, ttlUs).Scan(&ok, &tok, &left); err != nil {
+			if err := s.pool.QueryRow(ctx, q.Acquire, "raw-cycle", owner, ttlUs).Scan(&ok, &tok, &left, &ended); err != nil {
 				return err
 			}
-			var n int64
-			return s.pool.QueryRow(ctx, q.Release, "raw-cycle", owner, tok, pglease.Channel).Scan(&n)
+			if !ok {
+				return errors.New("raw-table: not granted")
+			}
+			return s.pool.QueryRow(ctx, q.Release, "raw-cycle", owner, tok, pglease.Channel, endedUs).Scan(nil, nil, nil)
 		}},
 		{"fencekit-session", manager(ms)},
-		{"raw-session", func(i int) error {
-			owner := "raw-" + strconv.Itoa(i)
+		{"raw-session", func(int) error {
+			owner := "raw-s" + strconv.FormatInt(rawOwner.Add(1), 10)
 			pc, err := s.pool.Acquire(ctx)
 			if err != nil {
 				return err
 			}
 			defer pc.Release()
 			key := int64(0x5eed) // any key: the floor does not hash names
-			var ok bool
-			var tok int64
+			var ok, clean, ended bool
+			var tok, left int64
 			var pid int32
 			var was string
-			if err := pc.QueryRow(ctx, q.SessionAcquire, "raw-cycle", owner, key, ttlMs, false, int32(pc.Conn().PgConn().PID())).Scan(&ok, &tok, &pid, &was); err != nil {
+			if err := pc.QueryRow(ctx, q.SessionAcquire, "raw-cycle", owner, key, ttlMs, false, int32(pc.Conn().PgConn().PID()), ttlUs).Scan(&ok, &tok, &pid, &was, &clean, &left, &ended); err != nil {
 				return err
 			}
 			if !ok {
 				return errors.New("raw-session: not locked")
 			}
 			var named, unlocked bool
-			return pc.QueryRow(ctx, q.SessionRelease, "raw-cycle", owner, tok, pid, key, was, pglease.Channel).Scan(&named, &unlocked, nil, nil)
+			return pc.QueryRow(ctx, q.SessionRelease, "raw-cycle", owner, tok, pid, key, was, pglease.Channel, endedUs).Scan(&named, &unlocked, nil, nil)
 		}},
 		{"pglock", func(int) error {
 			l, err := pl.AcquireContext(ctx, "cycle", pglock.FailIfLocked())
