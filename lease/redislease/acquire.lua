@@ -1,17 +1,24 @@
 -- Grant a lease and mint its fencing token, atomically.
 -- KEYS[1] the lease: a string "<token>:<owner>" with a TTL; KEYS[2] the
--- token counter (the last token granted for the name; no TTL).
+-- token counter (the last token granted for the name; no TTL); KEYS[3] the
+-- owner's tombstone ("<prefix>{<name>}:ended:<owner>"), which release.lua
+-- and abandon.lua write when they end the owner.
 -- ARGV[1] the owner; ARGV[2] the TTL in milliseconds.
 -- Returns the token (> 0) when granted, or already held by ARGV[1] (then
--- extended, same token); -pttl - 1 (< 0) when another owner holds it; an
--- error when the lease key has no TTL (fencekit never writes one: it would
--- hold the lease forever).
+-- extended, same token); -pttl - 1 (< 0) when another owner holds it; 0 when
+-- ARGV[1] was ended (released or abandoned) within its tombstone's life: a
+-- request that reached Redis after its sender stopped waiting for it must
+-- not grant the name to an owner nobody holds; an error when the lease key
+-- has no TTL (fencekit never writes one: it would hold the lease forever).
 --
 -- The token is the larger of the last token + 1 and the server clock in
 -- microseconds, so that it keeps growing when the counter is lost (FLUSHALL,
 -- a restart without persistence, eviction, a failover to a lagging replica).
 -- The token is computed on every attempt and stored in the counter only
 -- with a grant.
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  return 0
+end
 local now = redis.call('TIME')
 local token = now[1] * 1000000 + now[2]
 local counter = redis.call('GET', KEYS[2])

@@ -49,11 +49,12 @@ func BenchmarkCycle(b *testing.B) {
 		for b.Loop() {
 			i++
 			owner := fmt.Sprintf("raw-%d", i)
-			tok, err := acquireScript.Run(ctx, c, []string{keys.Lease, keys.Token}, owner, ttlMs).Int64()
+			ended := be.endedKey("cycle", owner)
+			tok, err := acquireScript.Run(ctx, c, []string{keys.Lease, keys.Token, ended}, owner, ttlMs).Int64()
 			if err != nil {
 				b.Fatal(err)
 			}
-			if err := releaseScript.Run(ctx, c, []string{keys.Lease}, strconv.FormatInt(tok, 10)+":"+owner, keys.Channel).Err(); err != nil {
+			if err := releaseScript.Run(ctx, c, []string{keys.Lease, ended}, strconv.FormatInt(tok, 10)+":"+owner, keys.Channel, "sharded", endedMillis(10*time.Second)).Err(); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -5,6 +5,9 @@ import "time"
 // ClientForTest returns the backend's client.
 func (b *Backend) ClientForTest() Client { return b.c }
 
+// EndedKeyForTest returns the key of owner's tombstone for name.
+func (b *Backend) EndedKeyForTest(name, owner string) string { return b.endedKey(name, owner) }
+
 // PrefixForTest returns the backend's key prefix.
 func (b *Backend) PrefixForTest() string { return b.prefix }
 

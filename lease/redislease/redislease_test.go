@@ -558,7 +558,11 @@ func TestRenewBatchAfterScriptFlush(t *testing.T) {
 	}
 	for i, want := range []int64{2, 1} {
 		before := hook.n.Load()
-		for _, err := range b.RenewBatch(ctxT(t), recs) {
+		errs, cerr := leasetest.RenewBatch(ctxT(t), b, recs)
+		if cerr != nil {
+			t.Fatal(cerr)
+		}
+		for _, err := range errs {
 			if err != nil {
 				t.Fatalf("RenewBatch: %v", err)
 			}

@@ -14,27 +14,31 @@ import (
 )
 
 // slowBatchBackend holds the first heartbeat batch at the store for a
-// while, and records when it returned and when a release was sent.
+// while, and records when it answered and when a release was sent.
 type slowBatchBackend struct {
 	*redislease.Backend
 	hold          time.Duration
 	once          sync.Once
 	batchEntered  chan struct{}
-	batchReturned atomic.Int64 // unix nanoseconds
+	batchAnswered atomic.Int64 // unix nanoseconds of the last done call
 	releaseSent   atomic.Int64
 }
 
-func (r *slowBatchBackend) RenewBatch(ctx context.Context, gs []lease.Grant) []error {
+func (r *slowBatchBackend) RenewBatch(ctx context.Context, gs []lease.Grant, done func(int, error)) {
 	first := false
 	r.once.Do(func() { first = true })
 	if !first {
-		return r.Backend.RenewBatch(ctx, gs)
+		r.Backend.RenewBatch(ctx, gs, done)
+		return
 	}
 	close(r.batchEntered)
 	time.Sleep(r.hold)
-	errs := r.Backend.RenewBatch(ctx, gs)
-	r.batchReturned.Store(time.Now().UnixNano())
-	return errs
+	// A grant's renewal is answered when done is called for it (the
+	// Manager acts on it then, not when RenewBatch returns).
+	r.Backend.RenewBatch(ctx, gs, func(i int, err error) {
+		r.batchAnswered.Store(time.Now().UnixNano())
+		done(i, err)
+	})
 }
 
 func (r *slowBatchBackend) Release(ctx context.Context, g lease.Grant) error {
@@ -64,7 +68,7 @@ func TestReleaseWaitsForRenewalInFlight(t *testing.T) {
 	if err != nil || !errors.Is(l.Err(), lease.ErrReleased) {
 		t.Fatalf("Release while a renewal was in flight = %v (lease ended with %v); want nil and ErrReleased", err, l.Err())
 	}
-	if sent, back := rb.releaseSent.Load(), rb.batchReturned.Load(); sent == 0 || back == 0 || sent < back {
-		t.Fatalf("release sent at %d, the batch in flight returned at %d: the release must wait for the batch", sent, back)
+	if sent, back := rb.releaseSent.Load(), rb.batchAnswered.Load(); sent == 0 || back == 0 || sent < back {
+		t.Fatalf("release sent at %d, the batch in flight answered at %d: the release must wait for the batch", sent, back)
 	}
 }

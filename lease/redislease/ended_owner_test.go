@@ -1,0 +1,415 @@
+package redislease_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/redislease"
+)
+
+// The tests of this file: how a lease ends at Redis (issue 19 items 4 and
+// 5). Release and Abandon leave a tombstone per owner, so that a release
+// the client resends after its reply was lost is a release, and an acquire
+// request that reaches Redis after its owner ended is refused.
+
+// faultConns wraps the connections of a go-redis client (Options.Dialer)
+// and injects one fault into the first script call whose request carries
+// match, as a fault proxy between the client and Redis would:
+//
+//   - dropReply: the request reaches Redis and is applied; its reply is
+//     read off the socket and thrown away, and the connection is closed, so
+//     the client sees io.EOF and (with its default MaxRetries) resends the
+//     script on a new connection.
+//   - hold: the request is not sent on the connection; the client sees no
+//     reply until its context ends. The bytes are kept, and Deliver sends
+//     them to Redis later, on a connection of their own, and returns
+//     Redis's reply: the same request, arriving late.
+type faultConns struct {
+	match     []byte
+	dropReply bool
+	armed     atomic.Bool
+	hits      atomic.Int32
+
+	mu   sync.Mutex
+	held []byte
+}
+
+func (f *faultConns) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &faultConn{Conn: c, f: f}, nil
+}
+
+// hit reports whether the request b is the one to fault, once.
+func (f *faultConns) hit(b []byte) bool {
+	if !bytes.Contains(bytes.ToLower(b), []byte("eval")) || !bytes.Contains(b, f.match) || !f.armed.CompareAndSwap(true, false) {
+		return false
+	}
+	f.hits.Add(1)
+	return true
+}
+
+// deliver sends the held request to Redis at addr on a new connection and
+// returns the reply's first line ("-ERR ...", ":<n>").
+func (f *faultConns) deliver(t *testing.T, addr string) string {
+	t.Helper()
+	f.mu.Lock()
+	req := f.held
+	f.mu.Unlock()
+	if req == nil {
+		t.Fatal("no request was held")
+	}
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatalf("dial %s: %v", addr, err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write(req); err != nil {
+		t.Fatalf("deliver the held request: %v", err)
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		t.Fatalf("reply to the held request: %v", err)
+	}
+	return line[:len(line)-2]
+}
+
+type faultConn struct {
+	net.Conn
+	f        *faultConns
+	dropNext bool // written only by the goroutine that has the connection
+	held     bool
+}
+
+func (c *faultConn) Write(b []byte) (int, error) {
+	if c.f.hit(b) {
+		if !c.f.dropReply {
+			c.f.mu.Lock()
+			c.f.held = bytes.Clone(b)
+			c.f.mu.Unlock()
+			c.held = true
+			return len(b), nil
+		}
+		c.dropNext = true
+	}
+	return c.Conn.Write(b)
+}
+
+func (c *faultConn) Read(b []byte) (int, error) {
+	switch {
+	case c.dropNext:
+		// Let Redis apply the request and answer it, then lose the
+		// answer with the connection.
+		_, _ = c.Conn.Read(b)
+		_ = c.Conn.Close()
+		return 0, io.EOF
+	case c.held:
+		// Nothing was sent, so nothing comes back: wait for the
+		// client's deadline (go-redis sets it from the context).
+		var one [1]byte
+		n, err := c.Conn.Read(one[:])
+		if err == nil {
+			err = fmt.Errorf("unexpected byte %q on a connection whose request was held", one[:n])
+		}
+		return 0, err
+	}
+	return c.Conn.Read(b)
+}
+
+// faultClient returns a client of the shared Redis, as the README makes it
+// (ContextTimeoutEnabled, go-redis's default retries), whose connections
+// go through f.
+func faultClient(t *testing.T, f *faultConns) *redis.Client {
+	t.Helper()
+	opt, err := redis.ParseURL(testenv.RedisURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt.ContextTimeoutEnabled = true
+	opt.Dialer = f.dial
+	c := redis.NewClient(opt)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// endObserver is an Observer that counts losses and records releases.
+type endObserver struct {
+	lease.NopObserver
+	mu       sync.Mutex
+	lost     []lease.LostEvent
+	released []lease.ReleasedEvent
+}
+
+func (o *endObserver) Lost(e lease.LostEvent) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.lost = append(o.lost, e)
+}
+
+func (o *endObserver) Released(e lease.ReleasedEvent) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.released = append(o.released, e)
+}
+
+func (o *endObserver) counts() (lost int, released []lease.ReleasedEvent) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.lost), append([]lease.ReleasedEvent(nil), o.released...)
+}
+
+// Issue 19 item 4: a clean release whose reply is lost, and which go-redis
+// resends on a new connection (default MaxRetries), is a release: Release
+// returns nil, the lease ends as released, the Observer counts no loss,
+// and Run reports the job's success. (Before the tombstones, the resent
+// script found the key its first send had deleted and answered "not
+// held": a *LostError "taken over", and a loss counted.)
+func TestReleaseReplyLostIsARelease(t *testing.T) {
+	prefix := redistest.Prefix(t)
+	name := "release-reply-lost"
+	f := &faultConns{dropReply: true}
+	b := newBackend(t, faultClient(t, f), prefix)
+	f.match = []byte(b.KeysFor(name).Channel) // only release.lua and abandon.lua carry it
+	obs := &endObserver{}
+	m := newManager(t, b, lease.Options{TTL: 5 * time.Second, Observer: obs})
+
+	t.Run("Release", func(t *testing.T) {
+		l, err := m.TryAcquire(ctxT(t), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.armed.Store(true)
+		before := f.hits.Load()
+		err = l.Release(ctxT(t))
+		if f.hits.Load() != before+1 {
+			t.Fatal("the release request was not faulted: the test proves nothing")
+		}
+		if err != nil {
+			t.Fatalf("Release whose reply was lost and which go-redis resent = %v, want nil", err)
+		}
+		if !errors.Is(l.Err(), lease.ErrReleased) {
+			t.Fatalf("the lease ended with %v, want ErrReleased", l.Err())
+		}
+		if lost, rel := obs.counts(); lost != 0 || len(rel) != 1 || rel[0].Err != nil {
+			t.Fatalf("Observer: %d losses, releases %+v; want no loss and one clean release", lost, rel)
+		}
+		if _, err := b.Holder(ctxT(t), name); !errors.Is(err, lease.ErrNotHeld) {
+			t.Fatalf("after the release the name must be free; Holder = %v", err)
+		}
+	})
+
+	t.Run("Run", func(t *testing.T) {
+		ran := false
+		err := m.Run(ctxT(t), name, func(ctx context.Context, l *lease.Lease) error {
+			ran = true
+			f.armed.Store(true) // the release that Run sends
+			return nil
+		})
+		if !ran || f.armed.Load() {
+			t.Fatalf("ran %v, fault armed still %v: the release request was not faulted", ran, f.armed.Load())
+		}
+		if err != nil {
+			t.Fatalf("Run of a job that succeeded, its release reply lost = %v, want nil", err)
+		}
+		if lost, _ := obs.counts(); lost != 0 {
+			t.Fatalf("Observer counted %d losses, want 0", lost)
+		}
+	})
+
+	// A lost lease whose release reply is lost stays lost: the resent
+	// release answers what the first one found.
+	t.Run("LostStaysLost", func(t *testing.T) {
+		l, err := m.TryAcquire(ctxT(t), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := redistest.Shared(t).Del(ctxT(t), b.KeysFor(name).Lease).Err(); err != nil {
+			t.Fatal(err)
+		}
+		f.armed.Store(true)
+		err = l.Release(ctxT(t))
+		if f.armed.Load() {
+			t.Fatal("the release request was not faulted")
+		}
+		if !errors.Is(err, lease.ErrLost) {
+			t.Fatalf("Release of a lease whose key was deleted, reply lost = %v, want ErrLost", err)
+		}
+	})
+}
+
+// Issue 19 item 5, at the backend: once Release or Abandon ended an owner,
+// its acquire request is refused when it reaches Redis, for
+// lease.EndedOwnerTTL, and the tombstone that refuses it lives that long
+// and shares the lease's hash slot.
+func TestEndedOwnerRefusedByAcquire(t *testing.T) {
+	c := redistest.Shared(t)
+	b := newBackend(t, c, redistest.Prefix(t))
+	name := "ended-owner"
+	ttl := 2 * time.Second
+	req := func(owner string) lease.Request { return lease.Request{Name: name, Owner: owner, TTL: ttl} }
+	refused := func(t *testing.T, owner string) {
+		t.Helper()
+		g, err := b.Acquire(ctxT(t), req(owner))
+		if !errors.Is(err, lease.ErrNotAcquired) {
+			t.Fatalf("Acquire by the ended owner %q = %+v, %v; want ErrNotAcquired", owner, g, err)
+		}
+		if _, err := b.Holder(ctxT(t), name); !errors.Is(err, lease.ErrNotHeld) {
+			t.Fatalf("a refused acquire must leave the name free; Holder = %v", err)
+		}
+	}
+	tombstone := func(t *testing.T, owner string) time.Duration {
+		t.Helper()
+		k := b.EndedKeyForTest(name, owner)
+		if redislease.SlotOf(k) != redislease.SlotOf(b.KeysFor(name).Lease) {
+			t.Fatalf("tombstone %q is not in the lease's hash slot", k)
+		}
+		d, err := c.PTTL(ctxT(t), k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	want := lease.EndedOwnerTTL(ttl)
+
+	t.Run("AfterRelease", func(t *testing.T) {
+		g, err := b.Acquire(ctxT(t), req("released"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Release(ctxT(t), g); err != nil {
+			t.Fatal(err)
+		}
+		if d := tombstone(t, "released"); d <= want-time.Second || d > want {
+			t.Fatalf("tombstone PTTL %v, want about lease.EndedOwnerTTL = %v", d, want)
+		}
+		refused(t, "released")
+		if err := b.Release(ctxT(t), g); err != nil {
+			t.Fatalf("the same Release again (a resent request) = %v, want nil", err)
+		}
+	})
+	t.Run("AbandonBeforeTheRequest", func(t *testing.T) {
+		if err := b.Abandon(ctxT(t), req("late")); err != nil {
+			t.Fatal(err)
+		}
+		if d := tombstone(t, "late"); d <= want-time.Second || d > want {
+			t.Fatalf("tombstone PTTL %v, want about %v", d, want)
+		}
+		refused(t, "late")
+	})
+	// An Abandon that ends a grant wakes the waiters as a release does,
+	// with either kind of notice.
+	for _, classic := range []bool{false, true} {
+		t.Run(fmt.Sprintf("AbandonAfterTheGrant/classic=%v", classic), func(t *testing.T) {
+			wb := b
+			if classic {
+				var err error
+				if wb, err = redislease.New(c, redislease.WithPrefix(b.PrefixForTest()), redislease.WithClassicPubSub()); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = wb.Close() })
+			}
+			owner := fmt.Sprintf("ghost-%v", classic)
+			g, err := wb.Acquire(ctxT(t), req(owner))
+			if err != nil {
+				t.Fatal(err)
+			}
+			sig, stop, err := wb.Watch(ctxT(t), name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer stop()
+			if err := wb.Abandon(ctxT(t), req(owner)); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-sig:
+			case <-time.After(5 * time.Second):
+				t.Fatal("an Abandon that ended a grant did not wake the waiters")
+			}
+			refused(t, owner)
+			if err := wb.Renew(ctxT(t), g); !errors.Is(err, lease.ErrNotHeld) {
+				t.Fatalf("Renew of the abandoned grant = %v, want ErrNotHeld", err)
+			}
+			if k := wb.PubSubKind(); classic != (k == "classic") {
+				t.Fatalf("pub/sub kind %q, classic %v", k, classic)
+			}
+		})
+	}
+	t.Run("NeverEndedIsLost", func(t *testing.T) {
+		g := lease.Grant{Name: name, Owner: "never-held", Token: 1, TTL: ttl}
+		for i := range 2 {
+			if err := b.Release(ctxT(t), g); !errors.Is(err, lease.ErrNotHeld) {
+				t.Fatalf("Release %d of a grant never made = %v, want ErrNotHeld", i+1, err)
+			}
+		}
+	})
+}
+
+// Issue 19 item 5, through a Manager: a blocking Acquire's first request is
+// held on its way to Redis until the attempt is abandoned (past the
+// lease's validity); the retry, as a new owner, is granted, used and
+// released; only then does the first request reach Redis. It must be
+// refused, and the name must be free at once for the next contender. (Before
+// the tombstones, Redis granted it: a ghost grant with a higher token,
+// naming an owner nobody holds, that kept the next contender out for a
+// TTL.)
+func TestAbandonedAcquireArrivingLateGrantsNothing(t *testing.T) {
+	prefix := redistest.Prefix(t)
+	name := "abandoned-acquire"
+	f := &faultConns{}
+	c := faultClient(t, f)
+	b := newBackend(t, c, prefix)
+	keys := b.KeysFor(name)
+	f.match = []byte(keys.Token) // only acquire.lua carries the counter key
+	f.armed.Store(true)
+	ttl := 600 * time.Millisecond
+	m := newManager(t, b, lease.Options{TTL: ttl, PollInterval: 50 * time.Millisecond})
+
+	l, err := m.Acquire(ctxT(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.hits.Load() != 1 {
+		t.Fatal("the first acquire request was not held: the test proves nothing")
+	}
+	tok := l.Token()
+	if err := l.Release(ctxT(t)); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+
+	reply := f.deliver(t, c.Options().Addr)
+	if reply != ":0" {
+		t.Fatalf("the abandoned request, arriving after the release, was answered %q; want :0 (refused)", reply)
+	}
+	if h, err := b.Holder(ctxT(t), name); !errors.Is(err, lease.ErrNotHeld) {
+		t.Fatalf("after the late request the name is held by %+v (%v); want free (no ghost grant)", h, err)
+	}
+	next, err := m.TryAcquire(ctxT(t), name)
+	if err != nil {
+		t.Fatalf("the next contender must get the name at once: %v", err)
+	}
+	if next.Token() <= tok {
+		t.Fatalf("next token %d <= %d", next.Token(), tok)
+	}
+	if err := next.Release(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+}
