@@ -12,7 +12,13 @@
 //     SIGSTOP for random durations around the TTL while other processes
 //     take over, writing to PostgreSQL and S3; the stores' own records are
 //     checked afterwards;
-//   - clock faults: a Redis server whose wall clock jumps forward.
+//   - clock faults: a Redis server whose wall clock jumps forward;
+//   - the lease history check: on every lease backend (Redis, PostgreSQL
+//     table and session modes, etcd, ZooKeeper), holders behind fault
+//     proxies contend for a few names; each grant's validity window, from
+//     Acquire's return to the last moment its holder read it valid
+//     (Release included), is recorded on one monotonic clock, and no two
+//     windows of a name may overlap, tokens growing in window order.
 //
 // It lives in the integration module so that its test dependencies
 // (porcupine, toxiproxy) never reach users of the library.
