@@ -138,13 +138,15 @@ type Backend interface {
 	// whatever the outcome.
 	//
 	// Ended owners are remembered: whatever its outcome, Release records
-	// g.Owner as ended at the store for at least EndedOwnerTTL(g.TTL).
-	// A Release of an owner the store already ended by Release or Abandon
-	// (a retried request whose first reply was lost: go-redis resends a
-	// script on a new connection, a ZooKeeper client resends after a
-	// reconnect) returns nil, never ErrNotHeld: a release that may have
-	// been applied is a release, not a loss. Acquire refuses an ended
-	// owner (see Acquire).
+	// g.Owner as ended at the store for at least EndedOwnerTTL(g.TTL),
+	// and how. A Release resent after the first one was applied (its
+	// reply lost: go-redis resends a script on a new connection, a
+	// ZooKeeper client resends after a reconnect) gets the first one's
+	// answer again: nil when that one released the grant (or Abandon had
+	// ended it), never ErrNotHeld, because a release that may have been
+	// applied is a release, not a loss; ErrNotHeld when the first found
+	// the grant already lost. Acquire refuses an ended owner (see
+	// Acquire).
 	Release(ctx context.Context, g Grant) error
 
 	// Abandon is sent for an acquire request whose outcome the Manager

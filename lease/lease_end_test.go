@@ -351,3 +351,49 @@ func TestStalledNodeLosesOnlyItsOwnLeases(t *testing.T) {
 		}
 	})
 }
+
+// shortOnce is a memory store whose first grant reports a TTL shorter than
+// asked (a store breaking the contract), which the Manager gives back.
+type shortOnce struct {
+	*lease.MemoryBackend
+	calls atomic.Int32
+}
+
+func (b *shortOnce) Acquire(ctx context.Context, r lease.Request) (lease.Grant, error) {
+	g, err := b.MemoryBackend.Acquire(ctx, r)
+	if err == nil && b.calls.Add(1) == 1 {
+		g.TTL = r.TTL / 2
+	}
+	return g, err
+}
+
+// A grant the Manager gives back ends its owner at the store (Release),
+// which refuses that owner from then on: a blocking Acquire goes on as a
+// new owner and is granted at its next attempt, not after EndedOwnerTTL.
+// In virtual time.
+func TestAcquireAfterAGivenBackGrantUsesANewOwner(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ttl, poll = time.Second, 100 * time.Millisecond
+		b := &shortOnce{MemoryBackend: lease.NewMemoryBackend()}
+		m, err := lease.NewManager(b, ttl, lease.WithPollInterval(poll))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		start := time.Now()
+		l, err := m.Acquire(ctx, "short")
+		if err != nil {
+			t.Fatalf("Acquire after a given-back grant: %v", err)
+		}
+		if waited := time.Since(start); waited > poll {
+			t.Fatalf("granted %v after the given-back grant, want at the next attempt (within PollInterval %v)", waited, poll)
+		}
+		if n := b.calls.Load(); n != 2 {
+			t.Fatalf("%d grants, want the given-back one and one more", n)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

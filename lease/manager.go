@@ -145,11 +145,16 @@ func (m *Manager) Acquire(ctx context.Context, name string) (*Lease, error) {
 			}
 			return nil, m.giveUp(ctx, name, err, storeErr)
 		}
-		if errors.Is(err, errAttemptAbandoned) {
+		switch {
+		case errors.Is(err, errAttemptAbandoned):
 			// The request may still reach the store and grant the name
 			// to this owner after nobody waits for it any more: end that
 			// owner at the store, and go on as a new one.
 			m.abandon(ctx, req)
+			req = m.request(name)
+		case errors.Is(err, errGivenBack):
+			// The store ended this owner with the give-back: it would
+			// refuse it from now on.
 			req = m.request(name)
 		}
 		if !errors.Is(err, ErrNotAcquired) {
@@ -191,9 +196,15 @@ func (m *Manager) Acquire(ctx context.Context, name string) (*Lease, error) {
 	}
 }
 
-// errAttemptAbandoned marks an attempt of a blocking Acquire that was cut
-// short by the lease's validity.
-var errAttemptAbandoned = errors.New("attempt abandoned")
+var (
+	// errAttemptAbandoned marks an attempt of a blocking Acquire that was
+	// cut short by the lease's validity.
+	errAttemptAbandoned = errors.New("attempt abandoned")
+	// errGivenBack marks an attempt whose grant the Manager gave back
+	// (late, lost before use, or breaking the contract): its owner is
+	// ended at the store.
+	errGivenBack = errors.New("given back")
+)
 
 // outcomeUnknown reports whether an attempt that failed with err may still
 // have been granted at the store: its request was cut short by a context
@@ -294,7 +305,7 @@ func (m *Manager) attempt(parent, ctx context.Context, req Request, start time.T
 	}
 	if err := m.checkGrant(req, g); err != nil {
 		m.releaseQuietly(ctx, g)
-		return nil, err
+		return nil, fmt.Errorf("%w; %w", err, errGivenBack)
 	}
 	validity := g.TTL - m.o.SafetyMargin
 	deadline := sent.Add(validity)
@@ -302,8 +313,8 @@ func (m *Manager) attempt(parent, ctx context.Context, req Request, start time.T
 		// The reply took longer than the lease is valid: the store may
 		// already have let it expire. Never hand out such a grant.
 		m.releaseQuietly(ctx, g)
-		return nil, fmt.Errorf("%w: %q: the grant arrived %v after its request was sent, past its local deadline (TTL %v - safety margin %v); given back",
-			ErrNotAcquired, req.Name, now.Sub(sent), g.TTL, m.o.SafetyMargin)
+		return nil, fmt.Errorf("%w: %q: the grant arrived %v after its request was sent, past its local deadline (TTL %v - safety margin %v); %w",
+			ErrNotAcquired, req.Name, now.Sub(sent), g.TTL, m.o.SafetyMargin, errGivenBack)
 	}
 	l.mu.Lock()
 	l.g, l.granted, l.st.validity = g, sent, validity
@@ -321,7 +332,7 @@ func (m *Manager) attempt(parent, ctx context.Context, req Request, start time.T
 		// The backend reported the grant lost before its reply arrived.
 		l.finish(eff)
 		m.releaseQuietly(ctx, g)
-		return nil, fmt.Errorf("%w: %q: the grant was lost before it could be used: %w", ErrNotAcquired, req.Name, l.Err())
+		return nil, fmt.Errorf("%w: %q: the grant was lost before it could be used (%w): %w", ErrNotAcquired, req.Name, errGivenBack, l.Err())
 	}
 	m.o.Observer.Acquired(AcquiredEvent{Name: g.Name, Token: g.Token, Wait: time.Since(start), Attempts: n})
 	if m.o.Logger.Enabled(ctx, slog.LevelDebug) { // spare the hot path the arguments' allocations
@@ -334,11 +345,11 @@ func (m *Manager) attempt(parent, ctx context.Context, req Request, start time.T
 func (m *Manager) checkGrant(req Request, g Grant) error {
 	switch {
 	case g.Token == fence.None:
-		return fmt.Errorf("lease: acquire %q: the backend granted token 0, which is never valid; lease given back", req.Name)
+		return fmt.Errorf("lease: acquire %q: the backend granted token 0, which is never valid", req.Name)
 	case g.Name != req.Name || g.Owner != req.Owner:
-		return fmt.Errorf("lease: acquire %q: the backend granted %q to %q instead; given back", req.Name, g.Name, g.Owner)
+		return fmt.Errorf("lease: acquire %q: the backend granted %q to %q instead", req.Name, g.Name, g.Owner)
 	case g.TTL < req.TTL:
-		return fmt.Errorf("lease: acquire %q: the store granted a TTL of %v, shorter than the %v asked for; given back", req.Name, g.TTL, req.TTL)
+		return fmt.Errorf("lease: acquire %q: the store granted a TTL of %v, shorter than the %v asked for", req.Name, g.TTL, req.TTL)
 	}
 	return nil
 }

@@ -18,11 +18,17 @@ type MemoryBackend struct {
 	leases   map[string]memGrant
 	tokens   map[string]fence.Token
 	watchers map[string]map[chan struct{}]struct{}
-	ended    map[endedKey]time.Time // owners ended by Release or Abandon, until when they are remembered
-	floor    fence.Token            // the least token to mint since the last Forget
+	ended    map[endedKey]ended // owners ended by Release or Abandon, and how
+	floor    fence.Token        // the least token to mint since the last Forget
 }
 
 type endedKey struct{ name, owner string }
+
+// ended is how the store ended an owner, and until when it remembers.
+type ended struct {
+	until    time.Time
+	released bool // by a Release that found the grant, or by Abandon; false: a Release found it lost
+}
 
 type memGrant struct {
 	owner   string
@@ -43,32 +49,37 @@ func NewMemoryBackend() *MemoryBackend {
 		leases:   make(map[string]memGrant),
 		tokens:   make(map[string]fence.Token),
 		watchers: make(map[string]map[chan struct{}]struct{}),
-		ended:    make(map[endedKey]time.Time),
+		ended:    make(map[endedKey]ended),
 	}
 }
 
-// isEnded reports whether owner of name was ended within EndedOwnerTTL, and
+// endedAs returns how owner of name was ended within EndedOwnerTTL, and
 // forgets records past it; mu must be held.
-func (b *MemoryBackend) isEnded(name, owner string, now time.Time) bool {
+func (b *MemoryBackend) endedAs(name, owner string, now time.Time) (e ended, ok bool) {
 	k := endedKey{name, owner}
-	until, ok := b.ended[k]
-	if ok && !now.Before(until) {
+	e, ok = b.ended[k]
+	if ok && !now.Before(e.until) {
 		delete(b.ended, k)
-		return false
+		return ended{}, false
 	}
-	return ok
+	return e, ok
 }
 
-// end records owner of name as ended; mu must be held.
-func (b *MemoryBackend) end(name, owner string, ttl time.Duration, now time.Time) {
+// end records owner of name as ended; a record that it was released is
+// kept. mu must be held.
+func (b *MemoryBackend) end(name, owner string, ttl time.Duration, released bool, now time.Time) {
 	if len(b.ended) > 1024 {
-		for k, until := range b.ended {
-			if !now.Before(until) {
+		for k, e := range b.ended {
+			if !now.Before(e.until) {
 				delete(b.ended, k)
 			}
 		}
 	}
-	b.ended[endedKey{name, owner}] = now.Add(EndedOwnerTTL(ttl))
+	k := endedKey{name, owner}
+	if e, ok := b.endedAs(name, owner, now); ok && e.released {
+		released = true
+	}
+	b.ended[k] = ended{until: now.Add(EndedOwnerTTL(ttl)), released: released}
 }
 
 // free deletes the grant of name and wakes its waiters; mu must be held.
@@ -105,7 +116,7 @@ func (b *MemoryBackend) Acquire(ctx context.Context, req Request) (Grant, error)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := time.Now()
-	if b.isEnded(req.Name, req.Owner, now) {
+	if _, ok := b.endedAs(req.Name, req.Owner, now); ok {
 		return Grant{}, fmt.Errorf("%w: %q: owner %q was released or abandoned", ErrNotAcquired, req.Name, req.Owner)
 	}
 	if g, ok := b.current(req.Name, now); ok {
@@ -155,15 +166,15 @@ func (b *MemoryBackend) Release(ctx context.Context, g Grant) error {
 	defer b.mu.Unlock()
 	now := time.Now()
 	_, held := b.holds(g, now)
-	already := !held && b.isEnded(g.Name, g.Owner, now)
-	b.end(g.Name, g.Owner, g.TTL, now)
-	switch {
-	case held:
+	b.end(g.Name, g.Owner, g.TTL, held, now)
+	if held {
 		b.free(g.Name)
-	case !already:
-		return ErrNotHeld
+		return nil
 	}
-	return nil
+	if e, _ := b.endedAs(g.Name, g.Owner, now); e.released {
+		return nil // a resent Release, or one after Abandon: the first was applied
+	}
+	return ErrNotHeld
 }
 
 // Abandon implements Backend.
@@ -174,7 +185,7 @@ func (b *MemoryBackend) Abandon(ctx context.Context, req Request) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := time.Now()
-	b.end(req.Name, req.Owner, req.TTL, now)
+	b.end(req.Name, req.Owner, req.TTL, true, now)
 	if cur, ok := b.current(req.Name, now); ok && cur.owner == req.Owner {
 		b.free(req.Name)
 	}

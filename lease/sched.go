@@ -142,15 +142,6 @@ func (s *scheduler) remove(l *Lease) {
 	s.mu.Unlock()
 }
 
-// removeHeartbeat unschedules a lease's next heartbeat.
-func (s *scheduler) removeHeartbeat(l *Lease) {
-	s.mu.Lock()
-	if l.hb.idx >= 0 {
-		heap.Remove(&s.heartbeats, l.hb.idx)
-	}
-	s.mu.Unlock()
-}
-
 // arm sets the timer for the earliest entry, if it is earlier than the
 // timer already set. mu must be held.
 func (s *scheduler) arm() {
