@@ -85,7 +85,10 @@ func (c *countingClient) Watch(ctx context.Context, key string, opts ...clientv3
 //     transaction and a keep-alive of that lease, together (one round
 //     trip);
 //   - Renew: a keep-alive and the key check, together (one round trip);
-//   - Release: one revoke.
+//   - Release: one transaction (delete the key if it is the grant's, record
+//     the owner as ended), then the grant's lease is revoked in the
+//     background (not waited for); the backend's first Release also grants
+//     the lease the ended-owner records share (once per EndedOwnerTTL).
 func TestRequestsPerStep(t *testing.T) {
 	cl := etcdtest.Start(t, 1)
 	cc := newCounting(cl.Client())
@@ -95,14 +98,14 @@ func TestRequestsPerStep(t *testing.T) {
 	ctx := ctxT(t)
 	want := func(step string, got map[string]int, kinds map[string]int) {
 		t.Helper()
-		// The held key's watch starts in a goroutine of its own, which a
-		// loaded machine can run long after Acquire returned: wait until
-		// the step's watches are counted, so that none of them is counted
-		// in the next step instead. The other requests are answered
-		// before the call returns, so they are counted already. A watch
-		// that never comes ends the wait at the timeout, and the counts
-		// below report it.
-		for deadline := time.Now().Add(5 * time.Second); got["watch"] < kinds["watch"] && time.Now().Before(deadline); {
+		// The held key's watch and a released grant's revoke start in
+		// goroutines of their own, which a loaded machine can run long
+		// after the call returned: wait until the step's watches and
+		// revokes are counted, so that none of them is counted in the
+		// next step instead. The other requests are answered before the
+		// call returns, so they are counted already. One that never comes
+		// ends the wait at the timeout, and the counts below report it.
+		for deadline := time.Now().Add(5 * time.Second); (got["watch"] < kinds["watch"] || got["revoke"] < kinds["revoke"]) && time.Now().Before(deadline); {
 			time.Sleep(time.Millisecond)
 			for k, v := range cc.take() {
 				got[k] += v
@@ -133,7 +136,7 @@ func TestRequestsPerStep(t *testing.T) {
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	want("Release", cc.take(), map[string]int{"revoke": 1})
+	want("first Release", cc.take(), map[string]int{"txn": 1, "grant": 1, "revoke": 1})
 	l, err = m.TryAcquire(ctx, "job")
 	if err != nil {
 		t.Fatal(err)
@@ -142,7 +145,7 @@ func TestRequestsPerStep(t *testing.T) {
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	cc.take()
+	want("Release", cc.take(), map[string]int{"txn": 1, "revoke": 1})
 
 	held, err := other.TryAcquire(ctx, "job")
 	if err != nil {

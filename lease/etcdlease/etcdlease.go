@@ -8,10 +8,10 @@
 // holding the owner and attached to that lease:
 //
 //   - Acquire: LeaseGrant with the TTL in whole seconds (rounded up), then
-//     one transaction: if the key does not exist (create revision 0) and
-//     the epoch key is the one this backend read (see below), put the key
-//     with the owner as its value, attached to the new lease. Two round
-//     trips. The TTL etcd granted (LeaseGrantResponse.TTL: never less than
+//     one transaction: if the key does not exist (create revision 0), the
+//     epoch key is the one this backend read (see below) and the owner is
+//     not recorded as ended (see Release), put the key with the owner as
+//     its value, attached to the new lease. Two round trips. The TTL etcd granted (LeaseGrantResponse.TTL: never less than
 //     asked; etcd raises a TTL below its minimum) is Grant.TTL. A refused
 //     attempt keeps its etcd lease, which no key is attached to, for a
 //     later attempt asking the same TTL; that attempt sends only its
@@ -31,15 +31,27 @@
 //     or a key that is gone or another grant's is ErrNotHeld. RenewBatch
 //     checks up to 128 keys in one transaction and sends the keep-alives
 //     at once: one round trip for the whole batch.
-//   - Release: a revoke of the grant's etcd lease, which deletes the key
-//     at the store if, and only if, it is still attached to that lease,
-//     that is, still this grant's: a lease is granted for one grant, and
-//     no other grant's key is ever attached to it. This is the
-//     compare-and-delete, done by the store, in one round trip. A lease
-//     that is already gone (expired, revoked) is ErrNotHeld. A Grant whose
-//     Owner or Token differ from the ones its State was made for is
-//     ErrNotHeld without any request (its State names another grant's
-//     lease).
+//   - Release: one transaction, the compare-and-delete: if the key is
+//     still this grant's (its create revision, owner and etcd lease), it
+//     is deleted; in any case the owner is recorded as ended, in the key
+//     "<prefix>e/<name>\x00<owner>" (EndedKey), attached to an etcd lease
+//     that keeps it for at least lease.EndedOwnerTTL of the grant's TTL
+//     (the backend grants one such lease per EndedOwnerTTL, for twice that
+//     time, and attaches records to it for the first half). Every acquire
+//     transaction compares that key, so an acquire request of an ended
+//     owner that reaches etcd late (an attempt the Manager stopped waiting
+//     for) grants nothing. One round trip; the grant's etcd lease, with
+//     nothing attached any more, is then revoked in the background. A key
+//     that is gone or another grant's is ErrNotHeld, unless the owner was
+//     already recorded as ended: a release sent again after its reply was
+//     lost is a release (nil), never a loss. A release whose outcome is
+//     unknown (Unavailable: a broken connection, a lost leader, etcd's
+//     request timeout) is sent again until answered or its context ends.
+//     A Grant whose Owner or Token differ from the ones its State was made
+//     for is ErrNotHeld without any request (its State names another
+//     grant's lease).
+//   - Abandon: one transaction that deletes the key if it holds the owner
+//     (any token) and records the owner as ended, as Release does.
 //   - Waiters (Watcher) watch the key for deletions: a release, an expiry
 //     or a revoke wakes a waiter at once. The waiters of one name in one
 //     Backend share one etcd watch, and each deletion wakes the one that
@@ -116,6 +128,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/lease"
@@ -207,6 +221,7 @@ type Backend struct {
 	spares   map[int64][]*spare    // leases of refused attempts, by TTL in seconds, oldest first
 	minEpoch int64                 // the least value a new epoch may have (after a rewind)
 	watches  map[string]*nameWatch // the watches waiters share, by lease name
+	ended    map[int64]*endedLease // the etcd leases ended-owner records share, by EndedOwnerTTL in seconds
 }
 
 // New returns a Backend over c. It does no I/O. It returns an error
@@ -343,11 +358,13 @@ func (b *Backend) acquireOnce(ctx context.Context, req lease.Request, key string
 		}(sp.id)
 	}
 	floor := b.revisionFloor(ep)
+	endKey := b.EndedKey(req.Name, req.Owner)
 	resp, txnErr := b.c.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0),
-			clientv3.Compare(clientv3.Value(b.epochKey), "=", ep.value)).
+			clientv3.Compare(clientv3.Value(b.epochKey), "=", ep.value),
+			clientv3.Compare(clientv3.CreateRevision(endKey), "=", 0)).
 		Then(clientv3.OpPut(key, req.Owner, clientv3.WithLease(sp.id))).
-		Else(clientv3.OpGet(key), clientv3.OpGet(b.epochKey)).
+		Else(clientv3.OpGet(key), clientv3.OpGet(b.epochKey), clientv3.OpGet(endKey, clientv3.WithCountOnly())).
 		Commit()
 	ka := keepAliveResult{ok: true}
 	if kaDone != nil {
@@ -398,8 +415,16 @@ func (b *Backend) acquireOnce(ctx context.Context, req lease.Request, key string
 		}
 		return lease.Grant{}, true, nil
 	}
+	if resp.Responses[2].GetResponseRange().GetCount() > 0 {
+		// The owner was released or abandoned: this is a request nobody
+		// waits for any more (or a retry of one), and must grant nothing.
+		if ka.ok {
+			b.putSpare(sp)
+		}
+		return lease.Grant{}, false, fmt.Errorf("%w: %q: owner %q was released or abandoned (%q exists)", lease.ErrNotAcquired, req.Name, req.Owner, endKey)
+	}
 	if len(kvs) == 0 {
-		return lease.Grant{}, false, fmt.Errorf("etcdlease: acquire %q: the transaction failed but the key is absent and the epoch unchanged", req.Name)
+		return lease.Grant{}, false, fmt.Errorf("etcdlease: acquire %q: the transaction failed but the key is absent, the epoch unchanged and the owner not ended", req.Name)
 	}
 	kv := kvs[0]
 	if string(kv.Value) != req.Owner {
@@ -446,7 +471,9 @@ func (b *Backend) granted(req lease.Request, key string, id clientv3.LeaseID, tt
 // a read-only transaction that checks its key, sent together (one round
 // trip).
 func (b *Backend) Renew(ctx context.Context, g lease.Grant) error {
-	return b.RenewBatch(ctx, []lease.Grant{g})[0]
+	var err error
+	b.RenewBatch(ctx, []lease.Grant{g}, func(_ int, e error) { err = e })
+	return err
 }
 
 // RenewBatch implements lease.BatchRenewer: the keys of up to MaxTxnOps
@@ -457,68 +484,74 @@ func (b *Backend) Renew(ctx context.Context, g lease.Grant) error {
 // key holds its owner, was created by it and is attached to its lease;
 // otherwise its error matches lease.ErrNotHeld, or is the store's error.
 // A grant whose State is not the one Acquire made for it (another owner's
-// or token's) is ErrNotHeld, and nothing is sent for it.
-func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant) []error {
-	errs := make([]error, len(gs))
+// or token's) is ErrNotHeld, and nothing is sent for it. Each grant's
+// outcome is reported (done) as soon as its keep-alive and its chunk's
+// check have both answered.
+func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant, done func(i int, err error)) {
 	sts := make([]*grantState, len(gs))
 	var live []int
 	for i, g := range gs {
 		st, ok := stateOf(g)
 		if !ok {
-			errs[i] = lease.ErrNotHeld
+			done(i, fmt.Errorf("%w: %q: the grant's state is not the one made for owner %q with token %d", lease.ErrNotHeld, g.Name, g.Owner, g.Token))
 			continue
 		}
 		sts[i] = st
 		live = append(live, i)
 	}
 	if len(live) == 0 {
-		return errs
+		return
 	}
 	checks := make([]error, len(gs))
+	checked := make([]chan struct{}, len(gs)) // closed once gs[i]'s check answered
 	var wg sync.WaitGroup
 	for start := 0; start < len(live); start += MaxTxnOps {
 		chunk := live[start:min(start+MaxTxnOps, len(live))]
+		c := make(chan struct{})
+		for _, i := range chunk {
+			checked[i] = c
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer close(c)
 			b.checkKeys(ctx, gs, sts, chunk, checks)
 		}()
 	}
-	kas := make([]error, len(gs))
 	inflight := make(chan struct{}, maxKeepAlives)
 	for _, i := range live {
 		wg.Add(1)
 		inflight <- struct{}{}
 		go func() {
-			defer func() { <-inflight; wg.Done() }()
+			defer wg.Done()
 			_, err := b.c.KeepAliveOnce(ctx, sts[i].id)
+			<-inflight
+			var ka error
 			switch {
 			case errors.Is(err, rpctypes.ErrLeaseNotFound):
-				kas[i] = fmt.Errorf("%w: %q: its etcd lease %x expired or was revoked", lease.ErrNotHeld, gs[i].Name, int64(sts[i].id))
+				ka = fmt.Errorf("%w: %q: its etcd lease %x expired or was revoked", lease.ErrNotHeld, gs[i].Name, int64(sts[i].id))
 			case err != nil:
-				kas[i] = fmt.Errorf("etcdlease: renew %q: keep-alive: %w", gs[i].Name, err)
+				ka = fmt.Errorf("etcdlease: renew %q: keep-alive: %w", gs[i].Name, err)
+			}
+			<-checked[i]
+			switch {
+			case errors.Is(ka, lease.ErrNotHeld):
+				done(i, ka)
+			case errors.Is(checks[i], lease.ErrNotHeld):
+				if ka == nil {
+					// The lease is alive but holds nothing of ours: let
+					// it go now rather than after its TTL.
+					b.revokeQuietly(sts[i].id)
+				}
+				done(i, checks[i])
+			case ka != nil:
+				done(i, ka)
+			default:
+				done(i, checks[i])
 			}
 		}()
 	}
 	wg.Wait()
-	for _, i := range live {
-		switch {
-		case errors.Is(kas[i], lease.ErrNotHeld):
-			errs[i] = kas[i]
-		case errors.Is(checks[i], lease.ErrNotHeld):
-			errs[i] = checks[i]
-			if kas[i] == nil {
-				// The lease is alive but holds nothing of ours: let it
-				// go now rather than after its TTL.
-				b.revokeQuietly(sts[i].id)
-			}
-		case kas[i] != nil:
-			errs[i] = kas[i]
-		default:
-			errs[i] = checks[i]
-		}
-	}
-	return errs
 }
 
 // checkKeys reads the keys of the grants gs[i] for i in idx in one
@@ -545,11 +578,40 @@ func (b *Backend) checkKeys(ctx context.Context, gs []lease.Grant, sts []*grantS
 	}
 }
 
-// Release implements lease.Backend in one round trip: it revokes the
-// grant's etcd lease, which deletes the key if it is still attached to it,
-// that is, if it is still this grant's. A lease already gone (expired,
-// revoked) is ErrNotHeld, as is a grant whose State is not the one Acquire
-// made for it. The key's watch ends whatever the outcome.
+// EndedKey returns the etcd key that records owner as ended (released or
+// abandoned) for the lease name: Prefix+"e/"+name+"\x00"+owner (a name
+// has no control characters, so the NUL separates it from the owner). It
+// is attached to an etcd lease of at least lease.EndedOwnerTTL of the
+// grant's TTL, and expires with it.
+func (b *Backend) EndedKey(name, owner string) string {
+	return b.o.Prefix + "e/" + name + "\x00" + owner
+}
+
+// Release implements lease.Backend in one round trip: one transaction
+// that, if the key is still this grant's (its create revision, owner and
+// etcd lease), deletes it, and in any case puts the key that records the
+// owner as ended (EndedKey), attached to an etcd lease that keeps it for
+// lease.EndedOwnerTTL of the grant's TTL; when the key is not this grant's,
+// the transaction also reads whether the owner had been ended before. The
+// grant's own etcd lease is then revoked in the background (nothing is
+// attached to it any more; if the revoke is lost, it expires after its
+// TTL).
+//
+// It returns nil when it deleted the key, or when the owner had already
+// been ended by a Release or Abandon: a release sent again after its first
+// reply was lost (etcd's client resends a request whose connection broke;
+// this backend resends a release whose outcome is unknown, below) finds
+// its own record and is a release, not a loss. It returns an error
+// matching lease.ErrNotHeld when the key had expired or was another
+// grant's, and when g's State is not the one Acquire made for it (without
+// any request).
+//
+// A transaction whose outcome is unknown (the connection broke, the
+// leader changed, etcd's request timeout) is sent again until it is
+// answered or ctx ends; the error then says that the outcome is unknown.
+// The first Release of a backend for a given EndedOwnerTTL also grants the
+// etcd lease that the ended records of that TTL share (one more round trip,
+// then about once per EndedOwnerTTL).
 func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
 	st, ok := stateOf(g)
 	if !ok {
@@ -561,14 +623,184 @@ func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
 		// waits for it), and the release need not wait for the client.
 		defer st.held.cancel()
 	}
-	_, err := b.c.Revoke(ctx, st.id)
+	defer b.revokeInBackground(st.id)
+	endKey := b.EndedKey(g.Name, g.Owner)
+	var resp *clientv3.TxnResponse
+	err := b.endOwner(ctx, g.TTL, func(tomb clientv3.LeaseID) (err error) {
+		resp, err = b.c.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(st.key), "=", st.rev),
+				clientv3.Compare(clientv3.Value(st.key), "=", st.owner),
+				clientv3.Compare(clientv3.LeaseValue(st.key), "=", st.id)).
+			Then(clientv3.OpDelete(st.key), clientv3.OpPut(endKey, "released", clientv3.WithLease(tomb))).
+			Else(clientv3.OpGet(endKey, clientv3.WithCountOnly()), clientv3.OpPut(endKey, "released", clientv3.WithLease(tomb))).
+			Commit()
+		return err
+	})
 	switch {
-	case errors.Is(err, rpctypes.ErrLeaseNotFound):
-		return fmt.Errorf("%w: %q: its etcd lease %x had expired or was revoked", lease.ErrNotHeld, g.Name, int64(st.id))
 	case err != nil:
 		return fmt.Errorf("etcdlease: release %q: %w", g.Name, err)
+	case resp.Succeeded:
+		return nil
+	case resp.Responses[0].GetResponseRange().GetCount() > 0:
+		// Ended before: by an earlier attempt of this release whose
+		// reply was lost, or by another Release or an Abandon.
+		return nil
+	}
+	return fmt.Errorf("%w: %q: its key had expired or was another grant's", lease.ErrNotHeld, g.Name)
+}
+
+// Abandon implements lease.Backend in one round trip (plus, as for
+// Release, the shared etcd lease of the ended records once per
+// EndedOwnerTTL): one transaction that, if the lease's key holds
+// req.Owner (whatever its token), reads and deletes it, and in any case
+// puts EndedKey(req.Name, req.Owner), which every acquire transaction
+// compares: the abandoned request, if it reaches etcd later, grants
+// nothing. The etcd lease of a deleted key is revoked in the background.
+// It returns nil whether or not the owner held the name; an outcome that
+// stays unknown is sent again until ctx ends, as Release does.
+func (b *Backend) Abandon(ctx context.Context, req lease.Request) error {
+	if err := lease.ValidateName(req.Name); err != nil {
+		return err
+	}
+	if req.Owner == "" {
+		return errors.New("etcdlease: abandon: owner is empty")
+	}
+	if _, err := ttlSeconds(req.TTL); err != nil {
+		return err
+	}
+	key, endKey := b.Key(req.Name), b.EndedKey(req.Name, req.Owner)
+	var resp *clientv3.TxnResponse
+	err := b.endOwner(ctx, req.TTL, func(tomb clientv3.LeaseID) (err error) {
+		resp, err = b.c.Txn(ctx).
+			If(clientv3.Compare(clientv3.Value(key), "=", req.Owner)).
+			Then(clientv3.OpGet(key), clientv3.OpDelete(key), clientv3.OpPut(endKey, "abandoned", clientv3.WithLease(tomb))).
+			Else(clientv3.OpPut(endKey, "abandoned", clientv3.WithLease(tomb))).
+			Commit()
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("etcdlease: abandon %q: %w", req.Name, err)
+	}
+	if resp.Succeeded {
+		if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 && kvs[0].Lease != 0 {
+			b.revokeInBackground(clientv3.LeaseID(kvs[0].Lease))
+		}
 	}
 	return nil
+}
+
+// endedLease is an etcd lease that ended-owner records share.
+type endedLease struct {
+	id    clientv3.LeaseID
+	until time.Time // a record attached before then lives at least its EndedOwnerTTL
+}
+
+// endOwner runs txn, a transaction that records an owner as ended for
+// EndedOwnerTTL(ttl), with an etcd lease that keeps the record that long.
+// The backend grants such a lease for twice that time and attaches
+// records to it for the first half, so that most calls need no grant. A
+// transaction etcd refuses because that lease is gone (revoked by an
+// operator, lost with the data) is sent again with a new lease; one whose
+// outcome is unknown (a broken connection, a lost leader, etcd's request
+// timeout) is sent again after a short pause until it is answered or ctx
+// ends: every transaction endOwner runs is idempotent.
+func (b *Backend) endOwner(ctx context.Context, ttl time.Duration, txn func(clientv3.LeaseID) error) error {
+	secs := int64(math.Ceil(lease.EndedOwnerTTL(ttl).Seconds()))
+	var unknown error
+	for attempt := 0; ; attempt++ {
+		id, err := b.endedLease(ctx, secs)
+		if err == nil {
+			err = txn(id)
+			if errors.Is(err, rpctypes.ErrLeaseNotFound) && attempt < 3 {
+				b.dropEndedLease(secs, id)
+				continue
+			}
+		}
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil || !outcomeUnknown(err) {
+			if unknown != nil {
+				// An earlier attempt may have been applied.
+				return fmt.Errorf("the outcome is unknown (an earlier attempt may have been applied: %w): %w", unknown, err)
+			}
+			return err
+		}
+		unknown = err
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the outcome is unknown (%w): %w", unknown, ctx.Err())
+		case <-time.After(resendPause):
+		}
+	}
+}
+
+// resendPause is the pause before a request whose outcome is unknown is sent
+// again.
+const resendPause = 50 * time.Millisecond
+
+// outcomeUnknown reports whether err leaves a request's outcome unknown:
+// etcd's client and server say so with the gRPC code Unavailable (a broken
+// connection, no leader, a leader change, the request timeout).
+func outcomeUnknown(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	if st, ok := status.FromError(err); ok && st.Code() == codes.Unavailable {
+		return true
+	}
+	var ee rpctypes.EtcdError
+	return errors.As(rpctypes.Error(err), &ee) && ee.Code() == codes.Unavailable
+}
+
+// endedLease returns an etcd lease that keeps a record attached now for at
+// least secs seconds, granting one if needed.
+func (b *Backend) endedLease(ctx context.Context, secs int64) (clientv3.LeaseID, error) {
+	b.mu.Lock()
+	el := b.ended[secs]
+	b.mu.Unlock()
+	if el != nil && time.Now().Before(el.until) {
+		return el.id, nil
+	}
+	sent := time.Now()
+	resp, err := b.c.Grant(ctx, 2*secs)
+	if err != nil {
+		return 0, fmt.Errorf("granting the etcd lease of ended-owner records: %w", err)
+	}
+	el = &endedLease{id: resp.ID, until: sent.Add(time.Duration(resp.TTL-secs) * time.Second)}
+	b.mu.Lock()
+	if b.ended == nil {
+		b.ended = make(map[int64]*endedLease)
+	}
+	b.ended[secs] = el
+	b.mu.Unlock()
+	return el.id, nil
+}
+
+// dropEndedLease forgets the ended-record lease id, found gone at the store.
+func (b *Backend) dropEndedLease(secs int64, id clientv3.LeaseID) {
+	b.mu.Lock()
+	if el := b.ended[secs]; el != nil && el.id == id {
+		delete(b.ended, secs)
+	}
+	b.mu.Unlock()
+}
+
+// revokeInBackground revokes a lease nothing of ours is attached to any
+// more, in a goroutine Close waits for (bounded by a second, as
+// revokeQuietly). After Close it does nothing: the lease expires.
+func (b *Backend) revokeInBackground(id clientv3.LeaseID) {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return
+	}
+	b.wg.Add(1)
+	b.mu.Unlock()
+	go func() {
+		defer b.wg.Done()
+		b.revokeQuietly(id)
+	}()
 }
 
 // revokeQuietly revokes a lease the backend granted and no longer needs,

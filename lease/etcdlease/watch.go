@@ -21,7 +21,11 @@ import (
 // holder only, and the others would only send refused attempts. (A waiter
 // that stops with a signal it did not take passes it on.) Other processes'
 // waiters have watches of their own. Watch returns once etcd has confirmed
-// that the watch is created, bounded by ctx. The watch requires a leader:
+// that the watch is created, bounded by ctx: when ctx ends first (the
+// confirmation is lost, the member does not answer), Watch returns ctx's
+// error at once, and the etcd watch is cancelled if no other waiter shares
+// it, its goroutine ending with it (TestWatchWithoutConfirmationHonoursContext).
+// The watch requires a leader:
 // when the member the client talks to loses its leader, the watch ends and
 // every waiter is signalled, so that each tries again (and then polls).
 func (b *Backend) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {

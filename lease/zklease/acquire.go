@@ -82,6 +82,9 @@ func (b *Backend) Acquire(ctx context.Context, req lease.Request) (lease.Grant, 
 const maxQueueSteps = 16
 
 func (b *Backend) acquire(ns *nameState, req lease.Request) (lease.Grant, error) {
+	if b.endedHere(req.Name, req.Owner) {
+		return lease.Grant{}, errOwnerEnded(req.Name, req.Owner)
+	}
 	b.mu.Lock()
 	rec := ns.grants[req.Owner]
 	b.mu.Unlock()
@@ -106,12 +109,26 @@ func (b *Backend) acquire(ns *nameState, req lease.Request) (lease.Grant, error)
 		if !gone {
 			return lease.Grant{}, notAcquired(req.Name)
 		}
+		// The ticket becomes a grant without a create, so the record of
+		// an owner ended through another backend is read here, pipelined
+		// with the listing (go-zookeeper sends both at once).
+		endedAt := make(chan bool, 1)
+		go func() {
+			ok, _, err := b.conn.Exists(b.endedPath(req.Name, req.Owner))
+			endedAt <- ok || err != nil
+		}()
 		sent := time.Now()
 		kids, err := b.list(ns)
+		ended := <-endedAt
 		if err != nil {
 			return lease.Grant{}, err
 		}
 		i := position(kids, baseName(t.path))
+		if i == 0 && ended {
+			// Refused (or the record could not be read): the ticket stays
+			// for the backend's next owner.
+			return lease.Grant{}, errOwnerEnded(req.Name, req.Owner)
+		}
 		switch {
 		case i < 0:
 			// Deleted by someone else (an operator), or its session
@@ -176,7 +193,7 @@ func (b *Backend) acquire(ns *nameState, req lease.Request) (lease.Grant, error)
 			return lease.Grant{}, notAcquired(req.Name)
 		}
 	}
-	n, err := b.create(ns, req.Owner)
+	n, err := b.create(ns, req.Owner, req.Owner)
 	if err != nil {
 		return lease.Grant{}, err
 	}
@@ -327,6 +344,7 @@ func (r *grantRec) expire() {
 		return
 	}
 	r.endLocked()
+	r.expired = true
 	if ns := b.names[r.name]; ns != nil && ns.grants[r.owner] == r {
 		delete(ns.grants, r.owner)
 		b.forgetIfIdleLocked(ns)
@@ -409,8 +427,8 @@ func record(g lease.Grant) (*grantRec, error) {
 // Renew implements lease.Backend with one read: the node must still exist,
 // with the grant's token as its czxid, in this backend's current session;
 // the grant's TTL then counts from the read's send time. A grant made by
-// another Backend cannot be renewed here (its TTL is kept by that backend):
-// the error matches ErrNotHeld.
+// another Backend is renewed by that one (its State names it), which keeps
+// its TTL and whose session holds its node.
 //
 // Errors: lease.ErrNotHeld (wrapped, with the reason) when the node is
 // gone, the grant expired here or its session ended, or owner or token do
@@ -422,7 +440,9 @@ func (b *Backend) Renew(ctx context.Context, g lease.Grant) error {
 		return err
 	}
 	if rec.b != b {
-		return fmt.Errorf("%w: %q: granted by another backend, which alone keeps its TTL", lease.ErrNotHeld, g.Name)
+		// The grant's TTL is kept by the backend that made it (its
+		// State names it, in this process): renew it there.
+		return rec.b.Renew(ctx, g)
 	}
 	return b.async(ctx, "renew", g.Name, func() error { return b.confirm(rec) })
 }
@@ -459,8 +479,8 @@ const maxBatchInFlight = 64
 // one round trip. ZooKeeper has no multi-read in the protocol version
 // go-zookeeper speaks, and a Multi of check operations would be a logged
 // write.
-func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant) []error {
-	errs := make([]error, len(gs))
+// Each grant's outcome is reported (done) as soon as its answer arrives.
+func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant, done func(i int, err error)) {
 	sem := make(chan struct{}, maxBatchInFlight)
 	var wg sync.WaitGroup
 	for i, g := range gs {
@@ -468,59 +488,77 @@ func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant) []error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = b.Renew(ctx, g)
+			err := b.Renew(ctx, g)
 			<-sem
+			done(i, err)
 		}()
 	}
 	wg.Wait()
-	return errs
 }
 
-// Release implements lease.Backend: it deletes the grant's node if it
-// still exists (one request; the node's name is unique to the grant, so no
+// Release implements lease.Backend: one transaction (Multi) deletes the
+// grant's node if it still exists (its name is unique to the grant, so no
 // other grant can be deleted by it), which wakes the one waiter watching
-// it. A grant can be released through any Backend on the same ensemble.
-// It returns ErrNotHeld when the node is gone (expired, lost with its
-// session, released) or when owner or token do not match the grant.
+// it, and records the owner as ended (an ephemeral node, see EndedPath), so
+// that an acquire of that owner arriving later is refused. One request. A
+// grant can be released through any Backend on the same ensemble.
 //
-// A delete whose answer is lost is sent again until the server answers,
-// even after ctx ended, so the node is never left behind. Other errors:
-// ErrClosed, go-zookeeper's errors (wrapped), ctx's error (wrapped).
+// It returns nil when it deleted the node, and when the owner had already
+// been ended (its record exists): a transaction whose answer was lost is
+// sent again after the client reconnects, and the second finds the node
+// gone, deleted by the first, which created the record in the same
+// transaction; a release that was applied is a release, never a loss. It
+// returns lease.ErrNotHeld when the node is gone without that record
+// (expired, lost with its session, deleted by someone else), when the
+// grant's TTL ran out here, or when owner or token do not match the grant.
+// A second Release of a grant this backend released returns nil without a
+// request.
+//
+// A transaction whose answer is lost is sent again until the server
+// answers, even after ctx ended, so the node is never left behind. Other
+// errors: ErrClosed, go-zookeeper's errors (wrapped), ctx's error (wrapped).
 func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
 	rec, err := record(g)
 	if err != nil {
 		return err
 	}
-	if rec.b == b && b.sessionEnded(rec) {
-		// An ephemeral node ends with its session, at the store: nothing to
-		// delete, and no need to wait for a server (or for a background
-		// delete of the node, which holds the name) to learn it.
-		return fmt.Errorf("%w: %q (token %d): its session ended at the store, and the node with it", lease.ErrNotHeld, g.Name, g.Token)
+	if rec.b == b {
+		b.mu.Lock()
+		released := rec.released
+		b.mu.Unlock()
+		if released {
+			return nil
+		}
+		if b.sessionEnded(rec) {
+			// An ephemeral node ends with its session, at the store:
+			// nothing to delete, and no need to wait for a server (or for
+			// a background delete of the node, which holds the name) to
+			// learn it.
+			return fmt.Errorf("%w: %q (token %d): its session ended at the store, and the node with it", lease.ErrNotHeld, g.Name, g.Token)
+		}
 	}
 	_, err = run(b, ctx, g.Name, func(ns *nameState) (struct{}, error) {
 		var expired bool
 		if rec.b == b {
 			b.mu.Lock()
-			expired = rec.ended
+			if rec.released {
+				b.mu.Unlock()
+				return struct{}{}, nil
+			}
+			expired = rec.expired
 			rec.endLocked()
 			if ns.grants[rec.owner] == rec {
 				delete(ns.grants, rec.owner)
 			}
 			b.mu.Unlock()
 		}
-		for {
-			err := b.conn.Delete(rec.path, -1)
-			switch {
-			case err == nil && !expired:
-				return struct{}{}, nil
-			case err == nil, errors.Is(err, zk.ErrNoNode):
-				return struct{}{}, fmt.Errorf("%w: %q (token %d): the grant had expired or was lost", lease.ErrNotHeld, g.Name, g.Token)
-			case ambiguous(err) && !b.isClosedNow():
-				time.Sleep(20 * time.Millisecond)
-				continue
-			}
-			return struct{}{}, fmt.Errorf("zklease: release %q: delete %s: %w", g.Name, rec.path, err)
+		err := b.releaseNode(g, rec.path, expired)
+		if err == nil && rec.b == b {
+			b.mu.Lock()
+			rec.released = true
+			b.mu.Unlock()
 		}
+		return struct{}{}, err
 	}, nil)
 	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 		return ctxErr("release", g.Name, ctx)

@@ -32,11 +32,26 @@
 //     polling (its PollInterval is only a fallback).
 //   - Renew: one read (Exists) checks that the node still exists with the
 //     grant's czxid in this backend's current session.
-//   - Release: one delete of the node; its name is unique (the GUID), so no
-//     other grant can be deleted by a late or repeated release. A grant
-//     whose session the ensemble has ended (the backend is on another
-//     session, or none) is answered lease.ErrNotHeld at once: its node went with
-//     the session.
+//   - Release: one transaction (Multi) deletes the node and records the
+//     owner as ended (an ephemeral node under Options.Root + "/.ended",
+//     see EndedPath); the node's name is unique (the GUID), so no other
+//     grant can be deleted by a late or repeated release. A transaction
+//     whose answer was lost is sent again after the reconnect, in the same
+//     session; finding the node gone and the record there, it is a
+//     release (nil), not a loss. A grant whose session the ensemble has
+//     ended (the backend is on another session, or none) is answered
+//     lease.ErrNotHeld at once: its node went with the session.
+//   - Ended owners (lease.Backend's contract): the create of a grant's
+//     node checks, in its own transaction, that the owner has no record,
+//     so a released or abandoned owner is never granted again, through any
+//     backend; a ticket's hand-off reads the record alongside its listing.
+//     Abandon records the owner and deletes its nodes. A record lives for
+//     lease.EndedOwnerTTL of the TTL, or until the session that made it
+//     ends: a late create can only come from the session that sent it,
+//     and ZooKeeper applies none after that session ended. Within one
+//     Backend a late acquire is settled without the record anyway: the
+//     abandoned operation holds the name's lock until the store answered,
+//     then gives back what it got, before anything else of that name runs.
 //
 // A request whose answer is lost does not leave a node behind: a create is
 // settled by listing the parent for its GUID (the recipe's "protected"

@@ -43,9 +43,11 @@ type grantRec struct {
 	notify  lease.Notifier
 
 	// Guarded by Backend.mu.
-	base  time.Time // send time of the last request that confirmed the grant
-	timer *time.Timer
-	ended bool // expired here, lost with its session, or released
+	base     time.Time // send time of the last request that confirmed the grant
+	timer    *time.Timer
+	ended    bool // expired here, lost with its session, or released
+	expired  bool // ended here at its TTL (expire)
+	released bool // ended by a Release or Abandon whose outcome was a release: recorded at the store
 }
 
 // ticket is this backend's node in a lease's queue while it has waiters

@@ -47,16 +47,29 @@ func ambiguous(err error) bool {
 // answer is lost, the backend lists the parent and looks for the GUID: the
 // node is either found (and returned) or known not to exist, so no node is
 // left behind unknown.
-func (b *Backend) create(ns *nameState, data string) (node, error) {
+//
+// When owner is not empty (a create for that owner's grant, not a ticket),
+// the same transaction checks that owner is not recorded as ended (it
+// creates and deletes the record's node, which fails if the node exists):
+// an ended owner's create is refused at the store, with an error matching
+// lease.ErrNotAcquired.
+func (b *Backend) create(ns *nameState, data, owner string) (node, error) {
 	guid := newGUID()
+	ops := []any{
+		&zk.CreateRequest{Path: ns.parent + "/" + guid + "-", Data: []byte(data), Acl: b.o.ACL, Flags: zk.FlagEphemeralSequential},
+		&zk.SetDataRequest{Path: ns.parent, Data: nil, Version: -1},
+	}
+	if owner != "" {
+		tomb := b.endedPath(ns.name, owner)
+		ops = append(ops,
+			&zk.CreateRequest{Path: tomb, Acl: b.o.ACL, Flags: zk.FlagPersistent},
+			&zk.DeleteRequest{Path: tomb, Version: -1})
+	}
 	for attempt := 0; ; attempt++ {
 		before, _ := b.currentSession()
 		sent := time.Now()
-		res, err := b.conn.Multi(
-			&zk.CreateRequest{Path: ns.parent + "/" + guid + "-", Data: []byte(data), Acl: b.o.ACL, Flags: zk.FlagEphemeralSequential},
-			&zk.SetDataRequest{Path: ns.parent, Data: nil, Version: -1},
-		)
-		if err == nil && len(res) == 2 && res[1].Stat != nil && res[0].String != "" {
+		res, err := b.conn.Multi(ops...)
+		if err == nil && len(res) == len(ops) && res[1].Stat != nil && res[0].String != "" {
 			after, _ := b.currentSession()
 			n := node{path: res[0].String, czxid: res[1].Stat.Mzxid, session: after, sent: sent, data: data}
 			if after == 0 || (before != 0 && after != before) {
@@ -70,8 +83,16 @@ func (b *Backend) create(ns *nameState, data string) (node, error) {
 		if err == nil {
 			return node{}, fmt.Errorf("zklease: acquire %q: unexpected answer to the create: %+v", ns.name, res)
 		}
+		i, opErr := failedOp(res, err)
 		switch {
-		case errors.Is(err, zk.ErrNoNode) && attempt < 3:
+		case i == 2 && errors.Is(opErr, zk.ErrNodeExists):
+			return node{}, errOwnerEnded(ns.name, owner)
+		case i == 2 && errors.Is(opErr, zk.ErrNoNode) && attempt < 3:
+			if perr := b.ensureEndedDir(); perr != nil {
+				return node{}, perr
+			}
+			continue
+		case i <= 1 && errors.Is(opErr, zk.ErrNoNode) && attempt < 3:
 			if perr := b.ensureParent(ns.parent); perr != nil {
 				return node{}, perr
 			}

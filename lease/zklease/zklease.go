@@ -73,6 +73,8 @@ type Backend struct {
 	contended map[string]contention // names found held recently (see noteContention)
 
 	notified atomic.Int64 // predecessor notifications that woke a ticket (for tests)
+
+	endedOwners endedState // the owners this backend recorded as ended (ended.go)
 }
 
 // New returns a Backend connected to the ZooKeeper ensemble at servers
@@ -152,6 +154,7 @@ func (b *Backend) Close() error {
 	for _, n := range lost {
 		n.Lost(ErrClosed)
 	}
+	b.stopEnded()
 	b.conn.Close()
 	b.wg.Wait()
 	return nil

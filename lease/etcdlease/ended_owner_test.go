@@ -1,0 +1,419 @@
+package etcdlease_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/rs/zerolog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/etcdlease"
+	"github.com/fencekit/fencekit/lease/etcdlease/internal/etcdtest"
+)
+
+// replyDropProxy is a TCP proxy in front of one etcd member. Armed, it
+// swallows everything the server sends on the connections open at that
+// moment and closes them 150 ms later: a request sent meanwhile is applied
+// by the server and its reply is lost. New connections pass normally, so
+// the client's resend (grpc reconnects at once) gets through.
+type replyDropProxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	conns  map[*proxiedConn]struct{}
+	drops  atomic.Int32
+	wg     sync.WaitGroup
+}
+
+type proxiedConn struct {
+	client, server net.Conn
+	swallow        atomic.Bool
+}
+
+func startReplyDropProxy(t *testing.T, target string) *replyDropProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &replyDropProxy{ln: ln, target: strings.TrimPrefix(target, "http://"), conns: map[*proxiedConn]struct{}{}}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.mu.Lock()
+		for c := range p.conns {
+			_ = c.client.Close()
+			_ = c.server.Close()
+		}
+		p.mu.Unlock()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *replyDropProxy) endpoint() string { return "http://" + p.ln.Addr().String() }
+
+func (p *replyDropProxy) accept() {
+	defer p.wg.Done()
+	for {
+		cc, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		sc, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = cc.Close()
+			continue
+		}
+		c := &proxiedConn{client: cc, server: sc}
+		p.mu.Lock()
+		p.conns[c] = struct{}{}
+		p.mu.Unlock()
+		p.wg.Add(2)
+		go func() { // client to server
+			defer p.wg.Done()
+			_, _ = io.Copy(sc, cc)
+			_ = sc.Close()
+		}()
+		go func() { // server to client, unless swallowed
+			defer p.wg.Done()
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := sc.Read(buf)
+				if n > 0 && !c.swallow.Load() {
+					if _, werr := cc.Write(buf[:n]); werr != nil {
+						break
+					}
+				}
+				if err != nil {
+					break
+				}
+			}
+			_ = cc.Close()
+			p.mu.Lock()
+			delete(p.conns, c)
+			p.mu.Unlock()
+		}()
+	}
+}
+
+// dropReplies swallows the replies on every open connection and closes them
+// 150 ms later.
+func (p *replyDropProxy) dropReplies() {
+	p.mu.Lock()
+	var open []*proxiedConn
+	for c := range p.conns {
+		c.swallow.Store(true)
+		open = append(open, c)
+	}
+	p.mu.Unlock()
+	p.drops.Add(int32(len(open)))
+	time.AfterFunc(150*time.Millisecond, func() {
+		for _, c := range open {
+			_ = c.client.Close()
+			_ = c.server.Close()
+		}
+	})
+}
+
+// lossCounter counts the losses and failed releases a Manager reports.
+type lossCounter struct {
+	lease.NopObserver
+	mu     sync.Mutex
+	lost   []lease.LostEvent
+	failed []lease.ReleasedEvent
+}
+
+func (o *lossCounter) Lost(e lease.LostEvent) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.lost = append(o.lost, e)
+}
+
+func (o *lossCounter) Released(e lease.ReleasedEvent) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if e.Err != nil {
+		o.failed = append(o.failed, e)
+	}
+}
+
+func (o *lossCounter) counts() (lost int, failed int, last string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	switch {
+	case len(o.lost) > 0:
+		last = fmt.Sprint(o.lost[len(o.lost)-1].Err)
+	case len(o.failed) > 0:
+		last = fmt.Sprint(o.failed[len(o.failed)-1].Err)
+	}
+	return len(o.lost), len(o.failed), last
+}
+
+// A clean release whose reply is lost (the connection breaks after the
+// member applied it) is a release: Release through the Manager returns nil,
+// no loss is observed, and the name is free at once. The release is sent
+// again on a new connection: by etcd's client itself when it was a Revoke
+// (a "repeatable" call, retried on Unavailable), which then found the lease
+// gone (ErrLeaseNotFound) and reported the lease lost, 3 of 3 rounds; by
+// the backend now, whose release transaction finds the owner's ended
+// record that its first attempt wrote.
+func TestReleaseWhoseReplyIsLostIsARelease(t *testing.T) {
+	cl := etcdtest.Start(t, 1)
+	p := prefix(t)
+	proxy := startReplyDropProxy(t, cl.Endpoints()[0])
+	b := newBackend(t, cl.Client(proxy.endpoint()), p)
+	obs := &lossCounter{}
+	const ttl = 3 * time.Second
+	m := newManager(t, b, ttl, lease.WithObserver(obs))
+	other := newManager(t, newBackend(t, cl.Client(), p), ttl)
+	for round := 1; round <= 3; round++ {
+		l, err := m.TryAcquire(ctxT(t), "job")
+		if err != nil {
+			t.Fatalf("round %d: TryAcquire: %v", round, err)
+		}
+		drops := proxy.drops.Load()
+		proxy.dropReplies()
+		err = l.Release(ctxT(t))
+		if proxy.drops.Load() == drops {
+			t.Fatalf("round %d: no connection had its replies dropped", round)
+		}
+		if err != nil {
+			t.Errorf("round %d: Release whose reply was lost = %v, want nil", round, err)
+		}
+		if lost, failed, last := obs.counts(); lost+failed > 0 {
+			t.Fatalf("round %d: the Manager observed %d losses and %d failed releases (last: %s)", round, lost, failed, last)
+		}
+		l2, err := other.TryAcquire(ctxT(t), "job")
+		if err != nil {
+			t.Fatalf("round %d: another client's TryAcquire after the release: %v", round, err)
+		}
+		if err := l2.Release(ctxT(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// heldClient holds the next transaction it is armed for until released: a
+// request delayed in the network, applied by etcd after everything sent
+// meanwhile.
+type heldClient struct {
+	*clientv3.Client
+	mu   sync.Mutex
+	gate chan struct{}
+	held chan struct{}
+}
+
+func (c *heldClient) hold() (held <-chan struct{}, release func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.gate, c.held = make(chan struct{}), make(chan struct{})
+	gate := c.gate
+	var once sync.Once
+	return c.held, func() { once.Do(func() { close(gate) }) }
+}
+
+func (c *heldClient) Txn(ctx context.Context) clientv3.Txn {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gate == nil {
+		return c.Client.Txn(ctx)
+	}
+	t := &heldTxn{Txn: c.Client.Txn(ctx), gate: c.gate, held: c.held}
+	c.gate, c.held = nil, nil
+	return t
+}
+
+type heldTxn struct {
+	clientv3.Txn
+	gate, held chan struct{}
+}
+
+func (t *heldTxn) If(cs ...clientv3.Cmp) clientv3.Txn   { t.Txn = t.Txn.If(cs...); return t }
+func (t *heldTxn) Then(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Then(ops...); return t }
+func (t *heldTxn) Else(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Else(ops...); return t }
+func (t *heldTxn) Commit() (*clientv3.TxnResponse, error) {
+	close(t.held)
+	<-t.gate
+	return t.Txn.Commit()
+}
+
+// An acquire transaction that reaches etcd after its owner was ended is
+// refused (issue 19, item 5), so that it cannot leave a grant nobody
+// holds:
+//
+//   - "released": an attempt is delayed; a retry with the same owner gets
+//     the name, uses it and releases it (what a blocking Acquire did before
+//     it abandoned attempts); then the first attempt arrives. It was
+//     granted before the release recorded the owner as ended: a ghost grant
+//     with a higher token, holding the name for nobody until its TTL.
+//   - "abandoned": the delayed attempt's owner is abandoned (what the
+//     Manager does now), another owner takes and releases the name, then
+//     the attempt arrives.
+//
+// Either way the name stays free for the next owner.
+func TestLateAcquireOfAnEndedOwnerIsRefused(t *testing.T) {
+	cl := etcdtest.Start(t, 1)
+	p := prefix(t)
+	hc := &heldClient{Client: cl.Client()}
+	late := newBackend(t, hc, p)
+	b := newBackend(t, cl.Client(), p)
+	const ttl = 2 * time.Second
+	req := func(name, owner string) lease.Request { return lease.Request{Name: name, Owner: owner, TTL: ttl} }
+	var owners atomic.Int32
+	freeNow := func(t *testing.T, name string) lease.Grant {
+		t.Helper()
+		g, err := b.Acquire(ctxT(t), req(name, fmt.Sprintf("other-%d", owners.Add(1))))
+		if err != nil {
+			t.Fatalf("the name is not free: %v", err)
+		}
+		if err := b.Release(ctxT(t), g); err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	// The late backend reads the epoch key once, with its first
+	// transaction: do that now, so that the held one is the acquire.
+	freeNow(t, "warm")
+	if g, err := late.Acquire(ctxT(t), req("warm", "warm")); err != nil {
+		t.Fatal(err)
+	} else if err := late.Release(ctxT(t), g); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, mode := range []string{"released", "abandoned"} {
+		t.Run(mode, func(t *testing.T) {
+			name := "job-" + mode
+			held, release := hc.hold()
+			defer release()
+			type result struct {
+				g   lease.Grant
+				err error
+			}
+			res := make(chan result, 1)
+			go func() {
+				g, err := late.Acquire(ctxT(t), req(name, "first"))
+				res <- result{g, err}
+			}()
+			select {
+			case <-held:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the acquire transaction was not held")
+			}
+			var used lease.Grant
+			if mode == "released" {
+				g, err := late.Acquire(ctxT(t), req(name, "first"))
+				if err != nil {
+					t.Fatalf("the retry with the same owner: %v", err)
+				}
+				if err := late.Release(ctxT(t), g); err != nil {
+					t.Fatal(err)
+				}
+				used = g
+			} else {
+				if err := late.Abandon(ctxT(t), req(name, "first")); err != nil {
+					t.Fatalf("Abandon: %v", err)
+				}
+				used = freeNow(t, name)
+			}
+			release()
+			r := <-res
+			if !errors.Is(r.err, lease.ErrNotAcquired) {
+				if r.err == nil {
+					_ = late.Release(ctxT(t), r.g)
+				}
+				t.Fatalf("the late acquire of the ended owner = token %d (the name was used with token %d), %v; want ErrNotAcquired", r.g.Token, used.Token, r.err)
+			}
+			if next := freeNow(t, name); next.Token <= used.Token {
+				t.Fatalf("token %d after %d", next.Token, used.Token)
+			}
+		})
+	}
+}
+
+// A Watch whose confirmation never comes (the member's connection is
+// blackholed after the client connected) returns ctx's error when ctx ends,
+// promptly, and leaves nothing running: the backend closes at once
+// (Close waits for every goroutine of its watches), each of several rounds.
+// The Manager bounds each Watch by its PollInterval (issue 19, item 7); this
+// is the backend's side of that promise.
+func TestWatchWithoutConfirmationHonoursContext(t *testing.T) {
+	cl := etcdtest.Start(t, 1)
+	p := prefix(t)
+	proxy := blackholeProxy(t, cl.Endpoints()[0])
+	cli := cl.Client("http://" + proxy.Listen)
+	b, err := etcdlease.New(cli, etcdlease.WithPrefix(p), etcdlease.WithMinTTL(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	// Connected first, so that the watch request goes out on a live
+	// connection and only its answer is missing.
+	if _, err := cli.Get(ctxT(t), "warm"); err != nil {
+		t.Fatal(err)
+	}
+	blackhole(t, proxy)
+	const timeout = 300 * time.Millisecond
+	for round := 1; round <= 3; round++ {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		start := time.Now()
+		sig, stop, err := b.Watch(ctx, "job")
+		took := time.Since(start)
+		cancel()
+		if err == nil {
+			stop()
+			t.Fatalf("round %d: Watch through a blackholed connection returned a subscription (%v)", round, sig)
+		}
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("round %d: Watch = %v, want context.DeadlineExceeded", round, err)
+		}
+		if took > timeout+500*time.Millisecond {
+			t.Errorf("round %d: Watch returned %v after it started; its ctx ended after %v", round, took, timeout)
+		}
+	}
+	closed := make(chan struct{})
+	go func() { _ = b.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(2 * time.Second):
+		t.Fatal("Close did not return within 2s: a watch's goroutine is still waiting for the confirmation")
+	}
+}
+
+// blackholeProxy starts a toxiproxy proxy in front of endpoint.
+func blackholeProxy(t *testing.T, endpoint string) *toxiproxy.Proxy {
+	t.Helper()
+	proxy := toxiproxy.NewProxy(toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop()),
+		"etcd-"+strings.ReplaceAll(t.Name(), "/", "-"), "127.0.0.1:0", strings.TrimPrefix(endpoint, "http://"))
+	if err := proxy.Start(); err != nil {
+		t.Fatalf("toxiproxy: start a proxy in front of %s: %v", endpoint, err)
+	}
+	t.Cleanup(proxy.Stop)
+	return proxy
+}
+
+// blackhole lets nothing through proxy either way, without closing any
+// connection (toxiproxy's timeout toxic with timeout 0), until the test
+// ends.
+func blackhole(t *testing.T, proxy *toxiproxy.Proxy) {
+	t.Helper()
+	for _, stream := range []string{"upstream", "downstream"} {
+		js := fmt.Sprintf(`{"name":"blackhole-%s","type":"timeout","stream":%q,"toxicity":1,"attributes":{"timeout":0}}`, stream, stream)
+		if _, err := proxy.Toxics.AddToxicJson(strings.NewReader(js)); err != nil {
+			t.Fatalf("toxiproxy: add the blackhole: %v", err)
+		}
+	}
+	// Lifted before the clients close (cleanups run last-in first).
+	t.Cleanup(func() { proxy.Toxics.ResetToxics(context.Background()) })
+}

@@ -1,0 +1,369 @@
+package zklease_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/zklease"
+	"github.com/fencekit/fencekit/lease/zklease/internal/zktest"
+)
+
+// ZooKeeper opcodes, as go-zookeeper writes them.
+const (
+	opDelete = 2
+	// opMulti (14) is in faults_test.go.
+)
+
+// replyDropper is a dialer whose connections, when armed with opcodes,
+// pass the next request of one of them to the server, swallow everything
+// the server sends from then on (the request is applied, its answer never
+// arrives), close the connection 100 ms later and refuse new connections
+// for refuse: go-zookeeper then fails the request with a connection error,
+// and the backend sends it again once the client has reconnected, within
+// the same session.
+type replyDropper struct {
+	mu     sync.Mutex
+	ops    map[int32]bool
+	until  time.Time
+	refuse time.Duration
+	drops  atomic.Int32
+}
+
+func (d *replyDropper) arm(ops ...int32) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.ops = map[int32]bool{}
+	for _, op := range ops {
+		d.ops[op] = true
+	}
+}
+
+// take reports whether op is armed, and disarms if so.
+func (d *replyDropper) take(op int32) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.ops[op] {
+		return false
+	}
+	d.ops = nil
+	d.until = time.Now().Add(d.refuse)
+	return true
+}
+
+func (d *replyDropper) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
+	d.mu.Lock()
+	wait := time.Until(d.until)
+	d.mu.Unlock()
+	if wait > 0 {
+		return nil, fmt.Errorf("test: refusing connections for %v", wait)
+	}
+	c, err := net.DialTimeout(network, addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	return &replyDropConn{Conn: c, d: d}, nil
+}
+
+type replyDropConn struct {
+	net.Conn
+	d       *replyDropper
+	swallow atomic.Bool
+}
+
+func (c *replyDropConn) Read(p []byte) (int, error) {
+	for {
+		n, err := c.Conn.Read(p)
+		if err != nil || !c.swallow.Load() {
+			return n, err
+		}
+	}
+}
+
+func (c *replyDropConn) Write(p []byte) (int, error) {
+	// go-zookeeper writes each request whole: length, xid, opcode, body.
+	if len(p) >= 12 && c.d.take(int32(binary.BigEndian.Uint32(p[8:12]))) {
+		c.swallow.Store(true)
+		n, err := c.Conn.Write(p)
+		c.d.drops.Add(1)
+		go func() {
+			time.Sleep(100 * time.Millisecond) // the server applies it; its answer is swallowed
+			c.Conn.Close()
+		}()
+		return n, err
+	}
+	return c.Conn.Write(p)
+}
+
+// lossCounter counts the losses and failed releases a Manager reports.
+type lossCounter struct {
+	lease.NopObserver
+	mu     sync.Mutex
+	lost   []lease.LostEvent
+	failed []lease.ReleasedEvent
+}
+
+func (o *lossCounter) Lost(e lease.LostEvent) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.lost = append(o.lost, e)
+}
+
+func (o *lossCounter) Released(e lease.ReleasedEvent) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if e.Err != nil {
+		o.failed = append(o.failed, e)
+	}
+}
+
+func (o *lossCounter) counts() (lost int, failed int, last string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	switch {
+	case len(o.lost) > 0:
+		last = fmt.Sprint(o.lost[len(o.lost)-1].Err)
+	case len(o.failed) > 0:
+		last = fmt.Sprint(o.failed[len(o.failed)-1].Err)
+	}
+	return len(o.lost), len(o.failed), last
+}
+
+// A clean release whose answer is lost (the connection breaks after the
+// server applied it; the backend sends it again after the reconnect, in the
+// same session, and finds the node gone) is a release: Release through the
+// Manager returns nil, no loss is observed, and the name is free at once.
+// Before the release recorded its owner as ended in the same transaction,
+// the resent delete got "no node" and every round was reported as lost
+// ("expired or was lost"), the issue's 3 of 3.
+func TestReleaseWhoseAnswerIsLostIsARelease(t *testing.T) {
+	ens := zktest.Start(t, 3, zktest.Config{})
+	root := testRoot(t)
+	const ttl = 4 * time.Second
+	d := &replyDropper{refuse: 500 * time.Millisecond}
+	b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(6*time.Second), zklease.WithDialer(d.dial))
+	obs := &lossCounter{}
+	m := newManager(t, b, ttl, lease.WithObserver(obs))
+	other := newManager(t, newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(6*time.Second)), ttl)
+	session, _ := b.Session()
+	for round := 1; round <= 3; round++ {
+		l, err := m.TryAcquire(ctxT(t), "job")
+		if err != nil {
+			t.Fatalf("round %d: TryAcquire: %v", round, err)
+		}
+		drops := d.drops.Load()
+		d.arm(opDelete, opMulti)
+		err = l.Release(ctxT(t))
+		if d.drops.Load() == drops {
+			t.Fatalf("round %d: the release's answer was not dropped", round)
+		}
+		if err != nil {
+			t.Errorf("round %d: Release whose answer was lost = %v, want nil", round, err)
+		}
+		if lost, failed, last := obs.counts(); lost+failed > 0 {
+			t.Fatalf("round %d: the Manager observed %d losses and %d failed releases (last: %s)", round, lost, failed, last)
+		}
+		if !errors.Is(l.Err(), lease.ErrReleased) {
+			t.Errorf("round %d: the lease's Err after Release = %v, want ErrReleased", round, l.Err())
+		}
+		// The release was applied: the name is free for another client.
+		l2, err := other.TryAcquire(ctxT(t), "job")
+		if err != nil {
+			t.Fatalf("round %d: another client's TryAcquire after the release: %v", round, err)
+		}
+		if err := l2.Release(ctxT(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if now, _ := b.Session(); now != session {
+		t.Fatalf("the session changed (0x%x to 0x%x): the resend was meant to go out in the same session", session, now)
+	}
+}
+
+// heldWrites is a dialer whose connections, when armed, hold the next
+// request of an opcode until released: a request delayed in the network.
+type heldWrites struct {
+	mu   sync.Mutex
+	op   int32
+	gate chan struct{}
+	held chan struct{}
+}
+
+// hold arms the next write of op; it returns a channel closed once that
+// write is held, and release, which lets it go.
+func (h *heldWrites) hold(op int32) (held <-chan struct{}, release func()) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.op, h.gate, h.held = op, make(chan struct{}), make(chan struct{})
+	gate := h.gate
+	var once sync.Once
+	return h.held, func() { once.Do(func() { close(gate) }) }
+}
+
+func (h *heldWrites) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
+	c, err := net.DialTimeout(network, addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	return &heldConn{Conn: c, h: h}, nil
+}
+
+type heldConn struct {
+	net.Conn
+	h *heldWrites
+}
+
+func (c *heldConn) Write(p []byte) (int, error) {
+	if len(p) >= 12 {
+		op := int32(binary.BigEndian.Uint32(p[8:12]))
+		c.h.mu.Lock()
+		gate, held := c.h.gate, c.h.held
+		hit := gate != nil && op == c.h.op
+		if hit {
+			c.h.gate, c.h.held = nil, nil
+		}
+		c.h.mu.Unlock()
+		if hit {
+			close(held)
+			<-gate
+		}
+	}
+	return c.Conn.Write(p)
+}
+
+// An acquire request that reaches the store after its owner was ended is
+// refused (issue 19, item 5), so that it cannot leave a grant nobody holds:
+//
+//   - "released": an owner released is refused, through any backend;
+//   - "abandoned, create delayed": an attempt's create is delayed in the
+//     network while the owner is abandoned and another holder takes and
+//     releases the name; when the create arrives, the store refuses it (the
+//     create's transaction checks the owner's record) and the name stays
+//     free. Before the records existed, the create was granted: a ghost
+//     grant, holding the name for nobody;
+//   - "abandoned in the same backend": ZooKeeper settles this one without
+//     the records: the abandoned attempt keeps the name's operation lock
+//     until the store answers, gives back its grant, and only then does
+//     Abandon run; the name is free and no node is left.
+func TestLateAcquireOfAnEndedOwnerIsRefused(t *testing.T) {
+	ens := zktest.Start(t, 3, zktest.Config{})
+	root := testRoot(t)
+	const ttl = 4 * time.Second
+	var h heldWrites
+	late := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(6*time.Second), zklease.WithDialer(h.dial))
+	b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(6*time.Second))
+	admin := adminConn(t, ens.Servers())
+	req := func(name, owner string) lease.Request { return lease.Request{Name: name, Owner: owner, TTL: ttl} }
+	nodes := func(name string) []string {
+		kids, _, err := admin.Children(zklease.ParentPath(root, name))
+		if err != nil {
+			t.Fatalf("list: %v", err)
+		}
+		return kids
+	}
+	var owners atomic.Int32
+	freeNow := func(t *testing.T, name string) {
+		t.Helper()
+		// A new owner each time: a released owner is refused.
+		g, err := b.Acquire(ctxT(t), req(name, fmt.Sprintf("other-%d", owners.Add(1))))
+		if err != nil {
+			t.Fatalf("the name is not free after the late request (nodes %v): %v", nodes(name), err)
+		}
+		if err := b.Release(ctxT(t), g); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("released", func(t *testing.T) {
+		g, err := late.Acquire(ctxT(t), req("released", "o1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := late.Release(ctxT(t), g); err != nil {
+			t.Fatal(err)
+		}
+		for _, via := range []*zklease.Backend{late, b} {
+			if g, err := via.Acquire(ctxT(t), req("released", "o1")); !errors.Is(err, lease.ErrNotAcquired) {
+				t.Fatalf("Acquire of the released owner = %+v, %v; want ErrNotAcquired", g, err)
+			}
+		}
+		freeNow(t, "released")
+	})
+
+	t.Run("abandoned, create delayed", func(t *testing.T) {
+		// The parent exists, so the held write is the node's create.
+		freeNow(t, "delayed")
+		held, release := h.hold(opMulti)
+		defer release()
+		type result struct {
+			g   lease.Grant
+			err error
+		}
+		res := make(chan result, 1)
+		go func() {
+			g, err := late.Acquire(ctxT(t), req("delayed", "first"))
+			res <- result{g, err}
+		}()
+		select {
+		case <-held:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the create was not held")
+		}
+		// The Manager abandons the attempt; another holder takes the name
+		// and releases it, all before the create arrives.
+		if err := b.Abandon(ctxT(t), req("delayed", "first")); err != nil {
+			t.Fatalf("Abandon: %v", err)
+		}
+		g, err := b.Acquire(ctxT(t), req("delayed", "next"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Release(ctxT(t), g); err != nil {
+			t.Fatal(err)
+		}
+		release()
+		r := <-res
+		if !errors.Is(r.err, lease.ErrNotAcquired) {
+			t.Fatalf("the late create of the abandoned owner = %+v, %v; want ErrNotAcquired", r.g, r.err)
+		}
+		if kids := nodes("delayed"); len(kids) != 0 {
+			t.Fatalf("nodes %v left after the refused create", kids)
+		}
+		freeNow(t, "delayed")
+	})
+
+	t.Run("abandoned in the same backend", func(t *testing.T) {
+		freeNow(t, "same")
+		held, release := h.hold(opMulti)
+		defer release()
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() {
+			_, err := late.Acquire(ctx, req("same", "first"))
+			errc <- err
+		}()
+		<-held
+		cancel() // the caller stops waiting with the create in flight
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Fatalf("Acquire whose caller left = %v, want context.Canceled", err)
+		}
+		abandoned := make(chan error, 1)
+		go func() { abandoned <- late.Abandon(ctxT(t), req("same", "first")) }()
+		time.Sleep(100 * time.Millisecond) // Abandon waits behind the attempt
+		release()
+		if err := <-abandoned; err != nil {
+			t.Fatalf("Abandon: %v", err)
+		}
+		if kids := nodes("same"); len(kids) != 0 {
+			t.Fatalf("nodes %v left after the abandoned attempt", kids)
+		}
+		freeNow(t, "same")
+	})
+}
