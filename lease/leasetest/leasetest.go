@@ -414,7 +414,8 @@ func testEndedOwnerIsRefused(t *testing.T, s *suite) {
 	if err := s.connect().Abandon(ctxT(t), ghost); err != nil {
 		t.Fatalf("Abandon of a granted owner: %v", err)
 	}
-	next := mustAcquire(t, s.connect(), req(n, "next", s.long))
+	nb := s.connect()
+	next := mustAcquire(t, nb, req(n, "next", s.long))
 	if next.Token <= gg.Token {
 		t.Fatalf("token after an abandoned grant %d <= its token %d", next.Token, gg.Token)
 	}
@@ -428,10 +429,10 @@ func testEndedOwnerIsRefused(t *testing.T, s *suite) {
 	if err := b.Abandon(ctxT(t), req(n, "someone", s.long)); err != nil {
 		t.Fatalf("Abandon: %v", err)
 	}
-	if err := b.Renew(ctxT(t), next); err != nil {
+	if err := nb.Renew(ctxT(t), next); err != nil {
 		t.Fatalf("Abandon of another owner freed the holder's grant: Renew = %v", err)
 	}
-	release(t, b, next)
+	release(t, nb, next)
 }
 
 func testExpiresAfterTTL(t *testing.T, s *suite) {
