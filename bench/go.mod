@@ -2,14 +2,18 @@ module github.com/fencekit/fencekit/bench
 
 go 1.26.0
 
-replace github.com/fencekit/fencekit => ../
-
 require (
 	cirello.io/pglock v1.16.0
 	github.com/bsm/redislock v0.9.4
 	github.com/fencekit/fencekit v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/internal/pgleasesql v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/internal/redistest v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/lease/pglease v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/lease/redislease v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/migrations v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/sqlguard v0.0.0-00010101000000-000000000000
 	github.com/go-redsync/redsync/v4 v4.18.1
-	github.com/jackc/pgx/v5 v5.12.0
+	github.com/jackc/pgx/v5 v5.13.0
 	github.com/redis/go-redis/v9 v9.23.0
 )
 
@@ -19,12 +23,22 @@ require (
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/lib/pq v1.10.9 // indirect
-	github.com/mfridman/interpolate v0.0.2 // indirect
-	github.com/pressly/goose/v3 v3.30.0 // indirect
+	github.com/mfridman/interpolate v0.2.0 // indirect
+	github.com/pressly/goose/v3 v3.30.1 // indirect
 	github.com/sethvargo/go-retry v0.5.0 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
 	golang.org/x/sync v0.25.0 // indirect
 	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/text v0.44.0 // indirect
+)
+
+replace (
+	github.com/fencekit/fencekit => ..
+	github.com/fencekit/fencekit/internal/pgleasesql => ../internal/pgleasesql
+	github.com/fencekit/fencekit/internal/redistest => ../internal/redistest
+	github.com/fencekit/fencekit/lease/pglease => ../lease/pglease
+	github.com/fencekit/fencekit/lease/redislease => ../lease/redislease
+	github.com/fencekit/fencekit/migrations => ../migrations
+	github.com/fencekit/fencekit/sqlguard => ../sqlguard
 )

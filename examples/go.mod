@@ -2,14 +2,17 @@ module github.com/fencekit/fencekit/examples
 
 go 1.26.0
 
-replace github.com/fencekit/fencekit => ../
-
 require (
 	github.com/aws/aws-sdk-go-v2 v1.48.0
 	github.com/aws/aws-sdk-go-v2/credentials v1.21.0
 	github.com/aws/aws-sdk-go-v2/service/s3 v1.114.10
 	github.com/aws/smithy-go v1.28.9
 	github.com/fencekit/fencekit v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/blobguard v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/lease/pglease v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/lease/redislease v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/migrations v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/sqlguard v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/testcontainers/testcontainers-go v0.45.0
@@ -26,6 +29,7 @@ require (
 	github.com/coreos/go-semver v0.3.1 // indirect
 	github.com/coreos/go-systemd/v22 v22.7.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
+	github.com/fencekit/fencekit/internal/pgleasesql v0.0.0-00010101000000-000000000000 // indirect
 	github.com/go-zookeeper/zk v1.0.4 // indirect
 	github.com/golang-jwt/jwt/v5 v5.3.1 // indirect
 	github.com/golang/protobuf v1.5.4 // indirect
@@ -105,7 +109,7 @@ require (
 	github.com/lufia/plan9stats v0.0.0-20260330125221-c963978e514e // indirect
 	github.com/magiconair/properties v1.18.12 // indirect
 	github.com/mdelapenya/tlscert v0.2.0 // indirect
-	github.com/mfridman/interpolate v0.0.2 // indirect
+	github.com/mfridman/interpolate v0.2.0 // indirect
 	github.com/moby/docker-image-spec v1.3.1 // indirect
 	github.com/moby/go-archive v0.3.3 // indirect
 	github.com/moby/moby/api v1.56.1 // indirect
@@ -118,7 +122,7 @@ require (
 	github.com/opencontainers/go-digest v1.0.0 // indirect
 	github.com/opencontainers/image-spec v1.1.1 // indirect
 	github.com/power-devops/perfstat v0.0.0-20240221224432-82ca36839d55 // indirect
-	github.com/pressly/goose/v3 v3.30.0 // indirect
+	github.com/pressly/goose/v3 v3.30.1 // indirect
 	github.com/sethvargo/go-retry v0.5.0 // indirect
 	github.com/shirou/gopsutil/v4 v4.26.6 // indirect
 	github.com/sirupsen/logrus v1.10.2 // indirect
@@ -141,6 +145,14 @@ require (
 	golang.org/x/text v0.44.0 // indirect
 )
 
-replace github.com/fencekit/fencekit/lease/etcdlease => ../lease/etcdlease
-
-replace github.com/fencekit/fencekit/lease/zklease => ../lease/zklease
+replace (
+	github.com/fencekit/fencekit => ..
+	github.com/fencekit/fencekit/blobguard => ../blobguard
+	github.com/fencekit/fencekit/internal/pgleasesql => ../internal/pgleasesql
+	github.com/fencekit/fencekit/lease/etcdlease => ../lease/etcdlease
+	github.com/fencekit/fencekit/lease/pglease => ../lease/pglease
+	github.com/fencekit/fencekit/lease/redislease => ../lease/redislease
+	github.com/fencekit/fencekit/lease/zklease => ../lease/zklease
+	github.com/fencekit/fencekit/migrations => ../migrations
+	github.com/fencekit/fencekit/sqlguard => ../sqlguard
+)

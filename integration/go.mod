@@ -10,9 +10,15 @@ require (
 	github.com/aws/aws-sdk-go-v2/service/s3 v1.114.10
 	github.com/aws/smithy-go v1.28.9
 	github.com/fencekit/fencekit v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/blobguard v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/examples v0.0.0
+	github.com/fencekit/fencekit/internal/redistest v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/lease/etcdlease v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/lease/pglease v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/lease/redislease v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/lease/zklease v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/migrations v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/sqlguard v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/rs/zerolog v1.35.1
@@ -51,6 +57,7 @@ require (
 	github.com/dustin/go-humanize v1.1.0 // indirect
 	github.com/ebitengine/purego v0.10.1 // indirect
 	github.com/felixge/httpsnoop v1.1.0 // indirect
+	github.com/fencekit/fencekit/internal/pgleasesql v0.0.0-00010101000000-000000000000 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/go-ole/go-ole v1.3.0 // indirect
@@ -74,7 +81,7 @@ require (
 	github.com/mattn/go-colorable v0.1.14 // indirect
 	github.com/mattn/go-isatty v0.0.24 // indirect
 	github.com/mdelapenya/tlscert v0.2.0 // indirect
-	github.com/mfridman/interpolate v0.0.2 // indirect
+	github.com/mfridman/interpolate v0.2.0 // indirect
 	github.com/moby/docker-image-spec v1.3.1 // indirect
 	github.com/moby/go-archive v0.3.3 // indirect
 	github.com/moby/moby/api v1.56.1 // indirect
@@ -88,7 +95,7 @@ require (
 	github.com/opencontainers/go-digest v1.0.0 // indirect
 	github.com/opencontainers/image-spec v1.1.1 // indirect
 	github.com/power-devops/perfstat v0.0.0-20240221224432-82ca36839d55 // indirect
-	github.com/pressly/goose/v3 v3.30.0 // indirect
+	github.com/pressly/goose/v3 v3.30.1 // indirect
 	github.com/prometheus/client_golang v1.25.0 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
@@ -145,8 +152,15 @@ require (
 )
 
 replace (
-	github.com/fencekit/fencekit => ../
+	github.com/fencekit/fencekit => ..
+	github.com/fencekit/fencekit/blobguard => ../blobguard
 	github.com/fencekit/fencekit/examples => ../examples
+	github.com/fencekit/fencekit/internal/pgleasesql => ../internal/pgleasesql
+	github.com/fencekit/fencekit/internal/redistest => ../internal/redistest
 	github.com/fencekit/fencekit/lease/etcdlease => ../lease/etcdlease
+	github.com/fencekit/fencekit/lease/pglease => ../lease/pglease
+	github.com/fencekit/fencekit/lease/redislease => ../lease/redislease
 	github.com/fencekit/fencekit/lease/zklease => ../lease/zklease
+	github.com/fencekit/fencekit/migrations => ../migrations
+	github.com/fencekit/fencekit/sqlguard => ../sqlguard
 )

@@ -17,12 +17,23 @@ ensure_zookeeper
 ensure_pgbouncer
 
 pkgs=("$@")
-# Every module of the workspace (go.work): the library, the etcd backend
-# (its tests start real etcd clusters in-process: nothing to install), the
-# ZooKeeper backend (its tests start real ensembles from Debian's package,
-# installed above), the examples, integration tests and the benchmark module
-# (compiled and vetted; benchmarks do not run).
-[ ${#pkgs[@]} -gt 0 ] || pkgs=(./... ./lease/etcdlease/... ./lease/zklease/... ./examples/... ./integration/... ./bench/...)
+# Every module of the workspace (go.work): the core (fence, lease, the
+# conformance suites; standard library only), a module per store client
+# (the Redis, PostgreSQL, etcd and ZooKeeper backends, the guards, the
+# migrations and their command, the Prometheus observer), the test
+# harnesses, the examples, the integration tests and the benchmark module
+# (compiled and vetted; benchmarks do not run). A pattern does not cross a
+# module's boundary, so each module is named.
+if [ ${#pkgs[@]} -eq 0 ]; then
+  mapfile -t pkgs < <(go list -m -f '{{.Dir}}/...' | sed "s|^$PWD|.|")
+fi
+
+# The module rule: a program that imports one library module inherits no
+# other store's client (scripts/modrule.sh).
+if [ $# -eq 0 ]; then
+  echo "+ ./scripts/modrule.sh"
+  ./scripts/modrule.sh
+fi
 
 # A first run builds versitygw (for S3) while go vet compiles the packages:
 # go vet needs no S3, and the two overlap their downloads and waits.
@@ -49,6 +60,6 @@ go test -race -count=1 -timeout 20m "${pkgs[@]}"
 
 if [ $# -eq 0 ]; then
   # Tests of deadlines under load, alone on the machine (build tag "scale").
-  echo "+ go test -race -count=1 -tags scale -run AtScale ./lease/..."
-  go test -race -count=1 -tags scale -run AtScale -timeout 10m ./lease/...
+  echo "+ go test -race -count=1 -tags scale -run AtScale ./lease/... ./lease/redislease/..."
+  go test -race -count=1 -tags scale -run AtScale -timeout 10m ./lease/... ./lease/redislease/...
 fi

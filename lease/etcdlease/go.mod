@@ -2,15 +2,15 @@ module github.com/fencekit/fencekit/lease/etcdlease
 
 go 1.26.0
 
-replace github.com/fencekit/fencekit => ../..
-
 require (
 	github.com/Shopify/toxiproxy/v2 v2.5.0
 	github.com/aws/aws-sdk-go-v2 v1.48.0
 	github.com/aws/aws-sdk-go-v2/credentials v1.21.0
 	github.com/aws/aws-sdk-go-v2/service/s3 v1.114.10
 	github.com/fencekit/fencekit v0.0.0-00010101000000-000000000000
-	github.com/jackc/pgx/v5 v5.12.0
+	github.com/fencekit/fencekit/blobguard v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/sqlguard v0.0.0-00010101000000-000000000000
+	github.com/jackc/pgx/v5 v5.13.0
 	github.com/rs/zerolog v1.35.1
 	go.etcd.io/etcd/api/v3 v3.7.3
 	go.etcd.io/etcd/client/v3 v3.7.3
@@ -81,7 +81,6 @@ require (
 	go.opentelemetry.io/proto/otlp v1.11.0 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
 	go.yaml.in/yaml/v2 v2.4.4 // indirect
-	go.yaml.in/yaml/v3 v3.0.6 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/net v0.62.0 // indirect
 	golang.org/x/sync v0.25.0 // indirect
@@ -95,4 +94,10 @@ require (
 	gopkg.in/tomb.v1 v1.0.0-20141024135613-dd632973f1e7 // indirect
 	k8s.io/utils v0.0.0-20260108192941-914a6e750570 // indirect
 	sigs.k8s.io/yaml v1.6.0 // indirect
+)
+
+replace (
+	github.com/fencekit/fencekit => ../..
+	github.com/fencekit/fencekit/blobguard => ../../blobguard
+	github.com/fencekit/fencekit/sqlguard => ../../sqlguard
 )

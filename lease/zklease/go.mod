@@ -2,16 +2,16 @@ module github.com/fencekit/fencekit/lease/zklease
 
 go 1.26.0
 
-replace github.com/fencekit/fencekit => ../..
-
 require (
 	github.com/Shopify/toxiproxy/v2 v2.5.0
 	github.com/aws/aws-sdk-go-v2 v1.48.0
 	github.com/aws/aws-sdk-go-v2/credentials v1.21.0
 	github.com/aws/aws-sdk-go-v2/service/s3 v1.114.10
 	github.com/fencekit/fencekit v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/blobguard v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/sqlguard v0.0.0-00010101000000-000000000000
 	github.com/go-zookeeper/zk v1.0.4
-	github.com/jackc/pgx/v5 v5.12.0
+	github.com/jackc/pgx/v5 v5.13.0
 	github.com/rs/zerolog v1.35.1
 	go.uber.org/goleak v1.3.0
 )
@@ -45,4 +45,10 @@ require (
 	golang.org/x/text v0.44.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 	gopkg.in/tomb.v1 v1.0.0-20141024135613-dd632973f1e7 // indirect
+)
+
+replace (
+	github.com/fencekit/fencekit => ../..
+	github.com/fencekit/fencekit/blobguard => ../../blobguard
+	github.com/fencekit/fencekit/sqlguard => ../../sqlguard
 )

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The module rule (issue 20): a program that imports one of fencekit's
+# library modules must not inherit another store's client. For each library
+# module, this builds a throwaway program that imports it (with the local
+# checkout's modules substituted through replace directives), runs
+# `go mod tidy`, and fails if `go list -m all` names a store client other
+# than the module's own.
+#
+#   ./scripts/modrule.sh            # every library module
+#   ./scripts/modrule.sh sqlguard   # one (its directory)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+# module directory | the package a user imports | the store clients it may bring
+rules=(
+  ".|github.com/fencekit/fencekit/lease|"
+  "lease/redislease|github.com/fencekit/fencekit/lease/redislease|github.com/redis/go-redis"
+  "lease/pglease|github.com/fencekit/fencekit/lease/pglease|github.com/jackc/pgx github.com/pressly/goose"
+  "lease/etcdlease|github.com/fencekit/fencekit/lease/etcdlease|go.etcd.io/etcd"
+  "lease/zklease|github.com/fencekit/fencekit/lease/zklease|github.com/go-zookeeper/zk"
+  "lease/leaseprom|github.com/fencekit/fencekit/lease/leaseprom|github.com/prometheus/client_golang"
+  "sqlguard|github.com/fencekit/fencekit/sqlguard|github.com/jackc/pgx github.com/pressly/goose"
+  "blobguard|github.com/fencekit/fencekit/blobguard|github.com/aws/aws-sdk-go-v2"
+  "migrations|github.com/fencekit/fencekit/migrations|github.com/jackc/pgx github.com/pressly/goose"
+)
+clients=(github.com/redis/go-redis github.com/jackc/pgx github.com/pressly/goose go.etcd.io/etcd
+  github.com/go-zookeeper/zk github.com/prometheus/client_golang github.com/aws/aws-sdk-go-v2)
+
+# Every module of the checkout, for replace directives.
+mapfile -t mods < <(GOWORK="$root/go.work" go list -m -f '{{.Path}} {{.Dir}}')
+
+failed=0
+for rule in "${rules[@]}"; do
+  IFS='|' read -r dir pkg allowed <<<"$rule"
+  [ $# -eq 0 ] || [[ " $* " == *" $dir "* ]] || continue
+  tmp=$(mktemp -d)
+  {
+    echo "module example.com/modrule"
+    echo
+    echo "go 1.26.0"
+    echo
+    for m in "${mods[@]}"; do echo "replace ${m% *} => ${m#* }"; done
+  } >"$tmp/go.mod"
+  printf 'package main\n\nimport _ "%s"\n\nfunc main() {}\n' "$pkg" >"$tmp/main.go"
+  if ! (cd "$tmp" && GOWORK=off GOFLAGS=-mod=mod go mod tidy >/dev/null 2>"$tmp/err"); then
+    echo "modrule: $dir: go mod tidy failed:"; cat "$tmp/err"; failed=1; rm -rf "$tmp"; continue
+  fi
+  graph=$(cd "$tmp" && GOWORK=off go list -m all)
+  bad=()
+  for c in "${clients[@]}"; do
+    [[ " $allowed " == *" $c "* ]] && continue
+    if grep -q "^$c" <<<"$graph"; then bad+=("$c"); fi
+  done
+  if [ ${#bad[@]} -gt 0 ]; then
+    echo "modrule: FAIL $dir: a program importing $pkg inherits ${bad[*]}"
+    failed=1
+  else
+    echo "modrule: ok   $dir: $(grep -c . <<<"$graph") modules, no other store's client"
+  fi
+  rm -rf "$tmp"
+done
+exit $failed
