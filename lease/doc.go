@@ -64,9 +64,12 @@
 //	defer l.Release(context.Background())
 //	err = doWork(l.Context(), l.Token())
 //
-// The in-memory backend (NewMemoryBackend) serves unit tests and examples;
-// package redislease is the Redis backend, and package etcdlease (a module of
-// its own, github.com/fencekit/fencekit/lease/etcdlease) the etcd backend.
+// The in-memory backend (NewMemoryBackend) serves unit tests and examples.
+// The stores' backends are modules of their own, so that a program using one
+// store never inherits another store's client: lease/redislease (Redis),
+// lease/pglease (PostgreSQL), lease/etcdlease (etcd) and lease/zklease
+// (ZooKeeper), each under github.com/fencekit/fencekit/. This package and
+// the core module need only the standard library.
 //
 // # Time, at scale
 //
