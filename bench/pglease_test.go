@@ -40,7 +40,6 @@ func (c *countingConn) Write(b []byte) (int, error) { c.n.Add(1); return c.Conn.
 type pgSetup struct {
 	schema string
 	pool   *pgxpool.Pool
-	sqlDB  interface{ Close() error }
 	cfg    *pgx.ConnConfig
 	rt     pgWrites
 }

@@ -60,7 +60,7 @@ func CheckLeaseStore(s string) error {
 // refuses less than 2 s, which the Manager then reports).
 func CheckTTL(store string, ttl time.Duration) error {
 	if store == LeaseEtcd && (ttl < time.Second || ttl%time.Second != 0) {
-		return fmt.Errorf("--ttl %v: etcd counts lease TTLs in whole seconds, from 1s: use --ttl 1s, 2s, ...", ttl)
+		return fmt.Errorf("--ttl %v: etcd counts lease TTLs in whole seconds, from 1s: use --ttl 1s, 2s or more", ttl)
 	}
 	return nil
 }
