@@ -1,4 +1,4 @@
-package redislease_test
+package redisfailover
 
 import (
 	"context"
