@@ -12,7 +12,9 @@ require (
 	github.com/fencekit/fencekit v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/blobguard v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/examples v0.0.0
+	github.com/fencekit/fencekit/internal/etcdtest v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/internal/redistest v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/internal/zktest v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/lease/etcdlease v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/lease/pglease v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/lease/redislease v0.0.0-00010101000000-000000000000
@@ -155,8 +157,11 @@ replace (
 	github.com/fencekit/fencekit => ..
 	github.com/fencekit/fencekit/blobguard => ../blobguard
 	github.com/fencekit/fencekit/examples => ../examples
+	github.com/fencekit/fencekit/internal/etcdtest => ../internal/etcdtest
 	github.com/fencekit/fencekit/internal/pgleasesql => ../internal/pgleasesql
+	github.com/fencekit/fencekit/internal/pgtest => ../internal/pgtest
 	github.com/fencekit/fencekit/internal/redistest => ../internal/redistest
+	github.com/fencekit/fencekit/internal/zktest => ../internal/zktest
 	github.com/fencekit/fencekit/lease/etcdlease => ../lease/etcdlease
 	github.com/fencekit/fencekit/lease/pglease => ../lease/pglease
 	github.com/fencekit/fencekit/lease/redislease => ../lease/redislease

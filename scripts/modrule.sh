@@ -17,7 +17,9 @@ rules=(
   ".|github.com/fencekit/fencekit/lease|"
   "lease/redislease|github.com/fencekit/fencekit/lease/redislease|github.com/redis/go-redis"
   "lease/pglease|github.com/fencekit/fencekit/lease/pglease|github.com/jackc/pgx github.com/pressly/goose"
-  "lease/etcdlease|github.com/fencekit/fencekit/lease/etcdlease|go.etcd.io/etcd"
+  # etcd's own client (go.etcd.io/etcd/client/v3) requires the Prometheus
+  # client for its gRPC metrics: etcd's, not another store's.
+  "lease/etcdlease|github.com/fencekit/fencekit/lease/etcdlease|go.etcd.io/etcd github.com/prometheus/client_golang"
   "lease/zklease|github.com/fencekit/fencekit/lease/zklease|github.com/go-zookeeper/zk"
   "lease/leaseprom|github.com/fencekit/fencekit/lease/leaseprom|github.com/prometheus/client_golang"
   "sqlguard|github.com/fencekit/fencekit/sqlguard|github.com/jackc/pgx github.com/pressly/goose"

@@ -1,4 +1,4 @@
-package etcdlease_test
+package consensus
 
 import (
 	"bufio"
@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -15,35 +14,12 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/integration/consensus/internal/guarded"
 	"github.com/fencekit/fencekit/lease"
-	"github.com/fencekit/fencekit/lease/etcdlease/internal/guarded"
 )
 
-var (
-	holderOnce sync.Once
-	holderBin  string
-	holderErr  error
-	holderDir  string
-)
-
-// holderBinary builds internal/etcdholder once per test binary run.
-func holderBinary(t *testing.T) string {
-	t.Helper()
-	holderOnce.Do(func() {
-		holderBin = filepath.Join(holderDir, "etcdholder")
-		out, err := exec.Command("go", "build", "-o", holderBin, "./internal/etcdholder").CombinedOutput()
-		if err != nil {
-			holderErr = fmt.Errorf("go build ./internal/etcdholder: %v: %s", err, out)
-		}
-	})
-	if holderErr != nil {
-		t.Fatal(holderErr)
-	}
-	return holderBin
-}
-
-// holderEvent is one line of etcdholder's output.
-type holderEvent struct {
+// etcdHolderEvent is one line of etcdholder's output.
+type etcdHolderEvent struct {
 	At       time.Time       `json:"at"`
 	Kind     string          `json:"kind"`
 	Token    fence.Token     `json:"token"`
@@ -54,21 +30,21 @@ type holderEvent struct {
 	Text     string          `json:"text"`
 }
 
-// holderProc is a running etcdholder.
-type holderProc struct {
+// etcdHolderProc is a running etcdholder.
+type etcdHolderProc struct {
 	t      *testing.T
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
-	events chan holderEvent
+	events chan etcdHolderEvent
 	done   chan struct{}
 	stderr strings.Builder
 	mu     sync.Mutex
 }
 
-func startHolder(t *testing.T, args ...string) *holderProc {
+func startEtcdHolder(t *testing.T, args ...string) *etcdHolderProc {
 	t.Helper()
-	h := &holderProc{t: t, events: make(chan holderEvent, 256), done: make(chan struct{})}
-	h.cmd = exec.Command(holderBinary(t), args...)
+	h := &etcdHolderProc{t: t, events: make(chan etcdHolderEvent, 256), done: make(chan struct{})}
+	h.cmd = exec.Command(helperPath(t, "etcdholder"), args...)
 	h.cmd.Stderr = writerFunc(func(p []byte) (int, error) { h.mu.Lock(); defer h.mu.Unlock(); return h.stderr.Write(p) })
 	var err error
 	if h.stdin, err = h.cmd.StdinPipe(); err != nil {
@@ -85,7 +61,7 @@ func startHolder(t *testing.T, args ...string) *holderProc {
 		defer close(h.done)
 		s := bufio.NewScanner(stdout)
 		for s.Scan() {
-			var e holderEvent
+			var e etcdHolderEvent
 			if json.Unmarshal(s.Bytes(), &e) == nil {
 				h.events <- e
 			}
@@ -105,7 +81,7 @@ type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
-func (h *holderProc) send(cmd string) {
+func (h *etcdHolderProc) send(cmd string) {
 	h.t.Helper()
 	if _, err := io.WriteString(h.stdin, cmd+"\n"); err != nil {
 		h.t.Fatalf("etcdholder: send %q: %v", cmd, err)
@@ -113,7 +89,7 @@ func (h *holderProc) send(cmd string) {
 }
 
 // next returns the next event of the given kind, skipping others.
-func (h *holderProc) next(kind string, timeout time.Duration) holderEvent {
+func (h *etcdHolderProc) next(kind string, timeout time.Duration) etcdHolderEvent {
 	h.t.Helper()
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
@@ -165,10 +141,10 @@ func testPausedHolder(t *testing.T, ttl, pause time.Duration, stale bool) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { drop(context.Background()) })
-	cl := cluster(t)
-	p := prefix(t)
+	cl := etcdCluster(t)
+	p := etcdPrefix(t)
 	resJSON, _ := json.Marshal(res)
-	a := startHolder(t, "-endpoints", strings.Join(cl.Endpoints(), ","), "-prefix", p, "-name", "job",
+	a := startEtcdHolder(t, "-endpoints", strings.Join(cl.Endpoints(), ","), "-prefix", p, "-name", "job",
 		"-ttl", ttl.String(), "-min-ttl", "1s", "-resource", string(resJSON))
 	acq := a.next("acquired", 30*time.Second)
 	a.next("renewed", 10*ttl)
@@ -181,7 +157,7 @@ func testPausedHolder(t *testing.T, ttl, pause time.Duration, stale bool) {
 		t.Fatalf("SIGSTOP: %v", err)
 	}
 	stopped := time.Now()
-	bM := newManager(t, newBackend(t, cl.Client(), p), ttl)
+	bM := newManager(t, newEtcdBackend(t, cl.Client(), p), ttl)
 	var lb *lease.Lease
 	if stale {
 		lb, err = bM.Acquire(ctx, "job")

@@ -1,9 +1,7 @@
-package zklease_test
+package consensus
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -34,12 +32,6 @@ type fencedStores struct {
 	bucket string
 	key    string
 	guard  *blobguard.Guard
-}
-
-func randHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 func newFencedStores(t *testing.T) *fencedStores {

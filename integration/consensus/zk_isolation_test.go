@@ -1,4 +1,4 @@
-package zklease_test
+package consensus
 
 import (
 	"context"
@@ -10,21 +10,22 @@ import (
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/rs/zerolog"
 
+	"github.com/fencekit/fencekit/internal/zktest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/leasetest"
 	"github.com/fencekit/fencekit/lease/zklease"
-	"github.com/fencekit/fencekit/lease/zklease/internal/zktest"
 )
 
-// renewLog records the send time of the last successful renewal.
-type renewLog struct {
+// renewCount records the send time of the last successful renewal, and
+// how many there were.
+type renewCount struct {
 	lease.NopObserver
 	mu   sync.Mutex
 	last time.Time
 	n    int
 }
 
-func (r *renewLog) Renewed(e lease.RenewedEvent) {
+func (r *renewCount) Renewed(e lease.RenewedEvent) {
 	if e.Err == nil {
 		r.mu.Lock()
 		r.last, r.n = e.Sent, r.n+1
@@ -32,7 +33,7 @@ func (r *renewLog) Renewed(e lease.RenewedEvent) {
 	}
 }
 
-func (r *renewLog) lastSent() (time.Time, int) {
+func (r *renewCount) lastSent() (time.Time, int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.last, r.n
@@ -59,10 +60,10 @@ func TestIsolatedHolderLosesBeforeExpiryAndIsFenced(t *testing.T) {
 		if err := proxy.Start(); err != nil {
 			t.Fatalf("toxiproxy: %v", err)
 		}
-		log := &renewLog{}
-		holderB := newBackend(t, []string{proxy.Listen}, zklease.WithRoot(root), zklease.WithSessionTimeout(ttl))
+		log := &renewCount{}
+		holderB := newZKBackend(t, []string{proxy.Listen}, zklease.WithRoot(root), zklease.WithSessionTimeout(ttl))
 		holder := newManager(t, holderB, ttl, lease.WithObserver(log))
-		otherB := newBackend(t, []string{ens.Members[1].Addr(), ens.Members[2].Addr()}, zklease.WithRoot(root), zklease.WithSessionTimeout(ttl))
+		otherB := newZKBackend(t, []string{ens.Members[1].Addr(), ens.Members[2].Addr()}, zklease.WithRoot(root), zklease.WithSessionTimeout(ttl))
 		other := newManager(t, otherB, ttl, lease.WithPollInterval(10*time.Second))
 
 		ctx := ctxT(t)

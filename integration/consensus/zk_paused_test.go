@@ -1,47 +1,22 @@
-package zklease_test
+package consensus
 
 import (
 	"bufio"
 	"encoding/json"
-	"fmt"
 	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/zktest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/zklease"
-	"github.com/fencekit/fencekit/lease/zklease/internal/zktest"
 )
 
-var (
-	holderOnce sync.Once
-	holderBin  string
-	holderErr  error
-	holderDir  string
-)
-
-// holderBinary builds ./internal/zkholder once per test binary run.
-func holderBinary(t *testing.T) string {
-	t.Helper()
-	holderOnce.Do(func() {
-		holderBin = filepath.Join(holderDir, "zkholder")
-		out, err := exec.Command("go", "build", "-o", holderBin, "./internal/zkholder").CombinedOutput()
-		if err != nil {
-			holderErr = fmt.Errorf("go build ./internal/zkholder: %v\n%s", err, out)
-		}
-	})
-	if holderErr != nil {
-		t.Fatal(holderErr)
-	}
-	return holderBin
-}
-
-type holderEvent struct {
+// zkHolderEvent is one line of zkholder's output.
+type zkHolderEvent struct {
 	At        time.Time     `json:"at"`
 	Kind      string        `json:"kind"`
 	Token     fence.Token   `json:"token"`
@@ -60,7 +35,6 @@ type holderEvent struct {
 // writes as stale. A short pause, well within the lease, is the control:
 // the holder's writes land.
 func TestPausedHolderIsFenced(t *testing.T) {
-	holderDir = t.TempDir()
 	ens := zktest.Start(t, 3, zktest.Config{})
 	const ttl = 2 * time.Second
 	for _, tc := range []struct {
@@ -70,7 +44,7 @@ func TestPausedHolderIsFenced(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			fs := newFencedStores(t)
 			root := testRoot(t)
-			cmd := exec.Command(holderBinary(t), "-servers", strings.Join(ens.Servers(), ","), "-root", root, "-name", "report",
+			cmd := exec.Command(helperPath(t, "zkholder"), "-servers", strings.Join(ens.Servers(), ","), "-root", root, "-name", "report",
 				"-ttl", ttl.String(), "-write-delay", "1s", "-schema", fs.schema, "-row", fs.rowID, "-key", fs.key)
 			var stderr strings.Builder
 			cmd.Stderr = &stderr
@@ -81,11 +55,11 @@ func TestPausedHolderIsFenced(t *testing.T) {
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
 			}
-			events := make(chan holderEvent, 64)
+			events := make(chan zkHolderEvent, 64)
 			go func() {
 				s := bufio.NewScanner(stdout)
 				for s.Scan() {
-					var e holderEvent
+					var e zkHolderEvent
 					if json.Unmarshal(s.Bytes(), &e) == nil {
 						events <- e
 					}
@@ -97,7 +71,7 @@ func TestPausedHolderIsFenced(t *testing.T) {
 				_ = cmd.Process.Kill()
 				_ = cmd.Wait()
 			})
-			next := func(kind string) holderEvent {
+			next := func(kind string) zkHolderEvent {
 				t.Helper()
 				timer := time.NewTimer(30 * time.Second)
 				defer timer.Stop()
@@ -126,7 +100,7 @@ func TestPausedHolderIsFenced(t *testing.T) {
 			stopped := time.Now()
 			var bTok fence.Token
 			if tc.outlasts {
-				other := newManager(t, newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl)), ttl, lease.WithPollInterval(10*time.Second))
+				other := newManager(t, newZKBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl)), ttl, lease.WithPollInterval(10*time.Second))
 				l, err := other.Acquire(ctxT(t), "report")
 				if err != nil {
 					t.Fatalf("the other client's Acquire while the holder is frozen: %v", err)

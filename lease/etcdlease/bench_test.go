@@ -14,8 +14,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
+	"github.com/fencekit/fencekit/internal/etcdtest"
 	"github.com/fencekit/fencekit/lease/etcdlease"
-	"github.com/fencekit/fencekit/lease/etcdlease/internal/etcdtest"
 )
 
 // The benchmarks run on a three-member cluster of their own with etcd's

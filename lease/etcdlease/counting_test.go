@@ -8,9 +8,9 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/fencekit/fencekit/internal/etcdtest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/etcdlease"
-	"github.com/fencekit/fencekit/lease/etcdlease/internal/etcdtest"
 )
 
 // countingClient counts, by kind, the requests the backend sends: unary

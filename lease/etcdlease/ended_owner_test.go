@@ -16,9 +16,9 @@ import (
 	"github.com/rs/zerolog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/fencekit/fencekit/internal/etcdtest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/etcdlease"
-	"github.com/fencekit/fencekit/lease/etcdlease/internal/etcdtest"
 )
 
 // replyDropProxy is a TCP proxy in front of one etcd member. Armed, it

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencekit/fencekit/internal/etcdtest"
 	"github.com/fencekit/fencekit/lease"
-	"github.com/fencekit/fencekit/lease/etcdlease/internal/etcdtest"
 )
 
 // TestHolderInTheLastSecond: etcd reports a lease's time to live in whole

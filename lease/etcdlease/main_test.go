@@ -4,8 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -13,13 +11,13 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 
+	"github.com/fencekit/fencekit/internal/etcdtest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/etcdlease"
-	"github.com/fencekit/fencekit/lease/etcdlease/internal/etcdtest"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(mainM{m},
+	goleak.VerifyTestMain(m,
 		// A member stopped with etcdtest.Member.Kill (EtcdServer.HardStop,
 		// the only way to stop raft at once in-process) can leave its peer
 		// version handler blocked forever on the closed backend's lock:
@@ -32,21 +30,6 @@ func TestMain(m *testing.M) {
 		// found: the proxy's goroutine, not the backend's.
 		goleak.IgnoreTopFunction("github.com/Shopify/toxiproxy/v2/toxics.(*NoopToxic).Pipe"),
 	)
-}
-
-// mainM makes the directory the helper program is built into, and removes
-// it after the tests; goleak checks for leaked goroutines once it returns.
-type mainM struct{ m *testing.M }
-
-func (w mainM) Run() int {
-	dir, err := os.MkdirTemp("", "fencekit-etcdlease-bin-")
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "etcdlease: %v\n", err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	holderDir = dir
-	return w.m.Run()
 }
 
 // prefix returns a key prefix of its own for one test.

@@ -15,9 +15,9 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/fencekit/fencekit/internal/zktest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/zklease"
-	"github.com/fencekit/fencekit/lease/zklease/internal/zktest"
 )
 
 // The benchmarks run on a three-node ensemble of their own (forceSync=no,

@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/zktest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/leasetest"
 	"github.com/fencekit/fencekit/lease/zklease"
-	"github.com/fencekit/fencekit/lease/zklease/internal/zktest"
 )
 
 // overlapChecker fails when two holders of one lease overlap, or when a

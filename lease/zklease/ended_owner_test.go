@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencekit/fencekit/internal/zktest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/zklease"
-	"github.com/fencekit/fencekit/lease/zklease/internal/zktest"
 )
 
 // ZooKeeper opcodes, as go-zookeeper writes them.

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencekit/fencekit/internal/zktest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/zklease"
-	"github.com/fencekit/fencekit/lease/zklease/internal/zktest"
 )
 
 // watchedBackend tells, on watched (buffered), that a Watch of its Backend

@@ -2,10 +2,13 @@ package zklease_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,9 +16,9 @@ import (
 	"github.com/go-zookeeper/zk"
 	"go.uber.org/goleak"
 
+	"github.com/fencekit/fencekit/internal/zktest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/zklease"
-	"github.com/fencekit/fencekit/lease/zklease/internal/zktest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -24,6 +27,34 @@ func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// renewLog records the send time of the last successful renewal.
+type renewLog struct {
+	lease.NopObserver
+	mu   sync.Mutex
+	last time.Time
+	n    int
+}
+
+func (r *renewLog) Renewed(e lease.RenewedEvent) {
+	if e.Err == nil {
+		r.mu.Lock()
+		r.last, r.n = e.Sent, r.n+1
+		r.mu.Unlock()
+	}
+}
+
+func (r *renewLog) lastSent() (time.Time, int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.last, r.n
 }
 
 var rootSeq atomic.Int64

@@ -1,7 +1,8 @@
 // Command etcdholder is a lease holder process for the etcd backend's
-// tests. It acquires one lease through lease.Manager over etcdlease, then
-// follows commands read from its standard input, one a line, and reports
-// what happens as JSON lines on its standard output (see Event):
+// end-to-end tests (package consensus). It acquires one lease through
+// lease.Manager over etcdlease, then follows commands read from its standard
+// input, one a line, and reports what happens as JSON lines on its standard
+// output (see Event):
 //
 //	check   reports whether the lease is still valid ("checked")
 //	write   writes the fenced row and object with the lease's token
@@ -29,9 +30,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/integration/consensus/internal/guarded"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/etcdlease"
-	"github.com/fencekit/fencekit/lease/etcdlease/internal/guarded"
 )
 
 // Event is one line of output.

@@ -1,8 +1,9 @@
 // Package guarded is the fenced resource the etcd backend's end-to-end tests
-// write to: one row of a PostgreSQL table with lock_version (sqlguard) and
-// one S3 object (blobguard), both written with a lease's token, so that a
-// holder whose lease was taken over is rejected at both stores. The test
-// process and the holder process (internal/etcdholder) share it.
+// (package consensus) write to: one row of a PostgreSQL table with
+// lock_version (sqlguard) and one S3 object (blobguard), both written with a
+// lease's token, so that a holder whose lease was taken over is rejected at
+// both stores. The test process and the holder process (internal/etcdholder)
+// share it.
 //
 // Services come from FENCE_POSTGRES_URL and FENCE_S3_* (./scripts/test.sh
 // exports them; see package internal/testenv).

@@ -1,10 +1,10 @@
 // Command zkholder is a lease holder process for zklease's paused-holder
-// test. It acquires one lease through lease.Manager over zklease, reports
-// that the lease is valid, waits -write-delay (the window in which the test
-// freezes it with SIGSTOP), then writes one row through sqlguard and one
-// object through blobguard with its token, without checking the lease
-// again, as a write already under way would. It reports each step as a
-// JSON line on standard output (see event) and releases the lease.
+// test (package consensus). It acquires one lease through lease.Manager over
+// zklease, reports that the lease is valid, waits -write-delay (the window
+// in which the test freezes it with SIGSTOP), then writes one row through
+// sqlguard and one object through blobguard with its token, without checking
+// the lease again, as a write already under way would. It reports each step
+// as a JSON line on standard output (see event) and releases the lease.
 //
 // PostgreSQL and S3 come from FENCE_POSTGRES_URL and FENCE_S3_*.
 //

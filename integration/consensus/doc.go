@@ -1,0 +1,12 @@
+// Package consensus holds the end-to-end tests of the consensus-store
+// backends (etcdlease, zklease): a holder cut off from its cluster, or
+// frozen between checking its lease and writing, is rejected as stale at
+// PostgreSQL (sqlguard) and S3 (blobguard) once another client took the
+// lease. The backends' own tests (lease/etcdlease, lease/zklease) need only
+// their own store; the writes through the guards are here.
+//
+// etcd is embedded in the test process (internal/etcdtest); ZooKeeper is
+// Debian's, started per test (internal/zktest; scripts/services.sh
+// ensure_zookeeper installs it). PostgreSQL and S3 come from FENCE_* (see
+// internal/testenv), else examples/services finds or starts them.
+package consensus

@@ -1,0 +1,123 @@
+package consensus
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/fencekit/fencekit/examples/services"
+	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/lease"
+)
+
+// binDir holds the helper programs under ./internal/... (etcdholder,
+// zkholder), built once by TestMain.
+var binDir string
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(mainM{m},
+		// A member stopped with etcdtest.Member.Kill (EtcdServer.HardStop,
+		// the only way to stop raft at once in-process) can leave its peer
+		// version handler blocked forever on the closed backend's lock:
+		// the embedded server's goroutine, not the backend's. (SERVICES.md:
+		// "HardStop leaks goroutines".)
+		goleak.IgnoreAnyFunction("go.etcd.io/etcd/server/v3/etcdserver/api/etcdhttp.newPeerHandler.versionHandler.func1"),
+		// toxiproxy (the blackhole tests' fault proxy, in-process) can leave
+		// a link's no-op stage blocked when a toxic is removed from a link
+		// whose connection had closed meanwhile: the proxy's goroutine, not
+		// the backend's.
+		goleak.IgnoreTopFunction("github.com/Shopify/toxiproxy/v2/toxics.(*NoopToxic).Pipe"),
+		// A server started here (versitygw, when no S3 is given) is forked
+		// from one goroutine locked to its thread for the life of the
+		// process, so that the child's parent-death signal follows the
+		// process, not a thread.
+		goleak.IgnoreTopFunction("github.com/fencekit/fencekit/examples/internal/leftover.startSpawner.func1"),
+	)
+}
+
+// mainM builds the helper programs and finds the services before the tests
+// run; goleak checks for leaked goroutines once it returns.
+type mainM struct{ m *testing.M }
+
+func (w mainM) Run() int {
+	dir, err := os.MkdirTemp("", "fencekit-consensus-bin-")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "consensus: %v\n", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	cmd := exec.Command("go", "build", "-o", dir+string(filepath.Separator), "./internal/...")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		fmt.Fprintf(os.Stderr, "consensus: building the helper programs (go build ./internal/...): %v\n", err)
+		return 1
+	}
+	binDir = dir
+
+	// PostgreSQL and S3: those in the environment (./scripts/test.sh
+	// exports them), else the default local ones, else servers started
+	// here. The tests and their child processes find them through FENCE_*.
+	svc, err := services.Provide(context.Background(), services.Config{
+		NoRedis: true,
+		Log:     func(f string, a ...any) { fmt.Fprintf(os.Stderr, "consensus: "+f+"\n", a...) },
+	})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "consensus: %v\n", err)
+		return 1
+	}
+	defer svc.Close()
+	for k, v := range map[string]string{
+		testenv.PostgresURLVar: svc.PostgresURL,
+		testenv.S3EndpointVar:  svc.S3.Endpoint, testenv.S3AccessKeyVar: svc.S3.AccessKey,
+		testenv.S3SecretKeyVar: svc.S3.SecretKey, testenv.S3BucketVar: svc.S3.Bucket,
+	} {
+		os.Setenv(k, v)
+	}
+	return w.m.Run()
+}
+
+// helperPath returns the path of the helper program built from
+// ./internal/<name>.
+func helperPath(t testing.TB, name string) string {
+	t.Helper()
+	p := filepath.Join(binDir, name)
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("helper program %s was not built: %v", name, err)
+	}
+	return p
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func newManager(t testing.TB, b lease.Backend, ttl time.Duration, opts ...lease.Option) *lease.Manager {
+	t.Helper()
+	m, err := lease.NewManager(b, ttl, opts...)
+	if err != nil {
+		t.Fatalf("lease.NewManager: %v", err)
+	}
+	return m
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// testName is t.Name() usable in a key, a znode or a proxy name.
+func testName(t testing.TB) string {
+	return strings.NewReplacer("/", "_", " ", "_", "=", "_", ":", "_", ".", "_").Replace(t.Name())
+}

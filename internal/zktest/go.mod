@@ -1,0 +1,3 @@
+module github.com/fencekit/fencekit/internal/zktest
+
+go 1.26.0
