@@ -1,0 +1,230 @@
+package guardtest
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/fencekit/fencekit/fence"
+)
+
+// Outcome is how a guard answered one write.
+type Outcome int
+
+const (
+	// Accepted: the guard returned nil, so the write was applied.
+	Accepted Outcome = iota + 1
+	// Stale: the guard returned a *fence.StaleError, so nothing changed.
+	Stale
+	// Unknown: the guard returned an error matching
+	// fence.ErrOutcomeUnknown: the write may or may not have been applied.
+	Unknown
+	// Failed: any other error. A guard reports an outcome it does not know
+	// as Unknown (DESIGN.md invariant 6), so a plain failure means that
+	// nothing was applied.
+	Failed
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Accepted:
+		return "accepted"
+	case Stale:
+		return "stale"
+	case Unknown:
+		return "unknown"
+	case Failed:
+		return "failed"
+	}
+	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// Classify returns the Outcome of a write that returned err, and for a
+// stale one the current token its *fence.StaleError names. An error that
+// matches fence.ErrStaleToken without a *fence.StaleError in its chain is
+// classified Stale with current fence.None, which CheckHistory reports.
+func Classify(err error) (Outcome, fence.Token) {
+	switch {
+	case err == nil:
+		return Accepted, fence.None
+	case errors.Is(err, fence.ErrOutcomeUnknown):
+		return Unknown, fence.None
+	case errors.Is(err, fence.ErrStaleToken):
+		if se, ok := fence.AsStale(err); ok {
+			return Stale, se.Current
+		}
+		return Stale, fence.None
+	}
+	return Failed, fence.None
+}
+
+// Op is one write in a History.
+type Op struct {
+	// Token is the token the write presented; Value the value it wrote.
+	// Values should be unique per write, so that a read tells which write
+	// it shows.
+	Token fence.Token
+	Value string
+	// Call and Return are when the write was called and when it returned,
+	// on one monotonic clock (for example time.Since of one start time).
+	Call, Return time.Duration
+	// Outcome is how the guard answered.
+	Outcome Outcome
+	// Current is the current token the *fence.StaleError named (Stale
+	// only).
+	Current fence.Token
+}
+
+// History is what concurrent writers of one resource observed: the state
+// before the first write was called, every write, and a read made after
+// the last write returned.
+type History struct {
+	// Initial and InitialValue are the resource's token and value before
+	// any write of Ops was called (Initial is fence.None when no write was
+	// ever accepted).
+	Initial      fence.Token
+	InitialValue string
+	Ops          []Op
+	// Final and FinalValue are what a read returned after every write of
+	// Ops had returned.
+	Final      fence.Token
+	FinalValue string
+}
+
+// CheckHistory checks a history of writes to one register guarded by a
+// monotone token against properties that every linearizable execution
+// has, and returns every violation it finds (joined), or nil. It needs no
+// search over orders, so it is sound (a violation is always a real one)
+// but not complete. With "w1 before w2" meaning that w1 returned before w2
+// was called (so w1 takes effect before w2 in any linearization):
+//
+//   - (a) For accepted writes w1 before w2, token(w2) >= token(w1); and no
+//     accepted write presents a token below Initial.
+//   - (b) A stale write r names a current token greater than the one it
+//     presented; that current token is Initial or the token of a write
+//     that may have been applied (accepted or unknown) and was called
+//     before r returned; and it is at least the token of every accepted
+//     write before r.
+//   - (c) The final token is at least every accepted token and is Initial
+//     or the token of a write that may have been applied (so, without
+//     unknown outcomes, it is the greatest accepted token). The final
+//     value is the value of a write that may have been applied with the
+//     final token (or InitialValue), and no accepted write came after
+//     that write (it would have replaced the value).
+//
+// Stale and failed writes are taken to have changed nothing, which is
+// what those answers promise.
+func CheckHistory(h History) error {
+	var errs []error
+	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	maybeApplied := func(o Op) bool { return o.Outcome == Accepted || o.Outcome == Unknown }
+
+	maxAccepted := h.Initial
+	for i, o := range h.Ops {
+		if o.Return < o.Call {
+			fail("op %d (%s): returned at %v before it was called at %v", i, desc(o), o.Return, o.Call)
+		}
+		switch o.Outcome {
+		case Accepted, Stale, Unknown, Failed:
+		default:
+			fail("op %d (%s): no outcome", i, desc(o))
+		}
+		if o.Outcome == Accepted {
+			maxAccepted = max(maxAccepted, o.Token)
+			if o.Token < h.Initial {
+				fail("(a) op %d (%s) accepted below the initial token %d", i, desc(o), h.Initial)
+			}
+		}
+	}
+
+	// (a) accepted writes in real-time order never go down.
+	for i, w1 := range h.Ops {
+		if w1.Outcome != Accepted {
+			continue
+		}
+		for j, w2 := range h.Ops {
+			if w2.Outcome == Accepted && w1.Return < w2.Call && w2.Token < w1.Token {
+				fail("(a) op %d (%s) was accepted after op %d (%s) had been accepted", j, desc(w2), i, desc(w1))
+			}
+		}
+	}
+
+	// (b) a rejection names a newer token that was stored when it was made.
+	for i, r := range h.Ops {
+		if r.Outcome != Stale {
+			continue
+		}
+		if r.Current == fence.None {
+			fail("(b) op %d (%s): the stale error does not name the current token", i, desc(r))
+			continue
+		}
+		if r.Current <= r.Token {
+			fail("(b) op %d (%s): rejected although the current token %d is not newer", i, desc(r), r.Current)
+		}
+		found := r.Current == h.Initial
+		for _, c := range h.Ops {
+			if maybeApplied(c) && c.Token == r.Current && c.Call < r.Return {
+				found = true
+				break
+			}
+		}
+		if !found {
+			fail("(b) op %d (%s): the current token %d is neither the initial token nor that of a write that may have been applied and was called before the rejection returned", i, desc(r), r.Current)
+		}
+		for j, w := range h.Ops {
+			if w.Outcome == Accepted && w.Return < r.Call && r.Current < w.Token {
+				fail("(b) op %d (%s): names current token %d, older than the token of op %d (%s), accepted before it was called", i, desc(r), r.Current, j, desc(w))
+			}
+		}
+	}
+
+	// (c) the final state is the last applied write.
+	if h.Final < maxAccepted {
+		fail("(c) final token %d is below the greatest accepted token %d: an accepted write was lost", h.Final, maxAccepted)
+	}
+	finalOK := h.Final == h.Initial
+	for _, o := range h.Ops {
+		if maybeApplied(o) && o.Token == h.Final {
+			finalOK = true
+			break
+		}
+	}
+	if !finalOK {
+		fail("(c) final token %d is neither the initial token nor that of a write that may have been applied", h.Final)
+	}
+	// The write the final value shows: some op with that value and token
+	// (or the initial state) after which no accepted write came.
+	var candidates, superseded int
+	consider := func(ret time.Duration, initial bool) {
+		candidates++
+		for _, w := range h.Ops {
+			if w.Outcome == Accepted && (initial || ret < w.Call) && w.Value != h.FinalValue {
+				superseded++
+				return
+			}
+		}
+	}
+	if h.Final == h.Initial && h.FinalValue == h.InitialValue {
+		consider(0, true)
+	}
+	for _, o := range h.Ops {
+		if maybeApplied(o) && o.Token == h.Final && o.Value == h.FinalValue {
+			consider(o.Return, false)
+		}
+	}
+	switch {
+	case candidates == 0:
+		fail("(c) final value %q with token %d was written by no write that may have been applied with that token", h.FinalValue, h.Final)
+	case candidates == superseded:
+		fail("(c) final value %q with token %d: an accepted write came after the write of that value and should have replaced it", h.FinalValue, h.Final)
+	}
+	return errors.Join(errs...)
+}
+
+func desc(o Op) string {
+	s := fmt.Sprintf("token %d, value %q, %s, called %v, returned %v", o.Token, o.Value, o.Outcome, o.Call, o.Return)
+	if o.Outcome == Stale {
+		s += fmt.Sprintf(", current %d", o.Current)
+	}
+	return s
+}
