@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -209,8 +210,16 @@ func TestResignStopsTheLeaderBeforeLeadershipPasses(t *testing.T) {
 // event).
 type hangingWatch struct {
 	*lease.MemoryBackend
-	mu    sync.Mutex
-	calls []time.Duration // how long each Watch's context allowed
+	mu       sync.Mutex
+	calls    []time.Duration // how long each Watch's context allowed
+	attempts []time.Time     // when each acquire request was sent
+}
+
+func (h *hangingWatch) Acquire(ctx context.Context, r lease.Request) (lease.Grant, error) {
+	h.mu.Lock()
+	h.attempts = append(h.attempts, time.Now())
+	h.mu.Unlock()
+	return h.MemoryBackend.Acquire(ctx, r)
 }
 
 func (h *hangingWatch) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
@@ -271,11 +280,21 @@ func TestWatchThatNeverConfirmsDoesNotStopPolling(t *testing.T) {
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		for _, d := range h.calls {
-			// The Watch's context ended by its own PollInterval timeout, not
-			// by the caller's minute; allow a loaded machine's timer.
-			if d > poll+time.Second {
+			// The Watch's context ended by its own PollInterval timeout,
+			// not by the caller's minute (virtual time: exact).
+			if d > poll {
 				t.Fatalf("a Watch was allowed %v, want PollInterval %v", d, poll)
 			}
+		}
+		// PollInterval is the longest wait between attempts, the time
+		// spent in the Watch included.
+		for i := 1; i < len(h.attempts); i++ {
+			if gap := h.attempts[i].Sub(h.attempts[i-1]); gap > poll {
+				t.Fatalf("attempts %d and %d were %v apart, more than PollInterval %v", i-1, i, gap, poll)
+			}
+		}
+		if len(h.attempts) < 3 {
+			t.Fatalf("%d attempts, want several", len(h.attempts))
 		}
 	})
 }
@@ -396,4 +415,59 @@ func TestAcquireAfterAGivenBackGrantUsesANewOwner(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// blackholed is a store that answers nothing: every request waits for its
+// context.
+type blackholed struct {
+	*lease.MemoryBackend
+	abandons atomic.Int32
+}
+
+func (b *blackholed) Acquire(ctx context.Context, _ lease.Request) (lease.Grant, error) {
+	<-ctx.Done()
+	return lease.Grant{}, ctx.Err()
+}
+
+func (b *blackholed) Abandon(ctx context.Context, _ lease.Request) error {
+	b.abandons.Add(1)
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// When the caller's context cuts an acquire request short, the Manager
+// abandons it at the store, but gives the Abandon no more time than the
+// request had (at least 50 ms), not ReleaseTimeout: a caller polling with
+// a short context during an outage is not held for seconds. The error says
+// the Abandon failed. In virtual time.
+func TestAbandonAfterAShortContextIsBoundedByIt(t *testing.T) {
+	for _, try := range []bool{true, false} {
+		synctest.Test(t, func(t *testing.T) {
+			b := &blackholed{MemoryBackend: lease.NewMemoryBackend()}
+			m, err := lease.NewManager(b, 10*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			const budget = 100 * time.Millisecond
+			ctx, cancel := context.WithTimeout(context.Background(), budget)
+			defer cancel()
+			start := time.Now()
+			if try {
+				_, err = m.TryAcquire(ctx, "dark")
+			} else {
+				_, err = m.Acquire(ctx, "dark")
+			}
+			took := time.Since(start)
+			if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "abandon") {
+				t.Fatalf("TryAcquire %v: error %v; want the deadline, saying the abandon failed", try, err)
+			}
+			if b.abandons.Load() != 1 {
+				t.Fatalf("%d Abandon requests, want 1", b.abandons.Load())
+			}
+			if took > 2*budget {
+				t.Fatalf("TryAcquire %v returned %v after a %v context (ReleaseTimeout %v): the Abandon was not bounded by the request's own time",
+					try, took, budget, m.Options().ReleaseTimeout)
+			}
+		})
+	}
 }

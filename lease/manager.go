@@ -80,9 +80,12 @@ func (m *Manager) Options() Options { return m.o }
 // ctx bounds the attempt only (a grant whose reply comes after the lease's
 // validity, TTL - safety margin, is given back: a ctx with that timeout
 // stops waiting for one). When ctx ends while the request is in flight,
-// TryAcquire tells the store to abandon it (Backend.Abandon, bounded by
-// Options.ReleaseTimeout) before it returns, so that a request arriving
-// late grants nothing. The lease's own Context is not derived from ctx's
+// TryAcquire tells the store to abandon it (Backend.Abandon) before it
+// returns, so that a request arriving late grants nothing. The Abandon is
+// given as long as the request had (at least 50 ms, at most
+// Options.ReleaseTimeout), so TryAcquire returns within about twice ctx's
+// time even when the store does not answer; the error then says that the
+// Abandon failed. The lease's own Context is not derived from ctx's
 // cancellation; it keeps ctx's values.
 func (m *Manager) TryAcquire(ctx context.Context, name string) (*Lease, error) {
 	if err := ValidateName(name); err != nil {
@@ -92,7 +95,7 @@ func (m *Manager) TryAcquire(ctx context.Context, name string) (*Lease, error) {
 	req := m.request(name)
 	l, err := m.attempt(ctx, ctx, req, start, 1)
 	if err != nil && ctx.Err() != nil && outcomeUnknown(err) {
-		m.abandon(ctx, req)
+		err = m.abandonAfter(ctx, req, time.Since(start), err)
 	}
 	return l, err
 }
@@ -110,8 +113,10 @@ func (m *Manager) TryAcquire(ctx context.Context, name string) (*Lease, error) {
 // abandoned: the store is told to end that owner (Backend.Abandon, so
 // that the request, if it arrives later, grants nothing), and the next
 // attempt goes out under a new owner. When ctx ends with a request in
-// flight, that request is abandoned the same way before Acquire returns
-// (bounded by Options.ReleaseTimeout).
+// flight, that request is abandoned the same way before Acquire returns,
+// given as long as that request had (at least 50 ms, at most
+// Options.ReleaseTimeout). PollInterval bounds the time between attempts,
+// a Watch that the store does not confirm included.
 //
 // When ctx ends first, the error joins ErrNotAcquired, the last store error
 // seen (if any: a store that cannot be reached is named even when the last
@@ -135,13 +140,15 @@ func (m *Manager) Acquire(ctx context.Context, name string) (*Lease, error) {
 		}
 	}()
 	for attempt := 1; ; attempt++ {
+		began := time.Now()
+		var watched time.Duration // spent this round in a Watch that failed
 		l, err := m.boundedAttempt(ctx, req, start, attempt)
 		if err == nil {
 			return l, nil
 		}
 		if ctx.Err() != nil {
 			if outcomeUnknown(err) {
-				m.abandon(ctx, req)
+				err = m.abandonAfter(ctx, req, time.Since(began), err)
 			}
 			return nil, m.giveUp(ctx, name, err, storeErr)
 		}
@@ -150,7 +157,9 @@ func (m *Manager) Acquire(ctx context.Context, name string) (*Lease, error) {
 			// The request may still reach the store and grant the name
 			// to this owner after nobody waits for it any more: end that
 			// owner at the store, and go on as a new one.
-			m.abandon(ctx, req)
+			if aerr := m.abandon(ctx, req, m.o.TTL-m.o.SafetyMargin); aerr != nil {
+				m.o.Logger.Warn("lease: could not abandon an unanswered acquire attempt; a grant it made expires after its TTL", "name", name, "owner", req.Owner, "err", aerr)
+			}
 			req = m.request(name)
 		case errors.Is(err, errGivenBack):
 			// The store ended this owner with the give-back: it would
@@ -168,6 +177,7 @@ func (m *Manager) Acquire(ctx context.Context, name string) (*Lease, error) {
 			// within PollInterval, poll this round and try again next
 			// round: PollInterval is the longest wait between attempts,
 			// whatever the Watch does.
+			watchStart := time.Now()
 			wctx, wcancel := context.WithTimeout(ctx, m.o.PollInterval)
 			sig, stop, werr := m.w.Watch(wctx, name)
 			wcancel()
@@ -180,8 +190,13 @@ func (m *Manager) Acquire(ctx context.Context, name string) (*Lease, error) {
 				return nil, m.giveUp(ctx, name, err, storeErr)
 			}
 			m.o.Logger.Warn("lease: cannot watch for releases, polling", "name", name, "err", werr)
+			watched = time.Since(watchStart)
 		}
-		wait := m.pollWait(err)
+		// The time a failed Watch took counts towards this round's wait.
+		wait := m.pollWait(err) - watched
+		if wait <= 0 {
+			continue
+		}
 		if timer == nil {
 			timer = time.NewTimer(wait)
 		} else {
@@ -217,15 +232,34 @@ func outcomeUnknown(err error) bool {
 // abandon tells the store that the acquire request req will never be
 // waited for: the store ends any grant it made to req.Owner and refuses
 // the request if it arrives later (Backend.Abandon). It is bounded by
-// ReleaseTimeout and runs even when ctx is done; a failure is logged (the
-// grant, if any, then expires after its TTL).
-func (m *Manager) abandon(ctx context.Context, req Request) {
-	rctx, cancel := m.releaseContext(ctx)
+// budget and by ReleaseTimeout, and runs even when ctx is done; it returns
+// the store's error (a grant the request made then expires after its TTL).
+func (m *Manager) abandon(ctx context.Context, req Request, budget time.Duration) error {
+	if ctx.Err() != nil {
+		ctx = context.WithoutCancel(ctx)
+	}
+	rctx, cancel := context.WithTimeout(ctx, max(min(budget, m.o.ReleaseTimeout), minAbandonBudget))
 	defer cancel()
 	req.Notify = nil
-	if err := m.b.Abandon(rctx, req); err != nil {
-		m.o.Logger.Warn("lease: could not abandon an unanswered acquire attempt; a grant it made expires after its TTL", "name", req.Name, "owner", req.Owner, "err", err)
+	return m.b.Abandon(rctx, req)
+}
+
+// minAbandonBudget is the least time an Abandon is given, however short the
+// attempt it follows: a round trip on a loaded machine.
+const minAbandonBudget = 50 * time.Millisecond
+
+// abandonAfter abandons req after its attempt, which had taken spent when
+// the caller's context ended, failed with err: the Abandon gets no more
+// time than the attempt had (so that a caller with a short context is not
+// held for ReleaseTimeout by a store that does not answer), and its
+// failure is added to err.
+func (m *Manager) abandonAfter(ctx context.Context, req Request, spent time.Duration, err error) error {
+	aerr := m.abandon(ctx, req, spent)
+	if aerr == nil {
+		return err
 	}
+	m.o.Logger.Warn("lease: could not abandon an unanswered acquire attempt; a grant it made expires after its TTL", "name", req.Name, "owner", req.Owner, "err", aerr)
+	return fmt.Errorf("%w (and the store could not be told to abandon it, so a grant it made expires after its TTL: %w)", err, aerr)
 }
 
 // giveUp is Acquire's error when ctx ended: ErrNotAcquired with the last
