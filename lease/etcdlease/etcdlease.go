@@ -587,6 +587,13 @@ func (b *Backend) EndedKey(name, owner string) string {
 	return b.o.Prefix + "e/" + name + "\x00" + owner
 }
 
+// How an owner ended, as its ended record (EndedKey) says.
+const (
+	endedReleased  = "released"  // by a Release that found its grant
+	endedAbandoned = "abandoned" // by Abandon
+	endedLost      = "lost"      // by a Release that found the grant gone
+)
+
 // Release implements lease.Backend in one round trip: one transaction
 // that, if the key is still this grant's (its create revision, owner and
 // etcd lease), deletes it, and in any case puts the key that records the
@@ -598,12 +605,13 @@ func (b *Backend) EndedKey(name, owner string) string {
 // TTL).
 //
 // It returns nil when it deleted the key, or when the owner had already
-// been ended by a Release or Abandon: a release sent again after its first
-// reply was lost (etcd's client resends a request whose connection broke;
-// this backend resends a release whose outcome is unknown, below) finds
-// its own record and is a release, not a loss. It returns an error
-// matching lease.ErrNotHeld when the key had expired or was another
-// grant's, and when g's State is not the one Acquire made for it (without
+// been ended by a Release that deleted it or by an Abandon: a release sent
+// again after its first reply was lost (etcd's client resends a request
+// whose connection broke; this backend resends a release whose outcome is
+// unknown, below) finds its own record and is a release, not a loss. It
+// returns an error matching lease.ErrNotHeld when the key had expired or
+// was another grant's (and again for a release resent after one that found
+// that: the record says "lost"), and when g's State is not the one Acquire made for it (without
 // any request).
 //
 // A transaction whose outcome is unknown (the connection broke, the
@@ -631,20 +639,29 @@ func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
 			If(clientv3.Compare(clientv3.CreateRevision(st.key), "=", st.rev),
 				clientv3.Compare(clientv3.Value(st.key), "=", st.owner),
 				clientv3.Compare(clientv3.LeaseValue(st.key), "=", st.id)).
-			Then(clientv3.OpDelete(st.key), clientv3.OpPut(endKey, "released", clientv3.WithLease(tomb))).
-			Else(clientv3.OpGet(endKey, clientv3.WithCountOnly()), clientv3.OpPut(endKey, "released", clientv3.WithLease(tomb))).
+			Then(clientv3.OpDelete(st.key), clientv3.OpPut(endKey, endedReleased, clientv3.WithLease(tomb))).
+			// Not held: record the owner as ended by a loss, unless it
+			// was ended before, and then read how.
+			Else(clientv3.OpTxn(
+				[]clientv3.Cmp{clientv3.Compare(clientv3.Version(endKey), "=", 0)},
+				[]clientv3.Op{clientv3.OpPut(endKey, endedLost, clientv3.WithLease(tomb))},
+				[]clientv3.Op{clientv3.OpGet(endKey)})).
 			Commit()
 		return err
 	})
-	switch {
-	case err != nil:
+	if err != nil {
 		return fmt.Errorf("etcdlease: release %q: %w", g.Name, err)
-	case resp.Succeeded:
+	}
+	if resp.Succeeded {
 		return nil
-	case resp.Responses[0].GetResponseRange().GetCount() > 0:
-		// Ended before: by an earlier attempt of this release whose
-		// reply was lost, or by another Release or an Abandon.
-		return nil
+	}
+	if before := resp.Responses[0].GetResponseTxn(); before != nil && !before.Succeeded {
+		if kvs := before.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 && string(kvs[0].Value) != endedLost {
+			// Released before: by an earlier attempt of this release
+			// whose reply was lost, or by an Abandon. (One that found
+			// the grant lost answers ErrNotHeld again.)
+			return nil
+		}
 	}
 	return fmt.Errorf("%w: %q: its key had expired or was another grant's", lease.ErrNotHeld, g.Name)
 }
@@ -673,8 +690,8 @@ func (b *Backend) Abandon(ctx context.Context, req lease.Request) error {
 	err := b.endOwner(ctx, req.TTL, func(tomb clientv3.LeaseID) (err error) {
 		resp, err = b.c.Txn(ctx).
 			If(clientv3.Compare(clientv3.Value(key), "=", req.Owner)).
-			Then(clientv3.OpGet(key), clientv3.OpDelete(key), clientv3.OpPut(endKey, "abandoned", clientv3.WithLease(tomb))).
-			Else(clientv3.OpPut(endKey, "abandoned", clientv3.WithLease(tomb))).
+			Then(clientv3.OpGet(key), clientv3.OpDelete(key), clientv3.OpPut(endKey, endedAbandoned, clientv3.WithLease(tomb))).
+			Else(clientv3.OpPut(endKey, endedAbandoned, clientv3.WithLease(tomb))).
 			Commit()
 		return err
 	})

@@ -1,0 +1,77 @@
+package etcdlease_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fencekit/fencekit/internal/etcdtest"
+	"github.com/fencekit/fencekit/lease"
+)
+
+// A release resent after a lost reply replays the first one's answer: a
+// lease lost at the store (its key deleted) whose Release reply is lost
+// and resent stays lost, never a false release (issue 19 item 4).
+func TestReleaseOfALostLeaseWithALostReplyIsStillALoss(t *testing.T) {
+	cl := etcdtest.Start(t, 1)
+	p := prefix(t)
+	proxy := startReplyDropProxy(t, cl.Endpoints()[0])
+	b := newBackend(t, cl.Client(proxy.endpoint()), p)
+	obs := &lossCounter{}
+	m := newManager(t, b, 3*time.Second, lease.WithObserver(obs))
+	for round := 1; round <= 3; round++ {
+		l, err := m.TryAcquire(ctxT(t), "job")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cl.Client().Delete(ctxT(t), b.Key("job")); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+		drops := proxy.drops.Load()
+		proxy.dropReplies()
+		err = l.Release(ctxT(t))
+		if proxy.drops.Load() == drops {
+			t.Fatal("the proxy dropped no reply: the test did not exercise a resent release")
+		}
+		t.Logf("round %d: Release of a lease whose key was deleted, reply lost = %v; Err=%v", round, err, l.Err())
+		if !errors.Is(err, lease.ErrLost) {
+			t.Errorf("round %d: FALSE RELEASE: want ErrLost, got %v", round, err)
+		}
+	}
+}
+
+// The same at the backend: a resent Release of a grant that was gone when
+// the first one arrived answers ErrNotHeld again (the ended record says
+// "lost"), while the same Release without a fault answers ErrNotHeld too.
+func TestResentReleaseOfAGoneGrantIsStillNotHeld(t *testing.T) {
+	cl := etcdtest.Start(t, 1)
+	p := prefix(t)
+	proxy := startReplyDropProxy(t, cl.Endpoints()[0])
+	b := newBackend(t, cl.Client(proxy.endpoint()), p)
+	for round := 1; round <= 3; round++ {
+		g, err := b.Acquire(ctxT(t), lease.Request{Name: "job", Owner: "o" + string(rune('0'+round)), TTL: 3 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cl.Client().Delete(ctxT(t), b.Key("job")); err != nil {
+			t.Fatal(err)
+		}
+		drops := proxy.drops.Load()
+		proxy.dropReplies()
+		err = b.Release(ctxT(t), g)
+		if proxy.drops.Load() == drops {
+			t.Fatal("the proxy dropped no reply: the test did not exercise a resent release")
+		}
+		t.Logf("round %d: backend Release of a deleted grant, reply lost = %v", round, err)
+		if !errors.Is(err, lease.ErrNotHeld) {
+			t.Errorf("round %d: FALSE RELEASE: want ErrNotHeld, got %v", round, err)
+		}
+		// The same without a fault.
+		g, _ = b.Acquire(ctxT(t), lease.Request{Name: "job", Owner: "c" + string(rune('0'+round)), TTL: 3 * time.Second})
+		_, _ = cl.Client().Delete(ctxT(t), b.Key("job"))
+		if err := b.Release(ctxT(t), g); !errors.Is(err, lease.ErrNotHeld) {
+			t.Errorf("round %d, no fault: Release of a deleted grant = %v, want ErrNotHeld", round, err)
+		}
+	}
+}
