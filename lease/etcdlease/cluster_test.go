@@ -81,12 +81,6 @@ func (r *renewLog) confirmed(tok fence.Token, sent time.Time) {
 	}
 }
 
-func (r *renewLog) last(tok fence.Token) time.Time {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.sent[tok]
-}
-
 // acquiredSent is the send time of the request that granted l: its first
 // deadline is that plus TTL - safety margin.
 func acquiredSent(m *lease.Manager, l *lease.Lease) time.Time {

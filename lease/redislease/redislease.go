@@ -449,7 +449,8 @@ func (b *Backend) groupByNode(ctx context.Context, gs []lease.Grant) [][]int {
 	if b.nodes == nil || len(gs) < 2 {
 		return all()
 	}
-	const unknown = "" // grants whose master the slot map cannot name
+	// Grants whose master the slot map cannot name share the group of
+	// the empty address.
 	nodeOfSlot := make(map[int]string)
 	group := make(map[string]int) // node address -> index in groups
 	var groups [][]int

@@ -67,9 +67,7 @@ func wakeUps(t *testing.T, d deployment, newB func() lease.Backend, rounds int) 
 	probe := newBackend(t, d.client(t), "")
 	var names []string
 	for i, p := range d.primaries(t) {
-		for _, n := range namesOn(t, d, probe, p, fmt.Sprintf("wake-%d-%d", i, time.Now().UnixNano()), 1) {
-			names = append(names, n)
-		}
+		names = append(names, namesOn(t, d, probe, p, fmt.Sprintf("wake-%d-%d", i, time.Now().UnixNano()), 1)...)
 	}
 	ctx := ctxT(t)
 	var (
