@@ -47,6 +47,21 @@ trap '[ -z "$build_pid" ] || kill "$build_pid" 2>/dev/null; stop_s3' EXIT
 echo "+ go vet ${pkgs[*]}   (a first run downloads and compiles everything: see the README for how long)"
 go vet "${pkgs[@]}"
 
+# Static analysis: staticcheck, built once from the Go module proxy into
+# the same cache as versitygw.
+staticcheck_version=v0.8.2
+staticcheck="${XDG_CACHE_HOME:-$HOME/.cache}/fencekit/bin/staticcheck-$staticcheck_version"
+if [ ! -x "$staticcheck" ]; then
+  echo "+ go install honnef.co/go/tools/cmd/staticcheck@$staticcheck_version"
+  gobin=$(mktemp -d)
+  GOBIN="$gobin" go install "honnef.co/go/tools/cmd/staticcheck@$staticcheck_version"
+  mkdir -p "$(dirname "$staticcheck")"
+  mv "$gobin/staticcheck" "$staticcheck"
+  rmdir "$gobin"
+fi
+echo "+ staticcheck ${pkgs[*]}"
+"$staticcheck" "${pkgs[@]}"
+
 if [ -n "$build_pid" ]; then
   wait "$build_pid" || { log "S3: building versitygw failed (see above)"; exit 1; }
   build_pid=""
