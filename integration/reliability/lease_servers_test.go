@@ -19,9 +19,9 @@ import (
 )
 
 // The servers the lease history check starts for itself: an embedded etcd
-// member and a standalone ZooKeeper. (The backends' own harnesses,
-// lease/etcdlease/internal/etcdtest and lease/zklease/internal/zktest, are
-// internal to their modules; these are the few lines the check needs.)
+// member and a standalone ZooKeeper: the few lines the check needs. (The
+// shared harnesses internal/etcdtest and internal/zktest could serve here
+// too; they start clusters with more options than this check uses.)
 
 // startEtcd starts a one-member etcd inside the test process on free
 // loopback ports, with heartbeats every 50 ms and elections after 500 ms
