@@ -65,7 +65,7 @@ func (b *Backend) Acquire(ctx context.Context, req lease.Request) (lease.Grant, 
 		return lease.Grant{}, err
 	}
 	g, err := run(b, ctx, req.Name,
-		func(ns *nameState) (lease.Grant, error) { return b.acquire(ns, req) },
+		func(ns *nameState) (lease.Grant, error) { return b.acquire(ctx, ns, req) },
 		func(ns *nameState, g lease.Grant, err error) {
 			if err == nil {
 				b.giveBack(ns, g.State.(*grantRec))
@@ -81,11 +81,14 @@ func (b *Backend) Acquire(ctx context.Context, req lease.Request) (lease.Grant, 
 // changing under it (predecessors leaving one after the other).
 const maxQueueSteps = 16
 
-func (b *Backend) acquire(ns *nameState, req lease.Request) (lease.Grant, error) {
+// acquire runs under the name's op lock; ctx is the caller's (run goes on
+// after it ends, to settle what was sent).
+func (b *Backend) acquire(ctx context.Context, ns *nameState, req lease.Request) (lease.Grant, error) {
 	if b.endedHere(req.Name, req.Owner) {
 		return lease.Grant{}, errOwnerEnded(req.Name, req.Owner)
 	}
 	b.mu.Lock()
+	ns.ttl = req.TTL
 	rec := ns.grants[req.Owner]
 	b.mu.Unlock()
 	if rec != nil {
@@ -193,8 +196,20 @@ func (b *Backend) acquire(ns *nameState, req lease.Request) (lease.Grant, error)
 			return lease.Grant{}, notAcquired(req.Name)
 		}
 	}
-	n, err := b.create(ns, req.Owner, req.Owner)
+	if err := ctx.Err(); err != nil {
+		// The caller left: add no node that nobody waits for.
+		return lease.Grant{}, err
+	}
+	n, err := b.create(ns, req.Owner, req.Owner, req.TTL)
 	if err != nil {
+		return lease.Grant{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		// The caller left while the create was in flight (its answer came
+		// late): give the node back at once, without the listing that
+		// would tell whether it heads the queue (another late round trip,
+		// during which it could keep the others out).
+		b.deleteSure(n.path)
 		return lease.Grant{}, err
 	}
 	kids, err := b.list(ns)

@@ -55,7 +55,10 @@
 //
 // A request whose answer is lost does not leave a node behind: a create is
 // settled by listing the parent for its GUID (the recipe's "protected"
-// names), a delete is sent again until the server answers, and a call
+// names; when no listing is answered within the TTL, a client whose every
+// answer is late, the backend ends its session at the store, which deletes
+// the node: see blindclose.go; a create answered after its caller left is
+// deleted at once), a delete is sent again until the server answers, and a call
 // whose context ends keeps running in the background until the store has
 // answered, then gives back what it made. go-zookeeper's calls take no
 // context; the backend's do, and always return when it ends.

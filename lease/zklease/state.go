@@ -22,6 +22,19 @@ type nameState struct {
 	grants map[string]*grantRec // live grants of this backend, by owner
 	ticket *ticket              // this backend's place in the queue, for its waiters
 	subs   map[*sub]struct{}    // Watch subscriptions
+	ttl    time.Duration        // the TTL of the last acquire request of the name (0: none yet)
+}
+
+// settleTime is how long a create for ns whose answer was lost may stay
+// unsettled before the backend ends its session (findCreated): the TTL of
+// the name's last acquire request, or the session timeout.
+func (b *Backend) settleTime(ns *nameState) time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if ns.ttl > 0 {
+		return ns.ttl
+	}
+	return b.o.SessionTimeout
 }
 
 func (ns *nameState) idle() bool {

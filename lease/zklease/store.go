@@ -53,7 +53,10 @@ func ambiguous(err error) bool {
 // creates and deletes the record's node, which fails if the node exists):
 // an ended owner's create is refused at the store, with an error matching
 // lease.ErrNotAcquired.
-func (b *Backend) create(ns *nameState, data, owner string) (node, error) {
+//
+// settle bounds how long a create whose answer was lost may stay unsettled
+// (see findCreated).
+func (b *Backend) create(ns *nameState, data, owner string, settle time.Duration) (node, error) {
 	guid := newGUID()
 	ops := []any{
 		&zk.CreateRequest{Path: ns.parent + "/" + guid + "-", Data: []byte(data), Acl: b.o.ACL, Flags: zk.FlagEphemeralSequential},
@@ -98,7 +101,7 @@ func (b *Backend) create(ns *nameState, data, owner string) (node, error) {
 			}
 			continue
 		case ambiguous(err):
-			n, err := b.findCreated(ns, guid, err)
+			n, err := b.findCreated(ns, guid, before, sent, settle, err)
 			n.data = data
 			return n, err
 		}
@@ -109,13 +112,57 @@ func (b *Backend) create(ns *nameState, data, owner string) (node, error) {
 // findCreated settles a create whose answer was lost: it lists the parent
 // until it can, and returns the node with the GUID if there is one. A node
 // created in a session that has since ended is gone with it.
-func (b *Backend) findCreated(ns *nameState, guid string, cause error) (node, error) {
+//
+// A create whose answer was lost may still have been applied, and its node
+// may be at the head of the queue, keeping every other client out, while
+// this backend does not know its name (a sequential node's name comes in
+// the answer), so it cannot delete it. When the listing cannot be had
+// within settle of the create's send time (every answer is late: a client
+// whose requests arrive later than go-zookeeper waits for an answer hears
+// none, while its requests, and the reconnects that keep its session
+// alive, still arrive), the backend ends the create's session at the store
+// (endSessionBlind), which deletes the node wherever it is.
+func (b *Backend) findCreated(ns *nameState, guid string, session int64, sent time.Time, settle time.Duration, cause error) (node, error) {
+	if session != 0 {
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() {
+			t := time.NewTimer(time.Until(sent.Add(settle)))
+			defer t.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-b.closed:
+					return
+				case <-t.C:
+				}
+				wait := b.endSessionBlind(session)
+				if wait <= 0 {
+					return
+				}
+				t.Reset(wait)
+			}
+		}()
+	}
 	for {
 		if b.isClosedNow() {
 			return node{}, ErrClosed
 		}
+		if cur, _ := b.currentSession(); session != 0 && cur != session {
+			// The session the create went out in has ended at the store
+			// (sessions never come back), and the node, if any, with it.
+			return node{}, fmt.Errorf("zklease: acquire %q: the answer to the create was lost (%w), and the session it was sent in has ended, with any node it made", ns.name, cause)
+		}
 		names, _, err := b.conn.Children(ns.parent)
-		session, _ := b.currentSession()
+		cur, _ := b.currentSession()
+		if session != 0 && cur != session {
+			continue
+		}
+		owner := session
+		if owner == 0 {
+			owner = cur
+		}
 		switch {
 		case errors.Is(err, zk.ErrNoNode):
 			return node{}, fmt.Errorf("zklease: acquire %q: the answer to the create was lost (%w), and no node was created", ns.name, cause)
@@ -131,11 +178,11 @@ func (b *Backend) findCreated(ns *nameState, guid string, cause error) (node, er
 				path := ns.parent + "/" + n
 				sent := time.Now()
 				ok, st, err := b.conn.Exists(path)
-				if err != nil || !ok || st.EphemeralOwner != session {
+				if err != nil || !ok || st.EphemeralOwner != owner {
 					b.deleteSure(path)
 					return node{}, fmt.Errorf("zklease: acquire %q: the answer to the create was lost (%w); the node it made was given back", ns.name, cause)
 				}
-				return node{path: path, czxid: st.Czxid, session: session, sent: sent}, nil
+				return node{path: path, czxid: st.Czxid, session: owner, sent: sent}, nil
 			}
 		}
 		return node{}, fmt.Errorf("zklease: acquire %q: the answer to the create was lost (%w), and no node was created", ns.name, cause)

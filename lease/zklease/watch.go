@@ -74,7 +74,7 @@ func (b *Backend) queue(ns *nameState) error {
 	b.mu.Lock()
 	data := b.ticketDataLocked(ns.name)
 	b.mu.Unlock()
-	n, err := b.create(ns, data, "")
+	n, err := b.create(ns, data, "", b.settleTime(ns))
 	if err != nil {
 		return err
 	}

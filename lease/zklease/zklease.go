@@ -75,6 +75,9 @@ type Backend struct {
 	notified atomic.Int64 // predecessor notifications that woke a ticket (for tests)
 
 	endedOwners endedState // the owners this backend recorded as ended (ended.go)
+
+	doomed   int64     // a session being ended at the store (blindclose.go): no grant is made or renewed on it
+	doomedAt time.Time // when its end was sent
 }
 
 // New returns a Backend connected to the ZooKeeper ensemble at servers
@@ -274,11 +277,13 @@ func (b *Backend) currentSession() (int64, time.Duration) {
 // checkSession returns an error unless the client is on session id and the
 // server granted it at least ttl.
 func (b *Backend) checkSession(id int64, ttl time.Duration) error {
-	cur, granted := b.currentSession()
+	b.mu.Lock()
+	cur, granted, doomed := b.session, b.granted, b.doomed
+	b.mu.Unlock()
 	switch {
 	case b.isClosedNow():
 		return ErrClosed
-	case cur == 0 || cur != id:
+	case cur == 0 || cur != id || id == doomed:
 		return fmt.Errorf("%w (session 0x%x, the client is now on 0x%x)", ErrSessionReplaced, id, cur)
 	case granted < ttl:
 		return fmt.Errorf("%w: the server granted %v, the lease needs %v", ErrSessionTimeout, granted, ttl)
