@@ -35,10 +35,20 @@ require (
 
 replace (
 	github.com/fencekit/fencekit => ..
+	github.com/fencekit/fencekit/blobguard => ../blobguard
+	github.com/fencekit/fencekit/cmd/fencekit => ../cmd/fencekit
+	github.com/fencekit/fencekit/examples => ../examples
+	github.com/fencekit/fencekit/integration => ../integration
+	github.com/fencekit/fencekit/internal/etcdtest => ../internal/etcdtest
 	github.com/fencekit/fencekit/internal/pgleasesql => ../internal/pgleasesql
+	github.com/fencekit/fencekit/internal/pgtest => ../internal/pgtest
 	github.com/fencekit/fencekit/internal/redistest => ../internal/redistest
+	github.com/fencekit/fencekit/internal/zktest => ../internal/zktest
+	github.com/fencekit/fencekit/lease/etcdlease => ../lease/etcdlease
+	github.com/fencekit/fencekit/lease/leaseprom => ../lease/leaseprom
 	github.com/fencekit/fencekit/lease/pglease => ../lease/pglease
 	github.com/fencekit/fencekit/lease/redislease => ../lease/redislease
+	github.com/fencekit/fencekit/lease/zklease => ../lease/zklease
 	github.com/fencekit/fencekit/migrations => ../migrations
 	github.com/fencekit/fencekit/sqlguard => ../sqlguard
 )

@@ -2,9 +2,7 @@ module github.com/fencekit/fencekit/blobguard
 
 go 1.26.0
 
-replace (
-	github.com/fencekit/fencekit => ..
-)
+replace github.com/fencekit/fencekit => ..
 
 require (
 	github.com/aws/aws-sdk-go-v2 v1.48.0
