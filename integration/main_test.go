@@ -2,12 +2,10 @@ package integration
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -18,7 +16,7 @@ import (
 
 	"github.com/fencekit/fencekit/examples/services"
 	"github.com/fencekit/fencekit/fence"
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/integration/internal/itest"
 )
 
 // binDir holds the helper programs under ./internal/..., built once by
@@ -40,42 +38,13 @@ func TestMain(m *testing.M) {
 type mainM struct{ m *testing.M }
 
 func (w mainM) Run() int {
-	dir, err := os.MkdirTemp("", "fencekit-integration-bin-")
+	dir, cleanup, err := itest.Setup("integration", services.Config{}, "./internal/...")
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "integration: %v\n", err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
-	cmd := exec.Command("go", "build", "-o", dir+string(filepath.Separator), "./internal/...")
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Run(); err != nil {
-		fmt.Fprintf(os.Stderr, "integration: building the helper programs (go build ./internal/...): %v\n", err)
-		return 1
-	}
+	defer cleanup()
 	binDir = dir
-
-	// The services: those in the environment (./scripts/test.sh exports
-	// them), else the default local ones, else servers started here
-	// (versitygw), else Docker containers through testcontainers-go. The
-	// tests and their child processes find them through FENCE_*.
-	svc, err := services.Provide(context.Background(), services.Config{
-		Log: func(f string, a ...any) { fmt.Fprintf(os.Stderr, "integration: "+f+"\n", a...) },
-	})
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "integration: %v\n", err)
-		return 1
-	}
-	defer svc.Close()
-	for k, v := range map[string]string{
-		testenv.RedisURLVar: svc.RedisURL, testenv.PostgresURLVar: svc.PostgresURL,
-		testenv.S3EndpointVar: svc.S3.Endpoint, testenv.S3AccessKeyVar: svc.S3.AccessKey,
-		testenv.S3SecretKeyVar: svc.S3.SecretKey, testenv.S3BucketVar: svc.S3.Bucket,
-	} {
-		os.Setenv(k, v)
-	}
-	for _, u := range svc.Used {
-		fmt.Fprintln(os.Stderr, "integration: "+u)
-	}
 	return w.m.Run()
 }
 
@@ -83,11 +52,7 @@ func (w mainM) Run() int {
 // ./internal/<name>.
 func helperPath(t testing.TB, name string) string {
 	t.Helper()
-	p := filepath.Join(binDir, name)
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("helper program %s was not built: %v", name, err)
-	}
-	return p
+	return itest.HelperPath(t, binDir, name)
 }
 
 // holderEvent is one line of the leaseholder program's output (see

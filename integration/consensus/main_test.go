@@ -6,8 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -15,7 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/fencekit/fencekit/examples/services"
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/integration/internal/itest"
 	"github.com/fencekit/fencekit/lease"
 )
 
@@ -49,39 +47,13 @@ func TestMain(m *testing.M) {
 type mainM struct{ m *testing.M }
 
 func (w mainM) Run() int {
-	dir, err := os.MkdirTemp("", "fencekit-consensus-bin-")
+	dir, cleanup, err := itest.Setup("consensus", services.Config{NoRedis: true}, "./internal/...")
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "consensus: %v\n", err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
-	cmd := exec.Command("go", "build", "-o", dir+string(filepath.Separator), "./internal/...")
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Run(); err != nil {
-		fmt.Fprintf(os.Stderr, "consensus: building the helper programs (go build ./internal/...): %v\n", err)
-		return 1
-	}
+	defer cleanup()
 	binDir = dir
-
-	// PostgreSQL and S3: those in the environment (./scripts/test.sh
-	// exports them), else the default local ones, else servers started
-	// here. The tests and their child processes find them through FENCE_*.
-	svc, err := services.Provide(context.Background(), services.Config{
-		NoRedis: true,
-		Log:     func(f string, a ...any) { fmt.Fprintf(os.Stderr, "consensus: "+f+"\n", a...) },
-	})
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "consensus: %v\n", err)
-		return 1
-	}
-	defer svc.Close()
-	for k, v := range map[string]string{
-		testenv.PostgresURLVar: svc.PostgresURL,
-		testenv.S3EndpointVar:  svc.S3.Endpoint, testenv.S3AccessKeyVar: svc.S3.AccessKey,
-		testenv.S3SecretKeyVar: svc.S3.SecretKey, testenv.S3BucketVar: svc.S3.Bucket,
-	} {
-		os.Setenv(k, v)
-	}
 	return w.m.Run()
 }
 
@@ -89,11 +61,7 @@ func (w mainM) Run() int {
 // ./internal/<name>.
 func helperPath(t testing.TB, name string) string {
 	t.Helper()
-	p := filepath.Join(binDir, name)
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("helper program %s was not built: %v", name, err)
-	}
-	return p
+	return itest.HelperPath(t, binDir, name)
 }
 
 func ctxT(t testing.TB) context.Context {

@@ -12,7 +12,6 @@
 package redisfailover
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"testing"
@@ -20,7 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/fencekit/fencekit/examples/services"
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/integration/internal/itest"
 )
 
 func TestMain(m *testing.M) {
@@ -39,20 +38,11 @@ func TestMain(m *testing.M) {
 type mainM struct{ m *testing.M }
 
 func (w mainM) Run() int {
-	svc, err := services.Provide(context.Background(), services.Config{
-		Log: func(f string, a ...any) { fmt.Fprintf(os.Stderr, "redisfailover: "+f+"\n", a...) },
-	})
+	_, cleanup, err := itest.Setup("redisfailover", services.Config{})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "redisfailover: %v\n", err)
 		return 1
 	}
-	defer svc.Close()
-	for k, v := range map[string]string{
-		testenv.RedisURLVar: svc.RedisURL, testenv.PostgresURLVar: svc.PostgresURL,
-		testenv.S3EndpointVar: svc.S3.Endpoint, testenv.S3AccessKeyVar: svc.S3.AccessKey,
-		testenv.S3SecretKeyVar: svc.S3.SecretKey, testenv.S3BucketVar: svc.S3.Bucket,
-	} {
-		os.Setenv(k, v)
-	}
+	defer cleanup()
 	return w.m.Run()
 }

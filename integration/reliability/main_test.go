@@ -1,17 +1,14 @@
 package reliability
 
 import (
-	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 
 	"go.uber.org/goleak"
 
 	"github.com/fencekit/fencekit/examples/services"
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/integration/internal/itest"
 )
 
 // binDir holds the helper programs under ../internal/..., built once by
@@ -38,43 +35,17 @@ func TestMain(m *testing.M) {
 type mainM struct{ m *testing.M }
 
 func (w mainM) Run() int {
-	dir, err := os.MkdirTemp("", "fencekit-reliability-bin-")
+	dir, cleanup, err := itest.Setup("reliability", services.Config{}, "../internal/pausedwriter")
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "reliability: %v\n", err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
-	cmd := exec.Command("go", "build", "-o", dir+string(filepath.Separator), "../internal/pausedwriter")
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Run(); err != nil {
-		fmt.Fprintf(os.Stderr, "reliability: building the helper program: %v\n", err)
-		return 1
-	}
+	defer cleanup()
 	binDir = dir
-
-	svc, err := services.Provide(context.Background(), services.Config{
-		Log: func(f string, a ...any) { fmt.Fprintf(os.Stderr, "reliability: "+f+"\n", a...) },
-	})
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "reliability: %v\n", err)
-		return 1
-	}
-	defer svc.Close()
-	for k, v := range map[string]string{
-		testenv.RedisURLVar: svc.RedisURL, testenv.PostgresURLVar: svc.PostgresURL,
-		testenv.S3EndpointVar: svc.S3.Endpoint, testenv.S3AccessKeyVar: svc.S3.AccessKey,
-		testenv.S3SecretKeyVar: svc.S3.SecretKey, testenv.S3BucketVar: svc.S3.Bucket,
-	} {
-		os.Setenv(k, v)
-	}
 	return w.m.Run()
 }
 
 func helperPath(t testing.TB, name string) string {
 	t.Helper()
-	p := filepath.Join(binDir, name)
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("helper program %s was not built: %v", name, err)
-	}
-	return p
+	return itest.HelperPath(t, binDir, name)
 }

@@ -1,0 +1,82 @@
+// Package itest is what the integration packages' TestMain functions
+// share: helper programs built once into a temporary directory, and the
+// services the tests (and their child processes) find through the FENCE_*
+// variables.
+package itest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/fencekit/fencekit/examples/services"
+	"github.com/fencekit/fencekit/internal/testenv"
+)
+
+// Setup builds the helper programs matched by the package patterns helpers
+// (none: no build) into a new temporary directory, then provides the
+// services: those in the environment (./scripts/test.sh exports them),
+// else the default local ones, else servers started here (versitygw),
+// else Docker containers through testcontainers-go. It exports FENCE_* for
+// every service it provided (cfg says which), logs what it used with the
+// prefix who, and returns the directory of the helper programs and a
+// cleanup that stops what it started and removes the directory.
+func Setup(who string, cfg services.Config, helpers ...string) (binDir string, cleanup func(), err error) {
+	logf := func(f string, a ...any) { fmt.Fprintf(os.Stderr, who+": "+f+"\n", a...) }
+	var undo []func()
+	cleanup = func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
+	if len(helpers) > 0 {
+		dir, err := os.MkdirTemp("", "fencekit-"+who+"-bin-")
+		if err != nil {
+			return "", cleanup, err
+		}
+		undo = append(undo, func() { os.RemoveAll(dir) })
+		cmd := exec.Command("go", append([]string{"build", "-o", dir + string(filepath.Separator)}, helpers...)...)
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			cleanup()
+			return "", func() {}, fmt.Errorf("building the helper programs (go build %v): %w", helpers, err)
+		}
+		binDir = dir
+	}
+	if cfg.Log == nil {
+		cfg.Log = logf
+	}
+	svc, err := services.Provide(context.Background(), cfg)
+	if err != nil {
+		cleanup()
+		return "", func() {}, err
+	}
+	undo = append(undo, svc.Close)
+	for k, v := range map[string]string{
+		testenv.RedisURLVar: svc.RedisURL, testenv.PostgresURLVar: svc.PostgresURL,
+		testenv.S3EndpointVar: svc.S3.Endpoint, testenv.S3AccessKeyVar: svc.S3.AccessKey,
+		testenv.S3SecretKeyVar: svc.S3.SecretKey, testenv.S3BucketVar: svc.S3.Bucket,
+	} {
+		if v != "" {
+			os.Setenv(k, v)
+		}
+	}
+	for _, u := range svc.Used {
+		logf("%s", u)
+	}
+	return binDir, cleanup, nil
+}
+
+// HelperPath returns the path of the helper program name in binDir (from
+// Setup), failing t if it was not built.
+func HelperPath(t testing.TB, binDir, name string) string {
+	t.Helper()
+	p := filepath.Join(binDir, name)
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("helper program %s was not built: %v", name, err)
+	}
+	return p
+}
