@@ -39,6 +39,16 @@ var (
 	// key deleted) reports the loss without it.
 	ErrExpiredAtStore = errors.New("lease: the store let the grant expire")
 
+	// ErrSetup is matched by a store error that retrying cannot fix: the
+	// store answers, but it is not set up for leases (the lease tables or
+	// schema are missing, the credentials or permissions are refused, the
+	// database does not exist, the server only takes reads). A Backend
+	// makes such an error match it, with a message that names the fix
+	// ("run fencekit migrate up", the variable to set). Acquire, Run and
+	// Election.Run return it at once instead of retrying until their
+	// context ends; Manager.Check returns it before any lease is asked for.
+	ErrSetup = errors.New("lease: the store is not set up for leases")
+
 	// ErrInvalidOptions is matched by the error NewManager returns when the
 	// options are unusable. The error lists every problem found.
 	ErrInvalidOptions = errors.New("lease: invalid options")

@@ -471,3 +471,65 @@ func TestAbandonAfterAShortContextIsBoundedByIt(t *testing.T) {
 		})
 	}
 }
+
+// misconfigured is a store that answers every acquire with an error that
+// retrying cannot fix.
+type misconfigured struct {
+	*lease.MemoryBackend
+	calls atomic.Int32
+}
+
+var errNoTables = fmt.Errorf("%w: the lease tables are missing: run fencekit migrate up", lease.ErrSetup)
+
+func (b *misconfigured) Acquire(context.Context, lease.Request) (lease.Grant, error) {
+	b.calls.Add(1)
+	return lease.Grant{}, errNoTables
+}
+
+func (b *misconfigured) Check(context.Context) error { return errNoTables }
+
+// An error that retrying cannot fix (ErrSetup) ends a blocking Acquire,
+// Run and Election.Run at once, with the error that names the fix, instead
+// of a retry until the context ends; Manager.Check reports it before any
+// lease is asked for. In virtual time: "at once" is exactly no time.
+func TestSetupErrorEndsAcquireAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &misconfigured{MemoryBackend: lease.NewMemoryBackend()}
+		m, err := lease.NewManager(b, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Check(context.Background()); !errors.Is(err, lease.ErrSetup) {
+			t.Fatalf("Check = %v, want ErrSetup", err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+		defer cancel()
+		start := time.Now()
+		_, err = m.Acquire(ctx, "jobs")
+		if !errors.Is(err, lease.ErrSetup) || errors.Is(err, lease.ErrNotAcquired) || !strings.Contains(err.Error(), "fencekit migrate up") {
+			t.Fatalf("Acquire = %v; want the setup error naming the fix, not ErrNotAcquired", err)
+		}
+		if waited := time.Since(start); waited != 0 || b.calls.Load() != 1 {
+			t.Fatalf("Acquire returned after %v and %d attempts; want at once, after one", waited, b.calls.Load())
+		}
+		err = m.Run(ctx, "jobs", func(context.Context, *lease.Lease) error { return nil })
+		if !errors.Is(err, lease.ErrSetup) {
+			t.Fatalf("Run = %v, want ErrSetup", err)
+		}
+		e, err := lease.NewElection(m, "leader")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Run(ctx, func(context.Context, *lease.Lease) error { return nil }); !errors.Is(err, lease.ErrSetup) {
+			t.Fatalf("Election.Run = %v, want ErrSetup", err)
+		}
+		if time.Since(start) != 0 {
+			t.Fatalf("took %v of virtual time", time.Since(start))
+		}
+		// A backend that cannot check says so.
+		plain, _ := lease.NewManager(struct{ lease.Backend }{lease.NewMemoryBackend()}, time.Second)
+		if err := plain.Check(ctx); !errors.Is(err, errors.ErrUnsupported) {
+			t.Fatalf("Check without a Checker = %v, want ErrUnsupported", err)
+		}
+	})
+}

@@ -66,6 +66,35 @@ func NewManager(b Backend, ttl time.Duration, opts ...Option) (*Manager, error) 
 	return m, nil
 }
 
+// Checker is implemented by backends that can check, before any lease is
+// asked for, that the store is reachable and set up for leases (tables,
+// permissions, scripts). Manager.Check uses it.
+type Checker interface {
+	// Check returns nil when the store can grant leases, an error matching
+	// ErrSetup when it answers but is not set up for them (naming the
+	// fix), and the store's error when it cannot be reached. ctx bounds
+	// the check. It grants, changes and leaves nothing.
+	Check(ctx context.Context) error
+}
+
+// Check asks the store whether it can grant leases, without asking for
+// one: a service can call it at start-up, before it takes traffic. It
+// returns nil when the store can, an error matching ErrSetup, naming the
+// fix, when the store answers but is not set up for leases, the store's
+// error when it cannot be reached, and an error matching
+// errors.ErrUnsupported when the backend does not implement Checker.
+// ctx bounds the check.
+func (m *Manager) Check(ctx context.Context) error {
+	c, ok := m.b.(Checker)
+	if !ok {
+		return fmt.Errorf("lease: the backend cannot check the store: %w", errors.ErrUnsupported)
+	}
+	if err := c.Check(ctx); err != nil {
+		return fmt.Errorf("lease: check: %w", err)
+	}
+	return nil
+}
+
 // Options returns the Manager's options, with defaults filled in.
 func (m *Manager) Options() Options { return m.o }
 
@@ -118,6 +147,10 @@ func (m *Manager) TryAcquire(ctx context.Context, name string) (*Lease, error) {
 // Options.ReleaseTimeout). PollInterval bounds the time between attempts,
 // a Watch that the store does not confirm included.
 //
+// A store error that retrying cannot fix (one matching ErrSetup: missing
+// tables, refused credentials) ends Acquire at once with that error, which
+// names the fix.
+//
 // When ctx ends first, the error joins ErrNotAcquired, the last store error
 // seen (if any: a store that cannot be reached is named even when the last
 // attempt only saw the context end) and ctx.Err(), so errors.Is matches all
@@ -151,6 +184,10 @@ func (m *Manager) Acquire(ctx context.Context, name string) (*Lease, error) {
 				err = m.abandonAfter(ctx, req, time.Since(began), err)
 			}
 			return nil, m.giveUp(ctx, name, err, storeErr)
+		}
+		if errors.Is(err, ErrSetup) {
+			// Retrying cannot fix it: say so now, not at ctx's end.
+			return nil, fmt.Errorf("lease: acquire %q: %w", name, err)
 		}
 		switch {
 		case errors.Is(err, errAttemptAbandoned):

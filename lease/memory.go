@@ -41,6 +41,7 @@ var (
 	_ Watcher      = (*MemoryBackend)(nil)
 	_ BatchRenewer = (*MemoryBackend)(nil)
 	_ Inspector    = (*MemoryBackend)(nil)
+	_ Checker      = (*MemoryBackend)(nil)
 )
 
 // NewMemoryBackend returns an empty in-memory backend.
@@ -241,6 +242,9 @@ func (b *MemoryBackend) Forget() {
 	clear(b.ended)
 	b.floor = max(b.floor, fence.Token(time.Now().UnixNano()))
 }
+
+// Check implements Checker: the memory store is always set up.
+func (b *MemoryBackend) Check(ctx context.Context) error { return ctx.Err() }
 
 // Holder implements Inspector.
 func (b *MemoryBackend) Holder(ctx context.Context, name string) (Holder, error) {
