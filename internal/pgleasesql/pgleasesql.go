@@ -16,6 +16,8 @@ const (
 type Statements struct {
 	Acquire, Renew, RenewBatch, Release, Abandon, Holder                                  string
 	SessionAcquire, SessionRenew, SessionRelease, SessionAbandon, SessionHolder, Sessions string
+	// Check, and the tables' quoted names that it takes.
+	Check, Leases string
 }
 
 // clock reads the server's clock once, as now (timestamptz) and us
@@ -271,5 +273,11 @@ FROM ` + sessions + ` t
 WHERE t.name = $1 AND t.owner <> '' AND (t.expires_at > clock_timestamp() OR ` + lockHeld("t.backend_pid", "$2", "$3") + `)`,
 
 		Sessions: sessions,
+
+		// $1 the table's quoted name (Leases or Sessions): fails with
+		// 42P01 when the table is missing, else says whether the user may
+		// read and write it. Reads nothing, changes nothing.
+		Check:  `SELECT has_table_privilege($1, 'SELECT, INSERT, UPDATE, DELETE')`,
+		Leases: leases,
 	}
 }

@@ -36,6 +36,7 @@ var (
 	_ lease.Watcher      = (*Backend)(nil)
 	_ lease.Inspector    = (*Backend)(nil)
 	_ lease.BatchRenewer = (*Backend)(nil)
+	_ lease.Checker      = (*Backend)(nil)
 )
 
 // Names of the tables the backend uses, created by package migrations
@@ -103,7 +104,9 @@ var (
 	// when the lease tables do not exist in the schema the backend looks
 	// in: run migrations.Up (fencekit migrate up) there, or fix
 	// Options.Schema.
-	ErrNotMigrated = errors.New("pglease: lease tables not found (run fencekit migrations)")
+	// It also matches lease.ErrSetup, so a blocking Acquire returns it at
+	// once.
+	ErrNotMigrated = errors.New("pglease: lease tables not found (run fencekit migrate up)")
 	// ErrPooler is matched by session mode's Acquire error when the
 	// connection does not reach the server directly: the server process
 	// that ran the statement (pg_backend_pid()) is not the one the
@@ -383,14 +386,79 @@ const (
 	codeInvalidSchemaName = "3F000"
 )
 
-// storeErr wraps an error of operation op on name, mapping a missing table
-// or schema to ErrNotMigrated.
+// setupFixes names, for each SQLSTATE that retrying cannot fix, what is
+// wrong and what to do. ErrNotMigrated's codes are handled apart.
+var setupFixes = map[string]string{
+	"3D000": "the database does not exist: check the database name in the connection string (FENCE_POSTGRES_URL for the tests and demos)",
+	"28P01": "the server refused the password: check the user and password in the connection string",
+	"28000": "the server refused the connection for this user (pg_hba.conf or a missing role): check the user in the connection string",
+	"42501": "the user may not use the lease tables: grant it SELECT, INSERT, UPDATE and DELETE on them, or connect as their owner",
+	"25006": "the server takes only reads (a standby): connect to the primary",
+}
+
+// setupError is a store error that retrying cannot fix: it matches
+// lease.ErrSetup (and ErrNotMigrated for missing tables), says the fix in
+// one line, and unwraps to the server's error.
+type setupError struct {
+	op, name, fix string
+	migrate       bool // the tables are missing
+	err           error
+}
+
+func (e *setupError) Error() string {
+	var pgErr *pgconn.PgError
+	code := ""
+	if errors.As(e.err, &pgErr) {
+		code = " [SQLSTATE " + pgErr.Code + ": " + pgErr.Message + "]"
+	}
+	return fmt.Sprintf("pglease: %s %q: %s%s", e.op, e.name, e.fix, code)
+}
+
+func (e *setupError) Is(target error) bool {
+	return target == lease.ErrSetup || (e.migrate && target == ErrNotMigrated)
+}
+
+func (e *setupError) Unwrap() error { return e.err }
+
+// storeErr wraps an error of operation op on name: one that retrying
+// cannot fix (a missing table or schema, refused credentials or
+// privileges, a missing database, a read-only server) as a setupError
+// naming the fix; any other as the store's error.
 func storeErr(op, name string, err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == codeUndefinedTable || pgErr.Code == codeInvalidSchemaName) {
-		return fmt.Errorf("pglease: %s %q: %w: %w", op, name, ErrNotMigrated, err)
+	if !errors.As(err, &pgErr) {
+		return fmt.Errorf("pglease: %s %q: %w", op, name, err)
+	}
+	switch pgErr.Code {
+	case codeUndefinedTable, codeInvalidSchemaName:
+		return &setupError{op: op, name: name, migrate: true, err: err,
+			fix: "the lease tables are not in this database's schema: run `fencekit migrate up` (or migrations.Up) against it, or set Options.Schema to the schema that has them"}
+	}
+	if fix, ok := setupFixes[pgErr.Code]; ok {
+		return &setupError{op: op, name: name, fix: fix, err: err}
 	}
 	return fmt.Errorf("pglease: %s %q: %w", op, name, err)
+}
+
+// Check implements lease.Checker in one round trip that reads and changes
+// nothing: it fails with an error matching lease.ErrSetup (and
+// ErrNotMigrated) when the mode's lease table is missing, with one
+// matching lease.ErrSetup when the user may not read and write it or the
+// server refuses the connection for good (see storeErr), and with the
+// store's error when the server cannot be reached. ctx bounds it.
+func (b *Backend) Check(ctx context.Context) error {
+	table := b.q.Leases
+	if b.o.Mode == ModeSession {
+		table = b.q.Sessions
+	}
+	var ok bool
+	if err := b.db.QueryRow(ctx, b.q.Check, table).Scan(&ok); err != nil {
+		return storeErr("check", table, err)
+	}
+	if !ok {
+		return &setupError{op: "check", name: table, fix: setupFixes["42501"]}
+	}
+	return nil
 }
 
 // micros returns ttl in whole microseconds, or an error if it is not a
