@@ -149,6 +149,7 @@ var (
 	_ lease.Watcher      = (*Backend)(nil)
 	_ lease.BatchRenewer = (*Backend)(nil)
 	_ lease.Inspector    = (*Backend)(nil)
+	_ lease.Checker      = (*Backend)(nil)
 )
 
 var (
@@ -301,7 +302,9 @@ func ttlSeconds(ttl time.Duration) (int64, error) {
 // Acquire implements lease.Backend. The first attempt of an Acquire call
 // costs two round trips (LeaseGrant, then the create-if-absent
 // transaction); later attempts of the same call, one (the transaction and a
-// keep-alive of the lease granted before, sent together).
+// keep-alive of the lease granted before, sent together). Refused
+// credentials and permissions match lease.ErrSetup, with the fix (see
+// Check); they end a blocking Acquire at once.
 func (b *Backend) Acquire(ctx context.Context, req lease.Request) (lease.Grant, error) {
 	if err := lease.ValidateName(req.Name); err != nil {
 		return lease.Grant{}, err
@@ -322,7 +325,7 @@ func (b *Backend) Acquire(ctx context.Context, req lease.Request) (lease.Grant, 
 	for round := 0; ; round++ {
 		g, retry, err := b.acquireOnce(ctx, req, key, secs)
 		if !retry || round == 3 {
-			return g, err
+			return g, b.setup(err)
 		}
 	}
 }
@@ -488,6 +491,8 @@ func (b *Backend) Renew(ctx context.Context, g lease.Grant) error {
 // outcome is reported (done) as soon as its keep-alive and its chunk's
 // check have both answered.
 func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant, done func(i int, err error)) {
+	report := done
+	done = func(i int, err error) { report(i, b.setup(err)) }
 	sts := make([]*grantState, len(gs))
 	var live []int
 	for i, g := range gs {
@@ -650,7 +655,7 @@ func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("etcdlease: release %q: %w", g.Name, err)
+		return fmt.Errorf("etcdlease: release %q: %w", g.Name, b.setup(err))
 	}
 	if resp.Succeeded {
 		return nil
@@ -696,7 +701,7 @@ func (b *Backend) Abandon(ctx context.Context, req lease.Request) error {
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("etcdlease: abandon %q: %w", req.Name, err)
+		return fmt.Errorf("etcdlease: abandon %q: %w", req.Name, b.setup(err))
 	}
 	if resp.Succeeded {
 		if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 && kvs[0].Lease != 0 {
@@ -1003,7 +1008,7 @@ func (b *Backend) Holder(ctx context.Context, name string) (lease.Holder, error)
 	}
 	resp, err := b.c.Txn(ctx).Then(clientv3.OpGet(b.Key(name)), clientv3.OpGet(b.epochKey)).Commit()
 	if err != nil {
-		return lease.Holder{}, fmt.Errorf("etcdlease: holder of %q: %w", name, err)
+		return lease.Holder{}, fmt.Errorf("etcdlease: holder of %q: %w", name, b.setup(err))
 	}
 	kvs := resp.Responses[0].GetResponseRange().GetKvs()
 	if len(kvs) == 0 {

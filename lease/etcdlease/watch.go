@@ -89,7 +89,7 @@ func (b *Backend) runNameWatch(ctx context.Context, name string, nw *nameWatch) 
 	case !ok:
 		nw.err = fmt.Errorf("etcdlease: watch %q: the watch ended before it was created: %w", name, errors.Join(ctx.Err(), ErrClosed))
 	case resp.Err() != nil:
-		nw.err = fmt.Errorf("etcdlease: watch %q: %w", name, resp.Err())
+		nw.err = fmt.Errorf("etcdlease: watch %q: %w", name, b.setup(resp.Err()))
 	case !resp.Created:
 		nw.err = fmt.Errorf("etcdlease: watch %q: the first response did not confirm the watch", name)
 	}

@@ -118,6 +118,17 @@
 // Use a client with ContextTimeoutEnabled set, so that a request's context
 // bounds the socket wait; a lease is declared lost at its local deadline
 // either way.
+//
+// # Setup errors and Check
+//
+// An error that retrying cannot fix matches lease.ErrSetup and names the
+// fix, so that a blocking Acquire returns it at once: refused credentials
+// (NOAUTH, WRONGPASS), an ACL that refuses a command, key or channel
+// fencekit needs (NOPERM, also from inside a script), a server without
+// scripting, a database number the server does not have. READONLY (a
+// replica during a failover), LOADING and connection errors are retried.
+// Backend.Check (lease.Checker, Manager.Check) finds them at start-up
+// without taking a lease.
 package redislease
 
 import (
@@ -153,6 +164,7 @@ var (
 
 	_ lease.BatchRenewer = (*Backend)(nil)
 	_ lease.Inspector    = (*Backend)(nil)
+	_ lease.Checker      = (*Backend)(nil)
 )
 
 var (
@@ -365,7 +377,8 @@ func endedMillis(ttl time.Duration) int64 {
 
 // Acquire implements lease.Backend in one script call. It refuses, with an
 // error matching lease.ErrNotAcquired, an owner whose tombstone is still
-// there (released or abandoned within lease.EndedOwnerTTL).
+// there (released or abandoned within lease.EndedOwnerTTL). An error that
+// retrying cannot fix (see Check) matches lease.ErrSetup.
 func (b *Backend) Acquire(ctx context.Context, req lease.Request) (lease.Grant, error) {
 	ms, err := ttlMillis(req.TTL)
 	if err != nil {
@@ -374,7 +387,7 @@ func (b *Backend) Acquire(ctx context.Context, req lease.Request) (lease.Grant, 
 	lk, tk, ek := b.keys(req.Name, "lease", "token", endedSuffix+req.Owner)
 	v, err := acquireScript.Run(ctx, b.c, []string{lk, tk, ek}, req.Owner, ms).Int64()
 	if err != nil {
-		return lease.Grant{}, fmt.Errorf("redislease: acquire %q: %w", req.Name, err)
+		return lease.Grant{}, fmt.Errorf("redislease: acquire %q: %w", req.Name, b.setup(err))
 	}
 	if v < 0 {
 		// -pttl - 1: held by another owner, for pttl more milliseconds.
@@ -397,7 +410,7 @@ func (b *Backend) Renew(ctx context.Context, g lease.Grant) error {
 	}
 	n, err := renewScript.Run(ctx, b.c, []string{b.leaseKey(g.Name)}, grantValue(g), ms).Int64()
 	if err != nil {
-		return fmt.Errorf("redislease: renew %q: %w", g.Name, err)
+		return fmt.Errorf("redislease: renew %q: %w", g.Name, b.setup(err))
 	}
 	if n != 1 {
 		return lease.ErrNotHeld
@@ -518,7 +531,7 @@ func (b *Backend) renewGroup(ctx context.Context, gs []lease.Grant, idx []int, d
 		i := send[k]
 		switch n, err := cmd.Int64(); {
 		case err != nil:
-			done(i, fmt.Errorf("redislease: renew %q: %w", gs[i].Name, err))
+			done(i, fmt.Errorf("redislease: renew %q: %w", gs[i].Name, b.setup(err)))
 		case n != 1:
 			done(i, lease.ErrNotHeld)
 		default:
@@ -551,7 +564,7 @@ func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
 	lk, ek, ch := b.keys(g.Name, "lease", endedSuffix+g.Owner, "released")
 	n, err := releaseScript.Run(ctx, b.c, []string{lk, ek}, grantValue(g), ch, b.notice, endedMillis(g.TTL)).Int64()
 	if err != nil {
-		return fmt.Errorf("redislease: release %q: %w", g.Name, err)
+		return fmt.Errorf("redislease: release %q: %w", g.Name, b.setup(err))
 	}
 	if n == 0 {
 		return lease.ErrNotHeld
@@ -567,7 +580,7 @@ func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
 func (b *Backend) Abandon(ctx context.Context, req lease.Request) error {
 	lk, ek, ch := b.keys(req.Name, "lease", endedSuffix+req.Owner, "released")
 	if err := abandonScript.Run(ctx, b.c, []string{lk, ek}, req.Owner, ch, b.notice, endedMillis(req.TTL)).Err(); err != nil {
-		return fmt.Errorf("redislease: abandon %q for owner %q: %w", req.Name, req.Owner, err)
+		return fmt.Errorf("redislease: abandon %q for owner %q: %w", req.Name, req.Owner, b.setup(err))
 	}
 	return nil
 }
@@ -579,7 +592,7 @@ func (b *Backend) Holder(ctx context.Context, name string) (lease.Holder, error)
 	case errors.Is(err, redis.Nil):
 		return lease.Holder{}, lease.ErrNotHeld
 	case err != nil:
-		return lease.Holder{}, fmt.Errorf("redislease: holder of %q: %w", name, err)
+		return lease.Holder{}, fmt.Errorf("redislease: holder of %q: %w", name, b.setup(err))
 	case len(res) != 2:
 		return lease.Holder{}, fmt.Errorf("redislease: holder of %q: unexpected reply %v", name, res)
 	}
@@ -596,7 +609,8 @@ func (b *Backend) Holder(ctx context.Context, name string) (lease.Holder, error)
 // Watch implements lease.Watcher over one shared pub/sub connection. It
 // returns once Redis has confirmed the subscription, bounded by ctx.
 func (b *Backend) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
-	return b.hub.watch(ctx, b.KeysFor(name).Channel)
+	ch, stop, err := b.hub.watch(ctx, b.KeysFor(name).Channel)
+	return ch, stop, b.setup(err)
 }
 
 // Close ends the backend's pub/sub connection and its goroutines. It does

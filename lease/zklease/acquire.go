@@ -56,7 +56,8 @@ func notAcquired(name string) error { return &lease.NotAcquiredError{Name: name}
 // holds or is ahead in the queue; lease.ErrInvalidName, or an error naming
 // the TTL's bounds, before any I/O; ErrSessionTimeout; ErrSessionReplaced
 // when the session changed during the attempt; ErrClosed; go-zookeeper's
-// errors, wrapped; ctx's error, wrapped.
+// errors, wrapped, those retrying cannot fix (an ACL that refuses the
+// backend, see Check) matching lease.ErrSetup; ctx's error, wrapped.
 func (b *Backend) Acquire(ctx context.Context, req lease.Request) (lease.Grant, error) {
 	if err := lease.ValidateName(req.Name); err != nil {
 		return lease.Grant{}, err
@@ -479,7 +480,7 @@ func (b *Backend) async(ctx context.Context, op, name string, fn func() error) e
 	}()
 	select {
 	case err := <-done:
-		return err
+		return b.setup(err)
 	case <-ctx.Done():
 		return ctxErr(op, name, ctx)
 	}

@@ -236,13 +236,13 @@ func run[T any](b *Backend, ctx context.Context, name string, fn func(*nameState
 	}()
 	select {
 	case r := <-ch:
-		return r.v, r.err
+		return r.v, b.setup(r.err)
 	case <-ctx.Done():
 		mu.Lock()
 		defer mu.Unlock()
 		select {
 		case r := <-ch: // answered just before the context ended
-			return r.v, r.err
+			return r.v, b.setup(r.err)
 		default:
 			gone = true
 			return zero, ctx.Err()

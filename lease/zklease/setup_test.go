@@ -1,0 +1,128 @@
+package zklease_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/fencekit/fencekit/internal/zktest"
+	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/zklease"
+)
+
+// setupBound is how soon a blocking Acquire must give up on a store error
+// that retrying cannot fix: "at once", generous for a loaded machine. Its
+// context is six times longer.
+const setupBound = 5 * time.Second
+
+// An ACL that refuses the backend (a digest ACL on its root, set by a
+// session of the test's own that authenticated with the digest; the
+// backend sends no credentials): a blocking Acquire ends at once with an
+// error that names the fix, whether the root exists or must be created
+// under the protected node, and Check reports the same; a root the
+// backend may create passes Check, which leaves nothing behind.
+func TestSetupACLRefusesTheBackend(t *testing.T) {
+	ens := zktest.Start(t, 1, zktest.Config{})
+	servers := ens.Servers()
+	admin := adminConn(t, servers)
+	if err := admin.AddAuth("digest", []byte("admin:secret")); err != nil {
+		t.Fatal(err)
+	}
+	protected := testRoot(t)
+	for _, p := range []string{"/fencekit-test", protected} {
+		acl := zk.WorldACL(zk.PermAll)
+		if p == protected {
+			acl = zk.DigestACL(zk.PermAll, "admin", "secret")
+		}
+		if _, err := admin.Create(p, nil, zk.FlagPersistent, acl); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			t.Fatalf("create %s: %v", p, err)
+		}
+	}
+
+	for _, tc := range []struct{ name, root string }{
+		{"root protected", protected},
+		{"root to create under a protected node", protected + "/leases"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBackend(t, servers, zklease.WithRoot(tc.root))
+			m := newManager(t, b, 2*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			start := time.Now()
+			l, err := m.Acquire(ctx, "jobs")
+			took := time.Since(start)
+			if err == nil {
+				_ = l.Release(context.Background())
+				t.Fatal("Acquire granted the lease; want a setup error")
+			}
+			t.Logf("Acquire returned after %v: %v", took.Round(time.Millisecond), err)
+			if took > setupBound {
+				t.Fatalf("Acquire returned after %v (want within %v): %v", took, setupBound, err)
+			}
+			fix := "refuses this client on the root " + tc.root
+			if !errors.Is(err, lease.ErrSetup) || errors.Is(err, lease.ErrNotAcquired) || !errors.Is(err, zk.ErrNoAuth) {
+				t.Fatalf("Acquire = %v; want an error matching lease.ErrSetup and zk.ErrNoAuth, not ErrNotAcquired", err)
+			}
+			if strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), fix) {
+				t.Fatalf("Acquire = %q; want one line naming the fix %q", err, fix)
+			}
+			err = m.Check(ctxT(t))
+			if !errors.Is(err, lease.ErrSetup) || !errors.Is(err, zk.ErrNoAuth) || !strings.Contains(err.Error(), fix) || strings.Contains(err.Error(), "\n") {
+				t.Fatalf("Check = %v; want one line matching lease.ErrSetup naming %q", err, fix)
+			}
+		})
+	}
+
+	t.Run("root the backend may create", func(t *testing.T) {
+		root := testRoot(t) + "/deeper/leases"
+		b := newBackend(t, servers, zklease.WithRoot(root))
+		m := newManager(t, b, 2*time.Second)
+		if err := m.Check(ctxT(t)); err != nil {
+			t.Fatalf("Check = %v, want nil", err)
+		}
+		// Nothing was left: not the root, nor its missing ancestors.
+		top := root[:strings.Index(root[len("/fencekit-test/"):], "/")+len("/fencekit-test/")]
+		if ok, _, err := admin.Exists(top); err != nil || ok {
+			t.Fatalf("after Check, %s exists = %v, %v; want it not created", top, ok, err)
+		}
+		l, err := m.Acquire(ctxT(t), "jobs")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctxT(t)); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Check(ctxT(t)); err != nil {
+			t.Fatalf("Check with the root there = %v, want nil", err)
+		}
+		kids, _, err := admin.Children(root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range kids {
+			if strings.Contains(k, "check") {
+				t.Fatalf("Check left %s/%s behind", root, k)
+			}
+		}
+	})
+}
+
+// An ensemble that cannot be reached is not a setup error: Check returns
+// when its context ends, with the context's error.
+func TestCheckUnreachableIsNotSetup(t *testing.T) {
+	b, err := zklease.New([]string{"127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	m := newManager(t, b, 2*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := m.Check(ctx); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, lease.ErrSetup) {
+		t.Fatalf("Check = %v; want the context's error, not ErrSetup", err)
+	}
+}
