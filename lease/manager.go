@@ -89,10 +89,7 @@ func (m *Manager) Check(ctx context.Context) error {
 	if !ok {
 		return fmt.Errorf("lease: the backend cannot check the store: %w", errors.ErrUnsupported)
 	}
-	if err := c.Check(ctx); err != nil {
-		return fmt.Errorf("lease: check: %w", err)
-	}
-	return nil
+	return c.Check(ctx) // its error names the store, what failed and the fix
 }
 
 // Options returns the Manager's options, with defaults filled in.
@@ -186,8 +183,9 @@ func (m *Manager) Acquire(ctx context.Context, name string) (*Lease, error) {
 			return nil, m.giveUp(ctx, name, err, storeErr)
 		}
 		if errors.Is(err, ErrSetup) {
-			// Retrying cannot fix it: say so now, not at ctx's end.
-			return nil, fmt.Errorf("lease: acquire %q: %w", name, err)
+			// Retrying cannot fix it: say so now, not at ctx's end. (The
+			// backend's error names the operation, the lease and the fix.)
+			return nil, err
 		}
 		switch {
 		case errors.Is(err, errAttemptAbandoned):
