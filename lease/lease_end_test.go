@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -532,4 +533,77 @@ func TestSetupErrorEndsAcquireAtOnce(t *testing.T) {
 			t.Fatalf("Check without a Checker = %v, want ErrUnsupported", err)
 		}
 	})
+}
+
+// flaky is a store whose first acquire fails with a transient error.
+type flaky struct {
+	*lease.MemoryBackend
+	calls atomic.Int32
+}
+
+var errFlaky = errors.New("connection reset by peer")
+
+func (b *flaky) Acquire(ctx context.Context, r lease.Request) (lease.Grant, error) {
+	if b.calls.Add(1) == 1 {
+		return lease.Grant{}, errFlaky
+	}
+	return b.MemoryBackend.Acquire(ctx, r)
+}
+
+// capture is a slog handler that keeps warning messages.
+type capture struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (c *capture) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (c *capture) Handle(_ context.Context, r slog.Record) error {
+	c.mu.Lock()
+	c.msgs = append(c.msgs, r.Message)
+	c.mu.Unlock()
+	return nil
+}
+func (c *capture) WithAttrs([]slog.Attr) slog.Handler { return c }
+func (c *capture) WithGroup(string) slog.Handler      { return c }
+
+// With no Logger set, a failed acquire attempt that will be retried is a
+// warning in the program's own logger (slog.Default), as the README says
+// and as every fencekit package does; and the error of an Acquire that
+// gives up is one line that still matches each cause.
+func TestDefaultLoggerAndOneLineErrors(t *testing.T) {
+	c := &capture{}
+	prev := slog.Default()
+	slog.SetDefault(slog.New(c))
+	t.Cleanup(func() { slog.SetDefault(prev) })
+
+	b := &flaky{MemoryBackend: lease.NewMemoryBackend()}
+	m, err := lease.NewManager(b, time.Second, lease.WithPollInterval(time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := m.Acquire(context.Background(), "logged")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	got := append([]string(nil), c.msgs...)
+	c.mu.Unlock()
+	if len(got) == 0 || !strings.Contains(got[0], "acquire attempt failed") {
+		t.Fatalf("warnings in slog.Default: %q; want the failed attempt", got)
+	}
+
+	// Held by l: a second Acquire gives up when its context ends.
+	b.calls.Store(0) // its first attempt fails with the store's error
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err = m.Acquire(ctx, "logged")
+	for _, want := range []error{lease.ErrNotAcquired, errFlaky, context.DeadlineExceeded} {
+		if !errors.Is(err, want) {
+			t.Errorf("Acquire's error %v does not match %v", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "\n") {
+		t.Errorf("Acquire's error is not one line: %q", err)
+	}
+	_ = l.Release(context.Background())
 }

@@ -301,16 +301,15 @@ func (m *Manager) abandonAfter(ctx context.Context, req Request, spent time.Dura
 // attempt's error, the last store error if that was another one, and
 // ctx.Err().
 func (m *Manager) giveUp(ctx context.Context, name string, last, storeErr error) error {
-	errs := []error{}
-	if errors.Is(last, ErrNotAcquired) {
-		errs = append(errs, last)
-	} else {
-		errs = append(errs, fmt.Errorf("%w: %q: last attempt: %w", ErrNotAcquired, name, last))
+	// One line, every cause matchable with errors.Is.
+	format, args := "%w", []any{last}
+	if !errors.Is(last, ErrNotAcquired) {
+		format, args = "%w: %q: last attempt: %w", []any{ErrNotAcquired, name, last}
 	}
 	if storeErr != nil && storeErr != last {
-		errs = append(errs, fmt.Errorf("lease: last store error: %w", storeErr))
+		format, args = format+"; last store error: %w", append(args, storeErr)
 	}
-	return errors.Join(append(errs, ctx.Err())...)
+	return fmt.Errorf(format+"; %w", append(args, ctx.Err())...)
 }
 
 // pollWait is how long a blocked Acquire sleeps without a signal. When the

@@ -75,8 +75,11 @@ type Options struct {
 	// Observer receives events for metrics. Default: none.
 	Observer Observer
 
-	// Logger receives debug logs of renewals and warnings of losses.
-	// Default: discard.
+	// Logger receives warnings (a failed acquire attempt that will be
+	// retried, a lost lease, a grant that could not be given back) and
+	// debug logs of grants and renewals. Default: slog.Default(), the
+	// program's own logger, as for every fencekit package (slog.New(
+	// slog.DiscardHandler) silences it).
 	Logger *slog.Logger
 }
 
@@ -167,7 +170,7 @@ func (o Options) withDefaults() Options {
 		o.Observer = NopObserver{}
 	}
 	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
+		o.Logger = slog.Default()
 	}
 	return o
 }

@@ -53,7 +53,8 @@ type Options struct {
 	Dialer zk.Dialer
 
 	// Logger receives go-zookeeper's log lines (at debug level) and the
-	// backend's warnings. Default: discard.
+	// backend's warnings. Default: slog.Default(), as for every fencekit
+	// package.
 	Logger *slog.Logger
 }
 
@@ -109,7 +110,7 @@ func (o Options) withDefaults() Options {
 		o.Dialer = net.DialTimeout
 	}
 	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
+		o.Logger = slog.Default()
 	}
 	return o
 }
