@@ -132,8 +132,9 @@ func (m *Manager) TryAcquire(ctx context.Context, name string) (*Lease, error) {
 // and otherwise polls with jitter (Options.PollInterval). Transient store
 // errors are retried the same way, and logged as warnings. Attempts of one
 // call use the same owner until one is abandoned (below), so a retry of an
-// attempt whose reply was lost gets that grant back. Each attempt is bounded by the lease's validity
-// (TTL - safety margin) as well as by ctx: a grant whose reply came later
+// attempt whose reply was lost gets that grant back. Each attempt is
+// bounded by the lease's validity (TTL - safety margin) as well as by ctx:
+// a grant whose reply came later
 // would be given back, so a request the store holds longer (etcd answers
 // a proposal lost with its leader after its 5 s request timeout) is
 // abandoned: the store is told to end that owner (Backend.Abandon, so
@@ -148,10 +149,10 @@ func (m *Manager) TryAcquire(ctx context.Context, name string) (*Lease, error) {
 // tables, refused credentials) ends Acquire at once with that error, which
 // names the fix.
 //
-// When ctx ends first, the error joins ErrNotAcquired, the last store error
+// When ctx ends first, the error wraps ErrNotAcquired, the last store error
 // seen (if any: a store that cannot be reached is named even when the last
-// attempt only saw the context end) and ctx.Err(), so errors.Is matches all
-// of them. ctx bounds the wait, not the lease. Names are checked first
+// attempt only saw the context end) and ctx.Err(), in one line, so
+// errors.Is matches all of them. ctx bounds the wait, not the lease. Names are checked first
 // (ErrInvalidName, no I/O).
 func (m *Manager) Acquire(ctx context.Context, name string) (*Lease, error) {
 	if err := ValidateName(name); err != nil {
