@@ -80,6 +80,34 @@ func (e *NotAcquiredError) Error() string {
 // Is makes errors.Is(err, ErrNotAcquired) match.
 func (e *NotAcquiredError) Is(target error) bool { return target == ErrNotAcquired }
 
+// SetupError is the rich form of ErrSetup that backends return: a store
+// error that retrying cannot fix, and what to do about it.
+// errors.Is(err, ErrSetup) is true for it, and errors.Is/As see the
+// store's error through Unwrap. Its text is one line: the store's error
+// followed by the fix in parentheses (the fix alone when Err is nil, for a
+// refusal a Check found by itself).
+type SetupError struct {
+	// Err is the store's error (nil when a check found the problem without
+	// one).
+	Err error
+	// Fix says what to change: the command to run, the variable to set,
+	// the grant to make.
+	Fix string
+}
+
+func (e *SetupError) Error() string {
+	if e.Err == nil {
+		return e.Fix
+	}
+	return e.Err.Error() + " (" + e.Fix + ")"
+}
+
+// Is makes errors.Is(err, ErrSetup) match.
+func (e *SetupError) Is(target error) bool { return target == ErrSetup }
+
+// Unwrap returns the store's error.
+func (e *SetupError) Unwrap() error { return e.Err }
+
 // LostReason says why a lease was lost.
 type LostReason string
 

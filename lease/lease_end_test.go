@@ -480,7 +480,7 @@ type misconfigured struct {
 	calls atomic.Int32
 }
 
-var errNoTables = fmt.Errorf("%w: the lease tables are missing: run fencekit migrate up", lease.ErrSetup)
+var errNoTables = &lease.SetupError{Err: errors.New("relation \"leases\" does not exist"), Fix: "run fencekit migrate up"}
 
 func (b *misconfigured) Acquire(context.Context, lease.Request) (lease.Grant, error) {
 	b.calls.Add(1)
@@ -509,6 +509,10 @@ func TestSetupErrorEndsAcquireAtOnce(t *testing.T) {
 		_, err = m.Acquire(ctx, "jobs")
 		if !errors.Is(err, lease.ErrSetup) || errors.Is(err, lease.ErrNotAcquired) || !strings.Contains(err.Error(), "fencekit migrate up") {
 			t.Fatalf("Acquire = %v; want the setup error naming the fix, not ErrNotAcquired", err)
+		}
+		var se *lease.SetupError
+		if !errors.As(err, &se) || se.Fix != errNoTables.Fix {
+			t.Fatalf("Acquire = %v; want the backend's *SetupError with its fix", err)
 		}
 		if waited := time.Since(start); waited != 0 || b.calls.Load() != 1 {
 			t.Fatalf("Acquire returned after %v and %d attempts; want at once, after one", waited, b.calls.Load())

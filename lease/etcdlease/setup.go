@@ -13,21 +13,6 @@ import (
 	"github.com/fencekit/fencekit/lease"
 )
 
-// setupError is a store error that retrying cannot fix: it matches
-// lease.ErrSetup, and errors.Is/As see the store's error through Unwrap.
-// Its text is the store's error followed by the fix, on one line.
-type setupError struct {
-	err error
-	fix string
-}
-
-func (e *setupError) Error() string { return e.err.Error() + " (" + e.fix + ")" }
-
-// Is makes errors.Is(err, lease.ErrSetup) match.
-func (e *setupError) Is(target error) bool { return target == lease.ErrSetup }
-
-func (e *setupError) Unwrap() error { return e.err }
-
 // setup returns err as an error matching lease.ErrSetup when it is one that
 // retrying cannot fix, naming the fix, and err otherwise:
 //
@@ -45,11 +30,11 @@ func (b *Backend) setup(err error) error {
 	ee, code := etcdError(err)
 	switch {
 	case ee == rpctypes.ErrAuthFailed:
-		return &setupError{err, "etcd refused the user name or password: set the right Username and Password in the client's clientv3.Config"}
+		return &lease.SetupError{Err: err, Fix: "etcd refused the user name or password: set the right Username and Password in the client's clientv3.Config"}
 	case ee == rpctypes.ErrUserEmpty, ee == rpctypes.ErrInvalidAuthToken, code == codes.Unauthenticated:
-		return &setupError{err, "etcd has authentication enabled and the client sent no credentials it accepts: set Username and Password in the client's clientv3.Config"}
+		return &lease.SetupError{Err: err, Fix: "etcd has authentication enabled and the client sent no credentials it accepts: set Username and Password in the client's clientv3.Config"}
 	case ee == rpctypes.ErrPermissionDenied, code == codes.PermissionDenied:
-		return &setupError{err, fmt.Sprintf("the etcd user's roles do not cover fencekit's keys: grant one of its roles readwrite on the prefix, etcdctl role grant-permission <role> --prefix=true readwrite %q", b.o.Prefix)}
+		return &lease.SetupError{Err: err, Fix: fmt.Sprintf("the etcd user's roles do not cover fencekit's keys: grant one of its roles readwrite on the prefix, etcdctl role grant-permission <role> --prefix=true readwrite %q", b.o.Prefix)}
 	}
 	return err
 }

@@ -396,34 +396,10 @@ var setupFixes = map[string]string{
 	"25006": "the server takes only reads (a standby): connect to the primary",
 }
 
-// setupError is a store error that retrying cannot fix: it matches
-// lease.ErrSetup (and ErrNotMigrated for missing tables), says the fix in
-// one line, and unwraps to the server's error.
-type setupError struct {
-	op, name, fix string
-	migrate       bool // the tables are missing
-	err           error
-}
-
-func (e *setupError) Error() string {
-	var pgErr *pgconn.PgError
-	code := ""
-	if errors.As(e.err, &pgErr) {
-		code = " [SQLSTATE " + pgErr.Code + ": " + pgErr.Message + "]"
-	}
-	return fmt.Sprintf("pglease: %s %q: %s%s", e.op, e.name, e.fix, code)
-}
-
-func (e *setupError) Is(target error) bool {
-	return target == lease.ErrSetup || (e.migrate && target == ErrNotMigrated)
-}
-
-func (e *setupError) Unwrap() error { return e.err }
-
 // storeErr wraps an error of operation op on name: one that retrying
 // cannot fix (a missing table or schema, refused credentials or
-// privileges, a missing database, a read-only server) as a setupError
-// naming the fix; any other as the store's error.
+// privileges, a missing database, a read-only server) as a
+// *lease.SetupError naming the fix; any other as the store's error.
 func storeErr(op, name string, err error) error {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
@@ -431,11 +407,11 @@ func storeErr(op, name string, err error) error {
 	}
 	switch pgErr.Code {
 	case codeUndefinedTable, codeInvalidSchemaName:
-		return &setupError{op: op, name: name, migrate: true, err: err,
-			fix: "the lease tables are not in this database's schema: run `fencekit migrate up` (or migrations.Up) against it, or set Options.Schema to the schema that has them"}
+		return &lease.SetupError{Err: fmt.Errorf("pglease: %s %q: %w: %w", op, name, ErrNotMigrated, err),
+			Fix: "the lease tables are not in this database's schema: run `fencekit migrate up` (or migrations.Up) against it, or set Options.Schema to the schema that has them"}
 	}
 	if fix, ok := setupFixes[pgErr.Code]; ok {
-		return &setupError{op: op, name: name, fix: fix, err: err}
+		return &lease.SetupError{Err: fmt.Errorf("pglease: %s %q: %w", op, name, err), Fix: fix}
 	}
 	return fmt.Errorf("pglease: %s %q: %w", op, name, err)
 }
@@ -456,7 +432,7 @@ func (b *Backend) Check(ctx context.Context) error {
 		return storeErr("check", table, err)
 	}
 	if !ok {
-		return &setupError{op: "check", name: table, fix: setupFixes["42501"]}
+		return &lease.SetupError{Fix: "pglease: check " + table + ": " + setupFixes["42501"]}
 	}
 	return nil
 }

@@ -18,27 +18,6 @@ var (
 	checkScript = redis.NewScript(checkSrc)
 )
 
-// setupError is a store error that retrying cannot fix: it matches
-// lease.ErrSetup, and errors.Is/As see the store's error through Unwrap.
-// Its text is the store's error followed by the fix, on one line; err is
-// nil for a refusal Check found itself (the text is then the fix alone).
-type setupError struct {
-	fix string
-	err error
-}
-
-func (e *setupError) Error() string {
-	if e.err == nil {
-		return e.fix
-	}
-	return e.err.Error() + " (" + e.fix + ")"
-}
-
-// Is makes errors.Is(err, lease.ErrSetup) match.
-func (e *setupError) Is(target error) bool { return target == lease.ErrSetup }
-
-func (e *setupError) Unwrap() error { return e.err }
-
 // setup returns err as an error matching lease.ErrSetup when it is one that
 // retrying cannot fix, naming the fix, and err otherwise:
 //
@@ -63,15 +42,15 @@ func (b *Backend) setup(err error) error {
 	msg := re.Error()
 	switch {
 	case redis.IsAuthError(err):
-		return &setupError{fix: "Redis refused the credentials: set the user and password in FENCE_REDIS_URL, redis://user:password@host:port, or Username and Password in the client's Options", err: err}
+		return &lease.SetupError{Fix: "Redis refused the credentials: set the user and password in FENCE_REDIS_URL, redis://user:password@host:port, or Username and Password in the client's Options", Err: err}
 	case strings.Contains(msg, "AUTH") && strings.Contains(msg, "without any password configured"):
-		return &setupError{fix: "the client sends a password but Redis has none configured: remove it from FENCE_REDIS_URL or the client's Options, or set requirepass", err: err}
+		return &lease.SetupError{Fix: "the client sends a password but Redis has none configured: remove it from FENCE_REDIS_URL or the client's Options, or set requirepass", Err: err}
 	case redis.IsPermissionError(err), strings.Contains(msg, "can't run this command or subcommand"):
-		return &setupError{fix: b.permissionsFix(""), err: err}
+		return &lease.SetupError{Fix: b.permissionsFix(""), Err: err}
 	case unknownScripting(msg):
-		return &setupError{fix: "the server does not run Lua scripts, EVAL and EVALSHA, which fencekit needs: use Redis, or a compatible server with scripting enabled", err: err}
+		return &lease.SetupError{Fix: "the server does not run Lua scripts, EVAL and EVALSHA, which fencekit needs: use Redis, or a compatible server with scripting enabled", Err: err}
 	case strings.Contains(msg, "DB index is out of range"):
-		return &setupError{fix: "Redis has no such database: fix the database number in FENCE_REDIS_URL, redis://host:port/<db>, or DB in the client's Options", err: err}
+		return &lease.SetupError{Fix: "Redis has no such database: fix the database number in FENCE_REDIS_URL, redis://host:port/<db>, or DB in the client's Options", Err: err}
 	}
 	return err
 }
@@ -152,7 +131,7 @@ func (b *Backend) Check(ctx context.Context) error {
 		return fmt.Errorf("redislease: check: %w", b.setup(err))
 	}
 	if denied != "" {
-		return fmt.Errorf("redislease: check: %w", &setupError{fix: b.permissionsFix(denied)})
+		return fmt.Errorf("redislease: check: %w", &lease.SetupError{Fix: b.permissionsFix(denied)})
 	}
 	return nil
 }

@@ -13,21 +13,6 @@ import (
 
 var _ lease.Checker = (*Backend)(nil)
 
-// setupError is a store error that retrying cannot fix: it matches
-// lease.ErrSetup, and errors.Is/As see the store's error through Unwrap.
-// Its text is the store's error followed by the fix, on one line.
-type setupError struct {
-	err error
-	fix string
-}
-
-func (e *setupError) Error() string { return e.err.Error() + " (" + e.fix + ")" }
-
-// Is makes errors.Is(err, lease.ErrSetup) match.
-func (e *setupError) Is(target error) bool { return target == lease.ErrSetup }
-
-func (e *setupError) Unwrap() error { return e.err }
-
 // setup returns err as an error matching lease.ErrSetup when it is one that
 // retrying cannot fix, naming the fix, and err otherwise:
 //
@@ -44,11 +29,11 @@ func (b *Backend) setup(err error) error {
 	}
 	switch {
 	case errors.Is(err, zk.ErrNoAuth):
-		return &setupError{err, fmt.Sprintf("a ZooKeeper ACL refuses this client on the root %s, or on its deepest existing ancestor when it is missing: zklease sends no credentials, so it is world:anyone; grant world:anyone cdrwa there with setAcl, or choose a root it may use with WithRoot, and keep Options.ACL open to world:anyone", b.o.Root)}
+		return &lease.SetupError{Err: err, Fix: fmt.Sprintf("a ZooKeeper ACL refuses this client on the root %s, or on its deepest existing ancestor when it is missing: zklease sends no credentials, so it is world:anyone; grant world:anyone cdrwa there with setAcl, or choose a root it may use with WithRoot, and keep Options.ACL open to world:anyone", b.o.Root)}
 	case errors.Is(err, zk.ErrAuthFailed):
-		return &setupError{err, "the ZooKeeper servers refused the client's authentication: zklease sends no credentials, so the servers must accept unauthenticated clients (no required SASL)"}
+		return &lease.SetupError{Err: err, Fix: "the ZooKeeper servers refused the client's authentication: zklease sends no credentials, so the servers must accept unauthenticated clients (no required SASL)"}
 	case errors.Is(err, zk.ErrInvalidACL):
-		return &setupError{err, "ZooKeeper refuses Options.ACL for the nodes zklease creates: set an ACL the servers accept, such as the default zk.WorldACL(zk.PermAll)"}
+		return &lease.SetupError{Err: err, Fix: "ZooKeeper refuses Options.ACL for the nodes zklease creates: set an ACL the servers accept, such as the default zk.WorldACL(zk.PermAll)"}
 	}
 	return err
 }
