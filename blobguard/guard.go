@@ -221,6 +221,11 @@ type Options struct {
 	// metadata before the ETag, each by path, so it can pair an older
 	// write's token with a newer write's ETag.
 	HeaderReads bool
+
+	// Observer, when set, receives a fence.WriteEvent for every Put, PutIf
+	// and Delete (Guard "blobguard", Class the bucket, Op "put", "put-if"
+	// or "delete"), after its outcome is known. Default: none.
+	Observer fence.WriteObserver
 }
 
 // Option changes Options. Pass any number to New; to set several fields
@@ -251,6 +256,9 @@ func WithProbePrefix(prefix string) Option { return func(o *Options) { o.ProbePr
 // stored object's header. Read that field's documentation first: it is
 // safe only on some stores.
 func WithHeaderReads() Option { return func(o *Options) { o.HeaderReads = true } }
+
+// WithObserver sets Options.Observer.
+func WithObserver(o fence.WriteObserver) Option { return func(opts *Options) { opts.Observer = o } }
 
 // Defaults of Options.
 const (
@@ -413,6 +421,20 @@ func (g *Guard) Get(ctx context.Context, key string) (*Object, error) {
 // (at most Options.MaxObjectSize bytes). ctx bounds the whole call,
 // including the probe on first use, retries and backoff.
 func (g *Guard) Put(ctx context.Context, key string, token fence.Token, body io.Reader) (Version, error) {
+	if g.opts.Observer == nil {
+		return g.put(ctx, key, token, body)
+	}
+	e := g.event(ctx, "put", key, token)
+	v, err := g.put(ctx, key, token, body)
+	return v, fence.ObserveWrite(g.opts.Observer, e, err)
+}
+
+// event starts the fence.WriteEvent of one write.
+func (g *Guard) event(ctx context.Context, op, key string, token fence.Token) fence.WriteEvent {
+	return fence.WriteEvent{Ctx: ctx, Guard: "blobguard", Class: g.bucket, Op: op, Resource: g.resource(key), Token: token, Start: time.Now()}
+}
+
+func (g *Guard) put(ctx context.Context, key string, token fence.Token, body io.Reader) (Version, error) {
 	env, err := g.checkWrite(key, token, body)
 	if err != nil {
 		return Version{}, err
@@ -433,6 +455,15 @@ func (g *Guard) Put(ctx context.Context, key string, token fence.Token, body io.
 // a *fence.StaleError (a newer token is stored) or ErrConflict (the object
 // changed but no newer token is stored). Other errors are as for Put.
 func (g *Guard) PutIf(ctx context.Context, key string, token fence.Token, body io.Reader, prev Version) (Version, error) {
+	if g.opts.Observer == nil {
+		return g.putIf(ctx, key, token, body, prev)
+	}
+	e := g.event(ctx, "put-if", key, token)
+	v, err := g.putIf(ctx, key, token, body, prev)
+	return v, fence.ObserveWrite(g.opts.Observer, e, err)
+}
+
+func (g *Guard) putIf(ctx context.Context, key string, token fence.Token, body io.Reader, prev Version) (Version, error) {
 	env, err := g.checkWrite(key, token, body)
 	if err != nil {
 		return Version{}, err
@@ -455,6 +486,15 @@ func (g *Guard) PutIf(ctx context.Context, key string, token fence.Token, body i
 // fails like Put and returns the tombstone's Version. The store's
 // DeleteObject is not used: see the package documentation.
 func (g *Guard) Delete(ctx context.Context, key string, token fence.Token) (Version, error) {
+	if g.opts.Observer == nil {
+		return g.delete(ctx, key, token)
+	}
+	e := g.event(ctx, "delete", key, token)
+	v, err := g.delete(ctx, key, token)
+	return v, fence.ObserveWrite(g.opts.Observer, e, err)
+}
+
+func (g *Guard) delete(ctx context.Context, key string, token fence.Token) (Version, error) {
 	if err := validateKey(key); err != nil {
 		return Version{}, err
 	}

@@ -192,10 +192,12 @@ func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, l *Le
 			return fmt.Errorf("lease: election %q: %w", e.name, err)
 		}
 		e.setCurrent(l)
+		stopObserving := e.observeTerm(ctx, l)
 		if e.o.OnElected != nil {
 			e.o.OnElected(l)
 		}
 		err = runHeld(ctx, l, lead)
+		stopObserving()
 		e.setCurrent(nil)
 		if e.o.OnDeposed != nil {
 			e.o.OnDeposed(l, err)
@@ -219,6 +221,24 @@ func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, l *Le
 		case <-t.C:
 		}
 	}
+}
+
+// observeTerm reports the term of l to the Manager's Observer if it is an
+// ElectionObserver: Elected now, Deposed when l's context ends. The
+// returned function waits until Deposed has been reported (l's context
+// has always ended by the time runHeld returns: it releases l).
+func (e *Election) observeTerm(ctx context.Context, l *Lease) (wait func()) {
+	eo, ok := e.m.o.Observer.(ElectionObserver)
+	if !ok {
+		return func() {}
+	}
+	eo.Elected(ElectionEvent{Ctx: ctx, Election: e.name, Token: l.Token()})
+	done := make(chan struct{})
+	context.AfterFunc(l.Context(), func() {
+		eo.Deposed(ElectionEvent{Ctx: ctx, Election: e.name, Token: l.Token(), Err: l.Err()})
+		close(done)
+	})
+	return func() { <-done }
 }
 
 func (e *Election) setCurrent(l *Lease) {
@@ -251,6 +271,80 @@ func (e *Election) Resign(ctx context.Context) error {
 		return nil
 	}
 	return l.Release(ctx)
+}
+
+// Observe calls fn with the leader as the store reports it: once when the
+// store first answers, then every time the leader changes (another owner
+// or another token, so a leader that lost its lease and won it again is
+// reported again), with the zero Holder (empty Owner) while no one leads.
+// It suits followers that do not campaign as well as those that do. It
+// asks the store (Manager.Holder, one request) every Options.PollInterval
+// of the Manager, and also at once when a backend that implements Watcher
+// signals a release. fn is called on Observe's goroutine, one call at a
+// time; while it runs, nothing is asked.
+//
+// What fn is told is a report, late by up to a poll interval and possibly
+// stale by the time it is read: use it to display, route or alert, never
+// to decide who may write (that is the fencing token's job). Client-go's
+// OnNewLeader and etcd's Election.Observe give the same kind of report.
+//
+// Observe returns ctx's error when ctx ends; an error matching
+// errors.ErrUnsupported at once when the backend cannot say who holds a
+// lease (it does not implement Inspector), or a setup error (ErrSetup) that
+// asking again cannot fix. Other failed requests are logged (Options.Logger,
+// at warning level) and asked again at the next poll; fn is not called for
+// them.
+func (e *Election) Observe(ctx context.Context, fn func(Holder)) error {
+	if fn == nil {
+		return fmt.Errorf("%w: election %q: the observer's function is nil", ErrInvalidOptions, e.name)
+	}
+	in, ok := e.m.b.(Inspector)
+	if !ok {
+		return fmt.Errorf("lease: election %q: the backend cannot say who holds a lease: %w", e.name, errors.ErrUnsupported)
+	}
+	var signals <-chan struct{}
+	if e.m.w != nil {
+		sig, stop, err := e.m.w.Watch(ctx, e.name)
+		if err == nil {
+			defer stop()
+			signals = sig
+		} else if ctx.Err() == nil {
+			e.m.o.Logger.Warn("lease: election observer: watch failed; polling only", "name", e.name, "err", err)
+		}
+	}
+	t := time.NewTimer(0)
+	defer t.Stop()
+	var (
+		last  Holder
+		known bool
+	)
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		case <-signals:
+			t.Stop()
+		}
+		h, err := in.Holder(ctx, e.name)
+		switch {
+		case err == nil, errors.Is(err, ErrNotHeld):
+			if !known || h.Owner != last.Owner || h.Token != last.Token {
+				if err != nil {
+					h = Holder{Name: e.name}
+				}
+				known, last = true, h
+				fn(h)
+			}
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case errors.Is(err, ErrSetup):
+			return fmt.Errorf("lease: election %q: observe: %w", e.name, err)
+		default:
+			e.m.o.Logger.Warn("lease: election observer: asking who leads failed", "name", e.name, "err", err)
+		}
+		t.Reset(e.m.o.PollInterval)
+	}
 }
 
 // Leader asks the store who leads now (see Manager.Holder): an error

@@ -241,7 +241,7 @@ func (l *Lease) beginRenew() (time.Time, context.Context, error) {
 // (Manager.releaseQuietly), after answering everyone else waiting on the
 // same reply.
 func (l *Lease) endRenew(sent time.Time, latency time.Duration, err error) (_ error, giveBack bool) {
-	l.m.o.Observer.Renewed(RenewedEvent{Name: l.g.Name, Token: l.g.Token, Sent: sent, Latency: latency, Err: err})
+	l.m.o.Observer.Renewed(RenewedEvent{Ctx: l.parent, Name: l.g.Name, Token: l.g.Token, Sent: sent, Latency: latency, Err: err})
 	l.mu.Lock()
 	eff := l.apply(event{kind: evRenewEnd, at: sent, err: err})
 	if err != nil && !eff.ended {
@@ -327,7 +327,7 @@ func (l *Lease) report(eff effect) {
 	}
 	end := *l.endP.Load() // set by the transition that ended the lease
 	if eff.reason != "" {
-		l.m.o.Observer.Lost(LostEvent{Name: l.g.Name, Token: l.g.Token, Reason: eff.reason, Held: time.Since(l.granted), Err: end})
+		l.m.o.Observer.Lost(LostEvent{Ctx: l.parent, Name: l.g.Name, Token: l.g.Token, Reason: eff.reason, Held: time.Since(l.granted), Err: end})
 		if l.m.o.Logger.Enabled(context.Background(), slog.LevelWarn) {
 			var cause error
 			if le, ok := end.(*LostError); ok {
@@ -420,7 +420,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	end = l.st.end
 	l.mu.Unlock()
 	if eff.released {
-		l.m.o.Observer.Released(ReleasedEvent{Name: l.g.Name, Token: l.g.Token, Held: time.Since(l.granted), Err: err})
+		l.m.o.Observer.Released(ReleasedEvent{Ctx: ctx, Name: l.g.Name, Token: l.g.Token, Held: time.Since(l.granted), Err: err})
 	}
 	l.finish(eff)
 	return releaseResult(end, err)

@@ -403,7 +403,7 @@ func (m *Manager) attempt(parent, ctx context.Context, req Request, start time.T
 		m.releaseQuietly(ctx, g)
 		return nil, fmt.Errorf("%w: %q: the grant was lost before it could be used (%w): %w", ErrNotAcquired, req.Name, errGivenBack, l.Err())
 	}
-	m.o.Observer.Acquired(AcquiredEvent{Name: g.Name, Token: g.Token, Wait: time.Since(start), Attempts: n})
+	m.o.Observer.Acquired(AcquiredEvent{Ctx: parent, Name: g.Name, Token: g.Token, Wait: time.Since(start), Attempts: n})
 	if m.o.Logger.Enabled(ctx, slog.LevelDebug) { // spare the hot path the arguments' allocations
 		m.o.Logger.Debug("lease: acquired", "name", g.Name, "token", uint64(g.Token), "owner", g.Owner, "attempts", n)
 	}

@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"context"
 	"time"
 
 	"github.com/fencekit/fencekit/fence"
@@ -23,8 +24,16 @@ type Observer interface {
 	Released(ReleasedEvent)
 }
 
+// The Ctx field of every event is the context the event happened in, so
+// that a tracer can find the caller's span in it: for Acquired the
+// context Acquire or TryAcquire was called with; for Released the one
+// Release was called with; for Renewed and Lost, which happen on the
+// Manager's own goroutine, the context the lease was acquired with (its
+// values; it may be done by then). Never nil.
+
 // AcquiredEvent describes a grant.
 type AcquiredEvent struct {
+	Ctx   context.Context
 	Name  string
 	Token fence.Token
 	// Wait is how long the caller waited for the grant.
@@ -35,6 +44,7 @@ type AcquiredEvent struct {
 
 // RenewedEvent describes one renew request.
 type RenewedEvent struct {
+	Ctx   context.Context
 	Name  string
 	Token fence.Token
 	// Sent is when the request was sent (with a monotonic reading).
@@ -47,6 +57,7 @@ type RenewedEvent struct {
 
 // LostEvent describes a lost lease.
 type LostEvent struct {
+	Ctx    context.Context
 	Name   string
 	Token  fence.Token
 	Reason LostReason
@@ -57,6 +68,7 @@ type LostEvent struct {
 
 // ReleasedEvent describes a release by the holder.
 type ReleasedEvent struct {
+	Ctx   context.Context
 	Name  string
 	Token fence.Token
 	Held  time.Duration
@@ -72,3 +84,33 @@ func (NopObserver) Acquired(AcquiredEvent) {}
 func (NopObserver) Renewed(RenewedEvent)   {}
 func (NopObserver) Lost(LostEvent)         {}
 func (NopObserver) Released(ReleasedEvent) {}
+
+// ElectionObserver is an Observer that also hears when this process's
+// leadership of an election starts and ends. An Election whose Manager's
+// Observer implements it reports every term: Elected when the term's lease
+// is granted (before OnElected and the leader's work), Deposed the moment
+// that lease's validity ends (it was lost, resigned or released; before
+// the release is confirmed and before OnDeposed), exactly once per term.
+// Between the two this process leads; a gauge that is 1 between them,
+// summed across processes, is never above 1 unless the store broke its
+// contract (package leaseprom exports one).
+type ElectionObserver interface {
+	Observer
+	Elected(ElectionEvent)
+	Deposed(ElectionEvent)
+}
+
+// ElectionEvent describes the start or the end of one term.
+type ElectionEvent struct {
+	// Ctx: for Elected, the context Run was called with; for Deposed, the
+	// same (its values; it may be done by then).
+	Ctx context.Context
+	// Election is the election's lease name.
+	Election string
+	// Token is the fencing token of the term's lease.
+	Token fence.Token
+	// Err, for Deposed, is why the term's lease ended: ErrReleased after
+	// Resign, a Release or the end of the leader's work, a *LostError when
+	// it was lost. Nil for Elected.
+	Err error
+}

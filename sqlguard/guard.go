@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -35,6 +36,11 @@ type Options struct {
 	// own; the guard never adds to it. CommitQuery, if set, ends the
 	// transaction.
 	TxOptions pgx.TxOptions
+
+	// Observer, when set, receives a fence.WriteEvent for every Advance
+	// and BeginFunc (Guard "sqlguard", Class "transaction", Op "advance"
+	// or "transaction"), after its outcome is known. Default: none.
+	Observer fence.WriteObserver
 }
 
 // Option changes Options.
@@ -47,6 +53,9 @@ func WithSchema(schema string) Option { return func(o *Options) { o.Schema = sch
 func WithTxOptions(txOptions pgx.TxOptions) Option {
 	return func(o *Options) { o.TxOptions = txOptions }
 }
+
+// WithObserver sets Options.Observer.
+func WithObserver(o fence.WriteObserver) Option { return func(opts *Options) { opts.Observer = o } }
 
 // Guard fences whole resources: any SQL, on any tables, that runs in a
 // transaction whose token for the resource has been advanced (by BeginFunc
@@ -131,6 +140,14 @@ func (g *Guard) Options() Options { return g.opts }
 // statement leaves tx unable to (pgx closes its connection, or the server
 // aborts the transaction when a cancel request reaches it).
 func (g *Guard) Advance(ctx context.Context, tx pgx.Tx, resource string, token fence.Token) error {
+	if g.opts.Observer == nil {
+		return g.advanceTx(ctx, tx, resource, token)
+	}
+	e := fence.WriteEvent{Ctx: ctx, Guard: "sqlguard", Class: "transaction", Op: "advance", Resource: resource, Token: token, Start: time.Now()}
+	return fence.ObserveWrite(g.opts.Observer, e, g.advanceTx(ctx, tx, resource, token))
+}
+
+func (g *Guard) advanceTx(ctx context.Context, tx pgx.Tx, resource string, token fence.Token) error {
 	op := "advance " + strconv.Quote(resource)
 	tok, err := g.check(tx, resource, token)
 	if err != nil {
@@ -176,6 +193,14 @@ func (g *Guard) Advance(ctx context.Context, tx pgx.Tx, resource string, token f
 // plain error. Bad arguments are reported before any I/O. ctx bounds the
 // whole transaction, including fn's statements if fn uses it.
 func (g *Guard) BeginFunc(ctx context.Context, db Beginner, resource string, token fence.Token, fn func(pgx.Tx) error) error {
+	if g.opts.Observer == nil {
+		return g.beginFunc(ctx, db, resource, token, fn)
+	}
+	e := fence.WriteEvent{Ctx: ctx, Guard: "sqlguard", Class: "transaction", Op: "transaction", Resource: resource, Token: token, Start: time.Now()}
+	return fence.ObserveWrite(g.opts.Observer, e, g.beginFunc(ctx, db, resource, token, fn))
+}
+
+func (g *Guard) beginFunc(ctx context.Context, db Beginner, resource string, token fence.Token, fn func(pgx.Tx) error) error {
 	op := "fenced transaction " + strconv.Quote(resource)
 	tok, err := g.check(db, resource, token)
 	if fn == nil {

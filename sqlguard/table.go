@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -52,6 +53,7 @@ type Table struct {
 	where     string    // "k1" = $1 AND "k2" = $2
 	probeKey  string    // where a connection records its first-use check (pgconn.CustomData)
 	ops       [4]string // "update \"t\"" and so on, for errors
+	obs       fence.WriteObserver
 
 	// last holds, per write kind, the statements built for the most
 	// recent list of columns: callers mostly write the same columns
@@ -172,6 +174,18 @@ func shellWord(s string) string {
 // table), unquoted.
 func (t *Table) Name() string { return t.name }
 
+// WithObserver returns a Table like t whose writes report a
+// fence.WriteEvent to o (Guard "sqlguard", Class the table's Name, Op
+// "update", "insert", "upsert" or "delete"), after each write's outcome is
+// known. t itself is unchanged. o nil: no events.
+func (t *Table) WithObserver(o fence.WriteObserver) *Table {
+	c := &Table{
+		name: t.name, cliName: t.cliName, ident: t.ident, keys: t.keys, keyIdents: t.keyIdents,
+		keyList: t.keyList, where: t.where, probeKey: t.probeKey, ops: t.ops, obs: o,
+	}
+	return c
+}
+
 // KeyColumns returns a copy of the key column names.
 func (t *Table) KeyColumns() []string { return append([]string(nil), t.keys...) }
 
@@ -260,6 +274,17 @@ func (t *Table) Delete(ctx context.Context, db DBTX, token fence.Token, key []an
 }
 
 func (t *Table) write(ctx context.Context, kind writeKind, db DBTX, token fence.Token, key []any, cols []Column) error {
+	if t.obs == nil {
+		return t.writeRow(ctx, kind, db, token, key, cols)
+	}
+	e := fence.WriteEvent{Ctx: ctx, Guard: "sqlguard", Class: t.name, Op: kind.String(), Token: token, Start: time.Now()}
+	if len(key) == len(t.keys) {
+		e.Resource = t.resource(key)
+	}
+	return fence.ObserveWrite(t.obs, e, t.writeRow(ctx, kind, db, token, key, cols))
+}
+
+func (t *Table) writeRow(ctx context.Context, kind writeKind, db DBTX, token fence.Token, key []any, cols []Column) error {
 	op := t.ops[kind]
 	tok, err := tokenArg(token)
 	if err != nil {

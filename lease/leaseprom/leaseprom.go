@@ -1,8 +1,12 @@
-// Package leaseprom exposes lease events as Prometheus metrics (client_golang).
+// Package leaseprom exposes lease, election and guarded-write events as
+// Prometheus metrics (client_golang). One Observer serves as the Manager's
+// lease.Observer (lease.WithObserver) and as the guards' fence.WriteObserver
+// (sqlguard.WithObserver, Table.WithObserver, blobguard.WithObserver).
 //
-// Metrics, all without a lease-name label so that holding many leases does
-// not explode cardinality:
+// Lease metrics, all without a lease-name label so that holding many leases
+// does not explode cardinality:
 //
+//	fencekit_lease_held                           gauge: leases granted to this process and not yet released or lost
 //	fencekit_lease_acquired_total                 counter
 //	fencekit_lease_acquire_wait_seconds           histogram: from the start of Acquire to the grant
 //	fencekit_lease_renew_duration_seconds{result} histogram: one renew request; result is "ok" or "error"
@@ -10,18 +14,45 @@
 //	fencekit_lease_released_total{result}         counter: result is "ok" or "error"
 //	fencekit_lease_held_seconds                   histogram: how long leases were held, until lost or released
 //
+// Election metrics, labelled by election (lease) name, of which a process has
+// few:
+//
+//	fencekit_election_leader{election}            gauge: 1 while this process leads the election, else 0
+//
+// Guarded-write metrics, labelled by guard ("sqlguard", "blobguard", ...),
+// resource class (a table, a bucket, "transaction": never a row or object
+// key) and outcome ("accepted", "stale", "unknown", "failed"; see
+// fence.Outcome):
+//
+//	fencekit_guard_writes_total{guard,class,outcome}         counter
+//	fencekit_guard_write_duration_seconds{guard,outcome}     histogram: one guarded write, retries included
+//
 // Alert on fencekit_lease_lost_total: every loss means a holder's work was
-// cut short (or, without fencing, might have overlapped with another's).
+// cut short (or, without fencing, might have overlapped with another's). Alert
+// when sum(fencekit_election_leader) by (election) across processes stays
+// above 1 for longer than a scrape interval or two: two processes believe they
+// lead (gauges are scraped at different moments, so a hand-off can show 2 for
+// one scrape without anything being wrong; fenced writes stay safe either
+// way). Alert on any increase of
+// fencekit_guard_writes_total{outcome="stale"} (a stale holder tried to
+// write: fencing saved the data, but a holder was paused past its lease) and
+// of outcome="unknown" (writes the caller must read back to settle).
 package leaseprom
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/lease"
 )
 
-// Observer is a lease.Observer that records Prometheus metrics.
+// Observer is a lease.ElectionObserver and a fence.WriteObserver that
+// records Prometheus metrics.
 type Observer struct {
+	held     prometheus.Gauge
+	leader   *prometheus.GaugeVec
+	writes   *prometheus.CounterVec
+	writeDur *prometheus.HistogramVec
 	acquired prometheus.Counter
 	wait     prometheus.Histogram
 	renew    *prometheus.HistogramVec
@@ -30,13 +61,33 @@ type Observer struct {
 	heldFor  prometheus.Histogram
 }
 
-var _ lease.Observer = (*Observer)(nil)
+var (
+	_ lease.ElectionObserver = (*Observer)(nil)
+	_ fence.WriteObserver    = (*Observer)(nil)
+)
 
 // New returns an Observer whose metrics are registered with reg (use
 // prometheus.DefaultRegisterer for the default registry). It returns the
 // registry's error if a metric of the same name is already registered.
 func New(reg prometheus.Registerer) (*Observer, error) {
 	o := &Observer{
+		held: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "fencekit_lease_held",
+			Help: "Leases granted to this process and not yet released or lost.",
+		}),
+		leader: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "fencekit_election_leader",
+			Help: "1 while this process leads the election, else 0.",
+		}, []string{"election"}),
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fencekit_guard_writes_total",
+			Help: "Guarded writes, by guard, resource class and outcome (accepted, stale, unknown, failed).",
+		}, []string{"guard", "class", "outcome"}),
+		writeDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "fencekit_guard_write_duration_seconds",
+			Help:    "Time of one guarded write, retries included, in seconds.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 3, 12), // 0.1 ms to about 18 s
+		}, []string{"guard", "outcome"}),
 		acquired: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fencekit_lease_acquired_total",
 			Help: "Leases granted to this process.",
@@ -65,7 +116,7 @@ func New(reg prometheus.Registerer) (*Observer, error) {
 			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10), // 10 ms to about 7 h
 		}),
 	}
-	for _, c := range []prometheus.Collector{o.acquired, o.wait, o.renew, o.lost, o.released, o.heldFor} {
+	for _, c := range []prometheus.Collector{o.held, o.leader, o.writes, o.writeDur, o.acquired, o.wait, o.renew, o.lost, o.released, o.heldFor} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -89,6 +140,7 @@ func result(err error) string {
 
 // Acquired implements lease.Observer.
 func (o *Observer) Acquired(e lease.AcquiredEvent) {
+	o.held.Inc()
 	o.acquired.Inc()
 	o.wait.Observe(e.Wait.Seconds())
 }
@@ -100,12 +152,26 @@ func (o *Observer) Renewed(e lease.RenewedEvent) {
 
 // Lost implements lease.Observer.
 func (o *Observer) Lost(e lease.LostEvent) {
+	o.held.Dec()
 	o.lost.WithLabelValues(string(e.Reason)).Inc()
 	o.heldFor.Observe(e.Held.Seconds())
 }
 
 // Released implements lease.Observer.
 func (o *Observer) Released(e lease.ReleasedEvent) {
+	o.held.Dec()
 	o.released.WithLabelValues(result(e.Err)).Inc()
 	o.heldFor.Observe(e.Held.Seconds())
+}
+
+// Elected implements lease.ElectionObserver.
+func (o *Observer) Elected(e lease.ElectionEvent) { o.leader.WithLabelValues(e.Election).Set(1) }
+
+// Deposed implements lease.ElectionObserver.
+func (o *Observer) Deposed(e lease.ElectionEvent) { o.leader.WithLabelValues(e.Election).Set(0) }
+
+// Written implements fence.WriteObserver.
+func (o *Observer) Written(e fence.WriteEvent) {
+	o.writes.WithLabelValues(e.Guard, e.Class, string(e.Outcome)).Inc()
+	o.writeDur.WithLabelValues(e.Guard, string(e.Outcome)).Observe(e.Duration.Seconds())
 }
