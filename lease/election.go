@@ -278,10 +278,11 @@ func (e *Election) Resign(ctx context.Context) error {
 // or another token, so a leader that lost its lease and won it again is
 // reported again), with the zero Holder (empty Owner) while no one leads.
 // It suits followers that do not campaign as well as those that do. It
-// asks the store (Manager.Holder, one request) every Options.PollInterval
-// of the Manager, and also at once when a backend that implements Watcher
-// signals a release. fn is called on Observe's goroutine, one call at a
-// time; while it runs, nothing is asked.
+// asks the store (Manager.Holder, one read) every Options.PollInterval of
+// the Manager. It does not subscribe to releases (Watcher): on some stores
+// (ZooKeeper) a subscription queues behind the holder like a waiter, and an
+// observer must never stand in the queue. fn is called on Observe's
+// goroutine, one call at a time; while it runs, nothing is asked.
 //
 // What fn is told is a report, late by up to a poll interval and possibly
 // stale by the time it is read: use it to display, route or alert, never
@@ -302,16 +303,6 @@ func (e *Election) Observe(ctx context.Context, fn func(Holder)) error {
 	if !ok {
 		return fmt.Errorf("lease: election %q: the backend cannot say who holds a lease: %w", e.name, errors.ErrUnsupported)
 	}
-	var signals <-chan struct{}
-	if e.m.w != nil {
-		sig, stop, err := e.m.w.Watch(ctx, e.name)
-		if err == nil {
-			defer stop()
-			signals = sig
-		} else if ctx.Err() == nil {
-			e.m.o.Logger.Warn("lease: election observer: watch failed; polling only", "name", e.name, "err", err)
-		}
-	}
 	t := time.NewTimer(0)
 	defer t.Stop()
 	var (
@@ -323,8 +314,6 @@ func (e *Election) Observe(ctx context.Context, fn func(Holder)) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-t.C:
-		case <-signals:
-			t.Stop()
 		}
 		h, err := in.Holder(ctx, e.name)
 		switch {

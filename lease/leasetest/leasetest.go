@@ -130,6 +130,7 @@ func Run(t *testing.T, cfg Config) {
 		{"RunHoldsTheLeaseForTheWork", testRun},
 		{"RunReportsALossDuringTheWork", testRunLost},
 		{"ElectionHandsLeadershipOver", testElection},
+		{"ObserveReportsEachLeader", testObserve},
 	}
 	// The data-loss check wipes the store: it runs alone, after the others.
 	var destructive []func(*testing.T)
@@ -1168,4 +1169,67 @@ func CheckLostByDeadline(t testing.TB, l *lease.Lease, lastSent, doneAt time.Tim
 		ok = false
 	}
 	return ok
+}
+
+// testObserve: a follower that does not campaign hears of each leader, in
+// order, once per change, over its own connection.
+func testObserve(t *testing.T, s *suite) {
+	_, ok := s.backend().(lease.Inspector)
+	s.need(t, Inspect, ok)
+	n := name(t)
+	follower := newManager(t, s.connect(), s.long, lease.WithPollInterval(20*time.Millisecond))
+	e, err := lease.NewElection(follower, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	reports := make(chan lease.Holder, 64)
+	done := make(chan error, 1)
+	go func() {
+		done <- e.Observe(ctx, func(h lease.Holder) { reports <- h })
+	}()
+	// next returns the next report, failing the test when none comes.
+	next := func(what string) lease.Holder {
+		t.Helper()
+		select {
+		case h := <-reports:
+			return h
+		case <-time.After(s.long + 10*time.Second):
+			t.Fatalf("no report of %s", what)
+			return lease.Holder{}
+		}
+	}
+	if h := next("the free lease"); h.Owner != "" || h.Token != fence.None {
+		t.Fatalf("first report %+v, want no leader", h)
+	}
+	var leaders []*lease.Lease
+	for _, who := range []string{"a", "b"} {
+		l, err := newManager(t, s.connect(), s.long, lease.WithIdentity(who)).TryAcquire(ctxT(t), n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leaders = append(leaders, l)
+		h := next("leader " + who)
+		if h.Owner == "" { // the "no one" between two leaders
+			h = next("leader " + who)
+		}
+		if h.Name != n || h.Owner != l.Owner() || h.Token != l.Token() || h.Identity() != who {
+			t.Fatalf("report %+v, want leader %s (owner %q, token %d)", h, who, l.Owner(), l.Token())
+		}
+		if err := l.Release(ctxT(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if h := next("the end of the last term"); h.Owner != "" {
+		t.Fatalf("report %+v after the last release, want no leader", h)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Observe = %v, want context.Canceled", err)
+	}
+	close(reports)
+	for h := range reports {
+		t.Fatalf("report %+v after nothing changed", h)
+	}
 }
