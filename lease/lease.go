@@ -400,6 +400,7 @@ func (l *Lease) Release(ctx context.Context) error {
 
 	rctx, cancel := l.m.releaseContext(ctx)
 	defer cancel()
+	sent := time.Now()
 	var err error
 	if drained != nil {
 		select {
@@ -420,7 +421,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	end = l.st.end
 	l.mu.Unlock()
 	if eff.released {
-		l.m.o.Observer.Released(ReleasedEvent{Ctx: ctx, Name: l.g.Name, Token: l.g.Token, Held: time.Since(l.granted), Err: err})
+		l.m.o.Observer.Released(ReleasedEvent{Ctx: ctx, Name: l.g.Name, Token: l.g.Token, Held: time.Since(l.granted), Sent: sent, Latency: time.Since(sent), Err: err})
 	}
 	l.finish(eff)
 	return releaseResult(end, err)

@@ -72,6 +72,11 @@ type ReleasedEvent struct {
 	Name  string
 	Token fence.Token
 	Held  time.Duration
+	// Sent is when Release began (with a monotonic reading); Latency is
+	// the time from then to the store's answer, waiting for renewals in
+	// flight included.
+	Sent    time.Time
+	Latency time.Duration
 	// Err is nil when the store confirmed the release.
 	Err error
 }
@@ -113,4 +118,58 @@ type ElectionEvent struct {
 	// Resign, a Release or the end of the leader's work, a *LostError when
 	// it was lost. Nil for Elected.
 	Err error
+}
+
+// Observers fans lease events out to several observers, in order (for
+// example Prometheus metrics and OpenTelemetry traces at once). It is an
+// ElectionObserver: election events go to those of its observers that are
+// ElectionObservers.
+type Observers []Observer
+
+var _ ElectionObserver = Observers(nil)
+
+// Acquired passes e to each observer.
+func (os Observers) Acquired(e AcquiredEvent) {
+	for _, o := range os {
+		o.Acquired(e)
+	}
+}
+
+// Renewed passes e to each observer.
+func (os Observers) Renewed(e RenewedEvent) {
+	for _, o := range os {
+		o.Renewed(e)
+	}
+}
+
+// Lost passes e to each observer.
+func (os Observers) Lost(e LostEvent) {
+	for _, o := range os {
+		o.Lost(e)
+	}
+}
+
+// Released passes e to each observer.
+func (os Observers) Released(e ReleasedEvent) {
+	for _, o := range os {
+		o.Released(e)
+	}
+}
+
+// Elected passes e to each observer that is an ElectionObserver.
+func (os Observers) Elected(e ElectionEvent) {
+	for _, o := range os {
+		if eo, ok := o.(ElectionObserver); ok {
+			eo.Elected(e)
+		}
+	}
+}
+
+// Deposed passes e to each observer that is an ElectionObserver.
+func (os Observers) Deposed(e ElectionEvent) {
+	for _, o := range os {
+		if eo, ok := o.(ElectionObserver); ok {
+			eo.Deposed(e)
+		}
+	}
 }

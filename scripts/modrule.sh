@@ -22,6 +22,7 @@ rules=(
   "lease/etcdlease|github.com/fencekit/fencekit/lease/etcdlease|go.etcd.io/etcd github.com/prometheus/client_golang"
   "lease/zklease|github.com/fencekit/fencekit/lease/zklease|github.com/go-zookeeper/zk"
   "lease/leaseprom|github.com/fencekit/fencekit/lease/leaseprom|github.com/prometheus/client_golang"
+  "lease/leaseotel|github.com/fencekit/fencekit/lease/leaseotel|go.opentelemetry.io/otel"
   "sqlguard|github.com/fencekit/fencekit/sqlguard|github.com/jackc/pgx github.com/pressly/goose"
   "blobguard|github.com/fencekit/fencekit/blobguard|github.com/aws/aws-sdk-go-v2"
   "migrations|github.com/fencekit/fencekit/migrations|github.com/jackc/pgx github.com/pressly/goose"
