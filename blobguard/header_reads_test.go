@@ -131,7 +131,18 @@ func TestHeaderReadPairing(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(2 * time.Second)
+	// Read until each way has read enough to race many writes: by count,
+	// not by time, so that a loaded machine reads as much, more slowly.
+	const enough = 150
+	for limit := time.Now().Add(time.Minute); time.Now().Before(limit); {
+		mu.Lock()
+		done := len(observed["ranged GetObject"]) >= enough && len(observed["HeadObject"]) >= enough
+		mu.Unlock()
+		if done {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	stop.Store(true)
 	wg.Wait()
 
