@@ -64,7 +64,8 @@
 //	defer l.Release(context.Background())
 //	err = doWork(l.Context(), l.Token())
 //
-// The in-memory backend (NewMemoryBackend) serves unit tests and examples.
+// The in-memory backend (package memlease; NewMemoryBackend here) serves
+// unit tests and examples.
 // The stores' backends are modules of their own, so that a program using one
 // store never inherits another store's client: lease/redislease (Redis),
 // lease/pglease (PostgreSQL), lease/etcdlease (etcd) and lease/zklease
@@ -86,42 +87,6 @@
 //
 // # Writing a backend
 //
-// A backend is one store's way of granting, confirming and ending a lease;
-// the Manager owns time (local deadlines from send times, heartbeats,
-// give-backs of late grants) and the token rules. To add a store:
-//
-//  1. Implement Backend. Limits states the TTLs the store can keep (its
-//     minimum, maximum and resolution: Redis whole milliseconds, etcd whole
-//     seconds); NewManager rejects others before any I/O. Acquire grants
-//     Request.Name to Request.Owner in one atomic step that also mints the
-//     fencing token (a script, a transaction, the store's own revision), and
-//     returns a Grant with the TTL the store actually granted (never less
-//     than asked) and, in Grant.State, whatever the backend needs later: a
-//     lease ID, a node path, a pinned connection. The same owner acquiring
-//     again gets its grant back (a retried request whose reply was lost).
-//     Renew and Release compare both owner and token at the store and
-//     return ErrNotHeld when they do not match; neither ever creates a
-//     grant. Map a refusal to *NotAcquiredError (with RetryAfter when the
-//     store knows the holder's remaining time). Remember ended owners for
-//     EndedOwnerTTL: Release and Abandon record the owner, a Release of an
-//     owner already ended returns nil (a client that resent it), and
-//     Acquire refuses an ended owner.
-//  2. Choose who keeps grants alive. By default the Manager calls Renew
-//     every Options.RenewInterval (implement BatchRenewer to renew many
-//     grants in one round trip, reporting each grant's outcome as soon as
-//     its node answers). A store whose client keeps grants alive by
-//     itself (a session, a keep-alive stream) sets Limits.SelfRenewing and
-//     reports each confirmation with Request.Notify.Confirmed, passing the
-//     send time of the request the store answered. Either way, a backend
-//     that learns of a loss on its own (a session expired or was replaced, a
-//     pinned connection broke) calls Request.Notify.Lost at once: the lease
-//     ends before its deadline.
-//  3. Implement Watcher if the store can signal releases (pub/sub, a
-//     watch), so that blocked Acquire calls wake at once.
-//  4. Decide and document what tokens do when the store loses its data
-//     (a restart without persistence, a restored backup), and make them keep
-//     growing if you can: DESIGN.md invariant 2.
-//  5. Run package leasetest against the real store, with a LoseData hook,
-//     an EndSession hook where the store has sessions, and every capability
-//     the store lacks declared in Config.Lacks with its reason.
+// The contract a backend implements, and how to write one, is package
+// driver (lease/driver); a backend imports it, never this package.
 package lease

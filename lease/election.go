@@ -5,44 +5,9 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
-	"strings"
 	"sync"
 	"time"
-
-	"github.com/fencekit/fencekit/fence"
 )
-
-// Inspector is implemented by backends that can say who holds a lease now
-// (Redis, PostgreSQL). Manager.Holder and Election.Leader use it.
-type Inspector interface {
-	// Holder returns the current grant of name as the store sees it, or an
-	// error matching ErrNotHeld when no one holds it. ctx bounds the one
-	// request.
-	Holder(ctx context.Context, name string) (Holder, error)
-}
-
-// Holder is the current grant of a lease, as the store sees it.
-type Holder struct {
-	// Name is the lease name.
-	Name string
-	// Owner is the grant's owner: the holder Manager's Options.Identity, a
-	// slash, and a random suffix.
-	Owner string
-	// Token is the grant's fencing token.
-	Token fence.Token
-	// Remaining is how long the store keeps the grant unless it is renewed
-	// (0 when the store cannot tell).
-	Remaining time.Duration
-}
-
-// Identity returns the holder Manager's Options.Identity: Owner without its
-// random suffix.
-func (h Holder) Identity() string {
-	if i := strings.LastIndexByte(h.Owner, '/'); i >= 0 {
-		return h.Owner[:i]
-	}
-	return h.Owner
-}
 
 // Holder asks the store who holds the lease name now. It returns an error
 // matching ErrNotHeld when no one does, and one matching

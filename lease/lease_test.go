@@ -14,23 +14,9 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/lease"
-	"github.com/fencekit/fencekit/lease/leasetest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-func TestMemoryConformance(t *testing.T) {
-	leasetest.Run(t, leasetest.Config{
-		NewStore: func(t *testing.T) func() lease.Backend {
-			b := lease.NewMemoryBackend()
-			return func() lease.Backend { return b }
-		},
-		LoseData: func(t *testing.T, b lease.Backend) { b.(*lease.MemoryBackend).Forget() },
-		Lacks: map[leasetest.Capability]string{
-			leasetest.PushLoss: "the memory backend has no sessions: its grants end only by expiry or release",
-		},
-	})
-}
 
 // faultBackend wraps a Backend to count calls and inject faults.
 type faultBackend struct {

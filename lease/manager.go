@@ -66,17 +66,6 @@ func NewManager(b Backend, ttl time.Duration, opts ...Option) (*Manager, error) 
 	return m, nil
 }
 
-// Checker is implemented by backends that can check, before any lease is
-// asked for, that the store is reachable and set up for leases (tables,
-// permissions, scripts). Manager.Check uses it.
-type Checker interface {
-	// Check returns nil when the store can grant leases, an error matching
-	// ErrSetup when it answers but is not set up for them (naming the
-	// fix), and the store's error when it cannot be reached. ctx bounds
-	// the check. It grants, changes and leaves nothing.
-	Check(ctx context.Context) error
-}
-
 // Check asks the store whether it can grant leases, without asking for
 // one: a service can call it at start-up, before it takes traffic. It
 // returns nil when the store can, an error matching ErrSetup, naming the

@@ -35,7 +35,7 @@
 //     still this grant's (its create revision, owner and etcd lease), it
 //     is deleted; in any case the owner is recorded as ended, in the key
 //     "<prefix>e/<name>\x00<owner>" (EndedKey), attached to an etcd lease
-//     that keeps it for at least lease.EndedOwnerTTL of the grant's TTL
+//     that keeps it for at least driver.EndedOwnerTTL of the grant's TTL
 //     (the backend grants one such lease per EndedOwnerTTL, for twice that
 //     time, and attaches records to it for the first half). Every acquire
 //     transaction compares that key, so an acquire request of an ended
@@ -56,7 +56,7 @@
 //     or a revoke wakes a waiter at once. The waiters of one name in one
 //     Backend share one etcd watch, and each deletion wakes the one that
 //     waited longest, not all of them (only one can win).
-//   - Holder (lease.Inspector) reads the key and the epoch key in one
+//   - Holder (driver.Inspector) reads the key and the epoch key in one
 //     transaction, and the lease's time to live: two round trips.
 //   - A held grant's key is watched too (from its create revision, so
 //     nothing is missed): when the key is deleted or changed by anything
@@ -132,7 +132,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fencekit/fencekit/fence"
-	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 // Client is the part of an etcd client the backend uses. *clientv3.Client
@@ -144,12 +144,12 @@ type Client interface {
 }
 
 var (
-	_ Client             = (*clientv3.Client)(nil)
-	_ lease.Backend      = (*Backend)(nil)
-	_ lease.Watcher      = (*Backend)(nil)
-	_ lease.BatchRenewer = (*Backend)(nil)
-	_ lease.Inspector    = (*Backend)(nil)
-	_ lease.Checker      = (*Backend)(nil)
+	_ Client              = (*clientv3.Client)(nil)
+	_ driver.Backend      = (*Backend)(nil)
+	_ driver.Watcher      = (*Backend)(nil)
+	_ driver.BatchRenewer = (*Backend)(nil)
+	_ driver.Inspector    = (*Backend)(nil)
+	_ driver.Checker      = (*Backend)(nil)
 )
 
 var (
@@ -265,10 +265,10 @@ func (b *Backend) Key(name string) string { return b.o.Prefix + "l/" + name }
 // EpochKey returns the etcd key that holds the token base.
 func (b *Backend) EpochKey() string { return b.epochKey }
 
-// Limits implements lease.Backend: whole seconds, from Options.MinTTL to
+// Limits implements driver.Backend: whole seconds, from Options.MinTTL to
 // MaxTTL.
-func (b *Backend) Limits() lease.Limits {
-	return lease.Limits{MinTTL: b.o.MinTTL, MaxTTL: MaxTTL, Resolution: time.Second}
+func (b *Backend) Limits() driver.Limits {
+	return driver.Limits{MinTTL: b.o.MinTTL, MaxTTL: MaxTTL, Resolution: time.Second}
 }
 
 // grantState is a grant's Grant.State: what the backend needs to renew and
@@ -283,7 +283,7 @@ type grantState struct {
 }
 
 // stateOf returns g's state if g is the grant it was made for.
-func stateOf(g lease.Grant) (*grantState, bool) {
+func stateOf(g driver.Grant) (*grantState, bool) {
 	st, ok := g.State.(*grantState)
 	if !ok || st == nil || st.owner != g.Owner || st.token != g.Token {
 		return nil, false
@@ -299,25 +299,25 @@ func ttlSeconds(ttl time.Duration) (int64, error) {
 	return int64(math.Ceil(ttl.Seconds())), nil
 }
 
-// Acquire implements lease.Backend. The first attempt of an Acquire call
+// Acquire implements driver.Backend. The first attempt of an Acquire call
 // costs two round trips (LeaseGrant, then the create-if-absent
 // transaction); later attempts of the same call, one (the transaction and a
 // keep-alive of the lease granted before, sent together). Refused
-// credentials and permissions match lease.ErrSetup, with the fix (see
+// credentials and permissions match driver.ErrSetup, with the fix (see
 // Check); they end a blocking Acquire at once.
-func (b *Backend) Acquire(ctx context.Context, req lease.Request) (lease.Grant, error) {
-	if err := lease.ValidateName(req.Name); err != nil {
-		return lease.Grant{}, err
+func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
+	if err := driver.ValidateName(req.Name); err != nil {
+		return driver.Grant{}, err
 	}
 	if req.Owner == "" {
-		return lease.Grant{}, errors.New("etcdlease: acquire: owner is empty")
+		return driver.Grant{}, errors.New("etcdlease: acquire: owner is empty")
 	}
 	secs, err := ttlSeconds(req.TTL)
 	if err != nil {
-		return lease.Grant{}, err
+		return driver.Grant{}, err
 	}
 	if b.isClosed() {
-		return lease.Grant{}, ErrClosed
+		return driver.Grant{}, ErrClosed
 	}
 	key := b.Key(req.Name)
 	// A few rounds: the epoch may have to be read again (after a data
@@ -332,10 +332,10 @@ func (b *Backend) Acquire(ctx context.Context, req lease.Request) (lease.Grant, 
 
 // acquireOnce makes one attempt; retry reports that the epoch changed and
 // the attempt should be made again.
-func (b *Backend) acquireOnce(ctx context.Context, req lease.Request, key string, secs int64) (g lease.Grant, retry bool, err error) {
+func (b *Backend) acquireOnce(ctx context.Context, req driver.Request, key string, secs int64) (g driver.Grant, retry bool, err error) {
 	ep, err := b.currentEpoch(ctx)
 	if err != nil {
-		return lease.Grant{}, false, err
+		return driver.Grant{}, false, err
 	}
 	sp := b.takeSpare(secs)
 	var kaDone chan keepAliveResult
@@ -343,12 +343,12 @@ func (b *Backend) acquireOnce(ctx context.Context, req lease.Request, key string
 		sent := time.Now()
 		resp, err := b.c.Grant(ctx, secs)
 		if err != nil {
-			return lease.Grant{}, false, fmt.Errorf("etcdlease: acquire %q: lease grant: %w", req.Name, err)
+			return driver.Grant{}, false, fmt.Errorf("etcdlease: acquire %q: lease grant: %w", req.Name, err)
 		}
 		sp = &spare{id: resp.ID, secs: secs, ttl: time.Duration(resp.TTL) * time.Second, confirmed: sent}
 		if resp.TTL < secs {
 			b.revokeQuietly(sp.id)
-			return lease.Grant{}, false, fmt.Errorf("etcdlease: acquire %q: etcd granted a TTL of %ds, shorter than the %ds asked for", req.Name, resp.TTL, secs)
+			return driver.Grant{}, false, fmt.Errorf("etcdlease: acquire %q: etcd granted a TTL of %ds, shorter than the %ds asked for", req.Name, resp.TTL, secs)
 		}
 	} else {
 		// The lease was granted by an earlier attempt: confirm it again
@@ -382,7 +382,7 @@ func (b *Backend) acquireOnce(ctx context.Context, req lease.Request, key string
 		// attached to this lease, which therefore cannot serve another
 		// attempt. The next attempt of this owner finds the key its own
 		// and extends it; otherwise the lease expires.
-		return lease.Grant{}, false, fmt.Errorf("etcdlease: acquire %q: %w", req.Name, txnErr)
+		return driver.Grant{}, false, fmt.Errorf("etcdlease: acquire %q: %w", req.Name, txnErr)
 	}
 	b.sawRevision(ep, resp.Header.Revision)
 
@@ -394,16 +394,16 @@ func (b *Backend) acquireOnce(ctx context.Context, req lease.Request, key string
 			// Undo the grant, start a new epoch and try again.
 			b.revokeQuietly(sp.id)
 			if err := b.newEpochAfterRewind(ctx, ep, floor); err != nil {
-				return lease.Grant{}, false, err
+				return driver.Grant{}, false, err
 			}
-			return lease.Grant{}, true, nil
+			return driver.Grant{}, true, nil
 		}
 		if !ka.ok {
 			// The key is ours, but the lease was not confirmed from
 			// this attempt's send time: it may expire before the local
 			// deadline would say. Give it back.
 			b.revokeQuietly(sp.id)
-			return lease.Grant{}, false, fmt.Errorf("etcdlease: acquire %q: the lease granted earlier could not be kept alive: %w", req.Name, ka.err)
+			return driver.Grant{}, false, fmt.Errorf("etcdlease: acquire %q: the lease granted earlier could not be kept alive: %w", req.Name, ka.err)
 		}
 		return b.granted(req, key, sp.id, sp.ttl, ep.base+rev, rev), false, nil
 	}
@@ -416,7 +416,7 @@ func (b *Backend) acquireOnce(ctx context.Context, req lease.Request, key string
 		if ka.ok {
 			b.putSpare(sp)
 		}
-		return lease.Grant{}, true, nil
+		return driver.Grant{}, true, nil
 	}
 	if resp.Responses[2].GetResponseRange().GetCount() > 0 {
 		// The owner was released or abandoned: this is a request nobody
@@ -424,17 +424,17 @@ func (b *Backend) acquireOnce(ctx context.Context, req lease.Request, key string
 		if ka.ok {
 			b.putSpare(sp)
 		}
-		return lease.Grant{}, false, fmt.Errorf("%w: %q: owner %q was released or abandoned (%q exists)", lease.ErrNotAcquired, req.Name, req.Owner, endKey)
+		return driver.Grant{}, false, fmt.Errorf("%w: %q: owner %q was released or abandoned (%q exists)", driver.ErrNotAcquired, req.Name, req.Owner, endKey)
 	}
 	if len(kvs) == 0 {
-		return lease.Grant{}, false, fmt.Errorf("etcdlease: acquire %q: the transaction failed but the key is absent, the epoch unchanged and the owner not ended", req.Name)
+		return driver.Grant{}, false, fmt.Errorf("etcdlease: acquire %q: the transaction failed but the key is absent, the epoch unchanged and the owner not ended", req.Name)
 	}
 	kv := kvs[0]
 	if string(kv.Value) != req.Owner {
 		if ka.ok {
 			b.putSpare(sp)
 		}
-		return lease.Grant{}, false, &lease.NotAcquiredError{Name: req.Name}
+		return driver.Grant{}, false, &driver.NotAcquiredError{Name: req.Name}
 	}
 	// Ours already: an earlier attempt's reply was lost. Extend that
 	// grant and return its token.
@@ -446,7 +446,7 @@ func (b *Backend) acquireOnce(ctx context.Context, req lease.Request, key string
 		}
 		kr, err := b.c.KeepAliveOnce(ctx, id)
 		if err != nil {
-			return lease.Grant{}, false, fmt.Errorf("etcdlease: acquire %q: extending the grant this owner already holds: %w", req.Name, err)
+			return driver.Grant{}, false, fmt.Errorf("etcdlease: acquire %q: extending the grant this owner already holds: %w", req.Name, err)
 		}
 		ttl = time.Duration(kr.TTL) * time.Second
 	}
@@ -462,35 +462,35 @@ type keepAliveResult struct {
 
 // granted makes the Grant, and watches its key for a loss when the Manager
 // asked to be told.
-func (b *Backend) granted(req lease.Request, key string, id clientv3.LeaseID, ttl time.Duration, token, rev int64) lease.Grant {
+func (b *Backend) granted(req driver.Request, key string, id clientv3.LeaseID, ttl time.Duration, token, rev int64) driver.Grant {
 	st := &grantState{id: id, key: key, owner: req.Owner, token: fence.Token(token), rev: rev}
 	if req.Notify != nil {
 		st.held = b.watchHeld(st, req.Notify)
 	}
-	return lease.Grant{Name: req.Name, Owner: req.Owner, Token: st.token, TTL: ttl, State: st}
+	return driver.Grant{Name: req.Name, Owner: req.Owner, Token: st.token, TTL: ttl, State: st}
 }
 
-// Renew implements lease.Backend: a keep-alive of the grant's etcd lease and
+// Renew implements driver.Backend: a keep-alive of the grant's etcd lease and
 // a read-only transaction that checks its key, sent together (one round
 // trip).
-func (b *Backend) Renew(ctx context.Context, g lease.Grant) error {
+func (b *Backend) Renew(ctx context.Context, g driver.Grant) error {
 	var err error
-	b.RenewBatch(ctx, []lease.Grant{g}, func(_ int, e error) { err = e })
+	b.RenewBatch(ctx, []driver.Grant{g}, func(_ int, e error) { err = e })
 	return err
 }
 
-// RenewBatch implements lease.BatchRenewer: the keys of up to MaxTxnOps
+// RenewBatch implements driver.BatchRenewer: the keys of up to MaxTxnOps
 // grants are checked in one read-only transaction (larger batches in
 // several, sent together), and the grants' keep-alives are sent at the same
 // time, up to 64 at once (etcd has no keep-alive of several leases in one
 // message). A grant is renewed (nil) only if its keep-alive succeeded and its
 // key holds its owner, was created by it and is attached to its lease;
-// otherwise its error matches lease.ErrNotHeld, or is the store's error.
+// otherwise its error matches driver.ErrNotHeld, or is the store's error.
 // A grant whose State is not the one Acquire made for it (another owner's
 // or token's) is ErrNotHeld, and nothing is sent for it. Each grant's
 // outcome is reported (done) as soon as its keep-alive and its chunk's
 // check have both answered.
-func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant, done func(i int, err error)) {
+func (b *Backend) RenewBatch(ctx context.Context, gs []driver.Grant, done func(i int, err error)) {
 	report := done
 	done = func(i int, err error) { report(i, b.setup(err)) }
 	sts := make([]*grantState, len(gs))
@@ -498,7 +498,7 @@ func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant, done func(i 
 	for i, g := range gs {
 		st, ok := stateOf(g)
 		if !ok {
-			done(i, fmt.Errorf("%w: %q: the grant's state is not the one made for owner %q with token %d", lease.ErrNotHeld, g.Name, g.Owner, g.Token))
+			done(i, fmt.Errorf("%w: %q: the grant's state is not the one made for owner %q with token %d", driver.ErrNotHeld, g.Name, g.Owner, g.Token))
 			continue
 		}
 		sts[i] = st
@@ -534,15 +534,15 @@ func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant, done func(i 
 			var ka error
 			switch {
 			case errors.Is(err, rpctypes.ErrLeaseNotFound):
-				ka = fmt.Errorf("%w: %q: its etcd lease %x expired or was revoked", lease.ErrNotHeld, gs[i].Name, int64(sts[i].id))
+				ka = fmt.Errorf("%w: %q: its etcd lease %x expired or was revoked", driver.ErrNotHeld, gs[i].Name, int64(sts[i].id))
 			case err != nil:
 				ka = fmt.Errorf("etcdlease: renew %q: keep-alive: %w", gs[i].Name, err)
 			}
 			<-checked[i]
 			switch {
-			case errors.Is(ka, lease.ErrNotHeld):
+			case errors.Is(ka, driver.ErrNotHeld):
 				done(i, ka)
-			case errors.Is(checks[i], lease.ErrNotHeld):
+			case errors.Is(checks[i], driver.ErrNotHeld):
 				if ka == nil {
 					// The lease is alive but holds nothing of ours: let
 					// it go now rather than after its TTL.
@@ -561,7 +561,7 @@ func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant, done func(i 
 
 // checkKeys reads the keys of the grants gs[i] for i in idx in one
 // transaction and records in out[i] whether each is still that grant's.
-func (b *Backend) checkKeys(ctx context.Context, gs []lease.Grant, sts []*grantState, idx []int, out []error) {
+func (b *Backend) checkKeys(ctx context.Context, gs []driver.Grant, sts []*grantState, idx []int, out []error) {
 	ops := make([]clientv3.Op, len(idx))
 	for j, i := range idx {
 		ops[j] = clientv3.OpGet(sts[i].key)
@@ -576,9 +576,9 @@ func (b *Backend) checkKeys(ctx context.Context, gs []lease.Grant, sts []*grantS
 		st := sts[i]
 		switch {
 		case len(kvs) == 0:
-			out[i] = fmt.Errorf("%w: %q: the key is gone", lease.ErrNotHeld, gs[i].Name)
+			out[i] = fmt.Errorf("%w: %q: the key is gone", driver.ErrNotHeld, gs[i].Name)
 		case string(kvs[0].Value) != st.owner || kvs[0].CreateRevision != st.rev || clientv3.LeaseID(kvs[0].Lease) != st.id:
-			out[i] = fmt.Errorf("%w: %q: the key belongs to another grant", lease.ErrNotHeld, gs[i].Name)
+			out[i] = fmt.Errorf("%w: %q: the key belongs to another grant", driver.ErrNotHeld, gs[i].Name)
 		}
 	}
 }
@@ -586,7 +586,7 @@ func (b *Backend) checkKeys(ctx context.Context, gs []lease.Grant, sts []*grantS
 // EndedKey returns the etcd key that records owner as ended (released or
 // abandoned) for the lease name: Prefix+"e/"+name+"\x00"+owner (a name
 // has no control characters, so the NUL separates it from the owner). It
-// is attached to an etcd lease of at least lease.EndedOwnerTTL of the
+// is attached to an etcd lease of at least driver.EndedOwnerTTL of the
 // grant's TTL, and expires with it.
 func (b *Backend) EndedKey(name, owner string) string {
 	return b.o.Prefix + "e/" + name + "\x00" + owner
@@ -599,11 +599,11 @@ const (
 	endedLost      = "lost"      // by a Release that found the grant gone
 )
 
-// Release implements lease.Backend in one round trip: one transaction
+// Release implements driver.Backend in one round trip: one transaction
 // that, if the key is still this grant's (its create revision, owner and
 // etcd lease), deletes it, and in any case puts the key that records the
 // owner as ended (EndedKey), attached to an etcd lease that keeps it for
-// lease.EndedOwnerTTL of the grant's TTL; when the key is not this grant's,
+// driver.EndedOwnerTTL of the grant's TTL; when the key is not this grant's,
 // the transaction also reads whether the owner had been ended before. The
 // grant's own etcd lease is then revoked in the background (nothing is
 // attached to it any more; if the revoke is lost, it expires after its
@@ -614,7 +614,7 @@ const (
 // again after its first reply was lost (etcd's client resends a request
 // whose connection broke; this backend resends a release whose outcome is
 // unknown, below) finds its own record and is a release, not a loss. It
-// returns an error matching lease.ErrNotHeld when the key had expired or
+// returns an error matching driver.ErrNotHeld when the key had expired or
 // was another grant's (and again for a release resent after one that found
 // that: the record says "lost"), and when g's State is not the one Acquire made for it (without
 // any request).
@@ -625,10 +625,10 @@ const (
 // The first Release of a backend for a given EndedOwnerTTL also grants the
 // etcd lease that the ended records of that TTL share (one more round trip,
 // then about once per EndedOwnerTTL).
-func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
+func (b *Backend) Release(ctx context.Context, g driver.Grant) error {
 	st, ok := stateOf(g)
 	if !ok {
-		return lease.ErrNotHeld
+		return driver.ErrNotHeld
 	}
 	if st.held != nil {
 		st.held.releasing.Store(true)
@@ -668,10 +668,10 @@ func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("%w: %q: its key had expired or was another grant's", lease.ErrNotHeld, g.Name)
+	return fmt.Errorf("%w: %q: its key had expired or was another grant's", driver.ErrNotHeld, g.Name)
 }
 
-// Abandon implements lease.Backend in one round trip (plus, as for
+// Abandon implements driver.Backend in one round trip (plus, as for
 // Release, the shared etcd lease of the ended records once per
 // EndedOwnerTTL): one transaction that, if the lease's key holds
 // req.Owner (whatever its token), reads and deletes it, and in any case
@@ -680,8 +680,8 @@ func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
 // nothing. The etcd lease of a deleted key is revoked in the background.
 // It returns nil whether or not the owner held the name; an outcome that
 // stays unknown is sent again until ctx ends, as Release does.
-func (b *Backend) Abandon(ctx context.Context, req lease.Request) error {
-	if err := lease.ValidateName(req.Name); err != nil {
+func (b *Backend) Abandon(ctx context.Context, req driver.Request) error {
+	if err := driver.ValidateName(req.Name); err != nil {
 		return err
 	}
 	if req.Owner == "" {
@@ -727,7 +727,7 @@ type endedLease struct {
 // timeout) is sent again after a short pause until it is answered or ctx
 // ends: every transaction endOwner runs is idempotent.
 func (b *Backend) endOwner(ctx context.Context, ttl time.Duration, txn func(clientv3.LeaseID) error) error {
-	secs := int64(math.Ceil(lease.EndedOwnerTTL(ttl).Seconds()))
+	secs := int64(math.Ceil(driver.EndedOwnerTTL(ttl).Seconds()))
 	var unknown error
 	for attempt := 0; ; attempt++ {
 		id, err := b.endedLease(ctx, secs)
@@ -996,41 +996,41 @@ func (b *Backend) newEpochAfterRewind(ctx context.Context, ep *epoch, floor int6
 	return nil
 }
 
-// Holder implements lease.Inspector: the key and the epoch key, read in one
+// Holder implements driver.Inspector: the key and the epoch key, read in one
 // transaction, name the owner and the token; the grant's etcd lease, asked
 // for its time to live, gives Remaining: in whole seconds, truncated by
 // etcd, so a lower bound (0 means less than a second). Two round trips. It
-// returns an error matching lease.ErrNotHeld when the key is absent (or
+// returns an error matching driver.ErrNotHeld when the key is absent (or
 // its lease was gone by the second request).
-func (b *Backend) Holder(ctx context.Context, name string) (lease.Holder, error) {
-	if err := lease.ValidateName(name); err != nil {
-		return lease.Holder{}, err
+func (b *Backend) Holder(ctx context.Context, name string) (driver.Holder, error) {
+	if err := driver.ValidateName(name); err != nil {
+		return driver.Holder{}, err
 	}
 	resp, err := b.c.Txn(ctx).Then(clientv3.OpGet(b.Key(name)), clientv3.OpGet(b.epochKey)).Commit()
 	if err != nil {
-		return lease.Holder{}, fmt.Errorf("etcdlease: holder of %q: %w", name, b.setup(err))
+		return driver.Holder{}, fmt.Errorf("etcdlease: holder of %q: %w", name, b.setup(err))
 	}
 	kvs := resp.Responses[0].GetResponseRange().GetKvs()
 	if len(kvs) == 0 {
-		return lease.Holder{}, fmt.Errorf("%w: %q is free", lease.ErrNotHeld, name)
+		return driver.Holder{}, fmt.Errorf("%w: %q is free", driver.ErrNotHeld, name)
 	}
 	kv := kvs[0]
 	eps := resp.Responses[1].GetResponseRange().GetKvs()
 	if len(eps) == 0 || eps[0].CreateRevision > kv.CreateRevision {
-		return lease.Holder{}, fmt.Errorf("etcdlease: holder of %q: the key was created before the current epoch key (%q), so its token cannot be told", name, b.epochKey)
+		return driver.Holder{}, fmt.Errorf("etcdlease: holder of %q: the key was created before the current epoch key (%q), so its token cannot be told", name, b.epochKey)
 	}
 	us, err := strconv.ParseInt(string(eps[0].Value), 10, 64)
 	if err != nil || us <= eps[0].CreateRevision {
-		return lease.Holder{}, fmt.Errorf("%w: %q holds %.40q", ErrCorruptEpoch, b.epochKey, eps[0].Value)
+		return driver.Holder{}, fmt.Errorf("%w: %q holds %.40q", ErrCorruptEpoch, b.epochKey, eps[0].Value)
 	}
-	h := lease.Holder{Name: name, Owner: string(kv.Value), Token: fence.Token(us - eps[0].CreateRevision + kv.CreateRevision)}
+	h := driver.Holder{Name: name, Owner: string(kv.Value), Token: fence.Token(us - eps[0].CreateRevision + kv.CreateRevision)}
 	ttl, err := b.c.TimeToLive(ctx, clientv3.LeaseID(kv.Lease))
 	switch {
 	case err != nil:
-		return lease.Holder{}, fmt.Errorf("etcdlease: holder of %q: time to live of its lease: %w", name, err)
+		return driver.Holder{}, fmt.Errorf("etcdlease: holder of %q: time to live of its lease: %w", name, err)
 	case ttl.TTL < 0:
 		// -1: the lease is gone (revoked or expired since the read above).
-		return lease.Holder{}, fmt.Errorf("%w: %q: its lease ran out", lease.ErrNotHeld, name)
+		return driver.Holder{}, fmt.Errorf("%w: %q: its lease ran out", driver.ErrNotHeld, name)
 	}
 	// etcd reports whole seconds, truncated: 0 is less than a second left
 	// (or expired, with the key not yet deleted: etcd revokes expired

@@ -10,10 +10,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
-// setup returns err as an error matching lease.ErrSetup when it is one that
+// setup returns err as an error matching driver.ErrSetup when it is one that
 // retrying cannot fix, naming the fix, and err otherwise:
 //
 //   - authentication failed (a wrong user name or password);
@@ -24,17 +24,17 @@ import (
 // Unavailable (no leader, a broken connection), timeouts and every other
 // error are returned as they are.
 func (b *Backend) setup(err error) error {
-	if err == nil || errors.Is(err, lease.ErrSetup) {
+	if err == nil || errors.Is(err, driver.ErrSetup) {
 		return err
 	}
 	ee, code := etcdError(err)
 	switch {
 	case ee == rpctypes.ErrAuthFailed:
-		return &lease.SetupError{Err: err, Fix: "etcd refused the user name or password: set the right Username and Password in the client's clientv3.Config"}
+		return &driver.SetupError{Err: err, Fix: "etcd refused the user name or password: set the right Username and Password in the client's clientv3.Config"}
 	case ee == rpctypes.ErrUserEmpty, ee == rpctypes.ErrInvalidAuthToken, code == codes.Unauthenticated:
-		return &lease.SetupError{Err: err, Fix: "etcd has authentication enabled and the client sent no credentials it accepts: set Username and Password in the client's clientv3.Config"}
+		return &driver.SetupError{Err: err, Fix: "etcd has authentication enabled and the client sent no credentials it accepts: set Username and Password in the client's clientv3.Config"}
 	case ee == rpctypes.ErrPermissionDenied, code == codes.PermissionDenied:
-		return &lease.SetupError{Err: err, Fix: fmt.Sprintf("the etcd user's roles do not cover fencekit's keys: grant one of its roles readwrite on the prefix, etcdctl role grant-permission <role> --prefix=true readwrite %q", b.o.Prefix)}
+		return &driver.SetupError{Err: err, Fix: fmt.Sprintf("the etcd user's roles do not cover fencekit's keys: grant one of its roles readwrite on the prefix, etcdctl role grant-permission <role> --prefix=true readwrite %q", b.o.Prefix)}
 	}
 	return err
 }
@@ -61,7 +61,7 @@ func etcdError(err error) (rpctypes.EtcdError, codes.Code) {
 // probe; it reads and writes neither.
 const checkName = "fencekit-check"
 
-// Check implements lease.Checker in one round trip: a transaction whose
+// Check implements driver.Checker in one round trip: a transaction whose
 // condition can never hold (a create revision below 0), with puts of a
 // lease key and an ended-owner key under the prefix in its never-taken
 // branch, and a count of the keys under the prefix in the other. etcd
@@ -71,7 +71,7 @@ const checkName = "fencekit-check"
 // writes nothing and grants no etcd lease.
 //
 // Refused credentials and permissions give an error matching
-// lease.ErrSetup that names the fix; a cluster that cannot be reached
+// driver.ErrSetup that names the fix; a cluster that cannot be reached
 // gives the client's error.
 func (b *Backend) Check(ctx context.Context) error {
 	if b.isClosed() {

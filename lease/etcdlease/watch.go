@@ -11,10 +11,10 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
-// Watch implements lease.Watcher. The waiters of one name in one Backend
+// Watch implements driver.Watcher. The waiters of one name in one Backend
 // share one etcd watch on the lease's key, for deletions only (a release,
 // an expiry, a revoke). Each deletion wakes one of them, the one that has
 // waited longest without a signal, rather than all: the lease can go to one
@@ -29,7 +29,7 @@ import (
 // when the member the client talks to loses its leader, the watch ends and
 // every waiter is signalled, so that each tries again (and then polls).
 func (b *Backend) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
-	if err := lease.ValidateName(name); err != nil {
+	if err := driver.ValidateName(name); err != nil {
 		return nil, nil, err
 	}
 	w := &waiter{ch: make(chan struct{}, 1)}
@@ -179,7 +179,7 @@ const heldRetry = 100 * time.Millisecond
 // a deletion, or a put by anyone else, that happens after the grant is seen
 // even if the watch is created later. It ends when the loss is reported,
 // when Release stops it, or when the backend closes.
-func (b *Backend) watchHeld(st *grantState, n lease.Notifier) *heldWatch {
+func (b *Backend) watchHeld(st *grantState, n driver.Notifier) *heldWatch {
 	ctx, cancel := context.WithCancel(b.ctx)
 	h := &heldWatch{cancel: cancel}
 	b.mu.Lock()
@@ -228,7 +228,7 @@ func (b *Backend) followHeld(ctx context.Context, st *grantState, from int64) (n
 			// The history from "from" on is compacted: look at the key as
 			// it is now, and watch on from there.
 			next, err := b.checkHeld(ctx, st)
-			if errors.Is(err, lease.ErrNotHeld) {
+			if errors.Is(err, driver.ErrNotHeld) {
 				return from, err
 			}
 			if err == nil {
@@ -240,9 +240,9 @@ func (b *Backend) followHeld(ctx context.Context, st *grantState, from int64) (n
 			from = ev.Kv.ModRevision + 1
 			switch {
 			case ev.Type == mvccpb.DELETE:
-				return from, fmt.Errorf("%w: %q: its key was deleted at revision %d (the etcd lease expired or was revoked, or the key was deleted)", lease.ErrNotHeld, st.key, ev.Kv.ModRevision)
+				return from, fmt.Errorf("%w: %q: its key was deleted at revision %d (the etcd lease expired or was revoked, or the key was deleted)", driver.ErrNotHeld, st.key, ev.Kv.ModRevision)
 			case ev.Kv.CreateRevision != st.rev || clientv3.LeaseID(ev.Kv.Lease) != st.id || string(ev.Kv.Value) != st.owner:
-				return from, fmt.Errorf("%w: %q: its key was overwritten at revision %d", lease.ErrNotHeld, st.key, ev.Kv.ModRevision)
+				return from, fmt.Errorf("%w: %q: its key was overwritten at revision %d", driver.ErrNotHeld, st.key, ev.Kv.ModRevision)
 			}
 		}
 	}
@@ -250,14 +250,14 @@ func (b *Backend) followHeld(ctx context.Context, st *grantState, from int64) (n
 }
 
 // checkHeld reads st's key and returns the revision to watch from, or an
-// error matching lease.ErrNotHeld if the key is no longer st's.
+// error matching driver.ErrNotHeld if the key is no longer st's.
 func (b *Backend) checkHeld(ctx context.Context, st *grantState) (int64, error) {
 	resp, err := b.c.Get(ctx, st.key)
 	if err != nil {
 		return 0, err
 	}
 	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != st.rev || clientv3.LeaseID(resp.Kvs[0].Lease) != st.id {
-		return 0, fmt.Errorf("%w: %q: the key is gone or another grant's", lease.ErrNotHeld, st.key)
+		return 0, fmt.Errorf("%w: %q: the key is gone or another grant's", driver.ErrNotHeld, st.key)
 	}
 	return resp.Header.Revision + 1, nil
 }

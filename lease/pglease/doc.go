@@ -31,7 +31,7 @@
 //     name's token) and the release is announced with NOTIFY on Channel,
 //     in the same statement. Whatever the outcome, the owner is recorded
 //     as ended on the row (column ended: owner → until, kept for
-//     lease.EndedOwnerTTL). A Release of an owner already ended returns
+//     driver.EndedOwnerTTL). A Release of an owner already ended returns
 //     nil: pgx never sends a statement twice, but a caller may retry a
 //     Release whose reply was lost, and that retry is a release, not a
 //     loss.
@@ -102,7 +102,7 @@
 //     expiry if the same server process still holds the lock (pg_locks) and
 //     the token row still names the grant's owner and token; it also
 //     restarts the idle timeout. A broken connection, or a lock or row that
-//     is gone, ends the grant (lease.ErrNotHeld). Only the deadline of a
+//     is gone, ends the grant (driver.ErrNotHeld). Only the deadline of a
 //     renew's context bounds it, not its cancellation: pgx closes a
 //     connection whose reply it stopped waiting for, which would end the
 //     session.

@@ -16,7 +16,7 @@ import (
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/pgident"
 	"github.com/fencekit/fencekit/internal/pgleasesql"
-	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 // Pool is the part of a pgx v5 pool the backend uses: statements for table
@@ -31,12 +31,12 @@ type Pool interface {
 }
 
 var (
-	_ Pool               = (*pgxpool.Pool)(nil)
-	_ lease.Backend      = (*Backend)(nil)
-	_ lease.Watcher      = (*Backend)(nil)
-	_ lease.Inspector    = (*Backend)(nil)
-	_ lease.BatchRenewer = (*Backend)(nil)
-	_ lease.Checker      = (*Backend)(nil)
+	_ Pool                = (*pgxpool.Pool)(nil)
+	_ driver.Backend      = (*Backend)(nil)
+	_ driver.Watcher      = (*Backend)(nil)
+	_ driver.Inspector    = (*Backend)(nil)
+	_ driver.BatchRenewer = (*Backend)(nil)
+	_ driver.Checker      = (*Backend)(nil)
 )
 
 // Names of the tables the backend uses, created by package migrations
@@ -104,7 +104,7 @@ var (
 	// when the lease tables do not exist in the schema the backend looks
 	// in: run migrations.Up (fencekit migrate up) there, or fix
 	// Options.Schema.
-	// It also matches lease.ErrSetup, so a blocking Acquire returns it at
+	// It also matches driver.ErrSetup, so a blocking Acquire returns it at
 	// once.
 	ErrNotMigrated = errors.New("pglease: lease tables not found (run fencekit migrate up)")
 	// ErrPooler is matched by session mode's Acquire error when the
@@ -216,25 +216,25 @@ func lockKey(schema, name string) int64 {
 	return int64(h.Sum64())
 }
 
-// Limits implements lease.Backend. Table mode: TTLs are whole microseconds
+// Limits implements driver.Backend. Table mode: TTLs are whole microseconds
 // (timestamptz), at least MinTTL. Session mode: whole milliseconds
 // (idle_session_timeout), at least MinTTL and at most 2^31-1 ms.
-func (b *Backend) Limits() lease.Limits {
+func (b *Backend) Limits() driver.Limits {
 	if b.o.Mode == ModeSession {
-		return lease.Limits{MinTTL: MinTTL, MaxTTL: maxSessionTTL, Resolution: time.Millisecond}
+		return driver.Limits{MinTTL: MinTTL, MaxTTL: maxSessionTTL, Resolution: time.Millisecond}
 	}
-	return lease.Limits{MinTTL: MinTTL, Resolution: time.Microsecond}
+	return driver.Limits{MinTTL: MinTTL, Resolution: time.Microsecond}
 }
 
-// Acquire implements lease.Backend in one statement (one round trip once
+// Acquire implements driver.Backend in one statement (one round trip once
 // pgx has prepared it on the connection). In table mode, a refusal carries
 // the holder's remaining time from the stored expiry as
 // NotAcquiredError.RetryAfter; session mode does not know it. Errors:
 // ErrClosed after Close; ErrNotMigrated; ErrPooler (session mode); the
 // pool's or the server's error otherwise.
-func (b *Backend) Acquire(ctx context.Context, req lease.Request) (lease.Grant, error) {
+func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
 	if b.isClosed() {
-		return lease.Grant{}, ErrClosed
+		return driver.Grant{}, ErrClosed
 	}
 	if b.o.Mode == ModeSession {
 		return b.sessionAcquire(ctx, req)
@@ -242,24 +242,24 @@ func (b *Backend) Acquire(ctx context.Context, req lease.Request) (lease.Grant, 
 	return b.tableAcquire(ctx, req)
 }
 
-// Renew implements lease.Backend in one statement: table mode extends the
+// Renew implements driver.Backend in one statement: table mode extends the
 // row's expiry only if it still holds g's owner and token and has not
 // expired; session mode checks on the pinned connection that the same
 // server process still holds the advisory lock (pg_locks) and that the
 // token row still names g's owner and token.
-func (b *Backend) Renew(ctx context.Context, g lease.Grant) error {
+func (b *Backend) Renew(ctx context.Context, g driver.Grant) error {
 	if b.o.Mode == ModeSession {
 		return b.sessionRenew(ctx, g)
 	}
 	return b.tableRenew(ctx, g)
 }
 
-// RenewBatch implements lease.BatchRenewer. Table mode sends one statement
+// RenewBatch implements driver.BatchRenewer. Table mode sends one statement
 // for all grants (arrays unnested in one UPDATE: one round trip) and
 // reports every outcome when it answers. Session mode renews each grant on
 // its own pinned connection, all at once, and reports each as its
 // connection answers, so one stalled connection holds up no other grant.
-func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant, done func(i int, err error)) {
+func (b *Backend) RenewBatch(ctx context.Context, gs []driver.Grant, done func(i int, err error)) {
 	if b.o.Mode == ModeSession {
 		var wg sync.WaitGroup
 		for i, g := range gs {
@@ -275,26 +275,26 @@ func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant, done func(i 
 	b.tableRenewBatch(ctx, gs, done)
 }
 
-// Release implements lease.Backend in one statement that also announces the
+// Release implements driver.Backend in one statement that also announces the
 // release on Channel (NOTIFY, delivered when the statement commits), so
 // that waiters wake at once. Table mode frees the row only if it still
 // holds g's owner and token and has not expired; session mode also marks
 // the token row free, unlocks the advisory lock and gives the pinned
 // connection back to the pool, or closes it when the lock's state is in
 // doubt. Either way the owner is recorded as ended
-// (lease.EndedOwnerTTL(g.TTL)), and a Release of an owner already ended by
+// (driver.EndedOwnerTTL(g.TTL)), and a Release of an owner already ended by
 // an earlier Release or an Abandon returns nil: a retried release is a
 // release, not a loss.
-func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
+func (b *Backend) Release(ctx context.Context, g driver.Grant) error {
 	if b.o.Mode == ModeSession {
 		return b.sessionRelease(ctx, g)
 	}
 	return b.tableRelease(ctx, g)
 }
 
-// Abandon implements lease.Backend in one statement on any connection of
+// Abandon implements driver.Backend in one statement on any connection of
 // the pool: it ends req.Owner's grant of req.Name if it holds one,
-// records the owner as ended for lease.EndedOwnerTTL(req.TTL), so that
+// records the owner as ended for driver.EndedOwnerTTL(req.TTL), so that
 // Acquire refuses it, and announces a release on Channel (a waiter woken
 // when nothing was ended tries again). In session mode it also ends the
 // session that holds the owner's advisory lock: a pin of this Backend is
@@ -302,14 +302,14 @@ func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
 // (pg_terminate_backend, only a session of the same user; otherwise it
 // ends at that holder's next renewal, which finds the row no longer names
 // it). It returns nil whether or not the owner held anything.
-func (b *Backend) Abandon(ctx context.Context, req lease.Request) error {
+func (b *Backend) Abandon(ctx context.Context, req driver.Request) error {
 	if b.o.Mode == ModeSession {
 		return b.sessionAbandon(ctx, req)
 	}
 	return b.tableAbandon(ctx, req)
 }
 
-// Watch implements lease.Watcher over one listening connection per Backend,
+// Watch implements driver.Watcher over one listening connection per Backend,
 // taken from the pool (and kept out of it) on first use. It returns once
 // LISTEN is active, bounded by ctx. While that connection is down, Watch
 // fails and waiters poll; when it comes back every waiter is signalled, in
@@ -322,12 +322,12 @@ func (b *Backend) Watch(ctx context.Context, name string) (<-chan struct{}, func
 	return b.hub.watch(ctx, name)
 }
 
-// Holder implements lease.Inspector in one statement. Table mode: the row's
+// Holder implements driver.Inspector in one statement. Table mode: the row's
 // owner and token while its expiry has not passed, and the time left.
 // Session mode: the last grant's owner and token while its row's expiry
 // has not passed or the session it was granted to still holds the advisory
 // lock, and the time left until that expiry (0 once it has passed).
-func (b *Backend) Holder(ctx context.Context, name string) (lease.Holder, error) {
+func (b *Backend) Holder(ctx context.Context, name string) (driver.Holder, error) {
 	var (
 		owner string
 		token int64
@@ -342,11 +342,11 @@ func (b *Backend) Holder(ctx context.Context, name string) (lease.Holder, error)
 	}
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return lease.Holder{}, lease.ErrNotHeld
+		return driver.Holder{}, driver.ErrNotHeld
 	case err != nil:
-		return lease.Holder{}, storeErr("holder of", name, err)
+		return driver.Holder{}, storeErr("holder of", name, err)
 	}
-	return lease.Holder{Name: name, Owner: owner, Token: fence.Token(token), Remaining: time.Duration(left) * time.Microsecond}, nil
+	return driver.Holder{Name: name, Owner: owner, Token: fence.Token(token), Remaining: time.Duration(left) * time.Microsecond}, nil
 }
 
 // Close ends the listening connection and its goroutine and, in session
@@ -399,7 +399,7 @@ var setupFixes = map[string]string{
 // storeErr wraps an error of operation op on name: one that retrying
 // cannot fix (a missing table or schema, refused credentials or
 // privileges, a missing database, a read-only server) as a
-// *lease.SetupError naming the fix; any other as the store's error.
+// *driver.SetupError naming the fix; any other as the store's error.
 func storeErr(op, name string, err error) error {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
@@ -407,19 +407,19 @@ func storeErr(op, name string, err error) error {
 	}
 	switch pgErr.Code {
 	case codeUndefinedTable, codeInvalidSchemaName:
-		return &lease.SetupError{Err: fmt.Errorf("pglease: %s %q: %w: %w", op, name, ErrNotMigrated, err),
+		return &driver.SetupError{Err: fmt.Errorf("pglease: %s %q: %w: %w", op, name, ErrNotMigrated, err),
 			Fix: "the lease tables are not in this database's schema: run `fencekit migrate up` (or migrations.Up) against it, or set Options.Schema to the schema that has them"}
 	}
 	if fix, ok := setupFixes[pgErr.Code]; ok {
-		return &lease.SetupError{Err: fmt.Errorf("pglease: %s %q: %w", op, name, err), Fix: fix}
+		return &driver.SetupError{Err: fmt.Errorf("pglease: %s %q: %w", op, name, err), Fix: fix}
 	}
 	return fmt.Errorf("pglease: %s %q: %w", op, name, err)
 }
 
-// Check implements lease.Checker in one round trip that reads and changes
-// nothing: it fails with an error matching lease.ErrSetup (and
+// Check implements driver.Checker in one round trip that reads and changes
+// nothing: it fails with an error matching driver.ErrSetup (and
 // ErrNotMigrated) when the mode's lease table is missing, with one
-// matching lease.ErrSetup when the user may not read and write it or the
+// matching driver.ErrSetup when the user may not read and write it or the
 // server refuses the connection for good (see storeErr), and with the
 // store's error when the server cannot be reached. ctx bounds it.
 func (b *Backend) Check(ctx context.Context) error {
@@ -432,7 +432,7 @@ func (b *Backend) Check(ctx context.Context) error {
 		return storeErr("check", table, err)
 	}
 	if !ok {
-		return &lease.SetupError{Fix: "pglease: check " + table + ": " + setupFixes["42501"]}
+		return &driver.SetupError{Fix: "pglease: check " + table + ": " + setupFixes["42501"]}
 	}
 	return nil
 }

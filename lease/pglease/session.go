@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekit/fencekit/fence"
-	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 // pin is one session-mode grant: a pool connection taken out of use for the
@@ -35,7 +35,7 @@ type pin struct {
 	done chan struct{}   // closed when the socket watcher ends; nil if unwatched
 
 	mu       sync.Mutex // held while the connection is in use; guards what follows
-	notify   lease.Notifier
+	notify   driver.Notifier
 	lastSent time.Time // send time of the last request that found the lock held
 	ended    error     // why the connection was given back or closed; nil while live
 	stopping bool      // the socket watcher must end
@@ -55,10 +55,10 @@ func millis(ttl time.Duration) (int64, error) {
 	return ttl.Milliseconds(), nil
 }
 
-func (b *Backend) sessionAcquire(ctx context.Context, req lease.Request) (lease.Grant, error) {
+func (b *Backend) sessionAcquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
 	ms, err := millis(req.TTL)
 	if err != nil {
-		return lease.Grant{}, err
+		return driver.Grant{}, err
 	}
 	// The same owner again (a retried request whose reply was lost, or a
 	// Manager asking twice): confirm the grant it has.
@@ -67,10 +67,10 @@ func (b *Backend) sessionAcquire(ctx context.Context, req lease.Request) (lease.
 	b.mu.Unlock()
 	if p != nil && p.owner == req.Owner {
 		if err := p.confirm(ctx); err != nil {
-			if errors.Is(err, lease.ErrNotHeld) {
-				return lease.Grant{}, &lease.NotAcquiredError{Name: req.Name}
+			if errors.Is(err, driver.ErrNotHeld) {
+				return driver.Grant{}, &driver.NotAcquiredError{Name: req.Name}
 			}
-			return lease.Grant{}, err
+			return driver.Grant{}, err
 		}
 		p.mu.Lock()
 		if req.Notify != nil {
@@ -82,7 +82,7 @@ func (b *Backend) sessionAcquire(ctx context.Context, req lease.Request) (lease.
 
 	pc, err := b.db.Acquire(ctx)
 	if err != nil {
-		return lease.Grant{}, storeErr("acquire", req.Name, err)
+		return driver.Grant{}, storeErr("acquire", req.Name, err)
 	}
 	key := lockKey(b.o.Schema, req.Name)
 	var (
@@ -99,11 +99,11 @@ func (b *Backend) sessionAcquire(ctx context.Context, req lease.Request) (lease.
 		// The lock may be held (session locks survive a failed
 		// statement): end the session.
 		destroy(pc)
-		return lease.Grant{}, storeErr("acquire", req.Name, err)
+		return driver.Grant{}, storeErr("acquire", req.Name, err)
 	}
 	if uint32(pid) != announced && !b.o.AllowPooler {
 		pc.Release() // the statement took nothing
-		return lease.Grant{}, fmt.Errorf("%w: the connection announced server process %d at connect, but server process %d ran the statement (see Options.AllowPooler)",
+		return driver.Grant{}, fmt.Errorf("%w: the connection announced server process %d at connect, but server process %d ran the statement (see Options.AllowPooler)",
 			ErrPooler, announced, pid)
 	}
 	if !ok {
@@ -115,16 +115,16 @@ func (b *Backend) sessionAcquire(ctx context.Context, req lease.Request) (lease.
 			pc.Release() // nothing was kept or set on it
 		}
 		if ended {
-			return lease.Grant{}, endedOwnerErr(req)
+			return driver.Grant{}, endedOwnerErr(req)
 		}
 		// Another session holds the lock, or the last holder's expiry
 		// has not passed (its session may have ended on the server while
 		// its holder, unaware, still counts the lease valid).
-		return lease.Grant{}, &lease.NotAcquiredError{Name: req.Name, RetryAfter: time.Duration(leftUs) * time.Microsecond}
+		return driver.Grant{}, &driver.NotAcquiredError{Name: req.Name, RetryAfter: time.Duration(leftUs) * time.Microsecond}
 	}
 	if token <= 0 {
 		destroy(pc)
-		return lease.Grant{}, fmt.Errorf("pglease: acquire %q: the store returned an invalid token %d", req.Name, token)
+		return driver.Grant{}, fmt.Errorf("pglease: acquire %q: the store returned an invalid token %d", req.Name, token)
 	}
 	p = &pin{
 		b: b, pc: pc, name: req.Name, owner: req.Owner, token: fence.Token(token), key: key,
@@ -134,7 +134,7 @@ func (b *Backend) sessionAcquire(ctx context.Context, req lease.Request) (lease.
 	if b.closed {
 		b.mu.Unlock()
 		destroy(pc)
-		return lease.Grant{}, ErrClosed
+		return driver.Grant{}, ErrClosed
 	}
 	b.pins[p] = struct{}{}
 	b.byName[p.name] = p
@@ -146,14 +146,14 @@ func (b *Backend) sessionAcquire(ctx context.Context, req lease.Request) (lease.
 	return p.grant(), nil
 }
 
-func (p *pin) grant() lease.Grant {
-	return lease.Grant{Name: p.name, Owner: p.owner, Token: p.token, TTL: p.ttl, State: p}
+func (p *pin) grant() driver.Grant {
+	return driver.Grant{Name: p.name, Owner: p.owner, Token: p.token, TTL: p.ttl, State: p}
 }
 
 // pinOf returns the pin of g if g carries one with the same name, owner
 // and token as the pin was granted with; else nil. The pin knows its own
 // connection, so any Backend may renew or release it.
-func (b *Backend) pinOf(g lease.Grant) *pin {
+func (b *Backend) pinOf(g driver.Grant) *pin {
 	p, ok := g.State.(*pin)
 	if !ok || p == nil || p.name != g.Name || p.owner != g.Owner || p.token != g.Token {
 		return nil
@@ -161,10 +161,10 @@ func (b *Backend) pinOf(g lease.Grant) *pin {
 	return p
 }
 
-func (b *Backend) sessionRenew(ctx context.Context, g lease.Grant) error {
+func (b *Backend) sessionRenew(ctx context.Context, g driver.Grant) error {
 	p := b.pinOf(g)
 	if p == nil {
-		return lease.ErrNotHeld
+		return driver.ErrNotHeld
 	}
 	return p.confirm(ctx)
 }
@@ -176,7 +176,7 @@ func (p *pin) confirm(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.ended != nil {
-		return fmt.Errorf("%w: %w", lease.ErrNotHeld, p.ended)
+		return fmt.Errorf("%w: %w", driver.ErrNotHeld, p.ended)
 	}
 	// Only ctx's deadline bounds the check, not its cancellation: pgx
 	// closes a connection whose reply it stopped waiting for, which would
@@ -189,13 +189,13 @@ func (p *pin) confirm(ctx context.Context) error {
 	case err != nil && p.pc.Conn().IsClosed():
 		cause := fmt.Errorf("pglease: the pinned connection of %q broke: %w", p.name, err)
 		p.endLocked(cause)
-		return fmt.Errorf("%w: %w", lease.ErrNotHeld, cause)
+		return fmt.Errorf("%w: %w", driver.ErrNotHeld, cause)
 	case err != nil:
 		return storeErr("renew", p.name, err)
 	case !held:
 		cause := fmt.Errorf("pglease: the session of %q no longer holds its lock and token", p.name)
 		p.endLocked(cause)
-		return fmt.Errorf("%w: %w", lease.ErrNotHeld, cause)
+		return fmt.Errorf("%w: %w", driver.ErrNotHeld, cause)
 	}
 	p.lastSent = sent
 	return nil
@@ -215,10 +215,10 @@ func (p *pin) checkLocked(ctx context.Context) (bool, error) {
 	return held, err
 }
 
-func (b *Backend) sessionRelease(ctx context.Context, g lease.Grant) error {
+func (b *Backend) sessionRelease(ctx context.Context, g driver.Grant) error {
 	p := b.pinOf(g)
 	if p == nil {
-		return lease.ErrNotHeld
+		return driver.ErrNotHeld
 	}
 	ctx, cancel := deadlineOnly(ctx)
 	defer cancel()
@@ -234,7 +234,7 @@ func (b *Backend) sessionRelease(ctx context.Context, g lease.Grant) error {
 			if !rowFree {
 				_ = p.freeRow(ctx) // else the row expires after its TTL
 			}
-			return fmt.Errorf("%w: %w", lease.ErrNotHeld, cause)
+			return fmt.Errorf("%w: %w", driver.ErrNotHeld, cause)
 		}
 		// Released or abandoned by this Backend before: a retried
 		// release. If the earlier request was cut short, finish it.
@@ -264,7 +264,7 @@ func (b *Backend) sessionRelease(ctx context.Context, g lease.Grant) error {
 		p.rowFree = named
 		p.endLocked(errors.New("pglease: the session did not hold the lock at release"))
 		p.mu.Unlock()
-		return lease.ErrNotHeld
+		return driver.ErrNotHeld
 	}
 	// Unlocked, with the session's setting restored: the connection is
 	// clean and goes back to the pool once the socket watcher is gone.
@@ -282,7 +282,7 @@ func (b *Backend) sessionRelease(ctx context.Context, g lease.Grant) error {
 	}
 	p.pc.Release()
 	if !named {
-		return lease.ErrNotHeld // the lock was ours, but the token row had moved on (data loss)
+		return driver.ErrNotHeld // the lock was ours, but the token row had moved on (data loss)
 	}
 	return nil
 }
@@ -314,7 +314,7 @@ func (p *pin) freeRowBounded() {
 	_ = p.freeRow(ctx) // the row then expires after its TTL
 }
 
-func (b *Backend) sessionAbandon(ctx context.Context, req lease.Request) error {
+func (b *Backend) sessionAbandon(ctx context.Context, req driver.Request) error {
 	// A grant this Backend made to the owner: end its session here.
 	b.mu.Lock()
 	p := b.byName[req.Name]
@@ -344,7 +344,7 @@ func (b *Backend) sessionAbandon(ctx context.Context, req lease.Request) error {
 var errAbandoned = errors.New("pglease: abandoned")
 
 // errReleased is the cause recorded on a session grant released at the
-// store; a later Renew or Release of it matches lease.ErrNotHeld.
+// store; a later Renew or Release of it matches driver.ErrNotHeld.
 var errReleased = errors.New("pglease: released")
 
 // endLocked closes the pinned connection (the server then frees its lock)

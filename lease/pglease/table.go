@@ -9,13 +9,13 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fencekit/fencekit/fence"
-	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
-func (b *Backend) tableAcquire(ctx context.Context, req lease.Request) (lease.Grant, error) {
+func (b *Backend) tableAcquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
 	us, err := micros(req.TTL)
 	if err != nil {
-		return lease.Grant{}, err
+		return driver.Grant{}, err
 	}
 	var (
 		granted, ended bool
@@ -27,20 +27,20 @@ func (b *Backend) tableAcquire(ctx context.Context, req lease.Request) (lease.Gr
 	case errors.Is(err, pgx.ErrNoRows):
 		// Refused, and the holder's row is newer than the snapshot: its
 		// expiry is unknown.
-		return lease.Grant{}, &lease.NotAcquiredError{Name: req.Name}
+		return driver.Grant{}, &driver.NotAcquiredError{Name: req.Name}
 	case err != nil:
-		return lease.Grant{}, storeErr("acquire", req.Name, err)
+		return driver.Grant{}, storeErr("acquire", req.Name, err)
 	case !granted && ended:
-		return lease.Grant{}, endedOwnerErr(req)
+		return driver.Grant{}, endedOwnerErr(req)
 	case !granted:
-		return lease.Grant{}, &lease.NotAcquiredError{Name: req.Name, RetryAfter: time.Duration(leftUs) * time.Microsecond}
+		return driver.Grant{}, &driver.NotAcquiredError{Name: req.Name, RetryAfter: time.Duration(leftUs) * time.Microsecond}
 	case token <= 0:
-		return lease.Grant{}, fmt.Errorf("pglease: acquire %q: the store returned an invalid token %d", req.Name, token)
+		return driver.Grant{}, fmt.Errorf("pglease: acquire %q: the store returned an invalid token %d", req.Name, token)
 	}
-	return lease.Grant{Name: req.Name, Owner: req.Owner, Token: fence.Token(token), TTL: req.TTL}, nil
+	return driver.Grant{Name: req.Name, Owner: req.Owner, Token: fence.Token(token), TTL: req.TTL}, nil
 }
 
-func (b *Backend) tableRenew(ctx context.Context, g lease.Grant) error {
+func (b *Backend) tableRenew(ctx context.Context, g driver.Grant) error {
 	us, err := micros(g.TTL)
 	if err != nil {
 		return err
@@ -50,7 +50,7 @@ func (b *Backend) tableRenew(ctx context.Context, g lease.Grant) error {
 		return storeErr("renew", g.Name, err)
 	}
 	if tag.RowsAffected() != 1 {
-		return lease.ErrNotHeld
+		return driver.ErrNotHeld
 	}
 	return nil
 }
@@ -63,7 +63,7 @@ type grantKey struct {
 // tableRenewBatch renews every grant in one statement, and reports each
 // outcome when that statement has answered (the grants are all on one
 // server, so they are known together).
-func (b *Backend) tableRenewBatch(ctx context.Context, gs []lease.Grant, done func(int, error)) {
+func (b *Backend) tableRenewBatch(ctx context.Context, gs []driver.Grant, done func(int, error)) {
 	bad := make([]error, len(gs))
 	names := make([]string, 0, len(gs))
 	owners := make([]string, 0, len(gs))
@@ -103,19 +103,19 @@ func (b *Backend) tableRenewBatch(ctx context.Context, gs []lease.Grant, done fu
 		case err != nil:
 			done(i, storeErr("renew", g.Name, err))
 		case !renewed[grantKey{g.Name, g.Owner, int64(g.Token)}]:
-			done(i, lease.ErrNotHeld)
+			done(i, driver.ErrNotHeld)
 		default:
 			done(i, nil)
 		}
 	}
 }
 
-func (b *Backend) tableRelease(ctx context.Context, g lease.Grant) error {
+func (b *Backend) tableRelease(ctx context.Context, g driver.Grant) error {
 	var released, already, notified bool
 	err := b.db.QueryRow(ctx, b.q.Release, g.Name, g.Owner, int64(g.Token), Channel, endedMicros(g.TTL)).Scan(&released, &already, &notified)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return lease.ErrNotHeld // the name has no row (data loss)
+		return driver.ErrNotHeld // the name has no row (data loss)
 	case err != nil:
 		return storeErr("release", g.Name, err)
 	case released || already:
@@ -123,10 +123,10 @@ func (b *Backend) tableRelease(ctx context.Context, g lease.Grant) error {
 		// request whose first reply was lost): a release, not a loss.
 		return nil
 	}
-	return lease.ErrNotHeld
+	return driver.ErrNotHeld
 }
 
-func (b *Backend) tableAbandon(ctx context.Context, req lease.Request) error {
+func (b *Backend) tableAbandon(ctx context.Context, req driver.Request) error {
 	var n int64
 	if err := b.db.QueryRow(ctx, b.q.Abandon, req.Name, req.Owner, endedMicros(req.TTL), Channel).Scan(&n); err != nil {
 		return storeErr("abandon", req.Name, err)
@@ -135,11 +135,11 @@ func (b *Backend) tableAbandon(ctx context.Context, req lease.Request) error {
 }
 
 // endedMicros is how long, in µs, the store remembers an owner it ended
-// for a grant of ttl: lease.EndedOwnerTTL.
-func endedMicros(ttl time.Duration) int64 { return lease.EndedOwnerTTL(ttl).Microseconds() }
+// for a grant of ttl: driver.EndedOwnerTTL.
+func endedMicros(ttl time.Duration) int64 { return driver.EndedOwnerTTL(ttl).Microseconds() }
 
 // endedOwnerErr is Acquire's refusal of an owner the store ended.
-func endedOwnerErr(req lease.Request) error {
+func endedOwnerErr(req driver.Request) error {
 	return fmt.Errorf("%w: %q: owner %q was released or abandoned at the store (an acquire request that arrived after its sender stopped waiting for it)",
-		lease.ErrNotAcquired, req.Name, req.Owner)
+		driver.ErrNotAcquired, req.Name, req.Owner)
 }

@@ -34,10 +34,10 @@
 //
 // Release and Abandon end an owner at Redis: each writes the key
 // "<prefix>{<name>}:ended:<owner>" (the value says "released", "lost" or
-// "abandoned") with PX lease.EndedOwnerTTL(TTL), that is max(2 TTL, 10 s),
+// "abandoned") with PX driver.EndedOwnerTTL(TTL), that is max(2 TTL, 10 s),
 // in the same script as the delete. While it lives:
 //
-//   - Acquire refuses the owner (an error matching lease.ErrNotAcquired),
+//   - Acquire refuses the owner (an error matching driver.ErrNotAcquired),
 //     so an acquire request that reaches Redis after its sender gave it up
 //     (a blocking Acquire abandons an attempt held past the lease's
 //     validity and goes on as a new owner) grants nothing, instead of
@@ -46,7 +46,7 @@
 //     release of that owner did: nil if it released the grant (go-redis
 //     resends a script whose reply was lost, on a new connection, with its
 //     default MaxRetries; the resent request is a release, not a loss), or
-//     lease.ErrNotHeld if it had found the grant lost.
+//     driver.ErrNotHeld if it had found the grant lost.
 //
 // The cost: one more EXISTS in the acquire script and one SET in the
 // release script (measured on Redis 7.0 with BenchmarkCycle: 9.2 to 13.3
@@ -121,13 +121,13 @@
 //
 // # Setup errors and Check
 //
-// An error that retrying cannot fix matches lease.ErrSetup and names the
+// An error that retrying cannot fix matches driver.ErrSetup and names the
 // fix, so that a blocking Acquire returns it at once: refused credentials
 // (NOAUTH, WRONGPASS), an ACL that refuses a command, key or channel
 // fencekit needs (NOPERM, also from inside a script), a server without
 // scripting, a database number the server does not have. READONLY (a
 // replica during a failover), LOADING and connection errors are retried.
-// Backend.Check (lease.Checker, Manager.Check) finds them at start-up
+// Backend.Check (driver.Checker, Manager.Check) finds them at start-up
 // without taking a lease.
 package redislease
 
@@ -144,7 +144,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencekit/fencekit/fence"
-	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 // Client is the part of a go-redis v9 client the backend uses. Every
@@ -158,13 +158,13 @@ type Client interface {
 }
 
 var (
-	_ Client        = redis.UniversalClient(nil)
-	_ lease.Backend = (*Backend)(nil)
-	_ lease.Watcher = (*Backend)(nil)
+	_ Client         = redis.UniversalClient(nil)
+	_ driver.Backend = (*Backend)(nil)
+	_ driver.Watcher = (*Backend)(nil)
 
-	_ lease.BatchRenewer = (*Backend)(nil)
-	_ lease.Inspector    = (*Backend)(nil)
-	_ lease.Checker      = (*Backend)(nil)
+	_ driver.BatchRenewer = (*Backend)(nil)
+	_ driver.Inspector    = (*Backend)(nil)
+	_ driver.Checker      = (*Backend)(nil)
 )
 
 var (
@@ -335,7 +335,7 @@ func (b *Backend) endedKey(name, owner string) string {
 
 // grantValue is what the lease key holds for g: "<token>:<owner>", so that
 // renew and release compare both in one string comparison.
-func grantValue(g lease.Grant) string {
+func grantValue(g driver.Grant) string {
 	var num [20]byte
 	tok := strconv.AppendUint(num[:0], uint64(g.Token), 10)
 	var sb strings.Builder
@@ -350,10 +350,10 @@ func grantValue(g lease.Grant) string {
 // no room for a renewal round trip.
 const MinTTL = 10 * time.Millisecond
 
-// Limits implements lease.Backend: TTLs are whole milliseconds (PEXPIRE),
+// Limits implements driver.Backend: TTLs are whole milliseconds (PEXPIRE),
 // at least MinTTL.
-func (b *Backend) Limits() lease.Limits {
-	return lease.Limits{MinTTL: MinTTL, Resolution: time.Millisecond}
+func (b *Backend) Limits() driver.Limits {
+	return driver.Limits{MinTTL: MinTTL, Resolution: time.Millisecond}
 }
 
 func ttlMillis(ttl time.Duration) (int64, error) {
@@ -369,41 +369,41 @@ func ttlMillis(ttl time.Duration) (int64, error) {
 const endedSuffix = "ended:"
 
 // endedMillis is the life of a tombstone for leases of the given TTL:
-// lease.EndedOwnerTTL, rounded up to whole milliseconds.
+// driver.EndedOwnerTTL, rounded up to whole milliseconds.
 func endedMillis(ttl time.Duration) int64 {
-	d := lease.EndedOwnerTTL(ttl)
+	d := driver.EndedOwnerTTL(ttl)
 	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
-// Acquire implements lease.Backend in one script call. It refuses, with an
-// error matching lease.ErrNotAcquired, an owner whose tombstone is still
-// there (released or abandoned within lease.EndedOwnerTTL). An error that
-// retrying cannot fix (see Check) matches lease.ErrSetup.
-func (b *Backend) Acquire(ctx context.Context, req lease.Request) (lease.Grant, error) {
+// Acquire implements driver.Backend in one script call. It refuses, with an
+// error matching driver.ErrNotAcquired, an owner whose tombstone is still
+// there (released or abandoned within driver.EndedOwnerTTL). An error that
+// retrying cannot fix (see Check) matches driver.ErrSetup.
+func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
 	ms, err := ttlMillis(req.TTL)
 	if err != nil {
-		return lease.Grant{}, err
+		return driver.Grant{}, err
 	}
 	lk, tk, ek := b.keys(req.Name, "lease", "token", endedSuffix+req.Owner)
 	v, err := acquireScript.Run(ctx, b.c, []string{lk, tk, ek}, req.Owner, ms).Int64()
 	if err != nil {
-		return lease.Grant{}, fmt.Errorf("redislease: acquire %q: %w", req.Name, b.setup(err))
+		return driver.Grant{}, fmt.Errorf("redislease: acquire %q: %w", req.Name, b.setup(err))
 	}
 	if v < 0 {
 		// -pttl - 1: held by another owner, for pttl more milliseconds.
-		return lease.Grant{}, &lease.NotAcquiredError{Name: req.Name, RetryAfter: time.Duration(max(-v-1, 0)) * time.Millisecond}
+		return driver.Grant{}, &driver.NotAcquiredError{Name: req.Name, RetryAfter: time.Duration(max(-v-1, 0)) * time.Millisecond}
 	}
 	if v == 0 {
-		return lease.Grant{}, fmt.Errorf("%w: %q: owner %q was released or abandoned; the store refuses it for %v after that",
-			lease.ErrNotAcquired, req.Name, req.Owner, lease.EndedOwnerTTL(req.TTL))
+		return driver.Grant{}, fmt.Errorf("%w: %q: owner %q was released or abandoned; the store refuses it for %v after that",
+			driver.ErrNotAcquired, req.Name, req.Owner, driver.EndedOwnerTTL(req.TTL))
 	}
 	tok := uint64(v)
-	return lease.Grant{Name: req.Name, Owner: req.Owner, Token: fence.Token(tok), TTL: req.TTL}, nil
+	return driver.Grant{Name: req.Name, Owner: req.Owner, Token: fence.Token(tok), TTL: req.TTL}, nil
 }
 
-// Renew implements lease.Backend in one script call: it extends the grant
+// Renew implements driver.Backend in one script call: it extends the grant
 // only if the lease key still holds g's owner and token.
-func (b *Backend) Renew(ctx context.Context, g lease.Grant) error {
+func (b *Backend) Renew(ctx context.Context, g driver.Grant) error {
 	ms, err := ttlMillis(g.TTL)
 	if err != nil {
 		return err
@@ -413,12 +413,12 @@ func (b *Backend) Renew(ctx context.Context, g lease.Grant) error {
 		return fmt.Errorf("redislease: renew %q: %w", g.Name, b.setup(err))
 	}
 	if n != 1 {
-		return lease.ErrNotHeld
+		return driver.ErrNotHeld
 	}
 	return nil
 }
 
-// RenewBatch implements lease.BatchRenewer: the renew scripts go out in
+// RenewBatch implements driver.BatchRenewer: the renew scripts go out in
 // pipelines, and each grant's outcome is reported when its pipeline is
 // answered.
 //
@@ -435,7 +435,7 @@ func (b *Backend) Renew(ctx context.Context, g lease.Grant) error {
 //
 // If the server has lost the script (NOSCRIPT), a group is sent once more
 // with the script's body.
-func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant, done func(i int, err error)) {
+func (b *Backend) RenewBatch(ctx context.Context, gs []driver.Grant, done func(i int, err error)) {
 	groups := b.groupByNode(ctx, gs)
 	if len(groups) == 1 {
 		b.renewGroup(ctx, gs, groups[0], done)
@@ -451,7 +451,7 @@ func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant, done func(i 
 // groupByNode returns the indexes of gs grouped by the master that serves
 // their lease keys, or all of them in one group when the client is not a
 // Cluster client. A master is looked up once per hash slot.
-func (b *Backend) groupByNode(ctx context.Context, gs []lease.Grant) [][]int {
+func (b *Backend) groupByNode(ctx context.Context, gs []driver.Grant) [][]int {
 	all := func() [][]int {
 		idx := make([]int, len(gs))
 		for i := range idx {
@@ -490,7 +490,7 @@ func (b *Backend) groupByNode(ctx context.Context, gs []lease.Grant) [][]int {
 
 // renewGroup sends the renewals of gs[idx] in one pipeline and reports
 // each outcome through done.
-func (b *Backend) renewGroup(ctx context.Context, gs []lease.Grant, idx []int, done func(int, error)) {
+func (b *Backend) renewGroup(ctx context.Context, gs []driver.Grant, idx []int, done func(int, error)) {
 	send := idx[:0:0]
 	for _, i := range idx {
 		if _, err := ttlMillis(gs[i].TTL); err != nil {
@@ -533,7 +533,7 @@ func (b *Backend) renewGroup(ctx context.Context, gs []lease.Grant, idx []int, d
 		case err != nil:
 			done(i, fmt.Errorf("redislease: renew %q: %w", gs[i].Name, b.setup(err)))
 		case n != 1:
-			done(i, lease.ErrNotHeld)
+			done(i, driver.ErrNotHeld)
 		default:
 			done(i, nil)
 		}
@@ -549,35 +549,35 @@ func hasNoScript(cmds []*redis.Cmd) bool {
 	return false
 }
 
-// Release implements lease.Backend in one script call: it deletes the grant
+// Release implements driver.Backend in one script call: it deletes the grant
 // only if the lease key still holds g's owner and token, and then publishes
 // on the release channel. Whatever the outcome, it leaves g.Owner's
-// tombstone (PX lease.EndedOwnerTTL(g.TTL)), which records how the owner
+// tombstone (PX driver.EndedOwnerTTL(g.TTL)), which records how the owner
 // ended. When the lease no longer holds g, it returns nil if the tombstone
 // says an earlier release released it (this release resent: go-redis
 // retries a script whose reply was lost, on a new connection) or an
-// Abandon ended it, and lease.ErrNotHeld otherwise, including when an
+// Abandon ended it, and driver.ErrNotHeld otherwise, including when an
 // earlier release of g had found it lost already: a resent release
 // answers what the first one did, so a loss is never reported as a
 // release, nor a release as a loss.
-func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
+func (b *Backend) Release(ctx context.Context, g driver.Grant) error {
 	lk, ek, ch := b.keys(g.Name, "lease", endedSuffix+g.Owner, "released")
 	n, err := releaseScript.Run(ctx, b.c, []string{lk, ek}, grantValue(g), ch, b.notice, endedMillis(g.TTL)).Int64()
 	if err != nil {
 		return fmt.Errorf("redislease: release %q: %w", g.Name, b.setup(err))
 	}
 	if n == 0 {
-		return lease.ErrNotHeld
+		return driver.ErrNotHeld
 	}
 	return nil
 }
 
-// Abandon implements lease.Backend in one script call: it writes
-// req.Owner's tombstone (PX lease.EndedOwnerTTL(req.TTL)), so that
+// Abandon implements driver.Backend in one script call: it writes
+// req.Owner's tombstone (PX driver.EndedOwnerTTL(req.TTL)), so that
 // req's acquire request is refused if it reaches Redis later, and deletes
 // the lease if req.Owner holds it (any token), publishing on the release
 // channel as Release does.
-func (b *Backend) Abandon(ctx context.Context, req lease.Request) error {
+func (b *Backend) Abandon(ctx context.Context, req driver.Request) error {
 	lk, ek, ch := b.keys(req.Name, "lease", endedSuffix+req.Owner, "released")
 	if err := abandonScript.Run(ctx, b.c, []string{lk, ek}, req.Owner, ch, b.notice, endedMillis(req.TTL)).Err(); err != nil {
 		return fmt.Errorf("redislease: abandon %q for owner %q: %w", req.Name, req.Owner, b.setup(err))
@@ -585,28 +585,28 @@ func (b *Backend) Abandon(ctx context.Context, req lease.Request) error {
 	return nil
 }
 
-// Holder implements lease.Inspector in one script call.
-func (b *Backend) Holder(ctx context.Context, name string) (lease.Holder, error) {
+// Holder implements driver.Inspector in one script call.
+func (b *Backend) Holder(ctx context.Context, name string) (driver.Holder, error) {
 	res, err := holderScript.Run(ctx, b.c, []string{b.leaseKey(name)}).Slice()
 	switch {
 	case errors.Is(err, redis.Nil):
-		return lease.Holder{}, lease.ErrNotHeld
+		return driver.Holder{}, driver.ErrNotHeld
 	case err != nil:
-		return lease.Holder{}, fmt.Errorf("redislease: holder of %q: %w", name, b.setup(err))
+		return driver.Holder{}, fmt.Errorf("redislease: holder of %q: %w", name, b.setup(err))
 	case len(res) != 2:
-		return lease.Holder{}, fmt.Errorf("redislease: holder of %q: unexpected reply %v", name, res)
+		return driver.Holder{}, fmt.Errorf("redislease: holder of %q: unexpected reply %v", name, res)
 	}
 	v, _ := res[0].(string)
 	tokS, owner, ok := strings.Cut(v, ":")
 	tok, perr := strconv.ParseUint(tokS, 10, 64)
 	if !ok || perr != nil || tok == 0 {
-		return lease.Holder{}, fmt.Errorf("redislease: holder of %q: the lease key holds %q, not a grant", name, v)
+		return driver.Holder{}, fmt.Errorf("redislease: holder of %q: the lease key holds %q, not a grant", name, v)
 	}
 	pttl, _ := res[1].(int64)
-	return lease.Holder{Name: name, Owner: owner, Token: fence.Token(tok), Remaining: time.Duration(max(pttl, 0)) * time.Millisecond}, nil
+	return driver.Holder{Name: name, Owner: owner, Token: fence.Token(tok), Remaining: time.Duration(max(pttl, 0)) * time.Millisecond}, nil
 }
 
-// Watch implements lease.Watcher over one shared pub/sub connection. It
+// Watch implements driver.Watcher over one shared pub/sub connection. It
 // returns once Redis has confirmed the subscription, bounded by ctx.
 func (b *Backend) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
 	ch, stop, err := b.hub.watch(ctx, b.KeysFor(name).Channel)

@@ -9,7 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 var (
@@ -18,7 +18,7 @@ var (
 	checkScript = redis.NewScript(checkSrc)
 )
 
-// setup returns err as an error matching lease.ErrSetup when it is one that
+// setup returns err as an error matching driver.ErrSetup when it is one that
 // retrying cannot fix, naming the fix, and err otherwise:
 //
 //   - NOAUTH, WRONGPASS (and a password sent to a server without one):
@@ -32,7 +32,7 @@ var (
 // CLUSTERDOWN, TRYAGAIN, OOM and errors without a reply (connection
 // refused, timeouts) are transient: they are returned as they are.
 func (b *Backend) setup(err error) error {
-	if err == nil || errors.Is(err, lease.ErrSetup) {
+	if err == nil || errors.Is(err, driver.ErrSetup) {
 		return err
 	}
 	var re redis.Error
@@ -42,15 +42,15 @@ func (b *Backend) setup(err error) error {
 	msg := re.Error()
 	switch {
 	case redis.IsAuthError(err):
-		return &lease.SetupError{Fix: "Redis refused the credentials: set the user and password in FENCE_REDIS_URL, redis://user:password@host:port, or Username and Password in the client's Options", Err: err}
+		return &driver.SetupError{Fix: "Redis refused the credentials: set the user and password in FENCE_REDIS_URL, redis://user:password@host:port, or Username and Password in the client's Options", Err: err}
 	case strings.Contains(msg, "AUTH") && strings.Contains(msg, "without any password configured"):
-		return &lease.SetupError{Fix: "the client sends a password but Redis has none configured: remove it from FENCE_REDIS_URL or the client's Options, or set requirepass", Err: err}
+		return &driver.SetupError{Fix: "the client sends a password but Redis has none configured: remove it from FENCE_REDIS_URL or the client's Options, or set requirepass", Err: err}
 	case redis.IsPermissionError(err), strings.Contains(msg, "can't run this command or subcommand"):
-		return &lease.SetupError{Fix: b.permissionsFix(""), Err: err}
+		return &driver.SetupError{Fix: b.permissionsFix(""), Err: err}
 	case unknownScripting(msg):
-		return &lease.SetupError{Fix: "the server does not run Lua scripts, EVAL and EVALSHA, which fencekit needs: use Redis, or a compatible server with scripting enabled", Err: err}
+		return &driver.SetupError{Fix: "the server does not run Lua scripts, EVAL and EVALSHA, which fencekit needs: use Redis, or a compatible server with scripting enabled", Err: err}
 	case strings.Contains(msg, "DB index is out of range"):
-		return &lease.SetupError{Fix: "Redis has no such database: fix the database number in FENCE_REDIS_URL, redis://host:port/<db>, or DB in the client's Options", Err: err}
+		return &driver.SetupError{Fix: "Redis has no such database: fix the database number in FENCE_REDIS_URL, redis://host:port/<db>, or DB in the client's Options", Err: err}
 	}
 	return err
 }
@@ -88,7 +88,7 @@ func unknownScripting(msg string) bool {
 // probe; nothing reads or writes them.
 const checkName = "fencekit-check"
 
-// Check implements lease.Checker. In order, it sends PING (when the client
+// Check implements driver.Checker. In order, it sends PING (when the client
 // has Ping), loads fencekit's scripts (SCRIPT LOAD: idempotent; on a
 // Cluster client, on every master; a user without SCRIPT LOAD is not
 // refused for it, as EVALSHA falls back to EVAL), and runs a check script
@@ -97,7 +97,7 @@ const checkName = "fencekit-check"
 // and waiters run on the prefix's keys and channels. It writes, publishes
 // and subscribes nothing.
 //
-// An error matching lease.ErrSetup names the fix: refused credentials,
+// An error matching driver.ErrSetup names the fix: refused credentials,
 // missing permissions (listing those refused), a server that does not run
 // scripts. A server that cannot be reached, or answers READONLY or
 // LOADING, gives its own error.
@@ -131,7 +131,7 @@ func (b *Backend) Check(ctx context.Context) error {
 		return fmt.Errorf("redislease: check: %w", b.setup(err))
 	}
 	if denied != "" {
-		return fmt.Errorf("redislease: check: %w", &lease.SetupError{Fix: b.permissionsFix(denied)})
+		return fmt.Errorf("redislease: check: %w", &driver.SetupError{Fix: b.permissionsFix(denied)})
 	}
 	return nil
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/fencekit/fencekit/fence"
-	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 // checkTTL refuses a TTL the backend cannot honour, before any I/O.
@@ -24,9 +24,9 @@ func (b *Backend) checkTTL(ttl time.Duration) error {
 	return nil
 }
 
-func notAcquired(name string) error { return &lease.NotAcquiredError{Name: name} }
+func notAcquired(name string) error { return &driver.NotAcquiredError{Name: name} }
 
-// Acquire implements lease.Backend. The lease is the lowest node under the
+// Acquire implements driver.Backend. The lease is the lowest node under the
 // name's parent:
 //
 //   - If req.Owner already holds it here (a retry whose answer was lost),
@@ -52,28 +52,28 @@ func notAcquired(name string) error { return &lease.NotAcquiredError{Name: name}
 // ctx bounds the wait. If it ends, the requests already sent still run to
 // their end, and a node they created for this call is deleted.
 //
-// Errors: a *lease.NotAcquiredError (ErrNotAcquired) when another owner
-// holds or is ahead in the queue; lease.ErrInvalidName, or an error naming
+// Errors: a *driver.NotAcquiredError (ErrNotAcquired) when another owner
+// holds or is ahead in the queue; driver.ErrInvalidName, or an error naming
 // the TTL's bounds, before any I/O; ErrSessionTimeout; ErrSessionReplaced
 // when the session changed during the attempt; ErrClosed; go-zookeeper's
 // errors, wrapped, those retrying cannot fix (an ACL that refuses the
-// backend, see Check) matching lease.ErrSetup; ctx's error, wrapped.
-func (b *Backend) Acquire(ctx context.Context, req lease.Request) (lease.Grant, error) {
-	if err := lease.ValidateName(req.Name); err != nil {
-		return lease.Grant{}, err
+// backend, see Check) matching driver.ErrSetup; ctx's error, wrapped.
+func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
+	if err := driver.ValidateName(req.Name); err != nil {
+		return driver.Grant{}, err
 	}
 	if err := b.checkTTL(req.TTL); err != nil {
-		return lease.Grant{}, err
+		return driver.Grant{}, err
 	}
 	g, err := run(b, ctx, req.Name,
-		func(ns *nameState) (lease.Grant, error) { return b.acquire(ctx, ns, req) },
-		func(ns *nameState, g lease.Grant, err error) {
+		func(ns *nameState) (driver.Grant, error) { return b.acquire(ctx, ns, req) },
+		func(ns *nameState, g driver.Grant, err error) {
 			if err == nil {
 				b.giveBack(ns, g.State.(*grantRec))
 			}
 		})
 	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
-		return lease.Grant{}, ctxErr("acquire", req.Name, ctx)
+		return driver.Grant{}, ctxErr("acquire", req.Name, ctx)
 	}
 	return g, err
 }
@@ -84,9 +84,9 @@ const maxQueueSteps = 16
 
 // acquire runs under the name's op lock; ctx is the caller's (run goes on
 // after it ends, to settle what was sent).
-func (b *Backend) acquire(ctx context.Context, ns *nameState, req lease.Request) (lease.Grant, error) {
+func (b *Backend) acquire(ctx context.Context, ns *nameState, req driver.Request) (driver.Grant, error) {
 	if b.endedHere(req.Name, req.Owner) {
-		return lease.Grant{}, errOwnerEnded(req.Name, req.Owner)
+		return driver.Grant{}, errOwnerEnded(req.Name, req.Owner)
 	}
 	b.mu.Lock()
 	ns.ttl = req.TTL
@@ -97,8 +97,8 @@ func (b *Backend) acquire(ctx context.Context, ns *nameState, req lease.Request)
 		if err == nil {
 			return rec.grant(), nil
 		}
-		if !errors.Is(err, lease.ErrNotHeld) {
-			return lease.Grant{}, err
+		if !errors.Is(err, driver.ErrNotHeld) {
+			return driver.Grant{}, err
 		}
 	}
 
@@ -111,7 +111,7 @@ func (b *Backend) acquire(ctx context.Context, ns *nameState, req lease.Request)
 			break
 		}
 		if !gone {
-			return lease.Grant{}, notAcquired(req.Name)
+			return driver.Grant{}, notAcquired(req.Name)
 		}
 		// The ticket becomes a grant without a create, so the record of
 		// an owner ended through another backend is read here, pipelined
@@ -125,13 +125,13 @@ func (b *Backend) acquire(ctx context.Context, ns *nameState, req lease.Request)
 		kids, err := b.list(ns)
 		ended := <-endedAt
 		if err != nil {
-			return lease.Grant{}, err
+			return driver.Grant{}, err
 		}
 		i := position(kids, baseName(t.path))
 		if i == 0 && ended {
 			// Refused (or the record could not be read): the ticket stays
 			// for the backend's next owner.
-			return lease.Grant{}, errOwnerEnded(req.Name, req.Owner)
+			return driver.Grant{}, errOwnerEnded(req.Name, req.Owner)
 		}
 		switch {
 		case i < 0:
@@ -146,7 +146,7 @@ func (b *Backend) acquire(ctx context.Context, ns *nameState, req lease.Request)
 			continue
 		case i == 0:
 			if err := b.checkSession(t.session, req.TTL); err != nil {
-				return lease.Grant{}, err
+				return driver.Grant{}, err
 			}
 			b.mu.Lock()
 			if ns.ticket != t {
@@ -166,7 +166,7 @@ func (b *Backend) acquire(ctx context.Context, ns *nameState, req lease.Request)
 			return rec.grant(), nil
 		}
 		if err := b.watchPred(ns, t, kids[i-1]); err != nil {
-			return lease.Grant{}, err
+			return driver.Grant{}, err
 		}
 	}
 
@@ -177,7 +177,7 @@ func (b *Backend) acquire(ctx context.Context, ns *nameState, req lease.Request)
 	if queued {
 		// The queue kept changing for maxQueueSteps listings: the ticket
 		// stays, and its waiters are signalled when it moves again.
-		return lease.Grant{}, notAcquired(req.Name)
+		return driver.Grant{}, notAcquired(req.Name)
 	}
 	if listFirst {
 		// Found held a moment ago: look before adding a node, which a
@@ -186,24 +186,24 @@ func (b *Backend) acquire(ctx context.Context, ns *nameState, req lease.Request)
 		// session, not reads across clients): sync first, so that a
 		// release that returned before this attempt began is seen.
 		if _, err := b.conn.Sync(ns.parent); err != nil && !errors.Is(err, zk.ErrNoNode) {
-			return lease.Grant{}, fmt.Errorf("zklease: acquire %q: sync %s: %w", req.Name, ns.parent, err)
+			return driver.Grant{}, fmt.Errorf("zklease: acquire %q: sync %s: %w", req.Name, ns.parent, err)
 		}
 		kids, err := b.list(ns)
 		if err != nil {
-			return lease.Grant{}, err
+			return driver.Grant{}, err
 		}
 		if len(kids) > 0 {
 			b.noteContention(ns.name, true, req.Owner)
-			return lease.Grant{}, notAcquired(req.Name)
+			return driver.Grant{}, notAcquired(req.Name)
 		}
 	}
 	if err := ctx.Err(); err != nil {
 		// The caller left: add no node that nobody waits for.
-		return lease.Grant{}, err
+		return driver.Grant{}, err
 	}
 	n, err := b.create(ns, req.Owner, req.Owner, req.TTL)
 	if err != nil {
-		return lease.Grant{}, err
+		return driver.Grant{}, err
 	}
 	if err := ctx.Err(); err != nil {
 		// The caller left while the create was in flight (its answer came
@@ -211,22 +211,22 @@ func (b *Backend) acquire(ctx context.Context, ns *nameState, req lease.Request)
 		// would tell whether it heads the queue (another late round trip,
 		// during which it could keep the others out).
 		b.deleteSure(n.path)
-		return lease.Grant{}, err
+		return driver.Grant{}, err
 	}
 	kids, err := b.list(ns)
 	if err != nil {
 		b.deleteSure(n.path)
-		return lease.Grant{}, err
+		return driver.Grant{}, err
 	}
 	i := position(kids, baseName(n.path))
 	b.noteContention(ns.name, i != 0, req.Owner)
 	switch {
 	case i < 0:
-		return lease.Grant{}, fmt.Errorf("zklease: acquire %q: the node %s vanished right after it was created (its session ended?)", req.Name, n.path)
+		return driver.Grant{}, fmt.Errorf("zklease: acquire %q: the node %s vanished right after it was created (its session ended?)", req.Name, n.path)
 	case i == 0:
 		if err := b.checkSession(n.session, req.TTL); err != nil {
 			b.deleteSure(n.path)
-			return lease.Grant{}, err
+			return driver.Grant{}, err
 		}
 		b.mu.Lock()
 		rec := b.newGrantLocked(ns, req, n.path, n.czxid, n.session, n.sent)
@@ -242,13 +242,13 @@ func (b *Backend) acquire(ctx context.Context, ns *nameState, req lease.Request)
 	b.mu.Unlock()
 	if t == nil {
 		b.deleteSure(n.path)
-		return lease.Grant{}, notAcquired(req.Name)
+		return driver.Grant{}, notAcquired(req.Name)
 	}
 	if err := b.watchPred(ns, t, kids[i-1]); err != nil {
 		b.dropTicket(ns, t)
-		return lease.Grant{}, err
+		return driver.Grant{}, err
 	}
-	return lease.Grant{}, notAcquired(req.Name)
+	return driver.Grant{}, notAcquired(req.Name)
 }
 
 // contendedFor is how long a name counts as contended after a listing
@@ -311,7 +311,7 @@ func (b *Backend) ticketDataLocked(name string) string {
 
 // newGrantLocked records a grant of node path to req.Owner, confirmed by a
 // request sent at sent, and starts its TTL timer; b.mu must be held.
-func (b *Backend) newGrantLocked(ns *nameState, req lease.Request, path string, czxid, session int64, sent time.Time) *grantRec {
+func (b *Backend) newGrantLocked(ns *nameState, req driver.Request, path string, czxid, session int64, sent time.Time) *grantRec {
 	rec := &grantRec{b: b, name: ns.name, owner: req.Owner, path: path, token: fence.Token(czxid),
 		session: session, ttl: req.TTL, notify: req.Notify, base: sent}
 	ns.grants[req.Owner] = rec
@@ -321,8 +321,8 @@ func (b *Backend) newGrantLocked(ns *nameState, req lease.Request, path string, 
 
 func fenceToken(czxid int64) fence.Token { return fence.Token(czxid) }
 
-func (r *grantRec) grant() lease.Grant {
-	return lease.Grant{Name: r.name, Owner: r.owner, Token: r.token, TTL: r.ttl, State: r}
+func (r *grantRec) grant() driver.Grant {
+	return driver.Grant{Name: r.name, Owner: r.owner, Token: r.token, TTL: r.ttl, State: r}
 }
 
 // sessionEnded reports whether the ensemble ended rec's session, and if so
@@ -389,7 +389,7 @@ func (b *Backend) confirm(rec *grantRec) error {
 	ended := rec.ended
 	b.mu.Unlock()
 	if ended {
-		return fmt.Errorf("%w: %q (token %d) expired or was lost here", lease.ErrNotHeld, rec.name, rec.token)
+		return fmt.Errorf("%w: %q (token %d) expired or was lost here", driver.ErrNotHeld, rec.name, rec.token)
 	}
 	sent := time.Now()
 	ok, st, err := b.conn.Exists(rec.path)
@@ -403,11 +403,11 @@ func (b *Backend) confirm(rec *grantRec) error {
 			delete(ns.grants, rec.owner)
 		}
 		b.mu.Unlock()
-		return fmt.Errorf("%w: %q (token %d): the node %s is gone", lease.ErrNotHeld, rec.name, rec.token, rec.path)
+		return fmt.Errorf("%w: %q (token %d): the node %s is gone", driver.ErrNotHeld, rec.name, rec.token, rec.path)
 	}
 	if err := b.checkSession(rec.session, rec.ttl); err != nil {
 		if errors.Is(err, ErrSessionReplaced) {
-			return fmt.Errorf("%w: %w", lease.ErrNotHeld, err)
+			return fmt.Errorf("%w: %w", driver.ErrNotHeld, err)
 		}
 		return err
 	}
@@ -416,7 +416,7 @@ func (b *Backend) confirm(rec *grantRec) error {
 	if rec.ended {
 		// The TTL ran out (and the node is being deleted) while the read
 		// was in flight.
-		return fmt.Errorf("%w: %q (token %d) expired while it was being renewed", lease.ErrNotHeld, rec.name, rec.token)
+		return fmt.Errorf("%w: %q (token %d) expired while it was being renewed", driver.ErrNotHeld, rec.name, rec.token)
 	}
 	if sent.After(rec.base) {
 		rec.base = sent
@@ -429,28 +429,28 @@ func (b *Backend) confirm(rec *grantRec) error {
 // matching ErrNotHeld. The record mirrors the store: its node's name is
 // unique (a random GUID), and the node's czxid and session never change, so
 // comparing owner and token with it compares them with the store.
-func record(g lease.Grant) (*grantRec, error) {
+func record(g driver.Grant) (*grantRec, error) {
 	rec, ok := g.State.(*grantRec)
 	switch {
 	case !ok || rec == nil:
-		return nil, fmt.Errorf("%w: %q: the grant was not made by zklease", lease.ErrNotHeld, g.Name)
+		return nil, fmt.Errorf("%w: %q: the grant was not made by zklease", driver.ErrNotHeld, g.Name)
 	case rec.owner != g.Owner || rec.token != g.Token || rec.name != g.Name:
-		return nil, fmt.Errorf("%w: %q: the store names owner %q with token %d, not %q with token %d", lease.ErrNotHeld, g.Name, rec.owner, rec.token, g.Owner, g.Token)
+		return nil, fmt.Errorf("%w: %q: the store names owner %q with token %d, not %q with token %d", driver.ErrNotHeld, g.Name, rec.owner, rec.token, g.Owner, g.Token)
 	}
 	return rec, nil
 }
 
-// Renew implements lease.Backend with one read: the node must still exist,
+// Renew implements driver.Backend with one read: the node must still exist,
 // with the grant's token as its czxid, in this backend's current session;
 // the grant's TTL then counts from the read's send time. A grant made by
 // another Backend is renewed by that one (its State names it), which keeps
 // its TTL and whose session holds its node.
 //
-// Errors: lease.ErrNotHeld (wrapped, with the reason) when the node is
+// Errors: driver.ErrNotHeld (wrapped, with the reason) when the node is
 // gone, the grant expired here or its session ended, or owner or token do
 // not match; ErrSessionTimeout; ErrClosed; go-zookeeper's errors, wrapped;
 // ctx's error, wrapped.
-func (b *Backend) Renew(ctx context.Context, g lease.Grant) error {
+func (b *Backend) Renew(ctx context.Context, g driver.Grant) error {
 	rec, err := record(g)
 	if err != nil {
 		return err
@@ -489,14 +489,14 @@ func (b *Backend) async(ctx context.Context, op, name string, fn func() error) e
 // maxBatchInFlight bounds the renew requests RenewBatch has in flight.
 const maxBatchInFlight = 64
 
-// RenewBatch implements lease.BatchRenewer: the renewals go out together,
+// RenewBatch implements driver.BatchRenewer: the renewals go out together,
 // pipelined on the one connection (go-zookeeper writes each request as
 // soon as it is queued and matches the answers), so a batch costs about
 // one round trip. ZooKeeper has no multi-read in the protocol version
 // go-zookeeper speaks, and a Multi of check operations would be a logged
 // write.
 // Each grant's outcome is reported (done) as soon as its answer arrives.
-func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant, done func(i int, err error)) {
+func (b *Backend) RenewBatch(ctx context.Context, gs []driver.Grant, done func(i int, err error)) {
 	sem := make(chan struct{}, maxBatchInFlight)
 	var wg sync.WaitGroup
 	for i, g := range gs {
@@ -512,7 +512,7 @@ func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant, done func(i 
 	wg.Wait()
 }
 
-// Release implements lease.Backend: one transaction (Multi) deletes the
+// Release implements driver.Backend: one transaction (Multi) deletes the
 // grant's node if it still exists (its name is unique to the grant, so no
 // other grant can be deleted by it), which wakes the one waiter watching
 // it, and records the owner as ended (an ephemeral node, see EndedPath), so
@@ -524,7 +524,7 @@ func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant, done func(i 
 // sent again after the client reconnects, and the second finds the node
 // gone, deleted by the first, which created the record in the same
 // transaction; a release that was applied is a release, never a loss. It
-// returns lease.ErrNotHeld when the node is gone without that record
+// returns driver.ErrNotHeld when the node is gone without that record
 // (expired, lost with its session, deleted by someone else), when the
 // grant's TTL ran out here, or when owner or token do not match the grant.
 // A second Release of a grant this backend released returns nil without a
@@ -533,7 +533,7 @@ func (b *Backend) RenewBatch(ctx context.Context, gs []lease.Grant, done func(i 
 // A transaction whose answer is lost is sent again until the server
 // answers, even after ctx ended, so the node is never left behind. Other
 // errors: ErrClosed, go-zookeeper's errors (wrapped), ctx's error (wrapped).
-func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
+func (b *Backend) Release(ctx context.Context, g driver.Grant) error {
 	rec, err := record(g)
 	if err != nil {
 		return err
@@ -550,7 +550,7 @@ func (b *Backend) Release(ctx context.Context, g lease.Grant) error {
 			// nothing to delete, and no need to wait for a server (or for
 			// a background delete of the node, which holds the name) to
 			// learn it.
-			return fmt.Errorf("%w: %q (token %d): its session ended at the store, and the node with it", lease.ErrNotHeld, g.Name, g.Token)
+			return fmt.Errorf("%w: %q (token %d): its session ended at the store, and the node with it", driver.ErrNotHeld, g.Name, g.Token)
 		}
 	}
 	_, err = run(b, ctx, g.Name, func(ns *nameState) (struct{}, error) {

@@ -17,7 +17,7 @@
 // was granted to (or, for a waiting backend's ticket, its Options.Identity
 // + "/waiting"); the node with the lowest sequence number holds the lease
 // (ZooKeeper's lock recipe). The fencing token is that node's czxid.
-// Holder (lease.Inspector) reads both.
+// Holder (driver.Inspector) reads both.
 //
 //   - Acquire: one Multi creates the node and writes nothing to the parent
 //     (the parent's new mzxid is the node's czxid: the token comes in the
@@ -40,13 +40,13 @@
 //     session; finding the node gone and the record there, it is a
 //     release (nil), not a loss. A grant whose session the ensemble has
 //     ended (the backend is on another session, or none) is answered
-//     lease.ErrNotHeld at once: its node went with the session.
-//   - Ended owners (lease.Backend's contract): the create of a grant's
+//     driver.ErrNotHeld at once: its node went with the session.
+//   - Ended owners (driver.Backend's contract): the create of a grant's
 //     node checks, in its own transaction, that the owner has no record,
 //     so a released or abandoned owner is never granted again, through any
 //     backend; a ticket's hand-off reads the record alongside its listing.
 //     Abandon records the owner and deletes its nodes. A record lives for
-//     lease.EndedOwnerTTL of the TTL, or until the session that made it
+//     driver.EndedOwnerTTL of the TTL, or until the session that made it
 //     ends: a late create can only come from the session that sent it,
 //     and ZooKeeper applies none after that session ended. Within one
 //     Backend a late acquire is settled without the record anyway: the

@@ -10,7 +10,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 // Ended owners.
@@ -27,7 +27,7 @@ import (
 // pipelined with the queue's listing.
 //
 // The record is ephemeral: it lives until the backend that made it deletes
-// it, lease.EndedOwnerTTL of the grant's TTL later, or until that backend's
+// it, driver.EndedOwnerTTL of the grant's TTL later, or until that backend's
 // session ends. That is as long as it matters: a late acquire request of a
 // zklease Backend is a create of its own session, which ZooKeeper applies in
 // order with that session's other requests and never after the session has
@@ -83,9 +83,9 @@ func (b *Backend) endedHere(name, owner string) bool {
 // noteEnded remembers that this backend recorded owner of name as ended,
 // at the store (created: its own node) or only here (the node was another
 // backend's, or an earlier one of its own), and schedules the deletion of
-// its own node after lease.EndedOwnerTTL(ttl).
+// its own node after driver.EndedOwnerTTL(ttl).
 func (b *Backend) noteEnded(name, owner string, ttl time.Duration, created bool) {
-	until := time.Now().Add(lease.EndedOwnerTTL(ttl))
+	until := time.Now().Add(driver.EndedOwnerTTL(ttl))
 	k := endedKey{name, owner}
 	e := &b.endedOwners
 	e.mu.Lock()
@@ -193,7 +193,7 @@ func (b *Backend) recordEnded(name, owner string, ttl time.Duration) (existed bo
 
 // errOwnerEnded is Acquire's refusal of an owner recorded as ended.
 func errOwnerEnded(name, owner string) error {
-	return fmt.Errorf("%w: %q: owner %q was released or abandoned", lease.ErrNotAcquired, name, owner)
+	return fmt.Errorf("%w: %q: owner %q was released or abandoned", driver.ErrNotAcquired, name, owner)
 }
 
 // failedOp returns the index and error of the operation that made a Multi
@@ -213,7 +213,7 @@ func failedOp(res []zk.MultiResponse, err error) (int, error) {
 // A transaction whose answer is lost is sent again until the server answers;
 // the record tells whether an earlier attempt was applied. See Release for
 // the outcomes.
-func (b *Backend) releaseNode(g lease.Grant, path string, expired bool) error {
+func (b *Backend) releaseNode(g driver.Grant, path string, expired bool) error {
 	tomb := b.endedPath(g.Name, g.Owner)
 	resent := false
 	for {
@@ -224,7 +224,7 @@ func (b *Backend) releaseNode(g lease.Grant, path string, expired bool) error {
 		if err == nil {
 			b.noteEnded(g.Name, g.Owner, g.TTL, true)
 			if expired {
-				return fmt.Errorf("%w: %q (token %d): the grant had expired here (its TTL passed without a renewal)", lease.ErrNotHeld, g.Name, g.Token)
+				return fmt.Errorf("%w: %q (token %d): the grant had expired here (its TTL passed without a renewal)", driver.ErrNotHeld, g.Name, g.Token)
 			}
 			return nil
 		}
@@ -262,7 +262,7 @@ func (b *Backend) releaseNode(g lease.Grant, path string, expired bool) error {
 				// created with the delete); said plainly if it does.
 				return fmt.Errorf("zklease: release %q (token %d): the outcome is unknown: the answer was lost and the node is gone without the record of its release", g.Name, g.Token)
 			}
-			return fmt.Errorf("%w: %q (token %d): the grant had expired or was lost", lease.ErrNotHeld, g.Name, g.Token)
+			return fmt.Errorf("%w: %q (token %d): the grant had expired or was lost", driver.ErrNotHeld, g.Name, g.Token)
 		case errors.Is(opErr, zk.ErrSessionExpired) && resent:
 			return fmt.Errorf("zklease: release %q (token %d): the outcome is unknown: the answer was lost, then the session ended (%w); either way the node is gone", g.Name, g.Token, opErr)
 		}
@@ -270,7 +270,7 @@ func (b *Backend) releaseNode(g lease.Grant, path string, expired bool) error {
 	}
 }
 
-// Abandon implements lease.Backend: it records req.Owner as ended at the
+// Abandon implements driver.Backend: it records req.Owner as ended at the
 // store (an ephemeral node, see EndedPath, which every create of a grant's
 // node checks in its transaction), then deletes every node of req.Name's
 // queue that names req.Owner (one listing, one read per node, pipelined):
@@ -286,10 +286,10 @@ func (b *Backend) releaseNode(g lease.Grant, path string, expired bool) error {
 // refusal hold for any backend, as the contract asks.
 //
 // Like the other calls it runs to its end even when ctx ends first (ctx
-// bounds the wait). Errors: ErrClosed, lease.ErrInvalidName before any
+// bounds the wait). Errors: ErrClosed, driver.ErrInvalidName before any
 // I/O, go-zookeeper's errors (wrapped), ctx's error (wrapped).
-func (b *Backend) Abandon(ctx context.Context, req lease.Request) error {
-	if err := lease.ValidateName(req.Name); err != nil {
+func (b *Backend) Abandon(ctx context.Context, req driver.Request) error {
+	if err := driver.ValidateName(req.Name); err != nil {
 		return err
 	}
 	if req.Owner == "" {

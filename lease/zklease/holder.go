@@ -9,10 +9,10 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
-var _ lease.Inspector = (*Backend)(nil)
+var _ driver.Inspector = (*Backend)(nil)
 
 // waitingSuffix ends the data of a ticket no owner has claimed yet: its
 // backend's Identity + "/waiting". A Manager's owners end with "/" and 32
@@ -25,7 +25,7 @@ func (b *Backend) waitingData() string { return b.o.Identity + waitingSuffix }
 // lowest node to be written with its new owner.
 const maxHolderWait = 2 * time.Second
 
-// Holder implements lease.Inspector: after a sync (so that a grant or
+// Holder implements driver.Inspector: after a sync (so that a grant or
 // release that returned before the call is seen, whichever member
 // answers), it lists the queue and reads the lowest node: its data is the
 // owner, its czxid the token. Remaining is 0: the grant's TTL is kept by
@@ -40,15 +40,15 @@ const maxHolderWait = 2 * time.Second
 // created for one of its owners and then granted to another of its owners
 // names the first until the write lands.
 //
-// Errors: lease.ErrNotHeld when no node is queued; lease.ErrInvalidName
+// Errors: driver.ErrNotHeld when no node is queued; driver.ErrInvalidName
 // before any I/O; ErrClosed; go-zookeeper's errors, wrapped; ctx's error,
 // wrapped.
-func (b *Backend) Holder(ctx context.Context, name string) (lease.Holder, error) {
-	if err := lease.ValidateName(name); err != nil {
-		return lease.Holder{}, err
+func (b *Backend) Holder(ctx context.Context, name string) (driver.Holder, error) {
+	if err := driver.ValidateName(name); err != nil {
+		return driver.Holder{}, err
 	}
 	parent := ParentPath(b.o.Root, name)
-	var h lease.Holder
+	var h driver.Holder
 	err := b.async(ctx, "holder", name, func() error {
 		var err error
 		h, err = b.holder(ctx, name, parent)
@@ -57,36 +57,36 @@ func (b *Backend) Holder(ctx context.Context, name string) (lease.Holder, error)
 	if err != nil {
 		// h is not read: when ctx ended first, the call is still running
 		// and will write it.
-		return lease.Holder{}, err
+		return driver.Holder{}, err
 	}
 	return h, nil
 }
 
-func (b *Backend) holder(ctx context.Context, name, parent string) (lease.Holder, error) {
+func (b *Backend) holder(ctx context.Context, name, parent string) (driver.Holder, error) {
 	waitUntil := time.Now().Add(maxHolderWait)
 	for {
 		if _, err := b.conn.Sync(parent); err != nil && !errors.Is(err, zk.ErrNoNode) {
-			return lease.Holder{}, fmt.Errorf("zklease: holder %q: sync: %w", name, err)
+			return driver.Holder{}, fmt.Errorf("zklease: holder %q: sync: %w", name, err)
 		}
 		names, _, err := b.conn.Children(parent)
 		if errors.Is(err, zk.ErrNoNode) || (err == nil && len(names) == 0) {
-			return lease.Holder{}, fmt.Errorf("%w: %q: no node is queued", lease.ErrNotHeld, name)
+			return driver.Holder{}, fmt.Errorf("%w: %q: no node is queued", driver.ErrNotHeld, name)
 		}
 		if err != nil {
-			return lease.Holder{}, fmt.Errorf("zklease: holder %q: list: %w", name, err)
+			return driver.Holder{}, fmt.Errorf("zklease: holder %q: list: %w", name, err)
 		}
 		kids, err := parseChildren(parent, names)
 		if err != nil {
-			return lease.Holder{}, err
+			return driver.Holder{}, err
 		}
 		data, st, ch, err := b.conn.GetW(parent + "/" + kids[0].name)
 		if errors.Is(err, zk.ErrNoNode) {
 			continue // released between the listing and the read
 		}
 		if err != nil {
-			return lease.Holder{}, fmt.Errorf("zklease: holder %q: read: %w", name, err)
+			return driver.Holder{}, fmt.Errorf("zklease: holder %q: read: %w", name, err)
 		}
-		h := lease.Holder{Name: name, Owner: string(data), Token: fenceToken(st.Czxid)}
+		h := driver.Holder{Name: name, Owner: string(data), Token: fenceToken(st.Czxid)}
 		if !strings.HasSuffix(h.Owner, waitingSuffix) || !time.Now().Before(waitUntil) {
 			return h, nil
 		}
@@ -94,9 +94,9 @@ func (b *Backend) holder(ctx context.Context, name, parent string) (lease.Holder
 		case <-ch: // written with its owner, or deleted: read again
 		case <-time.After(time.Until(waitUntil)):
 		case <-ctx.Done():
-			return lease.Holder{}, ctxErr("holder", name, ctx)
+			return driver.Holder{}, ctxErr("holder", name, ctx)
 		case <-b.closed:
-			return lease.Holder{}, ErrClosed
+			return driver.Holder{}, ErrClosed
 		}
 	}
 }

@@ -8,12 +8,12 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
-var _ lease.Checker = (*Backend)(nil)
+var _ driver.Checker = (*Backend)(nil)
 
-// setup returns err as an error matching lease.ErrSetup when it is one that
+// setup returns err as an error matching driver.ErrSetup when it is one that
 // retrying cannot fix, naming the fix, and err otherwise:
 //
 //   - zk.ErrNoAuth: an ACL on the root (or below it) refuses this client;
@@ -24,16 +24,16 @@ var _ lease.Checker = (*Backend)(nil)
 // ancestors). Connection losses, session expiry and the rest are returned
 // as they are.
 func (b *Backend) setup(err error) error {
-	if err == nil || errors.Is(err, lease.ErrSetup) {
+	if err == nil || errors.Is(err, driver.ErrSetup) {
 		return err
 	}
 	switch {
 	case errors.Is(err, zk.ErrNoAuth):
-		return &lease.SetupError{Err: err, Fix: fmt.Sprintf("a ZooKeeper ACL refuses this client on the root %s, or on its deepest existing ancestor when it is missing: zklease sends no credentials, so it is world:anyone; grant world:anyone cdrwa there with setAcl, or choose a root it may use with WithRoot, and keep Options.ACL open to world:anyone", b.o.Root)}
+		return &driver.SetupError{Err: err, Fix: fmt.Sprintf("a ZooKeeper ACL refuses this client on the root %s, or on its deepest existing ancestor when it is missing: zklease sends no credentials, so it is world:anyone; grant world:anyone cdrwa there with setAcl, or choose a root it may use with WithRoot, and keep Options.ACL open to world:anyone", b.o.Root)}
 	case errors.Is(err, zk.ErrAuthFailed):
-		return &lease.SetupError{Err: err, Fix: "the ZooKeeper servers refused the client's authentication: zklease sends no credentials, so the servers must accept unauthenticated clients (no required SASL)"}
+		return &driver.SetupError{Err: err, Fix: "the ZooKeeper servers refused the client's authentication: zklease sends no credentials, so the servers must accept unauthenticated clients (no required SASL)"}
 	case errors.Is(err, zk.ErrInvalidACL):
-		return &lease.SetupError{Err: err, Fix: "ZooKeeper refuses Options.ACL for the nodes zklease creates: set an ACL the servers accept, such as the default zk.WorldACL(zk.PermAll)"}
+		return &driver.SetupError{Err: err, Fix: "ZooKeeper refuses Options.ACL for the nodes zklease creates: set an ACL the servers accept, such as the default zk.WorldACL(zk.PermAll)"}
 	}
 	return err
 }
@@ -42,7 +42,7 @@ func (b *Backend) setup(err error) error {
 // transaction, under the root.
 const checkNode = ".fencekit-check"
 
-// Check implements lease.Checker: it waits for the client's session (ctx
+// Check implements driver.Checker: it waits for the client's session (ctx
 // bounds the wait), then sends one transaction (Multi) that creates, with
 // Options.ACL, the root's missing components and a node under the root,
 // and deletes them all again, so that the servers check the permissions
@@ -51,7 +51,7 @@ const checkNode = ".fencekit-check"
 // although the nodes' zxids and the parent's child version move on.
 //
 // An ACL that refuses this client, refused authentication and an ACL the
-// servers refuse give an error matching lease.ErrSetup that names the
+// servers refuse give an error matching driver.ErrSetup that names the
 // fix; an ensemble that cannot be reached gives ctx's error.
 func (b *Backend) Check(ctx context.Context) error {
 	if err := b.Ready(ctx); err != nil {

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/fence"
-	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 // nameState is what the backend keeps for one lease name. Its fields are
@@ -41,7 +41,7 @@ func (ns *nameState) idle() bool {
 	return ns.ops == 0 && len(ns.grants) == 0 && ns.ticket == nil && len(ns.subs) == 0
 }
 
-// grantRec is one grant made by this backend: the opaque lease.Grant.State.
+// grantRec is one grant made by this backend: the opaque driver.Grant.State.
 // Its first fields never change; they mirror the node at the store, whose
 // name (with a random GUID) is never reused, and whose czxid and data never
 // change.
@@ -53,7 +53,7 @@ type grantRec struct {
 	token   fence.Token
 	session int64
 	ttl     time.Duration
-	notify  lease.Notifier
+	notify  driver.Notifier
 
 	// Guarded by Backend.mu.
 	base     time.Time // send time of the last request that confirmed the grant
@@ -129,8 +129,8 @@ func (b *Backend) forgetIfIdleLocked(ns *nameState) {
 // its grants are ended and their notifiers returned (the caller reports them
 // lost, outside the lock), its tickets are dropped and their waiters woken
 // to queue again on the new session. b.mu must be held.
-func (b *Backend) dropSessionLocked(id int64) []lease.Notifier {
-	var lost []lease.Notifier
+func (b *Backend) dropSessionLocked(id int64) []driver.Notifier {
+	var lost []driver.Notifier
 	for _, ns := range b.names {
 		for owner, rec := range ns.grants {
 			if id == -1 || rec.session == id {

@@ -52,7 +52,7 @@ func ambiguous(err error) bool {
 // the same transaction checks that owner is not recorded as ended (it
 // creates and deletes the record's node, which fails if the node exists):
 // an ended owner's create is refused at the store, with an error matching
-// lease.ErrNotAcquired.
+// driver.ErrNotAcquired.
 //
 // settle bounds how long a create whose answer was lost may stay unsettled
 // (see findCreated).

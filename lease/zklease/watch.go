@@ -7,10 +7,10 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
-// Watch implements lease.Watcher without a herd: the backend puts one node
+// Watch implements driver.Watcher without a herd: the backend puts one node
 // of its own (a ticket) in the lease's queue for all its waiters of the
 // name, and watches only the node just before it. When that node is
 // deleted, one notification reaches this backend alone; its waiters are
@@ -25,10 +25,10 @@ import (
 // when the last subscription of the name ends, the ticket is deleted. A
 // lost session drops the ticket and signals the waiters, whose next
 // attempt queues again. ctx bounds the requests of the subscription only.
-// Errors: lease.ErrInvalidName before any I/O, ErrClosed, go-zookeeper's
+// Errors: driver.ErrInvalidName before any I/O, ErrClosed, go-zookeeper's
 // errors (wrapped), ctx's error (wrapped).
 func (b *Backend) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
-	if err := lease.ValidateName(name); err != nil {
+	if err := driver.ValidateName(name); err != nil {
 		return nil, nil, err
 	}
 	s := &sub{ch: make(chan struct{}, 1)}

@@ -13,13 +13,13 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 var (
-	_ lease.Backend      = (*Backend)(nil)
-	_ lease.Watcher      = (*Backend)(nil)
-	_ lease.BatchRenewer = (*Backend)(nil)
+	_ driver.Backend      = (*Backend)(nil)
+	_ driver.Watcher      = (*Backend)(nil)
+	_ driver.BatchRenewer = (*Backend)(nil)
 )
 
 var (
@@ -34,15 +34,15 @@ var (
 	// ErrSessionExpired is the cause of the loss of every lease of a
 	// session that the ensemble expired (the client did not reach a server
 	// within the session timeout, or the session was closed at the store).
-	// It matches lease.ErrExpiredAtStore, so such leases end as
+	// It matches driver.ErrExpiredAtStore, so such leases end as
 	// lease.LostExpired.
-	ErrSessionExpired = fmt.Errorf("zklease: ZooKeeper session expired: %w", lease.ErrExpiredAtStore)
+	ErrSessionExpired = fmt.Errorf("zklease: ZooKeeper session expired: %w", driver.ErrExpiredAtStore)
 
 	// ErrSessionReplaced is the cause of the loss of every lease of a
 	// session when the client is found on a different session (go-zookeeper
 	// opens a new session after an expiry and carries on): the old
-	// session's nodes are gone. It matches lease.ErrExpiredAtStore.
-	ErrSessionReplaced = fmt.Errorf("zklease: ZooKeeper session replaced by a new one: %w", lease.ErrExpiredAtStore)
+	// session's nodes are gone. It matches driver.ErrExpiredAtStore.
+	ErrSessionReplaced = fmt.Errorf("zklease: ZooKeeper session replaced by a new one: %w", driver.ErrExpiredAtStore)
 
 	// ErrSessionTimeout is returned by Acquire and Renew when the server
 	// the client is connected to granted a session timeout shorter than the
@@ -115,13 +115,13 @@ func New(servers []string, opts ...Option) (*Backend, error) {
 	return b, nil
 }
 
-// Limits implements lease.Backend. A lease's TTL is enforced by the backend
+// Limits implements driver.Backend. A lease's TTL is enforced by the backend
 // (it deletes a grant that was not renewed within its TTL) and bounded by
 // the session: TTLs are whole milliseconds from MinTTL to
 // Options.SessionTimeout. The Manager renews the leases (SelfRenewing is
 // false): a session alive does not mean that the holder's work is.
-func (b *Backend) Limits() lease.Limits {
-	return lease.Limits{MinTTL: MinTTL, MaxTTL: b.o.SessionTimeout, Resolution: time.Millisecond}
+func (b *Backend) Limits() driver.Limits {
+	return driver.Limits{MinTTL: MinTTL, MaxTTL: b.o.SessionTimeout, Resolution: time.Millisecond}
 }
 
 // Options returns the backend's options, with defaults filled in.
@@ -180,7 +180,7 @@ func (b *Backend) onEvent(ev zk.Event) {
 		b.mu.Lock()
 		old := b.session
 		var (
-			lost  []lease.Notifier
+			lost  []driver.Notifier
 			cause error
 		)
 		if old != 0 {
@@ -202,7 +202,7 @@ func (b *Backend) onConnectResponse(server string, id int64, timeout time.Durati
 	b.mu.Lock()
 	old := b.session
 	var (
-		lost  []lease.Notifier
+		lost  []driver.Notifier
 		cause error
 	)
 	switch {
@@ -225,7 +225,7 @@ func (b *Backend) onConnectResponse(server string, id int64, timeout time.Durati
 
 // reportLost reports the leases of a session that ended as lost, and
 // warns.
-func (b *Backend) reportLost(session int64, cause error, lost []lease.Notifier) {
+func (b *Backend) reportLost(session int64, cause error, lost []driver.Notifier) {
 	if cause == nil {
 		return
 	}

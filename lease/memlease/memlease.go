@@ -1,4 +1,8 @@
-package lease
+// Package memlease is a lease backend that keeps leases in this process's
+// memory (driver.Backend, with every optional capability). It serves unit
+// tests and runnable examples: it gives no protection across processes. It
+// passes the conformance suite (lease/leasetest) like every backend.
+package memlease
 
 import (
 	"context"
@@ -7,13 +11,12 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
-// MemoryBackend is a Backend (and Watcher) that keeps leases in this
-// process's memory. It serves unit tests and runnable examples: it gives no
-// protection across processes. The zero value is not usable; call
-// NewMemoryBackend.
-type MemoryBackend struct {
+// Backend keeps leases in this process's memory. The zero value is not
+// usable; call New.
+type Backend struct {
 	mu       sync.Mutex
 	leases   map[string]memGrant
 	tokens   map[string]fence.Token
@@ -37,16 +40,16 @@ type memGrant struct {
 }
 
 var (
-	_ Backend      = (*MemoryBackend)(nil)
-	_ Watcher      = (*MemoryBackend)(nil)
-	_ BatchRenewer = (*MemoryBackend)(nil)
-	_ Inspector    = (*MemoryBackend)(nil)
-	_ Checker      = (*MemoryBackend)(nil)
+	_ driver.Backend      = (*Backend)(nil)
+	_ driver.Watcher      = (*Backend)(nil)
+	_ driver.BatchRenewer = (*Backend)(nil)
+	_ driver.Inspector    = (*Backend)(nil)
+	_ driver.Checker      = (*Backend)(nil)
 )
 
-// NewMemoryBackend returns an empty in-memory backend.
-func NewMemoryBackend() *MemoryBackend {
-	return &MemoryBackend{
+// New returns an empty in-memory backend.
+func New() *Backend {
+	return &Backend{
 		leases:   make(map[string]memGrant),
 		tokens:   make(map[string]fence.Token),
 		watchers: make(map[string]map[chan struct{}]struct{}),
@@ -54,9 +57,9 @@ func NewMemoryBackend() *MemoryBackend {
 	}
 }
 
-// endedAs returns how owner of name was ended within EndedOwnerTTL, and
+// endedAs returns how owner of name was ended within driver.EndedOwnerTTL, and
 // forgets records past it; mu must be held.
-func (b *MemoryBackend) endedAs(name, owner string, now time.Time) (e ended, ok bool) {
+func (b *Backend) endedAs(name, owner string, now time.Time) (e ended, ok bool) {
 	k := endedKey{name, owner}
 	e, ok = b.ended[k]
 	if ok && !now.Before(e.until) {
@@ -68,7 +71,7 @@ func (b *MemoryBackend) endedAs(name, owner string, now time.Time) (e ended, ok 
 
 // end records owner of name as ended; a record that it was released is
 // kept. mu must be held.
-func (b *MemoryBackend) end(name, owner string, ttl time.Duration, released bool, now time.Time) {
+func (b *Backend) end(name, owner string, ttl time.Duration, released bool, now time.Time) {
 	if len(b.ended) > 1024 {
 		for k, e := range b.ended {
 			if !now.Before(e.until) {
@@ -80,11 +83,11 @@ func (b *MemoryBackend) end(name, owner string, ttl time.Duration, released bool
 	if e, ok := b.endedAs(name, owner, now); ok && e.released {
 		released = true
 	}
-	b.ended[k] = ended{until: now.Add(EndedOwnerTTL(ttl)), released: released}
+	b.ended[k] = ended{until: now.Add(driver.EndedOwnerTTL(ttl)), released: released}
 }
 
 // free deletes the grant of name and wakes its waiters; mu must be held.
-func (b *MemoryBackend) free(name string) {
+func (b *Backend) free(name string) {
 	delete(b.leases, name)
 	for ch := range b.watchers[name] {
 		select {
@@ -95,7 +98,7 @@ func (b *MemoryBackend) free(name string) {
 }
 
 // current returns the live grant of name; mu must be held.
-func (b *MemoryBackend) current(name string, now time.Time) (memGrant, bool) {
+func (b *Backend) current(name string, now time.Time) (memGrant, bool) {
 	g, ok := b.leases[name]
 	if ok && !now.Before(g.expires) {
 		delete(b.leases, name)
@@ -104,45 +107,45 @@ func (b *MemoryBackend) current(name string, now time.Time) (memGrant, bool) {
 	return g, ok
 }
 
-// Limits implements Backend: any whole number of milliseconds.
-func (b *MemoryBackend) Limits() Limits {
-	return Limits{MinTTL: time.Millisecond, Resolution: time.Millisecond}
+// Limits implements driver.Backend: any whole number of milliseconds.
+func (b *Backend) Limits() driver.Limits {
+	return driver.Limits{MinTTL: time.Millisecond, Resolution: time.Millisecond}
 }
 
-// Acquire implements Backend.
-func (b *MemoryBackend) Acquire(ctx context.Context, req Request) (Grant, error) {
+// Acquire implements driver.Backend.
+func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
 	if err := ctx.Err(); err != nil {
-		return Grant{}, err
+		return driver.Grant{}, err
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := time.Now()
 	if _, ok := b.endedAs(req.Name, req.Owner, now); ok {
-		return Grant{}, fmt.Errorf("%w: %q: owner %q was released or abandoned", ErrNotAcquired, req.Name, req.Owner)
+		return driver.Grant{}, fmt.Errorf("%w: %q: owner %q was released or abandoned", driver.ErrNotAcquired, req.Name, req.Owner)
 	}
 	if g, ok := b.current(req.Name, now); ok {
 		if g.owner != req.Owner {
-			return Grant{}, &NotAcquiredError{Name: req.Name, RetryAfter: g.expires.Sub(now)}
+			return driver.Grant{}, &driver.NotAcquiredError{Name: req.Name, RetryAfter: g.expires.Sub(now)}
 		}
 		g.expires = now.Add(req.TTL)
 		b.leases[req.Name] = g
-		return Grant{Name: req.Name, Owner: req.Owner, Token: g.token, TTL: req.TTL}, nil
+		return driver.Grant{Name: req.Name, Owner: req.Owner, Token: g.token, TTL: req.TTL}, nil
 	}
 	tok := max(b.tokens[req.Name]+1, b.floor)
 	b.tokens[req.Name] = tok
 	b.leases[req.Name] = memGrant{owner: req.Owner, token: tok, expires: now.Add(req.TTL)}
-	return Grant{Name: req.Name, Owner: req.Owner, Token: tok, TTL: req.TTL}, nil
+	return driver.Grant{Name: req.Name, Owner: req.Owner, Token: tok, TTL: req.TTL}, nil
 }
 
 // holds reports whether the store names g's owner and token as the live
 // holder of g.Name; mu must be held.
-func (b *MemoryBackend) holds(g Grant, now time.Time) (memGrant, bool) {
+func (b *Backend) holds(g driver.Grant, now time.Time) (memGrant, bool) {
 	cur, ok := b.current(g.Name, now)
 	return cur, ok && cur.owner == g.Owner && cur.token == g.Token
 }
 
-// Renew implements Backend.
-func (b *MemoryBackend) Renew(ctx context.Context, g Grant) error {
+// Renew implements driver.Backend.
+func (b *Backend) Renew(ctx context.Context, g driver.Grant) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -151,15 +154,15 @@ func (b *MemoryBackend) Renew(ctx context.Context, g Grant) error {
 	now := time.Now()
 	cur, ok := b.holds(g, now)
 	if !ok {
-		return ErrNotHeld
+		return driver.ErrNotHeld
 	}
 	cur.expires = now.Add(g.TTL)
 	b.leases[g.Name] = cur
 	return nil
 }
 
-// Release implements Backend.
-func (b *MemoryBackend) Release(ctx context.Context, g Grant) error {
+// Release implements driver.Backend.
+func (b *Backend) Release(ctx context.Context, g driver.Grant) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -175,11 +178,11 @@ func (b *MemoryBackend) Release(ctx context.Context, g Grant) error {
 	if e, _ := b.endedAs(g.Name, g.Owner, now); e.released {
 		return nil // a resent Release, or one after Abandon: the first was applied
 	}
-	return ErrNotHeld
+	return driver.ErrNotHeld
 }
 
-// Abandon implements Backend.
-func (b *MemoryBackend) Abandon(ctx context.Context, req Request) error {
+// Abandon implements driver.Backend.
+func (b *Backend) Abandon(ctx context.Context, req driver.Request) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -193,8 +196,8 @@ func (b *MemoryBackend) Abandon(ctx context.Context, req Request) error {
 	return nil
 }
 
-// Watch implements Watcher.
-func (b *MemoryBackend) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
+// Watch implements driver.Watcher.
+func (b *Backend) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
@@ -219,8 +222,8 @@ func (b *MemoryBackend) Watch(ctx context.Context, name string) (<-chan struct{}
 	return ch, stop, nil
 }
 
-// RenewBatch implements BatchRenewer.
-func (b *MemoryBackend) RenewBatch(ctx context.Context, gs []Grant, done func(int, error)) {
+// RenewBatch implements driver.BatchRenewer.
+func (b *Backend) RenewBatch(ctx context.Context, gs []driver.Grant, done func(int, error)) {
 	for i, g := range gs {
 		done(i, b.Renew(ctx, g))
 	}
@@ -234,7 +237,7 @@ func (b *MemoryBackend) RenewBatch(ctx context.Context, gs []Grant, done func(in
 // minted before as long as the clock is not stepped back and fewer grants
 // were made than nanoseconds passed. Before the first Forget, tokens count
 // 1, 2, 3 per name.
-func (b *MemoryBackend) Forget() {
+func (b *Backend) Forget() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	clear(b.leases)
@@ -243,20 +246,20 @@ func (b *MemoryBackend) Forget() {
 	b.floor = max(b.floor, fence.Token(time.Now().UnixNano()))
 }
 
-// Check implements Checker: the memory store is always set up.
-func (b *MemoryBackend) Check(ctx context.Context) error { return ctx.Err() }
+// Check implements driver.Checker: the memory store is always set up.
+func (b *Backend) Check(ctx context.Context) error { return ctx.Err() }
 
-// Holder implements Inspector.
-func (b *MemoryBackend) Holder(ctx context.Context, name string) (Holder, error) {
+// Holder implements driver.Inspector.
+func (b *Backend) Holder(ctx context.Context, name string) (driver.Holder, error) {
 	if err := ctx.Err(); err != nil {
-		return Holder{}, err
+		return driver.Holder{}, err
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := time.Now()
 	g, ok := b.current(name, now)
 	if !ok {
-		return Holder{}, ErrNotHeld
+		return driver.Holder{}, driver.ErrNotHeld
 	}
-	return Holder{Name: name, Owner: g.owner, Token: g.token, Remaining: g.expires.Sub(now)}, nil
+	return driver.Holder{Name: name, Owner: g.owner, Token: g.token, Remaining: g.expires.Sub(now)}, nil
 }
