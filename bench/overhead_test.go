@@ -6,19 +6,20 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 // nopBackend grants every acquire at once, without I/O.
 type nopBackend struct{ tok fence.Token }
 
-func (b *nopBackend) Limits() lease.Limits { return lease.Limits{} }
-func (b *nopBackend) Acquire(_ context.Context, req lease.Request) (lease.Grant, error) {
+func (b *nopBackend) Limits() driver.Limits { return driver.Limits{} }
+func (b *nopBackend) Acquire(_ context.Context, req driver.Request) (driver.Grant, error) {
 	b.tok++
-	return lease.Grant{Name: req.Name, Owner: req.Owner, Token: b.tok, TTL: req.TTL}, nil
+	return driver.Grant{Name: req.Name, Owner: req.Owner, Token: b.tok, TTL: req.TTL}, nil
 }
-func (*nopBackend) Renew(context.Context, lease.Grant) error     { return nil }
-func (*nopBackend) Release(context.Context, lease.Grant) error   { return nil }
-func (*nopBackend) Abandon(context.Context, lease.Request) error { return nil }
+func (*nopBackend) Renew(context.Context, driver.Grant) error     { return nil }
+func (*nopBackend) Release(context.Context, driver.Grant) error   { return nil }
+func (*nopBackend) Abandon(context.Context, driver.Request) error { return nil }
 
 // BenchmarkManagerOverhead is the Go-side cost of a fencekit cycle
 // (TryAcquire + Release with default options) over a backend that answers

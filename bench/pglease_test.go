@@ -19,6 +19,7 @@ import (
 	"github.com/fencekit/fencekit/internal/pgleasesql"
 	"github.com/fencekit/fencekit/internal/testenv"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/pglease"
 	"github.com/fencekit/fencekit/migrations"
 )
@@ -160,7 +161,7 @@ func BenchmarkPGCycle(b *testing.B) {
 	pl := s.newPglock(b, benchTTL, pglock.DefaultHeartbeatFrequency)
 	q := pgleasesql.New("")
 	ttlUs := benchTTL.Microseconds()
-	endedUs := lease.EndedOwnerTTL(benchTTL).Microseconds()
+	endedUs := driver.EndedOwnerTTL(benchTTL).Microseconds()
 	var rawOwner atomic.Int64
 	ttlMs := strconv.FormatInt(benchTTL.Milliseconds(), 10)
 
@@ -180,7 +181,7 @@ func BenchmarkPGCycle(b *testing.B) {
 		{"fencekit-table", manager(mt)},
 		{"raw-table", func(int) error {
 			// Owners are never reused: the store refuses an owner it
-			// ended within lease.EndedOwnerTTL.
+			// ended within driver.EndedOwnerTTL.
 			owner := "raw-" + strconv.FormatInt(rawOwner.Add(1), 10)
 			var ok, ended bool
 			var tok, left int64

@@ -16,6 +16,7 @@ import (
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/redistest"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/redislease"
 )
 
@@ -134,7 +135,7 @@ func (c acquireCall) abandonedBy(validity time.Duration) bool {
 	return c.err != nil && c.token == 0 && !c.deadline.IsZero() && !c.deadline.After(c.sent.Add(validity))
 }
 
-func (b *recordingBackend) Acquire(ctx context.Context, req lease.Request) (lease.Grant, error) {
+func (b *recordingBackend) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
 	sent := time.Now() // after the Manager's own send time
 	deadline, _ := ctx.Deadline()
 	g, err := b.Backend.Acquire(ctx, req)

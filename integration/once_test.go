@@ -14,6 +14,7 @@ import (
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/testenv"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/pglease"
 	"github.com/fencekit/fencekit/sqlguard"
 )
@@ -29,7 +30,7 @@ type deadRenewals struct {
 
 var errHolderGone = errors.New("the holder's process is gone")
 
-func (d *deadRenewals) Renew(ctx context.Context, g lease.Grant) error {
+func (d *deadRenewals) Renew(ctx context.Context, g driver.Grant) error {
 	if d.dead.Load() {
 		return errHolderGone
 	}

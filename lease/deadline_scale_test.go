@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 // freezable is a memory store that can stop answering: once frozen, every
@@ -21,7 +22,7 @@ type freezable struct {
 	frozen atomic.Bool
 }
 
-func (f *freezable) Renew(ctx context.Context, g lease.Grant) error {
+func (f *freezable) Renew(ctx context.Context, g driver.Grant) error {
 	if f.frozen.Load() {
 		<-ctx.Done()
 		return ctx.Err()
@@ -29,7 +30,7 @@ func (f *freezable) Renew(ctx context.Context, g lease.Grant) error {
 	return f.MemoryBackend.Renew(ctx, g)
 }
 
-func (f *freezable) RenewBatch(ctx context.Context, gs []lease.Grant, done func(int, error)) {
+func (f *freezable) RenewBatch(ctx context.Context, gs []driver.Grant, done func(int, error)) {
 	if f.frozen.Load() {
 		<-ctx.Done()
 		for i := range gs {

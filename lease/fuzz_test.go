@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 // FuzzValidateName: a lease name is refused with ErrInvalidName (no
@@ -17,7 +18,7 @@ import (
 // characters, and a Manager can acquire and release a lease by it.
 func FuzzValidateName(f *testing.F) {
 	for _, s := range []string{"jobs/billing", "a", "{x}", "%7B", "ü ñ", "a:b:c", "", "a\x00b", "tab\there", "\u0085",
-		"\xff\xfe", strings.Repeat("n", lease.MaxNameLen), strings.Repeat("n", lease.MaxNameLen+1), "emoji 🔒", "\u200b"} {
+		"\xff\xfe", strings.Repeat("n", driver.MaxNameLen), strings.Repeat("n", driver.MaxNameLen+1), "emoji 🔒", "\u200b"} {
 		f.Add(s)
 	}
 	m, err := lease.NewManager(lease.NewMemoryBackend(), time.Second)
@@ -36,7 +37,7 @@ func FuzzValidateName(f *testing.F) {
 			}
 			return
 		}
-		if name == "" || len(name) > lease.MaxNameLen || !utf8.ValidString(name) || strings.IndexFunc(name, unicode.IsControl) >= 0 {
+		if name == "" || len(name) > driver.MaxNameLen || !utf8.ValidString(name) || strings.IndexFunc(name, unicode.IsControl) >= 0 {
 			t.Fatalf("name %q accepted", name)
 		}
 		if tryErr != nil && !errors.Is(tryErr, lease.ErrNotAcquired) {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 // slowBatchBackend is a memory store under load: a batch renewal of two or
@@ -24,7 +25,7 @@ type slowBatchBackend struct {
 	releaseDelay time.Duration
 }
 
-func (s *slowBatchBackend) RenewBatch(ctx context.Context, recs []lease.Grant, done func(int, error)) {
+func (s *slowBatchBackend) RenewBatch(ctx context.Context, recs []driver.Grant, done func(int, error)) {
 	errs := make([]error, len(recs))
 	s.MemoryBackend.RenewBatch(ctx, recs, func(i int, err error) { errs[i] = err })
 	if at := s.replyAt.Load(); at != nil && len(recs) >= 2 {
@@ -36,7 +37,7 @@ func (s *slowBatchBackend) RenewBatch(ctx context.Context, recs []lease.Grant, d
 	}
 }
 
-func (s *slowBatchBackend) Release(ctx context.Context, rec lease.Grant) error {
+func (s *slowBatchBackend) Release(ctx context.Context, rec driver.Grant) error {
 	time.Sleep(s.releaseDelay)
 	return s.MemoryBackend.Release(ctx, rec)
 }
@@ -145,13 +146,13 @@ type jitterBackend struct {
 
 func (j *jitterBackend) sleep() { time.Sleep(mrand.N(j.max)) }
 
-func (j *jitterBackend) Renew(ctx context.Context, rec lease.Grant) error {
+func (j *jitterBackend) Renew(ctx context.Context, rec driver.Grant) error {
 	err := j.MemoryBackend.Renew(ctx, rec)
 	j.sleep()
 	return err
 }
 
-func (j *jitterBackend) RenewBatch(ctx context.Context, recs []lease.Grant, done func(int, error)) {
+func (j *jitterBackend) RenewBatch(ctx context.Context, recs []driver.Grant, done func(int, error)) {
 	errs := make([]error, len(recs))
 	j.MemoryBackend.RenewBatch(ctx, recs, func(i int, err error) { errs[i] = err })
 	j.sleep()
@@ -160,7 +161,7 @@ func (j *jitterBackend) RenewBatch(ctx context.Context, recs []lease.Grant, done
 	}
 }
 
-func (j *jitterBackend) Release(ctx context.Context, rec lease.Grant) error {
+func (j *jitterBackend) Release(ctx context.Context, rec driver.Grant) error {
 	j.sleep()
 	return j.MemoryBackend.Release(ctx, rec)
 }

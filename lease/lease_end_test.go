@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 // releaseProbe is a memory store whose Release records what the lease it
@@ -49,7 +50,7 @@ func (p *releaseProbe) observe(l *lease.Lease, work context.Context) {
 	}
 }
 
-func (p *releaseProbe) Release(ctx context.Context, g lease.Grant) error {
+func (p *releaseProbe) Release(ctx context.Context, g driver.Grant) error {
 	p.release.Add(1)
 	p.mu.Lock()
 	check := p.watch[g.Owner]
@@ -216,7 +217,7 @@ type hangingWatch struct {
 	attempts []time.Time     // when each acquire request was sent
 }
 
-func (h *hangingWatch) Acquire(ctx context.Context, r lease.Request) (lease.Grant, error) {
+func (h *hangingWatch) Acquire(ctx context.Context, r driver.Request) (driver.Grant, error) {
 	h.mu.Lock()
 	h.attempts = append(h.attempts, time.Now())
 	h.mu.Unlock()
@@ -308,7 +309,7 @@ type splitBatch struct {
 	*lease.MemoryBackend
 }
 
-func (s *splitBatch) RenewBatch(ctx context.Context, gs []lease.Grant, done func(int, error)) {
+func (s *splitBatch) RenewBatch(ctx context.Context, gs []driver.Grant, done func(int, error)) {
 	var slow []int
 	for i, g := range gs {
 		if len(g.Name) >= 4 && g.Name[:4] == "slow" {
@@ -379,7 +380,7 @@ type shortOnce struct {
 	calls atomic.Int32
 }
 
-func (b *shortOnce) Acquire(ctx context.Context, r lease.Request) (lease.Grant, error) {
+func (b *shortOnce) Acquire(ctx context.Context, r driver.Request) (driver.Grant, error) {
 	g, err := b.MemoryBackend.Acquire(ctx, r)
 	if err == nil && b.calls.Add(1) == 1 {
 		g.TTL = r.TTL / 2
@@ -425,12 +426,12 @@ type blackholed struct {
 	abandons atomic.Int32
 }
 
-func (b *blackholed) Acquire(ctx context.Context, _ lease.Request) (lease.Grant, error) {
+func (b *blackholed) Acquire(ctx context.Context, _ driver.Request) (driver.Grant, error) {
 	<-ctx.Done()
-	return lease.Grant{}, ctx.Err()
+	return driver.Grant{}, ctx.Err()
 }
 
-func (b *blackholed) Abandon(ctx context.Context, _ lease.Request) error {
+func (b *blackholed) Abandon(ctx context.Context, _ driver.Request) error {
 	b.abandons.Add(1)
 	<-ctx.Done()
 	return ctx.Err()
@@ -482,9 +483,9 @@ type misconfigured struct {
 
 var errNoTables = &lease.SetupError{Err: errors.New("relation \"leases\" does not exist"), Fix: "run fencekit migrate up"}
 
-func (b *misconfigured) Acquire(context.Context, lease.Request) (lease.Grant, error) {
+func (b *misconfigured) Acquire(context.Context, driver.Request) (driver.Grant, error) {
 	b.calls.Add(1)
-	return lease.Grant{}, errNoTables
+	return driver.Grant{}, errNoTables
 }
 
 func (b *misconfigured) Check(context.Context) error { return errNoTables }
@@ -547,9 +548,9 @@ type flaky struct {
 
 var errFlaky = errors.New("connection reset by peer")
 
-func (b *flaky) Acquire(ctx context.Context, r lease.Request) (lease.Grant, error) {
+func (b *flaky) Acquire(ctx context.Context, r driver.Request) (driver.Grant, error) {
 	if b.calls.Add(1) == 1 {
-		return lease.Grant{}, errFlaky
+		return driver.Grant{}, errFlaky
 	}
 	return b.MemoryBackend.Acquire(ctx, r)
 }

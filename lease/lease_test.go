@@ -14,6 +14,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -29,7 +30,7 @@ type faultBackend struct {
 	renews       atomic.Int64
 }
 
-func (f *faultBackend) Acquire(ctx context.Context, r lease.Request) (lease.Grant, error) {
+func (f *faultBackend) Acquire(ctx context.Context, r driver.Request) (driver.Grant, error) {
 	now := time.Now()
 	f.entered.Store(&now)
 	f.calls.Add(1)
@@ -45,7 +46,7 @@ func (f *faultBackend) Acquire(ctx context.Context, r lease.Request) (lease.Gran
 	return g, err
 }
 
-func (f *faultBackend) Renew(ctx context.Context, r lease.Grant) error {
+func (f *faultBackend) Renew(ctx context.Context, r driver.Grant) error {
 	f.calls.Add(1)
 	f.renews.Add(1)
 	if p := f.renewErr.Load(); p != nil {
@@ -54,7 +55,7 @@ func (f *faultBackend) Renew(ctx context.Context, r lease.Grant) error {
 	return f.Backend.Renew(ctx, r)
 }
 
-func (f *faultBackend) Release(ctx context.Context, r lease.Grant) error {
+func (f *faultBackend) Release(ctx context.Context, r driver.Grant) error {
 	f.calls.Add(1)
 	return f.Backend.Release(ctx, r)
 }
@@ -142,7 +143,7 @@ func TestBadNamesDoNoIO(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, n := range []string{"", strings.Repeat("n", lease.MaxNameLen+1), "bad\x00nul", "new\nline", "\xff\xfe"} {
+	for _, n := range []string{"", strings.Repeat("n", driver.MaxNameLen+1), "bad\x00nul", "new\nline", "\xff\xfe"} {
 		if _, err := m.TryAcquire(context.Background(), n); !errors.Is(err, lease.ErrInvalidName) {
 			t.Errorf("TryAcquire(%q) = %v, want ErrInvalidName", n, err)
 		}
@@ -153,7 +154,7 @@ func TestBadNamesDoNoIO(t *testing.T) {
 	if n := fb.calls.Load(); n != 0 {
 		t.Fatalf("%d backend calls for invalid names, want 0", n)
 	}
-	if err := lease.ValidateName(strings.Repeat("n", lease.MaxNameLen)); err != nil {
+	if err := lease.ValidateName(strings.Repeat("n", driver.MaxNameLen)); err != nil {
 		t.Fatalf("a name of MaxNameLen bytes was rejected: %v", err)
 	}
 }
@@ -341,7 +342,7 @@ type stuckBackend struct {
 	abandon []string
 }
 
-func (s *stuckBackend) Abandon(ctx context.Context, r lease.Request) error {
+func (s *stuckBackend) Abandon(ctx context.Context, r driver.Request) error {
 	s.mu.Lock()
 	s.abandon = append(s.abandon, r.Owner)
 	s.mu.Unlock()
@@ -354,7 +355,7 @@ func (s *stuckBackend) abandoned() []string {
 	return append([]string(nil), s.abandon...)
 }
 
-func (s *stuckBackend) Acquire(ctx context.Context, r lease.Request) (lease.Grant, error) {
+func (s *stuckBackend) Acquire(ctx context.Context, r driver.Request) (driver.Grant, error) {
 	if s.calls.Add(1) > 1 {
 		return s.MemoryBackend.Acquire(ctx, r)
 	}
@@ -367,7 +368,7 @@ func (s *stuckBackend) Acquire(ctx context.Context, r lease.Request) (lease.Gran
 	}
 	s.first.token, s.first.owner = g.Token, g.Owner
 	<-ctx.Done()
-	return lease.Grant{}, ctx.Err()
+	return driver.Grant{}, ctx.Err()
 }
 
 // A blocking Acquire bounds each attempt by the lease's validity: an
@@ -409,7 +410,7 @@ func TestAcquireAbandonsAnAttemptHeldPastValidity(t *testing.T) {
 			t.Fatalf("abandoned owners %q; want just the first attempt's %q", got, sb.first.owner)
 		}
 		// The abandoned request, arriving again late, grants nothing.
-		late := lease.Request{Name: "stuck", Owner: sb.first.owner, TTL: ttl}
+		late := driver.Request{Name: "stuck", Owner: sb.first.owner, TTL: ttl}
 		if _, err := sb.MemoryBackend.Acquire(ctx, late); !errors.Is(err, lease.ErrNotAcquired) {
 			t.Fatalf("a late copy of the abandoned request = %v, want ErrNotAcquired", err)
 		}
@@ -534,7 +535,7 @@ type acquireCounter struct {
 	n atomic.Int64
 }
 
-func (b *acquireCounter) Acquire(ctx context.Context, req lease.Request) (lease.Grant, error) {
+func (b *acquireCounter) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
 	b.n.Add(1)
 	return b.MemoryBackend.Acquire(ctx, req)
 }

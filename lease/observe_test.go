@@ -11,6 +11,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 type ctxKey struct{}
@@ -279,14 +280,14 @@ type flakyRenew struct {
 
 var errUnreachable = errors.New("store unreachable")
 
-func (f *flakyRenew) Renew(ctx context.Context, g lease.Grant) error {
+func (f *flakyRenew) Renew(ctx context.Context, g driver.Grant) error {
 	if f.fail.Load() {
 		return errUnreachable
 	}
 	return f.MemoryBackend.Renew(ctx, g)
 }
 
-func (f *flakyRenew) RenewBatch(ctx context.Context, gs []lease.Grant, done func(int, error)) {
+func (f *flakyRenew) RenewBatch(ctx context.Context, gs []driver.Grant, done func(int, error)) {
 	if !f.fail.Load() {
 		f.MemoryBackend.RenewBatch(ctx, gs, done)
 		return

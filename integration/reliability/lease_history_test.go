@@ -21,6 +21,7 @@ import (
 	"github.com/fencekit/fencekit/internal/redistest"
 	"github.com/fencekit/fencekit/internal/testenv"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/etcdlease"
 	"github.com/fencekit/fencekit/lease/pglease"
 	"github.com/fencekit/fencekit/lease/redislease"
@@ -609,14 +610,14 @@ type longDeadlineState struct {
 	state any
 }
 
-func (b longDeadline) inner(g lease.Grant) lease.Grant {
+func (b longDeadline) inner(g driver.Grant) driver.Grant {
 	if s, ok := g.State.(longDeadlineState); ok {
 		g.TTL, g.State = s.ttl, s.state
 	}
 	return g
 }
 
-func (b longDeadline) Acquire(ctx context.Context, req lease.Request) (lease.Grant, error) {
+func (b longDeadline) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
 	g, err := b.Backend.Acquire(ctx, req)
 	if err != nil {
 		return g, err
@@ -626,11 +627,11 @@ func (b longDeadline) Acquire(ctx context.Context, req lease.Request) (lease.Gra
 	return g, nil
 }
 
-func (b longDeadline) Renew(ctx context.Context, g lease.Grant) error {
+func (b longDeadline) Renew(ctx context.Context, g driver.Grant) error {
 	return b.Backend.Renew(ctx, b.inner(g))
 }
 
-func (b longDeadline) Release(ctx context.Context, g lease.Grant) error {
+func (b longDeadline) Release(ctx context.Context, g driver.Grant) error {
 	return b.Backend.Release(ctx, b.inner(g))
 }
 

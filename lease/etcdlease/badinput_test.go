@@ -9,6 +9,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/etcdlease"
 )
 
@@ -56,7 +57,7 @@ func TestAcquireRejectsBadInputBeforeIO(t *testing.T) {
 	}
 	defer b.Close()
 	ctx := ctxT(t)
-	for _, r := range []lease.Request{
+	for _, r := range []driver.Request{
 		{Name: "", Owner: "o", TTL: time.Second},
 		{Name: "bad\x00name", Owner: "o", TTL: time.Second},
 		{Name: "n", Owner: "", TTL: time.Second},
@@ -71,7 +72,7 @@ func TestAcquireRejectsBadInputBeforeIO(t *testing.T) {
 		t.Errorf("Watch(\"\") = %v, want ErrInvalidName", err)
 	}
 	// Grants the backend did not make are not held, and nothing is sent.
-	forged := lease.Grant{Name: "n", Owner: "o", Token: 7, TTL: time.Second}
+	forged := driver.Grant{Name: "n", Owner: "o", Token: 7, TTL: time.Second}
 	if err := b.Renew(ctx, forged); !errors.Is(err, lease.ErrNotHeld) {
 		t.Errorf("Renew(forged) = %v, want ErrNotHeld", err)
 	}
@@ -79,7 +80,7 @@ func TestAcquireRejectsBadInputBeforeIO(t *testing.T) {
 		t.Errorf("Release(forged) = %v, want ErrNotHeld", err)
 	}
 	_ = b.Close()
-	if _, err := b.Acquire(ctx, lease.Request{Name: "n", Owner: "o", TTL: 2 * time.Second}); !errors.Is(err, etcdlease.ErrClosed) {
+	if _, err := b.Acquire(ctx, driver.Request{Name: "n", Owner: "o", TTL: 2 * time.Second}); !errors.Is(err, etcdlease.ErrClosed) {
 		t.Errorf("Acquire after Close = %v, want ErrClosed", err)
 	}
 	if _, _, err := b.Watch(ctx, "n"); !errors.Is(err, etcdlease.ErrClosed) {

@@ -13,6 +13,7 @@ import (
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/etcdtest"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 // overlapChecker fails when two holders of one lease overlap, or when a
@@ -177,7 +178,7 @@ func testLeaderKilled(t *testing.T, ttl time.Duration) {
 	log.confirmed(held.Token(), acquiredSent(holderM, held))
 	chk.begin("holder", held.Token())
 	deadSent := time.Now()
-	dead, err := deadB.Acquire(ctx, lease.Request{Name: "abandoned", Owner: "dead-holder", TTL: ttl})
+	dead, err := deadB.Acquire(ctx, driver.Request{Name: "abandoned", Owner: "dead-holder", TTL: ttl})
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/fencekit/fencekit/internal/etcdtest"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/etcdlease"
 )
 
@@ -270,9 +271,9 @@ func TestLateAcquireOfAnEndedOwnerIsRefused(t *testing.T) {
 	late := newBackend(t, hc, p)
 	b := newBackend(t, cl.Client(), p)
 	const ttl = 2 * time.Second
-	req := func(name, owner string) lease.Request { return lease.Request{Name: name, Owner: owner, TTL: ttl} }
+	req := func(name, owner string) driver.Request { return driver.Request{Name: name, Owner: owner, TTL: ttl} }
 	var owners atomic.Int32
-	freeNow := func(t *testing.T, name string) lease.Grant {
+	freeNow := func(t *testing.T, name string) driver.Grant {
 		t.Helper()
 		g, err := b.Acquire(ctxT(t), req(name, fmt.Sprintf("other-%d", owners.Add(1))))
 		if err != nil {
@@ -298,7 +299,7 @@ func TestLateAcquireOfAnEndedOwnerIsRefused(t *testing.T) {
 			held, release := hc.hold()
 			defer release()
 			type result struct {
-				g   lease.Grant
+				g   driver.Grant
 				err error
 			}
 			res := make(chan result, 1)
@@ -311,7 +312,7 @@ func TestLateAcquireOfAnEndedOwnerIsRefused(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				t.Fatal("the acquire transaction was not held")
 			}
-			var used lease.Grant
+			var used driver.Grant
 			if mode == "released" {
 				g, err := late.Acquire(ctxT(t), req(name, "first"))
 				if err != nil {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/fencekit/fencekit/internal/etcdtest"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 // A release resent after a lost reply replays the first one's answer: a
@@ -50,7 +51,7 @@ func TestResentReleaseOfAGoneGrantIsStillNotHeld(t *testing.T) {
 	proxy := startReplyDropProxy(t, cl.Endpoints()[0])
 	b := newBackend(t, cl.Client(proxy.endpoint()), p)
 	for round := 1; round <= 3; round++ {
-		g, err := b.Acquire(ctxT(t), lease.Request{Name: "job", Owner: "o" + string(rune('0'+round)), TTL: 3 * time.Second})
+		g, err := b.Acquire(ctxT(t), driver.Request{Name: "job", Owner: "o" + string(rune('0'+round)), TTL: 3 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -68,7 +69,7 @@ func TestResentReleaseOfAGoneGrantIsStillNotHeld(t *testing.T) {
 			t.Errorf("round %d: FALSE RELEASE: want ErrNotHeld, got %v", round, err)
 		}
 		// The same without a fault.
-		g, _ = b.Acquire(ctxT(t), lease.Request{Name: "job", Owner: "c" + string(rune('0'+round)), TTL: 3 * time.Second})
+		g, _ = b.Acquire(ctxT(t), driver.Request{Name: "job", Owner: "c" + string(rune('0'+round)), TTL: 3 * time.Second})
 		_, _ = cl.Client().Delete(ctxT(t), b.Key("job"))
 		if err := b.Release(ctxT(t), g); !errors.Is(err, lease.ErrNotHeld) {
 			t.Errorf("round %d, no fault: Release of a deleted grant = %v, want ErrNotHeld", round, err)

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 // The waiters of one name in one backend share a watch, and each deletion
@@ -55,7 +55,7 @@ func TestOneWaiterWokenPerRelease(t *testing.T) {
 		if got := signalled(); len(got) > 0 {
 			t.Fatalf("before release %q: waiters %v signalled, by no deletion since the last was counted", owner, got)
 		}
-		g, err := holder.Acquire(ctx, lease.Request{Name: "job", Owner: owner, TTL: 5 * time.Second})
+		g, err := holder.Acquire(ctx, driver.Request{Name: "job", Owner: owner, TTL: 5 * time.Second})
 		if err != nil {
 			t.Fatalf("Acquire: %v", err)
 		}

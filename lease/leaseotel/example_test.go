@@ -40,7 +40,7 @@ func Example() {
 	_ = l.Release(ctx)
 
 	for _, s := range spans.GetSpans() {
-		fmt.Println(s.Name, s.Attributes[0].Value.Emit())
+		fmt.Println(s.Name, s.Attributes[0].Value.String())
 	}
 	// Output:
 	// fencekit.lease.acquire nightly-report

@@ -44,7 +44,7 @@ func newSetup(t *testing.T) *setup {
 func attrs(kv []attribute.KeyValue) map[attribute.Key]string {
 	m := map[attribute.Key]string{}
 	for _, a := range kv {
-		m[a.Key] = a.Value.Emit()
+		m[a.Key] = a.Value.String()
 	}
 	return m
 }
@@ -175,7 +175,7 @@ func collect(t *testing.T, r *sdkmetric.ManualReader, name string) metricdata.Ag
 
 func matches(set attribute.Set, want map[string]string) bool {
 	for k, v := range want {
-		if got, ok := set.Value(attribute.Key(k)); !ok || got.Emit() != v {
+		if got, ok := set.Value(attribute.Key(k)); !ok || got.String() != v {
 			return false
 		}
 	}

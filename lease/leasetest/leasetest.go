@@ -42,15 +42,16 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 // Capability names something a backend may be unable to do.
 type Capability string
 
 const (
-	// Watch: the backend implements lease.Watcher (waiters woken on release).
+	// Watch: the backend implements driver.Watcher (waiters woken on release).
 	Watch Capability = "watch"
-	// BatchRenew: the backend implements lease.BatchRenewer.
+	// BatchRenew: the backend implements driver.BatchRenewer.
 	BatchRenew Capability = "batch-renew"
 	// DataLoss: Config.LoseData is set, so the suite can check that tokens
 	// keep growing after the store lost its data (DESIGN.md invariant 2).
@@ -59,7 +60,7 @@ const (
 	// loss the store pushes (a session ended at the store) ends the lease
 	// at once.
 	PushLoss Capability = "push-loss"
-	// Inspect: the backend implements lease.Inspector (who holds a lease).
+	// Inspect: the backend implements driver.Inspector (who holds a lease).
 	Inspect Capability = "inspect"
 )
 
@@ -157,7 +158,7 @@ func Run(t *testing.T, cfg Config) {
 type suite struct {
 	cfg      Config
 	connect  func() lease.Backend
-	limits   lease.Limits
+	limits   driver.Limits
 	short    time.Duration
 	long     time.Duration
 	probe    lease.Backend // the first backend connected, for capabilities
@@ -227,8 +228,8 @@ func name(t *testing.T) string {
 	return fmt.Sprintf("%s-%d", t.Name(), seq.Add(1))
 }
 
-func req(name, owner string, ttl time.Duration) lease.Request {
-	return lease.Request{Name: name, Owner: owner, TTL: ttl}
+func req(name, owner string, ttl time.Duration) driver.Request {
+	return driver.Request{Name: name, Owner: owner, TTL: ttl}
 }
 
 func ctxT(t *testing.T) context.Context {
@@ -237,7 +238,7 @@ func ctxT(t *testing.T) context.Context {
 	return ctx
 }
 
-func mustAcquire(t *testing.T, b lease.Backend, r lease.Request) lease.Grant {
+func mustAcquire(t *testing.T, b lease.Backend, r driver.Request) driver.Grant {
 	t.Helper()
 	g, err := b.Acquire(ctxT(t), r)
 	if err != nil {
@@ -255,7 +256,7 @@ func mustAcquire(t *testing.T, b lease.Backend, r lease.Request) lease.Grant {
 	return g
 }
 
-func release(t *testing.T, b lease.Backend, g lease.Grant) {
+func release(t *testing.T, b lease.Backend, g driver.Grant) {
 	t.Helper()
 	if err := b.Release(ctxT(t), g); err != nil {
 		t.Fatalf("Release(%q, token %d): %v", g.Name, g.Token, err)
@@ -445,7 +446,7 @@ func testExpiresAfterTTL(t *testing.T, s *suite) {
 	// clock, its expiry sweep): poll for up to three TTLs.
 	deadline := time.Now().Add(g.TTL + 2*g.TTL + time.Second)
 	time.Sleep(g.TTL)
-	var g2 lease.Grant
+	var g2 driver.Grant
 	for {
 		var err error
 		g2, err = other.Acquire(ctxT(t), req(n, "b", s.long))
@@ -493,7 +494,7 @@ func testNamesDoNotCollide(t *testing.T, s *suite) {
 	names := []string{base + "a{b}c", base + "a%7Bb%7Dc", base + "}", base + "{", base + "ünï/cødé", base + "a:b", base + "a b", base + "a/b", base + "a//b", base + "/", base + ".."}
 	// Each name with its own owner: names that shared a key would refuse
 	// the second owner.
-	var gs []lease.Grant
+	var gs []driver.Grant
 	for i, n := range names {
 		gs = append(gs, mustAcquire(t, b, req(n, fmt.Sprintf("owner-%d", i), s.long)))
 	}
@@ -504,7 +505,7 @@ func testNamesDoNotCollide(t *testing.T, s *suite) {
 
 func testWatchSignalsRelease(t *testing.T, s *suite) {
 	b := s.backend()
-	w, ok := b.(lease.Watcher)
+	w, ok := b.(driver.Watcher)
 	s.need(t, Watch, ok)
 	n := name(t)
 	g := mustAcquire(t, b, req(n, "a", s.long))
@@ -523,7 +524,7 @@ func testWatchSignalsRelease(t *testing.T, s *suite) {
 
 func testRenewBatch(t *testing.T, s *suite) {
 	b := s.backend()
-	br, ok := b.(lease.BatchRenewer)
+	br, ok := b.(driver.BatchRenewer)
 	s.need(t, BatchRenew, ok)
 	n := name(t)
 	mine := mustAcquire(t, b, req(n+"-mine", "a", s.long))
@@ -532,8 +533,8 @@ func testRenewBatch(t *testing.T, s *suite) {
 	stolen.Owner = "a"
 	wrongTok := mine
 	wrongTok.Token++
-	gone := lease.Grant{Name: n + "-gone", Owner: "a", Token: mine.Token, TTL: s.long}
-	errs, err := RenewBatch(ctxT(t), br, []lease.Grant{mine, stolen, gone, wrongTok, mine})
+	gone := driver.Grant{Name: n + "-gone", Owner: "a", Token: mine.Token, TTL: s.long}
+	errs, err := RenewBatch(ctxT(t), br, []driver.Grant{mine, stolen, gone, wrongTok, mine})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -554,7 +555,7 @@ func testRenewBatch(t *testing.T, s *suite) {
 // returns an error if the backend broke the contract: a grant reported
 // twice or not at all, an index out of range, or a done call after
 // RenewBatch returned.
-func RenewBatch(ctx context.Context, br lease.BatchRenewer, gs []lease.Grant) ([]error, error) {
+func RenewBatch(ctx context.Context, br driver.BatchRenewer, gs []driver.Grant) ([]error, error) {
 	var (
 		mu       sync.Mutex
 		errs     = make([]error, len(gs))
@@ -590,7 +591,7 @@ func testTokensGrowAfterDataLoss(t *testing.T, s *suite) {
 	s.need(t, DataLoss, s.cfg.LoseData != nil)
 	b := s.backend()
 	base := name(t)
-	before := map[string]lease.Grant{}
+	before := map[string]driver.Grant{}
 	for i := range 5 {
 		n := fmt.Sprintf("%s-%d", base, i)
 		// A few grants each, so that counters are well above their start.
@@ -619,7 +620,7 @@ func testTokensGrowAfterDataLoss(t *testing.T, s *suite) {
 
 // mustAcquireEventually retries transient errors for a while (a store that
 // was just restarted may refuse connections for a moment).
-func mustAcquireEventually(t *testing.T, b lease.Backend, r lease.Request) lease.Grant {
+func mustAcquireEventually(t *testing.T, b lease.Backend, r driver.Request) driver.Grant {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -826,7 +827,7 @@ func testLosesAtLocalDeadline(t *testing.T, s *suite) {
 
 func testWakesWaiter(t *testing.T, s *suite) {
 	b := s.backend()
-	_, ok := b.(lease.Watcher)
+	_, ok := b.(driver.Watcher)
 	s.need(t, Watch, ok)
 	n := name(t)
 	// Expiry and polling would take seconds: only a release signal can
@@ -873,7 +874,7 @@ type countingBackend struct {
 	late     int
 }
 
-func (c *countingBackend) Renew(ctx context.Context, g lease.Grant) error {
+func (c *countingBackend) Renew(ctx context.Context, g driver.Grant) error {
 	c.mu.Lock()
 	if c.releases[g.Name] {
 		c.late++
@@ -882,7 +883,7 @@ func (c *countingBackend) Renew(ctx context.Context, g lease.Grant) error {
 	return c.Backend.Renew(ctx, g)
 }
 
-func (c *countingBackend) Release(ctx context.Context, g lease.Grant) error {
+func (c *countingBackend) Release(ctx context.Context, g driver.Grant) error {
 	c.mu.Lock()
 	c.releases[g.Name] = true
 	c.mu.Unlock()
@@ -934,7 +935,7 @@ func testReleaseRacingRenew(t *testing.T, s *suite) {
 
 func testHolder(t *testing.T, s *suite) {
 	b := s.backend()
-	in, ok := b.(lease.Inspector)
+	in, ok := b.(driver.Inspector)
 	s.need(t, Inspect, ok)
 	n := name(t)
 	if _, err := in.Holder(ctxT(t), n); !errors.Is(err, lease.ErrNotHeld) {
@@ -1174,7 +1175,7 @@ func CheckLostByDeadline(t testing.TB, l *lease.Lease, lastSent, doneAt time.Tim
 // testObserve: a follower that does not campaign hears of each leader, in
 // order, once per change, over its own connection.
 func testObserve(t *testing.T, s *suite) {
-	_, ok := s.backend().(lease.Inspector)
+	_, ok := s.backend().(driver.Inspector)
 	s.need(t, Inspect, ok)
 	n := name(t)
 	follower := newManager(t, s.connect(), s.long, lease.WithPollInterval(20*time.Millisecond))
@@ -1203,13 +1204,11 @@ func testObserve(t *testing.T, s *suite) {
 	if h := next("the free lease"); h.Owner != "" || h.Token != fence.None {
 		t.Fatalf("first report %+v, want no leader", h)
 	}
-	var leaders []*lease.Lease
 	for _, who := range []string{"a", "b"} {
 		l, err := newManager(t, s.connect(), s.long, lease.WithIdentity(who)).TryAcquire(ctxT(t), n)
 		if err != nil {
 			t.Fatal(err)
 		}
-		leaders = append(leaders, l)
 		h := next("leader " + who)
 		if h.Owner == "" { // the "no one" between two leaders
 			h = next("leader " + who)

@@ -12,6 +12,7 @@ import (
 	"github.com/fencekit/fencekit/internal/pgtest"
 	"github.com/fencekit/fencekit/internal/testenv"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/pglease"
 )
 
@@ -176,7 +177,7 @@ func TestBackendReleaseRetriedAfterLostReply(t *testing.T) {
 			pool, px := proxiedPool(t, url, uniqueName(t, "r_"), 4)
 			b := newBackend(t, pool, pglease.WithSchema(schema), pglease.WithMode(mode))
 			other := newBackend(t, newPool(t, url), pglease.WithSchema(schema), pglease.WithMode(mode))
-			r := lease.Request{Name: "retried", Owner: "o", TTL: 10 * time.Second}
+			r := driver.Request{Name: "retried", Owner: "o", TTL: 10 * time.Second}
 			g, err := b.Acquire(ctxT(t), r)
 			if err != nil {
 				t.Fatal(err)
@@ -195,7 +196,7 @@ func TestBackendReleaseRetriedAfterLostReply(t *testing.T) {
 			if _, err := other.Acquire(ctxT(t), r); !errors.Is(err, lease.ErrNotAcquired) {
 				t.Fatalf("Acquire by the released owner = %v, want ErrNotAcquired", err)
 			}
-			g2, err := other.Acquire(ctxT(t), lease.Request{Name: "retried", Owner: "next", TTL: 10 * time.Second})
+			g2, err := other.Acquire(ctxT(t), driver.Request{Name: "retried", Owner: "next", TTL: 10 * time.Second})
 			if err != nil {
 				t.Fatalf("next holder: %v", err)
 			}
@@ -220,7 +221,7 @@ func TestLateAcquireOfAbandonedOwnerIsRefused(t *testing.T) {
 			const ttl = 10 * time.Second
 			// Warm the proxied connection, so that the held request is the
 			// statement itself, not pgx's first prepare.
-			w, err := late.Acquire(ctxT(t), lease.Request{Name: "warm", Owner: "w", TTL: ttl})
+			w, err := late.Acquire(ctxT(t), driver.Request{Name: "warm", Owner: "w", TTL: ttl})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -228,7 +229,7 @@ func TestLateAcquireOfAbandonedOwnerIsRefused(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			r := lease.Request{Name: "late", Owner: "ghost", TTL: ttl}
+			r := driver.Request{Name: "late", Owner: "ghost", TTL: ttl}
 			px.HoldRequests()
 			ctx, cancel := context.WithTimeout(ctxT(t), 300*time.Millisecond)
 			_, err = late.Acquire(ctx, r)
@@ -239,7 +240,7 @@ func TestLateAcquireOfAbandonedOwnerIsRefused(t *testing.T) {
 			if err := b.Abandon(ctxT(t), r); err != nil {
 				t.Fatalf("Abandon: %v", err)
 			}
-			g, err := b.Acquire(ctxT(t), lease.Request{Name: "late", Owner: "next", TTL: ttl})
+			g, err := b.Acquire(ctxT(t), driver.Request{Name: "late", Owner: "next", TTL: ttl})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -253,7 +254,7 @@ func TestLateAcquireOfAbandonedOwnerIsRefused(t *testing.T) {
 			if h, err := b.Holder(ctxT(t), "late"); !errors.Is(err, lease.ErrNotHeld) {
 				t.Fatalf("after the late request of an abandoned owner: Holder = %+v, %v; want nobody", h, err)
 			}
-			g, err = b.Acquire(ctxT(t), lease.Request{Name: "late", Owner: "third", TTL: ttl})
+			g, err = b.Acquire(ctxT(t), driver.Request{Name: "late", Owner: "third", TTL: ttl})
 			if err != nil {
 				t.Fatalf("the next contender is refused after the late request: %v", err)
 			}

@@ -16,6 +16,7 @@ import (
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/testenv"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/leasetest"
 	"github.com/fencekit/fencekit/lease/pglease"
 	"github.com/fencekit/fencekit/migrations"
@@ -67,7 +68,7 @@ func TestNotMigrated(t *testing.T) {
 	url := testenv.PostgresURL()
 	for _, mode := range modes {
 		b := newBackend(t, newPool(t, url), pglease.WithSchema("fencekit_no_such_schema"), pglease.WithMode(mode))
-		_, err := b.Acquire(ctxT(t), lease.Request{Name: "x", Owner: "o", TTL: time.Second})
+		_, err := b.Acquire(ctxT(t), driver.Request{Name: "x", Owner: "o", TTL: time.Second})
 		if !errors.Is(err, pglease.ErrNotMigrated) {
 			t.Errorf("%s: Acquire without migrations = %v, want ErrNotMigrated", mode, err)
 		}
@@ -206,9 +207,9 @@ func TestRoundTrips(t *testing.T) {
 			if mode != pglease.ModeTable {
 				return
 			}
-			var gs []lease.Grant
+			var gs []driver.Grant
 			for _, name := range []string{"b1", "b2", "b3", "b4"} {
-				g, err := b.Acquire(ctxT(t), lease.Request{Name: name, Owner: "o", TTL: 10 * time.Second})
+				g, err := b.Acquire(ctxT(t), driver.Request{Name: name, Owner: "o", TTL: 10 * time.Second})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -239,11 +240,11 @@ func TestRetryAfterFromStoredExpiry(t *testing.T) {
 	url := testenv.PostgresURL()
 	schema := newSchema(t, url)
 	b := newBackend(t, newPool(t, url), pglease.WithSchema(schema))
-	if _, err := b.Acquire(ctxT(t), lease.Request{Name: "ra", Owner: "a", TTL: 5 * time.Second}); err != nil {
+	if _, err := b.Acquire(ctxT(t), driver.Request{Name: "ra", Owner: "a", TTL: 5 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(time.Second)
-	_, err := b.Acquire(ctxT(t), lease.Request{Name: "ra", Owner: "b", TTL: 5 * time.Second})
+	_, err := b.Acquire(ctxT(t), driver.Request{Name: "ra", Owner: "b", TTL: 5 * time.Second})
 	var na *lease.NotAcquiredError
 	if !errors.As(err, &na) {
 		t.Fatalf("Acquire = %v, want a NotAcquiredError", err)
@@ -264,7 +265,7 @@ func TestSessionReleaseGivesCleanConnectionBack(t *testing.T) {
 	if err := pool.QueryRow(ctxT(t), "SHOW idle_session_timeout").Scan(&before); err != nil {
 		t.Fatal(err)
 	}
-	g, err := b.Acquire(ctxT(t), lease.Request{Name: "clean", Owner: "o", TTL: 1500 * time.Millisecond})
+	g, err := b.Acquire(ctxT(t), driver.Request{Name: "clean", Owner: "o", TTL: 1500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/fencekit/fencekit/internal/pgtest"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/pglease"
 )
 
@@ -24,7 +25,7 @@ func TestPooler(t *testing.T) {
 	sess := pgtest.StartPgBouncer(t, "127.0.0.1", c.Port, "session")
 	// PgBouncer 1.18 keeps no prepared statements across transactions.
 	execMode := func(cfg *pgxpool.Config) { cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec }
-	req := lease.Request{Name: "pooled", Owner: "a", TTL: 5 * time.Second}
+	req := driver.Request{Name: "pooled", Owner: "a", TTL: 5 * time.Second}
 
 	t.Run("session mode refuses a transaction pooler", func(t *testing.T) {
 		b := newBackend(t, newPool(t, txn.URL, execMode), pglease.WithSchema(schema), pglease.WithMode(pglease.ModeSession))
@@ -33,7 +34,7 @@ func TestPooler(t *testing.T) {
 		}
 		// Nothing was left held on the server connection PgBouncer kept.
 		direct := newBackend(t, newPool(t, c.URL), pglease.WithSchema(schema), pglease.WithMode(pglease.ModeSession))
-		g, err := direct.Acquire(ctxT(t), lease.Request{Name: req.Name, Owner: "b", TTL: req.TTL})
+		g, err := direct.Acquire(ctxT(t), driver.Request{Name: req.Name, Owner: "b", TTL: req.TTL})
 		if err != nil {
 			t.Fatalf("a direct Acquire after the refusal: %v (the refused one left the lock held)", err)
 		}

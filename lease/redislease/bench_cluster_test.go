@@ -11,6 +11,7 @@ import (
 
 	"github.com/fencekit/fencekit/internal/redistest"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 // The benchmarks of this file compare a Redis Cluster of three masters (with
@@ -104,9 +105,9 @@ func BenchmarkClusterRenewBatch(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.Cleanup(func() { _ = be.Close() })
-			recs := make([]lease.Grant, n)
+			recs := make([]driver.Grant, n)
 			for i := range recs {
-				if recs[i], err = be.Acquire(ctx, lease.Request{Name: fmt.Sprintf("renew-%d-%d", n, i), Owner: "bench", TTL: time.Minute}); err != nil {
+				if recs[i], err = be.Acquire(ctx, driver.Request{Name: fmt.Sprintf("renew-%d-%d", n, i), Owner: "bench", TTL: time.Minute}); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -18,6 +18,7 @@ import (
 	"github.com/fencekit/fencekit/internal/redistest"
 	"github.com/fencekit/fencekit/internal/testenv"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/redislease"
 )
 
@@ -257,14 +258,14 @@ func TestReleaseReplyLostIsARelease(t *testing.T) {
 
 // Issue 19 item 5, at the backend: once Release or Abandon ended an owner,
 // its acquire request is refused when it reaches Redis, for
-// lease.EndedOwnerTTL, and the tombstone that refuses it lives that long
+// driver.EndedOwnerTTL, and the tombstone that refuses it lives that long
 // and shares the lease's hash slot.
 func TestEndedOwnerRefusedByAcquire(t *testing.T) {
 	c := redistest.Shared(t)
 	b := newBackend(t, c, redistest.Prefix(t))
 	name := "ended-owner"
 	ttl := 2 * time.Second
-	req := func(owner string) lease.Request { return lease.Request{Name: name, Owner: owner, TTL: ttl} }
+	req := func(owner string) driver.Request { return driver.Request{Name: name, Owner: owner, TTL: ttl} }
 	refused := func(t *testing.T, owner string) {
 		t.Helper()
 		g, err := b.Acquire(ctxT(t), req(owner))
@@ -287,7 +288,7 @@ func TestEndedOwnerRefusedByAcquire(t *testing.T) {
 		}
 		return d
 	}
-	want := lease.EndedOwnerTTL(ttl)
+	want := driver.EndedOwnerTTL(ttl)
 
 	t.Run("AfterRelease", func(t *testing.T) {
 		g, err := b.Acquire(ctxT(t), req("released"))
@@ -298,7 +299,7 @@ func TestEndedOwnerRefusedByAcquire(t *testing.T) {
 			t.Fatal(err)
 		}
 		if d := tombstone(t, "released"); d <= want-time.Second || d > want {
-			t.Fatalf("tombstone PTTL %v, want about lease.EndedOwnerTTL = %v", d, want)
+			t.Fatalf("tombstone PTTL %v, want about driver.EndedOwnerTTL = %v", d, want)
 		}
 		refused(t, "released")
 		if err := b.Release(ctxT(t), g); err != nil {
@@ -354,7 +355,7 @@ func TestEndedOwnerRefusedByAcquire(t *testing.T) {
 		})
 	}
 	t.Run("NeverEndedIsLost", func(t *testing.T) {
-		g := lease.Grant{Name: name, Owner: "never-held", Token: 1, TTL: ttl}
+		g := driver.Grant{Name: name, Owner: "never-held", Token: 1, TTL: ttl}
 		for i := range 2 {
 			if err := b.Release(ctxT(t), g); !errors.Is(err, lease.ErrNotHeld) {
 				t.Fatalf("Release %d of a grant never made = %v, want ErrNotHeld", i+1, err)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/fencekit/fencekit/internal/redistest"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/leasetest"
 	"github.com/fencekit/fencekit/lease/redislease"
 )
@@ -454,14 +455,14 @@ func TestHostile_NamesDoNotCollide(t *testing.T) {
 	names := []string{
 		"a{b}c", "a%7Bb%7Dc", "a%257Bb%257Dc", "a%7bb%7dc", "{", "}", "%", "%25", "%7B", "%7D", "{}", "}{",
 		"x}:lease", "x}:token", "x", "x:lease", "\u00e9", "e\u0301", "ünï/cødé", "🔒{🔑}", "a b", " ",
-		strings.Repeat("{", lease.MaxNameLen), strings.Repeat("}", lease.MaxNameLen),
+		strings.Repeat("{", driver.MaxNameLen), strings.Repeat("}", driver.MaxNameLen),
 	}
-	var recs []lease.Grant
+	var recs []driver.Grant
 	for i, n := range names {
 		if err := lease.ValidateName(n); err != nil {
 			t.Fatalf("name %q: %v", n, err)
 		}
-		r := lease.Request{Name: n, Owner: fmt.Sprintf("owner-%d", i), TTL: 10 * time.Second}
+		r := driver.Request{Name: n, Owner: fmt.Sprintf("owner-%d", i), TTL: 10 * time.Second}
 		g, err := b.Acquire(ctxT(t), r)
 		if err != nil {
 			t.Fatalf("Acquire(%q) by its own owner: %v (collides with another name)", n, err)
@@ -514,7 +515,7 @@ func TestHostile_TokenCeiling(t *testing.T) {
 	if err := c.Set(ctxT(t), k.Token, strconv.FormatUint(1<<53-2, 10), 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	r := lease.Request{Name: name, Owner: "a", TTL: 10 * time.Second}
+	r := driver.Request{Name: name, Owner: "a", TTL: 10 * time.Second}
 	g, err := b.Acquire(ctxT(t), r)
 	if err != nil || g.Token != 1<<53-1 {
 		t.Fatalf("Acquire below the ceiling = %d, %v; want %d", g.Token, err, uint64(1<<53-1))
@@ -522,7 +523,7 @@ func TestHostile_TokenCeiling(t *testing.T) {
 	if err := b.Release(ctxT(t), g); err != nil {
 		t.Fatal(err)
 	}
-	g, err = b.Acquire(ctxT(t), lease.Request{Name: name, Owner: "b", TTL: 10 * time.Second})
+	g, err = b.Acquire(ctxT(t), driver.Request{Name: name, Owner: "b", TTL: 10 * time.Second})
 	if err == nil || errors.Is(err, lease.ErrNotAcquired) {
 		t.Fatalf("Acquire at the ceiling = %d, %v; want a store error", g.Token, err)
 	}

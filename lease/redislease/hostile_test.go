@@ -17,6 +17,7 @@ import (
 	"github.com/fencekit/fencekit/internal/redistest"
 	"github.com/fencekit/fencekit/internal/testenv"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 // slowDialClient is a client of the shared Redis whose new connections take
@@ -211,13 +212,13 @@ func TestHostile_NaNCounterStoresPhantomGrant(t *testing.T) {
 	if err := c.Set(ctxT(t), k.Token, "nan", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	g, err := b.Acquire(ctxT(t), lease.Request{Name: name, Owner: "a", TTL: 30 * time.Second})
+	g, err := b.Acquire(ctxT(t), driver.Request{Name: name, Owner: "a", TTL: 30 * time.Second})
 	if err == nil {
 		t.Fatalf("Acquire with a corrupt counter granted token %d", g.Token)
 	}
 	if n := c.Exists(ctxT(t), k.Lease).Val(); n != 0 {
 		stored := c.Get(ctxT(t), k.Lease).Val()
-		_, err2 := b.Acquire(ctxT(t), lease.Request{Name: name, Owner: "b", TTL: 30 * time.Second})
+		_, err2 := b.Acquire(ctxT(t), driver.Request{Name: name, Owner: "b", TTL: 30 * time.Second})
 		t.Fatalf("Acquire failed (%v), yet a grant %v is stored; another owner's Acquire: %v", err, stored, err2)
 	}
 }
@@ -267,7 +268,7 @@ func TestLeaseKeyWithoutTTLIsAnError(t *testing.T) {
 	if err := c.Set(ctxT(t), k.Lease, "5:other", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	_, err := b.Acquire(ctxT(t), lease.Request{Name: name, Owner: "a", TTL: 30 * time.Second})
+	_, err := b.Acquire(ctxT(t), driver.Request{Name: name, Owner: "a", TTL: 30 * time.Second})
 	var na *lease.NotAcquiredError
 	if err == nil || errors.As(err, &na) || !strings.Contains(err.Error(), "has no TTL") {
 		t.Fatalf("Acquire over a lease key without a TTL: %v; want an error saying the key has no TTL", err)

@@ -16,6 +16,7 @@ import (
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/redistest"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/leasetest"
 	"github.com/fencekit/fencekit/lease/redislease"
 )
@@ -545,9 +546,9 @@ func TestRenewBatchAfterScriptFlush(t *testing.T) {
 	hook := &countingHook{}
 	c.AddHook(hook)
 	b := newBackend(t, c, "fencekit:")
-	var recs []lease.Grant
+	var recs []driver.Grant
 	for i := range 5 {
-		g, err := b.Acquire(ctxT(t), lease.Request{Name: "flush-" + strconv.Itoa(i), Owner: "o", TTL: 10 * time.Second})
+		g, err := b.Acquire(ctxT(t), driver.Request{Name: "flush-" + strconv.Itoa(i), Owner: "o", TTL: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}

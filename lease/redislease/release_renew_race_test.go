@@ -10,6 +10,7 @@ import (
 
 	"github.com/fencekit/fencekit/internal/redistest"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/redislease"
 )
 
@@ -24,7 +25,7 @@ type slowBatchBackend struct {
 	releaseSent   atomic.Int64
 }
 
-func (r *slowBatchBackend) RenewBatch(ctx context.Context, gs []lease.Grant, done func(int, error)) {
+func (r *slowBatchBackend) RenewBatch(ctx context.Context, gs []driver.Grant, done func(int, error)) {
 	first := false
 	r.once.Do(func() { first = true })
 	if !first {
@@ -41,7 +42,7 @@ func (r *slowBatchBackend) RenewBatch(ctx context.Context, gs []lease.Grant, don
 	})
 }
 
-func (r *slowBatchBackend) Release(ctx context.Context, g lease.Grant) error {
+func (r *slowBatchBackend) Release(ctx context.Context, g driver.Grant) error {
 	r.releaseSent.Store(time.Now().UnixNano())
 	return r.Backend.Release(ctx, g)
 }

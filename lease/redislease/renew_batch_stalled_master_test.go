@@ -10,6 +10,7 @@ import (
 
 	"github.com/fencekit/fencekit/internal/redistest"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/leasetest"
 	"github.com/fencekit/fencekit/lease/redislease"
 )
@@ -61,9 +62,9 @@ func TestRenewBatchStalledMaster(t *testing.T) {
 	t.Run("Backend", func(t *testing.T) {
 		b := newBackend(t, cl.Client(t), uniquePrefix(t))
 		ns, on := names(t, b, "batch", 4)
-		gs := make([]lease.Grant, len(ns))
+		gs := make([]driver.Grant, len(ns))
 		for i, n := range ns {
-			g, err := b.Acquire(ctxT(t), lease.Request{Name: n, Owner: "o", TTL: time.Minute})
+			g, err := b.Acquire(ctxT(t), driver.Request{Name: n, Owner: "o", TTL: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}

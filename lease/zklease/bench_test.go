@@ -17,6 +17,7 @@ import (
 
 	"github.com/fencekit/fencekit/internal/zktest"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/zklease"
 )
 
@@ -92,7 +93,7 @@ func BenchmarkCycle(b *testing.B) {
 			return conn.Delete(p, -1)
 		},
 		func() error {
-			g, err := be.Acquire(ctx, lease.Request{Name: "cycle-backend", Owner: "bench/" + randHex(8), TTL: benchTTL})
+			g, err := be.Acquire(ctx, driver.Request{Name: "cycle-backend", Owner: "bench/" + randHex(8), TTL: benchTTL})
 			if err != nil {
 				return err
 			}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fencekit/fencekit/internal/zktest"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/zklease"
 )
 
@@ -260,7 +261,7 @@ func TestLateAcquireOfAnEndedOwnerIsRefused(t *testing.T) {
 	late := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(6*time.Second), zklease.WithDialer(h.dial))
 	b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(6*time.Second))
 	admin := adminConn(t, ens.Servers())
-	req := func(name, owner string) lease.Request { return lease.Request{Name: name, Owner: owner, TTL: ttl} }
+	req := func(name, owner string) driver.Request { return driver.Request{Name: name, Owner: owner, TTL: ttl} }
 	nodes := func(name string) []string {
 		kids, _, err := admin.Children(zklease.ParentPath(root, name))
 		if err != nil {
@@ -303,7 +304,7 @@ func TestLateAcquireOfAnEndedOwnerIsRefused(t *testing.T) {
 		held, release := h.hold(opMulti)
 		defer release()
 		type result struct {
-			g   lease.Grant
+			g   driver.Grant
 			err error
 		}
 		res := make(chan result, 1)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/zklease"
 )
 
@@ -62,12 +63,12 @@ func TestBadInputRefusedBeforeIO(t *testing.T) {
 	defer cancel()
 	for _, tc := range []struct {
 		what string
-		req  lease.Request
+		req  driver.Request
 		want error
 	}{
-		{"an empty name", lease.Request{Name: "", Owner: "a", TTL: time.Second}, lease.ErrInvalidName},
-		{"a TTL longer than the session timeout", lease.Request{Name: "n", Owner: "a", TTL: 3 * time.Second}, nil},
-		{"a TTL below MinTTL", lease.Request{Name: "n", Owner: "a", TTL: time.Millisecond}, nil},
+		{"an empty name", driver.Request{Name: "", Owner: "a", TTL: time.Second}, lease.ErrInvalidName},
+		{"a TTL longer than the session timeout", driver.Request{Name: "n", Owner: "a", TTL: 3 * time.Second}, nil},
+		{"a TTL below MinTTL", driver.Request{Name: "n", Owner: "a", TTL: time.Millisecond}, nil},
 	} {
 		start := time.Now()
 		_, err := b.Acquire(ctx, tc.req)
@@ -75,10 +76,10 @@ func TestBadInputRefusedBeforeIO(t *testing.T) {
 			t.Errorf("Acquire with %s = %v after %v; want a clear error at once", tc.what, err, time.Since(start))
 		}
 	}
-	if err := b.Release(ctx, lease.Grant{Name: "n", Owner: "a", Token: 1}); !errors.Is(err, lease.ErrNotHeld) {
+	if err := b.Release(ctx, driver.Grant{Name: "n", Owner: "a", Token: 1}); !errors.Is(err, lease.ErrNotHeld) {
 		t.Errorf("Release of a grant zklease did not make = %v, want ErrNotHeld", err)
 	}
-	if err := b.Renew(ctx, lease.Grant{Name: "n", Owner: "a", Token: 1}); !errors.Is(err, lease.ErrNotHeld) {
+	if err := b.Renew(ctx, driver.Grant{Name: "n", Owner: "a", Token: 1}); !errors.Is(err, lease.ErrNotHeld) {
 		t.Errorf("Renew of a grant zklease did not make = %v, want ErrNotHeld", err)
 	}
 	if _, err := lease.NewManager(b, 3*time.Second); !errors.Is(err, lease.ErrInvalidOptions) {

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/etcdlease"
 	"github.com/fencekit/fencekit/lease/zklease"
 )
@@ -21,11 +22,11 @@ import (
 const etcdPrefix = "fencekit/"
 
 // consensusBackend is a lease backend in etcd or ZooKeeper with the
-// inspection the orchestrator uses (lease.Inspector), and the function that
+// inspection the orchestrator uses (driver.Inspector), and the function that
 // closes it and its client.
 type consensusBackend interface {
 	lease.Backend
-	lease.Inspector
+	driver.Inspector
 }
 
 // newConsensusBackend returns the etcdlease or zklease backend of store.
@@ -87,7 +88,7 @@ func checkConsensusStore(ctx context.Context, b consensusBackend, store LeaseSto
 		// its election timeout, in whole seconds), which would keep a dead
 		// holder's lease longer than the run assumes.
 		where := strings.Join(store.EtcdEndpoints, ",")
-		g, err := cb.Acquire(ctx, lease.Request{Name: "fencekit-demo-probe/" + RandomID(), Owner: "probe/" + RandomID(), TTL: ttl})
+		g, err := cb.Acquire(ctx, driver.Request{Name: "fencekit-demo-probe/" + RandomID(), Owner: "probe/" + RandomID(), TTL: ttl})
 		if err != nil {
 			return fmt.Errorf("etcd at %s: a probe lease of %v: %w", where, ttl, err)
 		}
