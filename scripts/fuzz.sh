@@ -27,6 +27,7 @@ targets=(
   ./migrations:FuzzLockVersionMigrationUnderGoose
   ./blobguard:FuzzParseEnvelope
   ./blobguard:FuzzValidateKey
+  ./fencewire:FuzzParse
 )
 
 ensure_redis
