@@ -43,9 +43,9 @@ func TestFormatParseRoundTrip(t *testing.T) {
 func TestFormatExact(t *testing.T) {
 	for v, want := range map[fencewire.Value]string{
 		{Resource: "jobs/nightly", Token: 1764636000000001}: `"1764636000000001";resource="jobs/nightly"`,
-		{Resource: `a"b\c`, Token: 9}:                     `"9";resource="a\"b\\c"`,
-		{Resource: "café", Token: 7}:                       `"7";resource=%"caf%c3%a9"`,
-		{Resource: "ü 100%", Token: 7}:                     `"7";resource=%"%c3%bc 100%25"`,
+		{Resource: `a"b\c`, Token: 9}:                       `"9";resource="a\"b\\c"`,
+		{Resource: "café", Token: 7}:                        `"7";resource=%"caf%c3%a9"`,
+		{Resource: "ü 100%", Token: 7}:                      `"7";resource=%"%c3%bc 100%25"`,
 	} {
 		if got, err := fencewire.Format(v); err != nil || got != want {
 			t.Errorf("Format(%+v) = %q, %v; want %q", v, got, err, want)
@@ -81,23 +81,23 @@ func TestParseRefusesMalformed(t *testing.T) {
 		`"123456789012345678901";resource="r"`, // 21 digits
 		`"-1";resource="r"`,
 		`"1 ";resource="r"`,
-		`"1"`,                                     // no resource
-		`"1";resource`,                            // resource without value (Boolean true)
-		`"1";resource=""`,                         // empty name
-		`"1";resource=r`,                          // a Token, not a String
-		`"1";resource="r";resource="s"`,           // repeated parameter
-		`"1";resource="r";scope="x"`,              // unknown parameter
-		`"1";Resource="r"`,                        // keys are lower case
-		`"1";resource="r", "2";resource="s"`,      // two values: a combined repeated field
-		`"1";resource="r",`,                       //
-		`"1";resource="a\nb"`,                     // bad escape
-		"\"1\";resource=\"a\tb\"",                 // not printable
-		`"1";resource=%"caf%C3%A9"`,               // upper-case hex
-		`"1";resource=%"%ff"`,                     // not UTF-8
-		`"1";resource=%"a%0ab"`,                   // a control character
-		`"1";resource=%"%c3"`,                     // cut UTF-8
-		`"1";resource=%"%c"`,                      // cut escape
-		`"1";resource="unterminated`,              //
+		`"1"`,                                // no resource
+		`"1";resource`,                       // resource without value (Boolean true)
+		`"1";resource=""`,                    // empty name
+		`"1";resource=r`,                     // a Token, not a String
+		`"1";resource="r";resource="s"`,      // repeated parameter
+		`"1";resource="r";scope="x"`,         // unknown parameter
+		`"1";Resource="r"`,                   // keys are lower case
+		`"1";resource="r", "2";resource="s"`, // two values: a combined repeated field
+		`"1";resource="r",`,                  //
+		`"1";resource="a\nb"`,                // bad escape
+		"\"1\";resource=\"a\tb\"",            // not printable
+		`"1";resource=%"caf%C3%A9"`,          // upper-case hex
+		`"1";resource=%"%ff"`,                // not UTF-8
+		`"1";resource=%"a%0ab"`,              // a control character
+		`"1";resource=%"%c3"`,                // cut UTF-8
+		`"1";resource=%"%c"`,                 // cut escape
+		`"1";resource="unterminated`,         //
 		`"1";resource="` + strings.Repeat("n", fencewire.MaxResourceLen+1) + `"`,
 		`"1";resource="` + strings.Repeat("n", fencewire.MaxValueLen) + `"`,
 	} {
