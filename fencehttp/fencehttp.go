@@ -199,52 +199,22 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "fencehttp: Handler.Next is nil", http.StatusInternalServerError)
 		return
 	}
-	lines := r.Header.Values(fencewire.HeaderName)
-	switch {
-	case len(lines) == 0 && (h.Require || h.Checker != nil):
-		WriteProblem(w, fencewire.Problem{Type: fencewire.ProblemMissing, Title: "fencing token required", Status: http.StatusBadRequest,
-			Detail: "this route requires a " + fencewire.HeaderName + " field"})
-		return
-	case len(lines) == 0:
-		h.Next.ServeHTTP(w, r)
-		return
-	case len(lines) > 1:
-		WriteProblem(w, malformed(fmt.Sprintf("%d %s field lines; exactly one is allowed", len(lines), fencewire.HeaderName)))
-		return
-	}
-	v, err := fencewire.Parse(lines[0])
-	if err != nil {
-		WriteProblem(w, malformed(err.Error()))
-		return
-	}
-	if h.Checker != nil {
-		err := h.Checker.Check(r.Context(), v.Resource, v.Token)
-		var se *fence.StaleError
-		switch {
-		case err == nil:
-		case errors.As(err, &se):
-			WriteProblem(w, fencewire.StaleProblem(se))
-			return
-		case errors.Is(err, fencecheck.ErrInvalidResource) || errors.Is(err, fence.ErrInvalidToken):
-			WriteProblem(w, malformed(err.Error()))
-			return
-		default:
-			logger := h.Logger
-			if logger == nil {
-				logger = slog.Default()
-			}
-			logger.ErrorContext(r.Context(), "fencehttp: the fencing token could not be checked",
-				"resource", v.Resource, "token", uint64(v.Token), "err", err)
-			WriteProblem(w, fencewire.Problem{Type: fencewire.ProblemUnavailable, Title: "fencing token not checked",
-				Status: http.StatusServiceUnavailable, Detail: "the service could not check the fencing token; the request was not processed"})
-			return
+	v, ok, refusal, checkErr := fencewire.Admit(r.Context(), r.Header.Values(fencewire.HeaderName), h.Require, h.Checker)
+	if checkErr != nil {
+		logger := h.Logger
+		if logger == nil {
+			logger = slog.Default()
 		}
+		logger.ErrorContext(r.Context(), "fencehttp: the fencing token could not be checked", "err", checkErr)
 	}
-	h.Next.ServeHTTP(w, r.WithContext(fencewire.NewContext(r.Context(), v)))
-}
-
-func malformed(detail string) fencewire.Problem {
-	return fencewire.Problem{Type: fencewire.ProblemMalformed, Title: "malformed fencing token", Status: http.StatusBadRequest, Detail: detail}
+	switch {
+	case refusal != nil:
+		WriteProblem(w, *refusal)
+	case ok:
+		h.Next.ServeHTTP(w, r.WithContext(fencewire.NewContext(r.Context(), v)))
+	default:
+		h.Next.ServeHTTP(w, r)
+	}
 }
 
 // WriteProblem writes p as an application/problem+json response with
