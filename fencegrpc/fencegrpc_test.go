@@ -31,14 +31,14 @@ func TestMain(m *testing.M) {
 // health is a real service (gRPC's health protocol: a unary Check and a
 // server-streaming Watch) that records the token its handlers see. A
 // service name "stale" makes the handler's own write stale.
-type health struct {
+type recorder struct {
 	healthpb.UnimplementedHealthServer
 	calls atomic.Int64
 	seen  atomic.Pointer[fencewire.Value]
 	token atomic.Uint64
 }
 
-func (h *health) record(ctx context.Context) {
+func (h *recorder) record(ctx context.Context) {
 	h.calls.Add(1)
 	v, _ := fencewire.FromContext(ctx)
 	h.seen.Store(&v)
@@ -46,7 +46,7 @@ func (h *health) record(ctx context.Context) {
 	h.token.Store(uint64(tok))
 }
 
-func (h *health) Check(ctx context.Context, req *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+func (h *recorder) Check(ctx context.Context, req *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
 	h.record(ctx)
 	if req.GetService() == "stale" {
 		v, _ := fencewire.FromContext(ctx)
@@ -55,7 +55,7 @@ func (h *health) Check(ctx context.Context, req *healthpb.HealthCheckRequest) (*
 	return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING}, nil
 }
 
-func (h *health) Watch(req *healthpb.HealthCheckRequest, ss grpc.ServerStreamingServer[healthpb.HealthCheckResponse]) error {
+func (h *recorder) Watch(req *healthpb.HealthCheckRequest, ss grpc.ServerStreamingServer[healthpb.HealthCheckResponse]) error {
 	h.record(ss.Context())
 	if req.GetService() == "stale" {
 		v, _ := fencewire.FromContext(ss.Context())
@@ -66,14 +66,14 @@ func (h *health) Watch(req *healthpb.HealthCheckRequest, ss grpc.ServerStreaming
 
 // serve starts a real gRPC server on loopback with the server
 // interceptors, and a client connection with the client interceptors.
-func serve(t *testing.T, s *fencegrpc.Server, c *fencegrpc.Client) (healthpb.HealthClient, *health) {
+func serve(t *testing.T, s *fencegrpc.Server, c *fencegrpc.Client) (healthpb.HealthClient, *recorder) {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(s.Unary()), grpc.ChainStreamInterceptor(s.Stream()))
-	h := &health{}
+	h := &recorder{}
 	healthpb.RegisterHealthServer(srv, h)
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
