@@ -274,6 +274,14 @@ func (p *parser) str() (string, error) {
 		return "", fmt.Errorf("a String (in double quotes) is expected at byte %d", p.i)
 	}
 	p.i++
+	// Without escapes the String is a substring of the field: no copy.
+	for j := p.i; j < len(p.s) && p.s[j] >= 0x20 && p.s[j] <= 0x7e && p.s[j] != '\\'; j++ {
+		if p.s[j] == '"' {
+			v := p.s[p.i:j]
+			p.i = j + 1
+			return v, nil
+		}
+	}
 	var b strings.Builder
 	for !p.eof() {
 		c := p.s[p.i]

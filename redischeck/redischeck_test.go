@@ -21,7 +21,9 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-func newChecker(t *testing.T, c redis.Scripter) *redischeck.Checker {
+func newChecker(t *testing.T, c redis.Scripter) *redischeck.Checker { return newCheckerTB(t, c) }
+
+func newCheckerTB(t testing.TB, c redis.Scripter) *redischeck.Checker {
 	t.Helper()
 	chk, err := redischeck.New(c, redischeck.WithKeyPrefix(redistest.Prefix(t)))
 	if err != nil {
