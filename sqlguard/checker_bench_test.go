@@ -5,14 +5,16 @@ import (
 	"testing"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/pairbench"
 	"github.com/fencekit/fencekit/sqlguard"
 )
 
-// BenchmarkChecker: one Checker.Check on the real PostgreSQL, beside the
-// floor of one round trip (SELECT 1) and a plain single-row UPDATE.
+// BenchmarkChecker: one Checker.Check on the real PostgreSQL, interleaved
+// call by call with the floor of one round trip (SELECT 1) and a plain
+// single-row UPDATE in autocommit (a write that commits, as a check does).
 //
 //	go test -run '^$' -bench Checker -count 6 ./sqlguard/ > bench.txt
-//	go run golang.org/x/perf/cmd/benchstat@latest -col /kind bench.txt
+//	go run golang.org/x/perf/cmd/benchstat@latest bench.txt
 func BenchmarkChecker(b *testing.B) {
 	e, _, _ := benchEnv(b)
 	c, err := sqlguard.NewChecker(e.pool)
@@ -20,27 +22,20 @@ func BenchmarkChecker(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	b.Run("kind=select1", func(b *testing.B) {
-		for b.Loop() {
-			if _, err := e.pool.Exec(ctx, `SELECT 1`); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("kind=update", func(b *testing.B) {
-		for i := 0; b.Loop(); i++ {
-			if _, err := e.pool.Exec(ctx, benchUpdate, int64(i), 1); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	tok := fence.Token(1)
-	b.Run("kind=check", func(b *testing.B) {
-		for b.Loop() {
+	tok, i := fence.Token(1), 0
+	pairbench.Run(b,
+		pairbench.Op{Name: "select1", Call: func() error {
+			_, err := e.pool.Exec(ctx, `SELECT 1`)
+			return err
+		}},
+		pairbench.Op{Name: "update", Call: func() error {
+			i++
+			_, err := e.pool.Exec(ctx, benchUpdate, int64(i), 1)
+			return err
+		}},
+		pairbench.Op{Name: "check", Call: func() error {
 			tok++
-			if err := c.Check(ctx, "jobs/nightly", tok); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
+			return c.Check(ctx, "jobs/nightly", tok)
+		}},
+	)
 }
