@@ -10,8 +10,9 @@ import (
 )
 
 // BenchmarkChecker: one Checker.Check on the real PostgreSQL, interleaved
-// call by call with the floor of one round trip (SELECT 1) and a plain
-// single-row UPDATE in autocommit (a write that commits, as a check does).
+// call by call with a plain single-row UPDATE in autocommit (the baseline:
+// a write that commits, as a check does) and the floor of one round trip
+// (SELECT 1).
 //
 //	go test -run '^$' -bench Checker -count 6 ./sqlguard/ > bench.txt
 //	go run golang.org/x/perf/cmd/benchstat@latest bench.txt
@@ -24,13 +25,13 @@ func BenchmarkChecker(b *testing.B) {
 	ctx := context.Background()
 	tok, i := fence.Token(1), 0
 	pairbench.Run(b,
-		pairbench.Op{Name: "select1", Call: func() error {
-			_, err := e.pool.Exec(ctx, `SELECT 1`)
-			return err
-		}},
 		pairbench.Op{Name: "update", Call: func() error {
 			i++
 			_, err := e.pool.Exec(ctx, benchUpdate, int64(i), 1)
+			return err
+		}},
+		pairbench.Op{Name: "select1", Call: func() error {
+			_, err := e.pool.Exec(ctx, `SELECT 1`)
 			return err
 		}},
 		pairbench.Op{Name: "check", Call: func() error {
