@@ -7,7 +7,9 @@
 // Client's interceptors (unary and streaming) send the value of the call's
 // context (fencewire.NewContext) and turn a refusal back into an error: a
 // stale token becomes a *fence.StaleError naming both tokens (the error
-// also carries the gRPC status, for status.FromError).
+// also carries the gRPC status, for status.FromError); a call that carried
+// a token and got no answer (DeadlineExceeded, Canceled, Unavailable)
+// matches fence.ErrOutcomeUnknown.
 //
 // Server's interceptors (unary and streaming) refuse a malformed or
 // repeated entry (and a missing one where a token is required) with
@@ -152,67 +154,97 @@ type Client struct {
 	Require bool
 }
 
-// outgoing returns ctx with the context's value in the outgoing metadata.
-func (c *Client) outgoing(ctx context.Context, method string) (context.Context, error) {
+// outgoing returns ctx with the context's value in the outgoing metadata,
+// and whether the call carries a token (its own or one already in the
+// metadata).
+func (c *Client) outgoing(ctx context.Context, method string) (context.Context, bool, error) {
 	v, ok := fencewire.FromContext(ctx)
 	md, _ := metadata.FromOutgoingContext(ctx)
 	has := len(md.Get(fencewire.MetadataKey)) > 0
 	switch {
 	case ok && has:
-		return nil, fmt.Errorf("fencegrpc: %s: %w", method, ErrTwoTokens)
+		return nil, false, fmt.Errorf("fencegrpc: %s: %w", method, ErrTwoTokens)
 	case !ok && !has && c.Require:
-		return nil, fmt.Errorf("fencegrpc: %s: %w", method, ErrNoToken)
+		return nil, false, fmt.Errorf("fencegrpc: %s: %w", method, ErrNoToken)
 	case !ok:
-		return ctx, nil
+		return ctx, has, nil
 	}
 	field, err := fencewire.Format(v)
 	if err != nil {
-		return nil, fmt.Errorf("fencegrpc: %s: %w", method, err)
+		return nil, false, fmt.Errorf("fencegrpc: %s: %w", method, err)
 	}
-	return metadata.AppendToOutgoingContext(ctx, fencewire.MetadataKey, field), nil
+	return metadata.AppendToOutgoingContext(ctx, fencewire.MetadataKey, field), true, nil
+}
+
+// callErr is the error a client interceptor returns for a call's err:
+// ClientError's, and for a call that carried a token and ended without an
+// answer (DeadlineExceeded, Canceled, Unavailable), an *Error matching
+// fence.ErrOutcomeUnknown: the call may have reached the handler, which
+// may have written with the token.
+func callErr(err error, fenced bool) error {
+	ferr := ClientError(err)
+	if ferr != err || !fenced {
+		return ferr
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	switch st.Code() {
+	case codes.DeadlineExceeded, codes.Canceled, codes.Unavailable:
+		return &Error{Status: st, Err: fmt.Errorf("%w: %s: %s", fence.ErrOutcomeUnknown, st.Code(), st.Message())}
+	}
+	return err
 }
 
 // Unary returns the unary client interceptor: it sends the context's token,
-// and returns ClientError of the call's error. Errors before anything is
-// sent: fencewire.ErrInvalid (and fence.ErrInvalidToken for token 0),
-// ErrTwoTokens, ErrNoToken.
+// and returns ClientError of the call's error; for a call that carried a
+// token and got no answer (DeadlineExceeded, Canceled, Unavailable), an
+// *Error matching fence.ErrOutcomeUnknown, as a guard reports a write
+// whose answer was lost (the call may have reached the handler). Errors
+// before anything is sent: fencewire.ErrInvalid (and
+// fence.ErrInvalidToken for token 0), ErrTwoTokens, ErrNoToken.
 func (c *Client) Unary() grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		ctx, err := c.outgoing(ctx, method)
+		ctx, fenced, err := c.outgoing(ctx, method)
 		if err != nil {
 			return err
 		}
-		return ClientError(invoker(ctx, method, req, reply, cc, opts...))
+		return callErr(invoker(ctx, method, req, reply, cc, opts...), fenced)
 	}
 }
 
 // Stream returns the streaming client interceptor: it sends the context's
-// token with the stream's headers, and returns ClientError of the errors of
-// the stream's creation and of its Header, SendMsg, RecvMsg and CloseSend
-// (a refusal before the handler runs arrives at the first RecvMsg).
+// token with the stream's headers, and maps the errors of the stream's
+// creation and of its Header, SendMsg, RecvMsg and CloseSend as Unary does
+// (a refusal before the handler runs arrives at the first RecvMsg; io.EOF
+// passes unchanged).
 func (c *Client) Stream() grpc.StreamClientInterceptor {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		ctx, err := c.outgoing(ctx, method)
+		ctx, fenced, err := c.outgoing(ctx, method)
 		if err != nil {
 			return nil, err
 		}
 		cs, err := streamer(ctx, desc, cc, method, opts...)
 		if err != nil {
-			return nil, ClientError(err)
+			return nil, callErr(err, fenced)
 		}
-		return clientStream{cs}, nil
+		return clientStream{cs, fenced}, nil
 	}
 }
 
-type clientStream struct{ grpc.ClientStream }
+type clientStream struct {
+	grpc.ClientStream
+	fenced bool
+}
 
 func (s clientStream) Header() (metadata.MD, error) {
 	md, err := s.ClientStream.Header()
-	return md, ClientError(err)
+	return md, callErr(err, s.fenced)
 }
-func (s clientStream) SendMsg(m any) error { return ClientError(s.ClientStream.SendMsg(m)) }
-func (s clientStream) RecvMsg(m any) error { return ClientError(s.ClientStream.RecvMsg(m)) }
-func (s clientStream) CloseSend() error    { return ClientError(s.ClientStream.CloseSend()) }
+func (s clientStream) SendMsg(m any) error { return callErr(s.ClientStream.SendMsg(m), s.fenced) }
+func (s clientStream) RecvMsg(m any) error { return callErr(s.ClientStream.RecvMsg(m), s.fenced) }
+func (s clientStream) CloseSend() error    { return callErr(s.ClientStream.CloseSend(), s.fenced) }
 
 // Server makes the server interceptors; the rules are fencehttp.Handler's.
 // A Server is safe for concurrent use once set up.

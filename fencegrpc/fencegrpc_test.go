@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"sync/atomic"
+	"time"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -248,4 +249,64 @@ func TestClientRefusesBeforeIO(t *testing.T) {
 	if n := h.calls.Load(); n != 0 {
 		t.Errorf("%d refused calls reached a handler", n)
 	}
+}
+
+// A call with a token that ends without an answer (its deadline passes
+// while the handler runs) is an unknown outcome: the handler may have
+// written. Without a token, the status is returned as it is.
+func TestNoAnswerIsUnknown(t *testing.T) {
+	release := make(chan struct{})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &fencegrpc.Server{}
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(s.Unary()))
+	healthpb.RegisterHealthServer(srv, slowHealth{release})
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	t.Cleanup(func() { close(release) })
+	c := &fencegrpc.Client{}
+	conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(),
+		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithChainUnaryInterceptor(c.Unary()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	hc := healthpb.NewHealthClient(conn)
+	for _, fenced := range []bool{true, false} {
+		ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+		if fenced {
+			ctx = fencewire.NewContext(ctx, fencewire.Value{Resource: "r", Token: 1})
+		}
+		_, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+		cancel()
+		if status.Code(err) != codes.DeadlineExceeded {
+			t.Fatalf("fenced=%v: %v; want DeadlineExceeded", fenced, err)
+		}
+		if errors.Is(err, fence.ErrOutcomeUnknown) != fenced {
+			t.Errorf("fenced=%v: %v: matches fence.ErrOutcomeUnknown: %v", fenced, err, !fenced)
+		}
+	}
+}
+
+// slowHealth answers only when released.
+type slowHealth struct {
+	release chan struct{}
+}
+
+func (h slowHealth) Check(ctx context.Context, _ *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	select {
+	case <-h.release:
+	case <-ctx.Done():
+	}
+	return nil, ctx.Err()
+}
+
+func (slowHealth) List(context.Context, *healthpb.HealthListRequest) (*healthpb.HealthListResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "")
+}
+
+func (slowHealth) Watch(*healthpb.HealthCheckRequest, grpc.ServerStreamingServer[healthpb.HealthCheckResponse]) error {
+	return status.Error(codes.Unimplemented, "")
 }

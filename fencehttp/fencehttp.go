@@ -6,7 +6,9 @@
 // resource that the request's context carries (fencewire.NewContext), and
 // turns a receiver's refusal back into an error: a stale token becomes a
 // *fence.StaleError naming both tokens, so that a stale holder's HTTP call
-// fails exactly like its stale SQL write.
+// fails exactly like its stale SQL write; a request whose answer was lost
+// is reported as fence.ErrOutcomeUnknown, as a guard reports a write whose
+// answer was lost.
 //
 // On the server, Handler reads the field, refuses a malformed or repeated
 // one (and a missing one where a token is required) with 400 and a problem
@@ -31,6 +33,7 @@ import (
 	"io"
 	"log/slog"
 	"mime"
+	"net"
 	"net/http"
 
 	"github.com/fencekit/fencekit/fence"
@@ -60,8 +63,14 @@ const maxProblem = 64 << 10
 // RoundTrip returns, before any I/O and with the request's body closed: an
 // error matching fencewire.ErrInvalid (and fence.ErrInvalidToken for token
 // 0) when the context's value cannot be sent; ErrTwoTokens; ErrNoToken when
-// Require is set and the context has no token. It returns Base's error as
-// it is. When the answer is a fencing problem (an application/problem+json
+// Require is set and the context has no token. For a request that carried
+// a token, Base's error is joined with fence.ErrOutcomeUnknown unless the
+// connection could not be made: the request may have reached the service,
+// whose handler may have written with the token (a lost reply, a timeout),
+// so it is reported like a guard's write whose answer was lost (never as a
+// plain failure); Base's error stays in the chain (context.DeadlineExceeded
+// and the like match). Without a token, Base's error is returned as it is.
+// When the answer is a fencing problem (an application/problem+json
 // body of one of fencewire's Problem types), it closes the body and returns
 // no response and the problem's error: a *fence.StaleError (matching
 // fence.ErrStaleToken) naming the resource, the presented and the current
@@ -118,6 +127,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, fmt.Errorf("fencehttp: %s %s: %w", req.Method, req.URL.Redacted(), err)
 	}
 	resp, err := base.RoundTrip(out)
+	if err != nil && ok && !notSent(err) {
+		return resp, fmt.Errorf("fencehttp: %s %s: %w: %w", req.Method, req.URL.Redacted(), fence.ErrOutcomeUnknown, err)
+	}
 	if err != nil || t.KeepProblems {
 		return resp, err
 	}
@@ -126,6 +138,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, fmt.Errorf("fencehttp: %s %s: %w", req.Method, req.URL.Redacted(), perr)
 	}
 	return resp, nil
+}
+
+// notSent reports whether err says that the request never left: the
+// connection could not be made.
+func notSent(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
 }
 
 // ResponseError returns the error for a response that carries one of

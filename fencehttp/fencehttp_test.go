@@ -302,3 +302,35 @@ func TestCheckerFailureIs503(t *testing.T) {
 		t.Error("the handler ran although the token was not checked")
 	}
 }
+
+// A request with a token whose reply is lost after the handler ran is an
+// unknown outcome, like a guard's write whose answer was lost; one that
+// could not connect is a plain failure.
+func TestLostReplyIsUnknown(t *testing.T) {
+	var ran atomic.Int64
+	srv := httptest.NewServer(&fencehttp.Handler{Require: true, Next: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ran.Add(1) // the handler's write happens
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			_ = conn.Close() // and the reply is lost
+		}
+	})})
+	t.Cleanup(srv.Close)
+	base := &http.Transport{}
+	t.Cleanup(base.CloseIdleConnections)
+	c := &http.Client{Transport: &fencehttp.Transport{Base: base}}
+	ctx := fencewire.NewContext(t.Context(), fencewire.Value{Resource: "r", Token: 3})
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPut, srv.URL, strings.NewReader("x"))
+	_, err := c.Do(req)
+	if !errors.Is(err, fence.ErrOutcomeUnknown) || ran.Load() != 1 {
+		t.Fatalf("a lost reply after the handler ran (%d) = %v; want fence.ErrOutcomeUnknown", ran.Load(), err)
+	}
+
+	closed := httptest.NewServer(http.NotFoundHandler())
+	u := closed.URL
+	closed.Close() // nothing listens there now
+	req, _ = http.NewRequestWithContext(ctx, http.MethodPut, u, strings.NewReader("x"))
+	if _, err := c.Do(req); err == nil || errors.Is(err, fence.ErrOutcomeUnknown) {
+		t.Fatalf("a request that could not connect = %v; want a plain error", err)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -24,8 +25,9 @@ import (
 // field (fencehttp.Transport), the service's middleware puts it into the
 // handler's context, and the handler's fenced transaction
 // (Guard.BeginFunc) presents it unchanged; a stale rejection comes back
-// to the writer as the same *fence.StaleError. The server is a real HTTP
-// server on loopback.
+// to the writer as the same *fence.StaleError, and a reply lost after the
+// commit as fence.ErrOutcomeUnknown. The server is a real HTTP server on
+// loopback.
 func TestConformanceOverHTTP(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -35,6 +37,7 @@ func TestConformanceOverHTTP(t *testing.T) {
 		t.Fatal(err)
 	}
 	var requests atomic.Int64
+	var lose sync.Map // resource names whose next reply is lost
 	write := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		requests.Add(1)
 		v, _ := fencewire.FromContext(r.Context())
@@ -49,6 +52,13 @@ func TestConformanceOverHTTP(t *testing.T) {
 				ON CONFLICT (resource) DO UPDATE SET value = EXCLUDED.value`, v.Resource, string(body))
 			return err
 		})
+		if _, armed := lose.LoadAndDelete(v.Resource); armed && err == nil {
+			// Committed; the reply is lost on the way back.
+			if conn, _, herr := w.(http.Hijacker).Hijack(); herr == nil {
+				_ = conn.Close()
+				return
+			}
+		}
 		if err != nil && !fencehttp.WriteError(w, err) {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 		}
@@ -66,9 +76,11 @@ func TestConformanceOverHTTP(t *testing.T) {
 		// Bad input never reaches the service: the Transport refuses
 		// token 0 before sending.
 		CountIO: func(guardtest.Resource) int64 { return requests.Load() },
+		// The service commits, then its reply is lost: the writer's
+		// Transport reports an unknown outcome.
+		LoseReply: func(t *testing.T, r guardtest.Resource) { lose.Store(r.(*httpResource).name, true) },
 		Lacks: map[guardtest.Capability]string{
-			guardtest.Missing:   "a resource name needs no creating: no target is missing",
-			guardtest.LoseReply: "the HTTP reply cannot be lost after the commit without a proxy; sqlguard's own LoseReply check covers the transaction",
+			guardtest.Missing: "a resource name needs no creating: no target is missing",
 		},
 	})
 }
