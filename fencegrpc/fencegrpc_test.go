@@ -7,8 +7,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"sync/atomic"
-	"time"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
