@@ -127,7 +127,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, fmt.Errorf("fencehttp: %s %s: %w", req.Method, req.URL.Redacted(), err)
 	}
 	resp, err := base.RoundTrip(out)
-	if err != nil && ok && !notSent(err) {
+	if err != nil && (ok || has) && !notSent(err) {
 		return resp, fmt.Errorf("fencehttp: %s %s: %w: %w", req.Method, req.URL.Redacted(), fence.ErrOutcomeUnknown, err)
 	}
 	if err != nil || t.KeepProblems {
