@@ -1,6 +1,7 @@
 package fencewire_test
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -43,6 +44,41 @@ func FuzzParse(f *testing.F) {
 		}
 		if back, err := fencewire.Parse(again); err != nil || back != v {
 			t.Fatalf("Parse(Format(%+v)) = %+v, %v", v, back, err)
+		}
+	})
+}
+
+// FuzzAdmit: whatever field lines a request brings, Admit never panics, a
+// request passes only with exactly one well-formed line (its value the
+// parse of that line) or with none on a route that requires nothing, and
+// every refusal is a Problem of one of the four types with its status.
+func FuzzAdmit(f *testing.F) {
+	f.Add(`"7";resource="jobs/a"`, "", 1, true)
+	f.Add(`"7";resource="jobs/a"`, `"8";resource="jobs/a"`, 2, false)
+	f.Add("", "", 0, true)
+	f.Add(`"1";resource=%"%ff"`, "", 1, false)
+	f.Fuzz(func(t *testing.T, a, b string, n int, require bool) {
+		lines := []string{a, b}[:min(max(n, 0), 2)]
+		v, ok, p, checkErr := fencewire.Admit(context.Background(), lines, require, nil)
+		if checkErr != nil {
+			t.Fatalf("a check error without a checker: %v", checkErr)
+		}
+		switch {
+		case ok && p != nil:
+			t.Fatalf("Admit(%q) passed and refused at once", lines)
+		case ok:
+			want, err := fencewire.Parse(a)
+			if len(lines) != 1 || err != nil || v != want {
+				t.Fatalf("Admit(%q) passed %+v; want a pass only for one well-formed line", lines, v)
+			}
+		case p == nil:
+			if len(lines) != 0 || require {
+				t.Fatalf("Admit(%q, require=%v) neither passed nor refused", lines, require)
+			}
+		case p.Type == fencewire.ProblemMalformed && p.Status == 400 && p.Detail != "":
+		case p.Type == fencewire.ProblemMissing && p.Status == 400 && len(lines) == 0:
+		default:
+			t.Fatalf("Admit(%q) refused with %+v", lines, *p)
 		}
 	})
 }

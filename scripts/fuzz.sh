@@ -28,6 +28,7 @@ targets=(
   ./blobguard:FuzzParseEnvelope
   ./blobguard:FuzzValidateKey
   ./fencewire:FuzzParse
+  ./fencewire:FuzzAdmit
 )
 
 ensure_redis
