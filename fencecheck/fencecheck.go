@@ -21,8 +21,8 @@
 // when the handler's effect is quick compared with how long a newer holder
 // takes to appear (a lease TTL), and is a race otherwise. To order effects,
 // record the token in the same atomic step as the service's own state:
-// in PostgreSQL, call sqlguard.Guard.Advance in the transaction that writes
-// the state (the token row stays locked until it commits, so a newer
+// in PostgreSQL, call sqlguard.Checker.CheckTx (sqlguard.Guard.Advance) in
+// the transaction that writes the state (the token row stays locked until it commits, so a newer
 // holder waits); in one process, Memory.Do runs the effect while the
 // resource's token is held. An effect outside the service's own store
 // cannot be ordered by the service at all: pass the token on to that

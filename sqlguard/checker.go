@@ -24,11 +24,10 @@ import (
 // Check runs the advance as one statement outside any transaction of
 // yours: one round trip, committed at once. It orders checks, not the
 // handler's effects (see package fencecheck). When the service's own state
-// is in the same database, order the effects too: advance the token in the
-// transaction that writes the state, with Guard.Advance or
-// Guard.BeginFunc (Checker.Guard returns the Guard that Check uses); a
-// holder with a newer token then waits for that transaction, and a stale
-// one cannot commit.
+// is in the same database, order the effects too: check the token in the
+// transaction that writes the state, with CheckTx (or Guard.BeginFunc;
+// Checker.Guard returns the Guard that Check uses); a holder with a newer
+// token then waits for that transaction, and a stale one cannot commit.
 //
 // A Checker is safe for concurrent use.
 type Checker struct {
@@ -58,6 +57,23 @@ func NewChecker(db DBTX, opts ...Option) (*Checker, error) {
 	}
 	return &Checker{g: g, db: db,
 		current: "SELECT token FROM " + table + " WHERE resource = pg_catalog.convert_from($1::bytea, 'UTF8')"}, nil
+}
+
+// CheckTx is Check as the first statement of your own transaction: it
+// advances resource's token to token in tx (Guard.Advance), and the
+// token's row stays locked until tx ends. Write the service's state in the
+// same tx: a holder with a newer token waits at its own check until tx
+// commits or rolls back, and once a newer token has been accepted this one
+// cannot commit anything. That orders the service's effects, not only its
+// checks. Errors: those of Guard.Advance (a *fence.StaleError, after which
+// tx is aborted and must be rolled back; ErrRetryable under REPEATABLE READ
+// or SERIALIZABLE; ErrNotMigrated), with bad arguments reported before any
+// I/O as Check reports them. ctx bounds the statement.
+func (c *Checker) CheckTx(ctx context.Context, tx pgx.Tx, resource string, token fence.Token) error {
+	if _, err := c.args(resource, token); err != nil {
+		return fmt.Errorf("sqlguard: check %s in a transaction: %w", strconv.Quote(resource), err)
+	}
+	return c.g.Advance(ctx, tx, resource, token)
 }
 
 // Guard returns the Guard whose advance Check runs, for checks that must

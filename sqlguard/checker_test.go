@@ -72,7 +72,10 @@ func TestCheckerWaitsForAnOpenAdvance(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck
-	if err := c.Guard().Advance(ctx, tx, "jobs/open", 5); err != nil {
+	if err := c.CheckTx(ctx, tx, "jobs/open", 5); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `CREATE TABLE open_state (v text)`); err != nil { // the service's own state, same tx
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
@@ -93,6 +96,19 @@ func TestCheckerWaitsForAnOpenAdvance(t *testing.T) {
 	}
 	if err := <-done; err != nil {
 		t.Fatalf("Check(6) after the transaction with 5 committed = %v", err)
+	}
+	// Now 5 is stale in a transaction too, and bad input is refused
+	// before any I/O.
+	tx2, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx2.Rollback(ctx) //nolint:errcheck
+	if err := c.CheckTx(ctx, tx2, "", 7); !errors.Is(err, fencecheck.ErrInvalidResource) {
+		t.Errorf("CheckTx with an empty name = %v; want fencecheck.ErrInvalidResource", err)
+	}
+	if se, ok := fence.AsStale(c.CheckTx(ctx, tx2, "jobs/open", 5)); !ok || se.Current != 6 {
+		t.Fatalf("CheckTx(5) after Check(6) = %v; want stale naming 6", se)
 	}
 }
 
