@@ -62,7 +62,7 @@ func TestSuiteCatchesBrokenCheckers(t *testing.T) {
 					return b.m[r], nil
 				}
 			},
-			Checkers: 8, ChecksPerChecker: 60,
+			Checkers: 8, ChecksPerChecker: 30,
 		})
 		return
 	}
