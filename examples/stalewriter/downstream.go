@@ -51,7 +51,9 @@ type downstream struct {
 // nil otherwise.
 func startDownstream(o options, out io.Writer) (*downstream, error) {
 	if !o.downstream {
-		return nil, nil
+		// A value inherited from the environment must not make the
+		// workers call a service this run did not start.
+		return nil, os.Unsetenv(downstreamVar)
 	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
