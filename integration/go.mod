@@ -20,6 +20,7 @@ require (
 	github.com/fencekit/fencekit/lease/redislease v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/lease/zklease v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/migrations v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/redischeck v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/sqlguard v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/redis/go-redis/v9 v9.23.0
@@ -167,5 +168,6 @@ replace (
 	github.com/fencekit/fencekit/lease/redislease => ../lease/redislease
 	github.com/fencekit/fencekit/lease/zklease => ../lease/zklease
 	github.com/fencekit/fencekit/migrations => ../migrations
+	github.com/fencekit/fencekit/redischeck => ../redischeck
 	github.com/fencekit/fencekit/sqlguard => ../sqlguard
 )

@@ -27,6 +27,8 @@ targets=(
   ./migrations:FuzzLockVersionMigrationUnderGoose
   ./blobguard:FuzzParseEnvelope
   ./blobguard:FuzzValidateKey
+  ./fencewire:FuzzParse
+  ./fencewire:FuzzAdmit
 )
 
 ensure_redis

@@ -26,6 +26,8 @@ rules=(
   "sqlguard|github.com/fencekit/fencekit/sqlguard|github.com/jackc/pgx github.com/pressly/goose"
   "blobguard|github.com/fencekit/fencekit/blobguard|github.com/aws/aws-sdk-go-v2"
   "migrations|github.com/fencekit/fencekit/migrations|github.com/jackc/pgx github.com/pressly/goose"
+  "redischeck|github.com/fencekit/fencekit/redischeck|github.com/redis/go-redis"
+  "fencegrpc|github.com/fencekit/fencekit/fencegrpc|google.golang.org/grpc"
 )
 clients=(github.com/redis/go-redis github.com/jackc/pgx github.com/pressly/goose go.etcd.io/etcd
   github.com/go-zookeeper/zk github.com/prometheus/client_golang github.com/aws/aws-sdk-go-v2)

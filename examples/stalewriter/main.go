@@ -75,6 +75,7 @@ type options struct {
 	leaseStore             string
 	redisURL, pgURL, s3URL string
 	jsonOut                string
+	downstream             bool // --downstream: see downstream.go
 }
 
 // Bounds of the timing flags: a demo that runs for hours, or whose default
@@ -118,6 +119,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.pgURL, "postgres-url", "", "PostgreSQL URL (default: $FENCE_POSTGRES_URL, else postgres://postgres@127.0.0.1:5432/test, else one it starts)")
 	fs.StringVar(&o.s3URL, "s3-endpoint", "", "S3 endpoint URL; needs FENCE_S3_ACCESS_KEY and FENCE_S3_SECRET_KEY (default: $FENCE_S3_ENDPOINT, else a versitygw it starts)")
 	fs.StringVar(&o.jsonOut, "json", "", "also write a machine-readable summary of the run to this file")
+	fs.BoolVar(&o.downstream, "downstream", false, downstreamUsage)
 	if demo.WantsHelp(args) {
 		fs.SetOutput(stdout)
 		fs.Usage()
@@ -237,6 +239,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		defer sc.tearDown(errOut)
 	}
 	fmt.Fprintf(out, "Leases: %s.\n", sc.cfg.leaseStore().Describe())
+	ds, err := startDownstream(o, out)
+	if err != nil {
+		fmt.Fprintf(errOut, "stalewriter: %v\n", err)
+		return 2
+	}
+	defer ds.close()
 	tl.Restart() // the timeline counts from the first worker, not from starting services
 	fmt.Fprintf(out, "Row %s.%s id=%s and object s3://%s/%s start empty; lease %q.\n\nTimeline:\n",
 		sc.cfg.Schema, sc.cfg.Table, sc.cfg.RowID, sc.cfg.S3.Bucket, sc.cfg.ObjectKey, sc.cfg.LeaseName)
@@ -257,6 +265,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(out, "\nFinal state:\n  row:    written by %s, token %d, lock_version %d\n  object: written by %s, token %d\n\n%s\n",
 		orNone(sum.Final.RowWrittenBy), sum.Final.RowToken, sum.Final.RowLockVersion,
 		orNone(sum.Final.ObjectWrittenBy), sum.Final.ObjectToken, sum.Verdict)
+	ds.finish(sum, out)
 	if o.jsonOut != "" {
 		b, _ := json.MarshalIndent(sum, "", "  ")
 		if err := os.WriteFile(o.jsonOut, b, 0o644); err != nil {

@@ -188,6 +188,7 @@ func runWorker() int {
 	note := fmt.Sprintf("written by %s with token %d at %s", cfg.Role, tok, time.Now().UTC().Format(time.RFC3339Nano))
 	w.writeRow(wctx, pool, l, note)
 	w.writeObject(wctx, s3c, l, note)
+	w.writeDownstream(wctx, l, note)
 
 	if err := l.Err(); err != nil {
 		w.emit(event{Kind: evLeaseState, Token: tok, Text: fmt.Sprintf("lease state after the writes: %v", err)})

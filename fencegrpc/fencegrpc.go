@@ -1,0 +1,340 @@
+// Package fencegrpc carries a fencing token over gRPC and checks it at the
+// receiving service, with the semantics of package fencehttp: the token and
+// its resource travel in the metadata entry "fencing-token"
+// (fencewire.MetadataKey), in the syntax of the Fencing-Token HTTP field
+// (docs/fencing-over-http.md).
+//
+// Client's interceptors (unary and streaming) send the value of the call's
+// context (fencewire.NewContext) and turn a refusal back into an error: a
+// stale token becomes a *fence.StaleError naming both tokens (the error
+// also carries the gRPC status, for status.FromError); a call that carried
+// a token and got no answer (DeadlineExceeded, Canceled, Unavailable)
+// matches fence.ErrOutcomeUnknown.
+//
+// Server's interceptors (unary and streaming) refuse a malformed or
+// repeated entry (and a missing one where a token is required) with
+// codes.InvalidArgument, optionally check the token with a
+// fencecheck.Checker before the handler runs (codes.FailedPrecondition
+// when stale), and put the token into the handler's context
+// (fence.FromContext, fencewire.FromContext), so that the handler's own
+// guarded writes present it unchanged. A handler error holding a
+// *fence.StaleError (a sqlguard or blobguard rejection) is sent as the
+// same FailedPrecondition status.
+//
+// Every refusal's status has a google.rpc.ErrorInfo detail with domain
+// "fencekit" and one of the reasons below; a stale one has metadata
+// "resource", "presented" and "current" (decimal tokens).
+//
+// | refusal | code | reason |
+// | --- | --- | --- |
+// | stale token | FailedPrecondition | STALE_FENCING_TOKEN |
+// | malformed or repeated entry | InvalidArgument | MALFORMED_FENCING_TOKEN |
+// | no entry, token required | InvalidArgument | MISSING_FENCING_TOKEN |
+// | the checker failed | Unavailable | FENCING_CHECK_UNAVAILABLE |
+//
+// FailedPrecondition because gRPC's code guide gives it to an operation
+// rejected for the system's state, which the client should not retry until
+// that state changes: a stale holder must not retry at all.
+//
+// A fencing token is not a credential; see fencehttp's package doc and the
+// specification's "Not authentication" section.
+package fencegrpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/fencecheck"
+	"github.com/fencekit/fencekit/fencewire"
+)
+
+// Domain is the ErrorInfo domain of fencekit's refusals.
+const Domain = "fencekit"
+
+// The ErrorInfo reasons of fencekit's refusals.
+const (
+	ReasonStale       = "STALE_FENCING_TOKEN"
+	ReasonMalformed   = "MALFORMED_FENCING_TOKEN"
+	ReasonMissing     = "MISSING_FENCING_TOKEN"
+	ReasonUnavailable = "FENCING_CHECK_UNAVAILABLE"
+)
+
+// ErrNoToken is returned by the client interceptors, before anything is
+// sent, for a call whose context carries no fencing token when
+// Client.Require is set.
+var ErrNoToken = errors.New("fencegrpc: the call's context carries no fencing token")
+
+// ErrTwoTokens is returned by the client interceptors, before anything is
+// sent, when the outgoing metadata already has a fencing-token entry and
+// the context carries a token too.
+var ErrTwoTokens = errors.New("fencegrpc: the outgoing metadata has a fencing-token entry and the context carries a token")
+
+// Error is the error a client interceptor returns for a refusal: Err is
+// the fencekit error (a *fence.StaleError, or one matching
+// fencewire.ErrRejected or fencewire.ErrUnavailable), Status the gRPC
+// status it came in. errors.Is and errors.As see Err; status.FromError
+// sees Status.
+type Error struct {
+	Status *status.Status
+	Err    error
+}
+
+func (e *Error) Error() string              { return "fencegrpc: " + e.Err.Error() }
+func (e *Error) Unwrap() error              { return e.Err }
+func (e *Error) GRPCStatus() *status.Status { return e.Status }
+
+// StatusOf returns the gRPC status fencekit sends for err: for a
+// *fence.StaleError in err's chain, FailedPrecondition with its ErrorInfo;
+// nil for any other error.
+func StatusOf(err error) *status.Status {
+	se, ok := fence.AsStale(err)
+	if !ok {
+		return nil
+	}
+	return problemStatus(fencewire.StaleProblem(se))
+}
+
+func refusal(c codes.Code, reason, msg string, md map[string]string) *status.Status {
+	st := status.New(c, msg)
+	if withInfo, err := st.WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: Domain, Metadata: md}); err == nil {
+		return withInfo
+	}
+	return st // an ErrorInfo always marshals; this is not reached
+}
+
+// ClientError returns the fencekit error for a status error err that
+// carries one of fencekit's refusals (see the package doc) as an *Error,
+// and err unchanged otherwise (nil for nil).
+func ClientError(err error) error {
+	if err == nil {
+		return nil
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	for _, d := range st.Details() {
+		info, ok := d.(*errdetails.ErrorInfo)
+		if !ok || info.GetDomain() != Domain {
+			continue
+		}
+		md := info.GetMetadata()
+		p := fencewire.Problem{Detail: st.Message(), Resource: md["resource"], Presented: md["presented"], Current: md["current"]}
+		switch info.GetReason() {
+		case ReasonStale:
+			p.Type = fencewire.ProblemStale
+		case ReasonMalformed:
+			p.Type = fencewire.ProblemMalformed
+		case ReasonMissing:
+			p.Type = fencewire.ProblemMissing
+		case ReasonUnavailable:
+			p.Type = fencewire.ProblemUnavailable
+		default:
+			continue
+		}
+		ferr := p.Err()
+		return &Error{Status: st, Err: ferr}
+	}
+	return err
+}
+
+// Client makes the client interceptors. The zero value sends a token when
+// the context has one and sends the call without one otherwise.
+type Client struct {
+	// Require refuses to send a call whose context carries no token.
+	Require bool
+}
+
+// outgoing returns ctx with the context's value in the outgoing metadata,
+// and whether the call carries a token (its own or one already in the
+// metadata).
+func (c *Client) outgoing(ctx context.Context, method string) (context.Context, bool, error) {
+	v, ok := fencewire.FromContext(ctx)
+	md, _ := metadata.FromOutgoingContext(ctx)
+	has := len(md.Get(fencewire.MetadataKey)) > 0
+	switch {
+	case ok && has:
+		return nil, false, fmt.Errorf("fencegrpc: %s: %w", method, ErrTwoTokens)
+	case !ok && !has && c.Require:
+		return nil, false, fmt.Errorf("fencegrpc: %s: %w", method, ErrNoToken)
+	case !ok:
+		return ctx, has, nil
+	}
+	field, err := fencewire.Format(v)
+	if err != nil {
+		return nil, false, fmt.Errorf("fencegrpc: %s: %w", method, err)
+	}
+	return metadata.AppendToOutgoingContext(ctx, fencewire.MetadataKey, field), true, nil
+}
+
+// callErr is the error a client interceptor returns for a call's err:
+// ClientError's, and for a call that carried a token and ended without an
+// answer (DeadlineExceeded, Canceled, Unavailable), an *Error matching
+// fence.ErrOutcomeUnknown: the call may have reached the handler, which
+// may have written with the token.
+func callErr(err error, fenced bool) error {
+	ferr := ClientError(err)
+	if ferr != err || !fenced {
+		return ferr
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	switch st.Code() {
+	case codes.DeadlineExceeded, codes.Canceled, codes.Unavailable:
+		return &Error{Status: st, Err: fmt.Errorf("%w: %s: %s", fence.ErrOutcomeUnknown, st.Code(), st.Message())}
+	}
+	return err
+}
+
+// Unary returns the unary client interceptor: it sends the context's token,
+// and returns ClientError of the call's error; for a call that carried a
+// token and got no answer (DeadlineExceeded, Canceled, Unavailable), an
+// *Error matching fence.ErrOutcomeUnknown, as a guard reports a write
+// whose answer was lost (the call may have reached the handler). Errors
+// before anything is sent: fencewire.ErrInvalid (and
+// fence.ErrInvalidToken for token 0), ErrTwoTokens, ErrNoToken.
+func (c *Client) Unary() grpc.UnaryClientInterceptor {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		ctx, fenced, err := c.outgoing(ctx, method)
+		if err != nil {
+			return err
+		}
+		return callErr(invoker(ctx, method, req, reply, cc, opts...), fenced)
+	}
+}
+
+// Stream returns the streaming client interceptor: it sends the context's
+// token with the stream's headers, and maps the errors of the stream's
+// creation and of its Header, SendMsg, RecvMsg and CloseSend as Unary does
+// (a refusal before the handler runs arrives at the first RecvMsg; io.EOF
+// passes unchanged).
+func (c *Client) Stream() grpc.StreamClientInterceptor {
+	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		ctx, fenced, err := c.outgoing(ctx, method)
+		if err != nil {
+			return nil, err
+		}
+		cs, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil {
+			return nil, callErr(err, fenced)
+		}
+		return clientStream{cs, fenced}, nil
+	}
+}
+
+type clientStream struct {
+	grpc.ClientStream
+	fenced bool
+}
+
+func (s clientStream) Header() (metadata.MD, error) {
+	md, err := s.ClientStream.Header()
+	return md, callErr(err, s.fenced)
+}
+func (s clientStream) SendMsg(m any) error { return callErr(s.ClientStream.SendMsg(m), s.fenced) }
+func (s clientStream) RecvMsg(m any) error { return callErr(s.ClientStream.RecvMsg(m), s.fenced) }
+func (s clientStream) CloseSend() error    { return callErr(s.ClientStream.CloseSend(), s.fenced) }
+
+// Server makes the server interceptors; the rules are fencehttp.Handler's.
+// A Server is safe for concurrent use once set up.
+type Server struct {
+	// Require refuses calls without a fencing token.
+	Require bool
+	// Checker, when set, checks each token before the handler runs (and
+	// implies Require). A check orders checks, not the handler's effects
+	// (see package fencecheck).
+	Checker fencecheck.Checker
+	// Logger logs the checker's failures. Nil: slog.Default().
+	Logger *slog.Logger
+}
+
+// admit reads and checks the call's entry and returns the handler's
+// context, or the refusal's status error.
+func (s *Server) admit(ctx context.Context) (context.Context, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	v, ok, p, checkErr := fencewire.Admit(ctx, md.Get(fencewire.MetadataKey), s.Require, s.Checker)
+	if checkErr != nil {
+		logger := s.Logger
+		if logger == nil {
+			logger = slog.Default()
+		}
+		logger.ErrorContext(ctx, "fencegrpc: the fencing token could not be checked", "err", checkErr)
+	}
+	switch {
+	case p != nil:
+		return nil, problemStatus(*p).Err()
+	case ok:
+		return fencewire.NewContext(ctx, v), nil
+	}
+	return ctx, nil
+}
+
+// problemStatus is the gRPC form of a refusal.
+func problemStatus(p fencewire.Problem) *status.Status {
+	switch p.Type {
+	case fencewire.ProblemStale:
+		return refusal(codes.FailedPrecondition, ReasonStale, p.Detail,
+			map[string]string{"resource": p.Resource, "presented": p.Presented, "current": p.Current})
+	case fencewire.ProblemMissing:
+		return refusal(codes.InvalidArgument, ReasonMissing, "this method requires a "+fencewire.MetadataKey+" metadata entry", nil)
+	case fencewire.ProblemUnavailable:
+		return refusal(codes.Unavailable, ReasonUnavailable, p.Detail, nil)
+	}
+	return refusal(codes.InvalidArgument, ReasonMalformed, p.Detail, nil)
+}
+
+// handlerErr sends a handler's stale rejection as fencekit's status.
+func handlerErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err // the handler chose its status
+	}
+	if st := StatusOf(err); st != nil {
+		return st.Err()
+	}
+	return err
+}
+
+// Unary returns the unary server interceptor.
+func (s *Server) Unary() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		ctx, err := s.admit(ctx)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := handler(ctx, req)
+		return resp, handlerErr(err)
+	}
+}
+
+// Stream returns the streaming server interceptor: the stream's Context
+// carries the token.
+func (s *Server) Stream() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		ctx, err := s.admit(ss.Context())
+		if err != nil {
+			return err
+		}
+		return handlerErr(handler(srv, serverStream{ss, ctx}))
+	}
+}
+
+type serverStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s serverStream) Context() context.Context { return s.ctx }

@@ -1,0 +1,268 @@
+// Package fencehttp carries a fencing token over HTTP, in the Fencing-Token
+// header field of package fencewire (docs/fencing-over-http.md), and checks
+// it at the receiving service.
+//
+// On the client, Transport (an http.RoundTripper) sends the token and
+// resource that the request's context carries (fencewire.NewContext), and
+// turns a receiver's refusal back into an error: a stale token becomes a
+// *fence.StaleError naming both tokens, so that a stale holder's HTTP call
+// fails exactly like its stale SQL write; a request whose answer was lost
+// is reported as fence.ErrOutcomeUnknown, as a guard reports a write whose
+// answer was lost.
+//
+// On the server, Handler reads the field, refuses a malformed or repeated
+// one (and a missing one where a token is required) with 400 and a problem
+// document, optionally checks the token with a fencecheck.Checker before
+// the handler runs (409 when stale), and puts the token into the request's
+// context (fence.FromContext, fencewire.FromContext), so that the handler's
+// own guarded writes (sqlguard, blobguard) present it unchanged. WriteError
+// answers a handler's own stale write the same way.
+//
+// A fencing token orders writers; it does not say who may write. Anyone who
+// can reach the service can send any token, including one far in the future
+// that locks every holder out. Authenticate callers (mTLS, signed tokens,
+// a gateway) and restrict which resources each may name; see the
+// specification's "Not authentication" section.
+package fencehttp
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net"
+	"net/http"
+
+	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/fencecheck"
+	"github.com/fencekit/fencekit/fencewire"
+)
+
+// ErrNoToken is returned by Transport, before anything is sent, for a
+// request whose context carries no fencing token when Require is set.
+var ErrNoToken = errors.New("fencehttp: the request's context carries no fencing token")
+
+// ErrTwoTokens is returned by Transport, before anything is sent, when a
+// request already has a Fencing-Token field and its context carries a token
+// too: which one the caller meant is unknowable.
+var ErrTwoTokens = errors.New("fencehttp: the request has a Fencing-Token field and its context carries a token")
+
+// maxProblem bounds how much of a refusal's body Transport reads.
+const maxProblem = 64 << 10
+
+// Transport is an http.RoundTripper that sends the fencing token of each
+// request's context (fencewire.FromContext) in the Fencing-Token field, and
+// turns the receiver's fencing problems back into errors. It does not
+// change the caller's request (it sends a copy with the field added). A
+// Transport is safe for concurrent use; the zero value sends through
+// http.DefaultTransport.
+//
+// RoundTrip returns, before any I/O and with the request's body closed: an
+// error matching fencewire.ErrInvalid (and fence.ErrInvalidToken for token
+// 0) when the context's value cannot be sent; ErrTwoTokens; ErrNoToken when
+// Require is set and the context has no token. For a request that carried
+// a token, Base's error is joined with fence.ErrOutcomeUnknown unless the
+// connection could not be made: the request may have reached the service,
+// whose handler may have written with the token (a lost reply, a timeout),
+// so it is reported like a guard's write whose answer was lost (never as a
+// plain failure); Base's error stays in the chain (context.DeadlineExceeded
+// and the like match). Without a token, Base's error is returned as it is.
+// When the answer is a fencing problem (an application/problem+json
+// body of one of fencewire's Problem types), it closes the body and returns
+// no response and the problem's error: a *fence.StaleError (matching
+// fence.ErrStaleToken) naming the resource, the presented and the current
+// token; an error matching fencewire.ErrRejected for a malformed or missing
+// field; one matching fencewire.ErrUnavailable when the receiver could not
+// check. http.Client wraps these in a *url.Error, through which errors.Is
+// and errors.As still find them. (The http.RoundTripper contract asks a
+// transport not to interpret responses; this one does so for these four
+// problem types only, which is its purpose. Set KeepProblems to get the
+// responses, and read them with ResponseError.)
+type Transport struct {
+	// Base sends the requests. Nil: http.DefaultTransport.
+	Base http.RoundTripper
+	// Require refuses to send a request whose context carries no token.
+	Require bool
+	// KeepProblems returns fencing problems as responses, not errors.
+	KeepProblems bool
+}
+
+var _ http.RoundTripper = (*Transport)(nil)
+
+// RoundTrip implements http.RoundTripper.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	base := t.Base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	v, ok := fencewire.FromContext(req.Context())
+	_, has := req.Header[fencewire.HeaderName]
+	var err error
+	switch {
+	case ok && has:
+		err = ErrTwoTokens
+	case !ok && !has && t.Require:
+		err = ErrNoToken
+	}
+	out := req
+	if err == nil && ok {
+		var field string
+		if field, err = fencewire.Format(v); err == nil {
+			out = new(http.Request)
+			*out = *req
+			out.Header = req.Header.Clone()
+			if out.Header == nil {
+				out.Header = make(http.Header)
+			}
+			out.Header[fencewire.HeaderName] = []string{field}
+		}
+	}
+	if err != nil {
+		if req.Body != nil {
+			_ = req.Body.Close()
+		}
+		return nil, fmt.Errorf("fencehttp: %s %s: %w", req.Method, req.URL.Redacted(), err)
+	}
+	resp, err := base.RoundTrip(out)
+	if err != nil && (ok || has) && !notSent(err) {
+		return resp, fmt.Errorf("fencehttp: %s %s: %w: %w", req.Method, req.URL.Redacted(), fence.ErrOutcomeUnknown, err)
+	}
+	if err != nil || t.KeepProblems {
+		return resp, err
+	}
+	if perr := ResponseError(resp); perr != nil {
+		_ = resp.Body.Close()
+		return nil, fmt.Errorf("fencehttp: %s %s: %w", req.Method, req.URL.Redacted(), perr)
+	}
+	return resp, nil
+}
+
+// notSent reports whether err says that the request never left: the
+// connection could not be made.
+func notSent(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
+}
+
+// ResponseError returns the error for a response that carries one of
+// fencewire's problems (see Transport), and nil for any other response. It
+// reads the body of a problem+json response with a 400, 409 or 503 status
+// (at most 64 KiB) and puts back what it read, so the caller can still
+// read the body.
+func ResponseError(resp *http.Response) error {
+	if resp == nil || resp.Body == nil {
+		return nil
+	}
+	switch resp.StatusCode {
+	case http.StatusBadRequest, http.StatusConflict, http.StatusServiceUnavailable:
+	default:
+		return nil
+	}
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != fencewire.ProblemContentType {
+		return nil
+	}
+	// A body that cannot be read or decoded is not a fencing problem: the
+	// caller gets the response, and what could be read is put back.
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxProblem))
+	resp.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(body), resp.Body), resp.Body}
+	var p fencewire.Problem
+	if json.Unmarshal(body, &p) != nil {
+		return nil
+	}
+	return p.Err()
+}
+
+// Handler is the server side: an http.Handler that reads a request's
+// Fencing-Token field before Next runs.
+//
+//   - No field: the request goes to Next unchanged, unless Require is set
+//     or Checker is not nil; then it is refused with 400 and
+//     fencewire.ProblemMissing.
+//   - A malformed field, or more than one field line: 400 and
+//     fencewire.ProblemMalformed, whatever Require says. A field is never
+//     ignored.
+//   - A valid field, with Checker set: the token is checked first. Stale:
+//     409 and fencewire.ProblemStale naming both tokens; Next does not run.
+//     The checker fails: 503 and fencewire.ProblemUnavailable (the cause
+//     is logged, not sent).
+//   - Then Next runs with the value in the request's context:
+//     fencewire.FromContext gives the resource and token,
+//     fence.FromContext the token.
+//
+// Every refusal has an application/problem+json body (fencewire.Problem).
+// A Handler is safe for concurrent use once set up.
+type Handler struct {
+	// Next handles the requests that pass. A nil Next answers 500.
+	Next http.Handler
+	// Require refuses requests without a fencing token.
+	Require bool
+	// Checker, when set, checks each token before Next runs (and implies
+	// Require). See package fencecheck for what a check orders: the
+	// checks, not Next's effects.
+	Checker fencecheck.Checker
+	// Logger logs the checker's failures. Nil: slog.Default().
+	Logger *slog.Logger
+}
+
+var _ http.Handler = (*Handler)(nil)
+
+// ServeHTTP implements http.Handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if h.Next == nil {
+		http.Error(w, "fencehttp: Handler.Next is nil", http.StatusInternalServerError)
+		return
+	}
+	v, ok, refusal, checkErr := fencewire.Admit(r.Context(), r.Header.Values(fencewire.HeaderName), h.Require, h.Checker)
+	if checkErr != nil {
+		logger := h.Logger
+		if logger == nil {
+			logger = slog.Default()
+		}
+		logger.ErrorContext(r.Context(), "fencehttp: the fencing token could not be checked", "err", checkErr)
+	}
+	switch {
+	case refusal != nil:
+		WriteProblem(w, *refusal)
+	case ok:
+		h.Next.ServeHTTP(w, r.WithContext(fencewire.NewContext(r.Context(), v)))
+	default:
+		h.Next.ServeHTTP(w, r)
+	}
+}
+
+// WriteProblem writes p as an application/problem+json response with
+// p.Status (500 if it is 0).
+func WriteProblem(w http.ResponseWriter, p fencewire.Problem) {
+	if p.Status == 0 {
+		p.Status = http.StatusInternalServerError
+	}
+	body, err := json.Marshal(p)
+	if err != nil { // a Problem holds only strings and an int
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", fencewire.ProblemContentType)
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(p.Status)
+	_, _ = w.Write(append(body, '\n'))
+}
+
+// WriteError answers err for a handler whose own guarded write was
+// rejected: when err holds a *fence.StaleError (a sqlguard or blobguard
+// rejection, or a checker's), it writes 409 with fencewire.ProblemStale and
+// returns true, and the client's Transport returns the same
+// *fence.StaleError; otherwise it writes nothing and returns false.
+func WriteError(w http.ResponseWriter, err error) bool {
+	se, ok := fence.AsStale(err)
+	if !ok {
+		return false
+	}
+	WriteProblem(w, fencewire.StaleProblem(se))
+	return true
+}

@@ -1,0 +1,59 @@
+package fencewire
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/fencecheck"
+)
+
+// Admit applies the receiver's rules of the specification to the field
+// lines (HTTP) or metadata entries (gRPC) of one request, for transports
+// (fencehttp.Handler, fencegrpc.Server) to share:
+//
+//   - no line: the request passes without a token (ok false, refusal
+//     nil), unless require is set or checker is not nil (ProblemMissing);
+//   - more than one line, or a malformed one: ProblemMalformed;
+//   - with a checker: a stale token is ProblemStale, a checker failure
+//     ProblemUnavailable (checkErr is the checker's error, for the
+//     receiver's log: it is not sent);
+//   - otherwise the request passes with v (ok true).
+//
+// ctx bounds the check.
+func Admit(ctx context.Context, lines []string, require bool, checker fencecheck.Checker) (v Value, ok bool, refusal *Problem, checkErr error) {
+	switch {
+	case len(lines) == 0 && (require || checker != nil):
+		return Value{}, false, &Problem{Type: ProblemMissing, Title: "fencing token required", Status: 400,
+			Detail: "this route requires a " + HeaderName + " field"}, nil
+	case len(lines) == 0:
+		return Value{}, false, nil, nil
+	case len(lines) > 1:
+		return Value{}, false, malformed(fmt.Sprintf("%d %s field lines; exactly one is allowed", len(lines), HeaderName)), nil
+	}
+	v, err := Parse(lines[0])
+	if err != nil {
+		return Value{}, false, malformed(err.Error()), nil
+	}
+	if checker == nil {
+		return v, true, nil, nil
+	}
+	err = checker.Check(ctx, v.Resource, v.Token)
+	var se *fence.StaleError
+	switch {
+	case err == nil:
+		return v, true, nil, nil
+	case errors.As(err, &se):
+		p := StaleProblem(se)
+		return Value{}, false, &p, nil
+	case errors.Is(err, fencecheck.ErrInvalidResource) || errors.Is(err, fence.ErrInvalidToken):
+		return Value{}, false, malformed(err.Error()), nil
+	}
+	return Value{}, false, &Problem{Type: ProblemUnavailable, Title: "fencing token not checked", Status: 503,
+		Detail: "the service could not check the fencing token; the request was not processed"}, err
+}
+
+func malformed(detail string) *Problem {
+	return &Problem{Type: ProblemMalformed, Title: "malformed fencing token", Status: 400, Detail: detail}
+}

@@ -1,0 +1,120 @@
+package sqlguard_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/fencehttp"
+	"github.com/fencekit/fencekit/fencewire"
+	"github.com/fencekit/fencekit/guardtest"
+	"github.com/fencekit/fencekit/sqlguard"
+)
+
+// TestConformanceOverHTTP runs the guard conformance suite through a
+// downstream HTTP service: the writer's token travels in the Fencing-Token
+// field (fencehttp.Transport), the service's middleware puts it into the
+// handler's context, and the handler's fenced transaction
+// (Guard.BeginFunc) presents it unchanged; a stale rejection comes back
+// to the writer as the same *fence.StaleError, and a reply lost after the
+// commit as fence.ErrOutcomeUnknown. The server is a real HTTP server on
+// loopback.
+func TestConformanceOverHTTP(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.exec(t, `CREATE TABLE http_values (resource text PRIMARY KEY, value text NOT NULL)`)
+	g, err := sqlguard.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var requests atomic.Int64
+	var lose sync.Map // resource names whose next reply is lost
+	write := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		v, _ := fencewire.FromContext(r.Context())
+		tok, _ := fence.FromContext(r.Context())
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		err = g.BeginFunc(r.Context(), e.pool, v.Resource, tok, func(tx pgx.Tx) error {
+			_, err := tx.Exec(r.Context(), `INSERT INTO http_values (resource, value) VALUES ($1, $2)
+				ON CONFLICT (resource) DO UPDATE SET value = EXCLUDED.value`, v.Resource, string(body))
+			return err
+		})
+		if _, armed := lose.LoadAndDelete(v.Resource); armed && err == nil {
+			// Committed; the reply is lost on the way back.
+			if conn, _, herr := w.(http.Hijacker).Hijack(); herr == nil {
+				_ = conn.Close()
+				return
+			}
+		}
+		if err != nil && !fencehttp.WriteError(w, err) {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		}
+	})
+	srv := httptest.NewServer(&fencehttp.Handler{Require: true, Next: write})
+	t.Cleanup(srv.Close)
+	base := &http.Transport{MaxIdleConnsPerHost: 8}
+	t.Cleanup(base.CloseIdleConnections)
+	client := &http.Client{Transport: &fencehttp.Transport{Base: base, Require: true}}
+	var n atomic.Int64
+	guardtest.Run(t, guardtest.Config{
+		NewResource: func(t *testing.T) guardtest.Resource {
+			return &httpResource{e: e, url: srv.URL, client: client, name: fmt.Sprintf("http/%d 'x' é", n.Add(1))}
+		},
+		// Bad input never reaches the service: the Transport refuses
+		// token 0 before sending.
+		CountIO: func(guardtest.Resource) int64 { return requests.Load() },
+		// The service commits, then its reply is lost: the writer's
+		// Transport reports an unknown outcome.
+		LoseReply: func(t *testing.T, r guardtest.Resource) { lose.Store(r.(*httpResource).name, true) },
+		Lacks: map[guardtest.Capability]string{
+			guardtest.Missing: "a resource name needs no creating: no target is missing",
+		},
+	})
+}
+
+type httpResource struct {
+	e      *env
+	url    string
+	client *http.Client
+	name   string
+}
+
+func (r *httpResource) Write(ctx context.Context, token fence.Token, value string) error {
+	req, err := http.NewRequestWithContext(fencewire.NewContext(ctx, fencewire.Value{Resource: r.name, Token: token}),
+		http.MethodPut, r.url, strings.NewReader(value))
+	if err != nil {
+		return err
+	}
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("PUT: %s: %s", resp.Status, b)
+	}
+	return nil
+}
+
+func (r *httpResource) Read(ctx context.Context) (string, fence.Token, error) {
+	var v string
+	var tok int64
+	err := r.e.pool.QueryRow(ctx, `SELECT
+		coalesce((SELECT value FROM http_values WHERE resource = $1), ''),
+		coalesce((SELECT token FROM fencekit_resource_tokens WHERE resource = $1), 0)`, r.name).Scan(&v, &tok)
+	return v, fence.Token(tok), err
+}
