@@ -80,7 +80,7 @@ func rawDynamoCycle(ctx context.Context, c *dynamodb.Client, table, name string)
 		},
 		ExpressionAttributeValues: map[string]types.AttributeValue{
 			":me": &types.AttributeValueMemberS{Value: owner}, ":rvn": &types.AttributeValueMemberS{Value: randHex()},
-			":ttl": &types.AttributeValueMemberN{Value: strconv.FormatInt(benchTTL.Milliseconds(), 10)},
+			":ttl":   &types.AttributeValueMemberN{Value: strconv.FormatInt(benchTTL.Milliseconds(), 10)},
 			":floor": &types.AttributeValueMemberN{Value: strconv.FormatInt(time.Now().UnixMicro(), 10)},
 			":one":   &types.AttributeValueMemberN{Value: "1"},
 		},

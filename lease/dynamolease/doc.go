@@ -65,8 +65,9 @@
 // older tokens of the backup, and holders of newer tokens can still be
 // running; after a restore, raise every item's token above the newest one
 // handed out (for example by the time since the backup, in microseconds)
-// before leases are taken again. Tokens start near 1.7e15 (2025's clock in
-// microseconds): below 2^53, and below 2^63 for the guards.
+// before leases are taken again. Tokens start near the clock in
+// microseconds since 1970 (about 1.8e15 in 2026): below 2^53, and below
+// 2^63 for the guards.
 //
 // # Ended owners
 //

@@ -620,4 +620,3 @@ func CreateTable(ctx context.Context, client CreateTableAPI, table, keyAttr stri
 		}
 	}
 }
-
