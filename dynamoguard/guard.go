@@ -347,7 +347,7 @@ func (g *Guard) Update(ctx context.Context, token fence.Token, key map[string]ty
 	}
 	update = update.Set(expression.Name(g.opts.VersionAttribute), expression.Value(tokenValue(token))).
 		Set(expression.Name(g.opts.NonceAttribute), expression.Value(nonce))
-	cond := expression.AttributeExists(expression.Name(g.schema.partition.name)).
+	cond := expression.AttributeExists(expression.Name(g.keySchema().partition.name)).
 		And(expression.AttributeNotExists(expression.Name(g.opts.DeletedAttribute))).
 		And(g.tokenCondition(token)).
 		And(g.nonceCondition(nonce))
@@ -704,7 +704,7 @@ func (g *Guard) resource(key map[string]types.AttributeValue) string {
 	var b strings.Builder
 	b.WriteString("dynamodb://")
 	b.WriteString(g.table)
-	for _, a := range g.schema.attrs() {
+	for _, a := range g.keySchema().attrs() {
 		b.WriteByte('/')
 		b.WriteString(formatValue(key[a.name]))
 	}

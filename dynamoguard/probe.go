@@ -30,12 +30,19 @@ func (s keySchema) attrs() []keyAttr {
 	return []keyAttr{s.partition, s.sort}
 }
 
+// keySchema returns the table's key schema as the last probe read it.
+func (g *Guard) keySchema() keySchema {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.schema
+}
+
 // keyOf returns the key attributes of item (an item or a key), checked
 // against the table's schema.
 func (g *Guard) keyOf(item map[string]types.AttributeValue) (map[string]types.AttributeValue, error) {
 	key := make(map[string]types.AttributeValue, 2)
 	var errs []error
-	for _, a := range g.schema.attrs() {
+	for _, a := range g.keySchema().attrs() {
 		av, ok := item[a.name]
 		if !ok {
 			errs = append(errs, fmt.Errorf("%w: the key attribute %q of table %s is missing", ErrInvalidInput, a.name, g.table))
