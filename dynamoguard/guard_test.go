@@ -20,7 +20,12 @@ import (
 // rawItem reads an item as stored, the guard's attributes included.
 func rawItem(t *testing.T, table, pk string) map[string]types.AttributeValue {
 	t.Helper()
-	out, err := dynamotest.Client(t).GetItem(ctxT(t), &dynamodb.GetItemInput{TableName: aws.String(table), Key: key(pk), ConsistentRead: aws.Bool(true)})
+	return rawGet(t, dynamotest.Client(t), table, key(pk))
+}
+
+func rawGet(t *testing.T, c *dynamodb.Client, table string, k map[string]types.AttributeValue) map[string]types.AttributeValue {
+	t.Helper()
+	out, err := c.GetItem(ctxT(t), &dynamodb.GetItemInput{TableName: aws.String(table), Key: k, ConsistentRead: aws.Bool(true)})
 	if err != nil {
 		t.Fatal(err)
 	}
