@@ -63,9 +63,9 @@
 // average (TestConformance/TokensGrowAfterDataLoss). A table restored from
 // a backup or point-in-time recovery is not covered: its items carry the
 // older tokens of the backup, and holders of newer tokens can still be
-// running; after a restore, raise every item's token above the newest one
-// handed out (for example by the time since the backup, in microseconds)
-// before leases are taken again. Tokens start near the clock in
+// running; after a restore, and before leases are taken again, raise
+// every item's token above the newest one handed out with RaiseTokens
+// (TestRestoreThenRaiseTokens). Tokens start near the clock in
 // microseconds since 1970 (about 1.8e15 in 2026): below 2^53, and below
 // 2^63 for the guards.
 //

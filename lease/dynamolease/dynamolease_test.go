@@ -15,11 +15,14 @@ import (
 	"github.com/fencekit/fencekit/lease/dynamolease"
 )
 
+func keyOf(name string) map[string]types.AttributeValue {
+	return map[string]types.AttributeValue{"name": &types.AttributeValueMemberS{Value: name}}
+}
+
 func rawItem(t *testing.T, table, name string) map[string]types.AttributeValue {
 	t.Helper()
 	out, err := dynamotest.Client(t).GetItem(ctxT(t), &dynamodb.GetItemInput{
-		TableName: aws.String(table), ConsistentRead: aws.Bool(true),
-		Key: map[string]types.AttributeValue{"name": &types.AttributeValueMemberS{Value: name}},
+		TableName: aws.String(table), ConsistentRead: aws.Bool(true), Key: keyOf(name),
 	})
 	if err != nil {
 		t.Fatal(err)
