@@ -10,6 +10,7 @@ require (
 	github.com/aws/smithy-go v1.28.9
 	github.com/fencekit/fencekit v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/blobguard v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/dynamoguard v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/lease/pglease v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/lease/redislease v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/migrations v0.0.0-00010101000000-000000000000
@@ -25,6 +26,9 @@ require (
 )
 
 require (
+	github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue v1.21.22 // indirect
+	github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression v1.10.10 // indirect
+	github.com/aws/aws-sdk-go-v2/service/dynamodbstreams v1.48.0 // indirect
 	github.com/aws/aws-sdk-go-v2/service/internal/endpoint-discovery v1.13.12 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect

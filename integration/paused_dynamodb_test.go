@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -146,4 +148,56 @@ func TestPausedHolderDynamoDB(t *testing.T) {
 		t.Fatalf("stored: %v with token %d, want %q with token %d", item["value"], tok, mine, l.Token())
 	}
 	_ = stdin.Close()
+}
+
+// TestPausedClientDynamoDB runs the stale-writer demo with its leases in
+// DynamoDB and its report also written to a DynamoDB item (--lease-store
+// dynamodb --dynamodb): worker A is frozen past its TTL, B takes the lease
+// and writes everywhere, and A's late writes are rejected by sqlguard,
+// blobguard and dynamoguard; the item ends with B's token.
+func TestPausedClientDynamoDB(t *testing.T) {
+	dynamotest.MustEndpoint()
+	s3Client(t) // fail first if the S3 server is not configured
+	jsonPath := filepath.Join(t.TempDir(), "summary.json")
+	out, err := exec.Command(stalewriterBinary(t), "--lease-store", "dynamodb", "--dynamodb", "--ttl", "1s", "--pause", "3s", "--json", jsonPath).CombinedOutput()
+	if err != nil {
+		t.Fatalf("the demo: %v\n%s", err, out)
+	}
+	b, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum struct {
+		OK     bool        `json:"ok"`
+		TokenA fence.Token `json:"token_a"`
+		TokenB fence.Token `json:"token_b"`
+		Writes []struct {
+			Role    string `json:"role"`
+			Store   string `json:"store"`
+			Outcome string `json:"outcome"`
+		} `json:"writes"`
+		Final struct {
+			Item          bool        `json:"item"`
+			ItemWrittenBy string      `json:"item_written_by"`
+			ItemToken     fence.Token `json:"item_token"`
+		} `json:"final"`
+	}
+	if err := json.Unmarshal(b, &sum); err != nil {
+		t.Fatal(err)
+	}
+	if !sum.OK || sum.TokenB <= sum.TokenA {
+		t.Fatalf("ok %v, tokens A %d B %d\n%s", sum.OK, sum.TokenA, sum.TokenB, out)
+	}
+	if !sum.Final.Item || sum.Final.ItemWrittenBy != "B" || sum.Final.ItemToken != sum.TokenB {
+		t.Fatalf("the DynamoDB item: %+v, want written by B with token %d\n%s", sum.Final, sum.TokenB, out)
+	}
+	rejected := false
+	for _, w := range sum.Writes {
+		if w.Role == "A" && w.Store == "dynamodb" {
+			rejected = w.Outcome == "stale"
+		}
+	}
+	if !rejected {
+		t.Fatalf("A's DynamoDB write was not rejected as stale: %+v\n%s", sum.Writes, out)
+	}
 }

@@ -39,15 +39,8 @@ func newDynamoBackend(store LeaseStore) (consensusBackend, func(), error) {
 	if store.DynamoEndpoint == "" {
 		return nil, nil, fmt.Errorf("%s is not set: start DynamoDB Local (. scripts/services.sh && ensure_dynamodb) and export it", DynamoEndpointVar)
 	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	client := dynamodb.New(dynamodb.Options{
-		Region:       "us-east-1",
-		BaseEndpoint: aws.String(store.DynamoEndpoint),
-		Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
-			return aws.Credentials{AccessKeyID: "fencekit", SecretAccessKey: "fencekit", Source: "fencekit demo"}, nil
-		}),
-		HTTPClient: &http.Client{Transport: tr},
-	})
+	client, closeClient := NewDynamoClient(store.DynamoEndpoint)
+	tr := struct{ CloseIdleConnections func() }{closeClient}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := dynamolease.CreateTable(ctx, client, store.DynamoTable, ""); err != nil {
@@ -64,6 +57,21 @@ func newDynamoBackend(store LeaseStore) (consensusBackend, func(), error) {
 		return nil, nil, fmt.Errorf("DynamoDB at %s: %w", store.DynamoEndpoint, err)
 	}
 	return b, tr.CloseIdleConnections, nil
+}
+
+// NewDynamoClient returns a DynamoDB client of endpoint (DynamoDB Local:
+// any credentials do, so it sends fixed ones) and a function that closes
+// its idle connections.
+func NewDynamoClient(endpoint string) (*dynamodb.Client, func()) {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	return dynamodb.New(dynamodb.Options{
+		Region:       "us-east-1",
+		BaseEndpoint: aws.String(endpoint),
+		Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
+			return aws.Credentials{AccessKeyID: "fencekit", SecretAccessKey: "fencekit", Source: "fencekit demo"}, nil
+		}),
+		HTTPClient: &http.Client{Transport: tr},
+	}), tr.CloseIdleConnections
 }
 
 // dynamoStore fills in the DynamoDB fields of a LeaseStore of that kind.
