@@ -17,6 +17,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/probeonce"
 )
 
 // Client is the part of *dynamodb.Client a Guard uses: only the operations
@@ -189,11 +190,9 @@ type Guard struct {
 	table  string
 	opts   Options
 
-	probeMu sync.Mutex // serialises probes
-	mu      sync.Mutex // guards the fields below
-	probed  bool
-	refused error     // non-nil: the probe found the server unsafe
-	schema  keySchema // the table's key attributes, learned by the probe
+	gate   probeonce.Gate // the probe's verdict
+	mu     sync.Mutex     // guards schema
+	schema keySchema      // the table's key attributes, learned by the probe
 }
 
 // New returns a Guard for table over client. It does no I/O: the server is

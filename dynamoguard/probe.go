@@ -91,53 +91,27 @@ func hasType(av types.AttributeValue, t types.ScalarAttributeType) bool {
 // server cannot be reached, access denied) are returned as they are and
 // the guard probes again on its next call. Every call probes on first use;
 // call Probe to check a server up front. ctx bounds the probe.
-func (g *Guard) Probe(ctx context.Context) error {
-	g.probeMu.Lock()
-	defer g.probeMu.Unlock()
-	return g.probeLocked(ctx)
-}
+func (g *Guard) Probe(ctx context.Context) error { return g.gate.Probe(ctx, g.probe) }
 
-func (g *Guard) ensureProbed(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	g.mu.Lock()
-	done, refused := g.probed, g.refused
-	g.mu.Unlock()
-	if done {
-		return refused
-	}
-	g.probeMu.Lock()
-	defer g.probeMu.Unlock()
-	g.mu.Lock()
-	done, refused = g.probed, g.refused
-	g.mu.Unlock()
-	if done {
-		return refused
-	}
-	return g.probeLocked(ctx)
-}
+func (g *Guard) ensureProbed(ctx context.Context) error { return g.gate.Ensure(ctx, g.probe) }
 
 type refusal struct{ error }
 
 func (r refusal) Unwrap() error { return r.error }
 
-func (g *Guard) probeLocked(ctx context.Context) error {
+// probe reads the key schema and runs the checks; its verdict (nil or a
+// refusal) is kept by the gate, another error is not.
+func (g *Guard) probe(ctx context.Context) (bool, error) {
 	schema, err := g.describe(ctx)
 	if err != nil {
-		return err
+		return false, err
 	}
 	g.mu.Lock()
 	g.schema = schema
 	g.mu.Unlock()
 	err = g.runProbe(ctx, schema)
-	if _, ok := err.(refusal); err != nil && !ok {
-		return err
-	}
-	g.mu.Lock()
-	g.probed, g.refused = true, err
-	g.mu.Unlock()
-	return err
+	_, refused := err.(refusal)
+	return err == nil || refused, err
 }
 
 func (g *Guard) describe(ctx context.Context) (keySchema, error) {
