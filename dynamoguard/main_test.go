@@ -3,7 +3,6 @@ package dynamoguard_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
-	"go.uber.org/goleak"
 
 	"github.com/fencekit/fencekit/dynamoguard"
 	"github.com/fencekit/fencekit/internal/dynamotest"
@@ -23,17 +21,7 @@ import (
 // The tests run against the real DynamoDB-compatible server that
 // scripts/services.sh starts (DynamoDB Local) and exports as
 // FENCE_DYNAMODB_ENDPOINT; without it they fail.
-func TestMain(m *testing.M) {
-	dynamotest.MustEndpoint()
-	code := m.Run()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(dynamotest.RunMain(m)) }
 
 func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

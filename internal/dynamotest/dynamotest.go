@@ -22,6 +22,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"go.uber.org/goleak"
 )
 
 // EndpointVar names the environment variable with the server's URL.
@@ -46,6 +47,22 @@ func MustEndpoint() string {
 		os.Exit(2)
 	}
 	return ep
+}
+
+// RunMain is a test package's TestMain body: it fails at once (status 2,
+// saying how to get a server) without FENCE_DYNAMODB_ENDPOINT, runs the
+// tests, and then fails if goroutines leaked. Use it as
+// os.Exit(dynamotest.RunMain(m)).
+func RunMain(m *testing.M) int {
+	MustEndpoint()
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
+	return code
 }
 
 // NewClient returns a client of the server at endpoint that sends its

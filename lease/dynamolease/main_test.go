@@ -2,12 +2,9 @@ package dynamolease_test
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"testing"
 	"time"
-
-	"go.uber.org/goleak"
 
 	"github.com/fencekit/fencekit/internal/dynamotest"
 	"github.com/fencekit/fencekit/lease/dynamolease"
@@ -16,17 +13,7 @@ import (
 // The tests run against the real DynamoDB-compatible server that
 // scripts/services.sh starts (DynamoDB Local) and exports as
 // FENCE_DYNAMODB_ENDPOINT; without it they fail.
-func TestMain(m *testing.M) {
-	dynamotest.MustEndpoint()
-	code := m.Run()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(dynamotest.RunMain(m)) }
 
 func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
