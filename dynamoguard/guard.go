@@ -335,7 +335,8 @@ func (g *Guard) put(ctx context.Context, token fence.Token, key, item map[string
 // newer than token, decided from the same request; a *fence.StaleError
 // when a newer token is stored (a tombstone's included); other errors as
 // for Put. update must not touch the guard's attributes (the server
-// refuses overlapping paths with a ValidationException).
+// refuses overlapping paths with a ValidationException). update is only
+// read: a builder may be reused, and shared between goroutines.
 func (g *Guard) Update(ctx context.Context, token fence.Token, key map[string]types.AttributeValue, update expression.UpdateBuilder) error {
 	if err := g.checkKeyInput(token, key); err != nil {
 		return err
@@ -344,24 +345,18 @@ func (g *Guard) Update(ctx context.Context, token fence.Token, key map[string]ty
 	if err != nil {
 		return err
 	}
-	update = update.Set(expression.Name(g.opts.VersionAttribute), expression.Value(tokenValue(token))).
-		Set(expression.Name(g.opts.NonceAttribute), expression.Value(nonce))
-	cond := expression.AttributeExists(expression.Name(g.keySchema().partition.name)).
-		And(expression.AttributeNotExists(expression.Name(g.opts.DeletedAttribute))).
-		And(g.tokenCondition(token)).
-		And(g.nonceCondition(nonce))
-	expr, err := expression.NewBuilder().WithUpdate(update).WithCondition(cond).Build()
+	expr, err := g.updateExpression(update, token, nonce)
 	if err != nil {
-		return fmt.Errorf("%w: update expression: %w", ErrInvalidInput, err)
+		return err
 	}
 	var tr attemptTracker
 	_, err = g.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                           aws.String(g.table),
 		Key:                                 k,
-		UpdateExpression:                    expr.Update(),
-		ConditionExpression:                 expr.Condition(),
-		ExpressionAttributeNames:            expr.Names(),
-		ExpressionAttributeValues:           expr.Values(),
+		UpdateExpression:                    aws.String(expr.update),
+		ConditionExpression:                 aws.String(expr.condition),
+		ExpressionAttributeNames:            expr.names,
+		ExpressionAttributeValues:           expr.values,
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	}, tr.option)
 	return g.outcome(err, &tr, write{key: k, token: token, nonce: nonce, mustExist: true})
@@ -509,6 +504,62 @@ func (g *Guard) Transact(ctx context.Context, token fence.Token, fenceKey map[st
 		return fmt.Errorf("%w: %s: %w", ErrCanceled, res, err)
 	}
 	return g.failure(fmt.Errorf("dynamoguard: transact %s: %w", res, err), &tr)
+}
+
+// updateExpr is an UpdateItem's expressions.
+type updateExpr struct {
+	update, condition string
+	names             map[string]string
+	values            map[string]types.AttributeValue
+}
+
+// updateExpression builds the caller's update alone (Build only reads the
+// builder: adding to it would change the caller's copy, whose operations
+// live in a map the copies share, and a builder reused or shared between
+// goroutines would then set the version twice), then adds the guard's SET
+// actions and condition under placeholders of its own (the builder names
+// its own #0, :0, ...). The builder writes one clause a line, each
+// starting with its keyword (ADD, DELETE, REMOVE, SET), and no caller text
+// (names and values are placeholders): the guard's actions join the SET
+// line, or make one.
+func (g *Guard) updateExpression(update expression.UpdateBuilder, token fence.Token, nonce string) (updateExpr, error) {
+	e := updateExpr{
+		names: map[string]string{
+			"#fkv": g.opts.VersionAttribute, "#fkn": g.opts.NonceAttribute,
+			"#fkd": g.opts.DeletedAttribute, "#fkk": g.keySchema().partition.name,
+		},
+		values: map[string]types.AttributeValue{":fkt": tokenValue(token), ":fkn": &types.AttributeValueMemberS{Value: nonce}},
+		condition: "attribute_exists(#fkk) AND attribute_not_exists(#fkd)" +
+			" AND (attribute_not_exists(#fkv) OR #fkv <= :fkt) AND (attribute_not_exists(#fkn) OR #fkn <> :fkn)",
+	}
+	const ours = "#fkv = :fkt, #fkn = :fkn"
+	built, err := expression.NewBuilder().WithUpdate(update).Build()
+	var unset expression.UnsetParameterError
+	switch {
+	case errors.As(err, &unset):
+		e.update = "SET " + ours // no actions of the caller's: the fence alone
+		return e, nil
+	case err != nil:
+		return updateExpr{}, fmt.Errorf("%w: update expression: %w", ErrInvalidInput, err)
+	}
+	lines := strings.Split(strings.TrimSpace(aws.ToString(built.Update())), "\n")
+	set := false
+	for i, l := range lines {
+		if strings.HasPrefix(l, "SET ") {
+			lines[i], set = l+", "+ours, true
+		}
+	}
+	if !set {
+		lines = append(lines, "SET "+ours)
+	}
+	e.update = strings.Join(lines, "\n")
+	for k, v := range built.Names() {
+		e.names[k] = v
+	}
+	for k, v := range built.Values() {
+		e.values[k] = v
+	}
+	return e, nil
 }
 
 // prepare probes the server on first use, checks key against the table's

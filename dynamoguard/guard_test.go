@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -227,5 +228,47 @@ func TestMissingTableIsSetupError(t *testing.T) {
 	var se *dynamoguard.SetupError
 	if !errors.Is(err, dynamoguard.ErrTableNotFound) || !errors.As(err, &se) || se.Fix == "" {
 		t.Fatalf("Put on a missing table = %v, want a SetupError matching ErrTableNotFound", err)
+	}
+}
+
+// TestUpdateBuilderIsNotChanged: one update builder, shared by goroutines
+// and reused, works every time: the guard adds its actions to its own
+// expression, not to the caller's builder (whose copies share their
+// operations). An empty builder fences the item alone; every kind of
+// action (SET, REMOVE, ADD) combines with the guard's.
+func TestUpdateBuilderIsNotChanged(t *testing.T) {
+	t.Parallel()
+	table := newTable(t)
+	g := newGuard(t, dynamotest.Client(t), table)
+	ctx := ctxT(t)
+	if err := g.Put(ctx, 1, item("k", "v")); err != nil {
+		t.Fatal(err)
+	}
+	shared := expression.Add(expression.Name("count"), expression.Value(1))
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() {
+			if err := g.Update(ctx, fence.Token(2+i%2), key("k"), shared); err != nil && !errors.Is(err, fence.ErrStaleToken) {
+				t.Errorf("Update with a shared builder: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	built, err := expression.NewBuilder().WithUpdate(shared).Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(aws.ToString(built.Update()), "SET") || len(built.Names()) != 1 {
+		t.Fatalf("the caller's builder was changed: %q %v", aws.ToString(built.Update()), built.Names())
+	}
+	if err := g.Update(ctx, 3, key("k"), expression.UpdateBuilder{}); err != nil {
+		t.Fatalf("Update with an empty builder: %v", err)
+	}
+	if err := g.Update(ctx, 4, key("k"), expression.Set(expression.Name("a"), expression.Value("x")).Remove(expression.Name("value")).Add(expression.Name("count"), expression.Value(10))); err != nil {
+		t.Fatalf("Update with SET, REMOVE and ADD: %v", err)
+	}
+	it := rawItem(t, table, "k")
+	if _, ok := it["value"]; ok || number(t, it, "lock_version") != "4" || it["a"].(*types.AttributeValueMemberS).Value != "x" {
+		t.Fatalf("item after the updates: %v", it)
 	}
 }
