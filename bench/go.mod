@@ -4,6 +4,8 @@ go 1.26.0
 
 require (
 	cirello.io/pglock v1.16.0
+	github.com/aws/aws-sdk-go-v2 v1.48.0
+	github.com/aws/aws-sdk-go-v2/service/dynamodb v1.74.0
 	github.com/bsm/redislock v0.9.4
 	github.com/fencekit/fencekit v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/internal/pgleasesql v0.0.0-00010101000000-000000000000
@@ -18,7 +20,22 @@ require (
 )
 
 require (
+	github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue v1.21.22 // indirect
+	github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression v1.10.10 // indirect
+	github.com/aws/aws-sdk-go-v2/internal/configsources v1.5.12 // indirect
+	github.com/aws/aws-sdk-go-v2/internal/endpoints/v2 v2.8.12 // indirect
+	github.com/aws/aws-sdk-go-v2/service/dynamodbstreams v1.48.0 // indirect
+	github.com/aws/aws-sdk-go-v2/service/internal/accept-encoding v1.13.25 // indirect
+	github.com/aws/aws-sdk-go-v2/service/internal/endpoint-discovery v1.13.12 // indirect
+	github.com/aws/smithy-go v1.28.9 // indirect
+	go.uber.org/goleak v1.3.0 // indirect
+)
+
+require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/fencekit/fencekit/dynamoguard v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/internal/dynamotest v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/lease/dynamolease v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
@@ -52,3 +69,9 @@ replace (
 	github.com/fencekit/fencekit/migrations => ../migrations
 	github.com/fencekit/fencekit/sqlguard => ../sqlguard
 )
+
+replace github.com/fencekit/fencekit/dynamoguard => ../dynamoguard
+
+replace github.com/fencekit/fencekit/internal/dynamotest => ../internal/dynamotest
+
+replace github.com/fencekit/fencekit/lease/dynamolease => ../lease/dynamolease

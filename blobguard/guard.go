@@ -18,6 +18,7 @@ import (
 	"github.com/aws/smithy-go"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/probeonce"
 )
 
 // Client is the part of *s3.Client a Guard uses: only the operations it
@@ -317,11 +318,9 @@ type Guard struct {
 	bucket string
 	opts   Options
 
-	probeMu  sync.Mutex // serialises probes
-	mu       sync.Mutex // guards the fields below
-	probed   bool       // a probe finished (either way)
-	refused  error      // non-nil: the probe found the store unsafe
-	md5ETags bool       // the store's ETags are MD5 of the stored bytes
+	gate     probeonce.Gate // the probe's verdict
+	mu       sync.Mutex     // guards md5ETags
+	md5ETags bool           // the store's ETags are MD5 of the stored bytes
 }
 
 // New returns a Guard for bucket over client, configured by opts (applied

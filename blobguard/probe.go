@@ -30,42 +30,21 @@ import (
 // call. Get, Put, PutIf and Delete probe on their first use; call Probe
 // to check a store up front, or again after it changed. ctx bounds the
 // probe.
-func (g *Guard) Probe(ctx context.Context) error {
-	g.probeMu.Lock()
-	defer g.probeMu.Unlock()
-	return g.probeLocked(ctx)
-}
+func (g *Guard) Probe(ctx context.Context) error { return g.gate.Probe(ctx, g.probe) }
 
-func (g *Guard) ensureProbed(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	g.mu.Lock()
-	done, refused := g.probed, g.refused
-	g.mu.Unlock()
-	if done {
-		return refused
-	}
-	g.probeMu.Lock()
-	defer g.probeMu.Unlock()
-	g.mu.Lock()
-	done, refused = g.probed, g.refused
-	g.mu.Unlock()
-	if done {
-		return refused
-	}
-	return g.probeLocked(ctx)
-}
+func (g *Guard) ensureProbed(ctx context.Context) error { return g.gate.Ensure(ctx, g.probe) }
 
-func (g *Guard) probeLocked(ctx context.Context) error {
+// probe runs the checks; its verdict (nil or a refusal) is kept by the
+// gate, another error is not.
+func (g *Guard) probe(ctx context.Context) (bool, error) {
 	md5ETags, err := g.runProbe(ctx)
 	if err != nil && !isRefusal(err) {
-		return err
+		return false, err
 	}
 	g.mu.Lock()
-	g.probed, g.refused, g.md5ETags = true, err, md5ETags
+	g.md5ETags = md5ETags
 	g.mu.Unlock()
-	return err
+	return true, err
 }
 
 type refusal struct{ error }

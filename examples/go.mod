@@ -5,10 +5,12 @@ go 1.26.0
 require (
 	github.com/aws/aws-sdk-go-v2 v1.48.0
 	github.com/aws/aws-sdk-go-v2/credentials v1.21.0
+	github.com/aws/aws-sdk-go-v2/service/dynamodb v1.74.0
 	github.com/aws/aws-sdk-go-v2/service/s3 v1.114.10
 	github.com/aws/smithy-go v1.28.9
 	github.com/fencekit/fencekit v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/blobguard v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/dynamoguard v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/lease/pglease v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/lease/redislease v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/migrations v0.0.0-00010101000000-000000000000
@@ -24,6 +26,10 @@ require (
 )
 
 require (
+	github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue v1.21.22 // indirect
+	github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression v1.10.10 // indirect
+	github.com/aws/aws-sdk-go-v2/service/dynamodbstreams v1.48.0 // indirect
+	github.com/aws/aws-sdk-go-v2/service/internal/endpoint-discovery v1.13.12 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 	github.com/coreos/go-semver v0.3.1 // indirect
@@ -96,6 +102,7 @@ require (
 	github.com/docker/go-units v0.5.0 // indirect
 	github.com/ebitengine/purego v0.10.1 // indirect
 	github.com/felixge/httpsnoop v1.1.0 // indirect
+	github.com/fencekit/fencekit/lease/dynamolease v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/lease/etcdlease v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/lease/zklease v0.0.0-00010101000000-000000000000
 	github.com/go-logr/logr v1.4.4 // indirect
@@ -164,3 +171,9 @@ replace (
 	github.com/fencekit/fencekit/migrations => ../migrations
 	github.com/fencekit/fencekit/sqlguard => ../sqlguard
 )
+
+replace github.com/fencekit/fencekit/lease/dynamolease => ../lease/dynamolease
+
+replace github.com/fencekit/fencekit/internal/dynamotest => ../internal/dynamotest
+
+replace github.com/fencekit/fencekit/dynamoguard => ../dynamoguard

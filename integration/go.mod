@@ -7,6 +7,7 @@ require (
 	github.com/anishathalye/porcupine v1.3.1
 	github.com/aws/aws-sdk-go-v2 v1.48.0
 	github.com/aws/aws-sdk-go-v2/credentials v1.21.0
+	github.com/aws/aws-sdk-go-v2/service/dynamodb v1.74.0
 	github.com/aws/aws-sdk-go-v2/service/s3 v1.114.10
 	github.com/aws/smithy-go v1.28.9
 	github.com/fencekit/fencekit v0.0.0-00010101000000-000000000000
@@ -29,6 +30,13 @@ require (
 	go.etcd.io/etcd/server/v3 v3.7.3
 	go.uber.org/goleak v1.3.0
 	go.uber.org/zap v1.28.0
+)
+
+require (
+	github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue v1.21.22 // indirect
+	github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression v1.10.10 // indirect
+	github.com/aws/aws-sdk-go-v2/service/dynamodbstreams v1.48.0 // indirect
+	github.com/aws/aws-sdk-go-v2/service/internal/endpoint-discovery v1.13.12 // indirect
 )
 
 require (
@@ -60,7 +68,10 @@ require (
 	github.com/dustin/go-humanize v1.1.0 // indirect
 	github.com/ebitengine/purego v0.10.1 // indirect
 	github.com/felixge/httpsnoop v1.1.0 // indirect
+	github.com/fencekit/fencekit/dynamoguard v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/internal/dynamotest v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/internal/pgleasesql v0.0.0-00010101000000-000000000000 // indirect
+	github.com/fencekit/fencekit/lease/dynamolease v0.0.0-00010101000000-000000000000
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/go-ole/go-ole v1.3.0 // indirect
@@ -171,3 +182,9 @@ replace (
 	github.com/fencekit/fencekit/redischeck => ../redischeck
 	github.com/fencekit/fencekit/sqlguard => ../sqlguard
 )
+
+replace github.com/fencekit/fencekit/dynamoguard => ../dynamoguard
+
+replace github.com/fencekit/fencekit/internal/dynamotest => ../internal/dynamotest
+
+replace github.com/fencekit/fencekit/lease/dynamolease => ../lease/dynamolease

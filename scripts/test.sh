@@ -42,7 +42,7 @@ if [ -z "${FENCE_S3_ENDPOINT:-}" ]; then
   install_versitygw >/dev/null &
   build_pid=$!
 fi
-trap '[ -z "$build_pid" ] || kill "$build_pid" 2>/dev/null; stop_s3' EXIT
+trap '[ -z "$build_pid" ] || kill "$build_pid" 2>/dev/null; stop_s3; stop_dynamodb' EXIT
 
 echo "+ go vet ${pkgs[*]}   (a first run downloads and compiles everything: see the README for how long)"
 go vet "${pkgs[@]}"
@@ -69,6 +69,9 @@ fi
 # versitygw dies with this script, even if it is killed before the trap runs.
 FENCE_S3_DIE_WITH_SHELL=1
 ensure_s3
+# DynamoDB Local (dynamoguard, lease/dynamolease) likewise dies with it.
+FENCE_DYNAMODB_DIE_WITH_SHELL=1
+ensure_dynamodb
 
 echo "+ go test -race -count=1 ${pkgs[*]}"
 go test -race -count=1 -timeout 20m "${pkgs[@]}"

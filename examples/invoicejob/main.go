@@ -117,7 +117,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 		fmt.Fprintf(fs.Output(), `Usage: go run ./examples/invoicejob [flags]
 
 Runs replicas of a scheduled invoice job as real processes competing for one
-lease (Redis; or PostgreSQL, etcd or ZooKeeper with --lease-store); the
+lease (Redis; or PostgreSQL, etcd, ZooKeeper or DynamoDB with --lease-store); the
 holder writes invoices through fenced PostgreSQL transactions and is killed
 with SIGKILL mid-batch; another replica takes over
 within about one TTL and finishes the batch. Then it checks that no invoice

@@ -49,6 +49,10 @@ func TestInvoiceJob(t *testing.T) {
 		{"one kill, postgres session leases", []string{"--lease-store", "postgres-session", "--replicas", "3", "--customers", "20", "--kill-after", "6", "--kills", "1"}, 1, 3, 0, 0},
 		// Leases in etcd and ZooKeeper, servers the program starts itself.
 		{"one kill, etcd leases", []string{"--lease-store", "etcd", "--replicas", "3", "--customers", "20", "--kill-after", "6", "--kills", "1"}, 1, 3, time.Second, 500 * time.Millisecond},
+		// Leases in DynamoDB (FENCE_DYNAMODB_ENDPOINT): a waiter takes a dead
+		// holder's lease a TTL after its next poll (PollInterval TTL/2) saw
+		// the last renewal.
+		{"one kill, dynamodb leases", []string{"--lease-store", "dynamodb", "--replicas", "3", "--customers", "20", "--kill-after", "6", "--kills", "1"}, 1, 3, 0, 250 * time.Millisecond},
 		{"two kills, zookeeper leases", []string{"--lease-store", "zookeeper", "--replicas", "3", "--customers", "20", "--kill-after", "4", "--kills", "2"}, 2, 3, 0, 100 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -117,7 +121,7 @@ func TestFlags(t *testing.T) {
 		{[]string{"--customers", "100000", "--invoice-time", "1s"}, 2, "", "--customers 100000 x --invoice-time 1s is 27h46m40s: must be at most 30m0s"},
 		{[]string{"--ttl", "50ms", "--replicas", "0"}, 2, "", "--replicas 0"}, // every problem at once
 		{[]string{"--lease-store", "etcd", "--ttl", "2500ms"}, 2, "", "--ttl 2.5s: etcd counts lease TTLs in whole seconds, from 1s"},
-		{[]string{"--lease-store", "zk"}, 2, "", `--lease-store "zk": want redis, postgres, postgres-session, etcd or zookeeper`},
+		{[]string{"--lease-store", "zk"}, 2, "", `--lease-store "zk": want redis, postgres, postgres-session, etcd, zookeeper or dynamodb`},
 		{[]string{"extra"}, 2, "", "unexpected arguments"},
 		{[]string{"--nope"}, 2, "", "Usage: go run ./examples/invoicejob"},
 	} {

@@ -236,7 +236,7 @@ func leftText(leaseStore string, left time.Duration) string {
 			return "under 1s"
 		}
 		return fmt.Sprintf("%v to %v", left, left+time.Second)
-	case demo.LeaseZooKeeper:
+	case demo.LeaseZooKeeper, demo.LeaseDynamoDB:
 		if left > 0 {
 			return fmt.Sprintf("up to %v", left)
 		}

@@ -72,6 +72,7 @@ func main() {
 type options struct {
 	ttl, pause, writeDelay time.Duration
 	unguarded, keep        bool
+	dynamodb               bool
 	leaseStore             string
 	redisURL, pgURL, s3URL string
 	jsonOut                string
@@ -89,8 +90,9 @@ const (
 const usageText = `Usage: go run ./examples/stalewriter [flags]
 
 Runs the paused-client scenario with two real worker processes, a lease
-store (Redis; or PostgreSQL, etcd or ZooKeeper with --lease-store),
-PostgreSQL and S3, and shows the stale write rejected by the stores.
+store (Redis; or PostgreSQL, etcd, ZooKeeper or DynamoDB with --lease-store),
+PostgreSQL and S3 (and a DynamoDB item with --dynamodb), and shows the stale
+write rejected by the stores.
 Exit status: 0 when every stale write was rejected and the newest token's data
 survived; 1 when a stale write landed (expected with --unguarded); 2 when the
 run could not be carried out (a service is missing, a bad flag, a write that
@@ -115,6 +117,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.unguarded, "unguarded", false, "write with plain SQL and plain PUT, without fencing, to show the failure")
 	fs.BoolVar(&o.keep, "keep", false, "keep the schema, the lease's keys and the S3 object after the run, for inspection; servers\nthe demo started itself are stopped, and their data directories are kept (their paths are printed)")
 	fs.StringVar(&o.leaseStore, "lease-store", demo.LeaseRedis, demo.LeaseStoreUsage)
+	fs.BoolVar(&o.dynamodb, "dynamodb", false, "also write the report to a DynamoDB item through dynamoguard, in a table of the run's own\nat $"+demo.DynamoEndpointVar+" (with --lease-store dynamodb: leases and a fenced item in DynamoDB)")
 	fs.StringVar(&o.redisURL, "redis-url", "", "Redis URL (default: $FENCE_REDIS_URL, else redis://127.0.0.1:6379/0, else one it starts)")
 	fs.StringVar(&o.pgURL, "postgres-url", "", "PostgreSQL URL (default: $FENCE_POSTGRES_URL, else postgres://postgres@127.0.0.1:5432/test, else one it starts)")
 	fs.StringVar(&o.s3URL, "s3-endpoint", "", "S3 endpoint URL; needs FENCE_S3_ACCESS_KEY and FENCE_S3_SECRET_KEY (default: $FENCE_S3_ENDPOINT, else a versitygw it starts)")
@@ -190,6 +193,11 @@ type finalState struct {
 	RowLockVersion  int64       `json:"row_lock_version"`
 	ObjectWrittenBy string      `json:"object_written_by"`
 	ObjectToken     fence.Token `json:"object_token"`
+	// Item is set with --dynamodb: ItemWrittenBy and ItemToken then say
+	// who wrote the DynamoDB item last, with which token.
+	Item          bool        `json:"item,omitempty"`
+	ItemWrittenBy string      `json:"item_written_by,omitempty"`
+	ItemToken     fence.Token `json:"item_token,omitempty"`
 }
 
 // run is the program: the timeline and the verdict go to stdout, errors to
@@ -262,9 +270,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		sum.KeptDirs = svc.Dirs
 	}
 	sum.Elapsed = tl.Elapsed()
-	fmt.Fprintf(out, "\nFinal state:\n  row:    written by %s, token %d, lock_version %d\n  object: written by %s, token %d\n\n%s\n",
+	fmt.Fprintf(out, "\nFinal state:\n  row:    written by %s, token %d, lock_version %d\n  object: written by %s, token %d\n%s\n%s\n",
 		orNone(sum.Final.RowWrittenBy), sum.Final.RowToken, sum.Final.RowLockVersion,
-		orNone(sum.Final.ObjectWrittenBy), sum.Final.ObjectToken, sum.Verdict)
+		orNone(sum.Final.ObjectWrittenBy), sum.Final.ObjectToken, itemLine(sum.Final), sum.Verdict)
 	ds.finish(sum, out)
 	if o.jsonOut != "" {
 		b, _ := json.MarshalIndent(sum, "", "  ")
@@ -322,6 +330,12 @@ func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error)
 		return nil, err
 	}
 	sc.s3 = services.NewS3Client(svc.S3)
+	if o.dynamodb {
+		if err := sc.setUpDynamo(ctx, id); err != nil {
+			_ = sc.Stores.TearDown()
+			return nil, err
+		}
+	}
 	sc.objectDone = leftover.Track(leftover.Entry{Kind: leftover.KindS3Object, URL: svc.S3.Endpoint, Bucket: svc.S3.Bucket,
 		Name: sc.cfg.ObjectKey, Access: svc.S3.AccessKey, Secret: svc.S3.SecretKey, Ephemeral: svc.S3Started})
 	return sc, nil
@@ -346,7 +360,7 @@ func (sc *scenario) tearDown(errOut io.Writer) {
 	if err == nil {
 		sc.objectDone()
 	}
-	if err := errors.Join(sc.Stores.TearDown(), err); err != nil {
+	if err := errors.Join(sc.Stores.TearDown(), err, sc.tearDownDynamo(ctx)); err != nil {
 		fmt.Fprintf(errOut, "stalewriter: cleaning up: %v\n", err)
 	}
 }
@@ -360,6 +374,9 @@ func (sc *scenario) keep(out io.Writer, svc *services.Set) {
 		fmt.Fprintf(out, "  lease keys %s and %s in %s\n", sc.Keys.Lease, sc.Keys.Token, sc.cfg.RedisURL)
 	}
 	fmt.Fprintf(out, "  object s3://%s/%s at %s\n", sc.cfg.S3.Bucket, sc.cfg.ObjectKey, sc.cfg.S3.Endpoint)
+	if d := sc.cfg.Dynamo; d != nil {
+		fmt.Fprintf(out, "  item dynamodb://%s/%s at %s\n", d.Table, d.Key, d.Endpoint)
+	}
 	for _, d := range svc.Dirs {
 		fmt.Fprintf(out, "  the data of a server this demo started (it stops now): %s; remove it when done\n", d)
 	}
@@ -492,6 +509,9 @@ func (sc *scenario) play(ctx context.Context, tl *demo.Timeline, o options) (*su
 		}
 	}
 	if err := sc.readFinal(ctx, &sum.Final, o.unguarded); err != nil {
+		return nil, fmt.Errorf("reading the final state: %w", err)
+	}
+	if err := sc.readFinalItem(ctx, &sum.Final); err != nil {
 		return nil, fmt.Errorf("reading the final state: %w", err)
 	}
 	for _, e := range sum.Events {

@@ -34,7 +34,7 @@ func TestFlags(t *testing.T) {
 		{[]string{"extra"}, 2, "", "unexpected arguments"},
 		{[]string{"--nope"}, 2, "", "flag provided but not defined"},
 		{[]string{"--nope"}, 2, "", "Usage: go run ./examples/stalewriter"},
-		{[]string{"--lease-store", "consul"}, 2, "", `--lease-store "consul": want redis, postgres, postgres-session, etcd or zookeeper`},
+		{[]string{"--lease-store", "consul"}, 2, "", `--lease-store "consul": want redis, postgres, postgres-session, etcd, zookeeper or dynamodb`},
 		// etcd counts TTLs in whole seconds: refused before any service is
 		// looked for.
 		{[]string{"--lease-store", "etcd", "--ttl", "1500ms"}, 2, "", "--ttl 1.5s: etcd counts lease TTLs in whole seconds, from 1s"},

@@ -85,11 +85,18 @@ func judge(events []event, final finalState, unguarded bool) verdict {
 		lateWriter, lateNewer string
 		rejectedWriter        string // who wrote late and was rejected
 	)
-	for _, store := range []string{"postgres", "s3"} {
+	stores := []string{"postgres", "s3"}
+	if final.Item {
+		stores = append(stores, "dynamodb")
+	}
+	for _, store := range stores {
 		writes := writesTo(events, store, grants)
 		by, tok := final.RowWrittenBy, final.RowToken
-		if store == "s3" {
+		switch store {
+		case "s3":
 			by, tok = final.ObjectWrittenBy, final.ObjectToken
+		case "dynamodb":
+			by, tok = final.ItemWrittenBy, final.ItemToken
 		}
 		// The store's own order of the writes it accepted is not their
 		// send order: two writes in flight at once land in either order

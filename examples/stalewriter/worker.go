@@ -48,6 +48,8 @@ type workerConfig struct {
 	// window in which the orchestrator freezes worker A.
 	WriteDelay time.Duration `json:"write_delay"`
 	Unguarded  bool          `json:"unguarded"`
+	// Dynamo is the DynamoDB item the workers also write (--dynamodb).
+	Dynamo *dynamoTarget `json:"dynamodb,omitempty"`
 }
 
 const configVar = "FENCEKIT_STALEWRITER_WORKER"
@@ -66,7 +68,7 @@ type event struct {
 	Role  string      `json:"role"`
 	Kind  string      `json:"kind"`
 	Token fence.Token `json:"token,omitempty"`
-	// Store is "postgres" or "s3" for write events.
+	// Store is "postgres", "s3" or "dynamodb" for write events.
 	Store string `json:"store,omitempty"`
 	// Accepted is set on write events the store accepted.
 	Accepted bool `json:"accepted,omitempty"`
@@ -189,6 +191,9 @@ func runWorker() int {
 	w.writeRow(wctx, pool, l, note)
 	w.writeObject(wctx, s3c, l, note)
 	w.writeDownstream(wctx, l, note)
+	if cfg.Dynamo != nil {
+		w.writeItem(wctx, l, note)
+	}
 
 	if err := l.Err(); err != nil {
 		w.emit(event{Kind: evLeaseState, Token: tok, Text: fmt.Sprintf("lease state after the writes: %v", err)})

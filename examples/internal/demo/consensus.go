@@ -33,6 +33,8 @@ type consensusBackend interface {
 // A ZooKeeper backend asks for a session timeout of ttl: its leases' TTL.
 func newConsensusBackend(store LeaseStore, ttl time.Duration) (consensusBackend, func(), error) {
 	switch store.Kind {
+	case LeaseDynamoDB:
+		return newDynamoBackend(store)
 	case LeaseEtcd:
 		cli, err := clientv3.New(clientv3.Config{Endpoints: store.EtcdEndpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 		if err != nil {

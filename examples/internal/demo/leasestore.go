@@ -36,22 +36,25 @@ const (
 	// ZooKeeper (package zklease), one session per process with the TTL
 	// as its timeout.
 	LeaseZooKeeper = "zookeeper"
+	// LeaseDynamoDB: see dynamo.go.
 )
 
 // LeaseStoreUsage is the --lease-store flag's help text.
 const LeaseStoreUsage = "where leases live: redis (redislease), postgres (pglease table mode, in the run's schema: needs no Redis),\n" +
 	"postgres-session (pglease session mode: advisory locks), etcd (etcdlease: $FENCE_ETCD_ENDPOINTS, else\n" +
 	"127.0.0.1:2379, else one it builds once and starts; TTLs in whole seconds) or zookeeper (zklease:\n" +
-	"$FENCE_ZK_SERVERS, else 127.0.0.1:2181, else a server it starts from Debian's zookeeper package)"
+	"$FENCE_ZK_SERVERS, else 127.0.0.1:2181, else a server it starts from Debian's zookeeper package)\n" +
+	"or dynamodb (dynamolease: table " + DynamoTable + " at $FENCE_DYNAMODB_ENDPOINT, e.g. DynamoDB Local started by\n" +
+	"scripts/services.sh's ensure_dynamodb; waiters poll)"
 
 // CheckLeaseStore returns an error for a --lease-store value that is not
 // one of the above.
 func CheckLeaseStore(s string) error {
 	switch s {
-	case LeaseRedis, LeasePostgres, LeasePostgresSession, LeaseEtcd, LeaseZooKeeper:
+	case LeaseRedis, LeasePostgres, LeasePostgresSession, LeaseEtcd, LeaseZooKeeper, LeaseDynamoDB:
 		return nil
 	}
-	return fmt.Errorf("--lease-store %q: want %s, %s, %s, %s or %s", s, LeaseRedis, LeasePostgres, LeasePostgresSession, LeaseEtcd, LeaseZooKeeper)
+	return fmt.Errorf("--lease-store %q: want %s, %s, %s, %s, %s or %s", s, LeaseRedis, LeasePostgres, LeasePostgresSession, LeaseEtcd, LeaseZooKeeper, LeaseDynamoDB)
 }
 
 // CheckTTL returns an error for a TTL the lease store cannot take, before
@@ -94,6 +97,9 @@ type LeaseStore struct {
 	// ZooKeeperBounds names the session timeouts the server grants, when
 	// known (the server services.Provide started).
 	ZooKeeperBounds string `json:"zk_bounds,omitempty"`
+	// DynamoEndpoint and DynamoTable say where DynamoDB leases live.
+	DynamoEndpoint string `json:"dynamodb_endpoint,omitempty"`
+	DynamoTable    string `json:"dynamodb_table,omitempty"`
 }
 
 // StoreFor returns the LeaseStore of kind over the services svc found.
@@ -106,7 +112,7 @@ func StoreFor(kind string, svc *services.Set) LeaseStore {
 	if svc.ZooKeeperStarted {
 		st.ZooKeeperBounds = services.ZooKeeperSessionBounds
 	}
-	return st
+	return dynamoStore(st)
 }
 
 // defaultZooKeeperTick is ZooKeeper's default tickTime, assumed for a
@@ -126,6 +132,8 @@ func (s LeaseStore) ExpiryLag() time.Duration {
 			return s.ZooKeeperTick
 		}
 		return defaultZooKeeperTick
+	case LeaseDynamoDB:
+		return dynamoLag
 	}
 	return 0
 }
@@ -139,6 +147,8 @@ func (s LeaseStore) WakeUps() string {
 		return "an etcd watch on the lease's key"
 	case LeaseZooKeeper:
 		return "a ZooKeeper watch on the node before theirs"
+	case LeaseDynamoDB:
+		return "their next poll: DynamoDB pushes nothing"
 	}
 	return "Redis pub/sub"
 }
@@ -152,6 +162,8 @@ func (s LeaseStore) Name() string {
 		return "etcd"
 	case LeaseZooKeeper:
 		return "ZooKeeper"
+	case LeaseDynamoDB:
+		return "DynamoDB"
 	}
 	return "Redis"
 }
@@ -167,6 +179,8 @@ func (s LeaseStore) Describe() string {
 		return fmt.Sprintf("etcd at %s (etcdlease: tokens are revisions on an epoch base)", strings.Join(s.EtcdEndpoints, ","))
 	case LeaseZooKeeper:
 		return fmt.Sprintf("ZooKeeper at %s (zklease: ephemeral sequential nodes, tokens are their czxids)", strings.Join(s.ZooKeeperServers, ","))
+	case LeaseDynamoDB:
+		return fmt.Sprintf("DynamoDB at %s, table %s (dynamolease: one item per lease, takeover after a TTL of an unchanged record version)", s.DynamoEndpoint, s.DynamoTable)
 	}
 	return "Redis (redislease)"
 }
@@ -197,7 +211,7 @@ func NewLeaseManager(store LeaseStore, ttl time.Duration, opts ...lease.Option) 
 			return nil, nil, err
 		}
 		backend, closeAll = b, func() { _ = b.Close(); pool.Close() }
-	case LeaseEtcd, LeaseZooKeeper:
+	case LeaseEtcd, LeaseZooKeeper, LeaseDynamoDB:
 		b, closeB, err := newConsensusBackend(store, ttl)
 		if err != nil {
 			return nil, nil, err
@@ -238,14 +252,14 @@ func NewLeaseManager(store LeaseStore, ttl time.Duration, opts ...lease.Option) 
 // returns ttl while the node exists, 0 once it is gone.
 func (st *Stores) LeaseLeft(ctx context.Context, ttl time.Duration) (time.Duration, error) {
 	switch st.LeaseStore {
-	case LeaseEtcd, LeaseZooKeeper:
+	case LeaseEtcd, LeaseZooKeeper, LeaseDynamoDB:
 		h, err := st.consensus.Holder(ctx, st.LeaseName)
 		switch {
 		case errors.Is(err, lease.ErrNotHeld):
 			return 0, nil
 		case err != nil:
 			return 0, err
-		case st.LeaseStore == LeaseZooKeeper:
+		case st.LeaseStore == LeaseZooKeeper, st.LeaseStore == LeaseDynamoDB:
 			return ttl, nil
 		}
 		return h.Remaining, nil

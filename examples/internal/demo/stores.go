@@ -116,7 +116,7 @@ func (st *Stores) prepare(ctx context.Context, cfg StoresConfig) error {
 		}
 	}
 	switch cfg.LeaseStore {
-	case LeaseEtcd, LeaseZooKeeper:
+	case LeaseEtcd, LeaseZooKeeper, LeaseDynamoDB:
 		// Nothing to clean up there: a grant's key or node goes with its
 		// etcd lease or ZooKeeper session, even when its holder is killed,
 		// and a lease name's ZooKeeper parent is a container node, which

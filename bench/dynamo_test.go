@@ -1,0 +1,277 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/fencekit/fencekit/dynamoguard"
+	"github.com/fencekit/fencekit/internal/dynamotest"
+	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/dynamolease"
+)
+
+// httpRequests counts the requests a DynamoDB client sends: one request is
+// one round trip.
+type httpRequests struct {
+	next http.RoundTripper
+	n    atomic.Int64
+}
+
+func (h *httpRequests) RoundTrip(r *http.Request) (*http.Response, error) {
+	h.n.Add(1)
+	return h.next.RoundTrip(r)
+}
+
+// dynamoSetup is one benchmark's DynamoDB (FENCE_DYNAMODB_ENDPOINT): a
+// client whose requests are counted, a lease table and a data table keyed
+// by the string pk, both deleted at the end.
+type dynamoSetup struct {
+	c            *dynamodb.Client
+	rt           *httpRequests
+	leases, data string
+}
+
+func newDynamoSetup(b *testing.B) *dynamoSetup {
+	b.Helper()
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = 64
+	b.Cleanup(tr.CloseIdleConnections)
+	s := &dynamoSetup{rt: &httpRequests{next: tr}}
+	s.c = dynamotest.ClientVia(b, s.rt)
+	s.leases, s.data = dynamotest.TableName(b, "bench-leases"), dynamotest.TableName(b, "bench-data")
+	if err := dynamolease.CreateTable(context.Background(), s.c, s.leases, ""); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = dynamotest.Delete(context.Background(), s.c, s.leases) })
+	dynamotest.CreateTable(b, s.c, s.data, dynamotest.Key{Name: "pk", Type: types.ScalarAttributeTypeS})
+	return s
+}
+
+func randHex() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// rawDynamoCycle is the floor of a dynamolease cycle: the backend's two
+// conditional UpdateItem requests (grant with the token minted, release
+// keeping the token), sent directly.
+func rawDynamoCycle(ctx context.Context, c *dynamodb.Client, table, name string) error {
+	owner := randHex()
+	key := map[string]types.AttributeValue{"name": &types.AttributeValueMemberS{Value: name}}
+	out, err := c.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:           aws.String(table),
+		Key:                 key,
+		UpdateExpression:    aws.String("SET #own = :me, #rvn = :rvn, #ttl = :ttl, #tok = if_not_exists(#tok, :floor) + :one"),
+		ConditionExpression: aws.String("attribute_not_exists(#me) AND (attribute_not_exists(#own))"),
+		ExpressionAttributeNames: map[string]string{
+			"#tok": "token", "#own": "owner", "#rvn": "rvn", "#ttl": "ttl_ms", "#me": "ended:" + owner,
+		},
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":me": &types.AttributeValueMemberS{Value: owner}, ":rvn": &types.AttributeValueMemberS{Value: randHex()},
+			":ttl":   &types.AttributeValueMemberN{Value: strconv.FormatInt(benchTTL.Milliseconds(), 10)},
+			":floor": &types.AttributeValueMemberN{Value: strconv.FormatInt(time.Now().UnixMicro(), 10)},
+			":one":   &types.AttributeValueMemberN{Value: "1"},
+		},
+		ReturnValues:                        types.ReturnValueAllNew,
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	})
+	if err != nil {
+		return err
+	}
+	_, err = c.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:                aws.String(table),
+		Key:                      key,
+		UpdateExpression:         aws.String("SET #rvn = :rvn, #me = :rec REMOVE #own"),
+		ConditionExpression:      aws.String("#own = :me AND #tok = :tok"),
+		ExpressionAttributeNames: map[string]string{"#rvn": "rvn", "#me": "ended:" + owner, "#own": "owner", "#tok": "token"},
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":rvn": &types.AttributeValueMemberS{Value: randHex()}, ":me": &types.AttributeValueMemberS{Value: owner},
+			":tok": out.Attributes["token"],
+			":rec": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
+				"how": &types.AttributeValueMemberS{Value: "released"},
+				"at":  &types.AttributeValueMemberN{Value: strconv.FormatInt(time.Now().UnixMilli(), 10)}, "keep": &types.AttributeValueMemberN{Value: "20000"},
+			}},
+		},
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	})
+	return err
+}
+
+// BenchmarkDynamoCyclePaired is one uncontended acquire+release with a 10 s
+// TTL on DynamoDB Local, on one client, paired as BenchmarkCyclePaired
+// pairs them (a library cycle and a raw cycle alternately, the ratio of
+// their times):
+//
+//   - lib=fencekit: lease.Manager.TryAcquire + Lease.Release over
+//     dynamolease (defaults: auto-renewal on).
+//   - lib=raw: the floor, dynamolease's two UpdateItem requests sent
+//     directly (against itself: raw-ratio should read 1.00).
+//
+// Each cycle uses a new lease name, as a fresh name and a released one
+// cost the same request. rtts/op is the HTTP requests of the library's
+// cycles per cycle. cirello.io/dynamolock/v2 is not compared: the module
+// proxy of the development machines does not serve it.
+func BenchmarkDynamoCyclePaired(b *testing.B) {
+	s := newDynamoSetup(b)
+	ctx := context.Background()
+	be, err := dynamolease.New(s.c, s.leases)
+	if err != nil {
+		b.Fatal(err)
+	}
+	m, err := lease.NewManager(be, benchTTL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	run := randHex()[:8]
+	raw := func(i int) error { return rawDynamoCycle(ctx, s.c, s.leases, fmt.Sprintf("raw-%s-%d", run, i)) }
+	libs := []struct {
+		name  string
+		cycle func(i int) error
+	}{
+		{"raw", raw},
+		{"fencekit", func(i int) error {
+			l, err := m.TryAcquire(ctx, fmt.Sprintf("fk-%s-%d", run, i))
+			if err != nil {
+				return err
+			}
+			return l.Release(ctx)
+		}},
+	}
+	for _, lib := range libs {
+		b.Run("lib="+lib.name, func(b *testing.B) {
+			var libT, rawT time.Duration
+			var libRT int64
+			ops := 0
+			timed := func(f func(int) error, d *time.Duration, count bool) {
+				n0 := s.rt.n.Load()
+				t0 := time.Now()
+				err := f(ops)
+				*d += time.Since(t0)
+				if count {
+					libRT += s.rt.n.Load() - n0
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+			for b.Loop() {
+				if ops%2 == 0 {
+					timed(lib.cycle, &libT, true)
+					timed(raw, &rawT, false)
+				} else {
+					timed(raw, &rawT, false)
+					timed(lib.cycle, &libT, true)
+				}
+				ops++
+			}
+			b.ReportMetric(float64(libT.Nanoseconds())/float64(ops), "ns/op")
+			b.ReportMetric(float64(libT)/float64(rawT), "raw-ratio")
+			b.ReportMetric(float64((libT-rawT).Nanoseconds())/float64(ops), "over-raw-ns/op")
+			b.ReportMetric(float64(libRT)/float64(ops), "rtts/op")
+		})
+	}
+}
+
+// BenchmarkDynamoGuardPaired is a write of one 1 KiB item through
+// dynamoguard.Guard.Put (a conditional PutItem carrying the token and a
+// nonce, ALL_OLD on failure) paired with a plain PutItem of the same item,
+// alternately, each to its own key on DynamoDB Local. ns/op is the guarded
+// write's mean time; plain-ratio its time over the plain write's.
+func BenchmarkDynamoGuardPaired(b *testing.B) {
+	s := newDynamoSetup(b)
+	ctx := context.Background()
+	g, err := dynamoguard.New(s.c, s.data)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := g.Probe(ctx); err != nil {
+		b.Fatal(err)
+	}
+	body := &types.AttributeValueMemberS{Value: string(make([]byte, 1024))}
+	var guardT, plainT time.Duration
+	ops := 0
+	guarded := func() error {
+		return g.Put(ctx, 1, map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "guarded"}, "body": body})
+	}
+	plain := func() error {
+		_, err := s.c.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(s.data),
+			Item: map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "plain"}, "body": body}})
+		return err
+	}
+	timed := func(f func() error, d *time.Duration) {
+		t0 := time.Now()
+		err := f()
+		*d += time.Since(t0)
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	for b.Loop() {
+		if ops%2 == 0 {
+			timed(guarded, &guardT)
+			timed(plain, &plainT)
+		} else {
+			timed(plain, &plainT)
+			timed(guarded, &guardT)
+		}
+		ops++
+	}
+	b.ReportMetric(float64(guardT.Nanoseconds())/float64(ops), "ns/op")
+	b.ReportMetric(float64(guardT)/float64(plainT), "plain-ratio")
+}
+
+// BenchmarkDynamoHandoff measures, as BenchmarkHandoff does (same groups,
+// waiters and hold times), the time from a holder's release to the next
+// holder's acquire on dynamolease, whose waiters poll (DynamoDB pushes
+// nothing): lib=fencekit with the Manager's default PollInterval (TTL/2
+// capped at 1 s, jittered), and lib=fencekit-poll100ms with PollInterval
+// 100 ms. A released lease is taken at the first poll after the release.
+func BenchmarkDynamoHandoff(b *testing.B) {
+	s := newDynamoSetup(b)
+	be, err := dynamolease.New(s.c, s.leases)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, lib := range []struct {
+		name string
+		opts []lease.Option
+	}{
+		{"fencekit", nil},
+		{"fencekit-poll100ms", []lease.Option{lease.WithPollInterval(100 * time.Millisecond)}},
+	} {
+		m, err := lease.NewManager(be, benchTTL, lib.opts...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run("lib="+lib.name, func(b *testing.B) {
+			rt0 := s.rt.n.Load()
+			res := runHandoff(b, func(ctx context.Context, name string) (func(context.Context) error, error) {
+				l, err := m.Acquire(ctx, lib.name+":"+name)
+				if err != nil {
+					return nil, err
+				}
+				return l.Release, nil
+			})
+			if len(res.samples) < b.N {
+				b.Fatalf("%d hand-offs measured, want %d", len(res.samples), b.N)
+			}
+			b.ReportMetric(0, "ns/op")
+			b.ReportMetric(float64(Mean(res.samples)), "mean-ns")
+			b.ReportMetric(float64(Percentile(res.samples, 50)), "p50-ns")
+			b.ReportMetric(float64(Percentile(res.samples, 99)), "p99-ns")
+			b.ReportMetric(float64(s.rt.n.Load()-rt0)/float64(b.N), "rtts/op")
+		})
+	}
+}

@@ -1,0 +1,783 @@
+package dynamoguard
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"maps"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/probeonce"
+)
+
+// Client is the part of *dynamodb.Client a Guard uses: only the operations
+// it calls, with the SDK's per-call option functions. *dynamodb.Client
+// satisfies it, and so can a wrapper that injects faults or counts calls.
+// A Guard passes option functions that must be applied (as
+// *dynamodb.Client does) for it to tell a request that was never sent from
+// one whose outcome is unknown; if they are ignored, every transport error
+// is treated as an unknown outcome. DescribeTable is called by the probe
+// only, and DeleteItem only to remove the probe's scratch items.
+type Client interface {
+	PutItem(ctx context.Context, in *dynamodb.PutItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.PutItemOutput, error)
+	UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error)
+	GetItem(ctx context.Context, in *dynamodb.GetItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.GetItemOutput, error)
+	DeleteItem(ctx context.Context, in *dynamodb.DeleteItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.DeleteItemOutput, error)
+	TransactWriteItems(ctx context.Context, in *dynamodb.TransactWriteItemsInput, optFns ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error)
+	DescribeTable(ctx context.Context, in *dynamodb.DescribeTableInput, optFns ...func(*dynamodb.Options)) (*dynamodb.DescribeTableOutput, error)
+}
+
+var _ Client = (*dynamodb.Client)(nil)
+
+var (
+	// ErrInvalidInput is returned before any I/O for arguments that cannot
+	// work: a nil client, an empty table name, the zero token (the error
+	// then also matches fence.ErrInvalidToken), a token above 2^63-1, a
+	// nil item or key, an item that sets one of the guard's own attributes,
+	// a key that does not name exactly the table's key attributes (checked
+	// after the probe learned them), a transaction of more than 99 items,
+	// or invalid Options.
+	ErrInvalidInput = errors.New("dynamoguard: invalid input")
+
+	// ErrConditionsIgnored is returned by Probe, and by every call of a
+	// Guard whose probe failed this way, when the server does not honour
+	// what the fence rests on: it applied a write whose ConditionExpression
+	// was false, did not return the item with a failed condition
+	// (ReturnValuesOnConditionCheckFailure), or committed a transaction
+	// one of whose conditions was false. Fencing is impossible on such a
+	// server, so the guard refuses to run (fail closed).
+	ErrConditionsIgnored = errors.New("dynamoguard: server does not honour conditional writes")
+
+	// ErrTableNotFound is returned (inside a *SetupError) when the table
+	// does not exist: DescribeTable or a write answered
+	// ResourceNotFoundException.
+	ErrTableNotFound = errors.New("dynamoguard: table not found")
+
+	// ErrAmbiguous is dynamoguard's name for fence.ErrOutcomeUnknown: every
+	// error that matches it with errors.Is also matches
+	// fence.ErrOutcomeUnknown. A write returns it when its request was sent
+	// and its outcome could not be learned: the context ended or the
+	// connection broke while it was in flight, the server answered 5xx, a
+	// transaction was still in progress, or the SDK retried the request
+	// and the retry failed in a way that does not show which try landed
+	// (a stale rejection after a retry is returned joined with it: the
+	// first try may have landed and been replaced). The write may or may
+	// not have been applied, now or later; it is never reported as
+	// success. Read the item to learn what is stored.
+	ErrAmbiguous error = outcomeUnknown{}
+
+	// ErrNotFound is returned by Update when the item does not exist or
+	// is a tombstone left by Delete, and by Get for the same.
+	ErrNotFound = errors.New("dynamoguard: item not found")
+
+	// ErrNotFenced is returned when an item's version attribute holds
+	// something other than a number in [1, 2^63-1]: it was not written
+	// by a Guard, so its token is unknown.
+	ErrNotFenced = errors.New("dynamoguard: item not written by dynamoguard")
+
+	// ErrCanceled is returned (wrapping the SDK's
+	// *types.TransactionCanceledException) when a fenced transaction was
+	// canceled for a reason other than the fence: one of the caller's own
+	// conditions failed, a conflict with another transaction, a
+	// validation error. Nothing was written. errors.As gives the
+	// exception and its CancellationReasons, in the order of the items
+	// passed (the fence's reason is last).
+	ErrCanceled = errors.New("dynamoguard: transaction canceled")
+)
+
+// outcomeUnknown is ErrAmbiguous: a sentinel that keeps dynamoguard's
+// prefix and also matches fence.ErrOutcomeUnknown.
+type outcomeUnknown struct{}
+
+func (outcomeUnknown) Error() string { return "dynamoguard: write outcome unknown" }
+
+// Is reports whether target is fence.ErrOutcomeUnknown.
+func (outcomeUnknown) Is(target error) bool { return target == fence.ErrOutcomeUnknown }
+
+// SetupError is a problem with the table that the guard cannot work
+// around: the table is missing. Fix says what to do.
+type SetupError struct {
+	Table string
+	// Err is the sentinel (ErrTableNotFound) joined with the server's error.
+	Err error
+	Fix string
+}
+
+func (e *SetupError) Error() string {
+	return fmt.Sprintf("%v (table %q); fix: %s", e.Err, e.Table, e.Fix)
+}
+
+func (e *SetupError) Unwrap() error { return e.Err }
+
+// Options configure a Guard; set them with Option values passed to New.
+// The zero value of each field means its default.
+type Options struct {
+	// VersionAttribute holds the newest accepted token of an item, a
+	// number. Default "lock_version". Only the guard may write it.
+	VersionAttribute string
+	// NonceAttribute holds a random value drawn for each write, which
+	// tells a write that an earlier try of it (an SDK retry) already
+	// landed. Default "lock_nonce".
+	NonceAttribute string
+	// DeletedAttribute marks a tombstone written by Delete (a boolean
+	// true). Default "lock_deleted".
+	DeletedAttribute string
+}
+
+// Option changes Options.
+type Option func(*Options)
+
+// WithAttributes sets the names of the guard's three attributes ("" keeps
+// a default).
+func WithAttributes(version, nonce, deleted string) Option {
+	return func(o *Options) {
+		o.VersionAttribute, o.NonceAttribute, o.DeletedAttribute = version, nonce, deleted
+	}
+}
+
+// Defaults of Options.
+const (
+	DefaultVersionAttribute = "lock_version"
+	DefaultNonceAttribute   = "lock_nonce"
+	DefaultDeletedAttribute = "lock_deleted"
+)
+
+// maxTransactItems is DynamoDB's limit of 100 actions per transaction, less
+// the fence's own.
+const maxTransactItems = 99
+
+func (o *Options) setDefaults() {
+	if o.VersionAttribute == "" {
+		o.VersionAttribute = DefaultVersionAttribute
+	}
+	if o.NonceAttribute == "" {
+		o.NonceAttribute = DefaultNonceAttribute
+	}
+	if o.DeletedAttribute == "" {
+		o.DeletedAttribute = DefaultDeletedAttribute
+	}
+}
+
+func (o *Options) validate() error {
+	var errs []error
+	names := map[string]bool{}
+	for _, n := range []string{o.VersionAttribute, o.NonceAttribute, o.DeletedAttribute} {
+		if len(n) > 255 {
+			errs = append(errs, fmt.Errorf("%w: attribute name %.20q... longer than 255 bytes", ErrInvalidInput, n))
+		}
+		if names[n] {
+			errs = append(errs, fmt.Errorf("%w: attribute name %q used twice", ErrInvalidInput, n))
+		}
+		names[n] = true
+	}
+	return errors.Join(errs...)
+}
+
+// Guard makes fenced writes to the items of one DynamoDB table. It is safe
+// for concurrent use. Create it with New.
+type Guard struct {
+	client Client
+	table  string
+	opts   Options
+
+	gate   probeonce.Gate // the probe's verdict
+	mu     sync.Mutex     // guards schema
+	schema keySchema      // the table's key attributes, learned by the probe
+}
+
+// New returns a Guard for table over client. It does no I/O: the server is
+// probed (see Probe) before the first call. It returns an error wrapping
+// ErrInvalidInput for a nil client, an empty table name or invalid
+// options, reporting every problem at once.
+func New(client Client, table string, opts ...Option) (*Guard, error) {
+	var o Options
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
+	}
+	o.setDefaults()
+	var errs []error
+	if client == nil {
+		errs = append(errs, fmt.Errorf("%w: nil client", ErrInvalidInput))
+	} else if c, ok := client.(*dynamodb.Client); ok && c == nil {
+		errs = append(errs, fmt.Errorf("%w: nil client", ErrInvalidInput))
+	}
+	if table == "" {
+		errs = append(errs, fmt.Errorf("%w: empty table name", ErrInvalidInput))
+	}
+	if err := o.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return &Guard{client: client, table: table, opts: o}, nil
+}
+
+// Options returns the options the Guard runs with, defaults filled in.
+func (g *Guard) Options() Options { return g.opts }
+
+// Table returns the table the guard writes to.
+func (g *Guard) Table() string { return g.table }
+
+// Put writes item (which must hold the table's key attributes) with token,
+// replacing the whole item, unless the stored item holds a newer token:
+// one PutItem whose ConditionExpression is
+//
+//	(attribute_not_exists(lock_version) OR lock_version <= :token)
+//	AND (attribute_not_exists(lock_nonce) OR lock_nonce <> :nonce)
+//
+// with the token and a fresh nonce stored in the item. A write with a token
+// equal to the stored one succeeds (the same holder writing again). Put
+// creates a missing item and replaces a tombstone.
+//
+// It returns nil when the write was applied (acknowledged, or an earlier
+// try of it found stored by its nonce); a *fence.StaleError (matching
+// fence.ErrStaleToken) naming the stored token when a newer one is stored,
+// read from the same request (ReturnValuesOnConditionCheckFailure), in
+// which case nothing changed; an error matching ErrAmbiguous and
+// fence.ErrOutcomeUnknown when the outcome could not be learned;
+// ErrNotFenced when the stored version is not a token; ErrInvalidInput
+// before any I/O for a bad token or item; a *SetupError for a missing
+// table; the probe's ErrConditionsIgnored; and the server's error
+// otherwise. ctx bounds the call, including the probe on first use.
+func (g *Guard) Put(ctx context.Context, token fence.Token, item map[string]types.AttributeValue) error {
+	if err := g.checkItem(token, item); err != nil {
+		return err
+	}
+	if err := g.ensureProbed(ctx); err != nil {
+		return err
+	}
+	key, err := g.keyOf(item)
+	if err != nil {
+		return err
+	}
+	full := maps.Clone(item)
+	return g.put(ctx, token, key, full, false)
+}
+
+// Delete removes the item at key on behalf of token, unless a newer token
+// is stored there. It does not call DeleteItem: it replaces the item with
+// a tombstone (the key, the token, a fresh nonce and lock_deleted = true)
+// by the same conditional PutItem as Put, so that a holder with an older
+// token can neither delete a newer item nor bring the key back afterwards
+// (a deleted item would forget its token, and attribute_not_exists would
+// let anyone create it again). Get and Update report ErrNotFound for a
+// tombstone; Put replaces it. Deleting a missing key writes a tombstone
+// too. Errors are as for Put.
+func (g *Guard) Delete(ctx context.Context, token fence.Token, key map[string]types.AttributeValue) error {
+	if err := g.checkKeyInput(token, key); err != nil {
+		return err
+	}
+	if err := g.ensureProbed(ctx); err != nil {
+		return err
+	}
+	k, err := g.keyOf(key)
+	if err != nil {
+		return err
+	}
+	item := maps.Clone(k)
+	item[g.opts.DeletedAttribute] = &types.AttributeValueMemberBOOL{Value: true}
+	return g.put(ctx, token, k, item, true)
+}
+
+func (g *Guard) put(ctx context.Context, token fence.Token, key, item map[string]types.AttributeValue, tombstone bool) error {
+	nonce, err := newNonce()
+	if err != nil {
+		return err
+	}
+	if !tombstone {
+		delete(item, g.opts.DeletedAttribute)
+	}
+	item[g.opts.VersionAttribute] = tokenValue(token)
+	item[g.opts.NonceAttribute] = &types.AttributeValueMemberS{Value: nonce}
+	cond := g.tokenCondition(token).And(g.nonceCondition(nonce))
+	expr, err := expression.NewBuilder().WithCondition(cond).Build()
+	if err != nil {
+		return fmt.Errorf("dynamoguard: build condition: %w", err)
+	}
+	var tr attemptTracker
+	_, err = g.client.PutItem(ctx, &dynamodb.PutItemInput{
+		TableName:                           aws.String(g.table),
+		Item:                                item,
+		ConditionExpression:                 expr.Condition(),
+		ExpressionAttributeNames:            expr.Names(),
+		ExpressionAttributeValues:           expr.Values(),
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	}, tr.option)
+	return g.outcome(err, &tr, write{key: key, token: token, nonce: nonce})
+}
+
+// Update applies update (an expression.UpdateBuilder: SET, REMOVE, ADD and
+// DELETE actions on the caller's attributes) to the existing item at key,
+// with token, unless a newer token is stored: one UpdateItem that also sets
+// the version to the token and a fresh nonce, under the condition
+//
+//	attribute_exists(<partition key>) AND attribute_not_exists(lock_deleted)
+//	AND (attribute_not_exists(lock_version) OR lock_version <= :token)
+//	AND (attribute_not_exists(lock_nonce) OR lock_nonce <> :nonce)
+//
+// The nonce makes an SDK retry of an applied update fail its condition
+// instead of applying the update twice (an ADD would count twice), and the
+// guard then reports the update applied. It returns ErrNotFound (nothing
+// written) when there is no item at key or a tombstone with a token not
+// newer than token, decided from the same request; a *fence.StaleError
+// when a newer token is stored (a tombstone's included); other errors as
+// for Put. update must not touch the guard's attributes (the server
+// refuses overlapping paths with a ValidationException). update is only
+// read: a builder may be reused, and shared between goroutines.
+func (g *Guard) Update(ctx context.Context, token fence.Token, key map[string]types.AttributeValue, update expression.UpdateBuilder) error {
+	if err := g.checkKeyInput(token, key); err != nil {
+		return err
+	}
+	k, nonce, err := g.prepare(ctx, key)
+	if err != nil {
+		return err
+	}
+	expr, err := g.updateExpression(update, token, nonce)
+	if err != nil {
+		return err
+	}
+	var tr attemptTracker
+	_, err = g.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:                           aws.String(g.table),
+		Key:                                 k,
+		UpdateExpression:                    aws.String(expr.update),
+		ConditionExpression:                 aws.String(expr.condition),
+		ExpressionAttributeNames:            expr.names,
+		ExpressionAttributeValues:           expr.values,
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	}, tr.option)
+	return g.outcome(err, &tr, write{key: k, token: token, nonce: nonce, mustExist: true})
+}
+
+// Get reads the item at key with a strongly consistent GetItem and returns
+// it without the guard's attributes, with the token it was written with
+// (fence.None for an item no guard wrote). It returns a *NotFoundError
+// (matching ErrNotFound) for a missing item or a tombstone, ErrNotFenced
+// when the version attribute is not a token, and the server's error
+// otherwise. Reads are not fenced: a stale holder can read.
+func (g *Guard) Get(ctx context.Context, key map[string]types.AttributeValue) (map[string]types.AttributeValue, fence.Token, error) {
+	if key == nil {
+		return nil, fence.None, fmt.Errorf("%w: nil key", ErrInvalidInput)
+	}
+	if err := g.ensureProbed(ctx); err != nil {
+		return nil, fence.None, err
+	}
+	k, err := g.keyOf(key)
+	if err != nil {
+		return nil, fence.None, err
+	}
+	out, err := g.client.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(g.table), Key: k, ConsistentRead: aws.Bool(true)})
+	if err != nil {
+		return nil, fence.None, g.mapError(fmt.Errorf("dynamoguard: get %s: %w", g.resource(k), err))
+	}
+	tok, err := g.storedToken(k, out.Item)
+	if err != nil {
+		return nil, fence.None, err
+	}
+	if out.Item == nil || g.isTombstone(out.Item) {
+		return nil, fence.None, &NotFoundError{Resource: g.resource(k), Tombstone: tok}
+	}
+	item := maps.Clone(out.Item)
+	delete(item, g.opts.VersionAttribute)
+	delete(item, g.opts.NonceAttribute)
+	delete(item, g.opts.DeletedAttribute)
+	return item, tok, nil
+}
+
+// NotFoundError is returned by Get and Update when there is no live item at
+// the key. It matches ErrNotFound with errors.Is.
+type NotFoundError struct {
+	// Resource names the item (dynamodb://table/key).
+	Resource string
+	// Tombstone is the token of the tombstone Delete left there, or
+	// fence.None when the key holds nothing.
+	Tombstone fence.Token
+}
+
+func (e *NotFoundError) Error() string {
+	if e.Tombstone != fence.None {
+		return fmt.Sprintf("dynamoguard: item not found: %s (deleted with token %d)", e.Resource, e.Tombstone)
+	}
+	return "dynamoguard: item not found: " + e.Resource
+}
+
+// Is reports whether target is ErrNotFound.
+func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
+
+// Transact writes items (up to 99 TransactWriteItem actions on any tables,
+// built as for TransactWriteItems) in one TransactWriteItems request,
+// together with a fence: an Update of the item at fenceKey in the guard's
+// table that sets its version to token under the condition
+// attribute_not_exists(lock_version) OR lock_version <= :token. Either all
+// of them are applied or none: a holder with an older token commits
+// nothing. The fence item is created if missing; it must not be one of
+// items (DynamoDB refuses two actions on one item in a transaction), so a
+// resource fenced this way is usually a row of its own, such as the
+// lease's name.
+//
+// The request carries a random ClientRequestToken, so an SDK retry of a
+// committed transaction succeeds without applying it twice (DynamoDB keeps
+// the token for 10 minutes). It returns nil when the transaction
+// committed; a *fence.StaleError naming the fence's stored token (read
+// from the same request: ReturnValuesOnConditionCheckFailure on the fence)
+// when a newer token is stored, nothing written; an error wrapping
+// ErrCanceled and the *types.TransactionCanceledException when the
+// transaction was canceled for another reason; an error matching
+// ErrAmbiguous when the outcome is unknown (TransactionInProgressException
+// included); and ErrInvalidInput, a *SetupError, ErrConditionsIgnored or
+// the server's error as for Put.
+func (g *Guard) Transact(ctx context.Context, token fence.Token, fenceKey map[string]types.AttributeValue, items []types.TransactWriteItem) error {
+	var errs []error
+	if err := g.checkKeyInput(token, fenceKey); err != nil {
+		errs = append(errs, err)
+	}
+	if len(items) > maxTransactItems {
+		errs = append(errs, fmt.Errorf("%w: %d items, at most %d beside the fence", ErrInvalidInput, len(items), maxTransactItems))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	k, nonce, err := g.prepare(ctx, fenceKey)
+	if err != nil {
+		return err
+	}
+	expr, err := expression.NewBuilder().
+		WithUpdate(expression.Set(expression.Name(g.opts.VersionAttribute), expression.Value(tokenValue(token))).
+			Set(expression.Name(g.opts.NonceAttribute), expression.Value(nonce))).
+		WithCondition(g.tokenCondition(token)).Build()
+	if err != nil {
+		return fmt.Errorf("dynamoguard: build fence: %w", err)
+	}
+	all := append(append(make([]types.TransactWriteItem, 0, len(items)+1), items...), types.TransactWriteItem{
+		Update: &types.Update{
+			TableName:                           aws.String(g.table),
+			Key:                                 k,
+			UpdateExpression:                    expr.Update(),
+			ConditionExpression:                 expr.Condition(),
+			ExpressionAttributeNames:            expr.Names(),
+			ExpressionAttributeValues:           expr.Values(),
+			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+		},
+	})
+	var tr attemptTracker
+	_, err = g.client.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{
+		TransactItems:      all,
+		ClientRequestToken: aws.String(nonce),
+	}, tr.option)
+	if err == nil {
+		return nil
+	}
+	res := g.resource(k)
+	var tce *types.TransactionCanceledException
+	if errors.As(err, &tce) {
+		reasons := tce.CancellationReasons
+		if len(reasons) == len(all) && aws.ToString(reasons[len(all)-1].Code) == "ConditionalCheckFailed" {
+			fenceItem := reasons[len(all)-1].Item
+			if fenceItem == nil {
+				return fmt.Errorf("%w: %s: a canceled transaction did not return the fence item (ReturnValuesOnConditionCheckFailure)", ErrConditionsIgnored, res)
+			}
+			cur, err := g.storedToken(k, fenceItem)
+			if err != nil {
+				return err
+			}
+			if cur <= token {
+				return fmt.Errorf("%w: %s: the fence's condition failed, but it holds token %d, not newer than %d", ErrConditionsIgnored, res, cur, token)
+			}
+			// The ClientRequestToken makes a retry of a committed
+			// transaction succeed; a cancel, even after a retry, means no
+			// try committed.
+			return fence.Stale(res, token, cur)
+		}
+		return fmt.Errorf("%w: %s: %w", ErrCanceled, res, err)
+	}
+	return g.failure(fmt.Errorf("dynamoguard: transact %s: %w", res, err), &tr)
+}
+
+// updateExpr is an UpdateItem's expressions.
+type updateExpr struct {
+	update, condition string
+	names             map[string]string
+	values            map[string]types.AttributeValue
+}
+
+// updateExpression builds the caller's update alone (Build only reads the
+// builder: adding to it would change the caller's copy, whose operations
+// live in a map the copies share, and a builder reused or shared between
+// goroutines would then set the version twice), then adds the guard's SET
+// actions and condition under placeholders of its own (the builder names
+// its own #0, :0, ...). The builder writes one clause a line, each
+// starting with its keyword (ADD, DELETE, REMOVE, SET), and no caller text
+// (names and values are placeholders): the guard's actions join the SET
+// line, or make one.
+func (g *Guard) updateExpression(update expression.UpdateBuilder, token fence.Token, nonce string) (updateExpr, error) {
+	e := updateExpr{
+		names: map[string]string{
+			"#fkv": g.opts.VersionAttribute, "#fkn": g.opts.NonceAttribute,
+			"#fkd": g.opts.DeletedAttribute, "#fkk": g.keySchema().partition.name,
+		},
+		values: map[string]types.AttributeValue{":fkt": tokenValue(token), ":fkn": &types.AttributeValueMemberS{Value: nonce}},
+		condition: "attribute_exists(#fkk) AND attribute_not_exists(#fkd)" +
+			" AND (attribute_not_exists(#fkv) OR #fkv <= :fkt) AND (attribute_not_exists(#fkn) OR #fkn <> :fkn)",
+	}
+	const ours = "#fkv = :fkt, #fkn = :fkn"
+	built, err := expression.NewBuilder().WithUpdate(update).Build()
+	var unset expression.UnsetParameterError
+	switch {
+	case errors.As(err, &unset):
+		e.update = "SET " + ours // no actions of the caller's: the fence alone
+		return e, nil
+	case err != nil:
+		return updateExpr{}, fmt.Errorf("%w: update expression: %w", ErrInvalidInput, err)
+	}
+	lines := strings.Split(strings.TrimSpace(aws.ToString(built.Update())), "\n")
+	set := false
+	for i, l := range lines {
+		if strings.HasPrefix(l, "SET ") {
+			lines[i], set = l+", "+ours, true
+		}
+	}
+	if !set {
+		lines = append(lines, "SET "+ours)
+	}
+	e.update = strings.Join(lines, "\n")
+	for k, v := range built.Names() {
+		e.names[k] = v
+	}
+	for k, v := range built.Values() {
+		e.values[k] = v
+	}
+	return e, nil
+}
+
+// prepare probes the server on first use, checks key against the table's
+// schema and draws a nonce for one write.
+func (g *Guard) prepare(ctx context.Context, key map[string]types.AttributeValue) (map[string]types.AttributeValue, string, error) {
+	if err := g.ensureProbed(ctx); err != nil {
+		return nil, "", err
+	}
+	k, err := g.keyOf(key)
+	if err != nil {
+		return nil, "", err
+	}
+	nonce, err := newNonce()
+	if err != nil {
+		return nil, "", err
+	}
+	return k, nonce, nil
+}
+
+// write describes one conditional single-item write, for outcome.
+type write struct {
+	key       map[string]types.AttributeValue
+	token     fence.Token
+	nonce     string
+	mustExist bool // Update: a missing item is ErrNotFound
+}
+
+// outcome classifies the answer to a conditional PutItem or UpdateItem.
+func (g *Guard) outcome(err error, tr *attemptTracker, w write) error {
+	if err == nil {
+		return nil
+	}
+	res := g.resource(w.key)
+	var ccf *types.ConditionalCheckFailedException
+	if !errors.As(err, &ccf) {
+		return g.failure(fmt.Errorf("dynamoguard: write %s: %w", res, err), tr)
+	}
+	old := ccf.Item
+	if old != nil {
+		if n, ok := old[g.opts.NonceAttribute].(*types.AttributeValueMemberS); ok && n.Value == w.nonce {
+			// An earlier try of this very request landed (an SDK retry
+			// found its own nonce): the write was applied.
+			return nil
+		}
+	}
+	retried := tr.sent() > 1 || !tr.applied
+	if old == nil {
+		if w.mustExist {
+			if retried {
+				// The first try may have found the item, updated it, and
+				// someone deleted it before the retry.
+				return errors.Join(fmt.Errorf("%w: update %s", ErrAmbiguous, res), &NotFoundError{Resource: res})
+			}
+			return &NotFoundError{Resource: res}
+		}
+		return fmt.Errorf("%w: %s: a failed condition returned no item (ReturnValuesOnConditionCheckFailure)", ErrConditionsIgnored, res)
+	}
+	cur, err := g.storedToken(w.key, old)
+	if err != nil {
+		return err
+	}
+	var rejection error
+	switch {
+	case cur > w.token:
+		rejection = fence.Stale(res, w.token, cur)
+	case w.mustExist && g.isTombstone(old):
+		rejection = &NotFoundError{Resource: res, Tombstone: cur}
+	default:
+		return fmt.Errorf("%w: %s: the condition failed, but the item holds token %d, not newer than %d", ErrConditionsIgnored, res, cur, w.token)
+	}
+	if retried {
+		// An earlier try may have been applied and then replaced.
+		return errors.Join(fmt.Errorf("%w: write %s", ErrAmbiguous, res), rejection)
+	}
+	return rejection
+}
+
+// failure classifies an error that is not a failed condition.
+func (g *Guard) failure(err error, tr *attemptTracker) error {
+	status := httpStatus(err)
+	retried := tr.sent() > 1 || !tr.applied
+	var rnf *types.ResourceNotFoundException
+	var inProgress *types.TransactionInProgressException
+	switch {
+	case errors.As(err, &inProgress):
+		return fmt.Errorf("%w: %w", ErrAmbiguous, err)
+	case status >= 500:
+		return fmt.Errorf("%w: %w", ErrAmbiguous, err)
+	case status != 0:
+		if retried {
+			return fmt.Errorf("%w: %w", ErrAmbiguous, g.mapError(err))
+		}
+		return g.mapError(err)
+	case errors.As(err, &rnf):
+		return g.mapError(err)
+	case tr.applied && tr.sent() == 0:
+		return err // never sent
+	default:
+		return fmt.Errorf("%w: %w", ErrAmbiguous, err)
+	}
+}
+
+// mapError turns a missing table into a *SetupError.
+func (g *Guard) mapError(err error) error {
+	var rnf *types.ResourceNotFoundException
+	if errors.As(err, &rnf) {
+		return &SetupError{Table: g.table, Err: errors.Join(ErrTableNotFound, err),
+			Fix: "create the table (any key schema; the guard adds its attributes to your items), or pass the right name to dynamoguard.New"}
+	}
+	return err
+}
+
+func (g *Guard) tokenCondition(token fence.Token) expression.ConditionBuilder {
+	lv := expression.Name(g.opts.VersionAttribute)
+	return expression.AttributeNotExists(lv).Or(lv.LessThanEqual(expression.Value(tokenValue(token))))
+}
+
+func (g *Guard) nonceCondition(nonce string) expression.ConditionBuilder {
+	n := expression.Name(g.opts.NonceAttribute)
+	return expression.AttributeNotExists(n).Or(n.NotEqual(expression.Value(nonce)))
+}
+
+func (g *Guard) isTombstone(item map[string]types.AttributeValue) bool {
+	b, ok := item[g.opts.DeletedAttribute].(*types.AttributeValueMemberBOOL)
+	return ok && b.Value
+}
+
+// storedToken reads the version attribute of item (fence.None when the item
+// or the attribute is missing).
+func (g *Guard) storedToken(key, item map[string]types.AttributeValue) (fence.Token, error) {
+	if item == nil {
+		return fence.None, nil
+	}
+	av, ok := item[g.opts.VersionAttribute]
+	if !ok {
+		return fence.None, nil
+	}
+	n, ok := av.(*types.AttributeValueMemberN)
+	if !ok {
+		return fence.None, fmt.Errorf("%w: %s: %s is not a number", ErrNotFenced, g.resource(key), g.opts.VersionAttribute)
+	}
+	v, err := strconv.ParseUint(n.Value, 10, 63)
+	if err != nil || v == 0 {
+		return fence.None, fmt.Errorf("%w: %s: %s = %q is not a token", ErrNotFenced, g.resource(key), g.opts.VersionAttribute, n.Value)
+	}
+	return fence.Token(v), nil
+}
+
+func tokenValue(t fence.Token) *types.AttributeValueMemberN {
+	return &types.AttributeValueMemberN{Value: strconv.FormatUint(uint64(t), 10)}
+}
+
+func validateToken(t fence.Token) error {
+	if err := t.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidInput, err)
+	}
+	if t > 1<<63-1 {
+		return fmt.Errorf("%w: token %d is above 2^63-1", ErrInvalidInput, t)
+	}
+	return nil
+}
+
+func (g *Guard) checkItem(token fence.Token, item map[string]types.AttributeValue) error {
+	var errs []error
+	if err := validateToken(token); err != nil {
+		errs = append(errs, err)
+	}
+	if item == nil {
+		errs = append(errs, fmt.Errorf("%w: nil item", ErrInvalidInput))
+	}
+	for _, a := range []string{g.opts.VersionAttribute, g.opts.NonceAttribute, g.opts.DeletedAttribute} {
+		if _, ok := item[a]; ok {
+			errs = append(errs, fmt.Errorf("%w: the item sets %q, which only the guard writes", ErrInvalidInput, a))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (g *Guard) checkKeyInput(token fence.Token, key map[string]types.AttributeValue) error {
+	var errs []error
+	if err := validateToken(token); err != nil {
+		errs = append(errs, err)
+	}
+	if key == nil {
+		errs = append(errs, fmt.Errorf("%w: nil key", ErrInvalidInput))
+	}
+	return errors.Join(errs...)
+}
+
+// resource names an item for errors: dynamodb://table/partition[/sort].
+func (g *Guard) resource(key map[string]types.AttributeValue) string {
+	var b strings.Builder
+	b.WriteString("dynamodb://")
+	b.WriteString(g.table)
+	for _, a := range g.keySchema().attrs() {
+		b.WriteByte('/')
+		b.WriteString(formatValue(key[a.name]))
+	}
+	return b.String()
+}
+
+func formatValue(av types.AttributeValue) string {
+	switch v := av.(type) {
+	case *types.AttributeValueMemberS:
+		return v.Value
+	case *types.AttributeValueMemberN:
+		return v.Value
+	case *types.AttributeValueMemberB:
+		return "0x" + hex.EncodeToString(v.Value)
+	default:
+		return fmt.Sprintf("%T", av)
+	}
+}
+
+func newNonce() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("dynamoguard: nonce: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
+}
