@@ -175,12 +175,12 @@ func (h *hub) connect(ctx context.Context) (*pgx.Conn, error) {
 	defer cancel()
 	pc, err := h.db.Acquire(cctx)
 	if err != nil {
-		return nil, fmt.Errorf("pglease: listen: acquire a connection: %w", err)
+		return nil, fmt.Errorf("listen: acquire a connection: %w", err)
 	}
 	conn := pc.Hijack()
 	if _, err := conn.Exec(cctx, "LISTEN "+pgx.Identifier{Channel}.Sanitize()); err != nil {
 		closeConn(conn)
-		return nil, fmt.Errorf("pglease: listen: %w", err)
+		return nil, fmt.Errorf("listen: %w", err)
 	}
 	return conn, nil
 }

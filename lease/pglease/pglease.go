@@ -401,20 +401,35 @@ var setupFixes = map[string]string{
 // privileges, a missing database, a read-only server) as a
 // *driver.SetupError naming the fix; any other as the store's error.
 func storeErr(op, name string, err error) error {
+	return storeErrOn(fmt.Sprintf("%s %q", op, name), err)
+}
+
+// storeErrOn is storeErr for an operation described by what ("acquire
+// \"x\"", "check the lease table ..."). Each error says "pglease:" once
+// and its fix once.
+func storeErrOn(what string, err error) error {
+	wrapped := fmt.Errorf("pglease: %s: %w", what, err)
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
-		return fmt.Errorf("pglease: %s %q: %w", op, name, err)
+		return wrapped
 	}
 	switch pgErr.Code {
 	case codeUndefinedTable, codeInvalidSchemaName:
-		return &driver.SetupError{Err: fmt.Errorf("pglease: %s %q: %w: %w", op, name, ErrNotMigrated, err),
+		return &driver.SetupError{Err: notMigrated{wrapped},
 			Fix: "the lease tables are not in this database's schema: run `fencekit migrate up` (or migrations.Up) against it, or set Options.Schema to the schema that has them"}
 	}
 	if fix, ok := setupFixes[pgErr.Code]; ok {
-		return &driver.SetupError{Err: fmt.Errorf("pglease: %s %q: %w", op, name, err), Fix: fix}
+		return &driver.SetupError{Err: wrapped, Fix: fix}
 	}
-	return fmt.Errorf("pglease: %s %q: %w", op, name, err)
+	return wrapped
 }
+
+// notMigrated is a store error that also matches ErrNotMigrated, without
+// repeating its text (the SetupError around it names the fix).
+type notMigrated struct{ error }
+
+func (e notMigrated) Is(target error) bool { return target == ErrNotMigrated }
+func (e notMigrated) Unwrap() error        { return e.error }
 
 // Check implements driver.Checker in one round trip that reads and changes
 // nothing: it fails with an error matching driver.ErrSetup (and
@@ -429,10 +444,10 @@ func (b *Backend) Check(ctx context.Context) error {
 	}
 	var ok bool
 	if err := b.db.QueryRow(ctx, b.q.Check, table).Scan(&ok); err != nil {
-		return storeErr("check", table, err)
+		return storeErrOn("check the lease table "+table, err)
 	}
 	if !ok {
-		return &driver.SetupError{Fix: "pglease: check " + table + ": " + setupFixes["42501"]}
+		return &driver.SetupError{Fix: "pglease: check the lease table " + table + ": " + setupFixes["42501"]}
 	}
 	return nil
 }

@@ -55,6 +55,9 @@ func TestAcquireWithoutTheTablesFailsAtOnce(t *testing.T) {
 					if strings.Contains(err.Error(), "\n") {
 						t.Errorf("schema %s: %s's error is not one line: %q", schema, what, err)
 					}
+					if n, m := strings.Count(err.Error(), "pglease:"), strings.Count(err.Error(), "fencekit migrate up"); n != 1 || m != 1 {
+						t.Errorf("schema %s: %s's error says pglease: %d times and its fix %d times, want once each: %q", schema, what, n, m, err)
+					}
 				}
 			}
 			ok := newManager(t, newBackend(t, newPool(t, u), pglease.WithSchema(newSchema(t, u)), pglease.WithMode(mode)), 2*time.Second)
