@@ -26,6 +26,7 @@ func BenchmarkUpdate(b *testing.B) {
 				b.Fatal(err)
 			}
 			ctx := context.Background()
+			var tok fence.Token // rising across every call of the sub-benchmarks
 			b.Run("kind=plain", func(b *testing.B) {
 				for i := 0; b.Loop(); i++ {
 					if _, err := db.SQL.ExecContext(ctx, `UPDATE bench SET value = ? WHERE id = ?`, "v"+strconv.Itoa(i), 2); err != nil {
@@ -35,7 +36,8 @@ func BenchmarkUpdate(b *testing.B) {
 			})
 			b.Run("kind=fenced", func(b *testing.B) {
 				for i := 0; b.Loop(); i++ {
-					if err := tbl.Update(ctx, db.SQL, fence.Token(i+1), []any{1}, dbguard.Col("value", "v"+strconv.Itoa(i))); err != nil {
+					tok++
+					if err := tbl.Update(ctx, db.SQL, tok, []any{1}, dbguard.Col("value", "v"+strconv.Itoa(i))); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -58,6 +60,7 @@ func BenchmarkTx(b *testing.B) {
 				b.Fatal(err)
 			}
 			ctx := context.Background()
+			var tok fence.Token // rising across every call of the sub-benchmarks
 			write := func(tx *sql.Tx, i int) error {
 				_, err := tx.ExecContext(ctx, `UPDATE bench_tx SET value = ? WHERE id = ?`, "v"+strconv.Itoa(i), 1)
 				return err
@@ -78,7 +81,8 @@ func BenchmarkTx(b *testing.B) {
 			})
 			b.Run("kind=fenced", func(b *testing.B) {
 				for i := 0; b.Loop(); i++ {
-					if err := g.BeginFunc(ctx, db.SQL, "bench", fence.Token(i+1), func(tx *sql.Tx) error { return write(tx, i) }); err != nil {
+					tok++
+					if err := g.BeginFunc(ctx, db.SQL, "bench", tok, func(tx *sql.Tx) error { return write(tx, i) }); err != nil {
 						b.Fatal(err)
 					}
 				}
