@@ -162,5 +162,9 @@
 // (begin, the locking read, the write if it may, commit). Guard.BeginFunc
 // on MySQL: begin, one advance statement (a second, the read of the
 // locked row, for a new resource and for a rejection), your statements,
-// commit; on SQLite the same with the read only on rejection.
+// commit; on SQLite the same with the read only on rejection. Given a
+// *sql.DB, BeginFunc prepares the advance statement once (on the last
+// *sql.DB it was given; database/sql prepares it again on each pool
+// connection at its first use there), so that an advance is one round
+// trip, not a prepare and an execute.
 package dbguard

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"unicode/utf8"
 
 	"github.com/fencekit/fencekit/fence"
@@ -53,6 +54,39 @@ type Guard struct {
 	table   string // quoted, qualified fencekit_resource_tokens
 	advance string
 	read    string
+
+	// prepared is the advance statement prepared on the last *sql.DB
+	// BeginFunc was given: database/sql keeps it prepared on each of
+	// the pool's connections, so an advance costs one round trip (no
+	// prepare) once a connection has run it.
+	prepared atomic.Pointer[preparedAdvance]
+}
+
+type preparedAdvance struct {
+	db   *sql.DB
+	stmt *sql.Stmt
+}
+
+// advanceStmt returns the advance statement prepared on db, preparing it
+// at the first call for db (nil if that fails: the advance is then sent
+// unprepared, and its error says why). Only the last db is kept.
+func (g *Guard) advanceStmt(ctx context.Context, db *sql.DB) *sql.Stmt {
+	if p := g.prepared.Load(); p != nil && p.db == db {
+		return p.stmt
+	}
+	st, err := db.PrepareContext(ctx, g.advance)
+	if err != nil {
+		return nil
+	}
+	if !g.prepared.CompareAndSwap(g.prepared.Load(), &preparedAdvance{db: db, stmt: st}) {
+		// Another call prepared one at the same time: use it, and let
+		// database/sql close this one with db.
+		if p := g.prepared.Load(); p != nil && p.db == db {
+			_ = st.Close()
+			return p.stmt
+		}
+	}
+	return st
 }
 
 // New returns a Guard for dialect d configured by opts. It does no I/O. It
@@ -97,7 +131,7 @@ func New(d Dialect, opts ...Option) (*Guard, error) {
 		g.read = "SELECT " + tok + " FROM " + g.table + " WHERE " + res + " = ? FOR UPDATE"
 	} else {
 		g.advance = "INSERT INTO " + g.table + " (" + res + ", " + tok + ") VALUES (?, ?) ON CONFLICT (" + res + ") DO UPDATE SET " +
-			tok + " = excluded." + tok + " WHERE " + tok + " <= excluded." + tok + " RETURNING " + tok
+			tok + " = excluded." + tok + " WHERE " + tok + " <= excluded." + tok
 		g.read = "SELECT " + tok + " FROM " + g.table + " WHERE " + res + " = ?"
 	}
 	return g, nil
@@ -134,12 +168,22 @@ func (g *Guard) Advance(ctx context.Context, tx *sql.Tx, resource string, token 
 	if err != nil {
 		return fmt.Errorf("dbguard: %s: %w", op, err)
 	}
-	return g.advanceIn(ctx, tx, op, resource, token, tok)
+	return g.advanceIn(ctx, tx, nil, op, resource, token, tok)
 }
 
-func (g *Guard) advanceIn(ctx context.Context, tx *sql.Tx, op, resource string, token fence.Token, tok any) error {
+// advanceIn advances the resource in tx, through st (the advance
+// statement prepared on tx's database) when it is not nil.
+func (g *Guard) advanceIn(ctx context.Context, tx *sql.Tx, st *sql.Stmt, op, resource string, token fence.Token, tok any) error {
+	var run interface {
+		ExecContext(ctx context.Context, args ...any) (sql.Result, error)
+	}
+	if st != nil {
+		run = tx.StmtContext(ctx, st)
+	} else {
+		run = unprepared{tx: tx, query: g.advance}
+	}
 	if g.d == MySQL {
-		res, err := tx.ExecContext(ctx, g.advance, []byte(resource), tok, tok, tok)
+		res, err := run.ExecContext(ctx, []byte(resource), tok, tok, tok)
 		if err != nil {
 			return g.advanceErr(op, err)
 		}
@@ -150,17 +194,17 @@ func (g *Guard) advanceIn(ctx context.Context, tx *sql.Tx, op, resource string, 
 		// it was. The row is locked by this transaction now.
 		return g.readBack(ctx, tx, op, resource, []byte(resource), token)
 	}
-	var stored int64
-	err := tx.QueryRowContext(ctx, g.advance, resource, tok).Scan(&stored)
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, sql.ErrNoRows):
-		// The conflict's WHERE failed: a newer token is stored. This
-		// transaction holds the write lock, so it cannot have moved.
-		return g.readBack(ctx, tx, op, resource, resource, token)
+	// SQLite counts the rows the upsert inserted or updated: 0 means the
+	// conflict's WHERE failed, a newer token is stored. This transaction
+	// holds the write lock from this statement on, so it cannot move.
+	res, err := run.ExecContext(ctx, resource, tok)
+	if err != nil {
+		return g.advanceErr(op, err)
 	}
-	return g.advanceErr(op, err)
+	if n, err := res.RowsAffected(); err == nil && n == 1 {
+		return nil
+	}
+	return g.readBack(ctx, tx, op, resource, resource, token)
 }
 
 // readBack reads the resource's token in tx, whose row is locked, and
@@ -225,8 +269,12 @@ func (g *Guard) BeginFunc(ctx context.Context, db TxBeginner, resource string, t
 		return fmt.Errorf("dbguard: %s: %w", op, err)
 	}
 	var conn *sql.Conn
+	var st *sql.Stmt
 	switch d := db.(type) {
 	case *sql.DB:
+		// Prepared before this call takes a connection of its own, so
+		// that a pool of one connection is not asked for a second.
+		st = g.advanceStmt(ctx, d)
 		if conn, err = d.Conn(ctx); err != nil {
 			return fmt.Errorf("dbguard: %s: get a connection: %w", op, err)
 		}
@@ -241,7 +289,7 @@ func (g *Guard) BeginFunc(ctx context.Context, db TxBeginner, resource string, t
 		return g.d.wrapDBErr(op+": begin", err)
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
-	if err := g.advanceIn(ctx, tx, op, resource, token, tok); err != nil {
+	if err := g.advanceIn(ctx, tx, st, op, resource, token, tok); err != nil {
 		return err
 	}
 	if err := fn(tx); err != nil {
@@ -295,4 +343,14 @@ func (g *Guard) advanceErr(op string, err error) error {
 		return fmt.Errorf("dbguard: %s: %w (looked in %s; run `%s` there, or migrations.UpSQL): %w", op, ErrNotMigrated, where, cmd, err)
 	}
 	return g.d.wrapDBErr(op, err)
+}
+
+// unprepared runs query in tx with the shape of a prepared *sql.Stmt.
+type unprepared struct {
+	tx    *sql.Tx
+	query string
+}
+
+func (u unprepared) ExecContext(ctx context.Context, args ...any) (sql.Result, error) {
+	return u.tx.ExecContext(ctx, u.query, args...)
 }
