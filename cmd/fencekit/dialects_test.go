@@ -38,6 +38,25 @@ func TestMigrateSQLite(t *testing.T) {
 	}
 	checkDialect(t, db, nil, "sqlite", path, "orders", `SELECT COUNT(*) FROM sqlite_schema WHERE name = ?`,
 		`SELECT type FROM pragma_table_info('orders') WHERE name = 'lock_version'`, "INTEGER")
+	// status only reads: it works on a read-only database, where up fails.
+	fresh := filepath.Join(t.TempDir(), "fresh.db")
+	fdb, err := sql.Open("sqlite", "file:"+fresh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fdb.Exec(`CREATE TABLE t (id INTEGER)`); err != nil {
+		t.Fatal(err)
+	}
+	fdb.Close()
+	ro := "file:" + fresh + "?mode=ro"
+	code, out, errOut := runCLI(t, nil, "migrate", "status", "--dialect", "sqlite", "--database-url", ro)
+	if code != 0 || !strings.Contains(out, "pending") {
+		t.Fatalf("status on a read-only database = %d\n%s%s", code, out, errOut)
+	}
+	code, _, errOut = runCLI(t, nil, "migrate", "up", "--dialect", "sqlite", "--database-url", ro)
+	if code == 0 {
+		t.Fatalf("up on a read-only database succeeded; the read-only check proves nothing\n%s", errOut)
+	}
 }
 
 // TestMigrateMySQL: the same on a throwaway MariaDB database.

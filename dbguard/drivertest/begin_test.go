@@ -3,6 +3,7 @@ package drivertest
 import (
 	"database/sql"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/fencekit/fencekit/dbguard"
@@ -178,5 +179,42 @@ func TestBeginFuncFunctionError(t *testing.T) {
 				t.Fatalf("after a rolled-back advance to 3, token 2 = %v", err)
 			}
 		})
+	}
+}
+
+// TestSQLiteWithoutBusyTimeout: SQLite has one writer. Without a busy
+// timeout, a second writer's fenced transaction fails at once with
+// SQLITE_BUSY while the first holds the write lock, reported as
+// retryable, never as stale; with one it waits (TestBeginFuncHoldsTheFence).
+func TestSQLiteWithoutBusyTimeout(t *testing.T) {
+	db := OpenSQLite(t)
+	noWait, err := sql.Open("sqlite", strings.Replace(db.DSN, "busy_timeout(10000)", "busy_timeout(0)", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer noWait.Close()
+	g, _ := dbguard.New(dbguard.SQLite)
+	ctx := ctxT(t)
+	inside, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- g.BeginFunc(ctx, db.SQL, "busy", 5, func(*sql.Tx) error {
+			close(inside)
+			<-release
+			return nil
+		})
+	}()
+	<-inside
+	err = g.BeginFunc(ctx, noWait, "busy", 6, func(*sql.Tx) error { return nil })
+	close(release)
+	if !dbguard.IsRetryable(err) || errors.Is(err, fence.ErrStaleToken) {
+		t.Fatalf("a second writer without a busy timeout = %v; want a retryable SQLITE_BUSY", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// Once the lock is free, the same call succeeds.
+	if err := g.BeginFunc(ctx, noWait, "busy", 6, func(*sql.Tx) error { return nil }); err != nil {
+		t.Fatalf("after the first writer committed: %v", err)
 	}
 }
