@@ -224,6 +224,10 @@ func (t *Table) write(ctx context.Context, kind writeKind, db DBTX, token fence.
 	if err := errors.Join(tokErr, t.check(db, key), colErr); err != nil {
 		return fmt.Errorf("dbguard: %s: %w", op, err)
 	}
+	if err := ctx.Err(); err != nil {
+		// Nothing sent: a plain failure, even inside a transaction.
+		return fmt.Errorf("dbguard: %s: %w", op, err)
+	}
 	w := &rowWrite{t: t, kind: kind, op: op, st: st, token: token, tok: tok, key: key, cols: cols}
 	switch d := db.(type) {
 	case *sql.DB:

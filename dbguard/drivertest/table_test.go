@@ -360,3 +360,29 @@ func TestBadInputBeforeIO(t *testing.T) {
 		t.Errorf("read-only tx options = %v", err)
 	}
 }
+
+// TestEndedContextIsPlain: a write whose context has already ended sends
+// nothing, and says so with a plain error (never an unknown outcome), in a
+// transaction as well.
+func TestEndedContextIsPlain(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d.String(), func(t *testing.T) {
+			t.Parallel()
+			db, tbl := newRows(t, d)
+			db.Exec(t, `INSERT INTO rows_t (id) VALUES (1)`)
+			tx, err := db.SQL.BeginTx(ctxT(t), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback() //nolint:errcheck
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			for _, target := range []dbguard.DBTX{db.SQL, tx} {
+				err := tbl.Update(ctx, target, 5, []any{1}, dbguard.Col("value", "x"))
+				if !errors.Is(err, context.Canceled) || errors.Is(err, fence.ErrOutcomeUnknown) {
+					t.Errorf("Update with an ended context on %T = %v; want a plain context.Canceled", target, err)
+				}
+			}
+		})
+	}
+}
