@@ -92,7 +92,8 @@ func (g *Guard) advanceStmt(ctx context.Context, db *sql.DB) *sql.Stmt {
 // New returns a Guard for dialect d configured by opts. It does no I/O. It
 // returns an error wrapping ErrInvalid, listing every problem, when the
 // dialect is unknown, Database is not a valid identifier, or TxOptions is
-// read-only or has an isolation level the dialect does not have.
+// read-only or has an isolation level the dialect does not have (SQLite:
+// only the default and serializable, which are the same there).
 func New(d Dialect, opts ...Option) (*Guard, error) {
 	if !d.valid() {
 		return nil, fmt.Errorf("%w: unknown dialect %v (use dbguard.MySQL or dbguard.SQLite)", ErrInvalid, d)
@@ -110,9 +111,12 @@ func New(d Dialect, opts ...Option) (*Guard, error) {
 	if o.TxOptions.ReadOnly {
 		errs = append(errs, fmt.Errorf("%w: read-only transactions cannot advance a token", ErrInvalid))
 	}
-	switch o.TxOptions.Isolation {
-	case sql.LevelDefault, sql.LevelReadUncommitted, sql.LevelReadCommitted, sql.LevelRepeatableRead, sql.LevelSerializable:
+	switch iso := o.TxOptions.Isolation; {
+	case iso == sql.LevelDefault, iso == sql.LevelSerializable:
+	case d == MySQL && (iso == sql.LevelReadUncommitted || iso == sql.LevelReadCommitted || iso == sql.LevelRepeatableRead):
 	default:
+		// SQLite's transactions are serializable, and its drivers
+		// ignore any other level: refuse it rather than pretend.
 		errs = append(errs, fmt.Errorf("%w: isolation level %v is not one %s has", ErrInvalid, o.TxOptions.Isolation, d))
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -359,6 +359,12 @@ func TestBadInputBeforeIO(t *testing.T) {
 	if _, err := dbguard.New(dbguard.MySQL, dbguard.WithTxOptions(sql.TxOptions{ReadOnly: true})); !errors.Is(err, dbguard.ErrInvalid) {
 		t.Errorf("read-only tx options = %v", err)
 	}
+	if _, err := dbguard.New(dbguard.SQLite, dbguard.WithTxOptions(sql.TxOptions{Isolation: sql.LevelReadCommitted})); !errors.Is(err, dbguard.ErrInvalid) {
+		t.Errorf("READ COMMITTED on SQLite = %v; want ErrInvalid (SQLite is serializable)", err)
+	}
+	if _, err := dbguard.New(dbguard.MySQL, dbguard.WithTxOptions(sql.TxOptions{Isolation: sql.LevelReadCommitted})); err != nil {
+		t.Errorf("READ COMMITTED on MySQL = %v", err)
+	}
 }
 
 // TestEndedContextIsPlain: a write whose context has already ended sends
