@@ -124,8 +124,8 @@ func (t *Table) checkColumn(op string, ncols int, colType string, ok bool, want 
 	case ncols == 0:
 		return fmt.Errorf("dbguard: %s: %w: %s", op, ErrNoTable, t.name)
 	case colType == "":
-		return fmt.Errorf("dbguard: %s: %w: add it to %s with `fencekit migrate add-lock-version --table %s --apply` (or migrations.ApplyLockVersion)",
-			op, ErrNoLockVersion, t.name, t.name)
+		return fmt.Errorf("dbguard: %s: %w: add it to %s with `fencekit migrate add-lock-version --dialect %s --table %s --apply` (or migrations.ApplyLockVersionFor)",
+			op, ErrNoLockVersion, t.name, t.d, t.name)
 	case !ok:
 		return fmt.Errorf("dbguard: %s: %w: %s.%s is %s, want %s", op, ErrLockVersionType, t.name, LockVersionColumn, colType, want)
 	}
@@ -185,6 +185,6 @@ func (t *Table) noLockVersion(op string, err error) error {
 		return nil
 	}
 	t.checked.Store(nil)
-	return fmt.Errorf("dbguard: %s: %w: add it to %s with `fencekit migrate add-lock-version --table %s --apply`: %w",
-		op, ErrNoLockVersion, t.name, t.name, err)
+	return fmt.Errorf("dbguard: %s: %w: add it to %s with `fencekit migrate add-lock-version --dialect %s --table %s --apply`: %w",
+		op, ErrNoLockVersion, t.name, t.d, t.name, err)
 }

@@ -124,14 +124,15 @@ var ErrLockVersionType = errors.New("dbguard: lock_version column cannot hold ev
 
 // ErrNoLockVersion is returned by a Table write when the table has no
 // lock_version column: add it with `fencekit migrate add-lock-version`,
-// or migrations.ApplyLockVersionSQL. Nothing was written.
+// or migrations.ApplyLockVersionFor. Nothing was written.
 var ErrNoLockVersion = errors.New("dbguard: table has no lock_version column")
 
 // ErrNoTable is returned by a Table write when the table does not exist.
 var ErrNoTable = errors.New("dbguard: table not found")
 
 // ErrNotMigrated is returned by a Guard when the toolkit's table does not
-// exist where it looks: run `fencekit migrate up` (or migrations.UpSQL)
+// exist where it looks: run `fencekit migrate up --dialect mysql|sqlite`
+// (or migrations.UpFor)
 // there, or fix Options.Database.
 var ErrNotMigrated = errors.New("dbguard: fencekit's table not found: run `fencekit migrate up` first")
 

@@ -340,11 +340,11 @@ func (g *Guard) advanceErr(op string, err error) error {
 	}
 	if missing {
 		where := "the connection's current database"
-		cmd := "fencekit migrate up"
+		cmd := "fencekit migrate up --dialect " + g.d.String()
 		if g.opts.Database != "" {
 			where = fmt.Sprintf("database %q (Options.Database)", g.opts.Database)
 		}
-		return fmt.Errorf("dbguard: %s: %w (looked in %s; run `%s` there, or migrations.UpSQL): %w", op, ErrNotMigrated, where, cmd, err)
+		return fmt.Errorf("dbguard: %s: %w (looked in %s; run `%s` there, or migrations.UpFor): %w", op, ErrNotMigrated, where, cmd, err)
 	}
 	return g.d.wrapDBErr(op, err)
 }
