@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -303,8 +304,9 @@ func TestSetupErrors(t *testing.T) {
 			}
 			db.Exec(t, `CREATE TABLE nolv (id BIGINT PRIMARY KEY, value TEXT)`)
 			nolv, _ := dbguard.NewTable(d, "", "nolv", "id")
-			if err := nolv.Update(ctx, db.SQL, 1, []any{1}); !errors.Is(err, dbguard.ErrNoLockVersion) {
-				t.Errorf("no lock_version = %v; want ErrNoLockVersion", err)
+			if err := nolv.Update(ctx, db.SQL, 1, []any{1}); !errors.Is(err, dbguard.ErrNoLockVersion) ||
+				!strings.Contains(err.Error(), "fencekit migrate add-lock-version --dialect "+d.String()+" --table nolv --apply") {
+				t.Errorf("no lock_version = %v; want ErrNoLockVersion naming the command", err)
 			}
 			db.Exec(t, `CREATE TABLE dup (id BIGINT, value `+valueColumn(d)+`, `+lockVersionColumn(d)+`)`)
 			db.Exec(t, `INSERT INTO dup (id) VALUES (1), (1), (2)`)
