@@ -10,11 +10,13 @@ require (
 	github.com/aws/smithy-go v1.28.9
 	github.com/fencekit/fencekit v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/blobguard v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/dbguard v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/dynamoguard v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/lease/pglease v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/lease/redislease v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/migrations v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/sqlguard v0.0.0-00010101000000-000000000000
+	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/testcontainers/testcontainers-go v0.45.0
@@ -23,9 +25,11 @@ require (
 	go.etcd.io/etcd/client/v3 v3.7.3
 	go.etcd.io/etcd/server/v3 v3.7.3
 	go.uber.org/zap v1.28.0
+	modernc.org/sqlite v1.62.0
 )
 
 require (
+	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue v1.21.22 // indirect
 	github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression v1.10.10 // indirect
 	github.com/aws/aws-sdk-go-v2/service/dynamodbstreams v1.48.0 // indirect
@@ -46,11 +50,14 @@ require (
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.29.0 // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
 	github.com/jonboulle/clockwork v0.5.0 // indirect
+	github.com/mattn/go-isatty v0.0.24 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/ncruces/go-strftime v1.1.0 // indirect
 	github.com/prometheus/client_golang v1.25.0 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.23.0 // indirect
+	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	github.com/soheilhy/cmux v0.1.5 // indirect
 	github.com/spf13/cobra v1.10.2 // indirect
 	github.com/spf13/pflag v1.0.10 // indirect
@@ -75,6 +82,9 @@ require (
 	google.golang.org/protobuf v1.36.12 // indirect
 	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
 	k8s.io/utils v0.0.0-20260108192941-914a6e750570 // indirect
+	modernc.org/libc v1.80.2 // indirect
+	modernc.org/mathutil v1.7.1 // indirect
+	modernc.org/memory v1.12.1 // indirect
 	sigs.k8s.io/yaml v1.6.0 // indirect
 )
 
@@ -157,6 +167,7 @@ replace (
 	github.com/fencekit/fencekit/bench => ../bench
 	github.com/fencekit/fencekit/blobguard => ../blobguard
 	github.com/fencekit/fencekit/cmd/fencekit => ../cmd/fencekit
+	github.com/fencekit/fencekit/dbguard => ../dbguard
 	github.com/fencekit/fencekit/integration => ../integration
 	github.com/fencekit/fencekit/internal/etcdtest => ../internal/etcdtest
 	github.com/fencekit/fencekit/internal/pgleasesql => ../internal/pgleasesql

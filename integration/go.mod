@@ -12,6 +12,8 @@ require (
 	github.com/aws/smithy-go v1.28.9
 	github.com/fencekit/fencekit v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/blobguard v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/dbguard v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/dbguard/drivertest v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/examples v0.0.0
 	github.com/fencekit/fencekit/internal/etcdtest v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/internal/redistest v0.0.0-00010101000000-000000000000
@@ -23,6 +25,7 @@ require (
 	github.com/fencekit/fencekit/migrations v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/redischeck v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/sqlguard v0.0.0-00010101000000-000000000000
+	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/rs/zerolog v1.35.1
@@ -30,6 +33,7 @@ require (
 	go.etcd.io/etcd/server/v3 v3.7.3
 	go.uber.org/goleak v1.3.0
 	go.uber.org/zap v1.28.0
+	modernc.org/sqlite v1.62.0
 )
 
 require (
@@ -41,6 +45,7 @@ require (
 
 require (
 	dario.cat/mergo v1.0.2 // indirect
+	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/Azure/go-ansiterm v0.0.0-20261006220739-8c912ac31dd4 // indirect
 	github.com/Microsoft/go-winio v0.6.4 // indirect
 	github.com/aws/aws-sdk-go-v2/aws/protocol/eventstream v1.7.27 // indirect
@@ -106,6 +111,7 @@ require (
 	github.com/moby/sys/userns v0.1.0 // indirect
 	github.com/moby/term v0.5.2 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/ncruces/go-strftime v1.1.0 // indirect
 	github.com/opencontainers/go-digest v1.0.0 // indirect
 	github.com/opencontainers/image-spec v1.1.1 // indirect
 	github.com/power-devops/perfstat v0.0.0-20240221224432-82ca36839d55 // indirect
@@ -114,6 +120,7 @@ require (
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.23.0 // indirect
+	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	github.com/rs/xid v1.6.0 // indirect
 	github.com/sethvargo/go-retry v0.5.0 // indirect
 	github.com/shirou/gopsutil/v4 v4.26.6 // indirect
@@ -162,12 +169,17 @@ require (
 	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
 	gopkg.in/tomb.v1 v1.0.0-20141024135613-dd632973f1e7 // indirect
 	k8s.io/utils v0.0.0-20260108192941-914a6e750570 // indirect
+	modernc.org/libc v1.80.2 // indirect
+	modernc.org/mathutil v1.7.1 // indirect
+	modernc.org/memory v1.12.1 // indirect
 	sigs.k8s.io/yaml v1.6.0 // indirect
 )
 
 replace (
 	github.com/fencekit/fencekit => ..
 	github.com/fencekit/fencekit/blobguard => ../blobguard
+	github.com/fencekit/fencekit/dbguard => ../dbguard
+	github.com/fencekit/fencekit/dbguard/drivertest => ../dbguard/drivertest
 	github.com/fencekit/fencekit/examples => ../examples
 	github.com/fencekit/fencekit/internal/etcdtest => ../internal/etcdtest
 	github.com/fencekit/fencekit/internal/pgleasesql => ../internal/pgleasesql

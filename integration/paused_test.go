@@ -71,6 +71,8 @@ type demoSummary struct {
 		ObjectKey   string `json:"object_key"`
 		LeaseStore  string `json:"lease_store"`
 		RedisPrefix string `json:"redis_prefix"`
+		RowStore    string `json:"row_store"`
+		RowDSN      string `json:"row_dsn"`
 	} `json:"run"`
 	KeptDirs []string `json:"kept_dirs"`
 }

@@ -68,7 +68,7 @@ const (
 	AdvanceFunction = "fencekit_advance_token"
 )
 
-//go:embed sql/*.sql
+//go:embed sql/*.sql sqlmysql/*.sql sqlsqlite/*.sql
 var embedded embed.FS
 
 // ErrNoSchema is returned when the connection has no current schema to

@@ -29,13 +29,19 @@ rules=(
   # client, nor DynamoDB's S3's.
   "dynamoguard|github.com/fencekit/fencekit/dynamoguard|github.com/aws/aws-sdk-go-v2 github.com/aws/aws-sdk-go-v2/service/dynamodb"
   "lease/dynamolease|github.com/fencekit/fencekit/lease/dynamolease|github.com/aws/aws-sdk-go-v2 github.com/aws/aws-sdk-go-v2/service/dynamodb"
-  "migrations|github.com/fencekit/fencekit/migrations|github.com/jackc/pgx github.com/pressly/goose"
+  # goose's own go.mod requires the MySQL and SQLite drivers (its
+  # dialects' tests): they are in the module graph of goose's direct
+  # users, never compiled into them. Package migrations imports neither.
+  "migrations|github.com/fencekit/fencekit/migrations|github.com/jackc/pgx github.com/pressly/goose github.com/go-sql-driver/mysql modernc.org/sqlite"
   "redischeck|github.com/fencekit/fencekit/redischeck|github.com/redis/go-redis"
   "fencegrpc|github.com/fencekit/fencekit/fencegrpc|google.golang.org/grpc"
+  # database/sql only: the MySQL and SQLite drivers are the user's choice.
+  "dbguard|github.com/fencekit/fencekit/dbguard|"
 )
 clients=(github.com/redis/go-redis github.com/jackc/pgx github.com/pressly/goose go.etcd.io/etcd
   github.com/go-zookeeper/zk github.com/prometheus/client_golang github.com/aws/aws-sdk-go-v2
-  github.com/aws/aws-sdk-go-v2/service/s3 github.com/aws/aws-sdk-go-v2/service/dynamodb)
+  github.com/aws/aws-sdk-go-v2/service/s3 github.com/aws/aws-sdk-go-v2/service/dynamodb
+  github.com/go-sql-driver/mysql modernc.org/sqlite)
 
 # Every module of the checkout, for replace directives.
 mapfile -t mods < <(GOWORK="$root/go.work" go list -m -f '{{.Path}} {{.Dir}}')

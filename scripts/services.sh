@@ -464,3 +464,64 @@ stop_dynamodb() {
     FENCE_DYNAMODB_LOG=""
   fi
 }
+
+# ensure_mariadb: MariaDB (Debian 12's MySQL server) answers as root with an
+# empty password at 127.0.0.1:3306 with a database named test, the address
+# package dbguard's tests use by default (FENCE_MYSQL_URL, a
+# go-sql-driver/mysql DSN, overrides it; then the server is yours to
+# provide). Installs Debian's mariadb-server where mariadbd is missing and
+# we are root, starts a stopped server, and lets root in from loopback with
+# an empty password (a fresh Debian install lets root in through the unix
+# socket only). The tests' destructive cases start private servers with
+# mariadb-install-db, which the package brings. Idempotent.
+ensure_mariadb() {
+  if [ -n "${FENCE_MYSQL_URL:-}" ] && [ "$FENCE_MYSQL_URL" != "root@tcp(127.0.0.1:3306)/test" ]; then
+    log "MariaDB: using FENCE_MYSQL_URL (not checked here; the tests fail loudly if it does not answer)"
+    return 0
+  fi
+  local tcp=(mariadb --protocol=tcp -h 127.0.0.1 -P 3306 -u root --connect-timeout=2)
+  if command -v mariadb >/dev/null 2>&1 && "${tcp[@]}" -e 'select 1' test >/dev/null 2>&1; then
+    log "MariaDB: 127.0.0.1:3306 answers"
+    return 0
+  fi
+  if ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ]; then
+    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+      log "MariaDB: not installed; install it (Debian: apt-get install mariadb-server) or set FENCE_MYSQL_URL"
+      return 1
+    fi
+    log "MariaDB: installing Debian's mariadb-server package"
+    if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+           DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mariadb-server; } >&2; then
+      log "MariaDB: apt-get install mariadb-server failed"
+      return 1
+    fi
+  fi
+  if ! "${tcp[@]}" -e 'select 1' >/dev/null 2>&1 && ! mariadb -u root -e 'select 1' >/dev/null 2>&1; then
+    log "MariaDB: not answering, starting it"
+    if [ -x /etc/init.d/mariadb ]; then
+      /etc/init.d/mariadb start >/dev/null 2>&1 || true
+    elif command -v mysqld_safe >/dev/null 2>&1; then
+      (setsid mysqld_safe >/dev/null 2>&1 &)
+    fi
+    for _ in $(seq 1 100); do
+      "${tcp[@]}" -e 'select 1' >/dev/null 2>&1 && break
+      mariadb -u root -e 'select 1' >/dev/null 2>&1 && break
+      sleep 0.2
+    done
+  fi
+  if ! "${tcp[@]}" -e 'select 1' >/dev/null 2>&1; then
+    # A fresh install: root may log in through the unix socket only.
+    if mariadb -u root -e 'select 1' >/dev/null 2>&1; then
+      log "MariaDB: letting root in from 127.0.0.1 with an empty password (loopback only)"
+      mariadb -u root -e "ALTER USER 'root'@'localhost' IDENTIFIED VIA mysql_native_password USING PASSWORD('') OR unix_socket;
+        CREATE USER IF NOT EXISTS 'root'@'127.0.0.1' IDENTIFIED VIA mysql_native_password USING PASSWORD('');
+        GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION; FLUSH PRIVILEGES;" >&2 || true
+    fi
+  fi
+  if ! "${tcp[@]}" -e 'CREATE DATABASE IF NOT EXISTS test' >/dev/null 2>&1; then
+    log "MariaDB: 127.0.0.1:3306 does not let root in with an empty password: $("${tcp[@]}" -e 'select 1' 2>&1 | head -n 1)"
+    log "MariaDB: fix the server, or set FENCE_MYSQL_URL to a DSN that works"
+    return 1
+  fi
+  log "MariaDB: 127.0.0.1:3306 answers"
+}

@@ -15,6 +15,7 @@ ensure_redis
 ensure_postgres
 ensure_zookeeper
 ensure_pgbouncer
+ensure_mariadb
 
 pkgs=("$@")
 # Every module of the workspace (go.work): the core (fence, lease, the

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pressly/goose/v3"
 
 	"github.com/fencekit/fencekit/migrations"
 )
@@ -72,10 +73,21 @@ Usage:
   fencekit help                       show this help
 
 Flags of every migrate command:
-  --database-url URL  PostgreSQL URL or DSN (default: $FENCE_POSTGRES_URL)
+  --dialect NAME      postgres (default), mysql (MySQL 8 or MariaDB 10.5+,
+                      package dbguard) or sqlite (package dbguard)
+  --database-url URL  PostgreSQL URL or DSN (default: $FENCE_POSTGRES_URL);
+                      with --dialect mysql a go-sql-driver DSN such as
+                      root@tcp(127.0.0.1:3306)/app (default: $FENCE_MYSQL_URL);
+                      with --dialect sqlite the database file (or a
+                      modernc.org/sqlite file: DSN)
   --schema NAME       schema for fencekit's tables, and where unqualified table
                       names are looked up (default: the connection's search_path)
   --timeout D         give up after this long (default 2m)
+
+With --dialect mysql or sqlite, --table is [database.]table (MySQL) or
+[schema.]table (SQLite), used exactly as given; --schema is not used (the
+DSN names the database); add-lock-version adds BIGINT UNSIGNED NOT NULL
+DEFAULT 0 (MySQL) or INTEGER NOT NULL DEFAULT 0 (SQLite).
 
 Table names follow SQL: unquoted parts are folded to lower case, quoted parts
 ("My Table") are kept exactly. Once a table is fenced, every write to it must
@@ -102,7 +114,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 // common holds the flags every migrate command takes.
 type common struct {
 	url     string
+	urlSet  bool
 	schema  string
+	dialect string
 	timeout time.Duration
 }
 
@@ -110,6 +124,7 @@ func (c *common) register(fs *flag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&c.url, "database-url", getenv(databaseURLVar), "PostgreSQL URL or DSN (default: $"+databaseURLVar+")")
 	fs.StringVar(&c.schema, "schema", "", "schema for fencekit's tables (default: the connection's search_path)")
 	fs.DurationVar(&c.timeout, "timeout", 2*time.Minute, "give up after this long")
+	fs.StringVar(&c.dialect, "dialect", "postgres", "postgres, mysql (MySQL/MariaDB) or sqlite")
 }
 
 // open opens and pings the database, and checks that --schema exists.
@@ -202,6 +217,15 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 		fmt.Fprintf(stderr, "fencekit migrate %s: unexpected arguments %q\n", sub, fs.Args())
 		return exitUsage
 	}
+	fs.Visit(func(f *flag.Flag) { c.urlSet = c.urlSet || f.Name == "database-url" })
+	dialect, err := sqlDialect(c.dialect)
+	if err != nil {
+		fmt.Fprintf(stderr, "fencekit migrate %s: %v\n", sub, err)
+		return exitUsage
+	}
+	if dialect != goose.DialectPostgres {
+		return runOtherDialect(ctx, sub, dialect, &c, getenv, to, table, out, apply, offline, stdout, stderr)
+	}
 	var tbl migrations.TableName
 	if needsTable {
 		if table == "" {
@@ -235,7 +259,6 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 		}
 		defer db.Close()
 	}
-	var err error
 	switch sub {
 	case "up":
 		err = migrateUp(ctx, db, stdout)

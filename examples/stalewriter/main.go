@@ -74,6 +74,7 @@ type options struct {
 	unguarded, keep        bool
 	dynamodb               bool
 	leaseStore             string
+	rowStore               string
 	redisURL, pgURL, s3URL string
 	jsonOut                string
 	downstream             bool // --downstream: see downstream.go
@@ -118,6 +119,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.keep, "keep", false, "keep the schema, the lease's keys and the S3 object after the run, for inspection; servers\nthe demo started itself are stopped, and their data directories are kept (their paths are printed)")
 	fs.StringVar(&o.leaseStore, "lease-store", demo.LeaseRedis, demo.LeaseStoreUsage)
 	fs.BoolVar(&o.dynamodb, "dynamodb", false, "also write the report to a DynamoDB item through dynamoguard, in a table of the run's own\nat $"+demo.DynamoEndpointVar+" (with --lease-store dynamodb: leases and a fenced item in DynamoDB)")
+	fs.StringVar(&o.rowStore, "row-store", rowPostgres, rowStoreUsage)
 	fs.StringVar(&o.redisURL, "redis-url", "", "Redis URL (default: $FENCE_REDIS_URL, else redis://127.0.0.1:6379/0, else one it starts)")
 	fs.StringVar(&o.pgURL, "postgres-url", "", "PostgreSQL URL (default: $FENCE_POSTGRES_URL, else postgres://postgres@127.0.0.1:5432/test, else one it starts)")
 	fs.StringVar(&o.s3URL, "s3-endpoint", "", "S3 endpoint URL; needs FENCE_S3_ACCESS_KEY and FENCE_S3_SECRET_KEY (default: $FENCE_S3_ENDPOINT, else a versitygw it starts)")
@@ -139,6 +141,9 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 		errs = append(errs, fmt.Errorf("--ttl %v: must be a whole number of milliseconds, from %v to %v", o.ttl, minTTL, maxTTL))
 	} else if o.pause == 0 {
 		o.pause = 2*o.ttl + time.Second
+	}
+	if err := checkRowStore(o.rowStore); err != nil {
+		errs = append(errs, err)
 	}
 	if err := demo.CheckLeaseStore(o.leaseStore); err != nil {
 		errs = append(errs, err)
@@ -185,12 +190,18 @@ type runInfo struct {
 	LeaseName   string `json:"lease_name"`
 	LeaseStore  string `json:"lease_store"`
 	RedisPrefix string `json:"redis_prefix"`
+	// RowStore and RowDSN say where the row lives with --row-store
+	// mariadb or sqlite (a database/sql DSN).
+	RowStore string `json:"row_store,omitempty"`
+	RowDSN   string `json:"row_dsn,omitempty"`
 }
 
 type finalState struct {
-	RowWrittenBy    string      `json:"row_written_by"`
-	RowToken        fence.Token `json:"row_token"`
-	RowLockVersion  int64       `json:"row_lock_version"`
+	RowWrittenBy   string      `json:"row_written_by"`
+	RowToken       fence.Token `json:"row_token"`
+	RowLockVersion int64       `json:"row_lock_version"`
+	// RowStore is where the row lives: "" (postgres), mariadb or sqlite.
+	RowStore        string      `json:"row_store,omitempty"`
 	ObjectWrittenBy string      `json:"object_written_by"`
 	ObjectToken     fence.Token `json:"object_token"`
 	// Item is set with --dynamodb: ItemWrittenBy and ItemToken then say
@@ -303,7 +314,8 @@ type scenario struct {
 	cfg workerConfig
 	*demo.Stores
 	s3         *s3.Client
-	objectDone func() // strikes the object off the run's ledger
+	objectDone func()       // strikes the object off the run's ledger
+	dropRowDB  func() error // removes the row's MariaDB database or SQLite file (--row-store)
 }
 
 func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error) {
@@ -315,6 +327,7 @@ func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error)
 		LeaseName: "stalewriter-" + id, LeaseStore: o.leaseStore, RedisPrefix: "fencekit:",
 		Consensus: demo.StoreFor(o.leaseStore, svc),
 		TTL:       o.ttl, WriteDelay: o.writeDelay, Unguarded: o.unguarded,
+		RowStore: o.rowStore,
 	}}
 	var err error
 	sc.Stores, err = demo.SetUpStores(ctx, demo.StoresConfig{
@@ -328,6 +341,11 @@ func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error)
 	})
 	if err != nil {
 		return nil, err
+	}
+	if sc.cfg.rowStoreName() != rowPostgres {
+		if sc.dropRowDB, err = sc.setUpRowDB(ctx); err != nil {
+			return nil, errorsJoin(err, sc.Stores.TearDown())
+		}
 	}
 	sc.s3 = services.NewS3Client(svc.S3)
 	if o.dynamodb {
@@ -360,6 +378,9 @@ func (sc *scenario) tearDown(errOut io.Writer) {
 	if err == nil {
 		sc.objectDone()
 	}
+	if sc.dropRowDB != nil {
+		err = errors.Join(err, sc.dropRowDB())
+	}
 	if err := errors.Join(sc.Stores.TearDown(), err, sc.tearDownDynamo(ctx)); err != nil {
 		fmt.Fprintf(errOut, "stalewriter: cleaning up: %v\n", err)
 	}
@@ -372,6 +393,9 @@ func (sc *scenario) keep(out io.Writer, svc *services.Set) {
 	fmt.Fprintf(out, "\nKept (--keep):\n  schema %s in %s\n", sc.cfg.Schema, services.Redact(sc.cfg.PostgresURL))
 	if sc.Redis != nil {
 		fmt.Fprintf(out, "  lease keys %s and %s in %s\n", sc.Keys.Lease, sc.Keys.Token, sc.cfg.RedisURL)
+	}
+	if sc.cfg.RowDSN != "" {
+		fmt.Fprintf(out, "  the row in %s: %s (remove it when done)\n", sc.cfg.RowStore, sc.cfg.RowDSN)
 	}
 	fmt.Fprintf(out, "  object s3://%s/%s at %s\n", sc.cfg.S3.Bucket, sc.cfg.ObjectKey, sc.cfg.S3.Endpoint)
 	if d := sc.cfg.Dynamo; d != nil {
@@ -395,7 +419,8 @@ func (sc *scenario) startWorker(role string, acquireTimeout time.Duration) (*pro
 func (sc *scenario) play(ctx context.Context, tl *demo.Timeline, o options) (*summary, error) {
 	sum := &summary{Unguarded: o.unguarded, TTLMillis: o.ttl.Milliseconds(), PauseMillis: o.pause.Milliseconds(),
 		Run: runInfo{Schema: sc.cfg.Schema, Table: sc.cfg.Table, RowID: sc.cfg.RowID, Bucket: sc.cfg.S3.Bucket,
-			ObjectKey: sc.cfg.ObjectKey, LeaseName: sc.cfg.LeaseName, LeaseStore: sc.cfg.LeaseStore, RedisPrefix: sc.cfg.RedisPrefix}}
+			ObjectKey: sc.cfg.ObjectKey, LeaseName: sc.cfg.LeaseName, LeaseStore: sc.cfg.LeaseStore, RedisPrefix: sc.cfg.RedisPrefix,
+			RowStore: sc.cfg.RowStore, RowDSN: sc.cfg.RowDSN}}
 	a, err := sc.startWorker("A", 30*time.Second)
 	if err != nil {
 		return nil, err
@@ -525,13 +550,19 @@ func (sc *scenario) play(ctx context.Context, tl *demo.Timeline, o options) (*su
 }
 
 func (sc *scenario) readFinal(ctx context.Context, f *finalState, unguarded bool) error {
-	table := pgx.Identifier{sc.cfg.Schema, sc.cfg.Table}.Sanitize()
-	var tok int64
-	if err := sc.Pool.QueryRow(ctx, `SELECT written_by, token, lock_version FROM `+table+` WHERE id = $1`, sc.cfg.RowID).
-		Scan(&f.RowWrittenBy, &tok, &f.RowLockVersion); err != nil {
-		return err
+	if sc.cfg.rowStoreName() != rowPostgres {
+		if err := sc.readFinalDB(ctx, f); err != nil {
+			return err
+		}
+	} else {
+		table := pgx.Identifier{sc.cfg.Schema, sc.cfg.Table}.Sanitize()
+		var tok int64
+		if err := sc.Pool.QueryRow(ctx, `SELECT written_by, token, lock_version FROM `+table+` WHERE id = $1`, sc.cfg.RowID).
+			Scan(&f.RowWrittenBy, &tok, &f.RowLockVersion); err != nil {
+			return err
+		}
+		f.RowToken = fence.Token(tok)
 	}
-	f.RowToken = fence.Token(tok)
 	var body []byte
 	if unguarded {
 		res, err := sc.s3.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(sc.cfg.S3.Bucket), Key: aws.String(sc.cfg.ObjectKey)})

@@ -34,6 +34,7 @@ func TestFlags(t *testing.T) {
 		{[]string{"extra"}, 2, "", "unexpected arguments"},
 		{[]string{"--nope"}, 2, "", "flag provided but not defined"},
 		{[]string{"--nope"}, 2, "", "Usage: go run ./examples/stalewriter"},
+		{[]string{"--row-store", "oracle"}, 2, "", `--row-store "oracle": want postgres, mariadb or sqlite`},
 		{[]string{"--lease-store", "consul"}, 2, "", `--lease-store "consul": want redis, postgres, postgres-session, etcd, zookeeper or dynamodb`},
 		// etcd counts TTLs in whole seconds: refused before any service is
 		// looked for.

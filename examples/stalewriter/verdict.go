@@ -85,7 +85,11 @@ func judge(events []event, final finalState, unguarded bool) verdict {
 		lateWriter, lateNewer string
 		rejectedWriter        string // who wrote late and was rejected
 	)
-	stores := []string{"postgres", "s3"}
+	rowStore := "postgres"
+	if final.RowStore != "" {
+		rowStore = final.RowStore
+	}
+	stores := []string{rowStore, "s3"}
 	if final.Item {
 		stores = append(stores, "dynamodb")
 	}
@@ -149,7 +153,7 @@ func judge(events []event, final finalState, unguarded bool) verdict {
 		}
 	}
 	if !unguarded && final.RowLockVersion != 0 && fence.Token(final.RowLockVersion) != final.RowToken {
-		problems = append(problems, fmt.Sprintf("postgres: lock_version %d does not match the row's token %d.", final.RowLockVersion, final.RowToken))
+		problems = append(problems, fmt.Sprintf("%s: lock_version %d does not match the row's token %d.", cmpStore(final.RowStore), final.RowLockVersion, final.RowToken))
 	}
 
 	v := verdict{OK: len(problems) == 0 && len(failures) == 0, Inconclusive: len(problems) == 0 && len(failures) > 0}
@@ -346,4 +350,12 @@ func freeze(events []event) (frozen, bool) {
 	}
 	f.pause = resumed.Sub(froze)
 	return f, true
+}
+
+// cmpStore names the row's store: postgres unless --row-store said otherwise.
+func cmpStore(s string) string {
+	if s == "" {
+		return "postgres"
+	}
+	return s
 }

@@ -50,6 +50,10 @@ type workerConfig struct {
 	Unguarded  bool          `json:"unguarded"`
 	// Dynamo is the DynamoDB item the workers also write (--dynamodb).
 	Dynamo *dynamoTarget `json:"dynamodb,omitempty"`
+	// RowStore is where the row lives (--row-store: "" or postgres,
+	// mariadb, sqlite) and RowDSN its database/sql DSN (not postgres).
+	RowStore string `json:"row_store,omitempty"`
+	RowDSN   string `json:"row_dsn,omitempty"`
 }
 
 const configVar = "FENCEKIT_STALEWRITER_WORKER"
@@ -68,7 +72,8 @@ type event struct {
 	Role  string      `json:"role"`
 	Kind  string      `json:"kind"`
 	Token fence.Token `json:"token,omitempty"`
-	// Store is "postgres", "s3" or "dynamodb" for write events.
+	// Store is "postgres" (or the --row-store), "s3" or "dynamodb" for
+	// write events.
 	Store string `json:"store,omitempty"`
 	// Accepted is set on write events the store accepted.
 	Accepted bool `json:"accepted,omitempty"`
@@ -217,6 +222,11 @@ func (w *worker) writeRow(ctx context.Context, pool *pgxpool.Pool, l *lease.Leas
 	cfg := w.cfg
 	tok, sent, deadline := l.Token(), time.Now(), l.Deadline()
 	var err error
+	if cfg.rowStoreName() != rowPostgres {
+		err = writeRowDB(ctx, cfg, tok, note)
+		w.reportWrite(event{Store: cfg.rowStoreName(), Token: tok, Sent: sent, Deadline: deadline}, err, fmt.Sprintf("row report id=%s", cfg.RowID))
+		return
+	}
 	if cfg.Unguarded {
 		_, err = pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET written_by = $1, token = $2, note = $3 WHERE id = $4`,
 			pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()), cfg.Role, int64(tok), note, cfg.RowID)

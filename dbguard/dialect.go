@@ -1,0 +1,412 @@
+package dbguard
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"math"
+	"reflect"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/fencekit/fencekit/fence"
+)
+
+// Dialect selects the SQL a guard speaks. The guard imports no driver:
+// open the database with the driver of your choice (the dialect's
+// documentation names the tested ones) and pass the dialect by value.
+type Dialect int
+
+const (
+	// MySQL is MySQL 8 and MariaDB 10.5 or later, through
+	// github.com/go-sql-driver/mysql (tested against MariaDB 10.11, the
+	// server Debian 12 ships; Oracle MySQL was not available to test).
+	// The lock_version column and the resource table's token are BIGINT
+	// UNSIGNED, so every token (up to 2^64-1) is stored exactly. Driver
+	// errors are recognized by the driver's *mysql.MySQLError (its
+	// exported Number), found without importing the driver.
+	MySQL Dialect = iota + 1
+	// SQLite is SQLite 3.35 or later, through modernc.org/sqlite (no
+	// cgo; tested with v1.62.0). SQLite's integers are signed 64-bit, so
+	// a token above 2^63-1 is refused before any I/O (fence.ErrInvalidToken).
+	// Driver errors are recognized by their Code() int method, which
+	// modernc.org/sqlite's *sqlite.Error has.
+	SQLite
+)
+
+// String returns "mysql" or "sqlite".
+func (d Dialect) String() string {
+	switch d {
+	case MySQL:
+		return "mysql"
+	case SQLite:
+		return "sqlite"
+	}
+	return fmt.Sprintf("Dialect(%d)", int(d))
+}
+
+func (d Dialect) valid() bool { return d == MySQL || d == SQLite }
+
+// DBTX is what a Table needs to run a statement: the shape that *sql.DB,
+// *sql.Conn and *sql.Tx all have. Pass a *sql.Tx to make a fenced write
+// part of your transaction.
+type DBTX interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// TxBeginner begins a transaction: *sql.DB and *sql.Conn satisfy it.
+type TxBeginner interface {
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
+}
+
+var (
+	_ DBTX       = (*sql.DB)(nil)
+	_ DBTX       = (*sql.Conn)(nil)
+	_ DBTX       = (*sql.Tx)(nil)
+	_ TxBeginner = (*sql.DB)(nil)
+	_ TxBeginner = (*sql.Conn)(nil)
+)
+
+// Names of the toolkit's objects, created by package migrations.
+const (
+	// ResourceTable holds the newest token of each resource fenced with a
+	// Guard.
+	ResourceTable = "fencekit_resource_tokens"
+	// LockVersionColumn is the column row-level fencing reads and writes
+	// on a fenced table: BIGINT UNSIGNED NOT NULL (MySQL) or INTEGER NOT
+	// NULL (SQLite), never written by anything else.
+	LockVersionColumn = "lock_version"
+)
+
+// ErrNotFound is returned by Table.Update and Table.Delete when no row has
+// the given key. Nothing was written.
+var ErrNotFound = errors.New("dbguard: row not found")
+
+// ErrExists is returned by Table.Insert when a row with the key already
+// exists and its lock_version is not newer than the presented token (when
+// it is newer, the error is a *fence.StaleError instead). Nothing was
+// written.
+var ErrExists = errors.New("dbguard: row already exists")
+
+// ErrAmbiguousKey is returned by a Table write when the key matches more
+// than one row: the key columns are not the primary key or a unique key.
+// Nothing was written.
+var ErrAmbiguousKey = errors.New("dbguard: key matches more than one row")
+
+// ErrRetryable is matched (through a *RetryableError) by failures that say
+// nothing about the token and may succeed when the whole transaction is
+// tried again: a deadlock (MySQL 1213), a lock wait timeout (MySQL 1205),
+// SQLite's SQLITE_BUSY and SQLITE_LOCKED (another writer held the
+// database longer than the busy timeout), and a row with the key created
+// by another transaction while this write looked for it. Never returned
+// for a stale token. Use IsRetryable to test any error.
+var ErrRetryable = errors.New("dbguard: retryable conflict")
+
+// ErrInvalid is returned, before any I/O, for an argument that cannot be
+// used: an unknown dialect, a nil database or function, an empty,
+// over-long or malformed identifier, a duplicate or ambiguous column, the
+// wrong number of key values, a NULL key value, an empty resource name.
+// Bad tokens match fence.ErrInvalidToken instead.
+var ErrInvalid = errors.New("dbguard: invalid argument")
+
+// ErrLockVersionType is returned by a Table write, and nothing is written,
+// when the table's lock_version column cannot hold every token exactly:
+// on MySQL anything but BIGINT UNSIGNED (a DOUBLE rounds two tokens above
+// 2^53 to one value, so a stale token would compare equal to a newer one;
+// INT overflows; a signed BIGINT cannot hold tokens above 2^63-1); on
+// SQLite a column whose declared type has no INTEGER affinity, or a row
+// whose lock_version is not stored as an integer.
+var ErrLockVersionType = errors.New("dbguard: lock_version column cannot hold every token")
+
+// ErrNoLockVersion is returned by a Table write when the table has no
+// lock_version column: add it with `fencekit migrate add-lock-version`,
+// or migrations.ApplyLockVersionFor. Nothing was written.
+var ErrNoLockVersion = errors.New("dbguard: table has no lock_version column")
+
+// ErrNoTable is returned by a Table write when the table does not exist.
+var ErrNoTable = errors.New("dbguard: table not found")
+
+// ErrNotMigrated is returned by a Guard when the toolkit's table does not
+// exist where it looks: run `fencekit migrate up --dialect mysql|sqlite`
+// (or migrations.UpFor)
+// there, or fix Options.Database.
+var ErrNotMigrated = errors.New("dbguard: fencekit's table not found: run `fencekit migrate up` first")
+
+// RetryableError is the rich form of ErrRetryable. Err is the cause; for a
+// deadlock or busy database it wraps the driver's error, so errors.As
+// still finds it.
+type RetryableError struct {
+	// Op says what was being done, for example "update `orders`".
+	Op string
+	// Err is the cause.
+	Err error
+}
+
+// Error describes the operation and its cause.
+func (e *RetryableError) Error() string {
+	return fmt.Sprintf("dbguard: %s: retryable: %v", e.Op, e.Err)
+}
+
+// Unwrap returns the cause.
+func (e *RetryableError) Unwrap() error { return e.Err }
+
+// Is reports whether target is ErrRetryable.
+func (e *RetryableError) Is(target error) bool { return target == ErrRetryable }
+
+// IsRetryable reports whether err is worth retrying as a whole
+// transaction: it matches ErrRetryable, or it carries a driver error that
+// is a MySQL deadlock or lock wait timeout or SQLite's SQLITE_BUSY or
+// SQLITE_LOCKED (for example one returned by your own statements inside
+// Guard.BeginFunc). A stale token is never retryable.
+func IsRetryable(err error) bool {
+	if err == nil || errors.Is(err, fence.ErrStaleToken) {
+		return false
+	}
+	if errors.Is(err, ErrRetryable) {
+		return true
+	}
+	if n, ok := mysqlNumber(err); ok {
+		return n == myDeadlock || n == myLockWaitTimeout
+	}
+	if c, ok := sqliteCode(err); ok {
+		return c&0xff == sqliteBusy || c&0xff == sqliteLocked
+	}
+	return false
+}
+
+// Driver error numbers the guard interprets.
+const (
+	myDupEntry        = 1062 // ER_DUP_ENTRY
+	myDeadlock        = 1213 // ER_LOCK_DEADLOCK
+	myLockWaitTimeout = 1205 // ER_LOCK_WAIT_TIMEOUT
+	myNoSuchTable     = 1146 // ER_NO_SUCH_TABLE
+	myBadField        = 1054 // ER_BAD_FIELD_ERROR
+
+	sqliteError      = 1
+	sqliteBusy       = 5
+	sqliteLocked     = 6
+	sqliteConstraint = 19
+)
+
+// mysqlNumber returns the error number of a *mysql.MySQLError
+// (github.com/go-sql-driver/mysql) in err's chain: a pointer to a struct
+// named MySQLError with an exported uint16 field Number. It is read by
+// reflection so that the guard's module does not require the driver.
+func mysqlNumber(err error) (int, bool) {
+	var n int
+	found := walk(err, func(e error) bool {
+		v := reflect.ValueOf(e)
+		if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
+			return false
+		}
+		if v.Elem().Type().Name() != "MySQLError" {
+			return false
+		}
+		f := v.Elem().FieldByName("Number")
+		if !f.IsValid() || f.Kind() != reflect.Uint16 {
+			return false
+		}
+		n = int(f.Uint())
+		return true
+	})
+	return n, found
+}
+
+// sqliteCode returns the result code of a SQLite error in err's chain:
+// an error with a Code() int method (modernc.org/sqlite's *sqlite.Error).
+func sqliteCode(err error) (int, bool) {
+	var c interface{ Code() int }
+	if errors.As(err, &c) && !isNil(c) {
+		return c.Code(), true
+	}
+	return 0, false
+}
+
+// walk calls f on err and every error it wraps, depth first, until f
+// returns true.
+func walk(err error, f func(error) bool) bool {
+	if err == nil {
+		return false
+	}
+	if f(err) {
+		return true
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		return walk(u.Unwrap(), f)
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			if walk(e, f) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// storeErr reports whether err is the database's own answer (a driver
+// error carrying the server's or library's error code): the statement
+// failed there and changed nothing.
+func (d Dialect) storeErr(err error) bool {
+	switch d {
+	case MySQL:
+		_, ok := mysqlNumber(err)
+		return ok
+	case SQLite:
+		_, ok := sqliteCode(err)
+		return ok
+	}
+	return false
+}
+
+// retryable reports whether err is a driver's deadlock, lock timeout or
+// busy database.
+func (d Dialect) retryable(err error) bool {
+	return !errors.Is(err, ErrRetryable) && IsRetryable(err)
+}
+
+// dupKey reports whether err is a unique-constraint violation.
+func (d Dialect) dupKey(err error) bool {
+	if n, ok := mysqlNumber(err); ok && d == MySQL {
+		return n == myDupEntry
+	}
+	if c, ok := sqliteCode(err); ok && d == SQLite {
+		// SQLITE_CONSTRAINT_PRIMARYKEY (1555) and _UNIQUE (2067).
+		return c == 1555 || c == 2067
+	}
+	return false
+}
+
+// wrapDBErr wraps a database error from op, turning deadlocks, lock
+// timeouts and busy databases into a *RetryableError. The driver's error
+// stays in the chain.
+func (d Dialect) wrapDBErr(op string, err error) error {
+	if d.retryable(err) {
+		return &RetryableError{Op: op, Err: err}
+	}
+	return fmt.Errorf("dbguard: %s: %w", op, err)
+}
+
+// sentErr maps the error of a statement that may have reached the
+// database. The database's own answer, a driver's ErrBadConn (which by
+// database/sql's contract means nothing was sent), a finished transaction
+// and a connection that is still valid (the statement could not be
+// encoded, or never left) are plain failures. Anything else happened
+// while the statement was in flight, and the database may have applied
+// it or may still apply it: the error matches fence.ErrOutcomeUnknown as
+// well as its cause. conn is the connection the statement ran on, or nil
+// when it is not known (inside a caller's *sql.Tx).
+func (d Dialect) sentErr(ctx context.Context, op string, err error, conn *sql.Conn) error {
+	if d.storeErr(err) || errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrTxDone) ||
+		errors.Is(err, sql.ErrConnDone) || (conn != nil && connValid(conn)) {
+		return d.wrapDBErr(op, err)
+	}
+	return fmt.Errorf("dbguard: %s: %w: %w", op, fence.ErrOutcomeUnknown, err)
+}
+
+// connValid reports whether the driver says conn's connection is still
+// usable (driver.Validator); a driver that does not say is taken as
+// broken.
+func connValid(conn *sql.Conn) bool {
+	valid := false
+	_ = conn.Raw(func(dc any) error {
+		if v, ok := dc.(driver.Validator); ok {
+			valid = v.IsValid()
+		}
+		return nil
+	})
+	return valid
+}
+
+// tokenArg converts a token to the argument d stores, or returns an error
+// wrapping fence.ErrInvalidToken.
+func (d Dialect) tokenArg(t fence.Token) (any, error) {
+	if err := t.Validate(); err != nil {
+		return nil, err
+	}
+	if d == SQLite {
+		if uint64(t) > math.MaxInt64 {
+			return nil, fmt.Errorf("%w: token %d is above SQLite's integer range (max %d): store tokens of at most 2^63-1 in SQLite",
+				fence.ErrInvalidToken, uint64(t), int64(math.MaxInt64))
+		}
+		return int64(t), nil
+	}
+	return uint64(t), nil
+}
+
+// maxIdentLen is the longest identifier d takes, in characters (MySQL:
+// 64) or bytes (SQLite has no limit; this one keeps statements sane).
+func (d Dialect) maxIdentLen() int {
+	if d == MySQL {
+		return 64
+	}
+	return 1024
+}
+
+// checkIdent validates one identifier for d.
+func (d Dialect) checkIdent(kind, s string) error {
+	switch {
+	case s == "":
+		return fmt.Errorf("%w: empty %s name", ErrInvalid, kind)
+	case !utf8.ValidString(s):
+		return fmt.Errorf("%w: %s name %q is not valid UTF-8", ErrInvalid, kind, s)
+	case strings.IndexByte(s, 0) >= 0:
+		return fmt.Errorf("%w: %s name %q contains a NUL byte", ErrInvalid, kind, s)
+	case d == MySQL && utf8.RuneCountInString(s) > d.maxIdentLen():
+		return fmt.Errorf("%w: %s name %q is longer than %d characters", ErrInvalid, kind, s, d.maxIdentLen())
+	case d == SQLite && len(s) > d.maxIdentLen():
+		return fmt.Errorf("%w: %s name %q is longer than %d bytes", ErrInvalid, kind, s, d.maxIdentLen())
+	case d == MySQL && strings.HasSuffix(s, " "):
+		// MySQL refuses names that end with a space.
+		return fmt.Errorf("%w: %s name %q ends with a space", ErrInvalid, kind, s)
+	}
+	return nil
+}
+
+// quote quotes one identifier: `name` with backquotes doubled (MySQL,
+// whatever sql_mode says: backquotes are always identifier quotes there),
+// "name" with double quotes doubled (SQLite).
+func (d Dialect) quote(s string) string {
+	if d == MySQL {
+		return "`" + strings.ReplaceAll(s, "`", "``") + "`"
+	}
+	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
+}
+
+// qualified quotes db.name, or name alone when db is empty.
+func (d Dialect) qualified(db, name string) string {
+	if db == "" {
+		return d.quote(name)
+	}
+	return d.quote(db) + "." + d.quote(name)
+}
+
+// isNull reports whether database/sql would send v as NULL: v is nil, a
+// nil pointer, map or slice, or a driver.Valuer (sql.NullString and
+// friends) whose Value is nil.
+func isNull(v any) bool {
+	if isNil(v) {
+		return true
+	}
+	if vr, ok := v.(driver.Valuer); ok {
+		dv, err := vr.Value()
+		return err == nil && dv == nil
+	}
+	return false
+}
+
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return rv.IsNil()
+	}
+	return false
+}

@@ -1,0 +1,170 @@
+// Package dbguard enforces fencing tokens in MySQL, MariaDB and SQLite,
+// through database/sql, so that a lock holder that has lost its lease (and
+// does not know it yet) cannot change your data. It is package sqlguard's
+// counterpart for these databases, with the same guarantees, errors and
+// options style.
+//
+// The package imports no database driver: open the database with the
+// driver you use (github.com/go-sql-driver/mysql for MySQL and MariaDB,
+// modernc.org/sqlite for SQLite: the tested ones) and pass the dialect by
+// value, dbguard.MySQL or dbguard.SQLite. A program that uses SQLite does
+// not inherit the MySQL driver, and the other way round.
+//
+// # Safety model
+//
+// A lease gives liveness, never safety: a holder paused by a GC, a
+// suspended VM or a slow network can wake up after its lease expired and
+// another holder got it, and go on writing. Every grant carries a fencing
+// token that grows with every grant (package fence); dbguard makes the
+// database reject a write whose token is older than the newest token
+// already accepted for the same row or resource (Kleppmann, "How to do
+// distributed locking", 2016). The check and the write are one atomic step
+// in the database. A write with the same token as the newest one (the same
+// holder writing again) is accepted. dbguard does not import any lease
+// package: tokens can come from fencekit leases or any source that only
+// grows.
+//
+// Two ways to fence, which combine:
+//
+//   - Row-level: a Table writes single rows of your table, which carries a
+//     lock_version column (BIGINT UNSIGNED on MySQL, INTEGER on SQLite;
+//     package migrations adds it). Update, Insert, Upsert and Delete each
+//     write only if the row's lock_version is <= the token, and set
+//     lock_version to the token.
+//   - Resource-level: a Guard fences any SQL that runs in a transaction.
+//     Guard.BeginFunc advances the resource's token in the toolkit's table
+//     fencekit_resource_tokens, holds that row (MySQL: its record lock;
+//     SQLite: the database's write lock) until the transaction ends, runs
+//     your function and commits; a stale token is rejected before your
+//     function runs. Guard.Advance does the same in a transaction you
+//     manage.
+//
+// # Every write must go through the guard
+//
+// The database enforces the token only on writes that present it. A plain
+// UPDATE of a fenced table that bypasses Table (or a transaction that
+// bypasses Guard) is not fenced, and if it does not set lock_version the
+// row no longer records which token wrote it. That is a bug in the code
+// that issues it. Never write lock_version yourself.
+//
+// # Outcomes and errors
+//
+// Each call returns nil (written), a *fence.StaleError (matching
+// fence.ErrStaleToken) carrying the presented token and the newest
+// accepted one, or an error: ErrNotFound, ErrExists, ErrAmbiguousKey,
+// ErrLockVersionType, ErrNoLockVersion, ErrNoTable, ErrNotMigrated, an
+// error matching ErrRetryable (see IsRetryable), an error matching
+// fence.ErrOutcomeUnknown (below), or a database error wrapped with %w so
+// that errors.As finds the driver's error. A rejected write changed
+// nothing. Bad input is refused before any I/O: a token that is 0, or
+// above 2^63-1 on SQLite (its integers are signed 64-bit), matches
+// fence.ErrInvalidToken; an unknown dialect, a nil database, an empty,
+// over-long or NUL-containing identifier, a column given twice, a key
+// column among the written columns, lock_version among your columns, or a
+// NULL key value match ErrInvalid. Identifiers are always quoted (MySQL:
+// backquotes, SQLite: double quotes, the quote character doubled), and
+// values are always bind parameters.
+//
+// # Outcomes that cannot be known
+//
+// A write whose context ends, or whose connection breaks, after the
+// statement was sent may have been applied. dbguard then returns an error
+// matching fence.ErrOutcomeUnknown joined with the cause, never success
+// and never a plain failure. Exactly: a Table write when its statement (or
+// the COMMIT of its rejection path's transaction) was sent and no answer
+// came; BeginFunc when COMMIT was sent and no answer came (an interruption
+// earlier commits nothing: the server rolls back the transaction of a
+// closed connection). A failure before anything was sent is plain: no
+// connection from the pool, a context that had ended, an error that
+// database/sql's contract marks as raised before sending
+// (driver.ErrBadConn), the database's own error answer, or a connection
+// the driver still reports valid (driver.Validator) after the error.
+// SQLite runs in the process: an interrupted statement is rolled back
+// before the call returns, so unknown outcomes there are rare (a context
+// that ends as the statement finishes).
+//
+// # One statement on the success path, the exact answer on the rejection path
+//
+// At a Table's first write, the guard reads the catalog once
+// (information_schema on MySQL, pragma_table_info and pragma_index_list on
+// SQLite): that the table exists, that lock_version can hold every token,
+// and whether a unique index (or the primary key) has exactly the key
+// columns. With one, each write is first sent as the plain statement with
+// "lock_version <= ?" added to its condition (an Insert: the plain
+// INSERT). When it reports one row written, that is the whole write: one
+// statement, as many round trips as the unfenced statement. When it
+// writes nothing, which says nothing about why, the rejection path runs a
+// short transaction that locks the row, reads its lock_version and writes
+// or says exactly why not (stale, missing, exists).
+//
+// MySQL's "rows affected" counts changed rows unless the client sets
+// clientFoundRows: a write of identical values with the same token
+// reports 0, as a stale one does. dbguard never reads 0 as stale: the
+// rejection path decides from the locked row, so the identical rewrite is
+// accepted (two more round trips) with or without clientFoundRows.
+//
+// The rejection path's transaction: on MySQL at READ COMMITTED with
+// SELECT ... FOR UPDATE (a locking read sees the newest committed row, not
+// the snapshot, and under READ COMMITTED InnoDB takes no gap lock for a
+// missing key, so two writers of one new key do not deadlock); on SQLite
+// the conditional write comes first, so that the transaction takes the
+// database's write lock before it reads (a deferred transaction that reads
+// and then writes gets SQLITE_BUSY at once when another connection wrote
+// in between). Passed a *sql.Tx, the guard runs the same statements in it.
+//
+// MySQL has no UPDATE ... RETURNING (MariaDB has RETURNING on INSERT and
+// DELETE only), so the exact answer cannot come from the write itself as
+// in sqlguard; the locking read in one transaction gives it instead.
+//
+// # The lock_version column
+//
+// On MySQL it must be BIGINT UNSIGNED: a DOUBLE rounds two tokens above
+// 2^53 to one value (a stale token would compare equal to a newer one),
+// INT overflows, a signed BIGINT cannot hold tokens above 2^63-1 and
+// DECIMAL or text compare in ways the guard does not read back. On SQLite
+// its declared type must have INTEGER affinity (it contains "INT",
+// https://sqlite.org/datatype3.html), and every fast-path write also
+// checks typeof(lock_version) = 'integer'. Any other type: ErrLockVersionType,
+// nothing written. What the first write learned is kept by the Table: a
+// column altered afterwards is seen only by the rejection path, which
+// refuses a stored value that is not an integer.
+//
+// # Isolation levels and locks
+//
+// MySQL and MariaDB default to REPEATABLE READ. Guard.BeginFunc uses
+// Options.TxOptions (default: the server's level). Its advance is the
+// transaction's first statement, an INSERT ... ON DUPLICATE KEY UPDATE on
+// the resource's primary key: an exclusive record lock, held until the
+// transaction ends, and no consistent read, so the snapshot of your
+// function's first read is taken after the fence is held. The first
+// advance of a new resource by several transactions at once may deadlock
+// under REPEATABLE READ (InnoDB's next-key locks on the duplicate key):
+// MySQL rolls one back with error 1213, which dbguard reports as
+// ErrRetryable. Lock wait timeouts (1205, after innodb_lock_wait_timeout)
+// are retryable too. dbguard never retries on its own.
+//
+// SQLite has one writer at a time. BeginFunc's advance is its first
+// statement and a write, so the transaction takes the write lock at once
+// (as BEGIN IMMEDIATE would) and keeps it until it ends. A second writer
+// waits up to the connection's busy timeout, then gets SQLITE_BUSY
+// (ErrRetryable): open the database with one (modernc.org/sqlite:
+// _pragma=busy_timeout(5000)); without it, concurrent writers fail at
+// once. WAL mode (_pragma=journal_mode(WAL)) lets readers run beside the
+// writer.
+//
+// # Round trips
+//
+// A Table write that succeeds: one statement (with go-sql-driver/mysql and
+// no interpolateParams, a statement with arguments is prepared, executed
+// and closed: two round trips, as for the unfenced statement), plus the
+// catalog reads at a Table's first write. A rejected write, or one
+// without a unique index on the key: the rejection path's transaction
+// (begin, the locking read, the write if it may, commit). Guard.BeginFunc
+// on MySQL: begin, one advance statement (a second, the read of the
+// locked row, for a new resource and for a rejection), your statements,
+// commit; on SQLite the same with the read only on rejection. Given a
+// *sql.DB, BeginFunc prepares the advance statement once (on the last
+// *sql.DB it was given; database/sql prepares it again on each pool
+// connection at its first use there), so that an advance is one round
+// trip, not a prepare and an execute.
+package dbguard
