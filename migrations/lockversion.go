@@ -227,45 +227,84 @@ func LockVersionMigration(t TableName) (string, error) {
 var ErrMigrationExists = errors.New("migrations: a lock_version migration for this table already exists")
 
 // WriteLockVersionMigration writes LockVersionMigration(t) into dir as
-// <version>_fencekit_lock_version_<table>.sql, where version is goose's
-// timestamp format (YYYYMMDDHHMMSS, UTC) of version, and returns the file's
-// path. It never overwrites a file; it fails if dir already holds a
-// migration with the same version, and with an error matching
-// ErrMigrationExists (naming the file) if dir already holds this table's
-// lock_version migration (a *_fencekit_lock_version_*.sql file with the
-// same text).
+// <version>_fencekit_lock_version_<table>.sql (see WriteMigrationFile for
+// how the version is chosen) and returns the file's path. It never
+// overwrites a file, and fails with an error matching ErrMigrationExists
+// (naming the file) if dir already holds this table's lock_version
+// migration (a *_fencekit_lock_version_*.sql file with the same text).
 func WriteLockVersionMigration(dir string, t TableName, version time.Time) (string, error) {
 	text, err := LockVersionMigration(t)
 	if err != nil {
 		return "", err
 	}
+	return writeLockVersionFile(dir, fileSafe(t), t.String(), text, version)
+}
+
+// writeLockVersionFile writes one dialect's lock_version migration text for
+// the table named what (in file names: word).
+func writeLockVersionFile(dir, word, what, text string, version time.Time) (string, error) {
 	if dir == "" {
 		return "", fmt.Errorf("%w: empty directory", ErrInvalid)
 	}
 	earlier, _ := filepath.Glob(filepath.Join(dir, "*_fencekit_lock_version_*.sql"))
 	for _, path := range earlier {
 		if b, err := os.ReadFile(path); err == nil && string(b) == text {
-			return "", fmt.Errorf("%w: %s is %s's (nothing written)", ErrMigrationExists, path, t)
+			return "", fmt.Errorf("%w: %s is %s's (nothing written)", ErrMigrationExists, path, what)
 		}
 	}
-	v := version.UTC().Format("20060102150405")
-	if taken, _ := filepath.Glob(filepath.Join(dir, v+"_*")); len(taken) > 0 {
-		return "", fmt.Errorf("migrations: version %s already used by %s", v, taken[0])
+	return WriteMigrationFile(dir, "fencekit_lock_version_"+word, text, version)
+}
+
+// maxVersionSteps bounds how many seconds past the asked version
+// WriteMigrationFile looks for a free one.
+const maxVersionSteps = 3600
+
+// WriteMigrationFile writes text into dir as the goose SQL migration
+// <version>_<name>.sql and returns its path. The version is goose's
+// timestamp format (YYYYMMDDHHMMSS, UTC) of at, or, when a file in dir
+// already has that version (another migration generated in the same
+// second, by this or an earlier run), the next second that no file in dir
+// has: versions never collide, so goose never refuses the directory. It
+// never overwrites a file (the file is created exclusively). Errors: the
+// file system's, wrapped; ErrInvalid for an empty dir or name; an error
+// when no version is free within an hour of at.
+func WriteMigrationFile(dir, name, text string, at time.Time) (string, error) {
+	if dir == "" || name == "" {
+		return "", fmt.Errorf("%w: empty directory or name", ErrInvalid)
 	}
-	name := v + "_fencekit_lock_version_" + fileSafe(t) + ".sql"
-	path := filepath.Join(dir, name)
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-	if err != nil {
-		return "", fmt.Errorf("migrations: %w", err)
+	at = at.UTC().Truncate(time.Second)
+	for i := 0; i < maxVersionSteps; i++ {
+		v := at.Add(time.Duration(i) * time.Second).Format("20060102150405")
+		if taken, _ := filepath.Glob(filepath.Join(dir, v+"_*")); len(taken) > 0 {
+			continue
+		}
+		path := filepath.Join(dir, v+"_"+name+".sql")
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if errors.Is(err, os.ErrExist) {
+			continue
+		}
+		if err != nil {
+			return "", fmt.Errorf("migrations: %w", err)
+		}
+		if _, err := f.WriteString(text); err != nil {
+			f.Close()
+			os.Remove(path)
+			return "", fmt.Errorf("migrations: write %s: %w", path, err)
+		}
+		if err := f.Close(); err != nil {
+			os.Remove(path)
+			return "", fmt.Errorf("migrations: write %s: %w", path, err)
+		}
+		// Another writer may have taken the same version with another
+		// name between the check and the create: all but the first name
+		// in sort order give way and take a later version.
+		if taken, _ := filepath.Glob(filepath.Join(dir, v+"_*")); len(taken) > 1 && taken[0] != path {
+			os.Remove(path)
+			continue
+		}
+		return path, nil
 	}
-	if _, err := f.WriteString(text); err != nil {
-		f.Close()
-		return "", fmt.Errorf("migrations: write %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return "", fmt.Errorf("migrations: write %s: %w", path, err)
-	}
-	return path, nil
+	return "", fmt.Errorf("migrations: no free migration version in %s within %v of %s", dir, maxVersionSteps*time.Second, at.Format("20060102150405"))
 }
 
 // fileSafe turns a table name into [a-z0-9_]+ for a file name.

@@ -5,8 +5,6 @@ import (
 	"database/sql"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -112,9 +110,8 @@ func runSQLDialect(ctx context.Context, sub string, dialect goose.Dialect, db *s
 			return err
 		}
 		if out != "" {
-			name := fmt.Sprintf("%s_fencekit_lock_version_%s.sql", time.Now().UTC().Format("20060102150405"), fileWord(table))
-			path := filepath.Join(out, name)
-			if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			path, err := migrations.WriteLockVersionMigrationFor(out, dialect, dbName, tbl, time.Now())
+			if err != nil {
 				return err
 			}
 			fmt.Fprintf(w, "wrote %s\n", path)
@@ -133,22 +130,11 @@ func runSQLDialect(ctx context.Context, sub string, dialect goose.Dialect, db *s
 	return fmt.Errorf("unknown subcommand %q", sub)
 }
 
-func fileWord(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if r == '_' || ('a' <= r && r <= 'z') || ('A' <= r && r <= 'Z') || ('0' <= r && r <= '9') {
-			b.WriteRune(r)
-		} else {
-			b.WriteByte('_')
-		}
-	}
-	return b.String()
-}
 
 // runOtherDialect checks the flags of a MySQL or SQLite run, opens the
 // database and runs the subcommand.
 func runOtherDialect(ctx context.Context, sub string, dialect goose.Dialect, c *common, getenv func(string) string,
-	to int64, table, out string, apply, offline bool, stdout, stderr io.Writer) int {
+	to int64, tables tableList, out string, apply, offline bool, stdout, stderr io.Writer) int {
 	url := c.url
 	if !c.urlSet {
 		url = ""
@@ -161,7 +147,7 @@ func runOtherDialect(ctx context.Context, sub string, dialect goose.Dialect, c *
 		fmt.Fprintf(stderr, "fencekit migrate %s: no database: pass --database-url%s\n", sub,
 			map[bool]string{true: " or set " + mysqlURLVar, false: ""}[dialect == migrations.DialectMySQL])
 		return exitUsage
-	case sub == "add-lock-version" && table == "":
+	case sub == "add-lock-version" && len(tables) == 0:
 		fmt.Fprintf(stderr, "fencekit migrate %s: --table is required\n", sub)
 		return exitUsage
 	case offline && apply:
@@ -185,9 +171,14 @@ func runOtherDialect(ctx context.Context, sub string, dialect goose.Dialect, c *
 		}
 		defer db.Close()
 	}
-	if err := runSQLDialect(ctx, sub, dialect, db, to, table, out, apply, stdout); err != nil {
-		fmt.Fprintf(stderr, "fencekit migrate %s: %v\n", sub, err)
-		return exitFail
+	if sub != "add-lock-version" {
+		tables = tableList{""}
+	}
+	for _, table := range tables {
+		if err := runSQLDialect(ctx, sub, dialect, db, to, table, out, apply, stdout); err != nil {
+			fmt.Fprintf(stderr, "fencekit migrate %s: %v\n", sub, err)
+			return exitFail
+		}
 	}
 	return exitOK
 }

@@ -3,7 +3,8 @@
 //	fencekit migrate up                  create or update fencekit's tables
 //	fencekit migrate down [--to N]       roll them back (all of them by default)
 //	fencekit migrate status              show which migrations are applied
-//	fencekit migrate add-lock-version --table [schema.]table [--apply] [--out DIR] [--offline]
+//	fencekit migrate add-lock-version --table [schema.]table [--table ...] [--apply] [--out DIR] [--offline]
+//	fencekit version                     print the version (also --version)
 //
 // Every migrate command takes --database-url (default: $FENCE_POSTGRES_URL)
 // and --schema (the schema for fencekit's tables; default: the first
@@ -19,8 +20,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/signal"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -46,7 +52,8 @@ const (
 	exitUsage = 2
 )
 
-const usage = `fencekit manages fencekit's database objects on PostgreSQL.
+const usage = `fencekit manages fencekit's database objects on PostgreSQL
+(and, with --dialect, on MySQL/MariaDB and SQLite).
 
 Usage:
   fencekit migrate up                 apply fencekit's migrations: create the
@@ -59,17 +66,25 @@ Usage:
                                       drops every stored resource token and
                                       lease)
   fencekit migrate status             list fencekit's migrations and their state
-  fencekit migrate add-lock-version --table [schema.]table [--apply] [--out DIR] [--offline]
+  fencekit migrate add-lock-version --table [schema.]table [--table ...] [--apply] [--out DIR] [--offline]
                                       add the lock_version column that row-level
-                                      fencing needs to one of your tables:
+                                      fencing needs to your tables (repeat
+                                      --table for several; each is checked
+                                      before anything is written):
                                         --out DIR  write a goose migration file
-                                                   (refused if DIR already has
-                                                   one for the table)
+                                                   per table (refused if DIR
+                                                   already has one for the
+                                                   table; its version is the
+                                                   current second, or the next
+                                                   one no file in DIR has)
                                         --apply    apply it to the database now
                                         neither    print the migration
                                         --offline  do not connect to check that
                                                    the table exists (not with
                                                    --apply)
+  fencekit version                    print the version, the Go version and the
+                                      newest fencekit migration it applies
+                                      (also --version)
   fencekit help                       show this help
 
 Flags of every migrate command:
@@ -102,6 +117,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	switch args[0] {
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
+		return exitOK
+	case "version", "-version", "--version":
+		fmt.Fprintln(stdout, versionLine())
 		return exitOK
 	case "migrate":
 		return runMigrate(ctx, args[1:], stdout, stderr, getenv)
@@ -177,7 +195,8 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	c.register(fs, getenv)
 	var (
 		to                 int64
-		table, out         string
+		tables             tableList
+		out                string
 		apply, offline     bool
 		known              = true
 		needsTable, needDB bool
@@ -189,7 +208,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 		fs.Int64Var(&to, "to", 0, "roll back migrations newer than this version")
 		needDB = true
 	case "add-lock-version":
-		fs.StringVar(&table, "table", "", "[schema.]table to add lock_version to")
+		fs.Var(&tables, "table", "[schema.]table to add lock_version to (repeat it for several tables)")
 		fs.StringVar(&out, "out", "", "write the goose migration file into this directory")
 		fs.BoolVar(&apply, "apply", false, "apply the migration to the database now")
 		fs.BoolVar(&offline, "offline", false, "do not check that the table exists (only without --apply)")
@@ -224,18 +243,21 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 		return exitUsage
 	}
 	if dialect != goose.DialectPostgres {
-		return runOtherDialect(ctx, sub, dialect, &c, getenv, to, table, out, apply, offline, stdout, stderr)
+		return runOtherDialect(ctx, sub, dialect, &c, getenv, to, tables, out, apply, offline, stdout, stderr)
 	}
-	var tbl migrations.TableName
+	var tbls []migrations.TableName
 	if needsTable {
-		if table == "" {
+		if len(tables) == 0 {
 			fmt.Fprintf(stderr, "fencekit migrate %s: --table is required\n", sub)
 			return exitUsage
 		}
-		var err error
-		if tbl, err = migrations.ParseTableName(table); err != nil {
-			fmt.Fprintf(stderr, "fencekit migrate %s: %v\n", sub, err)
-			return exitUsage
+		for _, table := range tables {
+			tbl, err := migrations.ParseTableName(table)
+			if err != nil {
+				fmt.Fprintf(stderr, "fencekit migrate %s: %v\n", sub, err)
+				return exitUsage
+			}
+			tbls = append(tbls, tbl)
 		}
 		if offline && apply {
 			fmt.Fprintf(stderr, "fencekit migrate %s: --offline cannot be used with --apply\n", sub)
@@ -267,7 +289,20 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	case "status":
 		err = migrateStatus(ctx, db, stdout)
 	case "add-lock-version":
-		err = addLockVersion(ctx, db, tbl, out, apply, stdout)
+		// Every table is checked before anything is written or applied.
+		if db != nil && !apply {
+			for _, tbl := range tbls {
+				if err = tableMustExist(ctx, db, tbl); err != nil {
+					break
+				}
+			}
+		}
+		for _, tbl := range tbls {
+			if err != nil {
+				break
+			}
+			err = addLockVersion(ctx, db, tbl, out, apply, stdout)
+		}
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "fencekit migrate %s: %v\n", sub, err)
@@ -324,16 +359,33 @@ func migrateStatus(ctx context.Context, db *sql.DB, w io.Writer) error {
 	return nil
 }
 
-func addLockVersion(ctx context.Context, db *sql.DB, tbl migrations.TableName, out string, apply bool, w io.Writer) error {
-	if db != nil && !apply {
-		ok, err := migrations.TableExists(ctx, db, tbl)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return fmt.Errorf("%w: %s (use --offline to generate the migration anyway)", migrations.ErrTableNotFound, tbl)
-		}
+// tableMustExist returns an error wrapping migrations.ErrTableNotFound,
+// naming the schemas searched, when tbl does not exist.
+func tableMustExist(ctx context.Context, db *sql.DB, tbl migrations.TableName) error {
+	ok, err := migrations.TableExists(ctx, db, tbl)
+	if err != nil {
+		return err
 	}
+	if !ok {
+		return fmt.Errorf("%w: %s (%s; use --offline to generate the migration anyway)", migrations.ErrTableNotFound, tbl, searched(ctx, db, tbl))
+	}
+	return nil
+}
+
+// searched says where tbl was looked for: its schema, or the connection's
+// search_path for an unqualified name.
+func searched(ctx context.Context, db *sql.DB, tbl migrations.TableName) string {
+	if tbl.Schema != "" {
+		return fmt.Sprintf("looked in schema %q", tbl.Schema)
+	}
+	var path string
+	if err := db.QueryRowContext(ctx, `SELECT array_to_string(pg_catalog.current_schemas(false), ', ')`).Scan(&path); err != nil || path == "" {
+		return "no schema of the search_path has it; qualify the name as schema.table or pass --schema"
+	}
+	return fmt.Sprintf("looked in the search_path: %s; qualify the name as schema.table or pass --schema", path)
+}
+
+func addLockVersion(ctx context.Context, db *sql.DB, tbl migrations.TableName, out string, apply bool, w io.Writer) error {
 	if out != "" {
 		path, err := migrations.WriteLockVersionMigration(out, tbl, time.Now())
 		if err != nil {
@@ -343,6 +395,9 @@ func addLockVersion(ctx context.Context, db *sql.DB, tbl migrations.TableName, o
 	}
 	if apply {
 		had, err := migrations.LockVersionOf(ctx, db, tbl)
+		if errors.Is(err, migrations.ErrTableNotFound) {
+			return fmt.Errorf("%w (%s)", err, searched(ctx, db, tbl))
+		}
 		if err != nil {
 			return err
 		}
@@ -366,4 +421,64 @@ func addLockVersion(ctx context.Context, db *sql.DB, tbl migrations.TableName, o
 		fmt.Fprint(w, text)
 	}
 	return nil
+}
+
+// tableList is the value of a repeatable --table flag.
+type tableList []string
+
+func (l *tableList) String() string { return strings.Join(*l, ",") }
+
+func (l *tableList) Set(v string) error {
+	if v == "" {
+		return errors.New("empty table name")
+	}
+	*l = append(*l, v)
+	return nil
+}
+
+// versionLine says which fencekit this is: the module version it was built
+// at ("(devel)" when built from a checkout, with the VCS revision when go
+// build recorded one), the Go version, and the highest fencekit migration
+// it applies.
+func versionLine() string {
+	v, rev, dirty, goVersion := "(unknown)", "", false, runtime.Version()
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		v, goVersion = bi.Main.Version, bi.GoVersion
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				rev = s.Value
+			case "vcs.modified":
+				dirty = s.Value == "true"
+			}
+		}
+	}
+	if rev != "" {
+		if len(rev) > 12 {
+			rev = rev[:12]
+		}
+		v += " " + rev
+		if dirty {
+			v += "+dirty"
+		}
+	}
+	line := fmt.Sprintf("fencekit %s (%s)", v, goVersion)
+	if latest := latestMigration(); latest > 0 {
+		line += fmt.Sprintf("; fencekit migrations up to version %d", latest)
+	}
+	return line
+}
+
+// latestMigration is the highest version among the embedded PostgreSQL
+// migrations (0 if none can be read).
+func latestMigration() int64 {
+	names, _ := fs.Glob(migrations.FS(), "*.sql")
+	var latest int64
+	for _, n := range names {
+		digits := n[:strings.IndexFunc(n+"_", func(r rune) bool { return r < '0' || r > '9' })]
+		if v, err := strconv.ParseInt(digits, 10, 64); err == nil && v > latest {
+			latest = v
+		}
+	}
+	return latest
 }
