@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -61,7 +60,8 @@ func TestObserverSeesEveryWrite(t *testing.T) {
 	err = tbl.Insert(call("bad"), e.pool, fence.None, []any{4})
 	checkEvent(t, rec, "bad", "observed", "insert", fence.None, err, fence.Failed)
 
-	// Unknown: the write waits on a row lock when its deadline falls.
+	// Unknown: the write is at the server, waiting on a row lock, when its
+	// context is cancelled (cancelled only once the server says it waits).
 	holder, err := e.pool.Begin(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -70,9 +70,13 @@ func TestObserverSeesEveryWrite(t *testing.T) {
 	if _, err := holder.Exec(context.Background(), `SELECT 1 FROM observed WHERE id = 1 FOR UPDATE`); err != nil {
 		t.Fatal(err)
 	}
-	wctx, cancel := context.WithTimeout(call("unknown"), 300*time.Millisecond)
-	err = tbl.Upsert(wctx, e.pool, 7, []any{1}, sqlguard.Col("owner", "x"))
+	conn := connect(t, context.Background(), e.schema)
+	wctx, cancel := context.WithCancel(call("unknown"))
+	done := make(chan error, 1)
+	go func() { done <- tbl.Upsert(wctx, conn, 7, []any{1}, sqlguard.Col("owner", "x")) }()
+	waitBlocked(t, e, conn.PgConn().PID())
 	cancel()
+	err = <-done
 	checkEvent(t, rec, "unknown", "observed", "upsert", 7, err, fence.Unknown)
 	_ = holder.Rollback(context.Background())
 

@@ -791,12 +791,27 @@ func testReleaseSemantics(t *testing.T, s *suite) {
 func testLosesAtLocalDeadline(t *testing.T, s *suite) {
 	m := newManager(t, s.backend(), s.short, lease.WithoutAutoRenew())
 	n := name(t)
-	before := time.Now()
-	l, err := m.TryAcquire(ctxT(t), n)
+	var (
+		l             *lease.Lease
+		err           error
+		before, after time.Time
+	)
+	// A grant whose reply came later than the short TTL is given back (the
+	// Manager's rule, not this check's subject): on a loaded machine, ask
+	// again, a few times.
+	for range 5 {
+		before = time.Now()
+		l, err = m.TryAcquire(ctxT(t), n)
+		after = time.Now()
+		var held *driver.NotAcquiredError
+		if err == nil || !errors.Is(err, lease.ErrNotAcquired) || errors.As(err, &held) {
+			break
+		}
+		t.Logf("TryAcquire: %v; asking again", err)
+	}
 	if err != nil {
 		t.Fatalf("TryAcquire: %v", err)
 	}
-	after := time.Now()
 	validity := l.TTL() - m.Options().SafetyMargin
 	if dl := l.Deadline(); dl.Before(before.Add(validity)) || dl.After(after.Add(validity)) {
 		t.Fatalf("deadline %v after the call began and %v after it returned; want the send time + %v (TTL - safety margin)", dl.Sub(before), dl.Sub(after), validity)
