@@ -112,6 +112,9 @@ func (m *Manager) TryAcquire(ctx context.Context, name string) (*Lease, error) {
 	if err != nil && ctx.Err() != nil && outcomeUnknown(err) {
 		err = m.abandonAfter(ctx, req, time.Since(start), err)
 	}
+	if err != nil {
+		err = m.nameHolder(ctx, err)
+	}
 	return l, err
 }
 
@@ -291,6 +294,7 @@ func (m *Manager) abandonAfter(ctx context.Context, req Request, spent time.Dura
 // attempt's error, the last store error if that was another one, and
 // ctx.Err().
 func (m *Manager) giveUp(ctx context.Context, name string, last, storeErr error) error {
+	last = m.nameHolder(context.WithoutCancel(ctx), last)
 	// One line, every cause matchable with errors.Is.
 	format, args := "%w", []any{last}
 	if !errors.Is(last, ErrNotAcquired) {
@@ -300,6 +304,27 @@ func (m *Manager) giveUp(ctx context.Context, name string, last, storeErr error)
 		format, args = format+"; last store error: %w", append(args, storeErr)
 	}
 	return fmt.Errorf(format+"; %w", append(args, ctx.Err())...)
+}
+
+// holderLookupTimeout bounds the read that names the holder in a refusal.
+const holderLookupTimeout = 500 * time.Millisecond
+
+// nameHolder fills in the Holder of a *NotAcquiredError in err that lacks
+// one, when the backend can say who holds the lease (Inspector): one read,
+// bounded by ctx and by holderLookupTimeout, on the refusal path only. A
+// failed read leaves err as it was.
+func (m *Manager) nameHolder(ctx context.Context, err error) error {
+	var na *NotAcquiredError
+	in, ok := m.b.(Inspector)
+	if !ok || !errors.As(err, &na) || na.Holder.Owner != "" {
+		return err
+	}
+	hctx, cancel := context.WithTimeout(ctx, holderLookupTimeout)
+	defer cancel()
+	if h, herr := in.Holder(hctx, na.Name); herr == nil {
+		na.Holder = h
+	}
+	return err
 }
 
 // pollWait is how long a blocked Acquire sleeps without a signal. When the

@@ -120,13 +120,25 @@ type NotAcquiredError struct {
 	// RetryAfter is the store's estimate of how long the current holder's
 	// grant has left (0 if unknown). Acquire uses it to time its next try.
 	RetryAfter time.Duration
+	// Holder is the current holder as the store reported it (Owner empty
+	// when unknown): a backend sets it when its refusal carries it; the
+	// Manager fills it in with Inspector.Holder when it returns the error
+	// to its caller.
+	Holder Holder
 }
 
 func (e *NotAcquiredError) Error() string {
-	if e.RetryAfter > 0 {
-		return fmt.Sprintf("lease: not acquired: %q is held by another owner (expires in %v unless renewed)", e.Name, e.RetryAfter)
+	who := "another owner"
+	if e.Holder.Owner != "" {
+		who = e.Holder.Owner
+		if e.Holder.Token != fence.None {
+			who += fmt.Sprintf(" (token %d)", e.Holder.Token)
+		}
 	}
-	return fmt.Sprintf("lease: not acquired: %q is held by another owner", e.Name)
+	if e.RetryAfter > 0 {
+		return fmt.Sprintf("lease: not acquired: %q is held by %s (expires in %v unless renewed)", e.Name, who, e.RetryAfter)
+	}
+	return fmt.Sprintf("lease: not acquired: %q is held by %s", e.Name, who)
 }
 
 // Is makes errors.Is(err, ErrNotAcquired) match.

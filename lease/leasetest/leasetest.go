@@ -35,6 +35,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -132,6 +133,7 @@ func Run(t *testing.T, cfg Config) {
 		{"RunReportsALossDuringTheWork", testRunLost},
 		{"ElectionHandsLeadershipOver", testElection},
 		{"ObserveReportsEachLeader", testObserve},
+		{"RefusalNamesTheHolder", testRefusalNamesHolder},
 	}
 	// The data-loss check wipes the store: it runs alone, after the others.
 	var destructive []func(*testing.T)
@@ -1246,4 +1248,34 @@ func testObserve(t *testing.T, s *suite) {
 	for h := range reports {
 		t.Fatalf("report %+v after nothing changed", h)
 	}
+}
+
+// testRefusalNamesHolder: a TryAcquire refused, and a blocking Acquire that
+// gives up, name the current holder (owner and token) in their error.
+func testRefusalNamesHolder(t *testing.T, s *suite) {
+	_, ok := s.backend().(driver.Inspector)
+	s.need(t, Inspect, ok)
+	n := name(t)
+	l, err := newManager(t, s.connect(), s.long, lease.WithIdentity("holder")).TryAcquire(ctxT(t), n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctxT(t))
+	m := newManager(t, s.connect(), s.long, lease.WithIdentity("waiter"))
+	check := func(what string, err error) {
+		t.Helper()
+		var na *driver.NotAcquiredError
+		if !errors.As(err, &na) || na.Holder.Owner != l.Owner() || na.Holder.Token != l.Token() {
+			t.Fatalf("%s = %v; want a NotAcquiredError naming owner %q, token %d", what, err, l.Owner(), l.Token())
+		}
+		if !strings.Contains(err.Error(), l.Owner()) || strings.Contains(err.Error(), "\n") {
+			t.Fatalf("%s = %q; want one line naming the holder %q", what, err, l.Owner())
+		}
+	}
+	_, err = m.TryAcquire(ctxT(t), n)
+	check("TryAcquire", err)
+	ctx, cancel := context.WithTimeout(ctxT(t), 300*time.Millisecond)
+	defer cancel()
+	_, err = m.Acquire(ctx, n)
+	check("Acquire", err)
 }
