@@ -303,6 +303,21 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 	}
 }
 
+// Run acquires a permit (waiting as Acquire does), runs fn under it and
+// releases it, as Manager.Run does for a lease: fn's context ends when the
+// permit is lost or released or ctx ends, and l.Name() is the slot whose
+// resources fn may fence with l.Token(). Its errors are Manager.Run's.
+func (s *Semaphore) Run(ctx context.Context, fn func(ctx context.Context, l *Lease) error) error {
+	if fn == nil {
+		return errNilRunFunc
+	}
+	l, err := s.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	return runHeld(ctx, l, fn)
+}
+
 // abandonEach abandons each request (Backend.Abandon), each given as long as
 // an abandoned attempt of Acquire is, and logs those the store could not
 // take: a grant they made then expires after its TTL.

@@ -435,3 +435,36 @@ func TestSemaphoreAbandonsSlotsOfUnknownOutcome(t *testing.T) {
 		})
 	}
 }
+
+// TestSemaphoreRun: Run holds a permit for the work and releases it after,
+// also when the work fails; the work's error is returned.
+func TestSemaphoreRun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := semaphoreManager(t, lease.NewMemoryBackend(), 10*time.Second)
+		s := newSemaphore(t, m, "workers", 1)
+		ctx := context.Background()
+		boom := errors.New("boom")
+		var slot string
+		err := s.Run(ctx, func(ctx context.Context, l *lease.Lease) error {
+			slot = l.Name()
+			if _, err := s.TryAcquire(ctx); !errors.Is(err, lease.ErrNotAcquired) {
+				t.Errorf("TryAcquire while Run holds the only permit = %v", err)
+			}
+			if tok, ok := fence.FromContext(ctx); !ok || tok != l.Token() {
+				t.Errorf("the work's context carries token %d, %v; want %d", tok, ok, l.Token())
+			}
+			return boom
+		})
+		if !errors.Is(err, boom) || slot != s.Slots()[0] {
+			t.Fatalf("Run = %v on %q", err, slot)
+		}
+		l, err := s.TryAcquire(ctx)
+		if err != nil {
+			t.Fatalf("the permit was not released after Run: %v", err)
+		}
+		_ = l.Release(ctx)
+		if err := s.Run(ctx, nil); !errors.Is(err, lease.ErrInvalidOptions) {
+			t.Fatalf("Run(nil) = %v", err)
+		}
+	})
+}
