@@ -468,3 +468,70 @@ func TestSemaphoreRun(t *testing.T) {
 		}
 	})
 }
+
+// setupFailingBackend refuses every acquire as a store that is not set up.
+type setupFailingBackend struct{ *lease.MemoryBackend }
+
+func (setupFailingBackend) Acquire(context.Context, driver.Request) (driver.Grant, error) {
+	return driver.Grant{}, &driver.SetupError{Fix: "run fencekit migrate up"}
+}
+
+// noWatchBackend's Watch always fails: waiters must poll.
+type noWatchBackend struct{ *lease.MemoryBackend }
+
+func (noWatchBackend) Watch(context.Context, string) (<-chan struct{}, func(), error) {
+	return nil, nil, errors.New("pub/sub unavailable")
+}
+
+// TestSemaphoreAcquireStopsOnSetupError: a store that is not set up ends
+// Acquire at once with ErrSetup, not at its context's end.
+func TestSemaphoreAcquireStopsOnSetupError(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := semaphoreManager(t, setupFailingBackend{lease.NewMemoryBackend()}, time.Second)
+		s := newSemaphore(t, m, "jobs", 3)
+		start := time.Now()
+		if _, err := s.Acquire(context.Background()); !errors.Is(err, lease.ErrSetup) || time.Since(start) != 0 {
+			t.Fatalf("Acquire = %v after %v, want ErrSetup at once", err, time.Since(start))
+		}
+		if _, err := s.TryAcquire(context.Background()); !errors.Is(err, lease.ErrSetup) {
+			t.Fatalf("TryAcquire = %v, want ErrSetup", err)
+		}
+	})
+}
+
+// TestSemaphoreWaiterPollsWhenWatchFails: when the store cannot watch, a
+// waiter still gets a released slot, within a poll interval.
+func TestSemaphoreWaiterPollsWhenWatchFails(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const poll = 500 * time.Millisecond
+		m := semaphoreManager(t, noWatchBackend{lease.NewMemoryBackend()}, time.Minute, lease.WithPollInterval(poll))
+		s := newSemaphore(t, m, "jobs", 2)
+		var held []*lease.Lease
+		for range 2 {
+			l, err := s.TryAcquire(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, l)
+		}
+		got := make(chan *lease.Lease)
+		go func() {
+			l, err := s.Acquire(context.Background())
+			if err != nil {
+				panic(err)
+			}
+			got <- l
+		}()
+		time.Sleep(3 * poll)
+		releasedAt := time.Now()
+		if err := held[0].Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		l := <-got
+		if waited := time.Since(releasedAt); waited > poll || l.Name() != held[0].Name() {
+			t.Fatalf("waiter got %q %v after the release of %q; want that slot within the poll interval %v", l.Name(), waited, held[0].Name(), poll)
+		}
+		_ = l.Release(context.Background())
+		_ = held[1].Release(context.Background())
+	})
+}
