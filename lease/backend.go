@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/fencekit/fencekit/lease/driver"
@@ -73,9 +74,18 @@ var ErrExpiredAtStore = driver.ErrExpiredAtStore
 const MaxNameLen = driver.MaxNameLen
 
 // ValidateName returns an error matching ErrInvalidName when name cannot be
-// a lease name (see driver.ValidateName). The Manager calls it before any
-// I/O.
-func ValidateName(name string) error { return driver.ValidateName(name) }
+// a lease name: see driver.ValidateName, and names ending in "#permit/"
+// and digits are reserved for the slots of semaphores (SlotName). The
+// Manager calls it before any I/O.
+func ValidateName(name string) error {
+	if err := driver.ValidateName(name); err != nil {
+		return err
+	}
+	if reservedName(name) {
+		return fmt.Errorf("%w: name %q ends in %q and digits, the form reserved for the slots of semaphores (lease.SlotName)", ErrInvalidName, name, permitMarker)
+	}
+	return nil
+}
 
 // Deprecated: use driver.EndedOwnerTTL.
 func EndedOwnerTTL(ttl time.Duration) time.Duration { return driver.EndedOwnerTTL(ttl) }

@@ -64,6 +64,10 @@
 //	defer l.Release(context.Background())
 //	err = doWork(l.Context(), l.Token())
 //
+// For "at most N holders at once", NewSemaphore makes a semaphore of N
+// permits, each a lease of its own slot with its own tokens (see
+// Semaphore: fence per slot).
+//
 // The in-memory backend (package memlease; NewMemoryBackend here) serves
 // unit tests and examples.
 // The stores' backends are modules of their own, so that a program using one

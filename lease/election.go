@@ -7,15 +7,18 @@ import (
 	mrand "math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 // Holder asks the store who holds the lease name now. It returns an error
 // matching ErrNotHeld when no one does, and one matching
 // errors.ErrUnsupported when the backend does not implement Inspector.
 // The answer may be stale by the time it arrives: use it to report, never
-// to decide who may write (that is what the fencing token is for).
+// to decide who may write (that is what the fencing token is for). name
+// may be a semaphore's slot (Semaphore.Slots).
 func (m *Manager) Holder(ctx context.Context, name string) (Holder, error) {
-	if err := ValidateName(name); err != nil {
+	if err := driver.ValidateName(name); err != nil { // a semaphore's slot too
 		return Holder{}, err
 	}
 	in, ok := m.b.(Inspector)

@@ -68,7 +68,8 @@ func newLease(m *Manager, parent context.Context) *Lease {
 	return l
 }
 
-// Name returns the lease name.
+// Name returns the lease name; for a semaphore's permit, the name of its
+// slot (SlotName), which is what the permit's token fences.
 func (l *Lease) Name() string { return l.g.Name }
 
 // Owner returns the owner this grant is stored under: the Manager's

@@ -1,0 +1,307 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fencekit/fencekit/internal/dynamotest"
+	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/dynamolease"
+	"github.com/fencekit/fencekit/lease/pglease"
+	"github.com/fencekit/fencekit/lease/redislease"
+)
+
+// BenchmarkSemaphoreCyclePaired is one uncontended permit cycle
+// (Semaphore.TryAcquire + Lease.Release) on the shared Redis, each cycle
+// paired with a mutex cycle (Manager.TryAcquire + Release of a plain lease)
+// on the same Manager and client, interleaved and alternated as in
+// BenchmarkCyclePaired:
+//
+//   - lib=mutex: the mutex cycle against itself (the noise band).
+//   - lib=semaphore-1, lib=semaphore-8: a semaphore of 1 or 8 permits, all
+//     free: the first slot tried is granted.
+//   - lib=semaphore-8-7held: 8 permits of which 7 are held by another
+//     Manager: TryAcquire tries slots in a random order until it finds the
+//     free one, (8+1)/2 = 4.5 acquire requests on average.
+//
+// ns/op is the library's mean cycle; mutex-ratio its time over the paired
+// mutex cycles'; rtts/op the round trips of the library's own cycles.
+func BenchmarkSemaphoreCyclePaired(b *testing.B) {
+	ctx := context.Background()
+	c := redistest.Shared(b)
+	rt := new(RoundTrips)
+	c.AddHook(rt)
+	be := newRedisBackend(b, c, redistest.Prefix(b)+"sem:")
+	m, other := must(lease.NewManager(be, benchTTL))(b), must(lease.NewManager(be, benchTTL))(b)
+	mutex := func() error {
+		l, err := m.TryAcquire(ctx, "mutex")
+		if err != nil {
+			return err
+		}
+		return l.Release(ctx)
+	}
+	semCycle := func(name string, permits, held int) func() error {
+		s, hs := must(lease.NewSemaphore(m, name, permits))(b), must(lease.NewSemaphore(other, name, permits))(b)
+		for range held {
+			l, err := hs.TryAcquire(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { _ = l.Release(context.Background()) })
+		}
+		return func() error {
+			l, err := s.TryAcquire(ctx)
+			if err != nil {
+				return err
+			}
+			return l.Release(ctx)
+		}
+	}
+	libs := []struct {
+		name  string
+		cycle func() error
+	}{
+		{"mutex", mutex},
+		{"semaphore-1", semCycle("s1", 1, 0)},
+		{"semaphore-8", semCycle("s8", 8, 0)},
+		{"semaphore-8-7held", semCycle("s8held", 8, 7)},
+	}
+	for _, lib := range libs {
+		b.Run("lib="+lib.name, func(b *testing.B) {
+			var libT, baseT time.Duration
+			var libRT int64
+			ops := 0
+			timed := func(f func() error, d *time.Duration, rts *int64) {
+				r0, t0 := rt.Load(), time.Now()
+				err := f()
+				*d += time.Since(t0)
+				if rts != nil {
+					*rts += rt.Load() - r0
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+			for range 20 { // warm up connections and script caches of both
+				timed(lib.cycle, new(time.Duration), nil)
+				timed(mutex, new(time.Duration), nil)
+			}
+			for b.Loop() {
+				if ops%2 == 0 {
+					timed(lib.cycle, &libT, &libRT)
+					timed(mutex, &baseT, nil)
+				} else {
+					timed(mutex, &baseT, nil)
+					timed(lib.cycle, &libT, &libRT)
+				}
+				ops++
+			}
+			b.ReportMetric(float64(libT.Nanoseconds())/float64(ops), "ns/op")
+			b.ReportMetric(float64(libT)/float64(baseT), "mutex-ratio")
+			b.ReportMetric(float64(libRT)/float64(ops), "rtts/op")
+		})
+	}
+}
+
+// fairnessContenders contend for one lease name in BenchmarkFairness.
+const fairnessContenders = 8
+
+// fairnessDuration is how long each BenchmarkFairness run contends
+// (FENCE_BENCH_FAIRNESS, a Go duration; default 5 s).
+func fairnessDuration(b *testing.B) time.Duration {
+	if s := os.Getenv("FENCE_BENCH_FAIRNESS"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			b.Fatalf("FENCE_BENCH_FAIRNESS=%q: %v", s, err)
+		}
+		return d
+	}
+	return 5 * time.Second
+}
+
+// BenchmarkFairness: 8 contenders, each with a Manager and a backend of
+// its own (its own connections, as 8 processes would have), loop on one
+// lease name for a fixed time: Acquire, hold it 1 ms, Release, and at once
+// Acquire again. A release wakes every waiter (or, without Watcher, the
+// next poll finds the name free) and whichever asks first wins: there is
+// no queue, and the contender that just released asks again at once.
+// FIFO is not offered by any backend yet.
+//
+// One iteration is one whole run (use -benchtime 1x). Metrics: grants/s;
+// min-share and max-share, the smallest and largest fraction of the grants
+// one contender got (fair: 1/8 = 0.125 each); max-wait-ns and p99-wait-ns,
+// the longest and the 99th percentile time one Acquire call waited.
+func BenchmarkFairness(b *testing.B) {
+	type store struct {
+		name string
+		// setup prepares a namespace of the store and returns a function
+		// that connects a new backend to it, with connections of its own.
+		setup func(b *testing.B) (connect func() lease.Backend)
+		opts  []lease.Option
+	}
+	redisPrefix := redistest.Prefix(b) + "fair:"
+	stores := []store{
+		{"redis", func(b *testing.B) func() lease.Backend {
+			return func() lease.Backend { return newRedisBackend(b, redistest.Shared(b), redisPrefix) }
+		}, nil},
+		{"pg-table", func(b *testing.B) func() lease.Backend {
+			s := newPGSetup(b)
+			return func() lease.Backend {
+				// A pool each: 8 processes do not share connections.
+				pcfg := must(pgxpool.ParseConfig(testenv.PostgresURL()))(b)
+				pcfg.ConnConfig.RuntimeParams["search_path"] = s.schema
+				pcfg.MaxConns = 4
+				pool := must(pgxpool.NewWithConfig(context.Background(), pcfg))(b)
+				b.Cleanup(pool.Close)
+				be := must(pglease.New(pool, pglease.WithMode(pglease.ModeTable)))(b)
+				b.Cleanup(func() { _ = be.Close() })
+				return be
+			}
+		}, nil},
+		{"dynamodb-poll100ms", func(b *testing.B) func() lease.Backend {
+			s := newDynamoSetup(b)
+			return func() lease.Backend { return must(dynamolease.New(dynamotest.ClientVia(b, s.rt), s.leases))(b) }
+		}, []lease.Option{lease.WithPollInterval(100 * time.Millisecond)}},
+	}
+	if only := os.Getenv("FENCE_BENCH_FAIRNESS_STORES"); only != "" {
+		stores = slices.DeleteFunc(stores, func(s store) bool { return !slices.Contains(splitComma(only), s.name) })
+	}
+	run := 0
+	for _, st := range stores {
+		b.Run("store="+st.name+"/fifo=not-offered", func(b *testing.B) {
+			connect := st.setup(b)
+			var ms []*lease.Manager
+			for range fairnessContenders {
+				m := must(lease.NewManager(connect(), benchTTL, st.opts...))(b)
+				// Warm up its connections (a JVM server's first requests
+				// are slow) outside the measured runs.
+				l := must(m.TryAcquire(context.Background(), "warm-up-"+st.name+"-"+strconv.Itoa(len(ms))))(b)
+				if err := l.Release(context.Background()); err != nil {
+					b.Fatal(err)
+				}
+				ms = append(ms, m)
+			}
+			var grants, runs int
+			var minShare, maxShare, maxWait, p99Wait float64
+			for b.Loop() {
+				run++
+				r, err := fairnessRun(ms, fmt.Sprintf("fair-%s-%d", st.name, run), fairnessDuration(b))
+				if err != nil {
+					b.Fatal(err)
+				}
+				total := 0
+				for _, n := range r.grants {
+					total += n
+				}
+				if total == 0 {
+					b.Fatalf("no grant in %v", fairnessDuration(b))
+				}
+				grants += total
+				runs++
+				minShare += float64(slices.Min(r.grants)) / float64(total)
+				maxShare += float64(slices.Max(r.grants)) / float64(total)
+				maxWait += float64(slices.Max(r.waits))
+				p99Wait += float64(Percentile(r.waits, 99))
+			}
+			n := float64(runs)
+			b.ReportMetric(0, "ns/op")
+			b.ReportMetric(float64(grants)/(n*fairnessDuration(b).Seconds()), "grants/s")
+			b.ReportMetric(minShare/n, "min-share")
+			b.ReportMetric(maxShare/n, "max-share")
+			b.ReportMetric(maxWait/n, "max-wait-ns")
+			b.ReportMetric(p99Wait/n, "p99-wait-ns")
+		})
+	}
+}
+
+type fairnessResult struct {
+	grants []int           // per contender
+	waits  []time.Duration // every Acquire call's wait, the unfinished ones' too
+}
+
+// fairnessRun lets the managers contend for name for d and counts.
+func fairnessRun(ms []*lease.Manager, name string, d time.Duration) (fairnessResult, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var (
+		mu   sync.Mutex
+		res  = fairnessResult{grants: make([]int, len(ms))}
+		errs []error
+		wg   sync.WaitGroup
+	)
+	for i, m := range ms {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				t0 := time.Now()
+				l, err := m.Acquire(ctx, name)
+				wait := time.Since(t0)
+				mu.Lock()
+				res.waits = append(res.waits, wait)
+				mu.Unlock()
+				if err != nil {
+					if ctx.Err() == nil {
+						mu.Lock()
+						errs = append(errs, fmt.Errorf("contender %d: %w", i, err))
+						mu.Unlock()
+					}
+					return
+				}
+				time.Sleep(time.Millisecond)
+				if err := l.Release(context.WithoutCancel(ctx)); err != nil {
+					mu.Lock()
+					errs = append(errs, fmt.Errorf("contender %d: release: %w", i, err))
+					mu.Unlock()
+					return
+				}
+				mu.Lock()
+				res.grants[i]++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return res, errors.Join(errs...)
+}
+
+func splitComma(s string) []string {
+	var out []string
+	for p := range strings.SplitSeq(s, ",") {
+		if p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// newRedisBackend returns a redislease backend over c with the given key
+// prefix, closed when b ends.
+func newRedisBackend(b *testing.B, c *redis.Client, prefix string) *redislease.Backend {
+	b.Helper()
+	be := must(redislease.New(c, func(o *redislease.Options) { o.Prefix = prefix }))(b)
+	b.Cleanup(func() { _ = be.Close() })
+	return be
+}
+
+// must(f())(b) is f's value, or the end of benchmark b if f failed.
+func must[T any](v T, err error) func(b *testing.B) T {
+	return func(b *testing.B) T {
+		b.Helper()
+		if err != nil {
+			b.Fatal(err)
+		}
+		return v
+	}
+}
