@@ -127,6 +127,8 @@ func NewElection(m *Manager, name string, opts ...ElectionOption) (*Election, er
 // ErrInvalidOptions if lead is nil or Run is already running, and Acquire's
 // error if it fails for another reason than ctx's end. The errors of
 // single terms go to OnDeposed and the Manager's log, not to Run's caller.
+// A panic in OnElected or lead propagates out of Run once its term has
+// ended: the lease released and Deposed reported (OnDeposed is not called).
 func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, l *Lease) error) error {
 	if lead == nil {
 		return fmt.Errorf("%w: election %q: the leader's function is nil", ErrInvalidOptions, e.name)
@@ -156,14 +158,7 @@ func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, l *Le
 			}
 			return fmt.Errorf("lease: election %q: %w", e.name, err)
 		}
-		e.setCurrent(l)
-		stopObserving := e.observeTerm(ctx, l)
-		if e.o.OnElected != nil {
-			e.o.OnElected(l)
-		}
-		err = runHeld(ctx, l, lead)
-		stopObserving()
-		e.setCurrent(nil)
+		err = e.term(ctx, l, lead)
 		if e.o.OnDeposed != nil {
 			e.o.OnDeposed(l, err)
 		}
@@ -186,6 +181,30 @@ func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, l *Le
 		case <-t.C:
 		}
 	}
+}
+
+// term runs the term of l: it reports it to the observer, calls OnElected
+// and lead, and releases l. A panic in OnElected or lead propagates, as
+// from any function, but only after the term has ended: l released (others
+// need not wait a TTL), Deposed reported, Lease nil.
+func (e *Election) term(ctx context.Context, l *Lease, lead func(ctx context.Context, l *Lease) error) error {
+	e.setCurrent(l)
+	stopObserving := func() {}
+	ended := false
+	defer func() {
+		if !ended {
+			_ = l.Release(context.WithoutCancel(ctx))
+		}
+		stopObserving()
+		e.setCurrent(nil)
+	}()
+	stopObserving = e.observeTerm(ctx, l)
+	if e.o.OnElected != nil {
+		e.o.OnElected(l)
+	}
+	err := runHeld(ctx, l, lead)
+	ended = true
+	return err
 }
 
 // observeTerm reports the term of l to the Manager's Observer if it is an

@@ -1,0 +1,66 @@
+package lease_test
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/fencekit/fencekit/lease"
+)
+
+// A panic in OnElected or in the leader's function propagates out of Run,
+// as from any function, but the term ends first: its lease is released at
+// the store (another process is elected at once, not after a TTL), the
+// ElectionObserver hears Deposed once, and Lease reports no term.
+func TestElectionPanicEndsTheTerm(t *testing.T) {
+	for _, where := range []string{"OnElected", "lead"} {
+		t.Run(where, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				obs := &ctxObserver{}
+				b := lease.NewMemoryBackend()
+				m, err := lease.NewManager(b, time.Hour, lease.WithObserver(obs))
+				if err != nil {
+					t.Fatal(err)
+				}
+				onElected := func(*lease.Lease) {}
+				lead := func(ctx context.Context, _ *lease.Lease) error { <-ctx.Done(); return nil }
+				if where == "OnElected" {
+					onElected = func(*lease.Lease) { panic("boom") }
+				} else {
+					lead = func(context.Context, *lease.Lease) error { panic("boom") }
+				}
+				e, err := lease.NewElection(m, "leader", lease.WithOnElected(onElected))
+				if err != nil {
+					t.Fatal(err)
+				}
+				var recovered any
+				func() {
+					defer func() { recovered = recover() }()
+					_ = e.Run(context.Background(), lead)
+				}()
+				if recovered != "boom" {
+					t.Fatalf("Run's panic = %v, want boom", recovered)
+				}
+				synctest.Wait()
+				other, err := lease.NewManager(b, time.Hour, lease.WithIdentity("other"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				l, err := other.TryAcquire(context.Background(), "leader")
+				if err != nil {
+					t.Fatalf("after the panic, another process cannot be elected: %v", err)
+				}
+				defer l.Release(context.Background())
+				if cur := e.Lease(); cur != nil {
+					t.Fatalf("after the panic, Lease() = token %d, want nil", cur.Token())
+				}
+				obs.mu.Lock()
+				defer obs.mu.Unlock()
+				if len(obs.terms) != 2 || errName2(obs.terms[1]) != "released" {
+					t.Fatalf("election events %q, want elected then deposed (released)", obs.terms)
+				}
+			})
+		})
+	}
+}
