@@ -302,10 +302,10 @@ func (e *Election) Observe(ctx context.Context, fn func(Holder)) error {
 		h, err := in.Holder(ctx, e.name)
 		switch {
 		case err == nil, errors.Is(err, ErrNotHeld):
+			if err != nil {
+				h = Holder{Name: e.name} // whatever else the store returned
+			}
 			if !known || h.Owner != last.Owner || h.Token != last.Token {
-				if err != nil {
-					h = Holder{Name: e.name}
-				}
 				known, last = true, h
 				fn(h)
 			}

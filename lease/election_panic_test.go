@@ -2,6 +2,7 @@ package lease_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -63,4 +64,34 @@ func TestElectionPanicEndsTheTerm(t *testing.T) {
 			})
 		})
 	}
+}
+
+// ghostHolder answers that no one holds the lease, along with a stale
+// holder's fields (as a third-party Inspector may).
+type ghostHolder struct{ *lease.MemoryBackend }
+
+func (g ghostHolder) Holder(ctx context.Context, name string) (lease.Holder, error) {
+	return lease.Holder{Name: name, Owner: "ghost", Token: 3}, fmt.Errorf("%w: %q is free", lease.ErrNotHeld, name)
+}
+
+// Observe reports "no one leads" once, whatever else the store returned
+// with ErrNotHeld.
+func TestObserveReportsNoLeaderOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m, err := lease.NewManager(ghostHolder{lease.NewMemoryBackend()}, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := lease.NewElection(m, "leader")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second) // many polls
+		defer cancel()
+		var seen []lease.Holder
+		_ = e.Observe(ctx, func(h lease.Holder) { seen = append(seen, h) })
+		if len(seen) != 1 || seen[0].Owner != "" || seen[0].Token != 0 {
+			t.Fatalf("Observe reported %+v, want one report of no leader", seen)
+		}
+	})
 }
