@@ -3,14 +3,12 @@ package dynamoguard_test
 import (
 	"context"
 	"errors"
-	"sync/atomic"
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
+	"github.com/fencekit/fencekit/dynamoguard"
 	"github.com/fencekit/fencekit/fence"
-	"github.com/fencekit/fencekit/internal/dynamotest"
 )
 
 // TestRetriedUpdateAfterSameTokenWrite: the first try of an ADD lands and
@@ -21,21 +19,13 @@ import (
 func TestRetriedUpdateAfterSameTokenWrite(t *testing.T) {
 	t.Parallel()
 	table := newTable(t)
-	ft := newFaultTransport(t)
-	other := newGuard(t, dynamotest.Client(t), table)
-	between := make(chan error, 1)
-	var armed atomic.Bool
-	client := ft.client(t, func(o *dynamodb.Options) {
-		o.APIOptions = append(o.APIOptions, overwriteBeforeRetry(&armed, func() {
-			between <- other.Update(context.Background(), 3, key("k"), expression.Add(expression.Name("count"), expression.Value(1)))
-		}))
+	g, arm, between := retryRace(t, table, func(other *dynamoguard.Guard) error {
+		return other.Update(context.Background(), 3, key("k"), expression.Add(expression.Name("count"), expression.Value(1)))
 	})
-	g := newGuard(t, client, table)
 	if err := g.Put(ctxT(t), 3, item("k", "v")); err != nil {
 		t.Fatal(err)
 	}
-	armed.Store(true)
-	ft.loseNext.Store(true)
+	arm()
 	err := g.Update(ctxT(t), 3, key("k"), expression.Add(expression.Name("count"), expression.Value(1)))
 	if err := <-between; err != nil {
 		t.Fatal(err)
