@@ -116,8 +116,13 @@ func NewLedger(db DBTX, schema, name string) (*Ledger, error) {
 // column (a catalog read, until the column is found fit). It returns a
 // *fence.StaleError when a newer token has claimed key, an error matching
 // ErrLedgerColumn when done_at is unfit (nothing written), and the errors
-// of Table.Upsert; ctx bounds every statement.
+// of Table.Upsert; before any I/O, ErrInvalid for an empty key and
+// fence.ErrInvalidToken for token 0 or one above 2^63-1. ctx bounds every
+// statement.
 func (lg *Ledger) Claim(ctx context.Context, key string, token fence.Token) (bool, error) {
+	if err := lg.checkArgs("claim", key, token); err != nil {
+		return false, err
+	}
 	if err := lg.shape.Ensure(ctx, lg.checkShape); err != nil {
 		return false, err
 	}
@@ -129,6 +134,19 @@ func (lg *Ledger) Claim(ctx context.Context, key string, token fence.Token) (boo
 		return false, fmt.Errorf("sqlguard: ledger %s: read %q: %w", lg.table.name, key, err)
 	}
 	return done, nil
+}
+
+// checkArgs reports, before any I/O, an empty run key (ErrInvalid) and a
+// token that is 0 or above the bigint range (fence.ErrInvalidToken).
+func (lg *Ledger) checkArgs(op, key string, token fence.Token) error {
+	_, err := tokenArg(token)
+	if key == "" {
+		err = errors.Join(err, fmt.Errorf("%w: the run key is empty", ErrInvalid))
+	}
+	if err != nil {
+		return fmt.Errorf("sqlguard: ledger %s: %s %q: %w", lg.table.name, op, key, err)
+	}
+	return nil
 }
 
 // MarkDone implements lease.Ledger: a fenced update setting done_at (one
@@ -143,5 +161,8 @@ func (lg *Ledger) MarkDone(ctx context.Context, key string, token fence.Token) e
 // MarkDoneTx is MarkDone through db: pass the job's own transaction, so
 // that its writes and the record of the run commit together.
 func (lg *Ledger) MarkDoneTx(ctx context.Context, db DBTX, key string, token fence.Token) error {
+	if err := lg.checkArgs("mark done", key, token); err != nil {
+		return err
+	}
 	return lg.table.Update(ctx, db, token, []any{key}, Col(LedgerDoneColumn, time.Now().UTC()))
 }

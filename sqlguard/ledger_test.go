@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/sqlguard"
@@ -108,6 +109,35 @@ func TestLedgerRefusesAnUnfitDoneColumn(t *testing.T) {
 		}
 		if done, err := lg.Claim(ctx, "night-1", 6); !done || err != nil {
 			t.Errorf("%s, then %s: Claim after the record = %v, %v; want done", c.done, c.fix, done, err)
+		}
+	}
+}
+
+// Bad arguments are refused before any I/O: through a closed pool, every
+// statement would fail otherwise.
+func TestLedgerRefusesBadArgumentsFirst(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	pool, err := pgxpool.New(context.Background(), e.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool.Close()
+	lg, err := sqlguard.NewLedger(pool, e.schema, "runs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, c := range []struct {
+		key   string
+		token fence.Token
+		want  error
+	}{{"", 5, sqlguard.ErrInvalid}, {"k", 0, fence.ErrInvalidToken}, {"k", 1 << 63, fence.ErrInvalidToken}} {
+		if _, err := lg.Claim(ctx, c.key, c.token); !errors.Is(err, c.want) {
+			t.Errorf("Claim(%q, %d) = %v, want %v", c.key, c.token, err, c.want)
+		}
+		if err := lg.MarkDone(ctx, c.key, c.token); !errors.Is(err, c.want) {
+			t.Errorf("MarkDone(%q, %d) = %v, want %v", c.key, c.token, err, c.want)
 		}
 	}
 }
