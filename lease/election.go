@@ -208,9 +208,11 @@ func (e *Election) term(ctx context.Context, l *Lease, lead func(ctx context.Con
 }
 
 // observeTerm reports the term of l to the Manager's Observer if it is an
-// ElectionObserver: Elected now, Deposed when l's context ends. The
-// returned function waits until Deposed has been reported (l's context
-// has always ended by the time runHeld returns: it releases l).
+// ElectionObserver: Elected now, Deposed when l ends, by the goroutine that
+// ends it, before l's context is cancelled and before a release is sent.
+// The returned function waits until Deposed has been reported (l has
+// always ended by the time runHeld returns: it releases l; but the
+// goroutine that ended it may still be reporting).
 func (e *Election) observeTerm(ctx context.Context, l *Lease) (wait func()) {
 	eo, ok := e.m.o.Observer.(ElectionObserver)
 	if !ok {
@@ -218,8 +220,8 @@ func (e *Election) observeTerm(ctx context.Context, l *Lease) (wait func()) {
 	}
 	eo.Elected(ElectionEvent{Ctx: ctx, Election: e.name, Token: l.Token()})
 	done := make(chan struct{})
-	context.AfterFunc(l.Context(), func() {
-		eo.Deposed(ElectionEvent{Ctx: ctx, Election: e.name, Token: l.Token(), Err: l.Err()})
+	l.whenEnded(func(end error) {
+		eo.Deposed(ElectionEvent{Ctx: ctx, Election: e.name, Token: l.Token(), Err: end})
 		close(done)
 	})
 	return func() { <-done }

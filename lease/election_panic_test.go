@@ -2,6 +2,7 @@ package lease_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"testing/synctest"
@@ -94,4 +95,52 @@ func TestObserveReportsNoLeaderOnce(t *testing.T) {
 			t.Fatalf("Observe reported %+v, want one report of no leader", seen)
 		}
 	})
+}
+
+// heldAtDeposed is an ElectionObserver that asks the store, when a term is
+// reported deposed, whether the term's lease is still the store's grant.
+type heldAtDeposed struct {
+	lease.NopObserver
+	b        *lease.MemoryBackend
+	deposed  int
+	released int // terms whose grant the store had already freed
+}
+
+func (o *heldAtDeposed) Elected(lease.ElectionEvent) {}
+func (o *heldAtDeposed) Deposed(e lease.ElectionEvent) {
+	o.deposed++
+	if h, err := o.b.Holder(context.Background(), e.Election); err != nil || h.Token != e.Token {
+		o.released++
+	}
+}
+
+// Deposed is reported the moment the term's lease ends, before the request
+// that frees it at the store is sent: a gauge summed across processes never
+// counts the old leader and the next one at once.
+func TestDeposedBeforeTheRelease(t *testing.T) {
+	b := lease.NewMemoryBackend()
+	obs := &heldAtDeposed{b: b}
+	m, err := lease.NewManager(b, time.Minute, lease.WithObserver(obs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const terms = 30
+	e, err := lease.NewElection(m, "leader", lease.WithBackoff(time.Millisecond, time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	n := 0
+	err = e.Run(ctx, func(context.Context, *lease.Lease) error {
+		if n++; n == terms {
+			cancel()
+		}
+		return nil // the term ends at once: released
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run = %v", err)
+	}
+	if obs.deposed != terms || obs.released != 0 {
+		t.Fatalf("%d terms deposed, %d of them after the store had freed the grant; want %d, none", obs.deposed, obs.released, terms)
+	}
 }

@@ -36,6 +36,7 @@ type Lease struct {
 	stopFn   context.CancelFunc
 	drained  chan struct{} // closed when the last in-flight renew answers, while a release waits
 	reported bool          // the end was reported; ctx, if made now, starts cancelled
+	onEnd    func(error)   // called once by report, before ctx is cancelled (see whenEnded)
 
 	releaseMu sync.Mutex // serialises Release
 
@@ -339,10 +340,30 @@ func (l *Lease) report(eff effect) {
 	l.mu.Lock()
 	l.reported = true
 	cancel := l.cancel // a context made from now on starts cancelled
+	onEnd := l.onEnd
+	l.onEnd = nil
 	l.mu.Unlock()
+	if onEnd != nil {
+		onEnd(end)
+	}
 	if cancel != nil {
 		cancel(end)
 	}
+}
+
+// whenEnded arranges for f to be called once with the lease's end, by the
+// goroutine that ends it, before its Context is cancelled and before a
+// release is sent to the store; at once, on this goroutine, if the lease
+// has ended already. One f per lease (a later call replaces it).
+func (l *Lease) whenEnded(f func(end error)) {
+	l.mu.Lock()
+	if !l.reported {
+		l.onEnd = f
+		l.mu.Unlock()
+		return
+	}
+	l.mu.Unlock()
+	f(*l.endP.Load())
 }
 
 // Release ends the lease and frees its name at the store. In this order:
