@@ -144,3 +144,46 @@ func TestDeposedBeforeTheRelease(t *testing.T) {
 		t.Fatalf("%d terms deposed, %d of them after the store had freed the grant; want %d, none", obs.deposed, obs.released, terms)
 	}
 }
+
+// slowLost is an Observer whose Lost takes a while (a slow exporter),
+// unless the test lets it go.
+type slowLost struct {
+	lease.NopObserver
+	inLost chan struct{}
+	letGo  chan struct{}
+}
+
+func (o *slowLost) Lost(lease.LostEvent) {
+	close(o.inLost)
+	select {
+	case <-o.letGo:
+	case <-time.After(time.Second):
+	}
+}
+
+// Release returns only once the lease's Context is cancelled, even when
+// another goroutine (the scheduler, at the deadline) ended the lease and
+// is still reporting it.
+func TestReleaseReturnsWithTheContextCancelled(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		obs := &slowLost{inLost: make(chan struct{}), letGo: make(chan struct{})}
+		b := &flakyRenew{MemoryBackend: lease.NewMemoryBackend()}
+		m, err := lease.NewManager(b, time.Second, lease.WithObserver(obs))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := m.TryAcquire(context.Background(), "slow")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := l.Context()
+		b.fail.Store(true) // renewals fail: the scheduler ends the lease at its deadline
+		<-obs.inLost
+		_ = l.Release(context.Background())
+		cause := context.Cause(ctx)
+		close(obs.letGo)
+		if cause == nil || !errors.Is(cause, lease.ErrLost) {
+			t.Fatalf("after Release returned, the lease's context cause is %v (Err %v); want its loss", cause, l.Err())
+		}
+	})
+}
