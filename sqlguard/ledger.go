@@ -139,6 +139,9 @@ func (lg *Ledger) Claim(ctx context.Context, key string, token fence.Token) (boo
 // checkArgs reports, before any I/O, an empty run key (ErrInvalid) and a
 // token that is 0 or above the bigint range (fence.ErrInvalidToken).
 func (lg *Ledger) checkArgs(op, key string, token fence.Token) error {
+	if lg == nil {
+		return fmt.Errorf("sqlguard: ledger: %s %q: %w: nil *Ledger (from a failed NewLedger?)", op, key, ErrInvalid)
+	}
 	_, err := tokenArg(token)
 	if key == "" {
 		err = errors.Join(err, fmt.Errorf("%w: the run key is empty", ErrInvalid))
@@ -155,6 +158,9 @@ func (lg *Ledger) checkArgs(op, key string, token fence.Token) error {
 // token has claimed key; ErrNotFound when key was never claimed; the other
 // errors of Table.Update. ctx bounds the statement.
 func (lg *Ledger) MarkDone(ctx context.Context, key string, token fence.Token) error {
+	if err := lg.checkArgs("mark done", key, token); err != nil {
+		return err
+	}
 	return lg.MarkDoneTx(ctx, lg.db, key, token)
 }
 

@@ -133,6 +133,13 @@ func TestLedgerRefusesBadArgumentsFirst(t *testing.T) {
 		token fence.Token
 		want  error
 	}{{"", 5, sqlguard.ErrInvalid}, {"k", 0, fence.ErrInvalidToken}, {"k", 1 << 63, fence.ErrInvalidToken}} {
+		var none *sqlguard.Ledger // a failed NewLedger's
+		if _, err := none.Claim(ctx, c.key, c.token); !errors.Is(err, sqlguard.ErrInvalid) {
+			t.Errorf("a nil Ledger's Claim = %v, want ErrInvalid", err)
+		}
+		if err := none.MarkDone(ctx, c.key, c.token); !errors.Is(err, sqlguard.ErrInvalid) {
+			t.Errorf("a nil Ledger's MarkDone = %v, want ErrInvalid", err)
+		}
 		if _, err := lg.Claim(ctx, c.key, c.token); !errors.Is(err, c.want) {
 			t.Errorf("Claim(%q, %d) = %v, want %v", c.key, c.token, err, c.want)
 		}
