@@ -330,7 +330,13 @@ func (g *Guard) put(ctx context.Context, token fence.Token, key, item map[string
 //
 // The nonce makes an SDK retry of an applied update fail its condition
 // instead of applying the update twice (an ADD would count twice), and the
-// guard then reports the update applied. It returns ErrNotFound (nothing
+// guard then reports the update applied. The nonce is one per item: when
+// a write with the same token (this holder's, from another goroutine)
+// lands between an applied try and the SDK's retry, the retry cannot tell
+// its own earlier try from that write and applies again; the guard sees
+// this from the retry's answer (UPDATED_OLD: the item held this token and
+// another nonce) and returns ErrAmbiguous, since the update was applied
+// once or twice. It returns ErrNotFound (nothing
 // written) when there is no item at key or a tombstone with a token not
 // newer than token, decided from the same request; a *fence.StaleError
 // when a newer token is stored (a tombstone's included); other errors as
@@ -350,16 +356,35 @@ func (g *Guard) Update(ctx context.Context, token fence.Token, key map[string]ty
 		return err
 	}
 	var tr attemptTracker
-	_, err = g.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+	out, err := g.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                           aws.String(g.table),
 		Key:                                 k,
 		UpdateExpression:                    aws.String(expr.update),
 		ConditionExpression:                 aws.String(expr.condition),
 		ExpressionAttributeNames:            expr.names,
 		ExpressionAttributeValues:           expr.values,
+		ReturnValues:                        types.ReturnValueUpdatedOld,
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	}, tr.option)
+	if err == nil && tr.sent() > 1 && g.sameTokenBefore(out.Attributes, token, nonce) {
+		return fmt.Errorf("%w: update %s: the SDK retried it and the retry was applied over a write with the same token that is not this update's: an earlier try may have been applied too", ErrAmbiguous, g.resource(k))
+	}
 	return g.outcome(err, &tr, write{key: k, token: token, nonce: nonce, mustExist: true})
+}
+
+// sameTokenBefore reports whether old (an applied write's UPDATED_OLD)
+// shows the item held token with a nonce other than nonce: a write of the
+// same holder, or an earlier try of this one that it replaced.
+func (g *Guard) sameTokenBefore(old map[string]types.AttributeValue, token fence.Token, nonce string) bool {
+	v, ok := old[g.opts.VersionAttribute].(*types.AttributeValueMemberN)
+	if !ok {
+		return false
+	}
+	if stored, err := strconv.ParseUint(v.Value, 10, 64); err != nil || fence.Token(stored) != token {
+		return false
+	}
+	n, ok := old[g.opts.NonceAttribute].(*types.AttributeValueMemberS)
+	return !ok || n.Value != nonce
 }
 
 // Get reads the item at key with a strongly consistent GetItem and returns

@@ -67,6 +67,21 @@ func TestRetriedUpdateAppliesOnce(t *testing.T) {
 	}
 }
 
+// retryRace returns a guard on table whose next write, once arm is
+// called, loses its first reply and is retried by the SDK only after
+// between has written through another guard; between's error arrives on
+// the channel.
+func retryRace(t *testing.T, table string, between func(other *dynamoguard.Guard) error) (g *dynamoguard.Guard, arm func(), done <-chan error) {
+	ft := newFaultTransport(t)
+	other := newGuard(t, dynamotest.Client(t), table)
+	errs := make(chan error, 1)
+	var armed atomic.Bool
+	client := ft.client(t, func(o *dynamodb.Options) {
+		o.APIOptions = append(o.APIOptions, overwriteBeforeRetry(&armed, func() { errs <- between(other) }))
+	})
+	return newGuard(t, client, table), func() { armed.Store(true); ft.loseNext.Store(true) }, errs
+}
+
 // TestRetriedPutOverwrittenIsAmbiguous: the first try lands, a newer
 // holder writes before the retry arrives, the retry is refused as stale.
 // The guard must not report a clean rejection (the first try changed the
@@ -74,16 +89,10 @@ func TestRetriedUpdateAppliesOnce(t *testing.T) {
 func TestRetriedPutOverwrittenIsAmbiguous(t *testing.T) {
 	t.Parallel()
 	table := newTable(t)
-	ft := newFaultTransport(t)
-	other := newGuard(t, dynamotest.Client(t), table)
-	newer := make(chan error, 1)
-	var armed atomic.Bool
-	client := ft.client(t, func(o *dynamodb.Options) {
-		o.APIOptions = append(o.APIOptions, overwriteBeforeRetry(&armed, func() { newer <- other.Put(context.Background(), 9, item("k", "newer")) }))
+	g, arm, newer := retryRace(t, table, func(other *dynamoguard.Guard) error {
+		return other.Put(context.Background(), 9, item("k", "newer"))
 	})
-	g := newGuard(t, client, table)
-	armed.Store(true)
-	ft.loseNext.Store(true)
+	arm()
 	err := g.Put(ctxT(t), 5, item("k", "mine"))
 	if err := <-newer; err != nil {
 		t.Fatal(err)

@@ -35,6 +35,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"strings"
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/fencecheck"
@@ -99,7 +100,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		base = http.DefaultTransport
 	}
 	v, ok := fencewire.FromContext(req.Context())
-	_, has := req.Header[fencewire.HeaderName]
+	has := hasField(req.Header)
 	var err error
 	switch {
 	case ok && has:
@@ -138,6 +139,21 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, fmt.Errorf("fencehttp: %s %s: %w", req.Method, req.URL.Redacted(), perr)
 	}
 	return resp, nil
+}
+
+// hasField reports whether h has a Fencing-Token field under any spelling
+// of its name: a key set directly in the map, not through Header.Set, is
+// sent as it is, and the receiver reads it as the same field.
+func hasField(h http.Header) bool {
+	if _, ok := h[fencewire.HeaderName]; ok {
+		return true
+	}
+	for k := range h {
+		if strings.EqualFold(k, fencewire.HeaderName) {
+			return true
+		}
+	}
+	return false
 }
 
 // notSent reports whether err says that the request never left: the

@@ -224,21 +224,22 @@ func TestTransportRefusesBeforeIO(t *testing.T) {
 		name    string
 		tr      *fencehttp.Transport
 		ctx     context.Context
-		preset  bool
+		preset  string // the header key the caller set the field under, if any
 		wantErr error
 	}{
-		{"token 0", &fencehttp.Transport{}, fencewire.NewContext(t.Context(), fencewire.Value{Resource: "r"}), false, fence.ErrInvalidToken},
-		{"bad resource", &fencehttp.Transport{}, fencewire.NewContext(t.Context(), fencewire.Value{Resource: "a\x00b", Token: 1}), false, fencewire.ErrInvalid},
-		{"two tokens", &fencehttp.Transport{}, fencewire.NewContext(t.Context(), fencewire.Value{Resource: "r", Token: 1}), true, fencehttp.ErrTwoTokens},
-		{"required", &fencehttp.Transport{Require: true}, t.Context(), false, fencehttp.ErrNoToken},
-		{"required, token only through fence", &fencehttp.Transport{Require: true}, fence.NewContext(t.Context(), 7), false, fencehttp.ErrNoToken},
+		{"token 0", &fencehttp.Transport{}, fencewire.NewContext(t.Context(), fencewire.Value{Resource: "r"}), "", fence.ErrInvalidToken},
+		{"bad resource", &fencehttp.Transport{}, fencewire.NewContext(t.Context(), fencewire.Value{Resource: "a\x00b", Token: 1}), "", fencewire.ErrInvalid},
+		{"two tokens", &fencehttp.Transport{}, fencewire.NewContext(t.Context(), fencewire.Value{Resource: "r", Token: 1}), fencewire.HeaderName, fencehttp.ErrTwoTokens},
+		{"two tokens, one set in lower case", &fencehttp.Transport{}, fencewire.NewContext(t.Context(), fencewire.Value{Resource: "r", Token: 1}), "fencing-token", fencehttp.ErrTwoTokens},
+		{"required", &fencehttp.Transport{Require: true}, t.Context(), "", fencehttp.ErrNoToken},
+		{"required, token only through fence", &fencehttp.Transport{Require: true}, fence.NewContext(t.Context(), 7), "", fencehttp.ErrNoToken},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.tr.Base = base
 			body := &closeCounter{Reader: strings.NewReader("x")}
 			req, _ := http.NewRequestWithContext(tc.ctx, http.MethodPost, srv.URL, body)
-			if tc.preset {
-				req.Header.Set(fencewire.HeaderName, `"1";resource="r"`)
+			if tc.preset != "" {
+				req.Header[tc.preset] = []string{`"1";resource="r"`} // as the caller spelled it: sent as it is
 			}
 			resp, err := (&http.Client{Transport: tc.tr}).Do(req)
 			if err == nil {

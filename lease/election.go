@@ -130,6 +130,8 @@ func NewElection(m *Manager, name string, opts ...ElectionOption) (*Election, er
 // ErrInvalidOptions if lead is nil or Run is already running, and Acquire's
 // error if it fails for another reason than ctx's end. The errors of
 // single terms go to OnDeposed and the Manager's log, not to Run's caller.
+// A panic in OnElected or lead propagates out of Run once its term has
+// ended: the lease released and Deposed reported (OnDeposed is not called).
 func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, l *Lease) error) error {
 	if lead == nil {
 		return fmt.Errorf("%w: election %q: the leader's function is nil", ErrInvalidOptions, e.name)
@@ -159,14 +161,7 @@ func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, l *Le
 			}
 			return fmt.Errorf("lease: election %q: %w", e.name, err)
 		}
-		e.setCurrent(l)
-		stopObserving := e.observeTerm(ctx, l)
-		if e.o.OnElected != nil {
-			e.o.OnElected(l)
-		}
-		err = runHeld(ctx, l, lead)
-		stopObserving()
-		e.setCurrent(nil)
+		err = e.term(ctx, l, lead)
 		if e.o.OnDeposed != nil {
 			e.o.OnDeposed(l, err)
 		}
@@ -191,10 +186,36 @@ func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, l *Le
 	}
 }
 
+// term runs the term of l: it reports it to the observer, calls OnElected
+// and lead, and releases l. A panic in OnElected or lead propagates, as
+// from any function, but only after the term has ended: l released (others
+// need not wait a TTL), Deposed reported, Lease nil.
+func (e *Election) term(ctx context.Context, l *Lease, lead func(ctx context.Context, l *Lease) error) error {
+	e.setCurrent(l)
+	stopObserving := func() {}
+	ended := false
+	defer func() {
+		if !ended {
+			_ = l.Release(context.WithoutCancel(ctx))
+		}
+		stopObserving()
+		e.setCurrent(nil)
+	}()
+	stopObserving = e.observeTerm(ctx, l)
+	if e.o.OnElected != nil {
+		e.o.OnElected(l)
+	}
+	err := runHeld(ctx, l, lead)
+	ended = true
+	return err
+}
+
 // observeTerm reports the term of l to the Manager's Observer if it is an
-// ElectionObserver: Elected now, Deposed when l's context ends. The
-// returned function waits until Deposed has been reported (l's context
-// has always ended by the time runHeld returns: it releases l).
+// ElectionObserver: Elected now, Deposed when l ends, by the goroutine that
+// ends it, before l's context is cancelled and before a release is sent.
+// The returned function waits until Deposed has been reported (l has
+// always ended by the time runHeld returns: it releases l; but the
+// goroutine that ended it may still be reporting).
 func (e *Election) observeTerm(ctx context.Context, l *Lease) (wait func()) {
 	eo, ok := e.m.o.Observer.(ElectionObserver)
 	if !ok {
@@ -202,8 +223,8 @@ func (e *Election) observeTerm(ctx context.Context, l *Lease) (wait func()) {
 	}
 	eo.Elected(ElectionEvent{Ctx: ctx, Election: e.name, Token: l.Token()})
 	done := make(chan struct{})
-	context.AfterFunc(l.Context(), func() {
-		eo.Deposed(ElectionEvent{Ctx: ctx, Election: e.name, Token: l.Token(), Err: l.Err()})
+	l.whenEnded(func(end error) {
+		eo.Deposed(ElectionEvent{Ctx: ctx, Election: e.name, Token: l.Token(), Err: end})
 		close(done)
 	})
 	return func() { <-done }
@@ -286,10 +307,10 @@ func (e *Election) Observe(ctx context.Context, fn func(Holder)) error {
 		h, err := in.Holder(ctx, e.name)
 		switch {
 		case err == nil, errors.Is(err, ErrNotHeld):
+			if err != nil {
+				h = Holder{Name: e.name} // whatever else the store returned
+			}
 			if !known || h.Owner != last.Owner || h.Token != last.Token {
-				if err != nil {
-					h = Holder{Name: e.name}
-				}
 				known, last = true, h
 				fn(h)
 			}

@@ -36,6 +36,8 @@ type Lease struct {
 	stopFn   context.CancelFunc
 	drained  chan struct{} // closed when the last in-flight renew answers, while a release waits
 	reported bool          // the end was reported; ctx, if made now, starts cancelled
+	onEnd    func(error)   // called once by report, before ctx is cancelled (see whenEnded)
+	reportCh chan struct{} // closed when report has cancelled ctx
 
 	releaseMu sync.Mutex // serialises Release
 
@@ -62,7 +64,7 @@ func (l *Lease) apply(ev event) effect {
 }
 
 func newLease(m *Manager, parent context.Context) *Lease {
-	l := &Lease{m: m, parent: parent}
+	l := &Lease{m: m, parent: parent, reportCh: make(chan struct{})}
 	l.dl = entry{l: l, idx: -1}
 	l.hb = entry{l: l, idx: -1}
 	return l
@@ -338,12 +340,36 @@ func (l *Lease) report(eff effect) {
 		}
 	}
 	l.mu.Lock()
+	first := !l.reported // a released lease is reported again if the store says it was lost
 	l.reported = true
 	cancel := l.cancel // a context made from now on starts cancelled
+	onEnd := l.onEnd
+	l.onEnd = nil
 	l.mu.Unlock()
+	if onEnd != nil {
+		onEnd(end)
+	}
 	if cancel != nil {
 		cancel(end)
 	}
+	if first {
+		close(l.reportCh)
+	}
+}
+
+// whenEnded arranges for f to be called once with the lease's end, by the
+// goroutine that ends it, before its Context is cancelled and before a
+// release is sent to the store; at once, on this goroutine, if the lease
+// has ended already. One f per lease (a later call replaces it).
+func (l *Lease) whenEnded(f func(end error)) {
+	l.mu.Lock()
+	if !l.reported {
+		l.onEnd = f
+		l.mu.Unlock()
+		return
+	}
+	l.mu.Unlock()
+	f(*l.endP.Load())
 }
 
 // Release ends the lease and frees its name at the store. In this order:
@@ -395,6 +421,10 @@ func (l *Lease) Release(ctx context.Context) error {
 	// Unschedule the lease and cancel its Context before anything is
 	// sent: the lease is already invalid (Err says ErrReleased).
 	l.finish(eff)
+	// The lease has ended: by this call, or before by another goroutine
+	// (the scheduler at the deadline) that may still be reporting it.
+	// Go on once its Context is cancelled, as the contract says.
+	<-l.reportCh
 	if !eff.send {
 		return releaseResult(end, nil)
 	}

@@ -263,12 +263,14 @@ func TestWatchThatNeverConfirmsDoesNotStopPolling(t *testing.T) {
 			}
 			got <- err
 		}()
-		// Let the waiter try, fail, and get stuck in Watch at least once.
+		// Let the waiter try, fail, and get stuck in Watch twice (after
+		// one, its next attempt and the release below come at the same
+		// instant, in either order).
 		for {
 			h.mu.Lock()
 			n := len(h.calls)
 			h.mu.Unlock()
-			if n > 0 {
+			if n > 1 {
 				break
 			}
 			time.Sleep(time.Millisecond)

@@ -94,8 +94,10 @@ func (NopObserver) Released(ReleasedEvent) {}
 // leadership of an election starts and ends. An Election whose Manager's
 // Observer implements it reports every term: Elected when the term's lease
 // is granted (before OnElected and the leader's work), Deposed the moment
-// that lease's validity ends (it was lost, resigned or released; before
-// the release is confirmed and before OnDeposed), exactly once per term.
+// that lease's validity ends (it was lost, resigned or released), exactly
+// once per term: on the goroutine that ends it, before the lease's context
+// is cancelled, before the request that frees it at the store is sent, and
+// before OnDeposed.
 // Between the two this process leads; a gauge that is 1 between them,
 // summed across processes, is never above 1 unless the store broke its
 // contract (package leaseprom exports one).

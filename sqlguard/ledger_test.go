@@ -3,9 +3,11 @@ package sqlguard_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/sqlguard"
@@ -64,5 +66,85 @@ func TestLedger(t *testing.T) {
 	}
 	if _, err := sqlguard.NewLedger(nil, "", "bad;name"); !errors.Is(err, sqlguard.ErrInvalid) {
 		t.Fatalf("NewLedger(nil, bad name) = %v, want ErrInvalid", err)
+	}
+}
+
+// A done_at column that cannot record runs is refused at the first claim,
+// before anything is written: a default (or generated value) would make
+// the first claim find the run done, so that the job never ran; a type
+// the record cannot be written to would let the job run and then fail to
+// record it, again at every claim. Once the column is fixed, the same
+// Ledger claims.
+func TestLedgerRefusesAnUnfitDoneColumn(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	for i, c := range []struct{ done, fix string }{
+		{"done_at timestamptz DEFAULT now()", "ALTER COLUMN done_at DROP DEFAULT"},
+		{"done_at timestamptz NOT NULL", "ALTER COLUMN done_at DROP NOT NULL"},
+		{"done_at boolean", "ALTER COLUMN done_at TYPE timestamptz USING NULL"},
+		{"done_at integer", "ALTER COLUMN done_at TYPE timestamp USING NULL"},
+		{"done_at text", "ALTER COLUMN done_at TYPE date USING NULL"},
+		{"done_at timestamptz GENERATED ALWAYS AS ('2026-01-01'::timestamptz) STORED", "DROP COLUMN done_at, ADD COLUMN done_at timestamptz"},
+		{"finished timestamptz", "RENAME COLUMN finished TO done_at"},
+	} {
+		name := fmt.Sprintf("runs_%d", i)
+		e.exec(t, `CREATE TABLE `+name+` (run_key text PRIMARY KEY, `+c.done+`, lock_version bigint NOT NULL DEFAULT 0)`)
+		lg, err := sqlguard.NewLedger(e.pool, "", name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if done, err := lg.Claim(ctx, "night-1", 5); !errors.Is(err, sqlguard.ErrLedgerColumn) || done {
+			t.Errorf("%s: Claim = %v, %v; want ErrLedgerColumn", c.done, done, err)
+		}
+		if n := e.int64Query(t, `SELECT count(*) FROM `+name); n != 0 {
+			t.Errorf("%s: the refused claim wrote %d rows", c.done, n)
+		}
+		e.exec(t, `ALTER TABLE `+name+` `+c.fix)
+		if done, err := lg.Claim(ctx, "night-1", 5); done || err != nil {
+			t.Errorf("%s, then %s: Claim = %v, %v; want a claim of a run not done", c.done, c.fix, done, err)
+		}
+		if err := lg.MarkDone(ctx, "night-1", 5); err != nil {
+			t.Errorf("%s, then %s: MarkDone = %v", c.done, c.fix, err)
+		}
+		if done, err := lg.Claim(ctx, "night-1", 6); !done || err != nil {
+			t.Errorf("%s, then %s: Claim after the record = %v, %v; want done", c.done, c.fix, done, err)
+		}
+	}
+}
+
+// Bad arguments are refused before any I/O: through a closed pool, every
+// statement would fail otherwise.
+func TestLedgerRefusesBadArgumentsFirst(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	pool, err := pgxpool.New(context.Background(), e.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool.Close()
+	lg, err := sqlguard.NewLedger(pool, e.schema, "runs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, c := range []struct {
+		key   string
+		token fence.Token
+		want  error
+	}{{"", 5, sqlguard.ErrInvalid}, {"k", 0, fence.ErrInvalidToken}, {"k", 1 << 63, fence.ErrInvalidToken}} {
+		var none *sqlguard.Ledger // a failed NewLedger's
+		if _, err := none.Claim(ctx, c.key, c.token); !errors.Is(err, sqlguard.ErrInvalid) {
+			t.Errorf("a nil Ledger's Claim = %v, want ErrInvalid", err)
+		}
+		if err := none.MarkDone(ctx, c.key, c.token); !errors.Is(err, sqlguard.ErrInvalid) {
+			t.Errorf("a nil Ledger's MarkDone = %v, want ErrInvalid", err)
+		}
+		if _, err := lg.Claim(ctx, c.key, c.token); !errors.Is(err, c.want) {
+			t.Errorf("Claim(%q, %d) = %v, want %v", c.key, c.token, err, c.want)
+		}
+		if err := lg.MarkDone(ctx, c.key, c.token); !errors.Is(err, c.want) {
+			t.Errorf("MarkDone(%q, %d) = %v, want %v", c.key, c.token, err, c.want)
+		}
 	}
 }
