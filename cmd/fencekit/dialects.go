@@ -130,7 +130,6 @@ func runSQLDialect(ctx context.Context, sub string, dialect goose.Dialect, db *s
 	return fmt.Errorf("unknown subcommand %q", sub)
 }
 
-
 // runOtherDialect checks the flags of a MySQL or SQLite run, opens the
 // database and runs the subcommand.
 func runOtherDialect(ctx context.Context, sub string, dialect goose.Dialect, c *common, getenv func(string) string,
