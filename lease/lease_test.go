@@ -72,7 +72,7 @@ func TestNewManagerRejectsBadOptions(t *testing.T) {
 		{"zero TTL", false, lease.Options{}, []string{"TTL is 0s"}},
 		{"negative TTL", false, lease.Options{TTL: -time.Second}, []string{"TTL is -1s"}},
 		{"TTL not whole ms", false, lease.Options{TTL: 1500 * time.Microsecond}, []string{"whole multiple of 1ms"}},
-		{"TTL too short", false, lease.Options{TTL: 5 * time.Millisecond}, []string{"renew interval"}},
+		{"TTL too short", false, lease.Options{TTL: 5 * time.Millisecond}, []string{"TTL 5ms is too short", "renew every (TTL - safety margin)/3"}},
 		{"margin >= TTL", false, lease.Options{TTL: time.Second, SafetyMargin: time.Second}, []string{"safety margin 1s must be less than the TTL"}},
 		{"negative margin", false, lease.Options{TTL: time.Second, SafetyMargin: -2 * time.Millisecond}, []string{"must not be negative"}},
 		{"renew interval == TTL", false, lease.Options{TTL: time.Second, RenewInterval: time.Second}, []string{"cannot keep the lease alive"}},
@@ -558,5 +558,43 @@ func TestRunRefusesNilFuncBeforeAcquiring(t *testing.T) {
 	}
 	if n := b.n.Load(); n != 0 {
 		t.Fatalf("%d acquire requests sent for a nil function", n)
+	}
+}
+
+// A TTL too short for the intervals it implies is reported once, as a
+// problem of the TTL, naming the shortest TTL that works; a field the
+// caller set is still reported under its own name.
+func TestShortTTLIsOneProblem(t *testing.T) {
+	for _, tc := range []struct {
+		ttl      time.Duration
+		opts     []lease.Option
+		want     string
+		mustNot  []string
+		shortest time.Duration
+	}{
+		{ttl: time.Millisecond, want: "TTL 1ms is too short: the default intervals", mustNot: []string{"renew interval is", "poll interval is", "\n"}, shortest: 6 * time.Millisecond},
+		{ttl: 3 * time.Millisecond, want: "TTL 3ms is too short: the default intervals", mustNot: []string{"\n"}, shortest: 6 * time.Millisecond},
+		{ttl: time.Millisecond, opts: []lease.Option{lease.WithRenewInterval(500 * time.Microsecond)}, want: "renew interval is 500µs", mustNot: []string{}},
+	} {
+		_, err := lease.NewManager(lease.NewMemoryBackend(), tc.ttl, tc.opts...)
+		if !errors.Is(err, lease.ErrInvalidOptions) || !strings.Contains(err.Error(), tc.want) {
+			t.Fatalf("TTL %v: %v; want ErrInvalidOptions saying %q", tc.ttl, err, tc.want)
+		}
+		for _, bad := range tc.mustNot {
+			if strings.Contains(err.Error(), bad) {
+				t.Fatalf("TTL %v: %q says %q", tc.ttl, err, bad)
+			}
+		}
+		if tc.shortest > 0 {
+			if !strings.Contains(err.Error(), "at least "+tc.shortest.String()) {
+				t.Fatalf("TTL %v: %q does not name the shortest TTL %v", tc.ttl, err, tc.shortest)
+			}
+			if _, err := lease.NewManager(lease.NewMemoryBackend(), tc.shortest); err != nil {
+				t.Fatalf("the TTL the error names, %v, is refused too: %v", tc.shortest, err)
+			}
+			if _, err := lease.NewManager(lease.NewMemoryBackend(), tc.shortest-time.Millisecond); err == nil {
+				t.Fatalf("%v is not the shortest: %v works", tc.shortest, tc.shortest-time.Millisecond)
+			}
+		}
 	}
 }

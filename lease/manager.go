@@ -53,8 +53,9 @@ func NewManager(b Backend, ttl time.Duration, opts ...Option) (*Manager, error) 
 	if b != nil {
 		limits = b.Limits()
 	}
+	given := o
 	o = o.withDefaults()
-	if err := o.validate(b, limits); err != nil {
+	if err := o.validate(given, b, limits); err != nil {
 		return nil, err
 	}
 	m := &Manager{b: b, o: o, limits: limits, epoch: time.Now()}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 	"unicode"
 )
@@ -177,7 +178,12 @@ func (o Options) withDefaults() Options {
 
 // validate reports every problem at once, joined, each matching
 // ErrInvalidOptions.
-func (o Options) validate(b Backend, lim Limits) error {
+//
+// given are the options as the caller set them, before defaults: a value
+// the caller did not set but derived from a TTL too short to use is
+// reported once, as a problem of the TTL, with the shortest TTL that works,
+// rather than as a problem of fields the caller never set.
+func (o Options) validate(given Options, b Backend, lim Limits) error {
 	var errs []error
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...))
@@ -190,6 +196,7 @@ func (o Options) validate(b Backend, lim Limits) error {
 		res = time.Millisecond
 	}
 	minTTL := max(lim.MinTTL, res)
+	ttlBad := true
 	switch {
 	case o.TTL <= 0:
 		bad("TTL is %v, it must be positive", o.TTL)
@@ -199,6 +206,8 @@ func (o Options) validate(b Backend, lim Limits) error {
 		bad("TTL is %v, too short for the backend: the minimum is %v", o.TTL, minTTL)
 	case lim.MaxTTL > 0 && o.TTL > lim.MaxTTL:
 		bad("TTL is %v, too long for the backend: the maximum is %v", o.TTL, lim.MaxTTL)
+	default:
+		ttlBad = false
 	}
 	if o.TTL <= 0 {
 		// Nothing else can be related to a missing TTL.
@@ -210,7 +219,22 @@ func (o Options) validate(b Backend, lim Limits) error {
 		bad("safety margin %v must be less than the TTL %v", o.SafetyMargin, o.TTL)
 	}
 	validity := o.TTL - max(o.SafetyMargin, 0)
+	renewShort := given.RenewInterval == 0 && o.RenewInterval < time.Millisecond
+	pollShort := given.PollInterval == 0 && o.PollInterval < time.Millisecond
+	derivedShort := !ttlBad && (renewShort || pollShort)
+	if derivedShort {
+		var implied []string
+		if renewShort {
+			implied = append(implied, fmt.Sprintf("renew every (TTL - safety margin)/3 = %v", o.RenewInterval))
+		}
+		if pollShort {
+			implied = append(implied, fmt.Sprintf("poll every TTL/2 = %v", o.PollInterval))
+		}
+		bad("TTL %v is too short: the default intervals it implies (%s) must be at least 1ms; use a TTL of at least %v, or set the intervals",
+			o.TTL, strings.Join(implied, ", "), shortestUsableTTL(given, lim))
+	}
 	switch {
+	case derivedShort && renewShort:
 	case o.RenewInterval < time.Millisecond:
 		bad("renew interval is %v, it must be at least 1ms", o.RenewInterval)
 	case o.SafetyMargin >= 0 && o.SafetyMargin < o.TTL && o.RenewInterval > validity/2:
@@ -221,10 +245,10 @@ func (o Options) validate(b Backend, lim Limits) error {
 	} else if o.RenewInterval > 0 && o.RenewBatchWindow >= o.RenewInterval/4 {
 		bad("renew batch window %v must be less than a quarter of the renew interval %v", o.RenewBatchWindow, o.RenewInterval)
 	}
-	if o.RenewRetryInterval < time.Millisecond {
+	if o.RenewRetryInterval < time.Millisecond && !(derivedShort && given.RenewRetryInterval == 0) {
 		bad("renew retry interval is %v, it must be at least 1ms", o.RenewRetryInterval)
 	}
-	if o.PollInterval < time.Millisecond {
+	if o.PollInterval < time.Millisecond && !(derivedShort && pollShort) {
 		bad("poll interval is %v, it must be at least 1ms", o.PollInterval)
 	}
 	if o.ReleaseTimeout < 10*time.Millisecond {
@@ -240,4 +264,27 @@ func (o Options) validate(b Backend, lim Limits) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// shortestUsableTTL is the shortest TTL, in the backend's resolution, from
+// which on every TTL's default intervals are at least 1 millisecond, with the
+// caller's other options. (The default safety margin changes form at about
+// 4 ms, so the property is not monotonic below that: the answer is one
+// past the last TTL that fails.)
+func shortestUsableTTL(given Options, lim Limits) time.Duration {
+	res := lim.Resolution
+	if res <= 0 {
+		res = time.Millisecond
+	}
+	from := max(lim.MinTTL, res)
+	shortest := from
+	for ttl := from; ttl <= 100*time.Millisecond; ttl += res {
+		g := given
+		g.TTL = ttl
+		o := g.withDefaults()
+		if (given.RenewInterval == 0 && o.RenewInterval < time.Millisecond) || (given.PollInterval == 0 && o.PollInterval < time.Millisecond) {
+			shortest = ttl + res
+		}
+	}
+	return shortest
 }
