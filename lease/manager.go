@@ -113,9 +113,6 @@ func (m *Manager) TryAcquire(ctx context.Context, name string) (*Lease, error) {
 	if err != nil && ctx.Err() != nil && outcomeUnknown(err) {
 		err = m.abandonAfter(ctx, req, time.Since(start), err)
 	}
-	if err != nil {
-		err = m.nameHolder(ctx, err)
-	}
 	return l, err
 }
 
@@ -312,7 +309,9 @@ const holderLookupTimeout = 500 * time.Millisecond
 
 // nameHolder fills in the Holder of a *NotAcquiredError in err that lacks
 // one, when the backend can say who holds the lease (Inspector): one read,
-// bounded by ctx and by holderLookupTimeout, on the refusal path only. A
+// bounded by ctx and by holderLookupTimeout. Acquire calls it once, when it
+// gives up; TryAcquire does not (its refusal costs one request, as the
+// backend's own, and names the holder when the backend's refusal does). A
 // failed read leaves err as it was.
 func (m *Manager) nameHolder(ctx context.Context, err error) error {
 	var na *NotAcquiredError

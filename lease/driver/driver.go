@@ -121,9 +121,9 @@ type NotAcquiredError struct {
 	// grant has left (0 if unknown). Acquire uses it to time its next try.
 	RetryAfter time.Duration
 	// Holder is the current holder as the store reported it (Owner empty
-	// when unknown): a backend sets it when its refusal carries it; the
-	// Manager fills it in with Inspector.Holder when it returns the error
-	// to its caller.
+	// when unknown): a backend sets it when its refusal carries it at no
+	// extra request; the Manager's blocking Acquire fills it in with one
+	// Inspector.Holder read when it gives up.
 	Holder Holder
 }
 

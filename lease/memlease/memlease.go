@@ -125,7 +125,8 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	}
 	if g, ok := b.current(req.Name, now); ok {
 		if g.owner != req.Owner {
-			return driver.Grant{}, &driver.NotAcquiredError{Name: req.Name, RetryAfter: g.expires.Sub(now)}
+			return driver.Grant{}, &driver.NotAcquiredError{Name: req.Name, RetryAfter: g.expires.Sub(now),
+				Holder: driver.Holder{Name: req.Name, Owner: g.owner, Token: g.token, Remaining: g.expires.Sub(now)}}
 		}
 		g.expires = now.Add(req.TTL)
 		b.leases[req.Name] = g
