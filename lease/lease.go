@@ -37,7 +37,11 @@ type Lease struct {
 	drained  chan struct{} // closed when the last in-flight renew answers, while a release waits
 	reported bool          // the end was reported; ctx, if made now, starts cancelled
 	onEnd    func(error)   // called once by report, before ctx is cancelled (see whenEnded)
-	reportCh chan struct{} // closed when report has cancelled ctx
+	// reportDone is set once the first report has cancelled ctx; reportCh,
+	// made only by a Release that must wait for a report under way on
+	// another goroutine, is closed then.
+	reportDone bool
+	reportCh   chan struct{}
 
 	releaseMu sync.Mutex // serialises Release
 
@@ -64,7 +68,7 @@ func (l *Lease) apply(ev event) effect {
 }
 
 func newLease(m *Manager, parent context.Context) *Lease {
-	l := &Lease{m: m, parent: parent, reportCh: make(chan struct{})}
+	l := &Lease{m: m, parent: parent}
 	l.dl = entry{l: l, idx: -1}
 	l.hb = entry{l: l, idx: -1}
 	return l
@@ -353,8 +357,31 @@ func (l *Lease) report(eff effect) {
 		cancel(end)
 	}
 	if first {
-		close(l.reportCh)
+		l.mu.Lock()
+		l.reportDone = true
+		ch := l.reportCh
+		l.mu.Unlock()
+		if ch != nil {
+			close(ch)
+		}
 	}
+}
+
+// waitReported returns once the lease's end has been reported and its
+// Context cancelled, by this goroutine or another. It allocates only when
+// it has to wait.
+func (l *Lease) waitReported() {
+	l.mu.Lock()
+	if l.reportDone {
+		l.mu.Unlock()
+		return
+	}
+	if l.reportCh == nil {
+		l.reportCh = make(chan struct{})
+	}
+	ch := l.reportCh
+	l.mu.Unlock()
+	<-ch
 }
 
 // whenEnded arranges for f to be called once with the lease's end, by the
@@ -424,7 +451,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	// The lease has ended: by this call, or before by another goroutine
 	// (the scheduler at the deadline) that may still be reporting it.
 	// Go on once its Context is cancelled, as the contract says.
-	<-l.reportCh
+	l.waitReported()
 	if !eff.send {
 		return releaseResult(end, nil)
 	}
