@@ -68,6 +68,21 @@
 // permits, each a lease of its own slot with its own tokens (see
 // Semaphore: fence per slot).
 //
+// # Waiting in line (FIFO)
+//
+// By default a blocked Acquire retries when the holder releases (or when
+// its grant runs out), and any waiter may win: nothing bounds how long one
+// waiter starves. With Options.FIFO (WithFIFO), each blocked Acquire takes
+// a place in a line at the store, in arrival order, and the lease goes to
+// the oldest live waiter. A waiter keeps its place by asking again at
+// least every PollInterval (at most TTL/2), gives it up when its context
+// ends, and loses it within one TTL when its process dies, so that a dead
+// waiter never blocks the line for longer. Tokens are minted as for any
+// grant. TryAcquire does not wait, so it does not queue: it takes a free
+// lease ahead of the line, as a Manager without FIFO does; use one mode
+// per lease name. Backends that keep a line: memlease and redislease
+// (driver.Limits.Queues).
+//
 // The in-memory backend (package memlease; NewMemoryBackend here) serves
 // unit tests and examples.
 // The stores' backends are modules of their own, so that a program using one

@@ -144,12 +144,13 @@ func (m *Manager) TryAcquire(ctx context.Context, name string) (*Lease, error) {
 // attempt only saw the context end) and ctx.Err(), in one line, so
 // errors.Is matches all of them. ctx bounds the wait, not the lease. Names are checked first
 // (ErrInvalidName, no I/O).
-func (m *Manager) Acquire(ctx context.Context, name string) (*Lease, error) {
+func (m *Manager) Acquire(ctx context.Context, name string) (_ *Lease, err error) {
 	if err := ValidateName(name); err != nil {
 		return nil, err
 	}
 	start := time.Now()
-	req := m.request(name)
+	req := m.waiterRequest(name)
+	defer func() { m.leaveLine(ctx, req, err) }() // FIFO (fifo.go)
 	var (
 		signals  <-chan struct{}
 		timer    *time.Timer
@@ -186,11 +187,11 @@ func (m *Manager) Acquire(ctx context.Context, name string) (*Lease, error) {
 			if aerr := m.abandon(ctx, req, m.o.TTL-m.o.SafetyMargin); aerr != nil {
 				m.o.Logger.Warn("lease: could not abandon an unanswered acquire attempt; a grant it made expires after its TTL", "name", name, "owner", req.Owner, "err", aerr)
 			}
-			req = m.request(name)
+			req = m.waiterRequest(name)
 		case errors.Is(err, errGivenBack):
 			// The store ended this owner with the give-back: it would
 			// refuse it from now on.
-			req = m.request(name)
+			req = m.waiterRequest(name)
 		}
 		if !errors.Is(err, ErrNotAcquired) {
 			storeErr = err

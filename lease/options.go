@@ -62,6 +62,18 @@ type Options struct {
 	// at most 1 s; at least 1 ms.
 	PollInterval time.Duration
 
+	// FIFO makes blocked Acquire calls wait in line at the store and be
+	// granted the lease in the order they arrived, instead of by
+	// whichever retries first after a release (see "Waiting in line" in
+	// the package doc). The backend must keep a line
+	// (driver.Limits.Queues: memlease, redislease); NewManager
+	// refuses FIFO otherwise, with an error matching both
+	// ErrInvalidOptions and errors.ErrUnsupported. With FIFO,
+	// PollInterval must be at most TTL/2 (the default is), because a
+	// waiter keeps its place by asking again within its TTL. Default off:
+	// any waiter may win each release.
+	FIFO bool
+
 	// ReleaseTimeout bounds every Release (including its wait for a renew
 	// request already in flight) and the give-back of a grant that arrived
 	// too late. Default 5 s; at least 10 ms.
@@ -120,6 +132,9 @@ func WithRenewRetryInterval(d time.Duration) Option {
 
 // WithPollInterval sets Options.PollInterval.
 func WithPollInterval(d time.Duration) Option { return func(o *Options) { o.PollInterval = d } }
+
+// WithFIFO sets Options.FIFO: blocked acquires are granted in arrival order.
+func WithFIFO() Option { return func(o *Options) { o.FIFO = true } }
 
 // WithReleaseTimeout sets Options.ReleaseTimeout.
 func WithReleaseTimeout(d time.Duration) Option { return func(o *Options) { o.ReleaseTimeout = d } }
@@ -251,6 +266,7 @@ func (o Options) validate(given Options, b Backend, lim Limits) error {
 	if o.PollInterval < time.Millisecond && !(derivedShort && pollShort) {
 		bad("poll interval is %v, it must be at least 1ms", o.PollInterval)
 	}
+	errs = append(errs, o.validateFIFO(b, lim)...)
 	if o.ReleaseTimeout < 10*time.Millisecond {
 		bad("release timeout is %v, it must be at least 10ms", o.ReleaseTimeout)
 	}

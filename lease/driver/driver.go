@@ -1,7 +1,8 @@
 // Package driver is the contract between the lease Manager (package
 // lease) and the stores that hold leases, as database/sql/driver is beside
 // database/sql: everything a backend implements (Backend and the optional
-// capabilities BatchRenewer, Watcher, Inspector, Checker) and everything it
+// capabilities BatchRenewer, Watcher, Inspector, Checker, and a line of
+// waiters declared in Limits.Queues) and everything it
 // calls or returns (Request, Grant, Limits, Notifier, the errors). A backend
 // imports this package and fence, never package lease; users of the Manager
 // rarely need it.
@@ -18,6 +19,9 @@
 //   - Watcher: wake waiters on release instead of polling.
 //   - Inspector: say who holds a lease (Manager.Holder, Election.Leader).
 //   - Checker: check the store's setup before any lease (Manager.Check).
+//
+// and may declare, in Limits.Queues, that it keeps blocked acquires in a
+// line at the store (lease.Options.FIFO): see "Waiters in line" below.
 //
 // The Manager validates user input (names, TTLs against Limits) before it
 // calls a backend: a backend called by the Manager never needs to check
@@ -60,9 +64,51 @@
 //  4. Decide and document what tokens do when the store loses its data
 //     (a restart without persistence, a restored backup), and make them keep
 //     growing if you can: DESIGN.md invariant 2.
-//  5. Run package leasetest against the real store, with a LoseData hook,
+//  5. If the store can keep a line, set Limits.Queues and honour
+//     Request.Queue (see "Waiters in line" below): Acquire with Queue set
+//     registers the owner in arrival order and refreshes its place,
+//     Abandon removes the place, and a free name goes to the oldest live
+//     waiter. Otherwise leave it unset: a Manager asking for FIFO then
+//     fails at lease.NewManager.
+//  6. Run package leasetest against the real store, with a LoseData hook,
 //     an EndSession hook where the store has sessions, and every capability
 //     the store lacks declared in Config.Lacks with its reason.
+//
+// # Waiters in line
+//
+// A backend that sets Limits.Queues keeps, per lease name, a line of
+// waiters at the store, so that the lease goes to blocked acquires in the
+// order they arrived (lease.Options.FIFO) rather than to whichever retries
+// first. The contract is one field and three duties, so that Acquire stays
+// the only way to be granted a lease and the token rules do not change:
+//
+//   - Acquire with Request.Queue set grants, as Acquire does, only when the
+//     name is free and no live waiter joined the line before req.Owner (or
+//     the store handed the name to req.Owner). Otherwise it refuses, as
+//     Acquire does, and puts req.Owner at the end of the line if it has no
+//     place, or keeps the place it has; either way the place lives at least
+//     req.TTL from then. A grant takes the owner out of the line. An owner
+//     ended within EndedOwnerTTL is refused and never put in line.
+//     The Manager's blocking Acquire sends it at least every TTL/2 while it
+//     waits (Options.PollInterval is at most TTL/2 with FIFO), so that a
+//     live waiter keeps its place, and a waiter whose process died leaves
+//     the line by itself within its TTL.
+//   - Abandon also removes req.Owner's place. The Manager sends it when a
+//     blocking Acquire gives up (its context ended), so that the waiter
+//     behind it is next at once.
+//   - When a grant ends (Release, Abandon, expiry), the oldest live waiter
+//     is next: the store either keeps the name free for it (the others
+//     are refused until it takes it or its place lapses) or hands the name
+//     over at once, minting its token then, atomically, as any grant does
+//     (its next Acquire then finds the grant, as a retried request would,
+//     without a write where the store allows). Tokens still grow strictly
+//     in grant order.
+//
+// A refusal to a waiter that is not first may carry RetryAfter: the time
+// left of the grant, or of the place of the waiter ahead, when the name is
+// free but kept for it. Acquire without Queue (TryAcquire, a Manager
+// without FIFO) ignores the line: it takes a free name ahead of the
+// waiters, as today. Use one mode per name.
 package driver
 
 import (
@@ -125,9 +171,17 @@ type NotAcquiredError struct {
 	// extra request; the Manager's blocking Acquire fills it in with one
 	// Inspector.Holder read when it gives up.
 	Holder Holder
+	// Ahead, when not 0, says that no one holds Name but that it is kept
+	// for this many live waiters ahead of the owner in line
+	// (Request.Queue); RetryAfter is then the time left of the first one's
+	// place, when the store knows it.
+	Ahead int
 }
 
 func (e *NotAcquiredError) Error() string {
+	if e.Ahead > 0 {
+		return fmt.Sprintf("lease: not acquired: %q is kept for the %d waiter(s) ahead in line", e.Name, e.Ahead)
+	}
 	who := "another owner"
 	if e.Holder.Owner != "" {
 		who = e.Holder.Owner
@@ -190,6 +244,11 @@ type Request struct {
 	// the request; a backend called directly (a test) may get nil and must
 	// then not call it.
 	Notify Notifier
+	// Queue asks the backend to keep Owner's place in the line of waiters
+	// of Name (see "Waiters in line" in the package doc). The Manager sets
+	// it only for the blocking Acquire of a Manager with FIFO, and only
+	// when Limits.Queues is set.
+	Queue bool
 }
 
 // Grant is one grant of a lease, as the store made it. The Manager passes it
@@ -211,7 +270,8 @@ type Grant struct {
 	State any
 }
 
-// Limits are the TTLs a backend can honour. NewManager rejects a TTL outside
+// Limits are the TTLs a backend can honour, and how it keeps grants
+// (SelfRenewing) and waiters (Queues). NewManager rejects a TTL outside
 // them before any I/O.
 type Limits struct {
 	// MinTTL is the shortest TTL the store can keep alive. 0 means 1
@@ -231,6 +291,10 @@ type Limits struct {
 	// session that outlives its holder's lease must not keep the name), or
 	// the conformance suite's expiry check fails.
 	SelfRenewing bool
+	// Queues is set by a backend that keeps blocked acquires in line at the
+	// store and honours Request.Queue (see "Waiters in line" in the
+	// package doc). lease.NewManager refuses Options.FIFO without it.
+	Queues bool
 }
 
 // Notifier is how a backend reports what it learns about a grant outside a
@@ -314,7 +378,9 @@ type Backend interface {
 	// Abandon is sent for an acquire request whose outcome the Manager
 	// will never learn (it stopped waiting: the attempt outlived the
 	// lease's validity, or the caller's context ended while it was in
-	// flight). It ends whatever grant req.Owner holds of req.Name, whatever
+	// flight), and, with Limits.Queues, for a waiter that gave up. It
+	// removes req.Owner's place in the line of req.Name where the backend
+	// keeps one, and ends whatever grant req.Owner holds of req.Name, whatever
 	// its token, waking waiters if it ends one, and records req.Owner as
 	// ended for at least EndedOwnerTTL(req.TTL), so that the abandoned
 	// request, if it reaches the store later, is refused. It returns nil

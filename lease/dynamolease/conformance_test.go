@@ -41,6 +41,7 @@ func TestConformance(t *testing.T) {
 			leasetest.Watch:      "DynamoDB pushes nothing about one item to a client (Streams are a separate service, with lag); waiters poll",
 			leasetest.BatchRenew: "a conditional write renews one item; a TransactWriteItems of several renewals fails whole when one grant is lost, so heartbeats go one request each",
 			leasetest.PushLoss:   "grants live in items, not in sessions: nothing ends at the store on its own",
+			leasetest.Queue:      "waiters in line (FIFO hand-off): not implemented yet",
 		},
 	})
 }

@@ -17,7 +17,9 @@
 // pushes) and through a lease.Manager (exclusivity under contention over
 // several connections, release semantics, loss at the local deadline,
 // prompt wake-up of waiters, a release racing renewals, a semaphore's
-// bound on its holders).
+// bound on its holders), and, where the store keeps waiters in line, FIFO
+// hand-off (arrival order, waiters that give up or die, a holder that
+// dies).
 //
 // CheckLostByDeadline serves a backend's own fault tests (a store that
 // stopped answering): it checks a lost lease's deadline by the rule and
@@ -65,6 +67,9 @@ const (
 	PushLoss Capability = "push-loss"
 	// Inspect: the backend implements driver.Inspector (who holds a lease).
 	Inspect Capability = "inspect"
+	// Queue: the backend keeps waiters in line (driver.Limits.Queues), so
+	// that a Manager can grant in arrival order (lease.Options.FIFO).
+	Queue Capability = "queue"
 )
 
 // Config describes the store under test.
@@ -136,6 +141,11 @@ func Run(t *testing.T, cfg Config) {
 		{"ElectionHandsLeadershipOver", testElection},
 		{"ObserveReportsEachLeader", testObserve},
 		{"RefusalNamesTheHolder", testRefusalNamesHolder},
+		{"LineGrantsInArrivalOrder", testLineOrder},
+		{"LineDropsAWaiterThatGaveUp", testLineAbandon},
+		{"LineDropsAWaiterThatDied", testLineDeadWaiter},
+		{"ManagerFIFOGrantsInArrivalOrder", testManagerFIFO},
+		{"ManagerFIFOSurvivesAHolderThatDied", testLineHolderDies},
 	}
 	// The data-loss check wipes the store: it runs alone, after the others.
 	var destructive []func(*testing.T)

@@ -7,6 +7,7 @@ package memlease
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -22,6 +23,7 @@ type Backend struct {
 	tokens   map[string]fence.Token
 	watchers map[string]map[chan struct{}]struct{}
 	ended    map[endedKey]ended // owners ended by Release or Abandon, and how
+	lines    map[string][]place // waiters in arrival order (driver.Request.Queue)
 	floor    fence.Token        // the least token to mint since the last Forget
 }
 
@@ -31,6 +33,12 @@ type endedKey struct{ name, owner string }
 type ended struct {
 	until    time.Time
 	released bool // by a Release that found the grant, or by Abandon; false: a Release found it lost
+}
+
+// place is one waiter's place in line, kept until expires unless refreshed.
+type place struct {
+	owner   string
+	expires time.Time
 }
 
 type memGrant struct {
@@ -54,7 +62,51 @@ func New() *Backend {
 		tokens:   make(map[string]fence.Token),
 		watchers: make(map[string]map[chan struct{}]struct{}),
 		ended:    make(map[endedKey]ended),
+		lines:    make(map[string][]place),
 	}
+}
+
+// line returns the live waiters of name in arrival order, dropping the
+// places that lapsed; mu must be held.
+func (b *Backend) line(name string, now time.Time) []place {
+	l := slices.DeleteFunc(b.lines[name], func(p place) bool { return !now.Before(p.expires) })
+	if len(l) == 0 {
+		delete(b.lines, name)
+		return nil
+	}
+	b.lines[name] = l
+	return l
+}
+
+// leave removes owner's place in the line of name and reports whether it
+// was first; mu must be held.
+func (b *Backend) leave(name, owner string, now time.Time) (first bool) {
+	l := b.line(name, now)
+	i := slices.IndexFunc(l, func(p place) bool { return p.owner == owner })
+	if i < 0 {
+		return false
+	}
+	if l = slices.Delete(l, i, i+1); len(l) == 0 {
+		delete(b.lines, name)
+	} else {
+		b.lines[name] = l
+	}
+	return i == 0
+}
+
+// wait keeps req.Owner's place in the line of req.Name for req.TTL from
+// now, at the end for a new waiter, and returns the number of live
+// waiters ahead of it and the first one's place; mu must be held.
+func (b *Backend) wait(req driver.Request, now time.Time) (ahead int, first place) {
+	l := b.line(req.Name, now)
+	i := slices.IndexFunc(l, func(p place) bool { return p.owner == req.Owner })
+	if i < 0 {
+		i = len(l)
+		l = append(l, place{owner: req.Owner})
+		b.lines[req.Name] = l
+	}
+	l[i].expires = now.Add(req.TTL)
+	return i, l[0]
 }
 
 // endedAs returns how owner of name was ended within driver.EndedOwnerTTL, and
@@ -89,6 +141,11 @@ func (b *Backend) end(name, owner string, ttl time.Duration, released bool, now 
 // free deletes the grant of name and wakes its waiters; mu must be held.
 func (b *Backend) free(name string) {
 	delete(b.leases, name)
+	b.wake(name)
+}
+
+// wake signals the watchers of name; mu must be held.
+func (b *Backend) wake(name string) {
 	for ch := range b.watchers[name] {
 		select {
 		case ch <- struct{}{}:
@@ -107,9 +164,11 @@ func (b *Backend) current(name string, now time.Time) (memGrant, bool) {
 	return g, ok
 }
 
-// Limits implements driver.Backend: any whole number of milliseconds.
+// Limits implements driver.Backend: any whole number of milliseconds, and
+// waiters kept in line (Request.Queue): the name goes to the oldest live
+// waiter when it is free.
 func (b *Backend) Limits() driver.Limits {
-	return driver.Limits{MinTTL: time.Millisecond, Resolution: time.Millisecond}
+	return driver.Limits{MinTTL: time.Millisecond, Resolution: time.Millisecond, Queues: true}
 }
 
 // Acquire implements driver.Backend.
@@ -125,12 +184,21 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	}
 	if g, ok := b.current(req.Name, now); ok {
 		if g.owner != req.Owner {
+			if req.Queue {
+				b.wait(req, now)
+			}
 			return driver.Grant{}, &driver.NotAcquiredError{Name: req.Name, RetryAfter: g.expires.Sub(now),
 				Holder: driver.Holder{Name: req.Name, Owner: g.owner, Token: g.token, Remaining: g.expires.Sub(now)}}
 		}
 		g.expires = now.Add(req.TTL)
 		b.leases[req.Name] = g
 		return driver.Grant{Name: req.Name, Owner: req.Owner, Token: g.token, TTL: req.TTL}, nil
+	}
+	if req.Queue {
+		if ahead, first := b.wait(req, now); ahead > 0 {
+			return driver.Grant{}, &driver.NotAcquiredError{Name: req.Name, RetryAfter: first.expires.Sub(now), Ahead: ahead}
+		}
+		b.leave(req.Name, req.Owner, now)
 	}
 	tok := max(b.tokens[req.Name]+1, b.floor)
 	b.tokens[req.Name] = tok
@@ -194,6 +262,9 @@ func (b *Backend) Abandon(ctx context.Context, req driver.Request) error {
 	if cur, ok := b.current(req.Name, now); ok && cur.owner == req.Owner {
 		b.free(req.Name)
 	}
+	if _, held := b.current(req.Name, now); b.leave(req.Name, req.Owner, now) && !held {
+		b.wake(req.Name) // the name is free, and the next waiter is first now
+	}
 	return nil
 }
 
@@ -244,6 +315,7 @@ func (b *Backend) Forget() {
 	clear(b.leases)
 	clear(b.tokens)
 	clear(b.ended)
+	clear(b.lines)
 	b.floor = max(b.floor, fence.Token(time.Now().UnixNano()))
 }
 

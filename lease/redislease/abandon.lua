@@ -6,14 +6,26 @@
 -- release channel; ARGV[3] "classic" to publish with PUBLISH only
 -- (Options.ClassicPubSub); ARGV[4] the tombstone's life in milliseconds
 -- (lease.EndedOwnerTTL).
+-- With KEYS[3] and KEYS[4] (the line and the places, see acquire.lua), the
+-- owner also leaves the line, and the waiters are woken if it was first
+-- while the name was free: the next one is first now.
 -- Returns 1 when it ended a grant, 0 when the owner held none.
 -- The tombstone is written first: whatever follows, the owner is ended.
 redis.call('SET', KEYS[2], 'abandoned', 'PX', ARGV[4])
+local wake = false
+if KEYS[4] then
+  wake = redis.call('ZRANK', KEYS[3], ARGV[1]) == 0 and redis.call('EXISTS', KEYS[1]) == 0
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('ZREM', KEYS[4], ARGV[1])
+end
 local _, owner = string.match(redis.call('GET', KEYS[1]) or '', '^(%d+):(.*)$')
-if owner ~= ARGV[1] then
+if owner == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  wake = true
+end
+if not wake then
   return 0
 end
-redis.call('DEL', KEYS[1])
 local sent = false
 if ARGV[3] ~= 'classic' then
   sent = redis.pcall('SPUBLISH', ARGV[2], 'released')
@@ -21,4 +33,7 @@ end
 if not sent or (type(sent) == 'table' and sent.err) then
   redis.pcall('PUBLISH', ARGV[2], 'released')
 end
-return 1
+if owner == ARGV[1] then
+  return 1
+end
+return 0

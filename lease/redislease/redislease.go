@@ -282,6 +282,10 @@ type Keys struct {
 	Token string
 	// Channel is where a release is published.
 	Channel string
+	// Line is the sorted set of the owners waiting in line
+	// (driver.Request.Queue), scored by arrival; Places the same owners
+	// scored by when each place lapses (server time, milliseconds).
+	Line, Places string
 	// An ended owner's tombstone is "<prefix>{<name>}:ended:<owner>" (see
 	// the package doc): one per owner, so it has no field here.
 }
@@ -291,7 +295,8 @@ var nameEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
 // KeysFor returns the keys the backend uses for the lease name.
 func (b *Backend) KeysFor(name string) Keys {
 	lk, tk, ch := b.keys(name, "lease", "token", "released")
-	return Keys{Lease: lk, Token: tk, Channel: ch}
+	line, places, _ := b.keys(name, "line", "places", "")
+	return Keys{Lease: lk, Token: tk, Channel: ch, Line: line, Places: places}
 }
 
 // keys returns the names "<prefix>{<name>}:<suffix>" for two or three
@@ -351,9 +356,10 @@ func grantValue(g driver.Grant) string {
 const MinTTL = 10 * time.Millisecond
 
 // Limits implements driver.Backend: TTLs are whole milliseconds (PEXPIRE),
-// at least MinTTL.
+// at least MinTTL; waiters are kept in line (driver.Request.Queue) in two
+// sorted sets in the lease's hash slot (Keys.Line, Keys.Places).
 func (b *Backend) Limits() driver.Limits {
-	return driver.Limits{MinTTL: MinTTL, Resolution: time.Millisecond}
+	return driver.Limits{MinTTL: MinTTL, Resolution: time.Millisecond, Queues: true}
 }
 
 func ttlMillis(ttl time.Duration) (int64, error) {
@@ -377,18 +383,53 @@ func endedMillis(ttl time.Duration) int64 {
 
 // Acquire implements driver.Backend in one script call. It refuses, with an
 // error matching driver.ErrNotAcquired, an owner whose tombstone is still
-// there (released or abandoned within driver.EndedOwnerTTL). An error that
-// retrying cannot fix (see Check) matches driver.ErrSetup.
+// there (released or abandoned within driver.EndedOwnerTTL). With
+// req.Queue, the same script keeps req.Owner's place in line (Keys.Line,
+// Keys.Places) and grants a free name only to the first live waiter. An
+// error that retrying cannot fix (see Check) matches driver.ErrSetup.
 func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
 	ms, err := ttlMillis(req.TTL)
 	if err != nil {
 		return driver.Grant{}, err
 	}
 	lk, tk, ek := b.keys(req.Name, "lease", "token", endedSuffix+req.Owner)
+	if req.Queue {
+		return b.acquireQueued(ctx, req, []string{lk, tk, ek}, ms)
+	}
 	v, err := acquireScript.Run(ctx, b.c, []string{lk, tk, ek}, req.Owner, ms).Int64()
 	if err != nil {
 		return driver.Grant{}, fmt.Errorf("redislease: acquire %q: %w", req.Name, b.setup(err))
 	}
+	return acquired(req, v)
+}
+
+// acquireQueued is Acquire for a waiter in line (driver.Request.Queue):
+// the same script with the line's two keys, in the lease's hash slot.
+func (b *Backend) acquireQueued(ctx context.Context, req driver.Request, keys []string, ms int64) (driver.Grant, error) {
+	line, places, _ := b.keys(req.Name, "line", "places", "")
+	res, err := acquireScript.Run(ctx, b.c, append(keys, line, places), req.Owner, ms).Result()
+	if err != nil {
+		return driver.Grant{}, fmt.Errorf("redislease: acquire %q: %w", req.Name, b.setup(err))
+	}
+	switch v := res.(type) {
+	case int64:
+		return acquired(req, v)
+	case []any:
+		// {ahead, ms}: the name is free, kept for earlier waiters.
+		if len(v) == 2 {
+			ahead, ok1 := v[0].(int64)
+			left, ok2 := v[1].(int64)
+			if ok1 && ok2 {
+				return driver.Grant{}, &driver.NotAcquiredError{Name: req.Name, Ahead: int(ahead), RetryAfter: time.Duration(max(left, 0)) * time.Millisecond}
+			}
+		}
+	}
+	return driver.Grant{}, fmt.Errorf("redislease: acquire %q: unexpected reply %v", req.Name, res)
+}
+
+// acquired reads acquire.lua's number: a token, 0 for an ended owner, or
+// -pttl - 1 for a name another owner holds.
+func acquired(req driver.Request, v int64) (driver.Grant, error) {
 	if v < 0 {
 		// -pttl - 1: held by another owner, for pttl more milliseconds.
 		return driver.Grant{}, &driver.NotAcquiredError{Name: req.Name, RetryAfter: time.Duration(max(-v-1, 0)) * time.Millisecond}
@@ -576,10 +617,16 @@ func (b *Backend) Release(ctx context.Context, g driver.Grant) error {
 // req.Owner's tombstone (PX driver.EndedOwnerTTL(req.TTL)), so that
 // req's acquire request is refused if it reaches Redis later, and deletes
 // the lease if req.Owner holds it (any token), publishing on the release
-// channel as Release does.
+// channel as Release does. With req.Queue it also removes req.Owner's
+// place in line, publishing when that makes the next waiter first.
 func (b *Backend) Abandon(ctx context.Context, req driver.Request) error {
 	lk, ek, ch := b.keys(req.Name, "lease", endedSuffix+req.Owner, "released")
-	if err := abandonScript.Run(ctx, b.c, []string{lk, ek}, req.Owner, ch, b.notice, endedMillis(req.TTL)).Err(); err != nil {
+	keys := []string{lk, ek}
+	if req.Queue {
+		line, places, _ := b.keys(req.Name, "line", "places", "")
+		keys = append(keys, line, places)
+	}
+	if err := abandonScript.Run(ctx, b.c, keys, req.Owner, ch, b.notice, endedMillis(req.TTL)).Err(); err != nil {
 		return fmt.Errorf("redislease: abandon %q for owner %q: %w", req.Name, req.Owner, b.setup(err))
 	}
 	return nil
