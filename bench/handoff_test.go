@@ -56,6 +56,8 @@ type blockingLock func(ctx context.Context, name string) (unlock func(context.Co
 //
 //   - lib=fencekit: Manager.Acquire (defaults): woken by pub/sub on release,
 //     polling as a fallback (PollInterval, TTL/2 capped at 1 s).
+//   - lib=fencekit-fifo: the same with lease.WithFIFO: the waiters hold
+//     their places in line at the store, the oldest is granted.
 //   - lib=redislock: Obtain with RetryStrategy LinearBackoff(100 ms), the
 //     interval of its examples (its default is not to retry at all).
 //   - lib=redsync: Mutex.LockContext with its defaults: 32 tries, a random
@@ -84,6 +86,10 @@ func BenchmarkHandoff(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	fifo, err := lease.NewManager(be, benchTTL, lease.WithFIFO())
+	if err != nil {
+		b.Fatal(err)
+	}
 	locker := redislock.New(c)
 	rs := redsync.New(goredis.NewPool(c))
 
@@ -93,6 +99,13 @@ func BenchmarkHandoff(b *testing.B) {
 	}{
 		{"fencekit", func(ctx context.Context, name string) (func(context.Context) error, error) {
 			l, err := m.Acquire(ctx, name)
+			if err != nil {
+				return nil, err
+			}
+			return l.Release, nil
+		}},
+		{"fencekit-fifo", func(ctx context.Context, name string) (func(context.Context) error, error) {
+			l, err := fifo.Acquire(ctx, name)
 			if err != nil {
 				return nil, err
 			}

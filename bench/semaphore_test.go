@@ -135,10 +135,12 @@ func fairnessDuration(b *testing.B) time.Duration {
 // BenchmarkFairness: 8 contenders, each with a Manager and a backend of
 // its own (its own connections, as 8 processes would have), loop on one
 // lease name for a fixed time: Acquire, hold it 1 ms, Release, and at once
-// Acquire again. A release wakes every waiter (or, without Watcher, the
-// next poll finds the name free) and whichever asks first wins: there is
-// no queue, and the contender that just released asks again at once.
-// FIFO is not offered by any backend yet.
+// Acquire again. With fifo=off a release wakes every waiter (or, without
+// Watcher, the next poll finds the name free) and whichever asks first
+// wins: the contender that just released asks again at once. With fifo=on
+// (lease.WithFIFO, on the stores that keep a line: driver.Limits.Queues)
+// the waiters hold their places at the store and the oldest is granted;
+// the others run as fifo=not-offered.
 //
 // One iteration is one whole run (use -benchtime 1x). Metrics: grants/s;
 // min-share and max-share, the smallest and largest fraction of the grants
@@ -180,12 +182,30 @@ func BenchmarkFairness(b *testing.B) {
 		stores = slices.DeleteFunc(stores, func(s store) bool { return !slices.Contains(splitComma(only), s.name) })
 	}
 	run := 0
+	type variant struct {
+		st   store
+		fifo string
+	}
+	var variants []variant
 	for _, st := range stores {
-		b.Run("store="+st.name+"/fifo=not-offered", func(b *testing.B) {
+		switch st.name {
+		case "redis":
+			variants = append(variants, variant{st, "off"}, variant{st, "on"})
+		default:
+			variants = append(variants, variant{st, "not-offered"})
+		}
+	}
+	for _, v := range variants {
+		st := v.st
+		opts := st.opts
+		if v.fifo == "on" {
+			opts = append(slices.Clip(opts), lease.WithFIFO())
+		}
+		b.Run("store="+st.name+"/fifo="+v.fifo, func(b *testing.B) {
 			connect := st.setup(b)
 			var ms []*lease.Manager
 			for range fairnessContenders {
-				m := must(lease.NewManager(connect(), benchTTL, st.opts...))(b)
+				m := must(lease.NewManager(connect(), benchTTL, opts...))(b)
 				// Warm up its connections (a JVM server's first requests
 				// are slow) outside the measured runs.
 				l := must(m.TryAcquire(context.Background(), "warm-up-"+st.name+"-"+strconv.Itoa(len(ms))))(b)
