@@ -70,8 +70,9 @@ type Options struct {
 	// refuses FIFO otherwise, with an error matching both
 	// ErrInvalidOptions and errors.ErrUnsupported. With FIFO,
 	// PollInterval must be at most TTL/2 (the default is), because a
-	// waiter keeps its place by asking again within its TTL. Default off:
-	// any waiter may win each release.
+	// waiter keeps its place by asking again within its TTL. TryAcquire
+	// and Semaphore do not wait in line (a semaphore's slots are leases of
+	// their own). Default off: any waiter may win each release.
 	FIFO bool
 
 	// ReleaseTimeout bounds every Release (including its wait for a renew
