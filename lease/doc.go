@@ -77,7 +77,9 @@
 // the oldest live waiter. A waiter keeps its place by asking again at
 // least every PollInterval (at most TTL/2), gives it up when its context
 // ends, and loses it within one TTL when its process dies, so that a dead
-// waiter never blocks the line for longer. Tokens are minted as for any
+// waiter never blocks the line for longer. An attempt that the store did
+// not answer within the lease's validity is abandoned, and the waiter
+// starts again at the end of the line. Tokens are minted as for any
 // grant. TryAcquire does not wait, so it does not queue: it takes a free
 // lease ahead of the line, as a Manager without FIFO does; use one mode
 // per lease name. Backends that keep a line: memlease and redislease

@@ -98,6 +98,11 @@ func (b *Backend) leave(name, owner string, now time.Time) (first bool) {
 // now, at the end for a new waiter, and returns the number of live
 // waiters ahead of it and the first one's place; mu must be held.
 func (b *Backend) wait(req driver.Request, now time.Time) (ahead int, first place) {
+	if len(b.lines) > 1024 {
+		for name := range b.lines {
+			b.line(name, now) // lines whose waiters all left go
+		}
+	}
 	l := b.line(req.Name, now)
 	i := slices.IndexFunc(l, func(p place) bool { return p.owner == req.Owner })
 	if i < 0 {
