@@ -91,3 +91,137 @@ func TestFIFOSharesGrantsEquallyInVirtualTime(t *testing.T) {
 		})
 	}
 }
+
+// acquireAsync runs m.Acquire(ctx, name) and sends the outcome, with the
+// time it returned.
+type acquired struct {
+	l   *lease.Lease
+	at  time.Time
+	err error
+}
+
+func acquireAsync(ctx context.Context, m *lease.Manager, name string) <-chan acquired {
+	ch := make(chan acquired, 1)
+	go func() {
+		l, err := m.Acquire(ctx, name)
+		ch <- acquired{l, time.Now(), err}
+	}()
+	return ch
+}
+
+// TestFIFOAbandonmentInVirtualTime: in virtual time, with memlease, the
+// exact moments at which the line moves on: a waiter whose context ends
+// leaves at once (the one behind is granted at the release itself); a
+// waiter whose process died (it stopped asking) holds the line until its
+// place lapses, one TTL after it last asked, and no longer; a holder that
+// died (it stopped renewing) holds it until its grant expires.
+func TestFIFOAbandonmentInVirtualTime(t *testing.T) {
+	const ttl = time.Second
+	t.Run("context ended", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			b := lease.NewMemoryBackend()
+			m, err := lease.NewManager(b, ttl, lease.WithFIFO())
+			if err != nil {
+				t.Fatal(err)
+			}
+			h, err := m.TryAcquire(context.Background(), "n")
+			if err != nil {
+				t.Fatal(err)
+			}
+			qctx, quit := context.WithCancel(context.Background())
+			quitter := acquireAsync(qctx, m, "n")
+			synctest.Wait()
+			next := acquireAsync(context.Background(), m, "n")
+			synctest.Wait()
+			quit()
+			if r := <-quitter; !errors.Is(r.err, lease.ErrNotAcquired) || !errors.Is(r.err, context.Canceled) {
+				t.Fatalf("cancelled waiter: %v", r.err)
+			}
+			released := time.Now()
+			if err := h.Release(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			r := <-next
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			if d := r.at.Sub(released); d != 0 {
+				t.Fatalf("the waiter behind one that gave up was granted %v after the release, want at once", d)
+			}
+			r.l.Release(context.Background())
+		})
+	})
+	t.Run("waiter died", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			b := lease.NewMemoryBackend()
+			m, err := lease.NewManager(b, ttl, lease.WithFIFO())
+			if err != nil {
+				t.Fatal(err)
+			}
+			h, err := m.TryAcquire(context.Background(), "n")
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The dead waiter asked once, as a Manager's first attempt
+			// would, and never again.
+			died := time.Now()
+			_, err = b.Acquire(context.Background(), driver.Request{Name: "n", Owner: "dead/1", TTL: ttl, Queue: true})
+			if !errors.Is(err, lease.ErrNotAcquired) {
+				t.Fatalf("dead waiter's attempt: %v", err)
+			}
+			next := acquireAsync(context.Background(), m, "n")
+			synctest.Wait()
+			time.Sleep(ttl / 4)
+			if err := h.Release(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			r := <-next
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			// The place lapses at died + ttl; the waiter was told so
+			// (RetryAfter) and asks again just after (pollWait: 1 ms
+			// plus up to 5 ms of jitter).
+			if d := r.at.Sub(died); d < ttl || d > ttl+10*time.Millisecond {
+				t.Fatalf("the waiter behind a dead one was granted %v after the dead one last asked, want just after its TTL %v", d, ttl)
+			}
+			r.l.Release(context.Background())
+		})
+	})
+	t.Run("holder died", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			b := lease.NewMemoryBackend()
+			m, err := lease.NewManager(b, ttl, lease.WithFIFO())
+			if err != nil {
+				t.Fatal(err)
+			}
+			crashed := time.Now()
+			if _, err := b.Acquire(context.Background(), driver.Request{Name: "n", Owner: "crashed/1", TTL: ttl}); err != nil {
+				t.Fatal(err)
+			}
+			first := acquireAsync(context.Background(), m, "n")
+			synctest.Wait()
+			second := acquireAsync(context.Background(), m, "n")
+			synctest.Wait()
+			r := <-first
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			if d := r.at.Sub(crashed); d < ttl || d > ttl+10*time.Millisecond {
+				t.Fatalf("the first waiter was granted %v after the holder's last renewal, want just after its TTL %v", d, ttl)
+			}
+			synctest.Wait() // the second waiter is blocked, or done
+			select {
+			case r2 := <-second:
+				t.Fatalf("the second waiter was granted (%v) while the first holds the lease", r2.err)
+			default:
+			}
+			r.l.Release(context.Background())
+			if r2 := <-second; r2.err != nil {
+				t.Fatal(r2.err)
+			} else {
+				r2.l.Release(context.Background())
+			}
+		})
+	})
+}
