@@ -82,8 +82,8 @@
 // starts again at the end of the line. Tokens are minted as for any
 // grant. TryAcquire does not wait, so it does not queue: it takes a free
 // lease ahead of the line, as a Manager without FIFO does; use one mode
-// per lease name. Backends that keep a line: memlease and redislease
-// (driver.Limits.Queues).
+// per lease name. Backends that keep a line: memlease, redislease and
+// etcdlease (driver.Limits.Queues).
 //
 // The in-memory backend (package memlease; NewMemoryBackend here) serves
 // unit tests and examples.

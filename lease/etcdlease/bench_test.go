@@ -15,6 +15,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/fencekit/fencekit/internal/etcdtest"
+	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/etcdlease"
 )
 
@@ -172,6 +173,8 @@ const (
 //     the key (from the refusal's revision) for its deletion and sends it
 //     again; release is a revoke;
 //   - lib=fencekit: Manager.Acquire (woken by its watch), Lease.Release;
+//   - lib=fencekit-fifo: the same with lease.WithFIFO: waiters hold their
+//     places in line (LineKey), the first in line is granted;
 //   - lib=mutex: concurrency.Mutex.Lock, each goroutine with a session of
 //     its own for the whole run (waiters queue, each watching the key
 //     before its own), Unlock.
@@ -182,6 +185,7 @@ func BenchmarkHandoff(b *testing.B) {
 	cl := etcdtest.StartWith(b, 3, etcdtest.Default)
 	p := prefix(b)
 	fk := newManager(b, benchBackend(b, cl.Client(), p+"fencekit/"), benchTTL)
+	fifo := newManager(b, benchBackend(b, cl.Client(), p+"fencekit-fifo/"), benchTTL, lease.WithFIFO())
 	raw := cl.Client()
 	mcli := cl.Client()
 	secs := int64(benchTTL / time.Second)
@@ -221,6 +225,15 @@ func BenchmarkHandoff(b *testing.B) {
 		{"fencekit", func() blockingLock {
 			return func(ctx context.Context, name string) (func(context.Context) error, error) {
 				l, err := fk.Acquire(ctx, name)
+				if err != nil {
+					return nil, err
+				}
+				return l.Release, nil
+			}
+		}},
+		{"fencekit-fifo", func() blockingLock {
+			return func(ctx context.Context, name string) (func(context.Context) error, error) {
+				l, err := fifo.Acquire(ctx, name)
 				if err != nil {
 					return nil, err
 				}

@@ -38,8 +38,5 @@ func TestConformance(t *testing.T) {
 				t.Fatal("EndSession: the backend holds no etcd lease to revoke")
 			}
 		},
-		Lacks: map[leasetest.Capability]string{
-			leasetest.Queue: "waiters in line (FIFO hand-off): not implemented yet (issue 24: a key per waiter ordered by create revision)",
-		},
 	})
 }

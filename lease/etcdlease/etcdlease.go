@@ -56,6 +56,16 @@
 //     or a revoke wakes a waiter at once. The waiters of one name in one
 //     Backend share one etcd watch, and each deletion wakes the one that
 //     waited longest, not all of them (only one can win).
+//   - Waiters in line (driver.Request.Queue, lease.Options.FIFO): a
+//     waiter's place is the key LineKey(name, owner), attached to the etcd
+//     lease its refused attempts keep alive; the line is ordered by create
+//     revision, as concurrency.Mutex orders its waiters. A queued acquire
+//     is the same one transaction with one more comparison (no place in
+//     the line was created before the owner's own) and, when refused, the
+//     owner's place put and read back: still one round trip. A hand-off
+//     therefore still writes the grant's key, as without a line (see
+//     line.go). A place lapses with its etcd lease when its waiter stops
+//     asking; Abandon deletes it.
 //   - Holder (driver.Inspector) reads the key and the epoch key in one
 //     transaction, and the lease's time to live: two round trips.
 //   - A held grant's key is watched too (from its create revision, so
@@ -222,6 +232,7 @@ type Backend struct {
 	spares   map[int64][]*spare    // leases of refused attempts, by TTL in seconds, oldest first
 	minEpoch int64                 // the least value a new epoch may have (after a rewind)
 	watches  map[string]*nameWatch // the watches waiters share, by lease name
+	places   map[placeKey]*place   // waiters' places in line, by name and owner (line.go)
 	ended    map[int64]*endedLease // the etcd leases ended-owner records share, by EndedOwnerTTL in seconds
 }
 
@@ -253,6 +264,7 @@ func New(c Client, opts ...Option) (*Backend, error) {
 		c: c, o: o, epochKey: o.Prefix + "epoch",
 		ctx: ctx, cancel: cancel,
 		spares: make(map[int64][]*spare),
+		places: make(map[placeKey]*place),
 	}, nil
 }
 
@@ -266,9 +278,9 @@ func (b *Backend) Key(name string) string { return b.o.Prefix + "l/" + name }
 func (b *Backend) EpochKey() string { return b.epochKey }
 
 // Limits implements driver.Backend: whole seconds, from Options.MinTTL to
-// MaxTTL.
+// MaxTTL; waiters are kept in line (driver.Request.Queue: see LineKey).
 func (b *Backend) Limits() driver.Limits {
-	return driver.Limits{MinTTL: b.o.MinTTL, MaxTTL: MaxTTL, Resolution: time.Second}
+	return driver.Limits{MinTTL: b.o.MinTTL, MaxTTL: MaxTTL, Resolution: time.Second, Queues: true}
 }
 
 // grantState is a grant's Grant.State: what the backend needs to renew and
@@ -337,7 +349,16 @@ func (b *Backend) acquireOnce(ctx context.Context, req driver.Request, key strin
 	if err != nil {
 		return driver.Grant{}, false, err
 	}
-	sp := b.takeSpare(secs)
+	var pl *place // the owner's place in line (queued acquires)
+	if req.Queue {
+		pl = b.takePlace(req)
+	}
+	var sp *spare
+	if pl != nil {
+		sp = pl.sp
+	} else {
+		sp = b.takeSpare(secs)
+	}
 	var kaDone chan keepAliveResult
 	if sp == nil {
 		sent := time.Now()
@@ -362,13 +383,17 @@ func (b *Backend) acquireOnce(ctx context.Context, req driver.Request, key strin
 	}
 	floor := b.revisionFloor(ep)
 	endKey := b.EndedKey(req.Name, req.Owner)
-	resp, txnErr := b.c.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0),
-			clientv3.Compare(clientv3.Value(b.epochKey), "=", ep.value),
-			clientv3.Compare(clientv3.CreateRevision(endKey), "=", 0)).
-		Then(clientv3.OpPut(key, req.Owner, clientv3.WithLease(sp.id))).
-		Else(clientv3.OpGet(key), clientv3.OpGet(b.epochKey), clientv3.OpGet(endKey, clientv3.WithCountOnly())).
-		Commit()
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0),
+		clientv3.Compare(clientv3.Value(b.epochKey), "=", ep.value),
+		clientv3.Compare(clientv3.CreateRevision(endKey), "=", 0)}
+	then := []clientv3.Op{clientv3.OpPut(key, req.Owner, clientv3.WithLease(sp.id))}
+	els := []clientv3.Op{clientv3.OpGet(key), clientv3.OpGet(b.epochKey), clientv3.OpGet(endKey, clientv3.WithCountOnly())}
+	if req.Queue { // line.go
+		cmps = append(cmps, b.lineCompare(req, pl))
+		then = append(then, clientv3.OpDelete(b.LineKey(req.Name, req.Owner)))
+		els = append(els, b.lineRefusalOps(req, pl, sp.id, endKey)...)
+	}
+	resp, txnErr := b.c.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
 	ka := keepAliveResult{ok: true}
 	if kaDone != nil {
 		ka = <-kaDone
@@ -378,6 +403,9 @@ func (b *Backend) acquireOnce(ctx context.Context, req driver.Request, key strin
 		}
 	}
 	if txnErr != nil {
+		if pl != nil {
+			b.keepPlace(req, pl) // its key is there, whatever the outcome
+		}
 		// The outcome is unknown: if the put was applied, the key is
 		// attached to this lease, which therefore cannot serve another
 		// attempt. The next attempt of this owner finds the key its own
@@ -409,6 +437,15 @@ func (b *Backend) acquireOnce(ctx context.Context, req driver.Request, key strin
 	}
 
 	kvs := resp.Responses[0].GetResponseRange().GetKvs()
+	var ahead int
+	if req.Queue && ka.ok {
+		// The owner's place, if the refusal put or kept it on sp's
+		// lease, owns that lease from now on: it is no spare.
+		var kept bool
+		if ahead, kept = b.placeAfterRefusal(req, sp, resp); kept {
+			ka.ok = false
+		}
+	}
 	if eps := resp.Responses[1].GetResponseRange().GetKvs(); len(eps) == 0 || string(eps[0].Value) != ep.value {
 		// The epoch changed (the data was lost, or an operator deleted
 		// the key): read it again and retry.
@@ -425,6 +462,13 @@ func (b *Backend) acquireOnce(ctx context.Context, req driver.Request, key strin
 			b.putSpare(sp)
 		}
 		return driver.Grant{}, false, fmt.Errorf("%w: %q: owner %q was released or abandoned (%q exists)", driver.ErrNotAcquired, req.Name, req.Owner, endKey)
+	}
+	if len(kvs) == 0 && req.Queue {
+		// Free, but kept for the waiters ahead in line.
+		if ka.ok {
+			b.putSpare(sp)
+		}
+		return driver.Grant{}, false, &driver.NotAcquiredError{Name: req.Name, Ahead: max(ahead, 1)}
 	}
 	if len(kvs) == 0 {
 		return driver.Grant{}, false, fmt.Errorf("etcdlease: acquire %q: the transaction failed but the key is absent, the epoch unchanged and the owner not ended", req.Name)
@@ -693,13 +737,18 @@ func (b *Backend) Abandon(ctx context.Context, req driver.Request) error {
 	key, endKey := b.Key(req.Name), b.EndedKey(req.Name, req.Owner)
 	var resp *clientv3.TxnResponse
 	err := b.endOwner(ctx, req.TTL, func(tomb clientv3.LeaseID) (err error) {
-		resp, err = b.c.Txn(ctx).
-			If(clientv3.Compare(clientv3.Value(key), "=", req.Owner)).
-			Then(clientv3.OpGet(key), clientv3.OpDelete(key), clientv3.OpPut(endKey, endedAbandoned, clientv3.WithLease(tomb))).
-			Else(clientv3.OpPut(endKey, endedAbandoned, clientv3.WithLease(tomb))).
-			Commit()
+		then := []clientv3.Op{clientv3.OpGet(key), clientv3.OpDelete(key), clientv3.OpPut(endKey, endedAbandoned, clientv3.WithLease(tomb))}
+		els := []clientv3.Op{clientv3.OpPut(endKey, endedAbandoned, clientv3.WithLease(tomb))}
+		if req.Queue { // the owner leaves the line (line.go)
+			then = append(then, clientv3.OpDelete(b.LineKey(req.Name, req.Owner)))
+			els = append(els, clientv3.OpDelete(b.LineKey(req.Name, req.Owner)))
+		}
+		resp, err = b.c.Txn(ctx).If(clientv3.Compare(clientv3.Value(key), "=", req.Owner)).Then(then...).Else(els...).Commit()
 		return err
 	})
+	if req.Queue && err == nil {
+		b.dropPlace(req)
+	}
 	if err != nil {
 		return fmt.Errorf("etcdlease: abandon %q: %w", req.Name, b.setup(err))
 	}
