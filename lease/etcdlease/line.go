@@ -138,3 +138,14 @@ func (b *Backend) dropPlace(req driver.Request) {
 		b.revokeInBackground(p.sp.id)
 	}
 }
+
+// hasPlaces reports whether the Backend keeps a place in the line of name
+// for one of its waiters. Backend.mu must be held.
+func (b *Backend) hasPlaces(name string) bool {
+	for k := range b.places {
+		if k.name == name {
+			return true
+		}
+	}
+	return false
+}

@@ -18,7 +18,9 @@ import (
 // share one etcd watch on the lease's key, for deletions only (a release,
 // an expiry, a revoke). Each deletion wakes one of them, the one that has
 // waited longest without a signal, rather than all: the lease can go to one
-// holder only, and the others would only send refused attempts. (A waiter
+// holder only, and the others would only send refused attempts. When the
+// Backend keeps places in line for the name (Request.Queue), a deletion
+// wakes all of them, since only the first in line can win. (A waiter
 // that stops with a signal it did not take passes it on.) Other processes'
 // waiters have watches of their own. Watch returns once etcd has confirmed
 // that the watch is created, bounded by ctx: when ctx ends first (the
@@ -101,7 +103,17 @@ func (b *Backend) runNameWatch(ctx context.Context, name string, nw *nameWatch) 
 			}
 			if len(resp.Events) > 0 {
 				b.mu.Lock()
-				nw.signalOne()
+				if b.hasPlaces(name) {
+					// Waiters in line (line.go): only the first in line
+					// can win, and this Backend cannot tell which of its
+					// waiters that is. Wake them all; each refused one
+					// keeps its place.
+					for _, w := range nw.waiters {
+						signal(w.ch)
+					}
+				} else {
+					nw.signalOne()
+				}
 				b.mu.Unlock()
 			}
 		}
