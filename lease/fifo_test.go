@@ -109,6 +109,17 @@ func acquireAsync(ctx context.Context, m *lease.Manager, name string) <-chan acq
 	return ch
 }
 
+// fifoManager is a FIFO Manager over a new memory store.
+func fifoManager(t *testing.T, ttl time.Duration) (*lease.MemoryBackend, *lease.Manager) {
+	t.Helper()
+	b := lease.NewMemoryBackend()
+	m, err := lease.NewManager(b, ttl, lease.WithFIFO())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, m
+}
+
 // TestFIFOAbandonmentInVirtualTime: in virtual time, with memlease, the
 // exact moments at which the line moves on: a waiter whose context ends
 // leaves at once (the one behind is granted at the release itself); a
@@ -119,11 +130,7 @@ func TestFIFOAbandonmentInVirtualTime(t *testing.T) {
 	const ttl = time.Second
 	t.Run("context ended", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			b := lease.NewMemoryBackend()
-			m, err := lease.NewManager(b, ttl, lease.WithFIFO())
-			if err != nil {
-				t.Fatal(err)
-			}
+			_, m := fifoManager(t, ttl)
 			h, err := m.TryAcquire(context.Background(), "n")
 			if err != nil {
 				t.Fatal(err)
@@ -153,11 +160,7 @@ func TestFIFOAbandonmentInVirtualTime(t *testing.T) {
 	})
 	t.Run("waiter died", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			b := lease.NewMemoryBackend()
-			m, err := lease.NewManager(b, ttl, lease.WithFIFO())
-			if err != nil {
-				t.Fatal(err)
-			}
+			b, m := fifoManager(t, ttl)
 			h, err := m.TryAcquire(context.Background(), "n")
 			if err != nil {
 				t.Fatal(err)
@@ -190,11 +193,7 @@ func TestFIFOAbandonmentInVirtualTime(t *testing.T) {
 	})
 	t.Run("holder died", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			b := lease.NewMemoryBackend()
-			m, err := lease.NewManager(b, ttl, lease.WithFIFO())
-			if err != nil {
-				t.Fatal(err)
-			}
+			b, m := fifoManager(t, ttl)
 			crashed := time.Now()
 			if _, err := b.Acquire(context.Background(), driver.Request{Name: "n", Owner: "crashed/1", TTL: ttl}); err != nil {
 				t.Fatal(err)

@@ -211,6 +211,26 @@ func (s *lineSpy) Acquire(ctx context.Context, r driver.Request) (driver.Grant, 
 	return g, err
 }
 
+// startWaiter starts the Acquire of n by a FIFO Manager with the identity
+// "waiter-i" on a connection of its own, bounded by wctx, hands its
+// outcome to got on another goroutine (counted in wg), and returns once
+// the waiter has its place in line.
+func startWaiter(t *testing.T, s *suite, ctx, wctx context.Context, n string, i int, wg *sync.WaitGroup, got func(*lease.Lease, error)) {
+	t.Helper()
+	spy := newLineSpy(s.connect())
+	id := fmt.Sprintf("waiter-%d", i)
+	m := newManager(t, spy, s.long, lease.WithFIFO(), lease.WithIdentity(id))
+	wg.Go(func() {
+		l, err := m.Acquire(wctx, n)
+		got(l, err)
+	})
+	select {
+	case <-spyOf(spy).joined(id):
+	case <-ctx.Done():
+		t.Fatalf("waiter %d did not join the line", i)
+	}
+}
+
 // testManagerFIFO: FIFO Managers, each on its own connection, block in
 // turn behind a holder; one of them gives up (its context ends). When the
 // holder releases, the others get the lease in the order they joined, and
@@ -238,17 +258,11 @@ func testManagerFIFO(t *testing.T, s *suite) {
 	defer quit()
 	errs := make(chan error, waiters)
 	for i := range waiters {
-		spy := newLineSpy(s.connect())
-		id := fmt.Sprintf("waiter-%d", i)
-		m := newManager(t, spy, s.long, lease.WithFIFO(), lease.WithIdentity(id))
 		wctx := ctx
 		if i == quitter {
 			wctx = quitCtx
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			l, err := m.Acquire(wctx, n)
+		startWaiter(t, s, ctx, wctx, n, i, &wg, func(l *lease.Lease, err error) {
 			if i == quitter {
 				if err == nil {
 					l.Release(ctx)
@@ -266,12 +280,7 @@ func testManagerFIFO(t *testing.T, s *suite) {
 			if err := l.Release(ctx); err != nil {
 				errs <- fmt.Errorf("waiter %d: Release: %w", i, err)
 			}
-		}()
-		select {
-		case <-spyOf(spy).joined(id):
-		case <-ctx.Done():
-			t.Fatalf("waiter %d did not join the line", i)
-		}
+		})
 		if i == quitter+1 {
 			// The quitter gives up behind the holder, ahead of this one.
 			quit()
@@ -313,13 +322,7 @@ func testLineHolderDies(t *testing.T, s *suite) {
 	errs := make(chan error, 2)
 	var wg sync.WaitGroup
 	for i := range 2 {
-		spy := newLineSpy(s.connect())
-		id := fmt.Sprintf("waiter-%d", i)
-		m := newManager(t, spy, s.long, lease.WithFIFO(), lease.WithIdentity(id))
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			l, err := m.Acquire(ctx, n)
+		startWaiter(t, s, ctx, ctx, n, i, &wg, func(l *lease.Lease, err error) {
 			if err != nil {
 				errs <- fmt.Errorf("waiter %d, after the holder (TTL %v) died: %w", i, s.short, err)
 				return
@@ -331,12 +334,7 @@ func testLineHolderDies(t *testing.T, s *suite) {
 			if err := l.Release(ctx); err != nil {
 				errs <- fmt.Errorf("waiter %d: Release: %w", i, err)
 			}
-		}()
-		select {
-		case <-spyOf(spy).joined(id):
-		case <-ctx.Done():
-			t.Fatalf("waiter %d did not join the line", i)
-		}
+		})
 	}
 	wg.Wait()
 	close(errs)
