@@ -468,6 +468,7 @@ func (b *Backend) acquireOnce(ctx context.Context, req driver.Request, key strin
 		if ka.ok {
 			b.putSpare(sp)
 		}
+		b.passWake(req.Name)
 		return driver.Grant{}, false, &driver.NotAcquiredError{Name: req.Name, Ahead: max(ahead, 1)}
 	}
 	if len(kvs) == 0 {

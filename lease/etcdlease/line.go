@@ -149,3 +149,15 @@ func (b *Backend) hasPlaces(name string) bool {
 	}
 	return false
 }
+
+// passWake wakes the next of this Backend's waiters of name after a queued
+// attempt was refused for a waiter ahead while the name was free: the
+// waiter the last deletion woke was not the first in line (see Watch).
+func (b *Backend) passWake(name string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if nw := b.watches[name]; nw != nil && nw.passes > 0 {
+		nw.passes--
+		nw.signalOne()
+	}
+}

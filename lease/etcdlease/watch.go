@@ -19,8 +19,9 @@ import (
 // an expiry, a revoke). Each deletion wakes one of them, the one that has
 // waited longest without a signal, rather than all: the lease can go to one
 // holder only, and the others would only send refused attempts. When the
-// Backend keeps places in line for the name (Request.Queue), a deletion
-// wakes all of them, since only the first in line can win. (A waiter
+// Backend keeps places in line for the name (Request.Queue), the one woken
+// may not be the first in line: refused for a waiter ahead, it passes the
+// wake on to the next, at most once per waiter of the deletion. (A waiter
 // that stops with a signal it did not take passes it on.) Other processes'
 // waiters have watches of their own. Watch returns once etcd has confirmed
 // that the watch is created, bounded by ctx: when ctx ends first (the
@@ -77,6 +78,7 @@ type nameWatch struct {
 	err     error
 	waiters []*waiter // oldest first; guarded by Backend.mu
 	ended   bool      // the etcd watch ended; guarded by Backend.mu
+	passes  int       // wakes a refused waiter in line may still pass on (line.go); guarded by Backend.mu
 }
 
 type waiter struct{ ch chan struct{} }
@@ -106,14 +108,12 @@ func (b *Backend) runNameWatch(ctx context.Context, name string, nw *nameWatch) 
 				if b.hasPlaces(name) {
 					// Waiters in line (line.go): only the first in line
 					// can win, and this Backend cannot tell which of its
-					// waiters that is. Wake them all; each refused one
-					// keeps its place.
-					for _, w := range nw.waiters {
-						signal(w.ch)
-					}
-				} else {
-					nw.signalOne()
+					// waiters that is. The one woken passes the wake on
+					// when it is refused for a waiter ahead (passWake),
+					// at most once per other waiter.
+					nw.passes = len(nw.waiters) - 1
 				}
+				nw.signalOne()
 				b.mu.Unlock()
 			}
 		}
