@@ -156,8 +156,9 @@ func (b *Backend) hasPlaces(name string) bool {
 func (b *Backend) passWake(name string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if nw := b.watches[name]; nw != nil && nw.passes > 0 {
+	if nw := b.watches[name]; nw != nil && nw.passes > 0 && nw.next < len(nw.waiters) {
 		nw.passes--
-		nw.signalOne()
+		signal(nw.waiters[nw.next].ch)
+		nw.next++
 	}
 }

@@ -19,9 +19,10 @@ import (
 // an expiry, a revoke). Each deletion wakes one of them, the one that has
 // waited longest without a signal, rather than all: the lease can go to one
 // holder only, and the others would only send refused attempts. When the
-// Backend keeps places in line for the name (Request.Queue), the one woken
-// may not be the first in line: refused for a waiter ahead, it passes the
-// wake on to the next, at most once per waiter of the deletion. (A waiter
+// Backend keeps places in line for the name (Request.Queue), a deletion
+// wakes the waiter that began to watch first, in the line's order; if it
+// is not the first in line (the line's order and the watches' differ), it
+// passes the wake on to the next, at most once per waiter. (A waiter
 // that stops with a signal it did not take passes it on.) Other processes'
 // waiters have watches of their own. Watch returns once etcd has confirmed
 // that the watch is created, bounded by ctx: when ctx ends first (the
@@ -79,6 +80,7 @@ type nameWatch struct {
 	waiters []*waiter // oldest first; guarded by Backend.mu
 	ended   bool      // the etcd watch ended; guarded by Backend.mu
 	passes  int       // wakes a refused waiter in line may still pass on (line.go); guarded by Backend.mu
+	next    int       // the index in waiters of the next to wake when a wake is passed on; guarded by Backend.mu
 }
 
 type waiter struct{ ch chan struct{} }
@@ -105,15 +107,18 @@ func (b *Backend) runNameWatch(ctx context.Context, name string, nw *nameWatch) 
 			}
 			if len(resp.Events) > 0 {
 				b.mu.Lock()
-				if b.hasPlaces(name) {
+				if len(nw.waiters) > 0 && b.hasPlaces(name) {
 					// Waiters in line (line.go): only the first in line
-					// can win, and this Backend cannot tell which of its
-					// waiters that is. The one woken passes the wake on
-					// when it is refused for a waiter ahead (passWake),
-					// at most once per other waiter.
-					nw.passes = len(nw.waiters) - 1
+					// can win. This Backend's waiters joined the line in
+					// the order they began to watch, so the oldest is
+					// woken (and stays where it is); refused for a waiter
+					// ahead, it passes the wake on to the next
+					// (passWake), at most once per other waiter.
+					nw.passes, nw.next = len(nw.waiters)-1, 1
+					signal(nw.waiters[0].ch)
+				} else {
+					nw.signalOne()
 				}
-				nw.signalOne()
 				b.mu.Unlock()
 			}
 		}
