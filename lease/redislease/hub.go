@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -102,7 +103,13 @@ type channelSubs struct {
 	ready   chan struct{} // closed once SUBSCRIBE is confirmed, or failed
 	isReady bool
 	err     error
-	waiters map[chan struct{}]struct{}
+	waiters []chan struct{} // in the order they began to watch
+	// inLine is set once a waiter of the channel's lease was refused in
+	// line (driver.Request.Queue): a release then wakes the waiters one at
+	// a time, in order, each refused one passing the wake on (passWake), at
+	// most passes more times from next.
+	inLine       bool
+	passes, next int
 }
 
 // errNotConfirmed is returned by watch when Redis did not confirm the
@@ -243,13 +250,13 @@ func (h *hub) watch(ctx context.Context, channel string) (<-chan struct{}, func(
 	}
 	cs := pc.subs[channel]
 	if cs == nil {
-		cs = &channelSubs{ready: make(chan struct{}), waiters: make(map[chan struct{}]struct{})}
+		cs = &channelSubs{ready: make(chan struct{})}
 		pc.subs[channel] = cs
 		h.wg.Add(1)
 		go h.subscribe(pc, channel, cs)
 	}
 	w := make(chan struct{}, 1)
-	cs.waiters[w] = struct{}{}
+	cs.waiters = append(cs.waiters, w)
 	h.mu.Unlock()
 
 	var once sync.Once
@@ -327,7 +334,7 @@ func (h *hub) subscribe(pc *psConn, channel string, cs *channelSubs) {
 func (h *hub) detach(pc *psConn, channel string, cs *channelSubs, w chan struct{}) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	delete(cs.waiters, w)
+	cs.waiters = slices.DeleteFunc(cs.waiters, func(x chan struct{}) bool { return x == w })
 	if len(cs.waiters) == 0 && pc.subs[channel] == cs {
 		delete(pc.subs, channel)
 		// In the background: a waiter leaving must not wait on the network.
@@ -529,7 +536,15 @@ func (h *hub) loop(pc *psConn, ps *redis.PubSub, msgs <-chan any) {
 			}
 		case *redis.Message:
 			if cs := pc.subs[m.Channel]; cs != nil {
-				signal(cs)
+				if cs.inLine && len(cs.waiters) > 0 {
+					// Only the first in line can win: wake the waiters in
+					// the order they began to watch (the line's), one at
+					// a time.
+					cs.passes, cs.next = len(cs.waiters)-1, 1
+					wake(cs.waiters[0])
+				} else {
+					signal(cs)
+				}
 			}
 		}
 		h.mu.Unlock()
@@ -537,11 +552,38 @@ func (h *hub) loop(pc *psConn, ps *redis.PubSub, msgs <-chan any) {
 }
 
 func signal(cs *channelSubs) {
-	for w := range cs.waiters {
-		select {
-		case w <- struct{}{}:
-		default:
-		}
+	for _, w := range cs.waiters {
+		wake(w)
+	}
+}
+
+func wake(w chan struct{}) {
+	select {
+	case w <- struct{}{}:
+	default:
+	}
+}
+
+// inLine notes that a waiter of channel's lease waits in line
+// (driver.Request.Queue) and, when passOn is set (it was refused for a
+// waiter ahead while the lease was free), wakes the next of the channel's
+// waiters, if the last release has wakes left to pass on.
+func (h *hub) inLine(channel string, passOn bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	pc := h.conns[h.key(channel)]
+	if pc == nil {
+		return
+	}
+	cs := pc.subs[channel]
+	if cs == nil {
+		return
+	}
+	cs.inLine = true
+	if passOn && cs.passes > 0 && cs.next < len(cs.waiters) {
+		cs.passes--
+		wake(cs.waiters[cs.next])
+		cs.next++
 	}
 }
 

@@ -406,16 +406,22 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 // acquireQueued is Acquire for a waiter in line (driver.Request.Queue):
 // the same script with the line's two keys, in the lease's hash slot.
 func (b *Backend) acquireQueued(ctx context.Context, req driver.Request, keys []string, ms int64) (driver.Grant, error) {
-	line, places, _ := b.keys(req.Name, "line", "places", "")
+	line, places, ch := b.keys(req.Name, "line", "places", "released")
 	res, err := acquireScript.Run(ctx, b.c, append(keys, line, places), req.Owner, ms).Result()
 	if err != nil {
 		return driver.Grant{}, fmt.Errorf("redislease: acquire %q: %w", req.Name, b.setup(err))
 	}
 	switch v := res.(type) {
 	case int64:
+		if v < 0 {
+			b.hub.inLine(ch, false) // releases wake this name's waiters in order
+		}
 		return acquired(req, v)
 	case []any:
-		// {ahead, ms}: the name is free, kept for earlier waiters.
+		// {ahead, ms}: the name is free, kept for earlier waiters. The
+		// release woke this waiter before the first in line: wake the
+		// next.
+		b.hub.inLine(ch, true)
 		if len(v) == 2 {
 			ahead, ok1 := v[0].(int64)
 			left, ok2 := v[1].(int64)
