@@ -20,6 +20,17 @@
 //     slot's node on a Cluster).
 //   - Abandon: leave the owner's tombstone, and delete the lease if that
 //     owner holds it (any token), publishing as Release does.
+//   - Waiters in line (driver.Request.Queue, lease.Options.FIFO): the same
+//     acquire script with two more keys, "<prefix>{<name>}:line" (owners
+//     scored by arrival) and "<prefix>{<name>}:places" (the same owners
+//     scored by when their places lapse, server time in ms). It drops
+//     lapsed places, grants a free name only to the first live waiter,
+//     and otherwise puts the owner at the end of the line or refreshes its
+//     place for the TTL; the keys live as long as their longest place.
+//     Abandon also removes the place, publishing when that leaves a free
+//     name to the next waiter. A release then wakes this Backend's
+//     waiters of the name one at a time, in the order they began to watch,
+//     each one refused for a waiter ahead passing the wake on.
 //
 // TTLs are whole milliseconds, at least MinTTL (Backend.Limits).
 //
