@@ -335,6 +335,15 @@ func (h *hub) detach(pc *psConn, channel string, cs *channelSubs, w chan struct{
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	cs.waiters = slices.DeleteFunc(cs.waiters, func(x chan struct{}) bool { return x == w })
+	if cs.inLine && len(w) > 0 {
+		// It leaves with a wake it did not take: the next in line gets it.
+		for _, x := range cs.waiters {
+			if len(x) == 0 {
+				wake(x)
+				break
+			}
+		}
+	}
 	if len(cs.waiters) == 0 && pc.subs[channel] == cs {
 		delete(pc.subs, channel)
 		// In the background: a waiter leaving must not wait on the network.
