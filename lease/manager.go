@@ -135,6 +135,7 @@ func (m *Manager) Acquire(ctx context.Context, name string) (*Lease, error) {
 		signals  <-chan struct{}
 		timer    *time.Timer
 		storeErr error // the last error that was not a refusal or the context's
+		refused  error // the last refusal (ErrNotAcquired)
 	)
 	defer func() {
 		if timer != nil {
@@ -152,7 +153,7 @@ func (m *Manager) Acquire(ctx context.Context, name string) (*Lease, error) {
 			if outcomeUnknown(err) {
 				err = m.abandonAfter(ctx, req, time.Since(began), err)
 			}
-			return nil, m.giveUp(ctx, name, err, storeErr)
+			return nil, m.giveUp(ctx, name, err, refused, storeErr)
 		}
 		if errors.Is(err, ErrSetup) {
 			// Retrying cannot fix it: say so now, not at ctx's end. (The
@@ -173,7 +174,9 @@ func (m *Manager) Acquire(ctx context.Context, name string) (*Lease, error) {
 			// refuse it from now on.
 			req = m.request(name)
 		}
-		if !errors.Is(err, ErrNotAcquired) {
+		if errors.Is(err, ErrNotAcquired) {
+			refused = err
+		} else {
 			storeErr = err
 			m.o.Logger.Warn("lease: acquire attempt failed, will retry", "name", name, "attempt", attempt, "err", err)
 		}
@@ -194,7 +197,7 @@ func (m *Manager) Acquire(ctx context.Context, name string) (*Lease, error) {
 				continue
 			}
 			if ctx.Err() != nil {
-				return nil, m.giveUp(ctx, name, err, storeErr)
+				return nil, m.giveUp(ctx, name, err, refused, storeErr)
 			}
 			m.o.Logger.Warn("lease: cannot watch for releases, polling", "name", name, "err", werr)
 			watched = time.Since(watchStart)
@@ -213,7 +216,7 @@ func (m *Manager) Acquire(ctx context.Context, name string) (*Lease, error) {
 		case <-signals:
 		case <-timer.C:
 		case <-ctx.Done():
-			return nil, m.giveUp(ctx, name, err, storeErr)
+			return nil, m.giveUp(ctx, name, err, refused, storeErr)
 		}
 	}
 }
@@ -252,15 +255,25 @@ func (m *Manager) abandonAfter(ctx context.Context, req Request, spent time.Dura
 
 // giveUp is Acquire's error when ctx ended: ErrNotAcquired with the last
 // attempt's error, the last store error if that was another one, and
-// ctx.Err().
-func (m *Manager) giveUp(ctx context.Context, name string, last, storeErr error) error {
+// ctx.Err(). When the last attempt was cut short by ctx (no answer) after
+// the store had refused an earlier one (refused, nil if none), the refusal
+// leads, so that the error still names the holder, and the cut attempt
+// follows it.
+func (m *Manager) giveUp(ctx context.Context, name string, last, refused, storeErr error) error {
+	var cut error
+	if refused != nil && !errors.Is(last, ErrNotAcquired) {
+		last, cut = refused, last
+	}
 	last = m.nameHolder(context.WithoutCancel(ctx), last)
 	// One line, every cause matchable with errors.Is.
 	format, args := "%w", []any{last}
 	if !errors.Is(last, ErrNotAcquired) {
 		format, args = "%w: %q: last attempt: %w", []any{ErrNotAcquired, name, last}
 	}
-	if storeErr != nil && storeErr != last {
+	if cut != nil {
+		format, args = format+"; the attempt in flight when the wait ended: %w", append(args, cut)
+	}
+	if storeErr != nil && storeErr != last && storeErr != cut {
 		format, args = format+"; last store error: %w", append(args, storeErr)
 	}
 	return fmt.Errorf(format+"; %w", append(args, ctx.Err())...)

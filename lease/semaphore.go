@@ -249,7 +249,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 					err = m.abandonAfter(ctx, reqs[i], time.Since(began), err)
 				}
 				s.abandonEach(ctx, pending())
-				return nil, m.giveUp(ctx, s.name, err, storeErr)
+				return nil, m.giveUp(ctx, s.name, err, nil, storeErr)
 			}
 			if errors.Is(err, ErrSetup) {
 				s.abandonEach(ctx, pending())
@@ -285,7 +285,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 		}
 		if ctx.Err() != nil {
 			s.abandonEach(ctx, pending())
-			return nil, m.giveUp(ctx, s.name, last, storeErr)
+			return nil, m.giveUp(ctx, s.name, last, nil, storeErr)
 		}
 		wait := m.pollWait(refusal) - time.Since(watchStart)
 		if wait <= 0 {
@@ -298,7 +298,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 		}
 		if !ws.wait(ctx, timer.C) {
 			s.abandonEach(ctx, pending())
-			return nil, m.giveUp(ctx, s.name, last, storeErr)
+			return nil, m.giveUp(ctx, s.name, last, nil, storeErr)
 		}
 	}
 }
