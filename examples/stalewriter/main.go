@@ -314,8 +314,8 @@ type scenario struct {
 	cfg workerConfig
 	*demo.Stores
 	s3         *s3.Client
-	objectDone func()       // strikes the object off the run's ledger
-	dropRowDB  func() error // removes the row's MariaDB database or SQLite file (--row-store)
+	objectDone func()         // strikes the object off the run's ledger
+	dropRowDB  func() error   // removes the row's MariaDB database or SQLite file (--row-store)
 	dynamo     *demo.RunTable // the run's DynamoDB table (--dynamodb)
 }
 
