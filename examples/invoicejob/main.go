@@ -124,10 +124,9 @@ Runs replicas of a scheduled invoice job as real processes competing for one
 lease (Redis; or PostgreSQL, etcd, ZooKeeper or DynamoDB with --lease-store); the
 holder writes invoices through fenced PostgreSQL transactions (or DynamoDB
 transactions with --row-store dynamodb) and is killed with SIGKILL mid-batch;
-another replica takes over
-within about one TTL and finishes the batch. Then it checks that no invoice
-was written twice or lost and that the dead holder's token can no longer
-write.
+another replica takes over within about one TTL and finishes the batch. Then
+it checks that no invoice was written twice or lost and that the dead
+holder's token can no longer write.
 Exit status: 0 when every check passed; 1 when a check failed; 2 when the run
 could not be carried out (a service is missing, a bad flag).
 
