@@ -269,10 +269,9 @@ func (e *engine) renewBatch(ls []*Lease) {
 
 // release ends l for its holder and then frees its name at the store
 // (Lease.Release documents the order and the results).
+// The caller (Lease.Release) has serialised it with other Release calls on
+// l.
 func (e *engine) release(ctx context.Context, l *Lease) error {
-	l.releaseMu.Lock()
-	defer l.releaseMu.Unlock()
-
 	l.mu.Lock()
 	eff := l.apply(event{kind: evReleaseBegin})
 	var drained chan struct{}

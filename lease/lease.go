@@ -42,7 +42,13 @@ type Lease struct {
 	reportDone bool
 	reportCh   chan struct{}
 
-	releaseMu sync.Mutex // serialises Release
+	// releasing is set while a Release call runs (guarded by mu): Release
+	// calls are serialised, and one that finds another under way waits on
+	// releaseWait, made only then. A channel, not a mutex held across the
+	// store's I/O: a goroutine waiting on it is durably blocked, as
+	// testing/synctest needs to advance virtual time.
+	releasing   bool
+	releaseWait chan struct{}
 
 	dl, hb entry // the deadline and the next heartbeat, in the Manager's scheduler
 
@@ -369,5 +375,36 @@ func (l *Lease) whenEnded(f func(end error)) {
 // (ErrReleased), the grant expires after its TTL, and calling Release again
 // retries the delete.
 func (l *Lease) Release(ctx context.Context) error {
+	l.beginReleaseCall()
+	defer l.endReleaseCall()
 	return l.e.release(ctx, l)
+}
+
+// beginReleaseCall waits until no other Release call runs on l, and marks
+// this one as running.
+func (l *Lease) beginReleaseCall() {
+	l.mu.Lock()
+	for l.releasing {
+		if l.releaseWait == nil {
+			l.releaseWait = make(chan struct{})
+		}
+		ch := l.releaseWait
+		l.mu.Unlock()
+		<-ch
+		l.mu.Lock()
+	}
+	l.releasing = true
+	l.mu.Unlock()
+}
+
+// endReleaseCall ends the running Release call and wakes those waiting.
+func (l *Lease) endReleaseCall() {
+	l.mu.Lock()
+	l.releasing = false
+	ch := l.releaseWait
+	l.releaseWait = nil
+	l.mu.Unlock()
+	if ch != nil {
+		close(ch)
+	}
 }
