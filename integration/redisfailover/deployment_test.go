@@ -14,6 +14,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/redislease"
 )
@@ -129,15 +130,9 @@ func multiNodeManager(t testing.TB, b lease.Backend, ttl time.Duration, opts ...
 // tokenOf returns the fencing token of l.
 func tokenOf(l *lease.Lease) fence.Token { return l.Token() }
 
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 func acquire(t *testing.T, m *lease.Manager, name string) *lease.Lease {
 	t.Helper()
-	l, err := m.TryAcquire(ctxT(t), name)
+	l, err := m.TryAcquire(testkit.Context(t), name)
 	if err != nil {
 		t.Fatalf("TryAcquire(%q): %v", name, err)
 	}
@@ -173,7 +168,7 @@ func namesOn(t *testing.T, d deployment, b *redislease.Backend, primary *rediste
 // every write it has taken (WAIT).
 func waitReplicated(t *testing.T, d deployment, primary *redistest.Server) {
 	t.Helper()
-	n, err := d.admin(primary).Do(ctxT(t), "WAIT", 1, 5000).Int64()
+	n, err := d.admin(primary).Do(testkit.Context(t), "WAIT", 1, 5000).Int64()
 	if err != nil || n < 1 {
 		t.Fatalf("WAIT on %s: %d replicas acknowledged (%v)", primary.Addr, n, err)
 	}

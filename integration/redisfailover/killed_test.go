@@ -13,6 +13,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 )
 
@@ -116,7 +117,7 @@ func span(ds []time.Duration) string {
 
 func killOnce(t *testing.T, d deployment, stores *fencedStores, target *redistest.Server) killRun {
 	const ttl = 15 * time.Second
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 	prefix := uniquePrefix(t)
 	renews := &renewLogAll{}
 	auto := func(o *lease.Options) { o.RenewInterval = 500 * time.Millisecond; o.Observer = renews }

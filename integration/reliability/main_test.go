@@ -35,7 +35,7 @@ func TestMain(m *testing.M) {
 type mainM struct{ m *testing.M }
 
 func (w mainM) Run() int {
-	dir, cleanup, err := itest.Setup("reliability", services.Config{}, "../internal/pausedwriter")
+	dir, cleanup, err := itest.Setup("reliability", services.Config{}, "../internal/cmd/holder")
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "reliability: %v\n", err)
 		return 1

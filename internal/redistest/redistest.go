@@ -24,7 +24,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 )
 
 // Shared returns a new client of the machine's Redis (FENCE_REDIS_URL),

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fencekit/fencekit/internal/etcdtest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 )
 
@@ -52,7 +53,7 @@ func acquireFailsFast(t *testing.T, m *lease.Manager, fix string, etcdErr error)
 
 func checkIsSetup(t *testing.T, m *lease.Manager, fix string) {
 	t.Helper()
-	err := m.Check(ctxT(t))
+	err := m.Check(testkit.Context(t))
 	if !errors.Is(err, lease.ErrSetup) || !strings.Contains(err.Error(), fix) || strings.Contains(err.Error(), "\n") {
 		t.Fatalf("Check = %v; want one line matching lease.ErrSetup naming %q", err, fix)
 	}
@@ -79,7 +80,7 @@ func authClient(t *testing.T, endpoints []string, user, password string) *client
 func TestSetupAuth(t *testing.T) {
 	cl := etcdtest.Start(t, 1)
 	admin := cl.Client()
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 	p := prefix(t)
 	end := clientv3.GetPrefixRangeEnd(p)
 	must := func(_ any, err error) {
@@ -116,7 +117,7 @@ func TestSetupAuth(t *testing.T) {
 	}
 
 	manager := func(t *testing.T, cli *clientv3.Client) *lease.Manager {
-		return newManager(t, newBackend(t, cli, p), 2*time.Second)
+		return testkit.NewManager(t, newBackend(t, cli, p), 2*time.Second)
 	}
 	const credentials = "set Username and Password"
 	t.Run("no credentials", func(t *testing.T) {
@@ -155,17 +156,17 @@ func TestSetupAuth(t *testing.T) {
 	t.Run("readwrite on the prefix", func(t *testing.T) {
 		m := manager(t, authClient(t, cl.Endpoints(), "fence", "pw"))
 		before := revision()
-		if err := m.Check(ctxT(t)); err != nil {
+		if err := m.Check(testkit.Context(t)); err != nil {
 			t.Fatalf("Check = %v, want nil", err)
 		}
 		if after := revision(); after != before {
 			t.Fatalf("Check moved the revision from %d to %d: it wrote something", before, after)
 		}
-		l, err := m.Acquire(ctxT(t), "jobs")
+		l, err := m.Acquire(testkit.Context(t), "jobs")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := l.Release(ctxT(t)); err != nil {
+		if err := l.Release(testkit.Context(t)); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -185,7 +186,7 @@ func TestCheckUnreachableIsNotSetup(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cli.Close() })
-	m := newManager(t, newBackend(t, cli, prefix(t)), 2*time.Second)
+	m := testkit.NewManager(t, newBackend(t, cli, prefix(t)), 2*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if err := m.Check(ctx); err == nil || errors.Is(err, lease.ErrSetup) {
@@ -197,15 +198,15 @@ func TestCheckUnreachableIsNotSetup(t *testing.T) {
 func TestCheckCluster(t *testing.T) {
 	cl := etcdtest.Start(t, 1)
 	cli := cl.Client()
-	m := newManager(t, newBackend(t, cli, prefix(t)), 2*time.Second)
-	before, err := etcdtest.Revision(ctxT(t), cli)
+	m := testkit.NewManager(t, newBackend(t, cli, prefix(t)), 2*time.Second)
+	before, err := etcdtest.Revision(testkit.Context(t), cli)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Check(ctxT(t)); err != nil {
+	if err := m.Check(testkit.Context(t)); err != nil {
 		t.Fatalf("Check = %v, want nil", err)
 	}
-	if after, _ := etcdtest.Revision(ctxT(t), cli); after != before {
+	if after, _ := etcdtest.Revision(testkit.Context(t), cli); after != before {
 		t.Fatalf("Check moved the revision from %d to %d", before, after)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/leasetest"
 	"github.com/fencekit/fencekit/lease/redislease"
@@ -114,7 +115,7 @@ func testRenewalsAtScale(t *testing.T, d clusterDeployment, n int) {
 	log := &flushLog{}
 	m := multiNodeManager(t, b, ttl, func(o *lease.Options) { o.Observer = log })
 	opts := m.Options()
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 
 	start := time.Now()
 	held := make([]*lease.Lease, n)

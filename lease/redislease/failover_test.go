@@ -18,6 +18,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/redislease"
 )
@@ -284,7 +285,7 @@ func (f *flushLog) take() (map[time.Time][]string, int) {
 func testRoundTrips(t *testing.T, d deployment) {
 	counter := newNodeCounter()
 	b := newBackend(t, d.countedClient(t, counter), uniquePrefix(t))
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 	primaries := d.primaries(t)
 	nodeOf := make(map[string]string)
 	var names []string
@@ -444,7 +445,7 @@ func (r *renewLogAll) failures() (n int, slowest time.Duration) {
 // every write it has taken (WAIT).
 func waitReplicated(t *testing.T, d deployment, primary *redistest.Server) {
 	t.Helper()
-	n, err := d.admin(primary).Do(ctxT(t), "WAIT", 1, 5000).Int64()
+	n, err := d.admin(primary).Do(testkit.Context(t), "WAIT", 1, 5000).Int64()
 	if err != nil || n < 1 {
 		t.Fatalf("WAIT on %s: %d replicas acknowledged (%v)", primary.Addr, n, err)
 	}
@@ -464,7 +465,7 @@ func testManualFailover(t *testing.T, d deployment) {
 	b := newBackend(t, d.client(t), prefix)
 	m := multiNodeManager(t, b, ttl, func(o *lease.Options) { o.RenewInterval = 250 * time.Millisecond; o.Observer = log })
 	other := multiNodeManager(t, newBackend(t, d.client(t), prefix), ttl)
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 	primaries := d.primaries(t)
 	target := primaries[0]
 	var held []*lease.Lease
@@ -549,7 +550,7 @@ func flushAll(d deployment) func(*testing.T, lease.Backend) {
 	return func(t *testing.T, _ lease.Backend) {
 		t.Helper()
 		for _, p := range d.primaries(t) {
-			if err := d.admin(p).FlushAll(ctxT(t)).Err(); err != nil {
+			if err := d.admin(p).FlushAll(testkit.Context(t)).Err(); err != nil {
 				t.Fatalf("FLUSHALL on %s: %v", p.Addr, err)
 			}
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/redislease"
@@ -65,7 +66,7 @@ func TestReleaseWaitsForRenewalInFlight(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no heartbeat batch within 5 s")
 	}
-	err := l.Release(ctxT(t))
+	err := l.Release(testkit.Context(t))
 	if err != nil || !errors.Is(l.Err(), lease.ErrReleased) {
 		t.Fatalf("Release while a renewal was in flight = %v (lease ended with %v); want nil and ErrReleased", err, l.Err())
 	}

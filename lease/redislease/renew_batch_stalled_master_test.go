@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/leasetest"
@@ -64,14 +65,14 @@ func TestRenewBatchStalledMaster(t *testing.T) {
 		ns, on := names(t, b, "batch", 4)
 		gs := make([]driver.Grant, len(ns))
 		for i, n := range ns {
-			g, err := b.Acquire(ctxT(t), driver.Request{Name: n, Owner: "o", TTL: time.Minute})
+			g, err := b.Acquire(testkit.Context(t), driver.Request{Name: n, Owner: "o", TTL: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}
 			gs[i] = g
 		}
 		// Scripts cached and slot map loaded before the pause.
-		if errs, err := leasetest.RenewBatch(ctxT(t), b, gs); err != nil || errors.Join(errs...) != nil {
+		if errs, err := leasetest.RenewBatch(testkit.Context(t), b, gs); err != nil || errors.Join(errs...) != nil {
 			t.Fatalf("RenewBatch before the pause: %v %v", err, errs)
 		}
 
@@ -146,7 +147,7 @@ func TestRenewBatchStalledMaster(t *testing.T) {
 		ns, on := names(t, b, "managed", 6)
 		ls := make([]*lease.Lease, len(ns))
 		for i, n := range ns {
-			l, err := m.TryAcquire(ctxT(t), n)
+			l, err := m.TryAcquire(testkit.Context(t), n)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -181,7 +182,7 @@ func TestRenewBatchStalledMaster(t *testing.T) {
 			t.Errorf("leases on the master paused past the TTL that were not lost: %v", pausedKept)
 		}
 		for i, l := range ls {
-			err := l.Release(ctxT(t))
+			err := l.Release(testkit.Context(t))
 			if on[i] != paused && err != nil {
 				t.Errorf("Release of %s on a healthy master: %v", ns[i], err)
 			}

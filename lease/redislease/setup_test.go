@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/redislease"
 )
@@ -53,7 +54,7 @@ func acquireFailsFast(t *testing.T, m *lease.Manager, fix string) error {
 
 func checkIsSetup(t *testing.T, m *lease.Manager, fix string) {
 	t.Helper()
-	err := m.Check(ctxT(t))
+	err := m.Check(testkit.Context(t))
 	if !errors.Is(err, lease.ErrSetup) || !strings.Contains(err.Error(), fix) || strings.Contains(err.Error(), "\n") {
 		t.Fatalf("Check = %v; want one line matching lease.ErrSetup naming %q", err, fix)
 	}
@@ -89,14 +90,14 @@ func TestSetupRefusedCredentials(t *testing.T) {
 	}
 	t.Run("right password", func(t *testing.T) {
 		m := setupManager(t, userClient(t, s.Addr, "", "sekret"))
-		if err := m.Check(ctxT(t)); err != nil {
+		if err := m.Check(testkit.Context(t)); err != nil {
 			t.Fatalf("Check = %v, want nil", err)
 		}
-		l, err := m.Acquire(ctxT(t), "jobs")
+		l, err := m.Acquire(testkit.Context(t), "jobs")
 		if err != nil {
 			t.Fatal(err)
 		}
-		_ = l.Release(ctxT(t))
+		_ = l.Release(testkit.Context(t))
 	})
 }
 
@@ -109,7 +110,7 @@ func TestSetupACLPermissions(t *testing.T) {
 	admin := userClient(t, s.Addr, "", "admin")
 	acl := func(args ...any) {
 		t.Helper()
-		if err := admin.Do(ctxT(t), append([]any{"ACL", "SETUSER"}, args...)...).Err(); err != nil {
+		if err := admin.Do(testkit.Context(t), append([]any{"ACL", "SETUSER"}, args...)...).Err(); err != nil {
 			t.Fatalf("ACL SETUSER %v: %v", args, err)
 		}
 	}
@@ -135,18 +136,18 @@ func TestSetupACLPermissions(t *testing.T) {
 	})
 	t.Run("enough", func(t *testing.T) {
 		m := setupManager(t, userClient(t, s.Addr, "enough", "pw"))
-		if err := m.Check(ctxT(t)); err != nil {
+		if err := m.Check(testkit.Context(t)); err != nil {
 			t.Fatalf("Check = %v, want nil", err)
 		}
 		// The checks and the refused attempts left nothing behind.
-		if n, err := admin.DBSize(ctxT(t)).Result(); err != nil || n != 0 {
+		if n, err := admin.DBSize(testkit.Context(t)).Result(); err != nil || n != 0 {
 			t.Fatalf("DBSIZE = %d, %v; want 0 keys", n, err)
 		}
-		l, err := m.Acquire(ctxT(t), "jobs")
+		l, err := m.Acquire(testkit.Context(t), "jobs")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := l.Release(ctxT(t)); err != nil {
+		if err := l.Release(testkit.Context(t)); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -186,7 +187,7 @@ func TestCheckTransientErrorsAreNotSetup(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second})
 	t.Cleanup(func() { _ = c.Close() })
 	m = setupManager(t, c)
-	err = m.Check(ctxT(t))
+	err = m.Check(testkit.Context(t))
 	if err == nil || errors.Is(err, lease.ErrSetup) {
 		t.Fatalf("Check on %s, where nothing listens = %v; want the connection error, not ErrSetup", addr, err)
 	}
@@ -199,7 +200,7 @@ func TestCheckSharedRedis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Check(ctxT(t)); err != nil {
+	if err := m.Check(testkit.Context(t)); err != nil {
 		t.Fatalf("Check = %v, want nil", err)
 	}
 }
@@ -209,7 +210,7 @@ func TestCheckSharedRedis(t *testing.T) {
 func TestCheckCluster(t *testing.T) {
 	srv := redistest.Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
 	admin := srv.Client()
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 	if err := admin.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", "0", "16383").Err(); err != nil {
 		t.Fatalf("CLUSTER ADDSLOTSRANGE: %v", err)
 	}

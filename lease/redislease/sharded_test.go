@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/leasetest"
 	"github.com/fencekit/fencekit/lease/redislease"
@@ -43,7 +44,7 @@ func TestSlotOfMatchesRedis(t *testing.T) {
 		keys = append(keys, b.KeysFor("name-"+strconv.Itoa(i)).Channel, b.KeysFor(strings.Repeat("{", i%5)+strconv.Itoa(i)+"}").Channel)
 	}
 	for _, k := range keys {
-		want, err := c.ClusterKeySlot(ctxT(t), k).Result()
+		want, err := c.ClusterKeySlot(testkit.Context(t), k).Result()
 		if err != nil {
 			t.Fatalf("CLUSTER KEYSLOT %q: %v", k, err)
 		}
@@ -69,7 +70,7 @@ func wakeUps(t *testing.T, d deployment, newB func() lease.Backend, rounds int) 
 	for i, p := range d.primaries(t) {
 		names = append(names, namesOn(t, d, probe, p, fmt.Sprintf("wake-%d-%d", i, time.Now().UnixNano()), 1)...)
 	}
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 	var (
 		mu    sync.Mutex
 		waits []time.Duration
@@ -131,7 +132,7 @@ func quantiles(ds []time.Duration) string {
 func pubsubBusStats(t *testing.T, cl *redistest.Cluster) (classic, sharded int64) {
 	t.Helper()
 	for _, s := range cl.Nodes() {
-		info, err := cl.Admin(s).ClusterInfo(ctxT(t)).Result()
+		info, err := cl.Admin(s).ClusterInfo(testkit.Context(t)).Result()
 		if err != nil {
 			t.Fatalf("CLUSTER INFO on %s: %v", s.Addr, err)
 		}
@@ -240,7 +241,7 @@ func testShardedWakeUpsAcrossFailover(t *testing.T, d clusterDeployment) {
 	waiter := multiNodeManager(t, wb, 30*time.Second, opts)
 	target := d.primaries(t)[0]
 	names := namesOn(t, d, hb, target, "wake-failover", 3)
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 	type got struct {
 		l  *lease.Lease
 		at time.Time
@@ -320,7 +321,7 @@ func TestShardedPubSubFallback(t *testing.T) {
 			}
 			got := make(chan res, 1)
 			go func() {
-				w, err := waiter.Acquire(ctxT(t), "fallback")
+				w, err := waiter.Acquire(testkit.Context(t), "fallback")
 				if err != nil {
 					t.Errorf("waiter: %v", err)
 				}
@@ -328,14 +329,14 @@ func TestShardedPubSubFallback(t *testing.T) {
 			}()
 			time.Sleep(100 * time.Millisecond)
 			released := time.Now()
-			if err := l.Release(ctxT(t)); err != nil {
+			if err := l.Release(testkit.Context(t)); err != nil {
 				t.Fatal(err)
 			}
 			r := <-got
 			if r.l == nil {
 				t.FailNow()
 			}
-			defer r.l.Release(ctxT(t))
+			defer r.l.Release(testkit.Context(t))
 			if kind := wb.PubSubKind(); kind != tc.want {
 				t.Errorf("the hub chose %q pub/sub, want %s", kind, tc.want)
 			}
@@ -353,7 +354,7 @@ func testShardedConnsClosed(t *testing.T, d clusterDeployment) {
 	b := newShardedBackend(t, d.client(t), uniquePrefix(t))
 	var stops []func()
 	for i := range 5 {
-		_, stop, err := b.Watch(ctxT(t), "conns-"+strconv.Itoa(i))
+		_, stop, err := b.Watch(testkit.Context(t), "conns-"+strconv.Itoa(i))
 		if err != nil {
 			t.Fatalf("Watch: %v", err)
 		}

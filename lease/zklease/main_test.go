@@ -2,8 +2,6 @@ package zklease_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,24 +14,13 @@ import (
 	"github.com/go-zookeeper/zk"
 	"go.uber.org/goleak"
 
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/internal/zktest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/zklease"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func randHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
 
 // renewLog records the send time of the last successful renewal.
 type renewLog struct {
@@ -97,15 +84,6 @@ func (h testLogHandler) Handle(_ context.Context, r slog.Record) error {
 func (h testLogHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h testLogHandler) WithGroup(string) slog.Handler      { return h }
 
-func newManager(t testing.TB, b lease.Backend, ttl time.Duration, opts ...lease.Option) *lease.Manager {
-	t.Helper()
-	m, err := lease.NewManager(b, ttl, opts...)
-	if err != nil {
-		t.Fatalf("lease.NewManager: %v", err)
-	}
-	return m
-}
-
 // adminConn is a plain go-zookeeper client for the test's own inspection
 // and damage.
 func adminConn(t testing.TB, servers []string) *zk.Conn {
@@ -150,7 +128,7 @@ func endSession(t testing.TB, b *zklease.Backend) {
 	if id == 0 {
 		t.Fatal("endSession: the backend has no session")
 	}
-	if err := zktest.ExpireSession(ctxT(t), server, id, passwd); err != nil {
+	if err := zktest.ExpireSession(testkit.Context(t), server, id, passwd); err != nil {
 		t.Fatalf("expire session 0x%x at %s: %v", id, server, err)
 	}
 }

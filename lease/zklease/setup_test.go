@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/internal/zktest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/zklease"
@@ -49,7 +50,7 @@ func TestSetupACLRefusesTheBackend(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := newBackend(t, servers, zklease.WithRoot(tc.root))
-			m := newManager(t, b, 2*time.Second)
+			m := testkit.NewManager(t, b, 2*time.Second)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			start := time.Now()
@@ -70,7 +71,7 @@ func TestSetupACLRefusesTheBackend(t *testing.T) {
 			if strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), fix) {
 				t.Fatalf("Acquire = %q; want one line naming the fix %q", err, fix)
 			}
-			err = m.Check(ctxT(t))
+			err = m.Check(testkit.Context(t))
 			if !errors.Is(err, lease.ErrSetup) || !errors.Is(err, zk.ErrNoAuth) || !strings.Contains(err.Error(), fix) || strings.Contains(err.Error(), "\n") {
 				t.Fatalf("Check = %v; want one line matching lease.ErrSetup naming %q", err, fix)
 			}
@@ -80,8 +81,8 @@ func TestSetupACLRefusesTheBackend(t *testing.T) {
 	t.Run("root the backend may create", func(t *testing.T) {
 		root := testRoot(t) + "/deeper/leases"
 		b := newBackend(t, servers, zklease.WithRoot(root))
-		m := newManager(t, b, 2*time.Second)
-		if err := m.Check(ctxT(t)); err != nil {
+		m := testkit.NewManager(t, b, 2*time.Second)
+		if err := m.Check(testkit.Context(t)); err != nil {
 			t.Fatalf("Check = %v, want nil", err)
 		}
 		// Nothing was left: not the root, nor its missing ancestors.
@@ -89,14 +90,14 @@ func TestSetupACLRefusesTheBackend(t *testing.T) {
 		if ok, _, err := admin.Exists(top); err != nil || ok {
 			t.Fatalf("after Check, %s exists = %v, %v; want it not created", top, ok, err)
 		}
-		l, err := m.Acquire(ctxT(t), "jobs")
+		l, err := m.Acquire(testkit.Context(t), "jobs")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := l.Release(ctxT(t)); err != nil {
+		if err := l.Release(testkit.Context(t)); err != nil {
 			t.Fatal(err)
 		}
-		if err := m.Check(ctxT(t)); err != nil {
+		if err := m.Check(testkit.Context(t)); err != nil {
 			t.Fatalf("Check with the root there = %v, want nil", err)
 		}
 		kids, _, err := admin.Children(root)
@@ -119,7 +120,7 @@ func TestCheckUnreachableIsNotSetup(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = b.Close() })
-	m := newManager(t, b, 2*time.Second)
+	m := testkit.NewManager(t, b, 2*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if err := m.Check(ctx); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, lease.ErrSetup) {

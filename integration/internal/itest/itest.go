@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"github.com/fencekit/fencekit/examples/services"
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 )
 
 // Setup builds the helper programs matched by the package patterns helpers

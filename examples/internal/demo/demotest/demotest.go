@@ -23,7 +23,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencekit/fencekit/examples/internal/leftover"
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 )
 
 // RunMainVar makes the test binary run the program (see the package doc).
