@@ -12,7 +12,8 @@ import (
 )
 
 // binDir holds the holder program (internal/cmd/holder), built once by
-// TestMain.
+// TestMain, and the stale-writer demo, built by the first test that runs
+// it.
 var binDir string
 
 func TestMain(m *testing.M) {
@@ -38,10 +39,4 @@ func (w mainM) Run() int {
 	defer cleanup()
 	binDir = dir
 	return w.m.Run()
-}
-
-// startHolder starts the holder program (internal/cmd/holder) with args.
-func startHolder(t testing.TB, args ...string) *itest.Holder {
-	t.Helper()
-	return itest.StartHolder(t, binDir, args...)
 }

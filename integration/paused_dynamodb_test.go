@@ -16,6 +16,7 @@ import (
 	"github.com/fencekit/fencekit/dynamoguard"
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/integration/internal/holder"
+	"github.com/fencekit/fencekit/integration/internal/itest"
 	"github.com/fencekit/fencekit/internal/dynamotest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/dynamolease"
@@ -41,7 +42,7 @@ func TestPausedHolderDynamoDB(t *testing.T) {
 	dynamotest.CreateTable(t, c, data, dynamotest.Key{Name: "pk", Type: types.ScalarAttributeTypeS})
 	const ttl = time.Second
 
-	h := startHolder(t, "-store", "dynamodb", "-leases", leases, "-dynamo-data", data, "-name", "job", "-item", "invoice", "-ttl", ttl.String(), "-do", "commands")
+	h := itest.StartHolder(t, "-store", "dynamodb", "-leases", leases, "-dynamo-data", data, "-name", "job", "-item", "invoice", "-ttl", ttl.String(), "-do", "commands")
 	old := h.Next(holder.KindAcquired, time.Minute).Token
 	h.Send("write")
 	if ev := h.Next(holder.KindWrite, time.Minute); ev.Outcome != holder.Accepted {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fencekit/fencekit/integration/internal/itest"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/migrations"
 )
@@ -29,10 +30,10 @@ func TestTakeoverAfterSIGKILLPostgres(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				renew := ttl / 3
 				args := []string{"-store", store, "-postgres", testenv.PostgresURL(), "-schema", schema, "-name", name, "-ttl", ttl.String(), "-timeout", "60s"}
-				a := startHolder(t, append(args, "-do", "hold")...)
+				a := itest.StartHolder(t, append(args, "-do", "hold")...)
 				acq := a.NextHeld("acquired", 30*time.Second)
 				a.NextHeld("renewed", 10*ttl+10*time.Second)
-				b := startHolder(t, args...)
+				b := itest.StartHolder(t, args...)
 				b.NextHeld("waiting", 30*time.Second)
 				time.Sleep(50 * time.Millisecond)
 				killed := a.Signal(syscall.SIGKILL)

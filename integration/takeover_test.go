@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencekit/fencekit/integration/internal/itest"
 	"github.com/fencekit/fencekit/internal/redistest"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease/redislease"
@@ -44,12 +45,12 @@ func TestTakeoverAfterSIGKILL(t *testing.T) {
 				t.Cleanup(func() { rc.Del(context.Background(), keys.Lease, keys.Token) })
 				args := []string{"-redis", testenv.RedisURL(), "-prefix", prefix, "-name", name, "-ttl", ttl.String(), "-timeout", "60s"}
 
-				a := startHolder(t, append(args, "-do", "hold")...)
+				a := itest.StartHolder(t, append(args, "-do", "hold")...)
 				acq := a.NextHeld("acquired", 30*time.Second)
 				// Let A renew at least once, then kill it at the chosen
 				// point of its renew cycle.
 				a.NextHeld("renewed", 10*ttl+10*time.Second)
-				b := startHolder(t, args...)
+				b := itest.StartHolder(t, args...)
 				b.NextHeld("waiting", 30*time.Second)
 				// Give B's first attempt time to be refused, so that it
 				// is waiting when A dies.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fencekit/fencekit/integration/internal/guarded"
 	"github.com/fencekit/fencekit/integration/internal/holder"
+	"github.com/fencekit/fencekit/integration/internal/itest"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 )
@@ -46,7 +47,7 @@ func testPausedHolder(t *testing.T, ttl, pause time.Duration, stale bool) {
 	cl := etcdCluster(t)
 	p := etcdPrefix(t)
 	resJSON, _ := json.Marshal(res)
-	a := startHolder(t, "-store", "etcd", "-do", "commands", "-endpoints", strings.Join(cl.Endpoints(), ","), "-prefix", p, "-name", "job",
+	a := itest.StartHolder(t, "-store", "etcd", "-do", "commands", "-endpoints", strings.Join(cl.Endpoints(), ","), "-prefix", p, "-name", "job",
 		"-ttl", ttl.String(), "-min-ttl", "1s", "-resource", string(resJSON))
 	acq := a.Next("acquired", 30*time.Second)
 	a.Next("renewed", 10*ttl)

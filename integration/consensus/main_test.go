@@ -12,10 +12,6 @@ import (
 	"github.com/fencekit/fencekit/integration/internal/itest"
 )
 
-// binDir holds the holder program (integration/internal/cmd/holder), built
-// once by TestMain.
-var binDir string
-
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(mainM{m},
 		// A member stopped with etcdtest.Member.Kill (EtcdServer.HardStop,
@@ -42,20 +38,13 @@ func TestMain(m *testing.M) {
 type mainM struct{ m *testing.M }
 
 func (w mainM) Run() int {
-	dir, cleanup, err := itest.Setup("consensus", services.Config{NoRedis: true}, "../internal/cmd/holder")
+	_, cleanup, err := itest.Setup("consensus", services.Config{NoRedis: true}, "../internal/cmd/holder")
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "consensus: %v\n", err)
 		return 1
 	}
 	defer cleanup()
-	binDir = dir
 	return w.m.Run()
-}
-
-// startHolder starts the holder program with args.
-func startHolder(t testing.TB, args ...string) *itest.Holder {
-	t.Helper()
-	return itest.StartHolder(t, binDir, args...)
 }
 
 // testName is t.Name() usable in a key, a znode or a proxy name.

@@ -54,7 +54,7 @@ func TestIsolatedHolderLosesBeforeExpiryAndIsFenced(t *testing.T) {
 	const ttl = 3 * time.Second
 	for round := range 3 {
 		name := "isolated"
-		root := testRoot(t)
+		root := zktest.Root(t)
 		fs := newResource(t)
 
 		server := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())

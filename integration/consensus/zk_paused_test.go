@@ -10,6 +10,7 @@ import (
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/integration/internal/guarded"
 	"github.com/fencekit/fencekit/integration/internal/holder"
+	"github.com/fencekit/fencekit/integration/internal/itest"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/internal/zktest"
 	"github.com/fencekit/fencekit/lease"
@@ -33,8 +34,8 @@ func TestPausedHolderIsFenced(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			fs := newResource(t)
 			res, _ := json.Marshal(fs)
-			root := testRoot(t)
-			a := startHolder(t, "-store", "zookeeper", "-servers", strings.Join(ens.Servers(), ","), "-root", root, "-name", "report",
+			root := zktest.Root(t)
+			a := itest.StartHolder(t, "-store", "zookeeper", "-servers", strings.Join(ens.Servers(), ","), "-root", root, "-name", "report",
 				"-ttl", ttl.String(), "-do", "commands", "-resource", string(res))
 			acq := a.Next(holder.KindAcquired, 30*time.Second)
 			a.Send("check")

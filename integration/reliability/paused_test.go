@@ -23,6 +23,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	holderout "github.com/fencekit/fencekit/integration/internal/holder"
+	"github.com/fencekit/fencekit/integration/internal/itest"
 	"github.com/fencekit/fencekit/internal/redistest"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 )
@@ -45,7 +46,7 @@ type proc struct {
 
 func startProc(t *testing.T, role string, args ...string) (*proc, error) {
 	p := &proc{role: role, events: make(chan writerEvent, 256), done: make(chan struct{})}
-	p.cmd = exec.Command(helperPath(t, "holder"), append([]string{"-role", role}, args...)...)
+	p.cmd = exec.Command(itest.HolderPath(t), append([]string{"-role", role}, args...)...)
 	p.cmd.Stderr = &p.stderr
 	stdout, err := p.cmd.StdoutPipe()
 	if err != nil {

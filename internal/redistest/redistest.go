@@ -264,3 +264,23 @@ func (s *Server) Client() *redis.Client {
 	s.t.Helper()
 	return connect(s.t, &redis.Options{Addr: s.Addr, MaxRetries: -1})
 }
+
+// UniquePrefix returns a key prefix unique to this run, for a deployment
+// the test owns (nothing to clean up: the servers go away). Prefix is the
+// one for the shared server.
+func UniquePrefix() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "fencekit-test:" + hex.EncodeToString(b[:]) + ":"
+}
+
+// StoredOwner reads the owner of the grant a redislease lease key holds
+// ("<token>:<owner>").
+func StoredOwner(ctx context.Context, c *redis.Client, key string) (string, error) {
+	v, err := c.Get(ctx, key).Result()
+	if err != nil {
+		return "", err
+	}
+	_, owner, _ := strings.Cut(v, ":")
+	return owner, nil
+}

@@ -66,7 +66,7 @@ func TestServerEndedSessionIsWaitedOut(t *testing.T) {
 			t.Parallel()
 			const ttl = 2 * time.Second
 			schema := newSchema(t, url)
-			app := uniqueName(t, "a_")
+			app := testkit.UniqueName(t, "a_")
 			poolA, px := proxiedPool(t, url, app, 4)
 			a := testkit.NewManager(t, newBackend(t, poolA, pglease.WithSchema(schema), pglease.WithMode(mode)), ttl)
 			b := testkit.NewManager(t, newBackend(t, newPool(t, url), pglease.WithSchema(schema), pglease.WithMode(mode)), ttl,
@@ -129,7 +129,7 @@ func TestReleaseWithLostReplyIsARelease(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
 			schema := newSchema(t, url)
-			pool, px := proxiedPool(t, url, uniqueName(t, "r_"), 4)
+			pool, px := proxiedPool(t, url, testkit.UniqueName(t, "r_"), 4)
 			ba := newBackend(t, pool, pglease.WithSchema(schema), pglease.WithMode(mode))
 			losses := &lossCounter{}
 			m := testkit.NewManager(t, ba, 10*time.Second, lease.WithReleaseTimeout(time.Second), lease.WithObserver(losses))
@@ -175,7 +175,7 @@ func TestBackendReleaseRetriedAfterLostReply(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
 			schema := newSchema(t, url)
-			pool, px := proxiedPool(t, url, uniqueName(t, "r_"), 4)
+			pool, px := proxiedPool(t, url, testkit.UniqueName(t, "r_"), 4)
 			b := newBackend(t, pool, pglease.WithSchema(schema), pglease.WithMode(mode))
 			other := newBackend(t, newPool(t, url), pglease.WithSchema(schema), pglease.WithMode(mode))
 			r := driver.Request{Name: "retried", Owner: "o", TTL: 10 * time.Second}
@@ -216,7 +216,7 @@ func TestLateAcquireOfAbandonedOwnerIsRefused(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
 			schema := newSchema(t, url)
-			pool, px := proxiedPool(t, url, uniqueName(t, "l_"), 1)
+			pool, px := proxiedPool(t, url, testkit.UniqueName(t, "l_"), 1)
 			late := newBackend(t, pool, pglease.WithSchema(schema), pglease.WithMode(mode))
 			b := newBackend(t, newPool(t, url), pglease.WithSchema(schema), pglease.WithMode(mode))
 			const ttl = 10 * time.Second

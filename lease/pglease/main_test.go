@@ -2,10 +2,6 @@ package pglease_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"regexp"
-	"strings"
 	"testing"
 	"time"
 
@@ -21,26 +17,12 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-var nonIdent = regexp.MustCompile(`[^a-z0-9]+`)
-
-// uniqueName returns a lower-case identifier unique to this run and test.
-func uniqueName(tb testing.TB, prefix string) string {
-	tb.Helper()
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	name := nonIdent.ReplaceAllString(strings.ToLower(tb.Name()), "_")
-	if len(name) > 40 {
-		name = name[len(name)-40:]
-	}
-	return prefix + name + "_" + hex.EncodeToString(b[:])
-}
-
 // newSchema creates a throwaway schema on the server at url, runs
 // fencekit's migrations in it, and drops it when the test ends.
 func newSchema(tb testing.TB, url string) string {
 	tb.Helper()
 	ctx := testkit.Context(tb)
-	schema := uniqueName(tb, "pgl_")
+	schema := testkit.UniqueName(tb, "pgl_")
 	admin, err := pgx.Connect(ctx, url)
 	if err != nil {
 		tb.Fatalf("PostgreSQL is required for these tests and is not reachable at %s (set %s or run scripts/test.sh): %v",

@@ -92,7 +92,7 @@ func TestAcquireOnAMissingDatabaseFailsAtOnce(t *testing.T) {
 func TestAcquireWithoutPrivilegesFailsAtOnce(t *testing.T) {
 	u := testenv.PostgresURL()
 	schema := newSchema(t, u)
-	role := strings.ToLower(uniqueName(t, "fk_noperm_"))
+	role := strings.ToLower(testkit.UniqueName(t, "fk_noperm_"))
 	admin := connectT(t, u)
 	if _, err := admin.Exec(testkit.Context(t), "CREATE ROLE "+pgx.Identifier{role}.Sanitize()+" LOGIN"); err != nil {
 		t.Fatalf("create role: %v", err)
@@ -132,7 +132,7 @@ func TestAcquireWithoutPrivilegesFailsAtOnce(t *testing.T) {
 // test ends.
 func emptySchema(t *testing.T, u string) string {
 	t.Helper()
-	schema := strings.ToLower(uniqueName(t, "pgl_empty_"))
+	schema := strings.ToLower(testkit.UniqueName(t, "pgl_empty_"))
 	admin := connectT(t, u)
 	if _, err := admin.Exec(testkit.Context(t), "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		t.Fatalf("create schema: %v", err)

@@ -86,7 +86,7 @@ func TestCluster(t *testing.T) {
 	steady("Conformance", func(t *testing.T) {
 		leasetest.Run(t, leasetest.Config{
 			NewStore: func(t *testing.T) func() lease.Backend {
-				prefix := uniquePrefix(t)
+				prefix := redistest.UniquePrefix()
 				return func() lease.Backend { return newBackend(t, d.client(t), prefix) }
 			},
 			LoseData: flushAll(d),
@@ -111,9 +111,9 @@ func TestCluster(t *testing.T) {
 func testRenewalsAtScale(t *testing.T, d clusterDeployment, n int) {
 	const ttl = 10 * time.Second
 	counter := newNodeCounter()
-	b := newBackend(t, d.countedClient(t, counter), uniquePrefix(t))
+	b := newBackend(t, d.countedClient(t, counter), redistest.UniquePrefix())
 	log := &flushLog{}
-	m := multiNodeManager(t, b, ttl, func(o *lease.Options) { o.Observer = log })
+	m := testkit.NewManager(t, b, ttl, func(o *lease.Options) { o.Observer = log })
 	opts := m.Options()
 	ctx := testkit.Context(t)
 
@@ -229,6 +229,6 @@ func testRenewalsAtScale(t *testing.T, d clusterDeployment, n int) {
 	t.Logf("released in %v", time.Since(start).Round(time.Millisecond))
 	if len(late) > 0 {
 		t.Errorf("%d leases released while held were reported lost by Release; their local deadlines were %v from the release (not expired)",
-			len(late), span(late))
+			len(late), testkit.Span(late))
 	}
 }

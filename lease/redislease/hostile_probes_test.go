@@ -190,7 +190,7 @@ func TestHostile_PubSubKilledWhileWaiting(t *testing.T) {
 	b := newBackend(t, srv.Client(), "fencekit:")
 	m := newManager(t, b, lease.Options{TTL: 60 * time.Second, PollInterval: 20 * time.Second})
 	const name, waiters = "killed", 4
-	holder := acquire(t, m, name)
+	holder := testkit.TryAcquire(t, m, name)
 	var wg sync.WaitGroup
 	got := waitersFor(t, m, name, waiters, &wg)
 	// Each kill comes once the backend is subscribed again, on a new
@@ -263,7 +263,7 @@ func TestHostile_CloseWhileWaiting(t *testing.T) {
 	b := newBackend(t, c, redistest.Prefix(t))
 	m := newManager(t, b, lease.Options{TTL: 60 * time.Second, PollInterval: time.Second})
 	const name, waiters = "closed", 4
-	holder := acquire(t, m, name)
+	holder := testkit.TryAcquire(t, m, name)
 	var wg sync.WaitGroup
 	got := waitersFor(t, m, name, waiters, &wg)
 	time.Sleep(200 * time.Millisecond)
@@ -387,10 +387,10 @@ func TestHostile_RenewReplyAfterDeadline(t *testing.T) {
 		return 0
 	}}
 	b := newBackend(t, slow, prefix)
-	renews := &renewLogAll{}
+	renews := &testkit.RenewEvents{}
 	m := newManager(t, b, lease.Options{TTL: ttl, SafetyMargin: ttl - validity, DisableAutoRenew: true, Observer: renews})
 	const name = "late-renew"
-	l := acquire(t, m, name)
+	l := testkit.TryAcquire(t, m, name)
 	deadline := l.Deadline()
 	lostAt := make(chan time.Time, 1)
 	go func() { <-l.Done(); lostAt <- time.Now() }()
@@ -410,7 +410,7 @@ func TestHostile_RenewReplyAfterDeadline(t *testing.T) {
 	// The path under test ran: the renewal went out before the deadline
 	// (it was not refused at the gate), the store extended the grant, and
 	// the reply came after the deadline, later than a late timer's slack.
-	evs := renews.all()
+	evs := renews.All()
 	if len(evs) != 1 {
 		t.Fatalf("%d renewals reported, want the one late renewal: %+v", len(evs), evs)
 	}
@@ -490,7 +490,7 @@ func TestHostile_HugeTTL(t *testing.T) {
 	ttl := time.Duration(math.MaxInt64).Truncate(time.Millisecond)
 	b := newBackend(t, redistest.Shared(t), redistest.Prefix(t))
 	m := newManager(t, b, lease.Options{TTL: ttl})
-	l := acquire(t, m, "huge")
+	l := testkit.TryAcquire(t, m, "huge")
 	_, err := m.TryAcquire(testkit.Context(t), "huge")
 	var na *lease.NotAcquiredError
 	if !errors.As(err, &na) || na.RetryAfter <= ttl-time.Minute || na.RetryAfter > ttl {

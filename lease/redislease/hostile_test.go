@@ -73,7 +73,7 @@ func TestHostile_CancelledWaiterBreaksOthersWatch(t *testing.T) {
 	logs := &warnLog{}
 	m := newManager(t, b, lease.Options{TTL: 30 * time.Second, PollInterval: 6 * time.Second, Logger: slog.New(logs)})
 	const name = "shared-subscribe"
-	holder := acquire(t, m, name)
+	holder := testkit.TryAcquire(t, m, name)
 
 	slow.Store(true) // the pub/sub connection is not open yet: it will be slow
 	aDone := make(chan error, 1)
@@ -241,7 +241,7 @@ func TestHostile_SecondReleaseForgetsLoss(t *testing.T) {
 	c := redistest.Shared(t)
 	b := newBackend(t, c, redistest.Prefix(t))
 	m := newManager(t, b, lease.Options{TTL: 30 * time.Second})
-	l := acquire(t, m, "evicted")
+	l := testkit.TryAcquire(t, m, "evicted")
 	if err := c.Del(testkit.Context(t), b.KeysFor("evicted").Lease).Err(); err != nil {
 		t.Fatal(err)
 	}

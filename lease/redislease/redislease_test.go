@@ -173,15 +173,6 @@ func TestKeysShareHashTag(t *testing.T) {
 	}
 }
 
-func acquire(t *testing.T, m *lease.Manager, name string) *lease.Lease {
-	t.Helper()
-	l, err := m.TryAcquire(testkit.Context(t), name)
-	if err != nil {
-		t.Fatalf("TryAcquire(%q): %v", name, err)
-	}
-	return l
-}
-
 // Tokens keep growing when the counter is lost: FLUSHALL, a restart without
 // persistence, the counter deleted alone, and the counter set back (a
 // failover to a replica that lagged).
@@ -221,7 +212,7 @@ func TestTokensSurviveCounterLoss(t *testing.T) {
 	}
 	last := fence.None
 	for _, step := range steps {
-		l := acquire(t, m, name)
+		l := testkit.TryAcquire(t, m, name)
 		if l.Token() <= last {
 			t.Fatalf("before %s: token %d <= previous %d", step.what, l.Token(), last)
 		}
@@ -230,7 +221,7 @@ func TestTokensSurviveCounterLoss(t *testing.T) {
 			t.Fatalf("Release: %v", err)
 		}
 		step.lose()
-		l2 := acquire(t, m, name)
+		l2 := testkit.TryAcquire(t, m, name)
 		if l2.Token() <= last {
 			t.Fatalf("after %s: token %d is not greater than the last token %d", step.what, l2.Token(), last)
 		}
@@ -275,7 +266,7 @@ func TestLossNoticedBeforeExpiry(t *testing.T) {
 	holderM := newManager(t, newBackend(t, srv.Client(), "fencekit:"), lease.Options{TTL: ttl, Observer: log})
 	otherM := newManager(t, newBackend(t, srv.Client(), "fencekit:"), lease.Options{TTL: ttl})
 	const name = "paused"
-	l := acquire(t, holderM, name)
+	l := testkit.TryAcquire(t, holderM, name)
 	granted := time.Now()
 	// The pause must come after a renewal, so that the deadline checked
 	// below is one that a renewal moved. Wait for the first (due about a
@@ -330,7 +321,7 @@ func TestRenewFindsAnotherOwner(t *testing.T) {
 	c := redistest.Shared(t)
 	b := newBackend(t, c, redistest.Prefix(t))
 	m := newManager(t, b, lease.Options{TTL: 30 * time.Second, DisableAutoRenew: true})
-	l := acquire(t, m, "taken")
+	l := testkit.TryAcquire(t, m, "taken")
 	if err := c.Set(testkit.Context(t), b.KeysFor("taken").Lease, l.Token().String()+":intruder", redis.KeepTTL).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -355,7 +346,7 @@ func TestRenewFindsAnotherOwner(t *testing.T) {
 	// The heartbeat notices within one renew interval.
 	const ttl = 3 * time.Second
 	m2 := newManager(t, b, lease.Options{TTL: ttl, RenewInterval: 200 * time.Millisecond})
-	l2 := acquire(t, m2, "taken-hb")
+	l2 := testkit.TryAcquire(t, m2, "taken-hb")
 	if err := c.Set(testkit.Context(t), b.KeysFor("taken-hb").Lease, l2.Token().String()+":intruder", redis.KeepTTL).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -406,12 +397,12 @@ func TestRoundTrips(t *testing.T) {
 	c.AddHook(hook)
 	b := newBackend(t, c, redistest.Prefix(t))
 	m := newManager(t, b, lease.Options{TTL: 10 * time.Second, DisableAutoRenew: true})
-	warm := acquire(t, m, "warm")
+	warm := testkit.TryAcquire(t, m, "warm")
 	_ = warm.Renew(testkit.Context(t))
 	_ = warm.Release(testkit.Context(t))
 
 	before := hook.n.Load()
-	l := acquire(t, m, "rt")
+	l := testkit.TryAcquire(t, m, "rt")
 	if n := hook.n.Load() - before; n != 1 {
 		t.Fatalf("TryAcquire took %d round trips, want 1", n)
 	}
@@ -438,7 +429,7 @@ func TestWatchManyWaitersAndClose(t *testing.T) {
 	m := newManager(t, b, lease.Options{TTL: 30 * time.Second, PollInterval: 10 * time.Second})
 	const name = "many"
 	const waiters = 10
-	holder := acquire(t, m, name)
+	holder := testkit.TryAcquire(t, m, name)
 	var wg sync.WaitGroup
 	got := make(chan *lease.Lease, waiters)
 	for range waiters {
@@ -509,7 +500,7 @@ func TestHeartbeatsAreBatched(t *testing.T) {
 	m := newManager(t, b, lease.Options{TTL: 3 * time.Second, RenewInterval: time.Second, RenewBatchWindow: 50 * time.Millisecond})
 	obs := make([]*lease.Lease, 0, leases)
 	for i := range leases {
-		obs = append(obs, acquire(t, m, "batch-"+strconv.Itoa(i)))
+		obs = append(obs, testkit.TryAcquire(t, m, "batch-"+strconv.Itoa(i)))
 	}
 	if err := c.ScriptFlush(testkit.Context(t)).Err(); err != nil {
 		t.Fatal(err)

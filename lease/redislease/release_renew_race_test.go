@@ -59,8 +59,8 @@ func TestReleaseWaitsForRenewalInFlight(t *testing.T) {
 		hold:         300 * time.Millisecond,
 		batchEntered: make(chan struct{}),
 	}
-	m := multiNodeManager(t, rb, 3*time.Second, lease.WithRenewInterval(200*time.Millisecond), lease.WithRenewBatchWindow(10*time.Millisecond))
-	l := acquire(t, m, "release-while-renewing")
+	m := testkit.NewManager(t, rb, 3*time.Second, lease.WithRenewInterval(200*time.Millisecond), lease.WithRenewBatchWindow(10*time.Millisecond))
+	l := testkit.TryAcquire(t, m, "release-while-renewing")
 	select {
 	case <-rb.batchEntered:
 	case <-time.After(5 * time.Second):

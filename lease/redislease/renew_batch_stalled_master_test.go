@@ -61,7 +61,7 @@ func TestRenewBatchStalledMaster(t *testing.T) {
 	// reported at all (those wait for their master until the pipeline
 	// gives up), and RenewBatch returns only after the last report.
 	t.Run("Backend", func(t *testing.T) {
-		b := newBackend(t, cl.Client(t), uniquePrefix(t))
+		b := newBackend(t, cl.Client(t), redistest.UniquePrefix())
 		ns, on := names(t, b, "batch", 4)
 		gs := make([]driver.Grant, len(ns))
 		for i, n := range ns {
@@ -137,7 +137,7 @@ func TestRenewBatchStalledMaster(t *testing.T) {
 	// heartbeats: a master paused for 2.5 TTLs costs the leases it
 	// serves, all of them, and none of the leases on the other two.
 	t.Run("Manager", func(t *testing.T) {
-		b := newBackend(t, cl.Client(t), uniquePrefix(t))
+		b := newBackend(t, cl.Client(t), redistest.UniquePrefix())
 		ttl := 2 * time.Second
 		m := newManager(t, b, lease.Options{
 			TTL:              ttl,

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"strings"
 	"testing"
 	"time"
 
@@ -16,48 +15,16 @@ import (
 	"github.com/fencekit/fencekit/lease/redislease"
 )
 
-// setupBound is how soon a blocking Acquire must give up on a store error
-// that retrying cannot fix: "at once", generous for a loaded machine. Its
-// context is six times longer.
-const setupBound = 5 * time.Second
-
-// acquireFailsFast runs a blocking Acquire with a 30 s context and returns
-// its error, failing t if it took longer than setupBound, did not match
-// lease.ErrSetup, spread over more than one line or did not contain fix.
+// acquireFailsFast is testkit.AcquireFailsFast, and the Redis error kept
+// for errors.As.
 func acquireFailsFast(t *testing.T, m *lease.Manager, fix string) error {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	start := time.Now()
-	l, err := m.Acquire(ctx, "jobs")
-	took := time.Since(start)
-	if err == nil {
-		_ = l.Release(context.Background())
-		t.Fatalf("Acquire granted the lease; want a setup error")
-	}
-	t.Logf("Acquire returned after %v: %v", took.Round(time.Millisecond), err)
-	if took > setupBound {
-		t.Fatalf("Acquire returned after %v (want within %v): %v", took, setupBound, err)
-	}
-	if !errors.Is(err, lease.ErrSetup) || errors.Is(err, lease.ErrNotAcquired) {
-		t.Fatalf("Acquire = %v; want an error matching lease.ErrSetup, not ErrNotAcquired", err)
-	}
-	if strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), fix) {
-		t.Fatalf("Acquire = %q; want one line naming the fix %q", err, fix)
-	}
+	err := testkit.AcquireFailsFast(t, m, fix)
 	var re redis.Error
 	if !errors.As(err, &re) {
 		t.Fatalf("Acquire = %v; want the Redis error kept for errors.As", err)
 	}
 	return err
-}
-
-func checkIsSetup(t *testing.T, m *lease.Manager, fix string) {
-	t.Helper()
-	err := m.Check(testkit.Context(t))
-	if !errors.Is(err, lease.ErrSetup) || !strings.Contains(err.Error(), fix) || strings.Contains(err.Error(), "\n") {
-		t.Fatalf("Check = %v; want one line matching lease.ErrSetup naming %q", err, fix)
-	}
 }
 
 func setupManager(t *testing.T, c redislease.Client) *lease.Manager {
@@ -85,7 +52,7 @@ func TestSetupRefusedCredentials(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			m := setupManager(t, userClient(t, s.Addr, "", tc.password))
 			acquireFailsFast(t, m, "FENCE_REDIS_URL")
-			checkIsSetup(t, m, "FENCE_REDIS_URL")
+			testkit.CheckIsSetup(t, m, "FENCE_REDIS_URL")
 		})
 	}
 	t.Run("right password", func(t *testing.T) {
@@ -126,13 +93,13 @@ func TestSetupACLPermissions(t *testing.T) {
 		t.Run(user, func(t *testing.T) {
 			m := setupManager(t, userClient(t, s.Addr, user, "pw"))
 			acquireFailsFast(t, m, fix)
-			checkIsSetup(t, m, fix)
+			testkit.CheckIsSetup(t, m, fix)
 		})
 	}
 	t.Run("nochannels", func(t *testing.T) {
 		// Leases work, but waiters would never hear a release.
 		m := setupManager(t, userClient(t, s.Addr, "nochannels", "pw"))
-		checkIsSetup(t, m, "refused now: SPUBLISH, SSUBSCRIBE")
+		testkit.CheckIsSetup(t, m, "refused now: SPUBLISH, SSUBSCRIBE")
 	})
 	t.Run("enough", func(t *testing.T) {
 		m := setupManager(t, userClient(t, s.Addr, "enough", "pw"))
@@ -160,7 +127,7 @@ func TestSetupUnknownDatabase(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	m := setupManager(t, c)
 	acquireFailsFast(t, m, "database number")
-	checkIsSetup(t, m, "database number")
+	testkit.CheckIsSetup(t, m, "database number")
 }
 
 // What a retry can fix is not a setup error: a replica answering READONLY

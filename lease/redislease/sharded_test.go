@@ -63,8 +63,8 @@ func wakeUps(t *testing.T, d deployment, newB func() lease.Backend, rounds int) 
 	t.Helper()
 	opts := func(o *lease.Options) { o.PollInterval = 10 * time.Second }
 	holderB, waiterB := newB(), newB()
-	holder := multiNodeManager(t, holderB, 30*time.Second, opts)
-	waiter := multiNodeManager(t, waiterB, 30*time.Second, opts)
+	holder := testkit.NewManager(t, holderB, 30*time.Second, opts)
+	waiter := testkit.NewManager(t, waiterB, 30*time.Second, opts)
 	probe := newBackend(t, d.client(t), "")
 	var names []string
 	for i, p := range d.primaries(t) {
@@ -78,7 +78,7 @@ func wakeUps(t *testing.T, d deployment, newB func() lease.Backend, rounds int) 
 	for range rounds {
 		var wg sync.WaitGroup
 		for _, name := range names {
-			l := acquire(t, holder, name)
+			l := testkit.TryAcquire(t, holder, name)
 			got := make(chan *lease.Lease, 1)
 			wg.Add(1)
 			go func() {
@@ -177,14 +177,14 @@ func testShardedWakeUps(t *testing.T, d clusterDeployment) {
 	t.Run("Conformance", func(t *testing.T) {
 		leasetest.Run(t, leasetest.Config{
 			NewStore: func(t *testing.T) func() lease.Backend {
-				prefix := uniquePrefix(t)
+				prefix := redistest.UniquePrefix()
 				return func() lease.Backend { return newShardedBackend(t, d.client(t), prefix) }
 			},
 			LoseData: flushAll(d),
 			Lacks:    redisLacks,
 		})
 	})
-	prefix := uniquePrefix(t)
+	prefix := redistest.UniquePrefix()
 	var sharded []*redislease.Backend
 	newSharded := func() lease.Backend {
 		b := newShardedBackend(t, d.client(t), prefix)
@@ -233,12 +233,12 @@ func testShardedWakeUps(t *testing.T, d clusterDeployment) {
 // hub subscribes again through the new master, and a release afterwards
 // still wakes them within milliseconds, not after the poll interval.
 func testShardedWakeUpsAcrossFailover(t *testing.T, d clusterDeployment) {
-	prefix := uniquePrefix(t)
+	prefix := redistest.UniquePrefix()
 	opts := func(o *lease.Options) { o.PollInterval = 20 * time.Second }
 	hb := newShardedBackend(t, d.client(t), prefix)
 	wb := newShardedBackend(t, d.client(t), prefix)
-	holder := multiNodeManager(t, hb, 30*time.Second, opts)
-	waiter := multiNodeManager(t, wb, 30*time.Second, opts)
+	holder := testkit.NewManager(t, hb, 30*time.Second, opts)
+	waiter := testkit.NewManager(t, wb, 30*time.Second, opts)
 	target := d.primaries(t)[0]
 	names := namesOn(t, d, hb, target, "wake-failover", 3)
 	ctx := testkit.Context(t)
@@ -250,7 +250,7 @@ func testShardedWakeUpsAcrossFailover(t *testing.T, d clusterDeployment) {
 	var held []*lease.Lease
 	var wg sync.WaitGroup
 	for _, name := range names {
-		held = append(held, acquire(t, holder, name))
+		held = append(held, testkit.TryAcquire(t, holder, name))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -312,9 +312,9 @@ func TestShardedPubSubFallback(t *testing.T) {
 			hb := newShardedBackend(t, srv.Client(), prefix)
 			wb := newShardedBackend(t, srv.Client(), prefix)
 			opts := func(o *lease.Options) { o.PollInterval = 10 * time.Second }
-			holder := multiNodeManager(t, hb, 30*time.Second, opts)
-			waiter := multiNodeManager(t, wb, 30*time.Second, opts)
-			l := acquire(t, holder, "fallback")
+			holder := testkit.NewManager(t, hb, 30*time.Second, opts)
+			waiter := testkit.NewManager(t, wb, 30*time.Second, opts)
+			l := testkit.TryAcquire(t, holder, "fallback")
 			type res struct {
 				l  *lease.Lease
 				at time.Time
@@ -351,7 +351,7 @@ func TestShardedPubSubFallback(t *testing.T) {
 
 // A per-slot connection is closed when its last waiter leaves.
 func testShardedConnsClosed(t *testing.T, d clusterDeployment) {
-	b := newShardedBackend(t, d.client(t), uniquePrefix(t))
+	b := newShardedBackend(t, d.client(t), redistest.UniquePrefix())
 	var stops []func()
 	for i := range 5 {
 		_, stop, err := b.Watch(testkit.Context(t), "conns-"+strconv.Itoa(i))

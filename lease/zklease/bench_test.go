@@ -50,7 +50,7 @@ const benchTTL = 10 * time.Second
 // floor (backend's: backend-x-raw-token).
 func BenchmarkCycle(b *testing.B) {
 	ens := zktest.Start(b, 3, zktest.Config{})
-	root := testRoot(b)
+	root := zktest.Root(b)
 	// Both sides talk to the same member: a follower, where most clients
 	// of an ensemble are (a write goes through the leader).
 	member := []string{follower(b, ens).Addr()}
@@ -201,7 +201,7 @@ type blockingLock func(ctx context.Context) (unlock func(context.Context) error,
 // fixed count, e.g. -benchtime 300x.
 func BenchmarkHandoff(b *testing.B) {
 	ens := zktest.Start(b, 3, zktest.Config{})
-	root := testRoot(b)
+	root := zktest.Root(b)
 	servers := ens.Servers()
 	admin := adminConn(b, servers)
 	mustCreateParent(b, admin, root, zklease.ParentPath(root, "raw-handoff"))
@@ -391,7 +391,7 @@ func percentile(s []time.Duration, p float64) time.Duration {
 // itself.
 func BenchmarkHandoffPaired(b *testing.B) {
 	ens := zktest.Start(b, 3, zktest.Config{})
-	root := testRoot(b)
+	root := zktest.Root(b)
 	srv := ens.Servers()
 	admin := adminConn(b, srv)
 	mustCreateParent(b, admin, root, zklease.ParentPath(root, "warm-up"))

@@ -65,7 +65,7 @@ func (c *overlapChecker) err() error {
 // lease in turns with blocking Acquire. The checker sees every grant.
 func TestExclusiveAcrossMembers(t *testing.T) {
 	ens := zktest.Start(t, 3, zktest.Config{})
-	root := testRoot(t)
+	root := zktest.Root(t)
 	const ttl = 4 * time.Second
 	var managers []*lease.Manager
 	for _, m := range ens.Members {
@@ -121,7 +121,7 @@ func TestExclusiveAcrossMembers(t *testing.T) {
 // again before the next.
 func TestLeaderKilledWhileHeld(t *testing.T) {
 	ens := zktest.Start(t, 3, zktest.Config{})
-	root := testRoot(t)
+	root := zktest.Root(t)
 	const ttl = 6 * time.Second
 	for round := range 3 {
 		name := fmt.Sprintf("failover-%d", round)
@@ -245,7 +245,7 @@ func epoch(t fence.Token) uint64 { return uint64(t) >> 32 }
 // was connected across the restart and through a new one.
 func TestTokensGrowAcrossEnsembleRestart(t *testing.T) {
 	ens := zktest.Start(t, 3, zktest.Config{})
-	root := testRoot(t)
+	root := zktest.Root(t)
 	const ttl = 4 * time.Second
 	b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl))
 	m := testkit.NewManager(t, b, ttl)
@@ -303,7 +303,7 @@ func acquireEventually(t *testing.T, m *lease.Manager, name string) *lease.Lease
 // greater token. Two rounds.
 func TestLeaderKilledWithItsHolder(t *testing.T) {
 	ens := zktest.Start(t, 3, zktest.Config{})
-	root := testRoot(t)
+	root := zktest.Root(t)
 	const ttl = 3 * time.Second
 	for round := range 2 {
 		name := fmt.Sprintf("leader-and-holder-%d", round)

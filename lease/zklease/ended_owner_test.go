@@ -147,7 +147,7 @@ func (o *lossCounter) counts() (lost int, failed int, last string) {
 // ("expired or was lost"), the 3 of 3.
 func TestReleaseWhoseAnswerIsLostIsARelease(t *testing.T) {
 	ens := zktest.Start(t, 3, zktest.Config{})
-	root := testRoot(t)
+	root := zktest.Root(t)
 	const ttl = 4 * time.Second
 	d := &replyDropper{refuse: 500 * time.Millisecond}
 	b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(6*time.Second), zklease.WithDialer(d.dial))
@@ -256,7 +256,7 @@ func (c *heldConn) Write(p []byte) (int, error) {
 //     Abandon run; the name is free and no node is left.
 func TestLateAcquireOfAnEndedOwnerIsRefused(t *testing.T) {
 	ens := zktest.Start(t, 3, zktest.Config{})
-	root := testRoot(t)
+	root := zktest.Root(t)
 	const ttl = 4 * time.Second
 	var h heldWrites
 	late := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(6*time.Second), zklease.WithDialer(h.dial))

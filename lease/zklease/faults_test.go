@@ -44,7 +44,7 @@ func (w watchedBackend) Watch(ctx context.Context, name string) (<-chan struct{}
 // next. Then each releases in turn, and each hand-off again notifies one.
 func TestReleaseNotifiesOneWaiter(t *testing.T) {
 	ens := zktest.Start(t, 3, zktest.Config{})
-	root := testRoot(t)
+	root := zktest.Root(t)
 	const ttl = 4 * time.Second
 	holder := testkit.NewManager(t, newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl)), ttl)
 	ctx := testkit.Context(t)
@@ -142,7 +142,7 @@ func TestReleaseNotifiesOneWaiter(t *testing.T) {
 // no grant: the session could end before the lease's local deadline.
 func TestShorterGrantedSessionTimeoutIsRefused(t *testing.T) {
 	ens := zktest.Start(t, 1, zktest.Config{MaxSessionTimeout: 2 * time.Second})
-	root := testRoot(t)
+	root := zktest.Root(t)
 	b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(4*time.Second))
 	m := testkit.NewManager(t, b, 4*time.Second)
 	_, err := m.TryAcquire(testkit.Context(t), "short")
@@ -229,7 +229,7 @@ func (c *dropConn) Write(p []byte) (int, error) {
 // another client gets the lease at once.
 func TestLostCreateAnswerLeavesNoOrphan(t *testing.T) {
 	ens := zktest.Start(t, 3, zktest.Config{})
-	root := testRoot(t)
+	root := zktest.Root(t)
 	admin := adminConn(t, ens.Servers())
 	const ttl = 6 * time.Second
 	var d dropAfterCreate
@@ -315,7 +315,7 @@ func TestLostCreateAnswerLeavesNoOrphan(t *testing.T) {
 // for that write.
 func TestHolderNamesTheOwnerAfterAHandOff(t *testing.T) {
 	ens := zktest.Start(t, 3, zktest.Config{})
-	root := testRoot(t)
+	root := zktest.Root(t)
 	const ttl = 4 * time.Second
 	mgr := func(id string) *lease.Manager {
 		return testkit.NewManager(t, newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl), zklease.WithIdentity("backend-"+id)),
@@ -365,7 +365,7 @@ func TestHolderNamesTheOwnerAfterAHandOff(t *testing.T) {
 // cause; the backend carries on with a new session.
 func TestExpiredSessionEndsEveryLeaseOfIt(t *testing.T) {
 	ens := zktest.Start(t, 3, zktest.Config{})
-	root := testRoot(t)
+	root := zktest.Root(t)
 	const ttl = 6 * time.Second
 	b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl))
 	m := testkit.NewManager(t, b, ttl, lease.WithoutAutoRenew())
@@ -413,7 +413,7 @@ func TestExpiredSessionEndsEveryLeaseOfIt(t *testing.T) {
 func TestReleaseAfterSessionEndedSendsNothing(t *testing.T) {
 	ens := zktest.Start(t, 1, zktest.Config{})
 	const ttl = time.Second
-	b := newBackend(t, ens.Servers(), zklease.WithRoot(testRoot(t)), zklease.WithSessionTimeout(4*ttl))
+	b := newBackend(t, ens.Servers(), zklease.WithRoot(zktest.Root(t)), zklease.WithSessionTimeout(4*ttl))
 	m := testkit.NewManager(t, b, ttl, lease.WithoutAutoRenew(), lease.WithReleaseTimeout(10*time.Second))
 	l, err := m.TryAcquire(testkit.Context(t), "job")
 	if err != nil {

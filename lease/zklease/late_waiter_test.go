@@ -139,7 +139,7 @@ func TestLateWaiterDoesNotKeepOthersOut(t *testing.T) {
 
 func testLateWaiter(t *testing.T, delay time.Duration) {
 	ens := zktest.Start(t, 1, zktest.Config{})
-	root := testRoot(t)
+	root := zktest.Root(t)
 	const (
 		ttl     = time.Second
 		session = 3 * time.Second

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -42,14 +41,6 @@ func (r *renewLog) lastSent() (time.Time, int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.last, r.n
-}
-
-var rootSeq atomic.Int64
-
-// testRoot returns a root znode unique to the test.
-func testRoot(t testing.TB) string {
-	n := strings.NewReplacer("/", "_", " ", "_", "=", "_", ":", "_", ".", "_").Replace(t.Name())
-	return fmt.Sprintf("/fencekit-test/%s-%d", n, rootSeq.Add(1))
 }
 
 // newBackend connects a Backend to servers, closed when the test ends.

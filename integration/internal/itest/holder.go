@@ -31,12 +31,18 @@ type Holder struct {
 	stderr strings.Builder
 }
 
-// StartHolder starts the holder program built into binDir (see Setup) with
-// args.
-func StartHolder(t testing.TB, binDir string, args ...string) *Holder {
+// HolderPath returns the path of the holder program, which Setup must have
+// built (helper package integration/internal/cmd/holder).
+func HolderPath(t testing.TB) string {
+	t.Helper()
+	return HelperPath(t, helperDir, "holder")
+}
+
+// StartHolder starts the holder program (see HolderPath) with args.
+func StartHolder(t testing.TB, args ...string) *Holder {
 	t.Helper()
 	h := &Holder{t: t, events: make(chan holder.Event, 1024), done: make(chan struct{})}
-	h.cmd = exec.Command(HelperPath(t, binDir, "holder"), args...)
+	h.cmd = exec.Command(HolderPath(t), args...)
 	h.cmd.Stderr = writerFunc(func(p []byte) (int, error) { h.mu.Lock(); defer h.mu.Unlock(); return h.stderr.Write(p) })
 	var err error
 	if h.stdin, err = h.cmd.StdinPipe(); err != nil {

@@ -45,6 +45,7 @@ func Setup(who string, cfg services.Config, helpers ...string) (binDir string, c
 			return "", func() {}, fmt.Errorf("building the helper programs (go build %v): %w", helpers, err)
 		}
 		binDir = dir
+		helperDir = dir
 	}
 	if cfg.Log == nil {
 		cfg.Log = logf
@@ -69,6 +70,9 @@ func Setup(who string, cfg services.Config, helpers ...string) (binDir string, c
 	}
 	return binDir, cleanup, nil
 }
+
+// helperDir is the directory of the helper programs Setup built.
+var helperDir string
 
 // HelperPath returns the path of the helper program name in binDir (from
 // Setup), failing t if it was not built.
