@@ -20,7 +20,7 @@ import (
 
 	"github.com/fencekit/fencekit/blobguard"
 	"github.com/fencekit/fencekit/fence"
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease/redislease"
 )
 

@@ -28,7 +28,7 @@ import (
 
 	"github.com/fencekit/fencekit/examples/internal/demo"
 	"github.com/fencekit/fencekit/examples/internal/leftover"
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 )
 
 // RunMainVar makes the test binary run the program (see the package doc).
