@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +17,7 @@ import (
 
 	"github.com/fencekit/fencekit/internal/redistest"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/redislease"
 )
 
@@ -35,10 +36,13 @@ var casDelete = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then r
 //     script (EVALSHA): the two round trips any safe cycle needs.
 //   - lib=fencekit: lease.Manager.TryAcquire + Lease.Release (default
 //     options: auto-renewal on) over redislease.
-//   - lib=fencekit-lua: fencekit's own acquire and release scripts
-//     (lease/redislease/*.lua) sent directly: what the Manager adds above
-//     them is its Go-side cost, what they add above lib=raw is the price of
-//     minting a fencing token and publishing the release.
+//   - lib=fencekit-backend: redislease's Acquire and Release called
+//     directly, without the Manager: the same scripts with the keys and
+//     arguments the library sends. What the Manager adds above it is its
+//     Go-side cost; what it adds above lib=raw is the price of minting a
+//     fencing token, remembering ended owners and publishing the release.
+//     (It replaced lib=fencekit-lua, which sent the scripts by hand and
+//     broke when they gained a key.)
 //   - lib=fencekit-timer: lib=fencekit in a process that has another timer
 //     due within 500 ms, as most servers have (HTTP timeouts, pool reapers,
 //     metrics tickers). A diagnostic: each fencekit cycle creates timers
@@ -197,7 +201,6 @@ func cycleLibs(b *testing.B) []cycleLib {
 	rt := new(RoundTrips)
 	c.AddHook(rt)
 	prefix := redistest.Prefix(b) + "cycle:"
-	ttlMs := benchTTL.Milliseconds()
 	var libs []cycleLib
 	add := func(name string, cycle func(i int) error) {
 		libs = append(libs, cycleLib{name: name, cycle: cycle, rt: rt, c: c})
@@ -233,16 +236,17 @@ func cycleLibs(b *testing.B) []cycleLib {
 	}
 	add("fencekit", fencekitCycle)
 
-	acquireLua, releaseLua := fencekitScripts(b)
-	keys := be.KeysFor("cycle-lua")
-	add("fencekit-lua", func(i int) error {
-		owner := strconv.Itoa(i)
-		tok, err := acquireLua.Run(ctx, c, []string{keys.Lease, keys.Token}, owner, ttlMs).Int64()
-		if err != nil || tok <= 0 {
-			return fmt.Errorf("fencekit-lua: acquire: %v, %v", tok, err)
+	var owner atomic.Uint64
+	add("fencekit-backend", func(int) error {
+		// The backend's own requests (its scripts, with the keys and
+		// arguments the library sends), without the Manager around them.
+		req := driver.Request{Name: "cycle-backend", Owner: "bench/" + strconv.FormatUint(owner.Add(1), 10), TTL: benchTTL}
+		g, err := be.Acquire(ctx, req)
+		if err != nil {
+			return fmt.Errorf("fencekit-backend: acquire: %w", err)
 		}
-		if n, err := releaseLua.Run(ctx, c, []string{keys.Lease}, strconv.FormatInt(tok, 10)+":"+owner, keys.Channel).Int(); err != nil || n != 1 {
-			return fmt.Errorf("fencekit-lua: release: %v, %v", n, err)
+		if err := be.Release(ctx, g); err != nil {
+			return fmt.Errorf("fencekit-backend: release: %w", err)
 		}
 		return nil
 	})
@@ -279,19 +283,4 @@ func processUsage(b *testing.B) Usage {
 		b.Fatal(err)
 	}
 	return u
-}
-
-// fencekitScripts loads fencekit's acquire and release scripts from the
-// library's source tree (the bench module replaces fencekit with ../), so
-// that lib=fencekit-lua always runs the scripts the library runs.
-func fencekitScripts(b *testing.B) (acquire, release *redis.Script) {
-	b.Helper()
-	read := func(name string) *redis.Script {
-		src, err := os.ReadFile(filepath.Join("..", "lease", "redislease", name))
-		if err != nil {
-			b.Fatalf("fencekit's scripts are read from the source tree; run the benchmark from bench/: %v", err)
-		}
-		return redis.NewScript(string(src))
-	}
-	return read("acquire.lua"), read("release.lua")
 }

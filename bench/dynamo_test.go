@@ -2,8 +2,6 @@ package bench
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -17,6 +15,7 @@ import (
 
 	"github.com/fencekit/fencekit/dynamoguard"
 	"github.com/fencekit/fencekit/internal/dynamotest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/dynamolease"
 )
@@ -58,17 +57,11 @@ func newDynamoSetup(b *testing.B) *dynamoSetup {
 	return s
 }
 
-func randHex() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
 // rawDynamoCycle is the floor of a dynamolease cycle: the backend's two
 // conditional UpdateItem requests (grant with the token minted, release
 // keeping the token), sent directly.
 func rawDynamoCycle(ctx context.Context, c *dynamodb.Client, table, name string) error {
-	owner := randHex()
+	owner := testkit.RandHex(16)
 	key := map[string]types.AttributeValue{"name": &types.AttributeValueMemberS{Value: name}}
 	out, err := c.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:           aws.String(table),
@@ -79,7 +72,7 @@ func rawDynamoCycle(ctx context.Context, c *dynamodb.Client, table, name string)
 			"#tok": "token", "#own": "owner", "#rvn": "rvn", "#ttl": "ttl_ms", "#me": "ended:" + owner,
 		},
 		ExpressionAttributeValues: map[string]types.AttributeValue{
-			":me": &types.AttributeValueMemberS{Value: owner}, ":rvn": &types.AttributeValueMemberS{Value: randHex()},
+			":me": &types.AttributeValueMemberS{Value: owner}, ":rvn": &types.AttributeValueMemberS{Value: testkit.RandHex(16)},
 			":ttl":   &types.AttributeValueMemberN{Value: strconv.FormatInt(benchTTL.Milliseconds(), 10)},
 			":floor": &types.AttributeValueMemberN{Value: strconv.FormatInt(time.Now().UnixMicro(), 10)},
 			":one":   &types.AttributeValueMemberN{Value: "1"},
@@ -97,7 +90,7 @@ func rawDynamoCycle(ctx context.Context, c *dynamodb.Client, table, name string)
 		ConditionExpression:      aws.String("#own = :me AND #tok = :tok"),
 		ExpressionAttributeNames: map[string]string{"#rvn": "rvn", "#me": "ended:" + owner, "#own": "owner", "#tok": "token"},
 		ExpressionAttributeValues: map[string]types.AttributeValue{
-			":rvn": &types.AttributeValueMemberS{Value: randHex()}, ":me": &types.AttributeValueMemberS{Value: owner},
+			":rvn": &types.AttributeValueMemberS{Value: testkit.RandHex(16)}, ":me": &types.AttributeValueMemberS{Value: owner},
 			":tok": out.Attributes["token"],
 			":rec": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
 				"how": &types.AttributeValueMemberS{Value: "released"},
@@ -134,7 +127,7 @@ func BenchmarkDynamoCyclePaired(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	run := randHex()[:8]
+	run := testkit.RandHex(16)[:8]
 	raw := func(i int) error { return rawDynamoCycle(ctx, s.c, s.leases, fmt.Sprintf("raw-%s-%d", run, i)) }
 	libs := []struct {
 		name  string

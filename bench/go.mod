@@ -35,6 +35,7 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/fencekit/fencekit/dynamoguard v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/internal/dynamotest v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit/internal/testkit v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/lease/dynamolease v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
@@ -75,3 +76,5 @@ replace github.com/fencekit/fencekit/dynamoguard => ../dynamoguard
 replace github.com/fencekit/fencekit/internal/dynamotest => ../internal/dynamotest
 
 replace github.com/fencekit/fencekit/lease/dynamolease => ../lease/dynamolease
+
+replace github.com/fencekit/fencekit/internal/testkit => ../internal/testkit

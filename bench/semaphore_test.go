@@ -17,7 +17,7 @@ import (
 
 	"github.com/fencekit/fencekit/internal/dynamotest"
 	"github.com/fencekit/fencekit/internal/redistest"
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/dynamolease"
 	"github.com/fencekit/fencekit/lease/pglease"

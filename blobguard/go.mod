@@ -21,4 +21,7 @@ require (
 	github.com/aws/aws-sdk-go-v2/service/internal/checksum v1.11.13 // indirect
 	github.com/aws/aws-sdk-go-v2/service/internal/presigned-url v1.14.12 // indirect
 	github.com/aws/aws-sdk-go-v2/service/internal/s3shared v1.20.12 // indirect
+	github.com/fencekit/fencekit/internal/testkit v0.0.0-00010101000000-000000000000
 )
+
+replace github.com/fencekit/fencekit/internal/testkit => ../internal/testkit

@@ -23,7 +23,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/fencekit/fencekit/blobguard"
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 )
 
 // s3env is the real S3-compatible server the tests run against. The tests

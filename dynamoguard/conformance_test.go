@@ -16,6 +16,7 @@ import (
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/guardtest"
 	"github.com/fencekit/fencekit/internal/dynamotest"
+	"github.com/fencekit/fencekit/internal/testkit"
 )
 
 // TestConformance runs the guard conformance suite against the real
@@ -40,7 +41,7 @@ func TestConformance(t *testing.T) {
 				r.base = r.tr.requests.Load()
 				if create && mode == "Update" {
 					// An existing item that no guard wrote yet.
-					if _, err := seed.PutItem(ctxT(t), &dynamodb.PutItemInput{TableName: aws.String(table), Item: item(r.pk, "")}); err != nil {
+					if _, err := seed.PutItem(testkit.Context(t), &dynamodb.PutItemInput{TableName: aws.String(table), Item: item(r.pk, "")}); err != nil {
 						t.Fatal(err)
 					}
 				}

@@ -16,6 +16,7 @@ import (
 	"github.com/fencekit/fencekit/dynamoguard"
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/dynamotest"
+	"github.com/fencekit/fencekit/internal/testkit"
 )
 
 // rawItem reads an item as stored, the guard's attributes included.
@@ -26,7 +27,7 @@ func rawItem(t *testing.T, table, pk string) map[string]types.AttributeValue {
 
 func rawGet(t *testing.T, c *dynamodb.Client, table string, k map[string]types.AttributeValue) map[string]types.AttributeValue {
 	t.Helper()
-	out, err := c.GetItem(ctxT(t), &dynamodb.GetItemInput{TableName: aws.String(table), Key: k, ConsistentRead: aws.Bool(true)})
+	out, err := c.GetItem(testkit.Context(t), &dynamodb.GetItemInput{TableName: aws.String(table), Key: k, ConsistentRead: aws.Bool(true)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,12 +52,12 @@ func TestRetriedUpdateAppliesOnce(t *testing.T) {
 	table := newTable(t)
 	ft := newFaultTransport(t)
 	g := newGuard(t, ft.client(t), table)
-	if err := g.Put(ctxT(t), 3, item("k", "v")); err != nil {
+	if err := g.Put(testkit.Context(t), 3, item("k", "v")); err != nil {
 		t.Fatal(err)
 	}
 	before := ft.requests.Load()
 	ft.loseNext.Store(true)
-	if err := g.Update(ctxT(t), 3, key("k"), expression.Add(expression.Name("count"), expression.Value(1))); err != nil {
+	if err := g.Update(testkit.Context(t), 3, key("k"), expression.Add(expression.Name("count"), expression.Value(1))); err != nil {
 		t.Fatalf("Update whose first reply was lost and whose retry found its own write = %v, want nil", err)
 	}
 	if sent := ft.requests.Load() - before; sent != 2 {
@@ -93,7 +94,7 @@ func TestRetriedPutOverwrittenIsAmbiguous(t *testing.T) {
 		return other.Put(context.Background(), 9, item("k", "newer"))
 	})
 	arm()
-	err := g.Put(ctxT(t), 5, item("k", "mine"))
+	err := g.Put(testkit.Context(t), 5, item("k", "mine"))
 	if err := <-newer; err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +113,7 @@ func TestDeleteLeavesTombstone(t *testing.T) {
 	t.Parallel()
 	table := newTable(t)
 	g := newGuard(t, dynamotest.Client(t), table)
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 	if err := g.Put(ctx, 4, item("k", "v4")); err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +156,7 @@ func TestTransactStaleCommitsNothing(t *testing.T) {
 	t.Parallel()
 	table := newTable(t)
 	g := newGuard(t, dynamotest.Client(t), table)
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 	if err := g.Transact(ctx, 8, key("fence"), nil); err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +199,7 @@ func TestBadInputBeforeIO(t *testing.T) {
 	ft := newFaultTransport(t)
 	g := newGuard(t, ft.client(t), table)
 	before := ft.requests.Load()
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 	cases := map[string]error{
 		"zero token":         g.Put(ctx, fence.None, item("k", "v")),
 		"huge token":         g.Put(ctx, 1<<63, item("k", "v")),
@@ -233,7 +234,7 @@ func TestMissingTableIsSetupError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = g.Put(ctxT(t), 1, item("k", "v"))
+	err = g.Put(testkit.Context(t), 1, item("k", "v"))
 	var se *dynamoguard.SetupError
 	if !errors.Is(err, dynamoguard.ErrTableNotFound) || !errors.As(err, &se) || se.Fix == "" {
 		t.Fatalf("Put on a missing table = %v, want a SetupError matching ErrTableNotFound", err)
@@ -249,7 +250,7 @@ func TestUpdateBuilderIsNotChanged(t *testing.T) {
 	t.Parallel()
 	table := newTable(t)
 	g := newGuard(t, dynamotest.Client(t), table)
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 	if err := g.Put(ctx, 1, item("k", "v")); err != nil {
 		t.Fatal(err)
 	}

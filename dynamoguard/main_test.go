@@ -1,7 +1,6 @@
 package dynamoguard_test
 
 import (
-	"context"
 	"errors"
 	"io"
 	"net"
@@ -9,25 +8,19 @@ import (
 	"os"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/fencekit/fencekit/dynamoguard"
 	"github.com/fencekit/fencekit/internal/dynamotest"
+	"github.com/fencekit/fencekit/internal/testkit"
 )
 
 // The tests run against the real DynamoDB-compatible server that
 // scripts/services.sh starts (DynamoDB Local) and exports as
 // FENCE_DYNAMODB_ENDPOINT; without it they fail.
 func TestMain(m *testing.M) { os.Exit(dynamotest.RunMain(m)) }
-
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
 
 // newTable creates a throwaway table keyed by the string "pk".
 func newTable(t testing.TB) string {
@@ -45,7 +38,7 @@ func newGuard(t testing.TB, client dynamoguard.Client, table string, opts ...dyn
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := g.Probe(ctxT(t)); err != nil {
+	if err := g.Probe(testkit.Context(t)); err != nil {
 		t.Fatalf("Probe: %v", err)
 	}
 	return g

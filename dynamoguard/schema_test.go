@@ -10,6 +10,7 @@ import (
 	"github.com/fencekit/fencekit/dynamoguard"
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/dynamotest"
+	"github.com/fencekit/fencekit/internal/testkit"
 )
 
 // TestCompositeKeyAndOwnAttributes: a table keyed by a number and a sort
@@ -22,7 +23,7 @@ func TestCompositeKeyAndOwnAttributes(t *testing.T) {
 	table := dynamotest.TableName(t, "composite")
 	dynamotest.CreateTable(t, c, table, dynamotest.Key{Name: "tenant", Type: types.ScalarAttributeTypeN, SortName: "doc", SortType: types.ScalarAttributeTypeS})
 	g := newGuard(t, c, table, dynamoguard.WithAttributes("ver", "once", "gone"))
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 	k := map[string]types.AttributeValue{"tenant": &types.AttributeValueMemberN{Value: "42"}, "doc": &types.AttributeValueMemberS{Value: "a/b"}}
 	with := func(v string) map[string]types.AttributeValue {
 		return map[string]types.AttributeValue{"tenant": k["tenant"], "doc": k["doc"], "value": &types.AttributeValueMemberS{Value: v}}

@@ -112,6 +112,7 @@ require (
 	github.com/docker/go-units v0.5.0 // indirect
 	github.com/ebitengine/purego v0.10.1 // indirect
 	github.com/felixge/httpsnoop v1.1.0 // indirect
+	github.com/fencekit/fencekit/internal/testkit v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/lease/dynamolease v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/lease/etcdlease v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/lease/zklease v0.0.0-00010101000000-000000000000
@@ -188,3 +189,5 @@ replace github.com/fencekit/fencekit/lease/dynamolease => ../lease/dynamolease
 replace github.com/fencekit/fencekit/internal/dynamotest => ../internal/dynamotest
 
 replace github.com/fencekit/fencekit/dynamoguard => ../dynamoguard
+
+replace github.com/fencekit/fencekit/internal/testkit => ../internal/testkit

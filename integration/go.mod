@@ -76,6 +76,7 @@ require (
 	github.com/fencekit/fencekit/dynamoguard v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/internal/dynamotest v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/internal/pgleasesql v0.0.0-00010101000000-000000000000 // indirect
+	github.com/fencekit/fencekit/internal/testkit v0.0.0-00010101000000-000000000000
 	github.com/fencekit/fencekit/lease/dynamolease v0.0.0-00010101000000-000000000000
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
@@ -200,3 +201,5 @@ replace github.com/fencekit/fencekit/dynamoguard => ../dynamoguard
 replace github.com/fencekit/fencekit/internal/dynamotest => ../internal/dynamotest
 
 replace github.com/fencekit/fencekit/lease/dynamolease => ../lease/dynamolease
+
+replace github.com/fencekit/fencekit/internal/testkit => ../internal/testkit

@@ -1,11 +1,9 @@
 package integration
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,19 +15,12 @@ import (
 
 	"github.com/fencekit/fencekit/dynamoguard"
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/integration/internal/holder"
+	"github.com/fencekit/fencekit/integration/internal/itest"
 	"github.com/fencekit/fencekit/internal/dynamotest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/dynamolease"
 )
-
-// dynamoEvent is one line of the dynamoholder program's output.
-type dynamoEvent struct {
-	Kind    string      `json:"kind"`
-	Token   fence.Token `json:"token"`
-	Outcome string      `json:"outcome"`
-	Current fence.Token `json:"current"`
-	Text    string      `json:"text"`
-}
 
 // TestPausedHolderDynamoDB: a holder process takes a DynamoDB lease and
 // writes an item through dynamoguard; it is frozen with SIGSTOP; the lease
@@ -51,59 +42,14 @@ func TestPausedHolderDynamoDB(t *testing.T) {
 	dynamotest.CreateTable(t, c, data, dynamotest.Key{Name: "pk", Type: types.ScalarAttributeTypeS})
 	const ttl = time.Second
 
-	cmd := exec.Command(helperPath(t, "dynamoholder"), "-leases", leases, "-data", data, "-name", "job", "-item", "invoice", "-ttl", ttl.String())
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGCONT)
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	events := make(chan dynamoEvent, 16)
-	go func() {
-		defer close(events)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			var ev dynamoEvent
-			if json.Unmarshal(sc.Bytes(), &ev) == nil {
-				events <- ev
-			}
-		}
-		_, _ = io.Copy(io.Discard, stdout)
-	}()
-	next := func(kind string) dynamoEvent {
-		t.Helper()
-		select {
-		case ev, ok := <-events:
-			if !ok {
-				t.Fatalf("the holder exited before %q", kind)
-			}
-			if ev.Kind != kind {
-				t.Fatalf("holder: %+v, want %q", ev, kind)
-			}
-			return ev
-		case <-ctx.Done():
-			t.Fatalf("no %q from the holder: %v", kind, ctx.Err())
-		}
-		panic("unreachable")
-	}
-	old := next("acquired").Token
-	if ev := next("write"); ev.Outcome != "accepted" {
+	h := itest.StartHolder(t, "-store", "dynamodb", "-leases", leases, "-dynamo-data", data, "-name", "job", "-item", "invoice", "-ttl", ttl.String(), "-do", "commands")
+	old := h.Next(holder.KindAcquired, time.Minute).Token
+	h.Send("write")
+	if ev := h.Next(holder.KindWrite, time.Minute); ev.Outcome != holder.Accepted {
 		t.Fatalf("the holder's first write: %+v", ev)
 	}
 
-	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	h.Signal(syscall.SIGSTOP)
 	b, err := dynamolease.New(c, leases)
 	if err != nil {
 		t.Fatal(err)
@@ -131,13 +77,9 @@ func TestPausedHolderDynamoDB(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if err := cmd.Process.Signal(syscall.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.WriteString(stdin, "write\n"); err != nil {
-		t.Fatal(err)
-	}
-	if ev := next("write"); ev.Outcome != "stale" || ev.Token != old || ev.Current != l.Token() {
+	h.Signal(syscall.SIGCONT)
+	h.Send("write")
+	if ev := h.Next(holder.KindWrite, time.Minute); ev.Outcome != holder.Stale || ev.Token != old || ev.Current != l.Token() {
 		t.Fatalf("the thawed holder's write: %+v, want stale, refused for token %d", ev, l.Token())
 	}
 	item, tok, err := g.Get(ctx, map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "invoice"}})
@@ -147,7 +89,7 @@ func TestPausedHolderDynamoDB(t *testing.T) {
 	if tok != l.Token() || item["value"].(*types.AttributeValueMemberS).Value != mine {
 		t.Fatalf("stored: %v with token %d, want %q with token %d", item["value"], tok, mine, l.Token())
 	}
-	_ = stdin.Close()
+	h.CloseInput()
 }
 
 // TestPausedClientDynamoDB runs the stale-writer demo with its leases in

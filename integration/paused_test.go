@@ -20,32 +20,40 @@ import (
 
 	"github.com/fencekit/fencekit/blobguard"
 	"github.com/fencekit/fencekit/fence"
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease/redislease"
 )
 
-var (
-	demoOnce sync.Once
-	demoBin  string
-	demoErr  error
-)
+// examplePrograms holds the example programs built so far, by name.
+var examplePrograms sync.Map // string -> *exampleProgram
 
-// stalewriterBinary builds the demo once per test binary run, into the
-// directory TestMain removes at the end.
-func stalewriterBinary(t *testing.T) string {
+type exampleProgram struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// exampleBinary builds examples/<name> once per test binary run, into the
+// directory TestMain removes at the end, and returns its path.
+func exampleBinary(t *testing.T, name string) string {
 	t.Helper()
-	demoOnce.Do(func() {
-		demoBin = filepath.Join(binDir, "stalewriter")
-		out, err := exec.Command("go", "build", "-o", demoBin, "github.com/fencekit/fencekit/examples/stalewriter").CombinedOutput()
+	v, _ := examplePrograms.LoadOrStore(name, &exampleProgram{})
+	p := v.(*exampleProgram)
+	p.once.Do(func() {
+		p.path = filepath.Join(binDir, name)
+		out, err := exec.Command("go", "build", "-o", p.path, "github.com/fencekit/fencekit/examples/"+name).CombinedOutput()
 		if err != nil {
-			demoErr = fmt.Errorf("go build stalewriter: %v: %s", err, out)
+			p.err = fmt.Errorf("go build %s: %v: %s", name, err, out)
 		}
 	})
-	if demoErr != nil {
-		t.Fatal(demoErr)
+	if p.err != nil {
+		t.Fatal(p.err)
 	}
-	return demoBin
+	return p.path
 }
+
+// stalewriterBinary builds the demo once per test binary run.
+func stalewriterBinary(t *testing.T) string { return exampleBinary(t, "stalewriter") }
 
 // The summary the demo writes with --json (the fields this test reads).
 type demoSummary struct {

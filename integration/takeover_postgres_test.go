@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/integration/internal/itest"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/migrations"
 )
 
@@ -28,23 +30,23 @@ func TestTakeoverAfterSIGKILLPostgres(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				renew := ttl / 3
 				args := []string{"-store", store, "-postgres", testenv.PostgresURL(), "-schema", schema, "-name", name, "-ttl", ttl.String(), "-timeout", "60s"}
-				a := startChild(t, "leaseholder", append(args, "-hold")...)
-				acq := a.next("acquired", 30*time.Second)
-				a.next("renewed", 10*ttl+10*time.Second)
-				b := startChild(t, "leaseholder", args...)
-				b.next("waiting", 30*time.Second)
+				a := itest.StartHolder(t, append(args, "-do", "hold")...)
+				acq := a.NextHeld("acquired", 30*time.Second)
+				a.NextHeld("renewed", 10*ttl+10*time.Second)
+				b := itest.StartHolder(t, args...)
+				b.NextHeld("waiting", 30*time.Second)
 				time.Sleep(50 * time.Millisecond)
-				killed := a.kill()
-				if err := a.wait(10 * time.Second); err == nil || !strings.Contains(err.Error(), "killed") {
+				killed := a.Signal(syscall.SIGKILL)
+				if err := a.Wait(10 * time.Second); err == nil || !strings.Contains(err.Error(), "killed") {
 					t.Fatalf("holder A: want killed by SIGKILL, got exit %v", err)
 				}
-				got := b.next("acquired", 10*ttl+10*time.Second)
-				if err := b.wait(30 * time.Second); err != nil {
-					t.Fatalf("process B exited with %v: %s", err, b.history())
+				got := b.NextHeld("acquired", 10*ttl+10*time.Second)
+				if err := b.Wait(30 * time.Second); err != nil {
+					t.Fatalf("process B exited with %v: %s", err, b.History())
 				}
-				a.drain()
+				a.Drain()
 				lastSent := acq.Sent
-				for _, r := range a.seenKinds("renewed") {
+				for _, r := range a.Seen("renewed") {
 					if r.Sent.After(lastSent) {
 						lastSent = r.Sent
 					}

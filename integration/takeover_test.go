@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/fencekit/fencekit/integration/internal/itest"
 	"github.com/fencekit/fencekit/internal/redistest"
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease/redislease"
 )
 
@@ -43,40 +45,40 @@ func TestTakeoverAfterSIGKILL(t *testing.T) {
 				t.Cleanup(func() { rc.Del(context.Background(), keys.Lease, keys.Token) })
 				args := []string{"-redis", testenv.RedisURL(), "-prefix", prefix, "-name", name, "-ttl", ttl.String(), "-timeout", "60s"}
 
-				a := startChild(t, "leaseholder", append(args, "-hold")...)
-				acq := a.next("acquired", 30*time.Second)
+				a := itest.StartHolder(t, append(args, "-do", "hold")...)
+				acq := a.NextHeld("acquired", 30*time.Second)
 				// Let A renew at least once, then kill it at the chosen
 				// point of its renew cycle.
-				a.next("renewed", 10*ttl+10*time.Second)
-				b := startChild(t, "leaseholder", args...)
-				b.next("waiting", 30*time.Second)
+				a.NextHeld("renewed", 10*ttl+10*time.Second)
+				b := itest.StartHolder(t, args...)
+				b.NextHeld("waiting", 30*time.Second)
 				// Give B's first attempt time to be refused, so that it
 				// is waiting when A dies.
 				time.Sleep(50 * time.Millisecond)
-				a.drain()
-				renews := a.seenKinds("renewed")
+				a.Drain()
+				renews := a.Seen("renewed")
 				target := renews[len(renews)-1].Sent.Add(time.Duration(phase * float64(renew)))
 				for time.Until(target) < 5*time.Millisecond {
 					target = target.Add(renew)
 				}
 				time.Sleep(time.Until(target))
-				killed := a.kill()
+				killed := a.Signal(syscall.SIGKILL)
 				left, err := rc.PTTL(context.Background(), keys.Lease).Result()
 				if err != nil {
 					t.Fatalf("PTTL: %v", err)
 				}
-				if err := a.wait(10 * time.Second); err == nil || !strings.Contains(err.Error(), "killed") {
+				if err := a.Wait(10 * time.Second); err == nil || !strings.Contains(err.Error(), "killed") {
 					t.Fatalf("holder A: want killed by SIGKILL, got exit %v", err)
 				}
-				got := b.next("acquired", 10*ttl+10*time.Second)
-				if err := b.wait(30 * time.Second); err != nil {
-					t.Fatalf("process B exited with %v: %s", err, b.history())
+				got := b.NextHeld("acquired", 10*ttl+10*time.Second)
+				if err := b.Wait(30 * time.Second); err != nil {
+					t.Fatalf("process B exited with %v: %s", err, b.History())
 				}
 
 				// The last renewal A reported bounds the grant from below:
 				// the store set its expiry no earlier than send + TTL.
 				lastSent := acq.Sent
-				for _, r := range a.seenKinds("renewed") {
+				for _, r := range a.Seen("renewed") {
 					if r.Sent.After(lastSent) {
 						lastSent = r.Sent
 					}

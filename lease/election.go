@@ -21,8 +21,8 @@ func (m *Manager) Holder(ctx context.Context, name string) (Holder, error) {
 	if err := driver.ValidateName(name); err != nil { // a semaphore's slot too
 		return Holder{}, err
 	}
-	in, ok := m.b.(Inspector)
-	if !ok {
+	in := m.e.inspector()
+	if in == nil {
 		return Holder{}, fmt.Errorf("lease: the backend cannot say who holds a lease: %w", errors.ErrUnsupported)
 	}
 	return in.Holder(ctx, name)
@@ -288,8 +288,8 @@ func (e *Election) Observe(ctx context.Context, fn func(Holder)) error {
 	if fn == nil {
 		return fmt.Errorf("%w: election %q: the observer's function is nil", ErrInvalidOptions, e.name)
 	}
-	in, ok := e.m.b.(Inspector)
-	if !ok {
+	in := e.m.e.inspector()
+	if in == nil {
 		return fmt.Errorf("lease: election %q: the backend cannot say who holds a lease: %w", e.name, errors.ErrUnsupported)
 	}
 	t := time.NewTimer(0)

@@ -49,7 +49,7 @@ func (m *Manager) leaveLine(ctx context.Context, req Request, err error) {
 	if err == nil || !req.Queue || errors.Is(err, ErrSetup) || errors.Is(err, ErrInvalidName) {
 		return
 	}
-	if aerr := m.abandon(ctx, req, m.o.PollInterval); aerr != nil {
+	if aerr := m.e.abandon(ctx, req, m.o.PollInterval); aerr != nil {
 		m.o.Logger.Warn("lease: could not leave the line of waiters; the place lapses after its TTL", "name", req.Name, "owner", req.Owner, "err", aerr)
 	}
 }

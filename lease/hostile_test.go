@@ -173,10 +173,16 @@ func (j *jitterBackend) Release(ctx context.Context, rec driver.Grant) error {
 // context carries the same error, a second Release agrees with the first,
 // Renew never succeeds, and the store lets another owner in at once.
 //
-// It runs on the real clock: concurrent Release calls wait on a mutex
-// held across the store's I/O, which testing/synctest does not count as
-// durably blocked, so virtual time would stand still.
+// It runs in virtual time (testing/synctest): the delays are the test's
+// own, every interleaving they make is reproducible from the random seed,
+// and a loaded machine cannot stretch them. (Concurrent Release calls wait
+// on a channel, not on a mutex held across the store's I/O, so the bubble
+// can advance its clock while they wait.)
 func TestHostile_ReleaseRenewDeadlineRaces(t *testing.T) {
+	synctest.Test(t, testReleaseRenewDeadlineRaces)
+}
+
+func testReleaseRenewDeadlineRaces(t *testing.T) {
 	mem := lease.NewMemoryBackend()
 	jb := &jitterBackend{MemoryBackend: mem, max: 15 * time.Millisecond}
 	ms := []*lease.Manager{}

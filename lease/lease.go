@@ -2,7 +2,6 @@ package lease
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -23,7 +22,7 @@ import (
 // promptly when the lease is lost, and the token makes the store reject the
 // writes of a holder that was paused past its deadline.
 type Lease struct {
-	m       *Manager
+	e       *engine // does all of this lease's store I/O
 	g       Grant
 	granted time.Time       // send time of the acquire request
 	parent  context.Context // the acquire call's context, for its values
@@ -43,7 +42,13 @@ type Lease struct {
 	reportDone bool
 	reportCh   chan struct{}
 
-	releaseMu sync.Mutex // serialises Release
+	// releasing is set while a Release call runs (guarded by mu): Release
+	// calls are serialised, and one that finds another under way waits on
+	// releaseWait, made only then. A channel, not a mutex held across the
+	// store's I/O: a goroutine waiting on it is durably blocked, as
+	// testing/synctest needs to advance virtual time.
+	releasing   bool
+	releaseWait chan struct{}
 
 	dl, hb entry // the deadline and the next heartbeat, in the Manager's scheduler
 
@@ -58,7 +63,7 @@ type Lease struct {
 // held.
 func (l *Lease) apply(ev event) effect {
 	eff := l.st.apply(ev, l.g.Name, l.g.Token)
-	l.deadlineNs.Store(int64(l.m.since(l.st.deadline)))
+	l.deadlineNs.Store(int64(l.e.since(l.st.deadline)))
 	if end := l.st.end; end != nil {
 		if p := l.endP.Load(); p == nil || *p != end {
 			l.endP.Store(&end) // a copy: Err reads it without the lock
@@ -67,8 +72,8 @@ func (l *Lease) apply(ev event) effect {
 	return eff
 }
 
-func newLease(m *Manager, parent context.Context) *Lease {
-	l := &Lease{m: m, parent: parent}
+func newLease(e *engine, parent context.Context) *Lease {
+	l := &Lease{e: e, parent: parent}
 	l.dl = entry{l: l, idx: -1}
 	l.hb = entry{l: l, idx: -1}
 	return l
@@ -97,7 +102,7 @@ func (l *Lease) TTL() time.Duration { return l.g.TTL }
 // time.Until(l.Deadline()) is immune to wall-clock steps. From that instant
 // on, the lease is lost.
 func (l *Lease) Deadline() time.Time {
-	return l.m.epoch.Add(time.Duration(l.deadlineNs.Load()))
+	return l.e.epoch.Add(time.Duration(l.deadlineNs.Load()))
 }
 
 // Context returns a context that is cancelled when the lease is lost or
@@ -154,7 +159,7 @@ func (l *Lease) Err() error {
 	if p := l.endP.Load(); p != nil {
 		return *p
 	}
-	if l.m.since(time.Now()) < time.Duration(l.deadlineNs.Load()) {
+	if l.e.since(time.Now()) < time.Duration(l.deadlineNs.Load()) {
 		return nil
 	}
 	l.checkDeadline()
@@ -173,28 +178,6 @@ func (l *Lease) checkDeadline() {
 	l.finish(eff)
 }
 
-// Confirmed implements Notifier, for backends that keep grants alive
-// themselves.
-func (l *Lease) Confirmed(sent time.Time) {
-	l.mu.Lock()
-	eff := l.apply(event{kind: evConfirmed, at: sent})
-	if eff.moved {
-		l.m.sched.setDeadline(&l.dl, l.st.deadline)
-	}
-	l.mu.Unlock()
-}
-
-// Lost implements Notifier.
-func (l *Lease) Lost(cause error) {
-	if cause == nil {
-		cause = ErrNotHeld
-	}
-	l.mu.Lock()
-	eff := l.apply(event{kind: evPushedLoss, err: cause})
-	l.mu.Unlock()
-	l.finish(eff)
-}
-
 // Renew extends the lease now, in one request, and moves the local deadline
 // to the send time of that request plus the TTL minus the safety margin. The
 // request is bounded by ctx and by the current local deadline. Automatic
@@ -205,24 +188,7 @@ func (l *Lease) Lost(cause error) {
 // ErrReleased once Release has begun; otherwise the store's error, after
 // which the lease stays valid until its local deadline.
 func (l *Lease) Renew(ctx context.Context) error {
-	return l.renew(ctx)
-}
-
-func (l *Lease) renew(ctx context.Context) error {
-	deadline, stop, err := l.beginRenew()
-	if err != nil {
-		return err
-	}
-	rctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
-	defer context.AfterFunc(stop, cancel)()
-	sent := time.Now()
-	err = l.m.b.Renew(rctx, l.g)
-	err, giveBack := l.endRenew(sent, time.Since(sent), err)
-	if giveBack {
-		l.m.releaseQuietly(ctx, l.g)
-	}
-	return err
+	return l.e.renew(ctx, l)
 }
 
 // beginRenew lets one renew request through the gate: only while the lease
@@ -245,10 +211,10 @@ func (l *Lease) beginRenew() (time.Time, context.Context, error) {
 // endRenew applies the outcome err of a renew request sent at sent and
 // returns what Renew returns. giveBack is true when the store renewed a
 // grant that had already ended here: the caller should give it back
-// (Manager.releaseQuietly), after answering everyone else waiting on the
+// (engine.giveBack), after answering everyone else waiting on the
 // same reply.
 func (l *Lease) endRenew(sent time.Time, latency time.Duration, err error) (_ error, giveBack bool) {
-	l.m.o.Observer.Renewed(RenewedEvent{Ctx: l.parent, Name: l.g.Name, Token: l.g.Token, Sent: sent, Latency: latency, Err: err})
+	l.e.o.Observer.Renewed(RenewedEvent{Ctx: l.parent, Name: l.g.Name, Token: l.g.Token, Sent: sent, Latency: latency, Err: err})
 	l.mu.Lock()
 	eff := l.apply(event{kind: evRenewEnd, at: sent, err: err})
 	if err != nil && !eff.ended {
@@ -261,7 +227,7 @@ func (l *Lease) endRenew(sent time.Time, latency time.Duration, err error) (_ er
 		}
 	}
 	if eff.moved {
-		l.m.sched.setDeadline(&l.dl, l.st.deadline)
+		l.e.sched.setDeadline(&l.dl, l.st.deadline)
 	}
 	if eff.drained && l.drained != nil {
 		close(l.drained)
@@ -281,35 +247,16 @@ func (l *Lease) endRenew(sent time.Time, latency time.Duration, err error) (_ er
 	return nil, eff.giveBack
 }
 
-// heartbeat is one automatic renewal: it renews the lease and schedules the
-// next one RenewInterval after this one was sent, or a retry
-// RenewRetryInterval after it when the store failed transiently.
-func (l *Lease) heartbeat() {
-	deadline, stop, err := l.beginRenew()
-	if err != nil {
-		return
-	}
-	rctx, cancel := context.WithDeadline(stop, deadline)
-	sent := time.Now()
-	err = l.m.b.Renew(rctx, l.g)
-	cancel()
-	err, giveBack := l.endRenew(sent, time.Since(sent), err)
-	l.scheduleHeartbeat(sent, err)
-	if giveBack {
-		l.m.releaseQuietly(context.Background(), l.g)
-	}
-}
-
 // scheduleHeartbeat queues the next heartbeat after one sent at sent.
 func (l *Lease) scheduleHeartbeat(sent time.Time, err error) {
-	next := sent.Add(l.m.o.RenewInterval)
+	next := sent.Add(l.e.o.RenewInterval)
 	if err != nil {
-		next = time.Now().Add(l.m.o.RenewRetryInterval)
-		l.m.o.Logger.Debug("lease: renew failed, will retry", "name", l.g.Name, "err", err)
+		next = time.Now().Add(l.e.o.RenewRetryInterval)
+		l.e.o.Logger.Debug("lease: renew failed, will retry", "name", l.g.Name, "err", err)
 	}
 	l.mu.Lock()
 	if l.st.phase == held {
-		l.m.sched.setHeartbeat(&l.hb, next)
+		l.e.sched.setHeartbeat(&l.hb, next)
 	}
 	l.mu.Unlock()
 }
@@ -321,7 +268,7 @@ func (l *Lease) finish(eff effect) {
 	if !eff.ended {
 		return
 	}
-	l.m.sched.remove(l)
+	l.e.sched.remove(l)
 	l.report(eff)
 }
 
@@ -334,13 +281,13 @@ func (l *Lease) report(eff effect) {
 	}
 	end := *l.endP.Load() // set by the transition that ended the lease
 	if eff.reason != "" {
-		l.m.o.Observer.Lost(LostEvent{Ctx: l.parent, Name: l.g.Name, Token: l.g.Token, Reason: eff.reason, Held: time.Since(l.granted), Err: end})
-		if l.m.o.Logger.Enabled(context.Background(), slog.LevelWarn) {
+		l.e.o.Observer.Lost(LostEvent{Ctx: l.parent, Name: l.g.Name, Token: l.g.Token, Reason: eff.reason, Held: time.Since(l.granted), Err: end})
+		if l.e.o.Logger.Enabled(context.Background(), slog.LevelWarn) {
 			var cause error
 			if le, ok := end.(*LostError); ok {
 				cause = le.Cause
 			}
-			l.m.o.Logger.Warn("lease: lost", "name", l.g.Name, "token", uint64(l.g.Token), "reason", string(eff.reason), "err", cause)
+			l.e.o.Logger.Warn("lease: lost", "name", l.g.Name, "token", uint64(l.g.Token), "reason", string(eff.reason), "err", cause)
 		}
 	}
 	l.mu.Lock()
@@ -428,75 +375,36 @@ func (l *Lease) whenEnded(f func(end error)) {
 // (ErrReleased), the grant expires after its TTL, and calling Release again
 // retries the delete.
 func (l *Lease) Release(ctx context.Context) error {
-	l.releaseMu.Lock()
-	defer l.releaseMu.Unlock()
-
-	l.mu.Lock()
-	eff := l.apply(event{kind: evReleaseBegin})
-	var drained chan struct{}
-	if eff.wait {
-		if l.drained == nil {
-			l.drained = make(chan struct{})
-		}
-		drained = l.drained
-	}
-	if l.stopFn != nil {
-		l.stopFn()
-	}
-	end := l.st.end
-	l.mu.Unlock()
-	// Unschedule the lease and cancel its Context before anything is
-	// sent: the lease is already invalid (Err says ErrReleased).
-	l.finish(eff)
-	// The lease has ended: by this call, or before by another goroutine
-	// (the scheduler at the deadline) that may still be reporting it.
-	// Go on once its Context is cancelled, as the contract says.
-	l.waitReported()
-	if !eff.send {
-		return releaseResult(end, nil)
-	}
-
-	rctx, cancel := l.m.releaseContext(ctx)
-	defer cancel()
-	sent := time.Now()
-	var err error
-	if drained != nil {
-		select {
-		case <-drained:
-		case <-rctx.Done():
-			err = fmt.Errorf("lease: release %q (token %d) not sent: a renew request is still unanswered: %w", l.g.Name, l.g.Token, rctx.Err())
-		}
-	}
-	if err == nil {
-		err = l.m.b.Release(rctx, l.g)
-		if err != nil && !errors.Is(err, ErrNotHeld) {
-			err = fmt.Errorf("lease: release %q (token %d): %w", l.g.Name, l.g.Token, err)
-		}
-	}
-
-	l.mu.Lock()
-	eff = l.apply(event{kind: evReleaseEnd, err: err})
-	end = l.st.end
-	l.mu.Unlock()
-	if eff.released {
-		l.m.o.Observer.Released(ReleasedEvent{Ctx: ctx, Name: l.g.Name, Token: l.g.Token, Held: time.Since(l.granted), Sent: sent, Latency: time.Since(sent), Err: err})
-	}
-	l.finish(eff)
-	return releaseResult(end, err)
+	l.beginReleaseCall()
+	defer l.endReleaseCall()
+	return l.e.release(ctx, l)
 }
 
-// releaseResult is what Release returns given how the lease ended and what
-// the store answered this time.
-func releaseResult(end, err error) error {
-	notHeld := errors.Is(err, ErrNotHeld)
-	switch {
-	case errors.Is(end, ErrLost) && err != nil && !notHeld:
-		return errors.Join(end, err)
-	case errors.Is(end, ErrLost):
-		return end
-	case notHeld:
-		// Released locally before, and the store has nothing of ours now.
-		return nil
+// beginReleaseCall waits until no other Release call runs on l, and marks
+// this one as running.
+func (l *Lease) beginReleaseCall() {
+	l.mu.Lock()
+	for l.releasing {
+		if l.releaseWait == nil {
+			l.releaseWait = make(chan struct{})
+		}
+		ch := l.releaseWait
+		l.mu.Unlock()
+		<-ch
+		l.mu.Lock()
 	}
-	return err
+	l.releasing = true
+	l.mu.Unlock()
+}
+
+// endReleaseCall ends the running Release call and wakes those waiting.
+func (l *Lease) endReleaseCall() {
+	l.mu.Lock()
+	l.releasing = false
+	ch := l.releaseWait
+	l.releaseWait = nil
+	l.mu.Unlock()
+	if ch != nil {
+		close(ch)
+	}
 }

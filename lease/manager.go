@@ -6,31 +6,20 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"log/slog"
 	mrand "math/rand/v2"
 	"os"
 	"strings"
 	"time"
 	"unicode"
-
-	"github.com/fencekit/fencekit/fence"
 )
 
 // Manager acquires leases from one Backend with one set of Options. It is
 // safe for concurrent use; one Manager can hold any number of leases, and
 // serves all their deadlines and heartbeats from one timer.
 type Manager struct {
-	b      Backend
-	w      Watcher      // nil when b cannot signal releases
-	br     BatchRenewer // nil unless b batches and batching is on
-	limits Limits
-	o      Options
-	sched  scheduler
-	epoch  time.Time // origin of the Manager's monotonic clock (since)
+	o Options
+	e engine // every request to the store
 }
-
-// since returns t on the Manager's monotonic clock.
-func (m *Manager) since(t time.Time) time.Duration { return t.Sub(m.epoch) }
 
 // NewManager returns a Manager over b whose leases have the given TTL: how
 // long the store keeps a grant after each acquire or renew. The TTL must be
@@ -58,12 +47,8 @@ func NewManager(b Backend, ttl time.Duration, opts ...Option) (*Manager, error) 
 	if err := o.validate(given, b, limits); err != nil {
 		return nil, err
 	}
-	m := &Manager{b: b, o: o, limits: limits, epoch: time.Now()}
-	m.sched.m = m
-	m.w, _ = b.(Watcher)
-	if br, ok := b.(BatchRenewer); ok && o.RenewBatchWindow > 0 {
-		m.br = br
-	}
+	m := &Manager{o: o}
+	m.e.init(b, limits, &m.o)
 	return m, nil
 }
 
@@ -75,11 +60,7 @@ func NewManager(b Backend, ttl time.Duration, opts ...Option) (*Manager, error) 
 // errors.ErrUnsupported when the backend does not implement Checker.
 // ctx bounds the check.
 func (m *Manager) Check(ctx context.Context) error {
-	c, ok := m.b.(Checker)
-	if !ok {
-		return fmt.Errorf("lease: the backend cannot check the store: %w", errors.ErrUnsupported)
-	}
-	return c.Check(ctx) // its error names the store, what failed and the fix
+	return m.e.check(ctx)
 }
 
 // Options returns the Manager's options, with defaults filled in.
@@ -109,7 +90,7 @@ func (m *Manager) TryAcquire(ctx context.Context, name string) (*Lease, error) {
 	}
 	start := time.Now()
 	req := m.request(name)
-	l, err := m.attempt(ctx, ctx, req, start, 1)
+	l, err := m.e.attempt(ctx, ctx, req, start, 1)
 	if err != nil && ctx.Err() != nil && outcomeUnknown(err) {
 		err = m.abandonAfter(ctx, req, time.Since(start), err)
 	}
@@ -155,6 +136,7 @@ func (m *Manager) Acquire(ctx context.Context, name string) (_ *Lease, err error
 		signals  <-chan struct{}
 		timer    *time.Timer
 		storeErr error // the last error that was not a refusal or the context's
+		refused  error // the last refusal (ErrNotAcquired)
 	)
 	defer func() {
 		if timer != nil {
@@ -172,7 +154,7 @@ func (m *Manager) Acquire(ctx context.Context, name string) (_ *Lease, err error
 			if outcomeUnknown(err) {
 				err = m.abandonAfter(ctx, req, time.Since(began), err)
 			}
-			return nil, m.giveUp(ctx, name, err, storeErr)
+			return nil, m.giveUp(ctx, name, err, refused, storeErr)
 		}
 		if errors.Is(err, ErrSetup) {
 			// Retrying cannot fix it: say so now, not at ctx's end. (The
@@ -184,7 +166,7 @@ func (m *Manager) Acquire(ctx context.Context, name string) (_ *Lease, err error
 			// The request may still reach the store and grant the name
 			// to this owner after nobody waits for it any more: end that
 			// owner at the store, and go on as a new one.
-			if aerr := m.abandon(ctx, req, m.o.TTL-m.o.SafetyMargin); aerr != nil {
+			if aerr := m.e.abandon(ctx, req, m.o.TTL-m.o.SafetyMargin); aerr != nil {
 				m.o.Logger.Warn("lease: could not abandon an unanswered acquire attempt; a grant it made expires after its TTL", "name", name, "owner", req.Owner, "err", aerr)
 			}
 			req = m.waiterRequest(name)
@@ -193,11 +175,13 @@ func (m *Manager) Acquire(ctx context.Context, name string) (_ *Lease, err error
 			// refuse it from now on.
 			req = m.waiterRequest(name)
 		}
-		if !errors.Is(err, ErrNotAcquired) {
+		if errors.Is(err, ErrNotAcquired) {
+			refused = err
+		} else {
 			storeErr = err
 			m.o.Logger.Warn("lease: acquire attempt failed, will retry", "name", name, "attempt", attempt, "err", err)
 		}
-		if signals == nil && m.w != nil {
+		if signals == nil && m.e.w != nil {
 			// Subscribe before the next attempt so that a release between
 			// that attempt and the wait is not missed. If subscribing
 			// fails, or the store does not confirm the subscription
@@ -206,7 +190,7 @@ func (m *Manager) Acquire(ctx context.Context, name string) (_ *Lease, err error
 			// whatever the Watch does.
 			watchStart := time.Now()
 			wctx, wcancel := context.WithTimeout(ctx, m.o.PollInterval)
-			sig, stop, werr := m.w.Watch(wctx, name)
+			sig, stop, werr := m.e.watch(wctx, name)
 			wcancel()
 			if werr == nil {
 				signals = sig
@@ -214,7 +198,7 @@ func (m *Manager) Acquire(ctx context.Context, name string) (_ *Lease, err error
 				continue
 			}
 			if ctx.Err() != nil {
-				return nil, m.giveUp(ctx, name, err, storeErr)
+				return nil, m.giveUp(ctx, name, err, refused, storeErr)
 			}
 			m.o.Logger.Warn("lease: cannot watch for releases, polling", "name", name, "err", werr)
 			watched = time.Since(watchStart)
@@ -233,7 +217,7 @@ func (m *Manager) Acquire(ctx context.Context, name string) (_ *Lease, err error
 		case <-signals:
 		case <-timer.C:
 		case <-ctx.Done():
-			return nil, m.giveUp(ctx, name, err, storeErr)
+			return nil, m.giveUp(ctx, name, err, refused, storeErr)
 		}
 	}
 }
@@ -256,32 +240,13 @@ func outcomeUnknown(err error) bool {
 		(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || errors.Is(err, errAttemptAbandoned))
 }
 
-// abandon tells the store that the acquire request req will never be
-// waited for: the store ends any grant it made to req.Owner and refuses
-// the request if it arrives later (Backend.Abandon). It is bounded by
-// budget and by ReleaseTimeout, and runs even when ctx is done; it returns
-// the store's error (a grant the request made then expires after its TTL).
-func (m *Manager) abandon(ctx context.Context, req Request, budget time.Duration) error {
-	if ctx.Err() != nil {
-		ctx = context.WithoutCancel(ctx)
-	}
-	rctx, cancel := context.WithTimeout(ctx, max(min(budget, m.o.ReleaseTimeout), minAbandonBudget))
-	defer cancel()
-	req.Notify = nil
-	return m.b.Abandon(rctx, req)
-}
-
-// minAbandonBudget is the least time an Abandon is given, however short the
-// attempt it follows: a round trip on a loaded machine.
-const minAbandonBudget = 50 * time.Millisecond
-
 // abandonAfter abandons req after its attempt, which had taken spent when
 // the caller's context ended, failed with err: the Abandon gets no more
 // time than the attempt had (so that a caller with a short context is not
 // held for ReleaseTimeout by a store that does not answer), and its
 // failure is added to err.
 func (m *Manager) abandonAfter(ctx context.Context, req Request, spent time.Duration, err error) error {
-	aerr := m.abandon(ctx, req, spent)
+	aerr := m.e.abandon(ctx, req, spent)
 	if aerr == nil {
 		return err
 	}
@@ -291,15 +256,25 @@ func (m *Manager) abandonAfter(ctx context.Context, req Request, spent time.Dura
 
 // giveUp is Acquire's error when ctx ended: ErrNotAcquired with the last
 // attempt's error, the last store error if that was another one, and
-// ctx.Err().
-func (m *Manager) giveUp(ctx context.Context, name string, last, storeErr error) error {
+// ctx.Err(). When the last attempt was cut short by ctx (no answer) after
+// the store had refused an earlier one (refused, nil if none), the refusal
+// leads, so that the error still names the holder, and the cut attempt
+// follows it.
+func (m *Manager) giveUp(ctx context.Context, name string, last, refused, storeErr error) error {
+	var cut error
+	if refused != nil && !errors.Is(last, ErrNotAcquired) {
+		last, cut = refused, last
+	}
 	last = m.nameHolder(context.WithoutCancel(ctx), last)
 	// One line, every cause matchable with errors.Is.
 	format, args := "%w", []any{last}
 	if !errors.Is(last, ErrNotAcquired) {
 		format, args = "%w: %q: last attempt: %w", []any{ErrNotAcquired, name, last}
 	}
-	if storeErr != nil && storeErr != last {
+	if cut != nil {
+		format, args = format+"; the attempt in flight when the wait ended: %w", append(args, cut)
+	}
+	if storeErr != nil && storeErr != last && storeErr != cut {
 		format, args = format+"; last store error: %w", append(args, storeErr)
 	}
 	return fmt.Errorf(format+"; %w", append(args, ctx.Err())...)
@@ -316,8 +291,8 @@ const holderLookupTimeout = 500 * time.Millisecond
 // failed read leaves err as it was.
 func (m *Manager) nameHolder(ctx context.Context, err error) error {
 	var na *NotAcquiredError
-	in, ok := m.b.(Inspector)
-	if !ok || !errors.As(err, &na) || na.Holder.Owner != "" {
+	in := m.e.inspector()
+	if in == nil || !errors.As(err, &na) || na.Holder.Owner != "" {
 		return err
 	}
 	hctx, cancel := context.WithTimeout(ctx, holderLookupTimeout)
@@ -366,94 +341,15 @@ func (m *Manager) request(name string) Request {
 func (m *Manager) boundedAttempt(ctx context.Context, req Request, start time.Time, n int) (*Lease, error) {
 	validity := m.o.TTL - m.o.SafetyMargin
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= validity {
-		return m.attempt(ctx, ctx, req, start, n)
+		return m.e.attempt(ctx, ctx, req, start, n)
 	}
 	actx, cancel := context.WithTimeout(ctx, validity)
 	defer cancel()
-	l, err := m.attempt(ctx, actx, req, start, n)
+	l, err := m.e.attempt(ctx, actx, req, start, n)
 	if err != nil && ctx.Err() == nil && actx.Err() != nil {
 		err = fmt.Errorf("lease: acquire %q: no reply within the lease's validity %v (TTL - safety margin), when a grant could no longer be used; %w, its owner given up at the store: %w", req.Name, validity, errAttemptAbandoned, err)
 	}
 	return l, err
-}
-
-// attempt sends one acquire request, bounded by ctx, and turns a grant into
-// a Lease that keeps parent's values.
-func (m *Manager) attempt(parent, ctx context.Context, req Request, start time.Time, n int) (*Lease, error) {
-	l := newLease(m, parent)
-	req.Notify = l
-	sent := time.Now()
-	g, err := m.b.Acquire(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	if err := m.checkGrant(req, g); err != nil {
-		m.releaseQuietly(ctx, g)
-		return nil, fmt.Errorf("%w; %w", err, errGivenBack)
-	}
-	validity := g.TTL - m.o.SafetyMargin
-	deadline := sent.Add(validity)
-	if now := time.Now(); !now.Before(deadline) {
-		// The reply took longer than the lease is valid: the store may
-		// already have let it expire. Never hand out such a grant.
-		m.releaseQuietly(ctx, g)
-		return nil, fmt.Errorf("%w: %q: the grant arrived %v after its request was sent, past its local deadline (TTL %v - safety margin %v); %w",
-			ErrNotAcquired, req.Name, now.Sub(sent), g.TTL, m.o.SafetyMargin, errGivenBack)
-	}
-	l.mu.Lock()
-	l.g, l.granted, l.st.validity = g, sent, validity
-	eff := l.apply(event{kind: evGranted, at: deadline})
-	if !eff.ended {
-		m.sched.setDeadline(&l.dl, deadline)
-		if !m.o.DisableAutoRenew && !m.limits.SelfRenewing {
-			// Counted from the send time, like the deadline: a slow reply
-			// must not push the first renewal towards the deadline.
-			m.sched.setHeartbeat(&l.hb, sent.Add(m.o.RenewInterval))
-		}
-	}
-	l.mu.Unlock()
-	if eff.ended {
-		// The backend reported the grant lost before its reply arrived.
-		l.finish(eff)
-		m.releaseQuietly(ctx, g)
-		return nil, fmt.Errorf("%w: %q: the grant was lost before it could be used (%w): %w", ErrNotAcquired, req.Name, errGivenBack, l.Err())
-	}
-	m.o.Observer.Acquired(AcquiredEvent{Ctx: parent, Name: g.Name, Token: g.Token, Wait: time.Since(start), Attempts: n})
-	if m.o.Logger.Enabled(ctx, slog.LevelDebug) { // spare the hot path the arguments' allocations
-		m.o.Logger.Debug("lease: acquired", "name", g.Name, "token", uint64(g.Token), "owner", g.Owner, "attempts", n)
-	}
-	return l, nil
-}
-
-// checkGrant refuses a grant that breaks the Backend contract.
-func (m *Manager) checkGrant(req Request, g Grant) error {
-	switch {
-	case g.Token == fence.None:
-		return fmt.Errorf("lease: acquire %q: the backend granted token 0, which is never valid", req.Name)
-	case g.Name != req.Name || g.Owner != req.Owner:
-		return fmt.Errorf("lease: acquire %q: the backend granted %q to %q instead", req.Name, g.Name, g.Owner)
-	case g.TTL < req.TTL:
-		return fmt.Errorf("lease: acquire %q: the store granted a TTL of %v, shorter than the %v asked for", req.Name, g.TTL, req.TTL)
-	}
-	return nil
-}
-
-// releaseContext bounds a release: the caller's context while it is live,
-// else a detached one; never longer than ReleaseTimeout.
-func (m *Manager) releaseContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	if ctx.Err() != nil {
-		ctx = context.WithoutCancel(ctx)
-	}
-	return context.WithTimeout(ctx, m.o.ReleaseTimeout)
-}
-
-// releaseQuietly gives a grant back, best effort, within ReleaseTimeout.
-func (m *Manager) releaseQuietly(ctx context.Context, g Grant) {
-	rctx, cancel := m.releaseContext(ctx)
-	defer cancel()
-	if err := m.b.Release(rctx, g); err != nil && !errors.Is(err, ErrNotHeld) {
-		m.o.Logger.Warn("lease: could not give back a grant; it expires after its TTL", "name", g.Name, "token", uint64(g.Token), "err", err)
-	}
 }
 
 func defaultIdentity() string {

@@ -15,7 +15,7 @@ import (
 // one batch where the backend can batch. No goroutine runs while nothing is
 // due.
 type scheduler struct {
-	m *Manager
+	e *engine
 
 	mu         sync.Mutex
 	deadlines  entryHeap
@@ -46,7 +46,7 @@ const (
 // groupLead returns how early to serve the group of deadlines at the top of
 // the heap; mu must be held.
 func (s *scheduler) groupLead() time.Duration {
-	maxLead := s.m.o.SafetyMargin / 2
+	maxLead := s.e.o.SafetyMargin / 2
 	if len(s.deadlines) == 0 || maxLead < minGroupLead {
 		return 0
 	}
@@ -122,8 +122,8 @@ func (s *scheduler) setDeadline(e *entry, at time.Time) { s.set(&s.deadlines, e,
 // renewal by less than the window, which validation keeps below a quarter
 // of RenewInterval.
 func (s *scheduler) setHeartbeat(e *entry, at time.Time) {
-	if w := s.m.o.RenewBatchWindow; w > 0 && s.m.br != nil {
-		if r := s.m.since(at) % w; r != 0 {
+	if w := s.e.o.RenewBatchWindow; w > 0 && s.e.br != nil {
+		if r := s.e.since(at) % w; r != 0 {
 			at = at.Add(w - r)
 		}
 	}
@@ -184,7 +184,7 @@ func (s *scheduler) fire() {
 	// Heartbeats due before the next grid point go out now, together (a
 	// renewal sent early is valid from its own send time): the timer may
 	// fire late, and those due meanwhile join.
-	horizon := now.Add(s.m.o.RenewBatchWindow)
+	horizon := now.Add(s.e.o.RenewBatchWindow)
 	for len(s.heartbeats) > 0 && !s.heartbeats[0].at.After(horizon) {
 		due = append(due, heap.Pop(&s.heartbeats).(*entry).l)
 	}
@@ -197,12 +197,12 @@ func (s *scheduler) fire() {
 	if len(due) == 0 {
 		return
 	}
-	if s.m.br != nil {
-		go s.m.renewBatch(due)
+	if s.e.br != nil {
+		go s.e.renewBatch(due)
 		return
 	}
 	for _, l := range due {
-		go l.heartbeat()
+		go s.e.heartbeat(l)
 	}
 }
 

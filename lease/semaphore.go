@@ -153,7 +153,7 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (*Lease, error) {
 	for _, i := range mrand.Perm(len(s.slots)) {
 		req := m.request(s.slots[i])
 		began := time.Now()
-		l, err := m.attempt(ctx, ctx, req, start, 1)
+		l, err := m.e.attempt(ctx, ctx, req, start, 1)
 		if err == nil {
 			s.abandonEach(ctx, unknown)
 			return l, nil
@@ -249,7 +249,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 					err = m.abandonAfter(ctx, reqs[i], time.Since(began), err)
 				}
 				s.abandonEach(ctx, pending())
-				return nil, m.giveUp(ctx, s.name, err, storeErr)
+				return nil, m.giveUp(ctx, s.name, err, nil, storeErr)
 			}
 			if errors.Is(err, ErrSetup) {
 				s.abandonEach(ctx, pending())
@@ -257,7 +257,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 			}
 			switch {
 			case errors.Is(err, errAttemptAbandoned):
-				if aerr := m.abandon(ctx, reqs[i], m.o.TTL-m.o.SafetyMargin); aerr != nil {
+				if aerr := m.e.abandon(ctx, reqs[i], m.o.TTL-m.o.SafetyMargin); aerr != nil {
 					m.o.Logger.Warn("lease: could not abandon an unanswered acquire attempt; a grant it made expires after its TTL", "name", reqs[i].Name, "owner", reqs[i].Owner, "err", aerr)
 				}
 				reqs[i] = m.request(s.slots[i])
@@ -280,12 +280,12 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 		// that a release between that round and the wait is not missed;
 		// a slot whose Watch fails is polled, and watched again next round.
 		watchStart := time.Now()
-		if m.w != nil && ws.subscribe(ctx, m, s.slots) {
+		if m.e.w != nil && ws.subscribe(ctx, m, s.slots) {
 			continue
 		}
 		if ctx.Err() != nil {
 			s.abandonEach(ctx, pending())
-			return nil, m.giveUp(ctx, s.name, last, storeErr)
+			return nil, m.giveUp(ctx, s.name, last, nil, storeErr)
 		}
 		wait := m.pollWait(refusal) - time.Since(watchStart)
 		if wait <= 0 {
@@ -298,7 +298,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 		}
 		if !ws.wait(ctx, timer.C) {
 			s.abandonEach(ctx, pending())
-			return nil, m.giveUp(ctx, s.name, last, storeErr)
+			return nil, m.giveUp(ctx, s.name, last, nil, storeErr)
 		}
 	}
 }
@@ -324,7 +324,7 @@ func (s *Semaphore) Run(ctx context.Context, fn func(ctx context.Context, l *Lea
 func (s *Semaphore) abandonEach(ctx context.Context, reqs []Request) {
 	m := s.m
 	for _, req := range reqs {
-		if err := m.abandon(ctx, req, m.o.TTL-m.o.SafetyMargin); err != nil {
+		if err := m.e.abandon(ctx, req, m.o.TTL-m.o.SafetyMargin); err != nil {
 			m.o.Logger.Warn("lease: could not abandon an acquire attempt of unknown outcome; a grant it made expires after its TTL", "name", req.Name, "owner", req.Owner, "err", err)
 		}
 	}
@@ -365,7 +365,7 @@ func (ws *slotWatches) subscribe(ctx context.Context, m *Manager, slots []string
 		if ws.signals[i] != nil {
 			continue
 		}
-		sig, stop, err := m.w.Watch(wctx, name)
+		sig, stop, err := m.e.watch(wctx, name)
 		if err != nil {
 			if ctx.Err() != nil || wctx.Err() != nil {
 				break

@@ -18,7 +18,7 @@ import (
 	"github.com/pressly/goose/v3"
 	"go.uber.org/goleak"
 
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/migrations"
 )
 

@@ -4,7 +4,9 @@
 # module, this builds a throwaway program that imports it (with the local
 # checkout's modules substituted through replace directives), runs
 # `go mod tidy`, and fails if `go list -m all` names a store client other
-# than the module's own.
+# than the module's own; and fails if the module's own test binaries
+# (go list -deps -test) link another store's client, so that a backend's
+# or a guard's tests need only its own store.
 #
 #   ./scripts/modrule.sh            # every library module
 #   ./scripts/modrule.sh sqlguard   # one (its directory)
@@ -68,11 +70,26 @@ for rule in "${rules[@]}"; do
     [[ " $allowed " == *" $c "* ]] && continue
     if grep -q "^$c" <<<"$graph"; then bad+=("$c"); fi
   done
+  # The module's own tests need only its own store: no package of another
+  # store's client in its test binaries (end-to-end writes through another
+  # store's guard belong in integration/).
+  deps=$(cd "$dir" && GOWORK="$root/go.work" go list -deps -test ./... 2>"$tmp/err") || {
+    echo "modrule: $dir: go list -deps -test failed:"; cat "$tmp/err"; failed=1; rm -rf "$tmp"; continue; }
+  testbad=()
+  for c in "${clients[@]}"; do
+    [[ " $allowed " == *" $c "* ]] && continue
+    if grep -Eq "^$c(/|$)" <<<"$deps"; then testbad+=("$c"); fi
+  done
   if [ ${#bad[@]} -gt 0 ]; then
     echo "modrule: FAIL $dir: a program importing $pkg inherits ${bad[*]}"
     failed=1
-  else
-    echo "modrule: ok   $dir: $(grep -c . <<<"$graph") modules, no other store's client"
+  fi
+  if [ ${#testbad[@]} -gt 0 ]; then
+    echo "modrule: FAIL $dir: its tests link ${testbad[*]} (another store's client: move that test to integration/)"
+    failed=1
+  fi
+  if [ ${#bad[@]} -eq 0 ] && [ ${#testbad[@]} -eq 0 ]; then
+    echo "modrule: ok   $dir: $(grep -c . <<<"$graph") modules, no other store's client, nor in its tests"
   fi
   rm -rf "$tmp"
 done

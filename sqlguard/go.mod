@@ -15,6 +15,7 @@ require (
 )
 
 require (
+	github.com/fencekit/fencekit/internal/testkit v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
@@ -25,3 +26,5 @@ require (
 	golang.org/x/sync v0.25.0 // indirect
 	golang.org/x/text v0.44.0 // indirect
 )
+
+replace github.com/fencekit/fencekit/internal/testkit => ../internal/testkit

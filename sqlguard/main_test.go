@@ -2,11 +2,8 @@ package sqlguard_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"regexp"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,7 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/internal/testkit"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/migrations"
 	"github.com/fencekit/fencekit/sqlguard"
 )
@@ -34,20 +32,6 @@ type env struct {
 }
 
 var nonIdent = regexp.MustCompile(`[^a-z0-9]+`)
-
-// uniqueName returns a lower-case identifier unique to this run and test.
-func uniqueName(tb testing.TB, prefix string) string {
-	tb.Helper()
-	var b [4]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		tb.Fatal(err)
-	}
-	name := nonIdent.ReplaceAllString(strings.ToLower(tb.Name()), "_")
-	if len(name) > 40 {
-		name = name[len(name)-40:]
-	}
-	return prefix + name + "_" + hex.EncodeToString(b[:])
-}
 
 // connect opens a connection for a test's own use, failing loudly when
 // PostgreSQL is not there.
@@ -75,7 +59,7 @@ func newEnv(tb testing.TB) *env {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	e := &env{schema: uniqueName(tb, "fk_"), url: testenv.PostgresURL()}
+	e := &env{schema: testkit.UniqueName(tb, "fk_"), url: testenv.PostgresURL()}
 
 	admin := connect(tb, ctx, "")
 	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{e.schema}.Sanitize()); err != nil {

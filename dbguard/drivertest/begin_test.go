@@ -8,6 +8,7 @@ import (
 
 	"github.com/fencekit/fencekit/dbguard"
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/testkit"
 )
 
 // TestBeginFuncHoldsTheFence: while a holder's fenced transaction is open,
@@ -26,7 +27,7 @@ func TestBeginFuncHoldsTheFence(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx := ctxT(t)
+			ctx := testkit.Context(t)
 			inside := make(chan struct{})
 			release := make(chan struct{})
 			aDone := make(chan error, 1)
@@ -93,7 +94,7 @@ func TestAdvanceInOwnTransaction(t *testing.T) {
 			t.Parallel()
 			db := Open(t, d)
 			g, _ := dbguard.New(d)
-			ctx := ctxT(t)
+			ctx := testkit.Context(t)
 			for _, tc := range []struct {
 				tok   fence.Token
 				stale bool
@@ -132,7 +133,7 @@ func TestBeginFuncIsolationLevels(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx := ctxT(t)
+			ctx := testkit.Context(t)
 			errs := make(chan error, 40)
 			for i := range 40 {
 				go func() {
@@ -159,7 +160,7 @@ func TestBeginFuncFunctionError(t *testing.T) {
 			db := Open(t, d)
 			db.Exec(t, `CREATE TABLE kv (k INT PRIMARY KEY, v TEXT)`)
 			g, _ := dbguard.New(d)
-			ctx := ctxT(t)
+			ctx := testkit.Context(t)
 			boom := errors.New("boom")
 			err := g.BeginFunc(ctx, db.SQL, "f", 3, func(tx *sql.Tx) error {
 				if _, err := tx.ExecContext(ctx, `INSERT INTO kv (k, v) VALUES (1, 'x')`); err != nil {
@@ -194,7 +195,7 @@ func TestSQLiteWithoutBusyTimeout(t *testing.T) {
 	}
 	defer noWait.Close()
 	g, _ := dbguard.New(dbguard.SQLite)
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 	inside, release := make(chan struct{}), make(chan struct{})
 	done := make(chan error, 1)
 	go func() {

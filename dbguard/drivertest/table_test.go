@@ -8,25 +8,19 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/fencekit/fencekit/dbguard"
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/testkit"
 )
-
-func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
 
 // rowState reads value and lock_version of row id of table, or ok=false.
 func rowState(t *testing.T, db *sql.DB, table string, id int64) (value string, lv uint64, ok bool) {
 	t.Helper()
 	var s string
-	err := db.QueryRowContext(ctxT(t), `SELECT value, lock_version FROM `+table+` WHERE id = ?`, id).Scan(&value, &s)
+	err := db.QueryRowContext(testkit.Context(t), `SELECT value, lock_version FROM `+table+` WHERE id = ?`, id).Scan(&value, &s)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", 0, false
 	}
@@ -67,7 +61,7 @@ func TestIdenticalRewrite(t *testing.T) {
 				t.Parallel()
 				db, tbl := newRows(t, d)
 				pool := db.OpenWith(t, func(c *mysql.Config) { c.ClientFoundRows = found }, nil)
-				ctx := ctxT(t)
+				ctx := testkit.Context(t)
 				db.Exec(t, `INSERT INTO rows_t (id) VALUES (1)`)
 				for i := range 3 {
 					if err := tbl.Update(ctx, pool, 50, []any{1}, dbguard.Col("value", "same")); err != nil {
@@ -111,9 +105,13 @@ func TestLockVersionType(t *testing.T) {
 					t.Fatal(err)
 				}
 				for _, write := range []func() error{
-					func() error { return tbl.Update(ctxT(t), db.SQL, 1<<60, []any{1}, dbguard.Col("value", "after")) },
-					func() error { return tbl.Insert(ctxT(t), db.SQL, 1<<60, []any{2}, dbguard.Col("value", "after")) },
-					func() error { return tbl.Delete(ctxT(t), db.SQL, 1<<60, []any{1}) },
+					func() error {
+						return tbl.Update(testkit.Context(t), db.SQL, 1<<60, []any{1}, dbguard.Col("value", "after"))
+					},
+					func() error {
+						return tbl.Insert(testkit.Context(t), db.SQL, 1<<60, []any{2}, dbguard.Col("value", "after"))
+					},
+					func() error { return tbl.Delete(testkit.Context(t), db.SQL, 1<<60, []any{1}) },
 				} {
 					if err := write(); !errors.Is(err, dbguard.ErrLockVersionType) {
 						t.Errorf("lock_version %s: write = %v; want ErrLockVersionType", typ, err)
@@ -131,7 +129,7 @@ func TestLockVersionType(t *testing.T) {
 		t.Parallel()
 		db, tbl := newRows(t, dbguard.SQLite)
 		db.Exec(t, `INSERT INTO rows_t (id, value, lock_version) VALUES (1, 'before', 7.5)`)
-		err := tbl.Update(ctxT(t), db.SQL, 100, []any{1}, dbguard.Col("value", "after"))
+		err := tbl.Update(testkit.Context(t), db.SQL, 100, []any{1}, dbguard.Col("value", "after"))
 		if !errors.Is(err, dbguard.ErrLockVersionType) {
 			t.Fatalf("Update over a stored real = %v; want ErrLockVersionType", err)
 		}
@@ -145,7 +143,7 @@ func TestTokenRange(t *testing.T) {
 	t.Run("mysql", func(t *testing.T) {
 		t.Parallel()
 		db, tbl := newRows(t, dbguard.MySQL)
-		ctx := ctxT(t)
+		ctx := testkit.Context(t)
 		db.Exec(t, `INSERT INTO rows_t (id) VALUES (1)`)
 		top := fence.Token(math.MaxUint64)
 		if err := tbl.Update(ctx, db.SQL, top, []any{1}, dbguard.Col("value", "top")); err != nil {
@@ -164,7 +162,7 @@ func TestTokenRange(t *testing.T) {
 		t.Parallel()
 		db, tbl := newRows(t, dbguard.SQLite)
 		pool, cc := db.OpenCounting(t)
-		ctx := ctxT(t)
+		ctx := testkit.Context(t)
 		db.Exec(t, `INSERT INTO rows_t (id) VALUES (1)`)
 		if err := tbl.Update(ctx, pool, math.MaxInt64, []any{1}, dbguard.Col("value", "max")); err != nil {
 			t.Fatal(err)
@@ -195,7 +193,7 @@ func TestWriteKinds(t *testing.T) {
 		t.Run(d.String(), func(t *testing.T) {
 			t.Parallel()
 			db, tbl := newRows(t, d)
-			ctx := ctxT(t)
+			ctx := testkit.Context(t)
 			p := db.SQL
 			must := func(what string, err error) {
 				t.Helper()
@@ -263,7 +261,7 @@ func TestQuoting(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx := ctxT(t)
+			ctx := testkit.Context(t)
 			if err := tbl.Insert(ctx, db.SQL, 3, []any{"a'b"}, dbguard.Col(col, "x'); --")); err != nil {
 				t.Fatal(err)
 			}
@@ -300,7 +298,7 @@ func TestSetupErrors(t *testing.T) {
 		t.Run(d.String(), func(t *testing.T) {
 			t.Parallel()
 			db := Open(t, d)
-			ctx := ctxT(t)
+			ctx := testkit.Context(t)
 			nope, _ := dbguard.NewTable(d, "", "nope", "id")
 			if err := nope.Update(ctx, db.SQL, 1, []any{1}); !errors.Is(err, dbguard.ErrNoTable) {
 				t.Errorf("missing table = %v; want ErrNoTable", err)
@@ -337,7 +335,7 @@ func TestSetupErrors(t *testing.T) {
 func TestBadInputBeforeIO(t *testing.T) {
 	db, tbl := newRows(t, dbguard.SQLite)
 	pool, cc := db.OpenCounting(t)
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 	before := cc.Calls.Load()
 	err := tbl.Update(ctx, pool, 0, []any{nil}, dbguard.Col("lock_version", 1), dbguard.Col("id", 2), dbguard.Col("", 3))
 	for _, want := range []error{fence.ErrInvalidToken, dbguard.ErrInvalid} {
@@ -381,7 +379,7 @@ func TestEndedContextIsPlain(t *testing.T) {
 			t.Parallel()
 			db, tbl := newRows(t, d)
 			db.Exec(t, `INSERT INTO rows_t (id) VALUES (1)`)
-			tx, err := db.SQL.BeginTx(ctxT(t), nil)
+			tx, err := db.SQL.BeginTx(testkit.Context(t), nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -39,28 +39,40 @@ func TestSignalLeavesNothing(t *testing.T) {
 
 // TestKilledRunIsSweptByTheNext kills the job with SIGKILL mid-batch: every
 // replica must die with it, and the next run must remove the schema and
-// the lease's keys before its own.
+// the lease's keys (and, with its rows in DynamoDB, the run's DynamoDB
+// table) before its own.
 func TestKilledRunIsSweptByTheNext(t *testing.T) {
-	env := demotest.NewEnv(t)
-	p := env.Start(t, longBatch...)
-	p.WaitFor(t, "invoice #3 for")
-	entries, children := env.Ledger(t), p.Children(t)
-	if err := p.Cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	p.Wait(t)
-	demotest.ExpectGone(t, children)
-	if left := env.Look(t, entries); len(left.Ledgers) != 1 || len(left.Schemas) != 1 {
-		t.Fatalf("after SIGKILL: %+v; want the ledger and the schema left for the sweep", left)
-	}
-	next := env.Start(t, "--ttl", "300ms", "--replicas", "2", "--customers", "4", "--invoice-time", "10ms", "--kills", "0")
-	if ws := next.Wait(t); ws.ExitStatus() != 0 {
-		t.Fatalf("the next run: exit %v; stderr:\n%s", ws, next.Stderr)
-	}
-	if !strings.Contains(next.Stderr.String(), "cleaning up after an earlier invoicejob run") {
-		t.Errorf("the next run did not say it swept; stderr:\n%s", next.Stderr)
-	}
-	if left := env.Look(t, entries); !left.Empty() {
-		t.Errorf("left behind after the next run: %+v; its stderr:\n%s", left, next.Stderr)
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"postgres rows", nil},
+		{"dynamodb rows", []string{"--row-store", "dynamodb"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := demotest.NewEnv(t)
+			p := env.Start(t, append(tc.args, longBatch...)...)
+			p.WaitFor(t, "invoice #3 for")
+			entries, children := env.Ledger(t), p.Children(t)
+			if err := p.Cmd.Process.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			p.Wait(t)
+			demotest.ExpectGone(t, children)
+			left := env.Look(t, entries)
+			if len(left.Ledgers) != 1 || len(left.Schemas) != 1 || len(left.DynamoTables) != len(tc.args)/2 {
+				t.Fatalf("after SIGKILL: %+v; want the ledger, the schema and %d DynamoDB table(s) left for the sweep", left, len(tc.args)/2)
+			}
+			next := env.Start(t, "--ttl", "300ms", "--replicas", "2", "--customers", "4", "--invoice-time", "10ms", "--kills", "0")
+			if ws := next.Wait(t); ws.ExitStatus() != 0 {
+				t.Fatalf("the next run: exit %v; stderr:\n%s", ws, next.Stderr)
+			}
+			if !strings.Contains(next.Stderr.String(), "cleaning up after an earlier invoicejob run") {
+				t.Errorf("the next run did not say it swept; stderr:\n%s", next.Stderr)
+			}
+			if left := env.Look(t, entries); !left.Empty() {
+				t.Errorf("left behind after the next run: %+v; its stderr:\n%s", left, next.Stderr)
+			}
+		})
 	}
 }

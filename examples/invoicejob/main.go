@@ -11,10 +11,13 @@
 //  2. the holder writes one invoice per customer, each in a transaction
 //     fenced with its token on the resource "invoices/<period>" (sqlguard):
 //     the invoice row (unique key (customer, period), lock_version = token)
-//     and the job's progress row;
+//     and the job's progress row; with --row-store dynamodb, the invoice
+//     and progress items of a DynamoDB table, in one TransactWriteItems
+//     with the resource's fence item (dynamoguard);
 //  3. after a set number of invoices the orchestrator kills the holder with
 //     SIGKILL: its lease is not released, its open transaction is rolled
-//     back by PostgreSQL;
+//     back by PostgreSQL (a DynamoDB transaction is one request: sent
+//     whole or not at all);
 //  4. a waiting replica acquires the lease as soon as the dead holder's
 //     grant expires in Redis (waiters retry at the grant's exact expiry;
 //     pub/sub wakes them at once on a release), with a greater token (tokens
@@ -23,7 +26,7 @@
 //  5. it completes the batch and releases; the other replicas find the
 //     batch done.
 //
-// It then checks the database: exactly one invoice per customer for the
+// It then checks the row store: exactly one invoice per customer for the
 // period, none lost, every invoice's lock_version one of the holders'
 // tokens and in token order, the progress row complete; and it replays the
 // killed holder's next write with its old token, which the store must
@@ -32,10 +35,11 @@
 // the kill to the next acquire) and a verdict, and exits 0 only when every
 // check passed.
 //
-// Services come from the environment (FENCE_REDIS_URL, FENCE_POSTGRES_URL),
-// else the default local addresses, else servers it starts itself, else
-// Docker through testcontainers-go. Everything it creates (a schema, the
-// lease's Redis keys) is removed at the end, however the run ends: the
+// Services come from the environment (FENCE_REDIS_URL, FENCE_POSTGRES_URL,
+// FENCE_DYNAMODB_ENDPOINT), else the default local addresses, else servers
+// it starts itself, else Docker through testcontainers-go. Everything it
+// creates (a schema, the lease's Redis keys, a DynamoDB table) is removed
+// at the end, however the run ends: the
 // replicas die with it, even by SIGKILL, and what a killed run leaves is
 // removed by the next run (package examples/internal/leftover).
 package main
@@ -72,7 +76,7 @@ type options struct {
 	ttl, invoiceTime                      time.Duration
 	period                                string
 	keep                                  bool
-	leaseStore                            string
+	leaseStore, rowStore                  string
 	redisURL, pgURL                       string
 	jsonOut                               string
 }
@@ -118,11 +122,11 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 
 Runs replicas of a scheduled invoice job as real processes competing for one
 lease (Redis; or PostgreSQL, etcd, ZooKeeper or DynamoDB with --lease-store); the
-holder writes invoices through fenced PostgreSQL transactions and is killed
-with SIGKILL mid-batch; another replica takes over
-within about one TTL and finishes the batch. Then it checks that no invoice
-was written twice or lost and that the dead holder's token can no longer
-write.
+holder writes invoices through fenced PostgreSQL transactions (or DynamoDB
+transactions with --row-store dynamodb) and is killed with SIGKILL mid-batch;
+another replica takes over within about one TTL and finishes the batch. Then
+it checks that no invoice was written twice or lost and that the dead
+holder's token can no longer write.
 Exit status: 0 when every check passed; 1 when a check failed; 2 when the run
 could not be carried out (a service is missing, a bad flag).
 
@@ -139,6 +143,7 @@ Flags:
 	fs.StringVar(&o.period, "period", "2026-11", "billing period the batch is for")
 	fs.BoolVar(&o.keep, "keep", false, "keep the schema and the lease's keys after the run, for inspection; servers the demo\nstarted itself are stopped, and their data directories are kept (their paths are printed)")
 	fs.StringVar(&o.leaseStore, "lease-store", demo.LeaseRedis, demo.LeaseStoreUsage)
+	fs.StringVar(&o.rowStore, "row-store", rowPostgres, rowStoreUsage)
 	fs.StringVar(&o.redisURL, "redis-url", "", "Redis URL (default: $FENCE_REDIS_URL, else redis://127.0.0.1:6379/0, else one it starts)")
 	fs.StringVar(&o.pgURL, "postgres-url", "", "PostgreSQL URL (default: $FENCE_POSTGRES_URL, else postgres://postgres@127.0.0.1:5432/test, else one it starts)")
 	fs.StringVar(&o.jsonOut, "json", "", "also write a machine-readable summary of the run to this file")
@@ -181,6 +186,9 @@ Flags:
 	if err := demo.CheckLeaseStore(o.leaseStore); err != nil {
 		errs = append(errs, err)
 	} else if err := demo.CheckTTL(o.leaseStore, o.ttl); err != nil {
+		errs = append(errs, err)
+	}
+	if err := checkRowStore(o.rowStore); err != nil {
 		errs = append(errs, err)
 	}
 	if o.period == "" || len(o.period) > 32 {
@@ -232,8 +240,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	} else {
 		defer sc.tearDown(errOut)
 	}
-	fmt.Fprintf(out, "Schema %s: %d customers, no invoices yet; lease %q; writes fenced on resource %q.\n\nTimeline:\n",
+	fmt.Fprintf(out, "Schema %s: %d customers, no invoices yet; lease %q; writes fenced on resource %q.\n",
 		sc.cfg.Schema, o.customers, sc.cfg.LeaseName, resourceFor(o.period))
+	if sc.dynamo != nil {
+		fmt.Fprintf(out, "Invoices and progress item in DynamoDB table %s at %s.\n", sc.dynamo.Name, sc.dynamo.Endpoint)
+	}
+	fmt.Fprintf(out, "\nTimeline:\n")
 
 	sum, err := sc.play(ctx, tl, o)
 	if err != nil {
@@ -264,11 +276,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 // scenario holds what one run created: the schema and the lease's keys
-// (Stores), and the customers of the batch.
+// (Stores), the DynamoDB table with --row-store dynamodb, and the customers
+// of the batch; rows reads and replays the batch's rows.
 type scenario struct {
 	cfg       workerConfig
 	customers []customer
 	*demo.Stores
+	dynamo    *demo.RunTable
+	rows      rows
+	closeRows func()
 }
 
 func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error) {
@@ -279,16 +295,21 @@ func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error)
 		LeaseName: "invoicejob-" + id + "/generate-invoices", LeaseStore: o.leaseStore, RedisPrefix: "fencekit:",
 		Consensus: demo.StoreFor(o.leaseStore, svc),
 		TTL:       o.ttl, InvoiceTime: o.invoiceTime,
+		RowStore: o.rowStore,
 	}}
 	for i := range o.customers {
 		c := customer{ID: fmt.Sprintf("cust-%05d", i+1), AmountCents: 1000 + int64(i*7919%50000)}
 		sc.customers = append(sc.customers, c)
 	}
+	fenced := []string{invoicesTable, jobTable}
+	if o.rowStore == rowDynamoDB {
+		fenced = nil
+	}
 	var err error
 	sc.Stores, err = demo.SetUpStores(ctx, demo.StoresConfig{
 		PostgresURL: svc.PostgresURL, Schema: sc.cfg.Schema,
 		CreateTables: sc.createTables,
-		FencedTables: []string{invoicesTable, jobTable},
+		FencedTables: fenced,
 		LeaseStore:   sc.cfg.LeaseStore,
 		RedisURL:     svc.RedisURL, RedisPrefix: sc.cfg.RedisPrefix, LeaseName: sc.cfg.LeaseName,
 		Leases: sc.cfg.leaseStore(), TTL: sc.cfg.TTL,
@@ -297,15 +318,58 @@ func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error)
 	if err != nil {
 		return nil, err
 	}
+	if o.rowStore == rowDynamoDB {
+		if err := sc.setUpDynamo(ctx, id); err != nil {
+			return nil, errors.Join(err, sc.Stores.TearDown())
+		}
+	}
+	if sc.rows, sc.closeRows, err = sc.cfg.openRows(sc.Pool, sc.customers); err != nil {
+		return nil, errors.Join(err, sc.tearDownAll())
+	}
 	return sc, nil
 }
 
-// createTables creates the customers, invoices and progress tables and
-// fills in the customers and the period's progress row.
+// setUpDynamo creates the run's DynamoDB table (--row-store dynamodb) at
+// $FENCE_DYNAMODB_ENDPOINT, with the period's progress item.
+func (sc *scenario) setUpDynamo(ctx context.Context, id string) error {
+	ep, err := demo.DynamoEndpoint("--row-store dynamodb")
+	if err != nil {
+		return err
+	}
+	if sc.dynamo, err = demo.CreateRunTable(ctx, ep, "invoicejob-"+id, true); err != nil {
+		return err
+	}
+	sc.cfg.DynamoEndpoint, sc.cfg.DynamoTable = ep, sc.dynamo.Name
+	d, closeRows, err := newDynamoRows(ep, sc.dynamo.Name, sc.cfg.Period, sc.customers)
+	if err != nil {
+		return errors.Join(err, sc.dynamo.Delete(ctx))
+	}
+	defer closeRows()
+	if err := d.createProgress(ctx); err != nil {
+		return errors.Join(fmt.Errorf("DynamoDB: the progress item: %w", err), sc.dynamo.Delete(ctx))
+	}
+	return nil
+}
+
+// createTables creates the customers table and fills it in; with
+// --row-store postgres, it also creates the invoices and progress tables
+// and the period's progress row.
 func (sc *scenario) createTables(ctx context.Context, pool *pgxpool.Pool) error {
 	ident := func(table string) string { return pgx.Identifier{sc.cfg.Schema, table}.Sanitize() }
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+ident(customersTable)+` (id text PRIMARY KEY, amount_cents bigint NOT NULL)`); err != nil {
+		return fmt.Errorf("create tables: %w", err)
+	}
+	input := make([][]any, len(sc.customers))
+	for i, c := range sc.customers {
+		input[i] = []any{c.ID, c.AmountCents}
+	}
+	if _, err := pool.CopyFrom(ctx, pgx.Identifier{sc.cfg.Schema, customersTable}, []string{"id", "amount_cents"}, pgx.CopyFromRows(input)); err != nil {
+		return fmt.Errorf("insert customers: %w", err)
+	}
+	if sc.cfg.RowStore == rowDynamoDB {
+		return nil
+	}
 	for _, stmt := range []string{
-		`CREATE TABLE ` + ident(customersTable) + ` (id text PRIMARY KEY, amount_cents bigint NOT NULL)`,
 		// One invoice per customer and period; number is its place in
 		// the batch, unique too, so a gap or a repeat would show.
 		`CREATE TABLE ` + ident(invoicesTable) + ` (
@@ -327,13 +391,6 @@ func (sc *scenario) createTables(ctx context.Context, pool *pgxpool.Pool) error 
 			return fmt.Errorf("create tables: %w", err)
 		}
 	}
-	rows := make([][]any, len(sc.customers))
-	for i, c := range sc.customers {
-		rows[i] = []any{c.ID, c.AmountCents}
-	}
-	if _, err := pool.CopyFrom(ctx, pgx.Identifier{sc.cfg.Schema, customersTable}, []string{"id", "amount_cents"}, pgx.CopyFromRows(rows)); err != nil {
-		return fmt.Errorf("insert customers: %w", err)
-	}
 	if _, err := pool.Exec(ctx, `INSERT INTO `+ident(jobTable)+` (period) VALUES ($1)`, sc.cfg.Period); err != nil {
 		return fmt.Errorf("insert the progress row: %w", err)
 	}
@@ -341,15 +398,37 @@ func (sc *scenario) createTables(ctx context.Context, pool *pgxpool.Pool) error 
 }
 
 func (sc *scenario) tearDown(errOut io.Writer) {
-	if err := sc.Stores.TearDown(); err != nil {
+	if err := sc.tearDownAll(); err != nil {
 		fmt.Fprintf(errOut, "invoicejob: cleaning up: %v\n", err)
 	}
+}
+
+// tearDownAll removes the DynamoDB table, if there is one, the schema and
+// the lease's keys.
+func (sc *scenario) tearDownAll() error {
+	if sc.closeRows != nil {
+		sc.closeRows()
+	}
+	var err error
+	if sc.dynamo != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		err = sc.dynamo.Delete(ctx)
+	}
+	return errors.Join(err, sc.Stores.TearDown())
 }
 
 // keep leaves what the run created in place (--keep) and says where it is.
 func (sc *scenario) keep(out io.Writer, svc *services.Set) {
 	sc.Stores.Keep()
+	if sc.closeRows != nil {
+		sc.closeRows()
+	}
 	fmt.Fprintf(out, "\nKept (--keep):\n  schema %s in %s\n", sc.cfg.Schema, services.Redact(sc.cfg.PostgresURL))
+	if sc.dynamo != nil {
+		sc.dynamo.Keep()
+		fmt.Fprintf(out, "  DynamoDB table %s at %s\n", sc.dynamo.Name, sc.dynamo.Endpoint)
+	}
 	if sc.Redis != nil {
 		fmt.Fprintf(out, "  lease keys %s and %s in %s\n", sc.Keys.Lease, sc.Keys.Token, sc.cfg.RedisURL)
 	}

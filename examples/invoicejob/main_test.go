@@ -53,6 +53,9 @@ func TestInvoiceJob(t *testing.T) {
 		// holder's lease a TTL after its next poll (PollInterval TTL/2) saw
 		// the last renewal.
 		{"one kill, dynamodb leases", []string{"--lease-store", "dynamodb", "--replicas", "3", "--customers", "20", "--kill-after", "6", "--kills", "1"}, 1, 3, 0, 250 * time.Millisecond},
+		// Leases and rows in DynamoDB: each invoice is one dynamoguard
+		// transaction.
+		{"two kills, dynamodb leases and rows", []string{"--lease-store", "dynamodb", "--row-store", "dynamodb", "--replicas", "3", "--customers", "20", "--kill-after", "4", "--kills", "2"}, 2, 3, 0, 250 * time.Millisecond},
 		{"two kills, zookeeper leases", []string{"--lease-store", "zookeeper", "--replicas", "3", "--customers", "20", "--kill-after", "4", "--kills", "2"}, 2, 3, 0, 100 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -95,6 +98,16 @@ func TestInvoiceJob(t *testing.T) {
 					t.Errorf("check failed: %s", c.Text)
 				}
 			}
+			// Every holder but the newest had a write replayed, and the
+			// row store refused each as stale, naming a newer token.
+			if len(sum.Replays) != len(sum.Holders)-1 {
+				t.Errorf("%d stale writes replayed, want %d", len(sum.Replays), len(sum.Holders)-1)
+			}
+			for _, r := range sum.Replays {
+				if !r.Stale || r.Current <= r.Token {
+					t.Errorf("the replayed write of %s with token %d: stale %v, store holds %d (%s)", r.Replica, r.Token, r.Stale, r.Current, r.Error)
+				}
+			}
 			if t.Failed() {
 				t.Logf("output:\n%s", out.String())
 			}
@@ -122,6 +135,7 @@ func TestFlags(t *testing.T) {
 		{[]string{"--ttl", "50ms", "--replicas", "0"}, 2, "", "--replicas 0"}, // every problem at once
 		{[]string{"--lease-store", "etcd", "--ttl", "2500ms"}, 2, "", "--ttl 2.5s: etcd counts lease TTLs in whole seconds, from 1s"},
 		{[]string{"--lease-store", "zk"}, 2, "", `--lease-store "zk": want redis, postgres, postgres-session, etcd, zookeeper or dynamodb`},
+		{[]string{"--row-store", "mysql"}, 2, "", `--row-store "mysql": want postgres or dynamodb`},
 		{[]string{"extra"}, 2, "", "unexpected arguments"},
 		{[]string{"--nope"}, 2, "", "Usage: go run ./examples/invoicejob"},
 	} {

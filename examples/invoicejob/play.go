@@ -23,10 +23,21 @@ type summary struct {
 	Handovers   []*handover   `json:"handovers"`
 	Checks      []check       `json:"checks"`
 	Invoices    int           `json:"invoices_in_db"`
+	Replays     []replay      `json:"replays"`
+	LeaseStore  string        `json:"lease_store"`
+	Rows        rowsInfo      `json:"rows"`
 	Events      []event       `json:"events"`
 	Services    []string      `json:"services"`
 	Elapsed     time.Duration `json:"elapsed_ns"`
 	problems    []string      // things that went wrong during the run
+}
+
+// rowsInfo says where the run's rows were (--row-store).
+type rowsInfo struct {
+	Store  string `json:"store"`
+	Schema string `json:"schema"` // the run's PostgreSQL schema (the customers; the invoices with postgres)
+	// DynamoDB names the run's table with --row-store dynamodb.
+	DynamoDB *demo.RunTable `json:"dynamodb,omitempty"`
 }
 
 // holder is one grant of the lease to a replica.
@@ -88,7 +99,8 @@ type check struct {
 // play starts the replicas, kills holders mid-batch, and follows the run
 // until every replica has exited.
 func (sc *scenario) play(ctx context.Context, tl *demo.Timeline, o options) (*summary, error) {
-	sum := &summary{Period: o.period, Customers: o.customers, Replicas: o.replicas,
+	sum := &summary{Period: o.period, Customers: o.customers, Replicas: o.replicas, LeaseStore: o.leaseStore,
+		Rows:      rowsInfo{Store: o.rowStore, Schema: sc.cfg.Schema, DynamoDB: sc.dynamo},
 		TTLMillis: o.ttl.Milliseconds(), RenewMillis: o.renewInterval().Milliseconds()}
 	budget := time.Duration(o.customers)*(o.invoiceTime+50*time.Millisecond)*2 + time.Duration(o.kills+2)*3*o.ttl + 60*time.Second
 	events := make(chan event, 1024)

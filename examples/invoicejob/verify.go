@@ -2,37 +2,42 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/fencekit/fencekit/examples/internal/demo"
 	"github.com/fencekit/fencekit/fence"
-	"github.com/fencekit/fencekit/sqlguard"
 )
 
-// verify reads the outcome from the database, replays the writes of every
+// verify reads the outcome from the row store, replays the writes of every
 // holder but the newest with their old tokens, and records the checks and
-// the verdict in sum. Each step below adds its checks; a step returns an
-// error only when the database could not be read.
+// the verdict in sum. The checks work on what rows.read returns, the same
+// for every row store; it returns an error only when the store could not
+// be read.
 func (sc *scenario) verify(ctx context.Context, tl *demo.Timeline, o options, sum *summary) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	v := &verifier{sc: sc, ctx: ctx, tl: tl, o: o, sum: sum, byToken: map[fence.Token]*holder{}}
+	v := &verifier{sc: sc, ctx: ctx, tl: tl, o: o, sum: sum, where: sc.rows.where(), byToken: map[fence.Token]*holder{}}
+	var err error
+	if v.before, err = sc.rows.read(ctx); err != nil {
+		return fmt.Errorf("reading %s: %w", v.where, err)
+	}
 	for _, p := range sum.problems {
 		v.add(false, "during the run: %s", p)
 	}
 	v.checkTokens()
-	steps := []func() error{v.checkInvoices, v.checkWriters, v.checkHandovers, v.checkProgress, v.checkResource, v.replayStale, v.checkFates}
-	for _, step := range steps {
-		if err := step(); err != nil {
-			return err
-		}
+	v.checkInvoices()
+	v.checkWriters()
+	v.checkHandovers()
+	v.checkProgress()
+	v.checkResource()
+	if err := v.replayStale(); err != nil {
+		return err
 	}
+	v.checkFates()
 	v.verdict()
 	return nil
 }
@@ -44,17 +49,14 @@ type verifier struct {
 	tl      *demo.Timeline
 	o       options
 	sum     *summary
+	where   string // the row store's name
+	before  stored // what the row store held before the stale replays
 	byToken map[fence.Token]*holder
-	total   int         // invoices of the period, before the stale replays
 	newest  fence.Token // the newest holder's token
 }
 
 func (v *verifier) add(ok bool, format string, args ...any) {
 	v.sum.Checks = append(v.sum.Checks, check{OK: ok, Text: fmt.Sprintf(format, args...)})
-}
-
-func (v *verifier) ident(table string) string {
-	return pgx.Identifier{v.sc.cfg.Schema, table}.Sanitize()
 }
 
 // checkTokens: tokens only grow, in the order the replicas acquired the
@@ -75,54 +77,76 @@ func (v *verifier) checkTokens() {
 
 // checkInvoices: exactly one invoice per customer, none missing, none
 // twice, numbered in customer order.
-func (v *verifier) checkInvoices() error {
-	o, pool := v.o, v.sc.Pool
-	var distinct, missing, misnumbered int
-	if err := pool.QueryRow(v.ctx, `SELECT count(*), count(DISTINCT customer) FROM `+v.ident(invoicesTable)+` WHERE period = $1`, o.period).
-		Scan(&v.total, &distinct); err != nil {
-		return err
+func (v *verifier) checkInvoices() {
+	o, invs := v.o, v.before.invoices
+	distinct := map[string]bool{}
+	misnumbered := 0
+	for i, inv := range invs {
+		distinct[inv.Customer] = true
+		if inv.Number != i+1 {
+			misnumbered++
+		}
 	}
-	if err := pool.QueryRow(v.ctx, `SELECT count(*) FROM `+v.ident(customersTable)+` c
-		WHERE NOT EXISTS (SELECT 1 FROM `+v.ident(invoicesTable)+` i WHERE i.customer = c.id AND i.period = $1)`, o.period).
-		Scan(&missing); err != nil {
-		return err
+	missing := 0
+	for _, c := range v.sc.customers {
+		if !distinct[c.ID] {
+			missing++
+		}
 	}
-	if err := pool.QueryRow(v.ctx, `SELECT count(*) FROM (SELECT number, row_number() OVER (ORDER BY customer) AS rn
-		FROM `+v.ident(invoicesTable)+` WHERE period = $1) x WHERE number <> rn`, o.period).Scan(&misnumbered); err != nil {
-		return err
-	}
-	v.sum.Invoices = v.total
-	v.add(v.total == o.customers && distinct == o.customers && missing == 0,
-		"database: %d invoices for period %s, for %d distinct customers of %d; %d missing, %d written twice",
-		v.total, o.period, distinct, o.customers, missing, v.total-distinct)
-	v.add(misnumbered == 0, "database: invoice numbers run 1..%d in customer order, no gap and no repeat (%d out of place)", v.total, misnumbered)
-	return nil
+	total := len(invs)
+	v.sum.Invoices = total
+	v.add(total == o.customers && len(distinct) == o.customers && missing == 0,
+		"%s: %d invoices for period %s, for %d distinct customers of %d; %d missing, %d written twice",
+		v.where, total, o.period, len(distinct), o.customers, missing, total-len(distinct))
+	v.add(misnumbered == 0, "%s: invoice numbers run 1..%d in customer order, no gap and no repeat (%d out of place)", v.where, total, misnumbered)
 }
 
-// writerGroup is the invoices written under one token.
+// writerGroup is the invoices written under one token by one replica.
 type writerGroup struct {
-	token     int64
+	token     fence.Token
 	by        string
 	n, lo, hi int
 }
 
+// writerGroups groups invs by (lock_version, written_by), in the order of
+// their first invoice number.
+func writerGroups(invs []invoice) []writerGroup {
+	type key struct {
+		token fence.Token
+		by    string
+	}
+	at := map[key]int{}
+	var groups []writerGroup
+	for _, inv := range invs {
+		k := key{inv.LockVersion, inv.WrittenBy}
+		i, ok := at[k]
+		if !ok {
+			i = len(groups)
+			at[k] = i
+			groups = append(groups, writerGroup{token: k.token, by: k.by, lo: inv.Number, hi: inv.Number})
+		}
+		g := &groups[i]
+		g.n++
+		g.lo, g.hi = min(g.lo, inv.Number), max(g.hi, inv.Number)
+	}
+	slices.SortFunc(groups, func(a, b writerGroup) int { return a.lo - b.lo })
+	return groups
+}
+
 // checkWriters: every invoice carries the token of the holder that wrote
 // it, and the holders' ranges follow each other in token order.
-func (v *verifier) checkWriters() error {
-	groups, err := v.writerGroups()
-	if err != nil {
-		return err
-	}
+func (v *verifier) checkWriters() {
+	groups := writerGroups(v.before.invoices)
 	var foreign []string
 	for _, g := range groups {
-		h := v.byToken[fence.Token(g.token)]
+		h := v.byToken[g.token]
 		if h == nil || h.Replica != g.by {
 			foreign = append(foreign, fmt.Sprintf("%d invoices say %s with token %d", g.n, g.by, g.token))
 			continue
 		}
 		h.Written, h.First, h.Last = g.n, g.lo, g.hi
 	}
-	v.add(len(foreign) == 0, "database: every invoice's lock_version is the token of the holder that wrote it%s", listOr(foreign, "; not so: "))
+	v.add(len(foreign) == 0, "%s: every invoice's lock_version is the token of the holder that wrote it%s", v.where, listOr(foreign, "; not so: "))
 	inOrder := true
 	for i := 1; i < len(groups); i++ {
 		if groups[i].token <= groups[i-1].token || groups[i].lo != groups[i-1].hi+1 {
@@ -139,30 +163,11 @@ func (v *verifier) checkWriters() error {
 		done += h.Written
 	}
 	v.add(inOrder, "each holder resumed exactly where the one before stopped, and wrote in token order%s", listOr(resumes, ": "))
-	return nil
-}
-
-func (v *verifier) writerGroups() ([]writerGroup, error) {
-	rows, err := v.sc.Pool.Query(v.ctx, `SELECT lock_version, written_by, count(*), min(number), max(number)
-		FROM `+v.ident(invoicesTable)+` WHERE period = $1 GROUP BY 1, 2 ORDER BY 4`, v.o.period)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var groups []writerGroup
-	for rows.Next() {
-		var g writerGroup
-		if err := rows.Scan(&g.token, &g.by, &g.n, &g.lo, &g.hi); err != nil {
-			return nil, err
-		}
-		groups = append(groups, g)
-	}
-	return groups, rows.Err()
 }
 
 // checkHandovers: every kill landed mid-batch, and the handover came
 // within the bound.
-func (v *verifier) checkHandovers() error {
+func (v *verifier) checkHandovers() {
 	o := v.o
 	for _, k := range v.sum.Handovers {
 		h := v.byToken[k.FromToken]
@@ -184,69 +189,78 @@ func (v *verifier) checkHandovers() error {
 	if len(v.sum.Handovers) < o.kills {
 		v.add(false, "only %d of %d kills happened", len(v.sum.Handovers), o.kills)
 	}
-	return nil
 }
 
 // checkProgress: the progress row says the batch is complete.
-func (v *verifier) checkProgress() error {
-	var next int
-	var completed bool
-	var jobVersion int64
-	if err := v.sc.Pool.QueryRow(v.ctx, `SELECT next_index, completed_at IS NOT NULL, lock_version FROM `+v.ident(jobTable)+` WHERE period = $1`, v.o.period).
-		Scan(&next, &completed, &jobVersion); err != nil {
-		return err
-	}
-	v.add(next == v.o.customers && completed, "database: the progress row is complete (next_index %d of %d, completed: %v, lock_version %d)", next, v.o.customers, completed, jobVersion)
-	return nil
+func (v *verifier) checkProgress() {
+	b := v.before
+	v.add(b.next == v.o.customers && b.completed, "%s: the progress row is complete (next_index %d of %d, completed: %v, lock_version %d)",
+		v.where, b.next, v.o.customers, b.completed, b.progressTok)
 }
 
 // checkResource: the resource holds the newest holder's token.
-func (v *verifier) checkResource() error {
-	var resTok int64
-	err := v.sc.Pool.QueryRow(v.ctx, `SELECT token FROM `+v.ident(sqlguard.ResourceTable)+` WHERE resource = $1`, resourceFor(v.o.period)).Scan(&resTok)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return err
-	}
-	v.add(v.newest != 0 && fence.Token(resTok) == v.newest, "database: resource %q holds token %d, the newest holder's", resourceFor(v.o.period), resTok)
-	return nil
+func (v *verifier) checkResource() {
+	v.add(v.newest != 0 && v.before.resource == v.newest, "%s: resource %q holds token %d, the newest holder's",
+		v.where, resourceFor(v.o.period), v.before.resource)
 }
 
-// replayStale: a stale holder cannot write. It replays the next write of
-// every holder but the newest, with its old token, as a holder that woke
-// up after being paused (or a dead one's retried request) would, and
-// checks that nothing changed.
+// replay is one stale write the verifier replayed.
+type replay struct {
+	Replica string      `json:"replica"`
+	Token   fence.Token `json:"token"`
+	// Invoice is the number of the invoice the write was for.
+	Invoice int `json:"invoice"`
+	// Stale says that the store rejected it as stale; Current is then the
+	// token the store said it holds. Error is any other outcome's error
+	// ("" when the write was accepted).
+	Stale   bool        `json:"stale"`
+	Current fence.Token `json:"current,omitempty"`
+	Error   string      `json:"error,omitempty"`
+}
+
+// replayStale: a stale holder cannot write. For every holder but the
+// newest it replays, with the holder's old token, the write it would have
+// made next (a killed holder's: the invoice it was on when it was killed),
+// as a holder that woke up after being paused (or a dead one's retried
+// request) would, and checks that nothing changed.
 func (v *verifier) replayStale() error {
-	b, err := newBatch(v.sc.cfg.Schema, v.o.period, v.sc.customers)
-	if err != nil {
-		return err
-	}
 	for _, h := range v.sum.Holders {
 		if h.Token == v.newest {
 			continue
 		}
-		_, err := b.step(v.ctx, v.sc.Pool, h.Token, h.Replica, 0, nil)
+		at := min(max(h.ResumedAt, 0)+h.Written, v.o.customers-1)
+		err := v.sc.rows.replay(v.ctx, h.Token, h.Replica, at)
 		se, stale := fence.AsStale(err)
+		r := replay{Replica: h.Replica, Token: h.Token, Invoice: at + 1, Stale: stale}
 		switch {
 		case stale:
-			v.tl.Say(time.Now(), "orchestrator", "replayed a write of %s with its old token %d: REJECTED by PostgreSQL (the resource holds token %d)", h.Replica, h.Token, se.Current)
+			r.Current = se.Current
+			v.tl.Say(time.Now(), "orchestrator", "replayed %s's write of invoice #%d with its old token %d: REJECTED by %s (the resource holds token %d)",
+				h.Replica, at+1, h.Token, v.where, se.Current)
 		case err == nil:
-			v.tl.Say(time.Now(), "orchestrator", "replayed a write of %s with its old token %d: ACCEPTED", h.Replica, h.Token)
+			v.tl.Say(time.Now(), "orchestrator", "replayed %s's write of invoice #%d with its old token %d: ACCEPTED", h.Replica, at+1, h.Token)
 		default:
-			v.tl.Say(time.Now(), "orchestrator", "replayed a write of %s with its old token %d: failed: %v", h.Replica, h.Token, err)
+			r.Error = err.Error()
+			v.tl.Say(time.Now(), "orchestrator", "replayed %s's write of invoice #%d with its old token %d: failed: %v", h.Replica, at+1, h.Token, err)
 		}
-		v.add(stale, "a write with %s's old token %d is rejected as stale%s", h.Replica, h.Token, errSuffix(err, stale))
+		v.sum.Replays = append(v.sum.Replays, r)
+		v.add(stale, "a write with %s's old token %d is rejected as stale by %s%s", h.Replica, h.Token, v.where, errSuffix(err, stale))
 	}
-	var after int
-	if err := v.sc.Pool.QueryRow(v.ctx, `SELECT count(*) FROM `+v.ident(invoicesTable)+` WHERE period = $1`, v.o.period).Scan(&after); err != nil {
-		return err
+	after, err := v.sc.rows.read(v.ctx)
+	if err != nil {
+		return fmt.Errorf("reading %s after the replays: %w", v.where, err)
 	}
-	v.add(after == v.total, "database: the stale replays changed nothing (%d invoices before, %d after)", v.total, after)
+	b := v.before
+	rest := after.next == b.next && after.completed == b.completed && after.progressTok == b.progressTok && after.resource == b.resource
+	v.add(slices.Equal(after.invoices, b.invoices) && rest,
+		"%s: the stale replays changed nothing (%d invoices before, %d after, none rewritten; progress row and resource as they were: %v)",
+		v.where, len(b.invoices), len(after.invoices), rest)
 	return nil
 }
 
 // checkFates: every replica held the lease once; exactly one completed the
 // batch; the others that were not killed found it complete.
-func (v *verifier) checkFates() error {
+func (v *verifier) checkFates() {
 	completers, clean := 0, true
 	for _, h := range v.sum.Holders {
 		switch {
@@ -259,7 +273,6 @@ func (v *verifier) checkFates() error {
 	}
 	v.add(len(v.sum.Holders) == v.o.replicas && completers == 1 && clean,
 		"all %d replicas held the lease in turn: %d killed, %d completed the batch, the rest found it complete", len(v.sum.Holders), len(v.sum.Handovers), completers)
-	return nil
 }
 
 // verdict sums the checks up.

@@ -35,6 +35,12 @@ type workerConfig struct {
 	// InvoiceTime is how long rendering one invoice takes, inside its
 	// fenced transaction (the window in which a kill usually lands).
 	InvoiceTime time.Duration `json:"invoice_time"`
+	// RowStore is where the invoices and the progress row live
+	// (rowPostgres or rowDynamoDB); with rowDynamoDB, in DynamoTable at
+	// DynamoEndpoint.
+	RowStore       string `json:"row_store"`
+	DynamoEndpoint string `json:"dynamodb_endpoint,omitempty"`
+	DynamoTable    string `json:"dynamodb_table,omitempty"`
 }
 
 const configVar = "FENCEKIT_INVOICEJOB_REPLICA"
@@ -54,9 +60,10 @@ const (
 	jobTable       = "job_runs"
 )
 
-// resourceFor is the sqlguard resource that fences one period's batch: every
-// write of the batch (invoice rows and the progress row) happens in a
-// transaction that first advances this resource's token.
+// resourceFor is the resource that fences one period's batch: every write
+// of the batch (invoice rows and the progress row) happens in a transaction
+// that advances this resource's token (sqlguard's resource row, or
+// dynamoguard's fence item).
 func resourceFor(period string) string { return "invoices/" + period }
 
 // event is one line a replica prints on its standard output.
@@ -132,6 +139,11 @@ func runReplica() int {
 	if err != nil {
 		return r.fail("reading customers: %v", err)
 	}
+	rs, closeRows, err := cfg.openRows(pool, customers)
+	if err != nil {
+		return r.fail("%v", err)
+	}
+	defer closeRows()
 
 	r.emit(event{Kind: evWaiting, Text: fmt.Sprintf("started; waiting for lease %q", cfg.LeaseName)})
 	// Manager.Run is the job's whole life under the lease: it waits for
@@ -150,7 +162,7 @@ func runReplica() int {
 		tok = l.Token()
 		r.emit(event{Kind: evAcquired, Token: tok, Text: fmt.Sprintf("acquired the lease with fencing token %d after waiting %v",
 			tok, time.Since(start).Round(time.Millisecond))})
-		code = r.generate(ctx, l, pool, customers)
+		code = r.generate(ctx, l, rs, len(customers))
 		return nil
 	})
 	switch {
@@ -184,30 +196,27 @@ func loadCustomers(ctx context.Context, pool *pgxpool.Pool, schema string) ([]cu
 }
 
 // generate writes the remaining invoices under the lease, one fenced
-// transaction each (batch.step), until the batch is complete. All the work
+// transaction each (rows.step), until the batch is complete. All the work
 // runs under ctx, which Manager.Run ends when the lease is lost: the
-// transaction in flight is then cancelled and rolled back, and nothing
-// more is written.
-func (r *replica) generate(ctx context.Context, l *lease.Lease, pool *pgxpool.Pool, customers []customer) int {
+// transaction in flight is then cancelled (PostgreSQL rolls it back; a
+// DynamoDB transaction not yet sent is never sent), and nothing more is
+// written.
+func (r *replica) generate(ctx context.Context, l *lease.Lease, rs rows, total int) int {
 	cfg := r.cfg
 	tok := l.Token()
-	b, err := newBatch(cfg.Schema, cfg.Period, customers)
-	if err != nil {
-		return r.fail("%v", err)
-	}
 	first := true
 	for {
-		st, err := b.step(ctx, pool, tok, cfg.Replica, cfg.InvoiceTime, func(next int, done bool) {
+		st, err := rs.step(ctx, tok, cfg.Replica, cfg.InvoiceTime, func(next int, done bool) {
 			if !first {
 				return
 			}
 			first = false
-			text := fmt.Sprintf("progress row: %d of %d invoices done; resuming at #%d", next, len(customers), next+1)
+			text := fmt.Sprintf("progress row: %d of %d invoices done; resuming at #%d", next, total, next+1)
 			switch {
 			case done:
-				text = fmt.Sprintf("progress row: the batch is complete (%d of %d invoices)", next, len(customers))
+				text = fmt.Sprintf("progress row: the batch is complete (%d of %d invoices)", next, total)
 			case next == 0:
-				text = fmt.Sprintf("progress row: nothing done yet; starting the batch of %d invoices", len(customers))
+				text = fmt.Sprintf("progress row: nothing done yet; starting the batch of %d invoices", total)
 			}
 			r.emit(event{Kind: evResume, Token: tok, Next: next, Text: text})
 		})
@@ -225,7 +234,7 @@ func (r *replica) generate(ctx context.Context, l *lease.Lease, pool *pgxpool.Po
 			r.emit(event{Kind: evStopped, Token: tok, Text: "write REJECTED, a newer holder has taken over: " + err.Error()})
 			return 1
 		case l.Err() != nil:
-			r.emit(event{Kind: evStopped, Token: tok, Text: fmt.Sprintf("stopped: the lease ended (%v); the transaction in flight was rolled back", l.Err())})
+			r.emit(event{Kind: evStopped, Token: tok, Text: fmt.Sprintf("stopped: the lease ended (%v); the transaction in flight was not committed", l.Err())})
 			return 1
 		default:
 			return r.fail("invoice transaction: %v", err)

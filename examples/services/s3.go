@@ -25,7 +25,7 @@ import (
 	"github.com/aws/smithy-go"
 
 	"github.com/fencekit/fencekit/examples/internal/leftover"
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 )
 
 // VersitygwVersion is the versitygw release the programs build and start:

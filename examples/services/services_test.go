@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 )
 
 func TestProvideUsesConfiguredServices(t *testing.T) {

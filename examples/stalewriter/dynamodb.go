@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"time"
 
@@ -57,38 +56,23 @@ func (w *worker) writeItem(ctx context.Context, l *lease.Lease, note string) {
 // setUpDynamo creates the run's DynamoDB table (--dynamodb) at
 // $FENCE_DYNAMODB_ENDPOINT.
 func (sc *scenario) setUpDynamo(ctx context.Context, id string) error {
-	ep := os.Getenv(demo.DynamoEndpointVar)
-	if ep == "" {
-		return fmt.Errorf("--dynamodb: %s is not set: start DynamoDB Local (. scripts/services.sh && ensure_dynamodb) and export it", demo.DynamoEndpointVar)
+	ep, err := demo.DynamoEndpoint("--dynamodb")
+	if err != nil {
+		return err
 	}
-	d := &dynamoTarget{Endpoint: ep, Table: "stalewriter-" + id, Key: "report/2026-11"}
-	client, closeClient := demo.NewDynamoClient(ep)
-	defer closeClient()
-	if _, err := client.CreateTable(ctx, &dynamodb.CreateTableInput{
-		TableName:            aws.String(d.Table),
-		BillingMode:          types.BillingModePayPerRequest,
-		AttributeDefinitions: []types.AttributeDefinition{{AttributeName: aws.String("pk"), AttributeType: types.ScalarAttributeTypeS}},
-		KeySchema:            []types.KeySchemaElement{{AttributeName: aws.String("pk"), KeyType: types.KeyTypeHash}},
-	}); err != nil {
-		return fmt.Errorf("DynamoDB at %s: create table %s: %w", ep, d.Table, err)
+	if sc.dynamo, err = demo.CreateRunTable(ctx, ep, "stalewriter-"+id, false); err != nil {
+		return err
 	}
-	if err := dynamodb.NewTableExistsWaiter(client).Wait(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(d.Table)}, time.Minute); err != nil {
-		return fmt.Errorf("DynamoDB at %s: table %s: %w", ep, d.Table, err)
-	}
-	sc.cfg.Dynamo = d
+	sc.cfg.Dynamo = &dynamoTarget{Endpoint: ep, Table: sc.dynamo.Name, Key: "report/2026-11"}
 	return nil
 }
 
 // tearDownDynamo deletes the run's DynamoDB table, if it made one.
 func (sc *scenario) tearDownDynamo(ctx context.Context) error {
-	d := sc.cfg.Dynamo
-	if d == nil {
+	if sc.dynamo == nil {
 		return nil
 	}
-	client, closeClient := demo.NewDynamoClient(d.Endpoint)
-	defer closeClient()
-	_, err := client.DeleteTable(ctx, &dynamodb.DeleteTableInput{TableName: aws.String(d.Table)})
-	return err
+	return sc.dynamo.Delete(ctx)
 }
 
 // readFinalItem reads who wrote the DynamoDB item last and with which token

@@ -9,7 +9,7 @@ import (
 
 	"github.com/fencekit/fencekit/examples/internal/demo/demotest"
 	"github.com/fencekit/fencekit/examples/internal/leftover"
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 )
 
 // TestMain lets the test binary stand in for the program: run() starts

@@ -314,8 +314,9 @@ type scenario struct {
 	cfg workerConfig
 	*demo.Stores
 	s3         *s3.Client
-	objectDone func()       // strikes the object off the run's ledger
-	dropRowDB  func() error // removes the row's MariaDB database or SQLite file (--row-store)
+	objectDone func()         // strikes the object off the run's ledger
+	dropRowDB  func() error   // removes the row's MariaDB database or SQLite file (--row-store)
+	dynamo     *demo.RunTable // the run's DynamoDB table (--dynamodb)
 }
 
 func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error) {
@@ -399,6 +400,7 @@ func (sc *scenario) keep(out io.Writer, svc *services.Set) {
 	}
 	fmt.Fprintf(out, "  object s3://%s/%s at %s\n", sc.cfg.S3.Bucket, sc.cfg.ObjectKey, sc.cfg.S3.Endpoint)
 	if d := sc.cfg.Dynamo; d != nil {
+		sc.dynamo.Keep()
 		fmt.Fprintf(out, "  item dynamodb://%s/%s at %s\n", d.Table, d.Key, d.Endpoint)
 	}
 	for _, d := range svc.Dirs {

@@ -19,7 +19,7 @@ import (
 	"github.com/fencekit/fencekit/examples/internal/demo"
 	"github.com/fencekit/fencekit/examples/services"
 	"github.com/fencekit/fencekit/fence"
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/sqlguard"
 )

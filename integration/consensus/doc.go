@@ -8,5 +8,5 @@
 // etcd is embedded in the test process (internal/etcdtest); ZooKeeper is
 // Debian's, started per test (internal/zktest; scripts/services.sh
 // ensure_zookeeper installs it). PostgreSQL and S3 come from FENCE_* (see
-// internal/testenv), else examples/services finds or starts them.
+// internal/testkit/testenv), else examples/services finds or starts them.
 package consensus

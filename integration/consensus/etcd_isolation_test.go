@@ -12,7 +12,8 @@ import (
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/rs/zerolog"
 
-	"github.com/fencekit/fencekit/integration/consensus/internal/guarded"
+	"github.com/fencekit/fencekit/integration/internal/guarded"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 )
 
@@ -34,7 +35,7 @@ func TestHolderMemberIsolated(t *testing.T) {
 }
 
 func testHolderMemberIsolated(t *testing.T, ttl time.Duration, blackhole bool) {
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 	res, drop, err := guarded.Create(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +51,7 @@ func testHolderMemberIsolated(t *testing.T, ttl time.Duration, blackhole bool) {
 			rest = append(rest, i)
 		}
 	}
-	log := newRenewLog()
+	log := testkit.NewRenewLog()
 	holderEndpoint := cl.Endpoints(x)[0]
 	var proxy *toxiproxy.Proxy
 	if blackhole {
@@ -62,14 +63,14 @@ func testHolderMemberIsolated(t *testing.T, ttl time.Duration, blackhole bool) {
 		t.Cleanup(proxy.Stop)
 		holderEndpoint = "http://" + proxy.Listen
 	}
-	holderM := newManager(t, newEtcdBackend(t, cl.Client(holderEndpoint), p), ttl, lease.WithObserver(log))
-	otherM := newManager(t, newEtcdBackend(t, cl.Client(cl.Endpoints(rest...)...), p), ttl)
+	holderM := testkit.NewManager(t, newEtcdBackend(t, cl.Client(holderEndpoint), p), ttl, lease.WithObserver(log))
+	otherM := testkit.NewManager(t, newEtcdBackend(t, cl.Client(cl.Endpoints(rest...)...), p), ttl)
 
 	la, err := holderM.TryAcquire(ctx, "job")
 	if err != nil {
 		t.Fatalf("TryAcquire: %v", err)
 	}
-	log.confirmed(la.Token(), acquiredSent(holderM, la))
+	log.Confirmed(la.Token(), testkit.GrantSent(holderM, la))
 	for _, w := range guarded.Write(ctx, res, "A", la.Token()) {
 		if !w.Accepted {
 			t.Fatalf("the holder's write to %s while it holds the lease: %s", w.Store, w.Err)
@@ -103,7 +104,7 @@ func testHolderMemberIsolated(t *testing.T, ttl time.Duration, blackhole bool) {
 		t.Fatal("the isolated holder's lease was not lost")
 	}
 	lostAt := time.Now()
-	lastSent := log.last(la.Token())
+	lastSent := log.Last(la.Token())
 	expiry := lastSent.Add(la.TTL())
 	armed.Do(func() {
 		time.AfterFunc(time.Until(expiry), func() { ctxErrAtExpiry <- la.Context().Err() })

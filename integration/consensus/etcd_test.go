@@ -1,13 +1,11 @@
 package consensus
 
 import (
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/etcdtest"
-	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease/etcdlease"
 )
 
@@ -15,7 +13,7 @@ import (
 
 // etcdPrefix returns a key prefix of its own for one test.
 func etcdPrefix(t testing.TB) string {
-	return "fencekit-test/" + testName(t) + "-" + randHex(6) + "/"
+	return "fencekit-test/" + testName(t) + "-" + testkit.RandHex(6) + "/"
 }
 
 // newEtcdBackend returns a backend over cli with the test servers' minimum
@@ -33,39 +31,3 @@ func newEtcdBackend(t testing.TB, cli etcdlease.Client, prefix string) *etcdleas
 // etcdCluster starts a three-member cluster for one test, with the Steady
 // timing (see etcdtest.Steady).
 func etcdCluster(t testing.TB) *etcdtest.Cluster { return etcdtest.StartWith(t, 3, etcdtest.Steady) }
-
-// renewLog records the send time of the last request the store confirmed
-// for each lease token: the acquire (set by the test) or a renewal.
-type renewLog struct {
-	lease.NopObserver
-	mu   sync.Mutex
-	sent map[fence.Token]time.Time
-}
-
-func newRenewLog() *renewLog { return &renewLog{sent: map[fence.Token]time.Time{}} }
-
-func (r *renewLog) Renewed(e lease.RenewedEvent) {
-	if e.Err == nil {
-		r.confirmed(e.Token, e.Sent)
-	}
-}
-
-func (r *renewLog) confirmed(tok fence.Token, sent time.Time) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if sent.After(r.sent[tok]) {
-		r.sent[tok] = sent
-	}
-}
-
-func (r *renewLog) last(tok fence.Token) time.Time {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.sent[tok]
-}
-
-// acquiredSent is the send time of the request that granted l: its first
-// deadline is that plus TTL - safety margin.
-func acquiredSent(m *lease.Manager, l *lease.Lease) time.Time {
-	return l.Deadline().Add(-(l.TTL() - m.Options().SafetyMargin))
-}

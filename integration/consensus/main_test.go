@@ -1,25 +1,16 @@
 package consensus
 
 import (
-	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"os"
 	"strings"
 	"testing"
-	"time"
 
 	"go.uber.org/goleak"
 
 	"github.com/fencekit/fencekit/examples/services"
 	"github.com/fencekit/fencekit/integration/internal/itest"
-	"github.com/fencekit/fencekit/lease"
 )
-
-// binDir holds the helper programs under ./internal/... (etcdholder,
-// zkholder), built once by TestMain.
-var binDir string
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(mainM{m},
@@ -42,47 +33,18 @@ func TestMain(m *testing.M) {
 	)
 }
 
-// mainM builds the helper programs and finds the services before the tests
+// mainM builds the holder program and finds the services before the tests
 // run; goleak checks for leaked goroutines once it returns.
 type mainM struct{ m *testing.M }
 
 func (w mainM) Run() int {
-	dir, cleanup, err := itest.Setup("consensus", services.Config{NoRedis: true}, "./internal/...")
+	_, cleanup, err := itest.Setup("consensus", services.Config{NoRedis: true}, "../internal/cmd/holder")
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "consensus: %v\n", err)
 		return 1
 	}
 	defer cleanup()
-	binDir = dir
 	return w.m.Run()
-}
-
-// helperPath returns the path of the helper program built from
-// ./internal/<name>.
-func helperPath(t testing.TB, name string) string {
-	t.Helper()
-	return itest.HelperPath(t, binDir, name)
-}
-
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func newManager(t testing.TB, b lease.Backend, ttl time.Duration, opts ...lease.Option) *lease.Manager {
-	t.Helper()
-	m, err := lease.NewManager(b, ttl, opts...)
-	if err != nil {
-		t.Fatalf("lease.NewManager: %v", err)
-	}
-	return m
-}
-
-func randHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 // testName is t.Name() usable in a key, a znode or a proxy name.

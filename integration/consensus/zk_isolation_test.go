@@ -10,6 +10,8 @@ import (
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/rs/zerolog"
 
+	"github.com/fencekit/fencekit/integration/internal/guarded"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/internal/zktest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/leasetest"
@@ -52,8 +54,8 @@ func TestIsolatedHolderLosesBeforeExpiryAndIsFenced(t *testing.T) {
 	const ttl = 3 * time.Second
 	for round := range 3 {
 		name := "isolated"
-		root := testRoot(t)
-		fs := newFencedStores(t)
+		root := zktest.Root(t)
+		fs := newResource(t)
 
 		server := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
 		proxy := toxiproxy.NewProxy(server, "zk-"+strings.ReplaceAll(t.Name(), "/", "-"), "127.0.0.1:0", ens.Members[0].Addr())
@@ -62,20 +64,20 @@ func TestIsolatedHolderLosesBeforeExpiryAndIsFenced(t *testing.T) {
 		}
 		log := &renewCount{}
 		holderB := newZKBackend(t, []string{proxy.Listen}, zklease.WithRoot(root), zklease.WithSessionTimeout(ttl))
-		holder := newManager(t, holderB, ttl, lease.WithObserver(log))
+		holder := testkit.NewManager(t, holderB, ttl, lease.WithObserver(log))
 		otherB := newZKBackend(t, []string{ens.Members[1].Addr(), ens.Members[2].Addr()}, zklease.WithRoot(root), zklease.WithSessionTimeout(ttl))
-		other := newManager(t, otherB, ttl, lease.WithPollInterval(10*time.Second))
+		other := testkit.NewManager(t, otherB, ttl, lease.WithPollInterval(10*time.Second))
 
-		ctx := ctxT(t)
+		ctx := testkit.Context(t)
 		l, err := holder.TryAcquire(ctx, name)
 		if err != nil {
 			t.Fatalf("holder: %v", err)
 		}
 		// The holder writes while it holds the lease.
-		if err := fs.writeRow(ctx, l.Token(), "A"); err != nil {
+		if err := guarded.WriteRow(ctx, fs, "A", l.Token()); err != nil {
 			t.Fatalf("A's first row write: %v", err)
 		}
-		if err := fs.writeObject(ctx, l.Token(), "A"); err != nil {
+		if err := guarded.WriteObject(ctx, fs, "A", l.Token()); err != nil {
 			t.Fatalf("A's first object write: %v", err)
 		}
 		type got struct {
@@ -133,15 +135,15 @@ func TestIsolatedHolderLosesBeforeExpiryAndIsFenced(t *testing.T) {
 			t.Fatalf("round %d: token %d after %d", round, g.l.Token(), l.Token())
 		}
 		// The new holder writes; the old one, unaware, writes after it.
-		if err := fs.writeRow(ctx, g.l.Token(), "B"); err != nil {
+		if err := guarded.WriteRow(ctx, fs, "B", g.l.Token()); err != nil {
 			t.Fatalf("B's row write: %v", err)
 		}
-		if err := fs.writeObject(ctx, g.l.Token(), "B"); err != nil {
+		if err := guarded.WriteObject(ctx, fs, "B", g.l.Token()); err != nil {
 			t.Fatalf("B's object write: %v", err)
 		}
-		requireStale(t, "A's late row write", fs.writeRow(ctx, l.Token(), "A"))
-		requireStale(t, "A's late object write", fs.writeObject(ctx, l.Token(), "A"))
-		if rowBy, rowTok, objBy, objTok := fs.stored(t); rowBy != "B" || rowTok != g.l.Token() || objBy != "B" || objTok != g.l.Token() {
+		requireStale(t, "A's late row write", guarded.WriteRow(ctx, fs, "A", l.Token()))
+		requireStale(t, "A's late object write", guarded.WriteObject(ctx, fs, "A", l.Token()))
+		if rowBy, rowTok, objBy, objTok := stored(t, fs); rowBy != "B" || rowTok != g.l.Token() || objBy != "B" || objTok != g.l.Token() {
 			t.Fatalf("stored: row by %q (%d), object by %q (%d); want B's with token %d", rowBy, rowTok, objBy, objTok, g.l.Token())
 		}
 		t.Logf("round %d: blackholed %v after the last renewal was sent; holder lost its lease %v after the blackhole (%v before send + TTL); the other client acquired %v after the loss (%v after the blackhole)",

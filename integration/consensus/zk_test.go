@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,13 +12,6 @@ import (
 )
 
 // The ZooKeeper tests' helpers, as lease/zklease's tests have them.
-
-var rootSeq atomic.Int64
-
-// testRoot returns a root znode unique to the test.
-func testRoot(t testing.TB) string {
-	return fmt.Sprintf("/fencekit-test/%s-%d", testName(t), rootSeq.Add(1))
-}
 
 // newZKBackend connects a Backend to servers, closed when the test ends.
 func newZKBackend(t testing.TB, servers []string, opts ...zklease.Option) *zklease.Backend {

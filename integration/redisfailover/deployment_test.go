@@ -2,26 +2,22 @@ package redisfailover
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/redistest"
-	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease/redislease"
 )
 
-// The helpers of the failover scenario, copied from lease/redislease's
-// tests (failover_test.go, cluster_test.go, sentinel_test.go,
-// redislease_test.go), where the lease-only failover tests use them: only
-// what testPrimaryKilled calls.
+// The deployment interface and the helpers on it, a subset of
+// lease/redislease's failover tests' (failover_test.go, cluster_test.go,
+// sentinel_test.go): only what testPrimaryKilled calls. The helpers that
+// need no deployment are shared: internal/testkit (NewManager, TryAcquire,
+// RenewEvents, Span) and internal/redistest (UniquePrefix, StoredOwner).
 
 // go-redis logs each failed dial and each Sentinel lookup through its
 // package logger; a failover makes hundreds of such lines. The tests report
@@ -116,42 +112,6 @@ func newShardedBackend(t testing.TB, c redislease.Client, prefix string) *redisl
 	return newBackend(t, c, prefix)
 }
 
-// multiNodeManager returns a Manager over b with the given TTL and options.
-func multiNodeManager(t testing.TB, b lease.Backend, ttl time.Duration, opts ...lease.Option) *lease.Manager {
-	t.Helper()
-	m, err := lease.NewManager(b, ttl, opts...)
-	if err != nil {
-		t.Fatalf("lease.NewManager: %v", err)
-	}
-	return m
-}
-
-// tokenOf returns the fencing token of l.
-func tokenOf(l *lease.Lease) fence.Token { return l.Token() }
-
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func acquire(t *testing.T, m *lease.Manager, name string) *lease.Lease {
-	t.Helper()
-	l, err := m.TryAcquire(ctxT(t), name)
-	if err != nil {
-		t.Fatalf("TryAcquire(%q): %v", name, err)
-	}
-	return l
-}
-
-// uniquePrefix returns a key prefix unique to this run and test, for a
-// deployment the test owns (nothing to clean up: the servers go away).
-func uniquePrefix(t *testing.T) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return "fencekit-test:" + hex.EncodeToString(b[:]) + ":"
-}
-
 // namesOn returns n lease names starting with base whose keys primary
 // serves now.
 func namesOn(t *testing.T, d deployment, b *redislease.Backend, primary *redistest.Server, base string, n int) []string {
@@ -173,45 +133,8 @@ func namesOn(t *testing.T, d deployment, b *redislease.Backend, primary *rediste
 // every write it has taken (WAIT).
 func waitReplicated(t *testing.T, d deployment, primary *redistest.Server) {
 	t.Helper()
-	n, err := d.admin(primary).Do(ctxT(t), "WAIT", 1, 5000).Int64()
+	n, err := d.admin(primary).Do(testkit.Context(t), "WAIT", 1, 5000).Int64()
 	if err != nil || n < 1 {
 		t.Fatalf("WAIT on %s: %d replicas acknowledged (%v)", primary.Addr, n, err)
 	}
-}
-
-// renewLogAll records every renewal's outcome with its send time.
-type renewLogAll struct {
-	lease.NopObserver
-	mu     sync.Mutex
-	events []lease.RenewedEvent
-}
-
-func (r *renewLogAll) Renewed(e lease.RenewedEvent) {
-	r.mu.Lock()
-	r.events = append(r.events, e)
-	r.mu.Unlock()
-}
-
-// succeededSince reports whether a renewal of name sent after since
-// succeeded.
-func (r *renewLogAll) succeededSince(name string, since time.Time) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, e := range r.events {
-		if e.Name == name && e.Err == nil && e.Sent.After(since) {
-			return true
-		}
-	}
-	return false
-}
-
-// storedOwner reads the owner of the grant a lease key holds
-// ("<token>:<owner>").
-func storedOwner(ctx context.Context, c *redis.Client, key string) (string, error) {
-	v, err := c.Get(ctx, key).Result()
-	if err != nil {
-		return "", err
-	}
-	_, owner, _ := strings.Cut(v, ":")
-	return owner, nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 )
 
@@ -102,52 +103,43 @@ func testPrimaryKilled(t *testing.T, d deployment, runs int) {
 		stale += r.stale
 	}
 	t.Logf("SIGKILL of a primary, %d runs: the servers agree on the promoted replica after %v; the lost lease granted to a waiting client after %v; a sharded waiter woken %v after a release on the new primary; %d stale writes rejected by the guards",
-		len(results), span(promoted), span(takeover), span(wake), stale)
-}
-
-// span formats the range of ds as "min–max".
-func span(ds []time.Duration) string {
-	if len(ds) == 0 {
-		return "-"
-	}
-	lo, hi := slices.Min(ds), slices.Max(ds)
-	return fmt.Sprintf("%v–%v", lo.Round(time.Millisecond), hi.Round(time.Millisecond))
+		len(results), testkit.Span(promoted), testkit.Span(takeover), testkit.Span(wake), stale)
 }
 
 func killOnce(t *testing.T, d deployment, stores *fencedStores, target *redistest.Server) killRun {
 	const ttl = 15 * time.Second
-	ctx := ctxT(t)
-	prefix := uniquePrefix(t)
-	renews := &renewLogAll{}
+	ctx := testkit.Context(t)
+	prefix := redistest.UniquePrefix()
+	renews := &testkit.RenewEvents{}
 	auto := func(o *lease.Options) { o.RenewInterval = 500 * time.Millisecond; o.Observer = renews }
 	probe := newBackend(t, d.client(t), prefix)
 	names := namesOn(t, d, probe, target, "killed", 5)
 	replicated, lostAuto, lostManual, churned, watched := names[0], names[1], names[2], names[3], names[4]
 	replica := d.replicaOf(t, target)
 
-	mA := multiNodeManager(t, newBackend(t, d.client(t), prefix), ttl, auto)
-	mB := multiNodeManager(t, newBackend(t, d.client(t), prefix), ttl, auto)
-	mD := multiNodeManager(t, newBackend(t, d.client(t), prefix), ttl, func(o *lease.Options) { o.DisableAutoRenew = true })
-	mE := multiNodeManager(t, newBackend(t, d.client(t), prefix), ttl, func(o *lease.Options) { o.DisableAutoRenew = true })
+	mA := testkit.NewManager(t, newBackend(t, d.client(t), prefix), ttl, auto)
+	mB := testkit.NewManager(t, newBackend(t, d.client(t), prefix), ttl, auto)
+	mD := testkit.NewManager(t, newBackend(t, d.client(t), prefix), ttl, func(o *lease.Options) { o.DisableAutoRenew = true })
+	mE := testkit.NewManager(t, newBackend(t, d.client(t), prefix), ttl, func(o *lease.Options) { o.DisableAutoRenew = true })
 	cBackend := newBackend(t, d.client(t), prefix)
-	mC := multiNodeManager(t, cBackend, ttl, func(o *lease.Options) { o.DisableAutoRenew = true })
+	mC := testkit.NewManager(t, cBackend, ttl, func(o *lease.Options) { o.DisableAutoRenew = true })
 	// A holder and a waiter that use sharded pub/sub (SPUBLISH, SSUBSCRIBE).
-	mH := multiNodeManager(t, newShardedBackend(t, d.client(t), prefix), ttl, auto)
-	mW := multiNodeManager(t, newShardedBackend(t, d.client(t), prefix), ttl, func(o *lease.Options) { o.PollInterval = 20 * time.Second })
+	mH := testkit.NewManager(t, newShardedBackend(t, d.client(t), prefix), ttl, auto)
+	mW := testkit.NewManager(t, newShardedBackend(t, d.client(t), prefix), ttl, func(o *lease.Options) { o.PollInterval = 20 * time.Second })
 
 	// Every client finds its way around the cluster before the replica is
 	// paused (a fresh cluster client that asked the paused replica for the
 	// slot map would wait for its read timeout).
 	for i, m := range []*lease.Manager{mA, mB, mC, mD, mE, mH, mW} {
-		l := acquire(t, m, fmt.Sprintf("warm-%d", i))
+		l := testkit.TryAcquire(t, m, fmt.Sprintf("warm-%d", i))
 		if err := l.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
 	before := make(map[string][]fence.Token) // every token granted before the kill, by name
 	grant := func(m *lease.Manager, name string) *lease.Lease {
-		l := acquire(t, m, name)
-		before[name] = append(before[name], tokenOf(l))
+		l := testkit.TryAcquire(t, m, name)
+		before[name] = append(before[name], l.Token())
 		return l
 	}
 	a := grant(mA, replicated)
@@ -188,9 +180,9 @@ func killOnce(t *testing.T, d deployment, stores *fencedStores, target *redistes
 	}
 	// The holder of the lost grant writes while its grant is good.
 	res := fmt.Sprintf("job-%s-%d", strings.ReplaceAll(target.Addr, ":", "-"), time.Now().UnixNano())
-	for i, err := range stores.write(ctx, res, "D", tokenOf(dl)) {
+	for i, err := range stores.write(ctx, res, "D", dl.Token()) {
 		if err != nil {
-			t.Fatalf("D's %s write with its valid token %d: %v", fencedWrites[i], tokenOf(dl), err)
+			t.Fatalf("D's %s write with its valid token %d: %v", fencedWrites[i], dl.Token(), err)
 		}
 	}
 
@@ -237,9 +229,9 @@ func killOnce(t *testing.T, d deployment, stores *fencedStores, target *redistes
 
 	// Tokens after the failover are above every token before it, per name.
 	cl := c.l
-	after := map[string]fence.Token{lostManual: tokenOf(cl)}
+	after := map[string]fence.Token{lostManual: cl.Token()}
 	le := acquireAfterFailover(t, mE, churned)
-	after[churned] = tokenOf(le)
+	after[churned] = le.Token()
 	for name, tok := range after {
 		if last := slices.Max(before[name]); tok <= last {
 			t.Errorf("%s: token %d granted after the failover is not above %d, granted before it", name, tok, last)
@@ -252,28 +244,28 @@ func killOnce(t *testing.T, d deployment, stores *fencedStores, target *redistes
 
 	// Two holders overlap: D still believes it holds its lease while C has
 	// it. C writes; then D's writes are rejected as stale, C's stay.
-	for i, err := range stores.write(ctx, res, "C", tokenOf(cl)) {
+	for i, err := range stores.write(ctx, res, "C", cl.Token()) {
 		if err != nil {
-			t.Fatalf("C's %s write with token %d: %v", fencedWrites[i], tokenOf(cl), err)
+			t.Fatalf("C's %s write with token %d: %v", fencedWrites[i], cl.Token(), err)
 		}
 	}
 	if err := dl.Err(); err != nil {
 		t.Fatalf("D's lease ended before its stale writes (%v): no overlap to show", err)
 	}
-	for i, err := range stores.write(ctx, res, "D", tokenOf(dl)) {
+	for i, err := range stores.write(ctx, res, "D", dl.Token()) {
 		var se *fence.StaleError
 		if !errors.Is(err, fence.ErrStaleToken) || !errors.As(err, &se) {
-			t.Errorf("D's %s write with its lost token %d while C holds token %d = %v; want a stale-token error", fencedWrites[i], tokenOf(dl), tokenOf(cl), err)
+			t.Errorf("D's %s write with its lost token %d while C holds token %d = %v; want a stale-token error", fencedWrites[i], dl.Token(), cl.Token(), err)
 			continue
 		}
 		run.stale++
 	}
 	for i, w := range stores.writer(t, ctx, res) {
-		if want := fmt.Sprintf("C@%d", tokenOf(cl)); w != want {
+		if want := fmt.Sprintf("C@%d", cl.Token()); w != want {
 			t.Errorf("%s holds %s, want %s", fencedWrites[i], w, want)
 		}
 	}
-	t.Logf("overlap: D (token %d) and C (token %d) both held %s; %d of D's %d writes rejected as stale", tokenOf(dl), tokenOf(cl), lostManual, run.stale, len(fencedWrites))
+	t.Logf("overlap: D (token %d) and C (token %d) both held %s; %d of D's %d writes rejected as stale", dl.Token(), cl.Token(), lostManual, run.stale, len(fencedWrites))
 
 	// D learns of the loss at its first renewal that reaches the new
 	// primary (its client may first have to find it: those attempts fail
@@ -298,7 +290,7 @@ func killOnce(t *testing.T, d deployment, stores *fencedStores, target *redistes
 	default:
 		t.Error("D's lease context not cancelled after its renewal found the loss")
 	}
-	if owner, _ := storedOwner(ctx, adm, probe.KeysFor(lostManual).Lease); owner != cl.Owner() {
+	if owner, _ := redistest.StoredOwner(ctx, adm, probe.KeysFor(lostManual).Lease); owner != cl.Owner() {
 		t.Errorf("after D's renewal the lease names %q, want C's owner %q", owner, cl.Owner())
 	}
 
@@ -316,8 +308,8 @@ func killOnce(t *testing.T, d deployment, stores *fencedStores, target *redistes
 		t.Errorf("B's lost grant was re-created on the new primary (exists=%d, %v)", n, err)
 	}
 	lb := acquireAfterFailover(t, mC, lostAuto)
-	if last := slices.Max(before[lostAuto]); tokenOf(lb) <= last {
-		t.Errorf("%s: token %d after the failover is not above the lost token %d", lostAuto, tokenOf(lb), last)
+	if last := slices.Max(before[lostAuto]); lb.Token() <= last {
+		t.Errorf("%s: token %d after the failover is not above the lost token %d", lostAuto, lb.Token(), last)
 	}
 
 	// A's grant had reached the replica: A still holds its lease, renewed
@@ -331,7 +323,7 @@ func killOnce(t *testing.T, d deployment, stores *fencedStores, target *redistes
 		if err == nil {
 			return true
 		}
-		owner, gerr := storedOwner(ctx, adm, probe.KeysFor(l.Name()).Lease)
+		owner, gerr := redistest.StoredOwner(ctx, adm, probe.KeysFor(l.Name()).Lease)
 		if owner == l.Owner() {
 			t.Errorf("%s's replicated lease ended across the failover, though the new primary still names it: %v", who, err)
 			return false
@@ -349,7 +341,7 @@ func killOnce(t *testing.T, d deployment, stores *fencedStores, target *redistes
 		return false
 	}
 	aHeld := survived("A", a)
-	if aHeld && !renews.succeededSince(replicated, killed.Add(promoted)) {
+	if aHeld && !renews.SucceededSince(replicated, killed.Add(promoted)) {
 		t.Errorf("A's lease was not renewed on the new primary")
 	}
 

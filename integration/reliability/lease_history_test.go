@@ -19,7 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fencekit/fencekit/internal/redistest"
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/etcdlease"

@@ -11,10 +11,6 @@ import (
 	"github.com/fencekit/fencekit/integration/internal/itest"
 )
 
-// binDir holds the helper programs under ../internal/..., built once by
-// TestMain.
-var binDir string
-
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(mainM{m},
 		// toxiproxy (a test tool, in-process here) leaves the goroutine of
@@ -35,17 +31,11 @@ func TestMain(m *testing.M) {
 type mainM struct{ m *testing.M }
 
 func (w mainM) Run() int {
-	dir, cleanup, err := itest.Setup("reliability", services.Config{}, "../internal/pausedwriter")
+	_, cleanup, err := itest.Setup("reliability", services.Config{}, "../internal/cmd/holder")
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "reliability: %v\n", err)
 		return 1
 	}
 	defer cleanup()
-	binDir = dir
 	return w.m.Run()
-}
-
-func helperPath(t testing.TB, name string) string {
-	t.Helper()
-	return itest.HelperPath(t, binDir, name)
 }

@@ -21,26 +21,17 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/fencekit/fencekit/fence"
+	holderout "github.com/fencekit/fencekit/integration/internal/holder"
+	"github.com/fencekit/fencekit/integration/internal/itest"
 	"github.com/fencekit/fencekit/internal/redistest"
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 )
 
-// writerEvent is one line of the pausedwriter program's output.
-type writerEvent struct {
-	At      int64  `json:"at"`
-	Role    string `json:"role"`
-	Kind    string `json:"kind"`
-	Token   uint64 `json:"token"`
-	Store   string `json:"store"`
-	Round   int    `json:"round"`
-	Start   int64  `json:"start"`
-	End     int64  `json:"end"`
-	Outcome string `json:"outcome"`
-	Value   string `json:"value"`
-	Text    string `json:"text"`
-}
+// writerEvent is one line of the holder program's output (-do rounds).
+type writerEvent = holderout.Event
 
-// proc is one pausedwriter process of a trial.
+// proc is one holder process (-do rounds) of a trial.
 type proc struct {
 	role   string
 	cmd    *exec.Cmd
@@ -55,7 +46,7 @@ type proc struct {
 
 func startProc(t *testing.T, role string, args ...string) (*proc, error) {
 	p := &proc{role: role, events: make(chan writerEvent, 256), done: make(chan struct{})}
-	p.cmd = exec.Command(helperPath(t, "pausedwriter"), append([]string{"-role", role}, args...)...)
+	p.cmd = exec.Command(itest.HolderPath(t), append([]string{"-role", role}, args...)...)
 	p.cmd.Stderr = &p.stderr
 	stdout, err := p.cmd.StdoutPipe()
 	if err != nil {
@@ -314,9 +305,9 @@ func (rig *pausedRig) trial(seed uint64, i int) (st trialStats) {
 		return st
 	}
 	interval := rig.ttl / 4
-	common := []string{"-redis", testenv.RedisURL(), "-prefix", rig.prefix, "-name", name, "-ttl", rig.ttl.String(),
-		"-schema", rig.pg.schema, "-row", name, "-object", objKey}
-	aArgs := append(append([]string(nil), common...), "-writes", "8", "-interval", interval.String())
+	common := []string{"-store", "redis", "-redis", testenv.RedisURL(), "-prefix", rig.prefix, "-name", name, "-ttl", rig.ttl.String(),
+		"-do", "rounds", "-write-timeout", "5s", "-ledger", rig.pg.schema, "-row", name, "-object", objKey}
+	aArgs := append(append([]string(nil), common...), "-rounds", "8", "-interval", interval.String())
 	if reckless {
 		aArgs = append(aArgs, "-reckless")
 	}
@@ -348,7 +339,7 @@ func (rig *pausedRig) trial(seed uint64, i int) (st trialStats) {
 	stopped := time.Now()
 	var others []*proc
 	for _, role := range []string{"B", "C"} {
-		p, err := startProc(rig.t, role, append(append([]string(nil), common...), "-writes", "3", "-interval", (rig.ttl/5).String())...)
+		p, err := startProc(rig.t, role, append(append([]string(nil), common...), "-rounds", "3", "-interval", (rig.ttl/5).String())...)
 		if err != nil {
 			_ = a.cmd.Process.Signal(syscall.SIGCONT)
 			return failf("start %s: %v", role, err)
@@ -374,7 +365,7 @@ func (rig *pausedRig) trial(seed uint64, i int) (st trialStats) {
 	for _, p := range append([]*proc{a}, others...) {
 		all = append(all, p.writes()...)
 	}
-	newest := map[string]uint64{} // per store: the newest accepted token
+	newest := map[string]fence.Token{} // per store: the newest accepted token
 	firstNewer := map[string]int64{}
 	for _, e := range all {
 		st.Writes++
@@ -392,15 +383,15 @@ func (rig *pausedRig) trial(seed uint64, i int) (st trialStats) {
 		}
 	}
 	for _, e := range all {
-		if e.Role != "A" && e.Outcome == "accepted" && (firstNewer[e.Store] == 0 || e.End < firstNewer[e.Store]) {
-			firstNewer[e.Store] = e.End
+		if e.Role != "A" && e.Outcome == "accepted" && (firstNewer[e.Store] == 0 || e.End.UnixNano() < firstNewer[e.Store]) {
+			firstNewer[e.Store] = e.End.UnixNano()
 		}
 	}
 	if t := firstNewer["pg-row"]; t != 0 && t < resumed.UnixNano() {
 		st.Takeovers = 1
 	}
 	for _, e := range a.writes() {
-		if t := firstNewer[e.Store]; t != 0 && e.Start > t {
+		if t := firstNewer[e.Store]; t != 0 && e.Start.UnixNano() > t {
 			st.LateWrites++
 			if e.Outcome == "stale" {
 				st.LateRejected++
@@ -411,10 +402,10 @@ func (rig *pausedRig) trial(seed uint64, i int) (st trialStats) {
 	// No write accepted after a write with a newer token was acknowledged.
 	for _, e1 := range all {
 		for _, e2 := range all {
-			if e1.Store == e2.Store && e1.Outcome == "accepted" && e2.Outcome == "accepted" && e2.Token > e1.Token && e2.End < e1.Start {
+			if e1.Store == e2.Store && e1.Outcome == "accepted" && e2.Outcome == "accepted" && e2.Token > e1.Token && e2.End.Before(e1.Start) {
 				st.Violations++
 				return failf("%s accepted %s's write with token %d at %d, after %s's write with token %d was acknowledged at %d",
-					e1.Store, e1.Role, e1.Token, e1.Start, e2.Role, e2.Token, e2.End)
+					e1.Store, e1.Role, e1.Token, e1.Start.UnixNano(), e2.Role, e2.Token, e2.End.UnixNano())
 			}
 		}
 	}
@@ -429,7 +420,7 @@ func (rig *pausedRig) trial(seed uint64, i int) (st trialStats) {
 			return failf("the object's token went down from %d to %d (observed tokens %v)", objTokens[j-1], objTokens[j], objTokens)
 		}
 	}
-	if tok, ok := rig.objectToken(objKey); !ok || !finalOK(tok, "s3", all, newest) {
+	if tok, ok := rig.objectToken(objKey); !ok || !finalOK(fence.Token(tok), "s3", all, newest) {
 		st.Violations++
 		return failf("the object holds token %d (found %v), the newest accepted write to it had %d", tok, ok, newest["s3"])
 	}
@@ -438,7 +429,7 @@ func (rig *pausedRig) trial(seed uint64, i int) (st trialStats) {
 
 // checkRecords checks the row's audit trail and the ledger of resource
 // name against the accepted writes.
-func (rig *pausedRig) checkRecords(name string, all []writerEvent, newest map[string]uint64) string {
+func (rig *pausedRig) checkRecords(name string, all []writerEvent, newest map[string]fence.Token) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	type rec struct {
@@ -493,7 +484,7 @@ func (rig *pausedRig) checkRecords(name string, all []writerEvent, newest map[st
 				return fmt.Sprintf("%s: %s's write %q was reported rejected but is in the store's record", store.name, e.Role, e.Value)
 			}
 		}
-		if len(tokens) > 0 && !finalOK(uint64(tokens[len(tokens)-1]), store.name, all, newest) {
+		if len(tokens) > 0 && !finalOK(fence.Token(tokens[len(tokens)-1]), store.name, all, newest) {
 			return fmt.Sprintf("%s: the last record has token %d, the newest accepted write %d", store.name, tokens[len(tokens)-1], newest[store.name])
 		}
 	}
@@ -549,7 +540,7 @@ func (o *objObserver) stop() []uint64 {
 
 // finalOK reports whether tok may be the token a store ends with: the
 // newest accepted one, or a newer one of a write whose outcome was unknown.
-func finalOK(tok uint64, store string, all []writerEvent, newest map[string]uint64) bool {
+func finalOK(tok fence.Token, store string, all []writerEvent, newest map[string]fence.Token) bool {
 	if tok == newest[store] {
 		return true
 	}

@@ -2,8 +2,6 @@ package reliability
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net"
 	"regexp"
@@ -16,22 +14,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/internal/testkit"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/migrations"
 )
 
 var nonIdent = regexp.MustCompile(`[^a-z0-9]+`)
-
-// uniqueName returns a lower-case identifier unique to this run and test.
-func uniqueName(t testing.TB, prefix string) string {
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	name := nonIdent.ReplaceAllString(strings.ToLower(t.Name()), "_")
-	if len(name) > 30 {
-		name = name[len(name)-30:]
-	}
-	return prefix + name + "_" + hex.EncodeToString(b[:])
-}
 
 // pgEnv is one test's throwaway schema, migrated, and the application name
 // its connections carry (so that the chaos can find and kill them).
@@ -46,7 +34,7 @@ func newPGEnv(t testing.TB) *pgEnv {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	e := &pgEnv{t: t, url: testenv.PostgresURL(), schema: uniqueName(t, "fkrel_")}
+	e := &pgEnv{t: t, url: testenv.PostgresURL(), schema: testkit.UniqueName(t, "fkrel_")}
 	e.appName = e.schema
 	admin := e.conn(ctx, "")
 	defer admin.Close(ctx)

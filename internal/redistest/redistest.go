@@ -24,7 +24,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 )
 
 // Shared returns a new client of the machine's Redis (FENCE_REDIS_URL),
@@ -263,4 +263,24 @@ func (s *Server) signal(t testing.TB, sig syscall.Signal) {
 func (s *Server) Client() *redis.Client {
 	s.t.Helper()
 	return connect(s.t, &redis.Options{Addr: s.Addr, MaxRetries: -1})
+}
+
+// UniquePrefix returns a key prefix unique to this run, for a deployment
+// the test owns (nothing to clean up: the servers go away). Prefix is the
+// one for the shared server.
+func UniquePrefix() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "fencekit-test:" + hex.EncodeToString(b[:]) + ":"
+}
+
+// StoredOwner reads the owner of the grant a redislease lease key holds
+// ("<token>:<owner>").
+func StoredOwner(ctx context.Context, c *redis.Client, key string) (string, error) {
+	v, err := c.Get(ctx, key).Result()
+	if err != nil {
+		return "", err
+	}
+	_, owner, _ := strings.Cut(v, ":")
+	return owner, nil
 }

@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -431,4 +432,13 @@ func readFrame(r io.Reader) ([]byte, error) {
 	b := make([]byte, n)
 	_, err := io.ReadFull(r, b)
 	return b, err
+}
+
+var rootSeq atomic.Int64
+
+// Root returns a root znode unique to the test (for zklease.WithRoot):
+// "/fencekit-test/<test name>-<n>", the name's separators made "_".
+func Root(t testing.TB) string {
+	n := strings.NewReplacer("/", "_", " ", "_", "=", "_", ":", "_", ".", "_").Replace(t.Name())
+	return fmt.Sprintf("/fencekit-test/%s-%d", n, rootSeq.Add(1))
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/fencekit/fencekit/internal/dynamotest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/dynamolease"
 	"github.com/fencekit/fencekit/lease/leasetest"
@@ -30,10 +31,10 @@ func TestConformance(t *testing.T) {
 			v, _ := tables.Load(b)
 			table := v.(string)
 			c := dynamotest.Client(t)
-			if err := dynamotest.Delete(ctxT(t), c, table); err != nil {
+			if err := dynamotest.Delete(testkit.Context(t), c, table); err != nil {
 				t.Fatal(err)
 			}
-			if err := dynamolease.CreateTable(ctxT(t), c, table, ""); err != nil {
+			if err := dynamolease.CreateTable(testkit.Context(t), c, table, ""); err != nil {
 				t.Fatal(err)
 			}
 		},

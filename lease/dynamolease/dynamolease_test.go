@@ -11,6 +11,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/fencekit/fencekit/internal/dynamotest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/dynamolease"
@@ -22,7 +23,7 @@ func keyOf(name string) map[string]types.AttributeValue {
 
 func rawItem(t *testing.T, table, name string) map[string]types.AttributeValue {
 	t.Helper()
-	out, err := dynamotest.Client(t).GetItem(ctxT(t), &dynamodb.GetItemInput{
+	out, err := dynamotest.Client(t).GetItem(testkit.Context(t), &dynamodb.GetItemInput{
 		TableName: aws.String(table), ConsistentRead: aws.Bool(true), Key: keyOf(name),
 	})
 	if err != nil {
@@ -40,12 +41,12 @@ func TestTakeoverWaitsOutRecordVersion(t *testing.T) {
 	table := newTable(t)
 	holder, waiter := newBackend(t, table), newBackend(t, table)
 	const ttl = 600 * time.Millisecond
-	g, err := holder.Acquire(ctxT(t), driver.Request{Name: "job", Owner: "h", TTL: ttl})
+	g, err := holder.Acquire(testkit.Context(t), driver.Request{Name: "job", Owner: "h", TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
 	try := func() (driver.Grant, error) {
-		return waiter.Acquire(ctxT(t), driver.Request{Name: "job", Owner: "w", TTL: ttl})
+		return waiter.Acquire(testkit.Context(t), driver.Request{Name: "job", Owner: "w", TTL: ttl})
 	}
 	_, err = try()
 	firstSeen := time.Now()
@@ -55,7 +56,7 @@ func TestTakeoverWaitsOutRecordVersion(t *testing.T) {
 	}
 	// The holder renews before the waiter's wait is over: a new version.
 	time.Sleep(ttl / 3)
-	if err := holder.Renew(ctxT(t), g); err != nil {
+	if err := holder.Renew(testkit.Context(t), g); err != nil {
 		t.Fatal(err)
 	}
 	// Past one TTL from the first sight, but the version changed: refused.
@@ -87,7 +88,7 @@ func TestTakeoverWaitsOutRecordVersion(t *testing.T) {
 	if g2.Token <= g.Token {
 		t.Fatalf("token %d after a takeover, not greater than %d", g2.Token, g.Token)
 	}
-	if err := holder.Renew(ctxT(t), g); !errors.Is(err, lease.ErrNotHeld) {
+	if err := holder.Renew(testkit.Context(t), g); !errors.Is(err, lease.ErrNotHeld) {
 		t.Fatalf("Renew by the holder that was taken over = %v, want ErrNotHeld", err)
 	}
 }
@@ -98,11 +99,11 @@ func TestReleaseKeepsTheToken(t *testing.T) {
 	t.Parallel()
 	table := newTable(t)
 	b := newBackend(t, table)
-	g, err := b.Acquire(ctxT(t), driver.Request{Name: "n", Owner: "a", TTL: time.Second})
+	g, err := b.Acquire(testkit.Context(t), driver.Request{Name: "n", Owner: "a", TTL: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Release(ctxT(t), g); err != nil {
+	if err := b.Release(testkit.Context(t), g); err != nil {
 		t.Fatal(err)
 	}
 	it := rawItem(t, table, "n")
@@ -126,7 +127,7 @@ func TestOldEndedOwnersArePruned(t *testing.T) {
 	table := newTable(t)
 	c := dynamotest.Client(t)
 	old := time.Now().Add(-time.Hour).UnixMilli()
-	_, err := c.UpdateItem(ctxT(t), &dynamodb.UpdateItemInput{
+	_, err := c.UpdateItem(testkit.Context(t), &dynamodb.UpdateItemInput{
 		TableName:                aws.String(table),
 		Key:                      map[string]types.AttributeValue{"name": &types.AttributeValueMemberS{Value: "n"}},
 		UpdateExpression:         aws.String("SET #o = :rec"),
@@ -141,11 +142,11 @@ func TestOldEndedOwnersArePruned(t *testing.T) {
 	}
 	b := newBackend(t, table)
 	for _, owner := range []string{"a", "b"} {
-		g, err := b.Acquire(ctxT(t), driver.Request{Name: "n", Owner: owner, TTL: time.Second})
+		g, err := b.Acquire(testkit.Context(t), driver.Request{Name: "n", Owner: owner, TTL: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := b.Release(ctxT(t), g); err != nil {
+		if err := b.Release(testkit.Context(t), g); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -165,7 +166,7 @@ func TestOldEndedOwnersArePruned(t *testing.T) {
 func TestCheck(t *testing.T) {
 	t.Parallel()
 	table := newTable(t)
-	if err := newBackend(t, table).Check(ctxT(t)); err != nil {
+	if err := newBackend(t, table).Check(testkit.Context(t)); err != nil {
 		t.Fatalf("Check of a lease table: %v", err)
 	}
 	m, err := lease.NewManager(newBackend(t, table+"-missing"), time.Second)
@@ -173,15 +174,15 @@ func TestCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	var se *lease.SetupError
-	if err := m.Check(ctxT(t)); !errors.Is(err, lease.ErrSetup) || !errors.As(err, &se) || se.Fix == "" {
+	if err := m.Check(testkit.Context(t)); !errors.Is(err, lease.ErrSetup) || !errors.As(err, &se) || se.Fix == "" {
 		t.Fatalf("Manager.Check of a missing table = %v, want a SetupError with a fix", err)
 	}
-	if _, err := m.TryAcquire(ctxT(t), "n"); !errors.Is(err, lease.ErrSetup) {
+	if _, err := m.TryAcquire(testkit.Context(t), "n"); !errors.Is(err, lease.ErrSetup) {
 		t.Fatalf("TryAcquire on a missing table = %v, want ErrSetup", err)
 	}
 	other := dynamotest.TableName(t, "otherkey")
 	dynamotest.CreateTable(t, dynamotest.Client(t), other, dynamotest.Key{Name: "id", Type: types.ScalarAttributeTypeS})
-	if err := newBackend(t, other).Check(ctxT(t)); !errors.Is(err, lease.ErrSetup) {
+	if err := newBackend(t, other).Check(testkit.Context(t)); !errors.Is(err, lease.ErrSetup) {
 		t.Fatalf("Check of a table keyed by id = %v, want ErrSetup", err)
 	}
 	if _, err := dynamolease.New(nil, "", dynamolease.WithPruneAfter(-1)); !errors.Is(err, dynamolease.ErrInvalidInput) {

@@ -20,5 +20,8 @@ require (
 	github.com/aws/aws-sdk-go-v2/internal/endpoints/v2 v2.8.12 // indirect
 	github.com/aws/aws-sdk-go-v2/service/internal/accept-encoding v1.13.25 // indirect
 	github.com/aws/aws-sdk-go-v2/service/internal/endpoint-discovery v1.13.12 // indirect
+	github.com/fencekit/fencekit/internal/testkit v0.0.0-00010101000000-000000000000
 	go.uber.org/goleak v1.3.0 // indirect
 )
+
+replace github.com/fencekit/fencekit/internal/testkit => ../../internal/testkit

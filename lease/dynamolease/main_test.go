@@ -4,9 +4,9 @@ import (
 	"context"
 	"os"
 	"testing"
-	"time"
 
 	"github.com/fencekit/fencekit/internal/dynamotest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease/dynamolease"
 )
 
@@ -15,18 +15,12 @@ import (
 // FENCE_DYNAMODB_ENDPOINT; without it they fail.
 func TestMain(m *testing.M) { os.Exit(dynamotest.RunMain(m)) }
 
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // newTable creates a throwaway lease table, deleted when t ends.
 func newTable(t testing.TB) string {
 	t.Helper()
 	table := dynamotest.TableName(t, "lease")
 	c := dynamotest.Client(t)
-	if err := dynamolease.CreateTable(ctxT(t), c, table, ""); err != nil {
+	if err := dynamolease.CreateTable(testkit.Context(t), c, table, ""); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/internal/dynamotest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/dynamolease"
@@ -47,17 +48,17 @@ func TestOneRequestEach(t *testing.T) {
 	}
 	var g driver.Grant
 	count("Acquire of a free lease", func() (err error) {
-		g, err = b.Acquire(ctxT(t), driver.Request{Name: "n", Owner: "a", TTL: time.Second})
+		g, err = b.Acquire(testkit.Context(t), driver.Request{Name: "n", Owner: "a", TTL: time.Second})
 		return err
 	}, nil)
 	count("Acquire of a held lease", func() error {
-		_, err := b.Acquire(ctxT(t), driver.Request{Name: "n", Owner: "b", TTL: time.Second})
+		_, err := b.Acquire(testkit.Context(t), driver.Request{Name: "n", Owner: "b", TTL: time.Second})
 		return err
 	}, lease.ErrNotAcquired)
-	count("Renew", func() error { return b.Renew(ctxT(t), g) }, nil)
-	count("Release", func() error { return b.Release(ctxT(t), g) }, nil)
+	count("Renew", func() error { return b.Renew(testkit.Context(t), g) }, nil)
+	count("Release", func() error { return b.Release(testkit.Context(t), g) }, nil)
 	count("Acquire after a release", func() error {
-		_, err := b.Acquire(ctxT(t), driver.Request{Name: "n", Owner: "c", TTL: time.Second})
+		_, err := b.Acquire(testkit.Context(t), driver.Request{Name: "n", Owner: "c", TTL: time.Second})
 		return err
 	}, nil)
 }
@@ -69,13 +70,13 @@ func TestKeyPrefixesShareATable(t *testing.T) {
 	table := newTable(t)
 	b1 := newBackend(t, table, dynamolease.WithKeyPrefix("one/"))
 	b2 := newBackend(t, table, dynamolease.WithKeyPrefix("two/"))
-	if _, err := b1.Acquire(ctxT(t), driver.Request{Name: "n", Owner: "a", TTL: time.Second}); err != nil {
+	if _, err := b1.Acquire(testkit.Context(t), driver.Request{Name: "n", Owner: "a", TTL: time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b2.Acquire(ctxT(t), driver.Request{Name: "n", Owner: "b", TTL: time.Second}); err != nil {
+	if _, err := b2.Acquire(testkit.Context(t), driver.Request{Name: "n", Owner: "b", TTL: time.Second}); err != nil {
 		t.Fatalf("the same name under another prefix: %v", err)
 	}
-	if _, err := newBackend(t, table, dynamolease.WithKeyPrefix("one/")).Acquire(ctxT(t), driver.Request{Name: "n", Owner: "c", TTL: time.Second}); !errors.Is(err, lease.ErrNotAcquired) {
+	if _, err := newBackend(t, table, dynamolease.WithKeyPrefix("one/")).Acquire(testkit.Context(t), driver.Request{Name: "n", Owner: "c", TTL: time.Second}); !errors.Is(err, lease.ErrNotAcquired) {
 		t.Fatalf("the same name under the same prefix = %v, want ErrNotAcquired", err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/etcdlease"
@@ -56,7 +57,7 @@ func TestAcquireRejectsBadInputBeforeIO(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 	for _, r := range []driver.Request{
 		{Name: "", Owner: "o", TTL: time.Second},
 		{Name: "bad\x00name", Owner: "o", TTL: time.Second},

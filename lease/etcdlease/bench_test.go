@@ -15,6 +15,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/fencekit/fencekit/internal/etcdtest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/etcdlease"
 )
@@ -54,7 +55,7 @@ func cycleLibs(b *testing.B) []cycleLib {
 	cl := etcdtest.StartWith(b, 3, etcdtest.Default)
 	p := prefix(b)
 	raw := cl.Client()
-	fk := newManager(b, benchBackend(b, cl.Client(), p+"fencekit/"), benchTTL)
+	fk := testkit.NewManager(b, benchBackend(b, cl.Client(), p+"fencekit/"), benchTTL)
 	mcli := cl.Client()
 	sess, err := concurrency.NewSession(mcli, concurrency.WithTTL(int(benchTTL/time.Second)))
 	if err != nil {
@@ -184,8 +185,8 @@ const (
 func BenchmarkHandoff(b *testing.B) {
 	cl := etcdtest.StartWith(b, 3, etcdtest.Default)
 	p := prefix(b)
-	fk := newManager(b, benchBackend(b, cl.Client(), p+"fencekit/"), benchTTL)
-	fifo := newManager(b, benchBackend(b, cl.Client(), p+"fencekit-fifo/"), benchTTL, lease.WithFIFO())
+	fk := testkit.NewManager(b, benchBackend(b, cl.Client(), p+"fencekit/"), benchTTL)
+	fifo := testkit.NewManager(b, benchBackend(b, cl.Client(), p+"fencekit-fifo/"), benchTTL, lease.WithFIFO())
 	raw := cl.Client()
 	mcli := cl.Client()
 	secs := int64(benchTTL / time.Second)

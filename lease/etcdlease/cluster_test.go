@@ -12,6 +12,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/etcdtest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 )
@@ -58,36 +59,6 @@ func (c *overlapChecker) check(t *testing.T) {
 	}
 }
 
-// renewLog records the send time of the last request the store confirmed
-// for each lease token: the acquire (set by the test) or a renewal.
-type renewLog struct {
-	lease.NopObserver
-	mu   sync.Mutex
-	sent map[fence.Token]time.Time
-}
-
-func newRenewLog() *renewLog { return &renewLog{sent: map[fence.Token]time.Time{}} }
-
-func (r *renewLog) Renewed(e lease.RenewedEvent) {
-	if e.Err == nil {
-		r.confirmed(e.Token, e.Sent)
-	}
-}
-
-func (r *renewLog) confirmed(tok fence.Token, sent time.Time) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if sent.After(r.sent[tok]) {
-		r.sent[tok] = sent
-	}
-}
-
-// acquiredSent is the send time of the request that granted l: its first
-// deadline is that plus TTL - safety margin.
-func acquiredSent(m *lease.Manager, l *lease.Lease) time.Time {
-	return l.Deadline().Add(-(l.TTL() - m.Options().SafetyMargin))
-}
-
 // Exclusivity under contention from three clients, each connected to a
 // different member: workers take one lease in turns, and the checker fails
 // if two ever overlap or a token does not grow.
@@ -96,11 +67,11 @@ func TestExclusiveAcrossMembers(t *testing.T) {
 	p := prefix(t)
 	var managers []*lease.Manager
 	for i := range cl.Members {
-		managers = append(managers, newManager(t, newBackend(t, cl.Client(cl.Endpoints(i)...), p), 5*time.Second))
+		managers = append(managers, testkit.NewManager(t, newBackend(t, cl.Client(cl.Endpoints(i)...), p), 5*time.Second))
 	}
 	const workers, rounds = 9, 10
 	var chk overlapChecker
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
 	for w := range workers {
@@ -163,19 +134,19 @@ func TestLeaderKilled(t *testing.T) {
 func testLeaderKilled(t *testing.T, ttl time.Duration) {
 	cl := etcdtest.Start(t, 3) // the Fast timing: elections within about 100-300 ms
 	p := prefix(t)
-	log := newRenewLog()
+	log := testkit.NewRenewLog()
 	// Every client knows every member, so that it can fail over.
-	holderM := newManager(t, newBackend(t, cl.Client(), p), ttl, lease.WithObserver(log))
-	waiterM := newManager(t, newBackend(t, cl.Client(), p), ttl)
+	holderM := testkit.NewManager(t, newBackend(t, cl.Client(), p), ttl, lease.WithObserver(log))
+	waiterM := testkit.NewManager(t, newBackend(t, cl.Client(), p), ttl)
 	deadB := newBackend(t, cl.Client(), p)
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 
 	var chk overlapChecker
 	held, err := holderM.TryAcquire(ctx, "held")
 	if err != nil {
 		t.Fatalf("TryAcquire: %v", err)
 	}
-	log.confirmed(held.Token(), acquiredSent(holderM, held))
+	log.Confirmed(held.Token(), testkit.GrantSent(holderM, held))
 	chk.begin("holder", held.Token())
 	deadSent := time.Now()
 	dead, err := deadB.Acquire(ctx, driver.Request{Name: "abandoned", Owner: "dead-holder", TTL: ttl})
@@ -347,8 +318,8 @@ func raftTerm(t *testing.T, cli *clientv3.Client, cl *etcdtest.Cluster) uint64 {
 func TestTokensGrowAcrossClusterRestart(t *testing.T) {
 	cl := cluster(t)
 	p := prefix(t)
-	m := newManager(t, newBackend(t, cl.Client(), p), 2*time.Second)
-	ctx := ctxT(t)
+	m := testkit.NewManager(t, newBackend(t, cl.Client(), p), 2*time.Second)
+	ctx := testkit.Context(t)
 	var last fence.Token
 	cycle := func(when string) {
 		t.Helper()
@@ -385,8 +356,8 @@ func TestTokensGrowAfterRestoreFromBackup(t *testing.T) {
 	cl := cluster(t)
 	p := prefix(t)
 	b := newBackend(t, cl.Client(), p)
-	m := newManager(t, b, 2*time.Second)
-	ctx := ctxT(t)
+	m := testkit.NewManager(t, b, 2*time.Second)
+	ctx := testkit.Context(t)
 	cycle := func(m *lease.Manager, n int) fence.Token {
 		t.Helper()
 		var last fence.Token
@@ -423,7 +394,7 @@ func TestTokensGrowAfterRestoreFromBackup(t *testing.T) {
 	if _, err := admin.Delete(ctx, b.EpochKey()); err != nil {
 		t.Fatalf("deleting the epoch key: %v", err)
 	}
-	fresh := newManager(t, newBackend(t, cl.Client(), p), 2*time.Second)
+	fresh := testkit.NewManager(t, newBackend(t, cl.Client(), p), 2*time.Second)
 	if got := cycle(fresh, 1); got <= high {
 		t.Fatalf("a new backend after the restore and the epoch key's deletion: token %d, not greater than %d", got, high)
 	} else {

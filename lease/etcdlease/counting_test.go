@@ -9,6 +9,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencekit/fencekit/internal/etcdtest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/etcdlease"
 )
@@ -93,9 +94,9 @@ func TestRequestsPerStep(t *testing.T) {
 	cl := etcdtest.Start(t, 1)
 	cc := newCounting(cl.Client())
 	b := newBackend(t, cc, prefix(t))
-	m := newManager(t, b, 5*time.Second, lease.WithoutAutoRenew())
-	other := newManager(t, newBackend(t, cl.Client(), b.Options().Prefix), 5*time.Second)
-	ctx := ctxT(t)
+	m := testkit.NewManager(t, b, 5*time.Second, lease.WithoutAutoRenew())
+	other := testkit.NewManager(t, newBackend(t, cl.Client(), b.Options().Prefix), 5*time.Second)
+	ctx := testkit.Context(t)
 	want := func(step string, got map[string]int, kinds map[string]int) {
 		t.Helper()
 		// The held key's watch and a released grant's revoke start in

@@ -17,6 +17,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencekit/fencekit/internal/etcdtest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/etcdlease"
@@ -177,16 +178,16 @@ func TestReleaseWhoseReplyIsLostIsARelease(t *testing.T) {
 	b := newBackend(t, cl.Client(proxy.endpoint()), p)
 	obs := &lossCounter{}
 	const ttl = 3 * time.Second
-	m := newManager(t, b, ttl, lease.WithObserver(obs))
-	other := newManager(t, newBackend(t, cl.Client(), p), ttl)
+	m := testkit.NewManager(t, b, ttl, lease.WithObserver(obs))
+	other := testkit.NewManager(t, newBackend(t, cl.Client(), p), ttl)
 	for round := 1; round <= 3; round++ {
-		l, err := m.TryAcquire(ctxT(t), "job")
+		l, err := m.TryAcquire(testkit.Context(t), "job")
 		if err != nil {
 			t.Fatalf("round %d: TryAcquire: %v", round, err)
 		}
 		drops := proxy.drops.Load()
 		proxy.dropReplies()
-		err = l.Release(ctxT(t))
+		err = l.Release(testkit.Context(t))
 		if proxy.drops.Load() == drops {
 			t.Fatalf("round %d: no connection had its replies dropped", round)
 		}
@@ -196,11 +197,11 @@ func TestReleaseWhoseReplyIsLostIsARelease(t *testing.T) {
 		if lost, failed, last := obs.counts(); lost+failed > 0 {
 			t.Fatalf("round %d: the Manager observed %d losses and %d failed releases (last: %s)", round, lost, failed, last)
 		}
-		l2, err := other.TryAcquire(ctxT(t), "job")
+		l2, err := other.TryAcquire(testkit.Context(t), "job")
 		if err != nil {
 			t.Fatalf("round %d: another client's TryAcquire after the release: %v", round, err)
 		}
-		if err := l2.Release(ctxT(t)); err != nil {
+		if err := l2.Release(testkit.Context(t)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -275,11 +276,11 @@ func TestLateAcquireOfAnEndedOwnerIsRefused(t *testing.T) {
 	var owners atomic.Int32
 	freeNow := func(t *testing.T, name string) driver.Grant {
 		t.Helper()
-		g, err := b.Acquire(ctxT(t), req(name, fmt.Sprintf("other-%d", owners.Add(1))))
+		g, err := b.Acquire(testkit.Context(t), req(name, fmt.Sprintf("other-%d", owners.Add(1))))
 		if err != nil {
 			t.Fatalf("the name is not free: %v", err)
 		}
-		if err := b.Release(ctxT(t), g); err != nil {
+		if err := b.Release(testkit.Context(t), g); err != nil {
 			t.Fatal(err)
 		}
 		return g
@@ -287,9 +288,9 @@ func TestLateAcquireOfAnEndedOwnerIsRefused(t *testing.T) {
 	// The late backend reads the epoch key once, with its first
 	// transaction: do that now, so that the held one is the acquire.
 	freeNow(t, "warm")
-	if g, err := late.Acquire(ctxT(t), req("warm", "warm")); err != nil {
+	if g, err := late.Acquire(testkit.Context(t), req("warm", "warm")); err != nil {
 		t.Fatal(err)
-	} else if err := late.Release(ctxT(t), g); err != nil {
+	} else if err := late.Release(testkit.Context(t), g); err != nil {
 		t.Fatal(err)
 	}
 
@@ -304,7 +305,7 @@ func TestLateAcquireOfAnEndedOwnerIsRefused(t *testing.T) {
 			}
 			res := make(chan result, 1)
 			go func() {
-				g, err := late.Acquire(ctxT(t), req(name, "first"))
+				g, err := late.Acquire(testkit.Context(t), req(name, "first"))
 				res <- result{g, err}
 			}()
 			select {
@@ -314,16 +315,16 @@ func TestLateAcquireOfAnEndedOwnerIsRefused(t *testing.T) {
 			}
 			var used driver.Grant
 			if mode == "released" {
-				g, err := late.Acquire(ctxT(t), req(name, "first"))
+				g, err := late.Acquire(testkit.Context(t), req(name, "first"))
 				if err != nil {
 					t.Fatalf("the retry with the same owner: %v", err)
 				}
-				if err := late.Release(ctxT(t), g); err != nil {
+				if err := late.Release(testkit.Context(t), g); err != nil {
 					t.Fatal(err)
 				}
 				used = g
 			} else {
-				if err := late.Abandon(ctxT(t), req(name, "first")); err != nil {
+				if err := late.Abandon(testkit.Context(t), req(name, "first")); err != nil {
 					t.Fatalf("Abandon: %v", err)
 				}
 				used = freeNow(t, name)
@@ -332,7 +333,7 @@ func TestLateAcquireOfAnEndedOwnerIsRefused(t *testing.T) {
 			r := <-res
 			if !errors.Is(r.err, lease.ErrNotAcquired) {
 				if r.err == nil {
-					_ = late.Release(ctxT(t), r.g)
+					_ = late.Release(testkit.Context(t), r.g)
 				}
 				t.Fatalf("the late acquire of the ended owner = token %d (the name was used with token %d), %v; want ErrNotAcquired", r.g.Token, used.Token, r.err)
 			}
@@ -361,7 +362,7 @@ func TestWatchWithoutConfirmationHonoursContext(t *testing.T) {
 	t.Cleanup(func() { _ = b.Close() })
 	// Connected first, so that the watch request goes out on a live
 	// connection and only its answer is missing.
-	if _, err := cli.Get(ctxT(t), "warm"); err != nil {
+	if _, err := cli.Get(testkit.Context(t), "warm"); err != nil {
 		t.Fatal(err)
 	}
 	blackhole(t, proxy)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/internal/etcdtest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 )
@@ -19,19 +20,19 @@ func TestReleaseOfALostLeaseWithALostReplyIsStillALoss(t *testing.T) {
 	proxy := startReplyDropProxy(t, cl.Endpoints()[0])
 	b := newBackend(t, cl.Client(proxy.endpoint()), p)
 	obs := &lossCounter{}
-	m := newManager(t, b, 3*time.Second, lease.WithObserver(obs))
+	m := testkit.NewManager(t, b, 3*time.Second, lease.WithObserver(obs))
 	for round := 1; round <= 3; round++ {
-		l, err := m.TryAcquire(ctxT(t), "job")
+		l, err := m.TryAcquire(testkit.Context(t), "job")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := cl.Client().Delete(ctxT(t), b.Key("job")); err != nil {
+		if _, err := cl.Client().Delete(testkit.Context(t), b.Key("job")); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(50 * time.Millisecond)
 		drops := proxy.drops.Load()
 		proxy.dropReplies()
-		err = l.Release(ctxT(t))
+		err = l.Release(testkit.Context(t))
 		if proxy.drops.Load() == drops {
 			t.Fatal("the proxy dropped no reply: the test did not exercise a resent release")
 		}
@@ -51,16 +52,16 @@ func TestResentReleaseOfAGoneGrantIsStillNotHeld(t *testing.T) {
 	proxy := startReplyDropProxy(t, cl.Endpoints()[0])
 	b := newBackend(t, cl.Client(proxy.endpoint()), p)
 	for round := 1; round <= 3; round++ {
-		g, err := b.Acquire(ctxT(t), driver.Request{Name: "job", Owner: "o" + string(rune('0'+round)), TTL: 3 * time.Second})
+		g, err := b.Acquire(testkit.Context(t), driver.Request{Name: "job", Owner: "o" + string(rune('0'+round)), TTL: 3 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := cl.Client().Delete(ctxT(t), b.Key("job")); err != nil {
+		if _, err := cl.Client().Delete(testkit.Context(t), b.Key("job")); err != nil {
 			t.Fatal(err)
 		}
 		drops := proxy.drops.Load()
 		proxy.dropReplies()
-		err = b.Release(ctxT(t), g)
+		err = b.Release(testkit.Context(t), g)
 		if proxy.drops.Load() == drops {
 			t.Fatal("the proxy dropped no reply: the test did not exercise a resent release")
 		}
@@ -69,9 +70,9 @@ func TestResentReleaseOfAGoneGrantIsStillNotHeld(t *testing.T) {
 			t.Errorf("round %d: FALSE RELEASE: want ErrNotHeld, got %v", round, err)
 		}
 		// The same without a fault.
-		g, _ = b.Acquire(ctxT(t), driver.Request{Name: "job", Owner: "c" + string(rune('0'+round)), TTL: 3 * time.Second})
-		_, _ = cl.Client().Delete(ctxT(t), b.Key("job"))
-		if err := b.Release(ctxT(t), g); !errors.Is(err, lease.ErrNotHeld) {
+		g, _ = b.Acquire(testkit.Context(t), driver.Request{Name: "job", Owner: "c" + string(rune('0'+round)), TTL: 3 * time.Second})
+		_, _ = cl.Client().Delete(testkit.Context(t), b.Key("job"))
+		if err := b.Release(testkit.Context(t), g); !errors.Is(err, lease.ErrNotHeld) {
 			t.Errorf("round %d, no fault: Release of a deleted grant = %v, want ErrNotHeld", round, err)
 		}
 	}

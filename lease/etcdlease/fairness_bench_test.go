@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/internal/etcdtest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 )
 
@@ -33,7 +34,7 @@ func BenchmarkFairness(b *testing.B) {
 			}
 			ms := make([]*lease.Manager, contenders)
 			for i := range ms {
-				ms[i] = newManager(b, benchBackend(b, cl.Client(), p+"fair-"+mode+"/"), benchTTL, opts...)
+				ms[i] = testkit.NewManager(b, benchBackend(b, cl.Client(), p+"fair-"+mode+"/"), benchTTL, opts...)
 			}
 			var minShare, maxShare, maxWait, rate float64
 			n := 0

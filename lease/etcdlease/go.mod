@@ -20,6 +20,7 @@ require (
 	github.com/coreos/go-semver v0.3.1 // indirect
 	github.com/coreos/go-systemd/v22 v22.7.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
+	github.com/fencekit/fencekit/internal/testkit v0.0.0-00010101000000-000000000000
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/golang-jwt/jwt/v5 v5.3.1 // indirect
@@ -82,3 +83,5 @@ replace (
 	github.com/fencekit/fencekit => ../..
 	github.com/fencekit/fencekit/internal/etcdtest => ../../internal/etcdtest
 )
+
+replace github.com/fencekit/fencekit/internal/testkit => ../../internal/testkit

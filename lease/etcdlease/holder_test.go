@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/internal/etcdtest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 )
 
@@ -18,8 +19,8 @@ func TestHolderInTheLastSecond(t *testing.T) {
 	cl := etcdtest.Start(t, 1)
 	cli := cl.Client()
 	b := newBackend(t, cli, prefix(t))
-	m := newManager(t, b, time.Second)
-	ctx := ctxT(t)
+	m := testkit.NewManager(t, b, time.Second)
+	ctx := testkit.Context(t)
 	l, err := m.Acquire(ctx, "job")
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)

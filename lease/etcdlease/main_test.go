@@ -1,7 +1,6 @@
 package etcdlease_test
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"strings"
@@ -12,7 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/fencekit/fencekit/internal/etcdtest"
-	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease/etcdlease"
 )
 
@@ -51,26 +50,11 @@ func newBackend(t testing.TB, cli etcdlease.Client, prefix string) *etcdlease.Ba
 	return b
 }
 
-func newManager(t testing.TB, b lease.Backend, ttl time.Duration, opts ...lease.Option) *lease.Manager {
-	t.Helper()
-	m, err := lease.NewManager(b, ttl, opts...)
-	if err != nil {
-		t.Fatalf("lease.NewManager: %v", err)
-	}
-	return m
-}
-
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // revokeLeasesUnder revokes, from an operator's client, every etcd lease
 // that has a key under prefix attached, and returns how many it revoked.
 func revokeLeasesUnder(t testing.TB, admin *clientv3.Client, prefix string) int {
 	t.Helper()
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 	ls, err := admin.Leases(ctx)
 	if err != nil {
 		t.Fatalf("Leases: %v", err)

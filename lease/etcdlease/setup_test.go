@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"strings"
 	"testing"
 	"time"
 
@@ -13,48 +12,16 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fencekit/fencekit/internal/etcdtest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 )
 
-// setupBound is how soon a blocking Acquire must give up on a store error
-// that retrying cannot fix: "at once", generous for a loaded machine. Its
-// context is six times longer.
-const setupBound = 5 * time.Second
-
-// acquireFailsFast runs a blocking Acquire with a 30 s context and fails t
-// unless it returned within setupBound an error matching lease.ErrSetup, on
-// one line, containing fix and keeping the etcd error for errors.Is.
+// acquireFailsFast is testkit.AcquireFailsFast, and etcdErr kept for
+// errors.Is.
 func acquireFailsFast(t *testing.T, m *lease.Manager, fix string, etcdErr error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	start := time.Now()
-	l, err := m.Acquire(ctx, "jobs")
-	took := time.Since(start)
-	if err == nil {
-		_ = l.Release(context.Background())
-		t.Fatalf("Acquire granted the lease; want a setup error")
-	}
-	t.Logf("Acquire returned after %v: %v", took.Round(time.Millisecond), err)
-	if took > setupBound {
-		t.Fatalf("Acquire returned after %v (want within %v): %v", took, setupBound, err)
-	}
-	if !errors.Is(err, lease.ErrSetup) || errors.Is(err, lease.ErrNotAcquired) {
-		t.Fatalf("Acquire = %v; want an error matching lease.ErrSetup, not ErrNotAcquired", err)
-	}
-	if strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), fix) {
-		t.Fatalf("Acquire = %q; want one line naming the fix %q", err, fix)
-	}
-	if !errors.Is(err, etcdErr) {
+	if err := testkit.AcquireFailsFast(t, m, fix); !errors.Is(err, etcdErr) {
 		t.Fatalf("Acquire = %v; want the etcd error %v kept for errors.Is", err, etcdErr)
-	}
-}
-
-func checkIsSetup(t *testing.T, m *lease.Manager, fix string) {
-	t.Helper()
-	err := m.Check(ctxT(t))
-	if !errors.Is(err, lease.ErrSetup) || !strings.Contains(err.Error(), fix) || strings.Contains(err.Error(), "\n") {
-		t.Fatalf("Check = %v; want one line matching lease.ErrSetup naming %q", err, fix)
 	}
 }
 
@@ -79,7 +46,7 @@ func authClient(t *testing.T, endpoints []string, user, password string) *client
 func TestSetupAuth(t *testing.T) {
 	cl := etcdtest.Start(t, 1)
 	admin := cl.Client()
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 	p := prefix(t)
 	end := clientv3.GetPrefixRangeEnd(p)
 	must := func(_ any, err error) {
@@ -116,13 +83,13 @@ func TestSetupAuth(t *testing.T) {
 	}
 
 	manager := func(t *testing.T, cli *clientv3.Client) *lease.Manager {
-		return newManager(t, newBackend(t, cli, p), 2*time.Second)
+		return testkit.NewManager(t, newBackend(t, cli, p), 2*time.Second)
 	}
 	const credentials = "set Username and Password"
 	t.Run("no credentials", func(t *testing.T) {
 		m := manager(t, cl.Client())
 		acquireFailsFast(t, m, credentials, rpctypes.ErrUserEmpty)
-		checkIsSetup(t, m, credentials)
+		testkit.CheckIsSetup(t, m, credentials)
 	})
 	t.Run("wrong password", func(t *testing.T) {
 		// clientv3.New asks for a token itself, so the backend never
@@ -142,30 +109,30 @@ func TestSetupAuth(t *testing.T) {
 		m := manager(t, cli)
 		must(root.UserChangePassword(ctx, "rotated", "new"))
 		acquireFailsFast(t, m, "set the right Username and Password", rpctypes.ErrAuthFailed)
-		checkIsSetup(t, m, "set the right Username and Password")
+		testkit.CheckIsSetup(t, m, "set the right Username and Password")
 	})
 	const grant = "etcdctl role grant-permission <role> --prefix=true readwrite"
 	for _, user := range []string{"reader", "elsewhere"} {
 		t.Run(user, func(t *testing.T) {
 			m := manager(t, authClient(t, cl.Endpoints(), user, "pw"))
 			acquireFailsFast(t, m, grant, rpctypes.ErrPermissionDenied)
-			checkIsSetup(t, m, grant)
+			testkit.CheckIsSetup(t, m, grant)
 		})
 	}
 	t.Run("readwrite on the prefix", func(t *testing.T) {
 		m := manager(t, authClient(t, cl.Endpoints(), "fence", "pw"))
 		before := revision()
-		if err := m.Check(ctxT(t)); err != nil {
+		if err := m.Check(testkit.Context(t)); err != nil {
 			t.Fatalf("Check = %v, want nil", err)
 		}
 		if after := revision(); after != before {
 			t.Fatalf("Check moved the revision from %d to %d: it wrote something", before, after)
 		}
-		l, err := m.Acquire(ctxT(t), "jobs")
+		l, err := m.Acquire(testkit.Context(t), "jobs")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := l.Release(ctxT(t)); err != nil {
+		if err := l.Release(testkit.Context(t)); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -185,7 +152,7 @@ func TestCheckUnreachableIsNotSetup(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cli.Close() })
-	m := newManager(t, newBackend(t, cli, prefix(t)), 2*time.Second)
+	m := testkit.NewManager(t, newBackend(t, cli, prefix(t)), 2*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if err := m.Check(ctx); err == nil || errors.Is(err, lease.ErrSetup) {
@@ -197,15 +164,15 @@ func TestCheckUnreachableIsNotSetup(t *testing.T) {
 func TestCheckCluster(t *testing.T) {
 	cl := etcdtest.Start(t, 1)
 	cli := cl.Client()
-	m := newManager(t, newBackend(t, cli, prefix(t)), 2*time.Second)
-	before, err := etcdtest.Revision(ctxT(t), cli)
+	m := testkit.NewManager(t, newBackend(t, cli, prefix(t)), 2*time.Second)
+	before, err := etcdtest.Revision(testkit.Context(t), cli)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Check(ctxT(t)); err != nil {
+	if err := m.Check(testkit.Context(t)); err != nil {
 		t.Fatalf("Check = %v, want nil", err)
 	}
-	if after, _ := etcdtest.Revision(ctxT(t), cli); after != before {
+	if after, _ := etcdtest.Revision(testkit.Context(t), cli); after != before {
 		t.Fatalf("Check moved the revision from %d to %d", before, after)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease/driver"
 )
 
@@ -15,7 +16,7 @@ func TestOneWaiterWokenPerRelease(t *testing.T) {
 	p := prefix(t)
 	b := newBackend(t, cl.Client(), p)
 	holder := newBackend(t, cl.Client(), p)
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 	type sub struct {
 		ch   <-chan struct{}
 		stop func()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/internal/pgtest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/leasetest"
 	"github.com/fencekit/fencekit/lease/pglease"
@@ -68,7 +69,7 @@ func holders(t *testing.T, m *lease.Manager, log *renewLog, base string, n int) 
 	for i := range n {
 		name := fmt.Sprintf("%s-%d", base, i)
 		sent := time.Now()
-		l, err := m.TryAcquire(ctxT(t), name)
+		l, err := m.TryAcquire(testkit.Context(t), name)
 		if err != nil {
 			t.Fatalf("TryAcquire(%q): %v", name, err)
 		}
@@ -124,7 +125,7 @@ func TestServerRestartWhileHeld(t *testing.T) {
 			// A tenth of the TTL between the local deadline and the
 			// store's expiry (the acquire's send time is recorded just
 			// before the call, a little early).
-			m := newManager(t, b, ttl, lease.WithObserver(log), lease.WithSafetyMargin(ttl/10))
+			m := testkit.NewManager(t, b, ttl, lease.WithObserver(log), lease.WithSafetyMargin(ttl/10))
 			ls := holders(t, m, log, "restart", 3)
 			time.Sleep(ttl / 2) // a renewal or two
 
@@ -142,19 +143,19 @@ func TestServerRestartWhileHeld(t *testing.T) {
 			time.Sleep(ttl) // past every grant's TTL at the store
 			c.StartAgain()
 
-			other := newManager(t, newBackend(t, newPool(t, c.URL), pglease.WithSchema(schema), pglease.WithMode(mode)), ttl)
+			other := testkit.NewManager(t, newBackend(t, newPool(t, c.URL), pglease.WithSchema(schema), pglease.WithMode(mode)), ttl)
 			for _, l := range ls {
-				l2, err := other.Acquire(ctxT(t), l.Name())
+				l2, err := other.Acquire(testkit.Context(t), l.Name())
 				if err != nil {
 					t.Fatalf("Acquire(%q) after the restart: %v", l.Name(), err)
 				}
 				if l2.Token() <= l.Token() {
 					t.Errorf("%s: token %d after the restart, not greater than %d before", l.Name(), l2.Token(), l.Token())
 				}
-				if err := l.Release(ctxT(t)); !errors.Is(err, lease.ErrLost) {
+				if err := l.Release(testkit.Context(t)); !errors.Is(err, lease.ErrLost) {
 					t.Errorf("%s: Release of the lost lease = %v, want ErrLost", l.Name(), err)
 				}
-				if err := l2.Release(ctxT(t)); err != nil {
+				if err := l2.Release(testkit.Context(t)); err != nil {
 					t.Errorf("Release: %v", err)
 				}
 			}
@@ -173,8 +174,8 @@ func TestHolderBackendTerminated(t *testing.T) {
 			const ttl = 10 * time.Second
 			pool := newPool(t, c.URL)
 			b := newBackend(t, pool, pglease.WithSchema(schema), pglease.WithMode(mode))
-			m := newManager(t, b, ttl, lease.WithRenewInterval(time.Second))
-			l, err := m.TryAcquire(ctxT(t), "terminated")
+			m := testkit.NewManager(t, b, ttl, lease.WithRenewInterval(time.Second))
+			l, err := m.TryAcquire(testkit.Context(t), "terminated")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -187,16 +188,16 @@ func TestHolderBackendTerminated(t *testing.T) {
 			killed := time.Now()
 			terminate(t, c.URL, pids)
 
-			other := newManager(t, newBackend(t, newPool(t, c.URL), pglease.WithSchema(schema), pglease.WithMode(mode)), ttl)
+			other := testkit.NewManager(t, newBackend(t, newPool(t, c.URL), pglease.WithSchema(schema), pglease.WithMode(mode)), ttl)
 			if mode == pglease.ModeTable {
 				time.Sleep(2500 * time.Millisecond) // two renewals, on new connections
 				if err := l.Err(); err != nil {
 					t.Fatalf("table-mode lease ended when its pool's connections were terminated: %v", err)
 				}
-				if _, err := other.TryAcquire(ctxT(t), "terminated"); !errors.Is(err, lease.ErrNotAcquired) {
+				if _, err := other.TryAcquire(testkit.Context(t), "terminated"); !errors.Is(err, lease.ErrNotAcquired) {
 					t.Fatalf("another holder's TryAcquire = %v, want ErrNotAcquired", err)
 				}
-				if err := l.Release(ctxT(t)); err != nil {
+				if err := l.Release(testkit.Context(t)); err != nil {
 					t.Fatalf("Release: %v", err)
 				}
 				return
@@ -214,7 +215,7 @@ func TestHolderBackendTerminated(t *testing.T) {
 			// The holder, told of the loss, then marks the token row free
 			// (through another connection, just after Done): the other
 			// holder gets the name without waiting out its expiry.
-			actx, cancel := context.WithTimeout(ctxT(t), ttl/2)
+			actx, cancel := context.WithTimeout(testkit.Context(t), ttl/2)
 			defer cancel()
 			l2, err := other.Acquire(actx, "terminated")
 			if err != nil {
@@ -223,7 +224,7 @@ func TestHolderBackendTerminated(t *testing.T) {
 			if l2.Token() <= l.Token() {
 				t.Fatalf("token %d after %d", l2.Token(), l.Token())
 			}
-			if err := l2.Release(ctxT(t)); err != nil {
+			if err := l2.Release(testkit.Context(t)); err != nil {
 				t.Fatal(err)
 			}
 		})
@@ -235,7 +236,7 @@ func TestHolderBackendTerminated(t *testing.T) {
 func poolPIDs(t *testing.T, url string) []uint32 {
 	t.Helper()
 	conn := connectT(t, url)
-	rows, err := conn.Query(ctxT(t), `SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()`)
+	rows, err := conn.Query(testkit.Context(t), `SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +266,7 @@ func TestServerPausedPastTTL(t *testing.T) {
 			const ttl = time.Second
 			log := newRenewLog()
 			b := newBackend(t, newPool(t, c.URL), pglease.WithSchema(schema), pglease.WithMode(mode))
-			m := newManager(t, b, ttl, lease.WithObserver(log), lease.WithSafetyMargin(ttl/10))
+			m := testkit.NewManager(t, b, ttl, lease.WithObserver(log), lease.WithSafetyMargin(ttl/10))
 			ls := holders(t, m, log, "paused", 2)
 			time.Sleep(ttl / 2)
 
@@ -276,17 +277,17 @@ func TestServerPausedPastTTL(t *testing.T) {
 			time.Sleep(ttl)
 			c.Resume()
 
-			other := newManager(t, newBackend(t, newPool(t, c.URL), pglease.WithSchema(schema), pglease.WithMode(mode)), ttl)
+			other := testkit.NewManager(t, newBackend(t, newPool(t, c.URL), pglease.WithSchema(schema), pglease.WithMode(mode)), ttl)
 			for _, l := range ls {
-				l2, err := other.Acquire(ctxT(t), l.Name())
+				l2, err := other.Acquire(testkit.Context(t), l.Name())
 				if err != nil {
 					t.Fatalf("Acquire(%q) after the pause: %v", l.Name(), err)
 				}
 				if l2.Token() <= l.Token() {
 					t.Errorf("%s: token %d after the pause, not greater than %d", l.Name(), l2.Token(), l.Token())
 				}
-				_ = l.Release(ctxT(t))
-				if err := l2.Release(ctxT(t)); err != nil {
+				_ = l.Release(testkit.Context(t))
+				if err := l2.Release(testkit.Context(t)); err != nil {
 					t.Errorf("Release: %v", err)
 				}
 			}

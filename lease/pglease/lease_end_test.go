@@ -10,7 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekit/fencekit/internal/pgtest"
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/internal/testkit"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/pglease"
@@ -32,7 +33,7 @@ func proxiedPool(t *testing.T, url string, app string, maxConns int32) (*pgxpool
 // with application_name app.
 func appPIDs(t *testing.T, url, app string) []uint32 {
 	t.Helper()
-	rows, err := connectT(t, url).Query(ctxT(t), `SELECT pid FROM pg_stat_activity WHERE application_name = $1`, app)
+	rows, err := connectT(t, url).Query(testkit.Context(t), `SELECT pid FROM pg_stat_activity WHERE application_name = $1`, app)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,13 +66,13 @@ func TestServerEndedSessionIsWaitedOut(t *testing.T) {
 			t.Parallel()
 			const ttl = 2 * time.Second
 			schema := newSchema(t, url)
-			app := uniqueName(t, "a_")
+			app := testkit.UniqueName(t, "a_")
 			poolA, px := proxiedPool(t, url, app, 4)
-			a := newManager(t, newBackend(t, poolA, pglease.WithSchema(schema), pglease.WithMode(mode)), ttl)
-			b := newManager(t, newBackend(t, newPool(t, url), pglease.WithSchema(schema), pglease.WithMode(mode)), ttl,
+			a := testkit.NewManager(t, newBackend(t, poolA, pglease.WithSchema(schema), pglease.WithMode(mode)), ttl)
+			b := testkit.NewManager(t, newBackend(t, newPool(t, url), pglease.WithSchema(schema), pglease.WithMode(mode)), ttl,
 				lease.WithPollInterval(50*time.Millisecond))
 			name := "partitioned"
-			la, err := a.TryAcquire(ctxT(t), name)
+			la, err := a.TryAcquire(testkit.Context(t), name)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -81,7 +82,7 @@ func TestServerEndedSessionIsWaitedOut(t *testing.T) {
 			ended := time.Now()
 			terminate(t, url, appPIDs(t, url, app))
 
-			ctx, cancel := context.WithTimeout(ctxT(t), ttl+20*time.Second)
+			ctx, cancel := context.WithTimeout(testkit.Context(t), ttl+20*time.Second)
 			defer cancel()
 			lb, err := b.Acquire(ctx, name)
 			granted := time.Now()
@@ -89,7 +90,7 @@ func TestServerEndedSessionIsWaitedOut(t *testing.T) {
 			if err != nil {
 				t.Fatalf("B's Acquire after A's session ended: %v", err)
 			}
-			defer lb.Release(ctxT(t))
+			defer lb.Release(testkit.Context(t))
 			deadline := la.Deadline()
 			t.Logf("B granted %v after A's session ended; A's local deadline was %v after it", granted.Sub(ended), deadline.Sub(ended))
 			if aErr == nil {
@@ -128,18 +129,18 @@ func TestReleaseWithLostReplyIsARelease(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
 			schema := newSchema(t, url)
-			pool, px := proxiedPool(t, url, uniqueName(t, "r_"), 4)
+			pool, px := proxiedPool(t, url, testkit.UniqueName(t, "r_"), 4)
 			ba := newBackend(t, pool, pglease.WithSchema(schema), pglease.WithMode(mode))
 			losses := &lossCounter{}
-			m := newManager(t, ba, 10*time.Second, lease.WithReleaseTimeout(time.Second), lease.WithObserver(losses))
+			m := testkit.NewManager(t, ba, 10*time.Second, lease.WithReleaseTimeout(time.Second), lease.WithObserver(losses))
 			other := newBackend(t, newPool(t, url), pglease.WithSchema(schema), pglease.WithMode(mode))
 
-			l, err := m.TryAcquire(ctxT(t), "lost-reply")
+			l, err := m.TryAcquire(testkit.Context(t), "lost-reply")
 			if err != nil {
 				t.Fatal(err)
 			}
 			px.DropReplies()
-			err = l.Release(ctxT(t))
+			err = l.Release(testkit.Context(t))
 			if err == nil {
 				t.Fatal("Release with its reply dropped returned nil; want the store's error (outcome unknown)")
 			}
@@ -147,7 +148,7 @@ func TestReleaseWithLostReplyIsARelease(t *testing.T) {
 				t.Fatalf("Release with its reply dropped = %v; a release that may have been applied is never a loss", err)
 			}
 			px.Restore()
-			if err := l.Release(ctxT(t)); err != nil {
+			if err := l.Release(testkit.Context(t)); err != nil {
 				t.Fatalf("Release again = %v, want nil", err)
 			}
 			if err := l.Err(); !errors.Is(err, lease.ErrReleased) {
@@ -156,11 +157,11 @@ func TestReleaseWithLostReplyIsARelease(t *testing.T) {
 			if n := losses.n.Load(); n != 0 {
 				t.Fatalf("the Manager reported %d losses for a clean release", n)
 			}
-			ln, err := newManager(t, other, 10*time.Second).TryAcquire(ctxT(t), "lost-reply")
+			ln, err := testkit.NewManager(t, other, 10*time.Second).TryAcquire(testkit.Context(t), "lost-reply")
 			if err != nil {
 				t.Fatalf("next holder's TryAcquire after the release = %v", err)
 			}
-			_ = ln.Release(ctxT(t))
+			_ = ln.Release(testkit.Context(t))
 		})
 	}
 }
@@ -174,33 +175,33 @@ func TestBackendReleaseRetriedAfterLostReply(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
 			schema := newSchema(t, url)
-			pool, px := proxiedPool(t, url, uniqueName(t, "r_"), 4)
+			pool, px := proxiedPool(t, url, testkit.UniqueName(t, "r_"), 4)
 			b := newBackend(t, pool, pglease.WithSchema(schema), pglease.WithMode(mode))
 			other := newBackend(t, newPool(t, url), pglease.WithSchema(schema), pglease.WithMode(mode))
 			r := driver.Request{Name: "retried", Owner: "o", TTL: 10 * time.Second}
-			g, err := b.Acquire(ctxT(t), r)
+			g, err := b.Acquire(testkit.Context(t), r)
 			if err != nil {
 				t.Fatal(err)
 			}
 			px.DropReplies()
-			ctx, cancel := context.WithTimeout(ctxT(t), time.Second)
+			ctx, cancel := context.WithTimeout(testkit.Context(t), time.Second)
 			err = b.Release(ctx, g)
 			cancel()
 			if err == nil || errors.Is(err, lease.ErrNotHeld) {
 				t.Fatalf("Release with its reply dropped = %v, want the store's error", err)
 			}
 			px.Restore()
-			if err := b.Release(ctxT(t), g); err != nil {
+			if err := b.Release(testkit.Context(t), g); err != nil {
 				t.Fatalf("Release retried = %v, want nil", err)
 			}
-			if _, err := other.Acquire(ctxT(t), r); !errors.Is(err, lease.ErrNotAcquired) {
+			if _, err := other.Acquire(testkit.Context(t), r); !errors.Is(err, lease.ErrNotAcquired) {
 				t.Fatalf("Acquire by the released owner = %v, want ErrNotAcquired", err)
 			}
-			g2, err := other.Acquire(ctxT(t), driver.Request{Name: "retried", Owner: "next", TTL: 10 * time.Second})
+			g2, err := other.Acquire(testkit.Context(t), driver.Request{Name: "retried", Owner: "next", TTL: 10 * time.Second})
 			if err != nil {
 				t.Fatalf("next holder: %v", err)
 			}
-			_ = other.Release(ctxT(t), g2)
+			_ = other.Release(testkit.Context(t), g2)
 		})
 	}
 }
@@ -215,50 +216,50 @@ func TestLateAcquireOfAbandonedOwnerIsRefused(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
 			schema := newSchema(t, url)
-			pool, px := proxiedPool(t, url, uniqueName(t, "l_"), 1)
+			pool, px := proxiedPool(t, url, testkit.UniqueName(t, "l_"), 1)
 			late := newBackend(t, pool, pglease.WithSchema(schema), pglease.WithMode(mode))
 			b := newBackend(t, newPool(t, url), pglease.WithSchema(schema), pglease.WithMode(mode))
 			const ttl = 10 * time.Second
 			// Warm the proxied connection, so that the held request is the
 			// statement itself, not pgx's first prepare.
-			w, err := late.Acquire(ctxT(t), driver.Request{Name: "warm", Owner: "w", TTL: ttl})
+			w, err := late.Acquire(testkit.Context(t), driver.Request{Name: "warm", Owner: "w", TTL: ttl})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := late.Release(ctxT(t), w); err != nil {
+			if err := late.Release(testkit.Context(t), w); err != nil {
 				t.Fatal(err)
 			}
 
 			r := driver.Request{Name: "late", Owner: "ghost", TTL: ttl}
 			px.HoldRequests()
-			ctx, cancel := context.WithTimeout(ctxT(t), 300*time.Millisecond)
+			ctx, cancel := context.WithTimeout(testkit.Context(t), 300*time.Millisecond)
 			_, err = late.Acquire(ctx, r)
 			cancel()
 			if err == nil {
 				t.Fatal("Acquire through a proxy that holds requests succeeded")
 			}
-			if err := b.Abandon(ctxT(t), r); err != nil {
+			if err := b.Abandon(testkit.Context(t), r); err != nil {
 				t.Fatalf("Abandon: %v", err)
 			}
-			g, err := b.Acquire(ctxT(t), driver.Request{Name: "late", Owner: "next", TTL: ttl})
+			g, err := b.Acquire(testkit.Context(t), driver.Request{Name: "late", Owner: "next", TTL: ttl})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := b.Release(ctxT(t), g); err != nil {
+			if err := b.Release(testkit.Context(t), g); err != nil {
 				t.Fatal(err)
 			}
 			px.Restore() // the request arrives now
 			if !px.WaitServerSidesClosed(20 * time.Second) {
 				t.Fatal("the server did not finish the late request within 20 s")
 			}
-			if h, err := b.Holder(ctxT(t), "late"); !errors.Is(err, lease.ErrNotHeld) {
+			if h, err := b.Holder(testkit.Context(t), "late"); !errors.Is(err, lease.ErrNotHeld) {
 				t.Fatalf("after the late request of an abandoned owner: Holder = %+v, %v; want nobody", h, err)
 			}
-			g, err = b.Acquire(ctxT(t), driver.Request{Name: "late", Owner: "third", TTL: ttl})
+			g, err = b.Acquire(testkit.Context(t), driver.Request{Name: "late", Owner: "third", TTL: ttl})
 			if err != nil {
 				t.Fatalf("the next contender is refused after the late request: %v", err)
 			}
-			if err := b.Release(ctxT(t), g); err != nil {
+			if err := b.Release(testkit.Context(t), g); err != nil {
 				t.Fatal(err)
 			}
 		})

@@ -2,10 +2,6 @@ package pglease_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"regexp"
-	"strings"
 	"testing"
 	"time"
 
@@ -13,40 +9,20 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
-	"github.com/fencekit/fencekit/internal/testenv"
-	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/internal/testkit"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease/pglease"
 	"github.com/fencekit/fencekit/migrations"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-var nonIdent = regexp.MustCompile(`[^a-z0-9]+`)
-
-// uniqueName returns a lower-case identifier unique to this run and test.
-func uniqueName(tb testing.TB, prefix string) string {
-	tb.Helper()
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	name := nonIdent.ReplaceAllString(strings.ToLower(tb.Name()), "_")
-	if len(name) > 40 {
-		name = name[len(name)-40:]
-	}
-	return prefix + name + "_" + hex.EncodeToString(b[:])
-}
-
-func ctxT(tb testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	tb.Cleanup(cancel)
-	return ctx
-}
-
 // newSchema creates a throwaway schema on the server at url, runs
 // fencekit's migrations in it, and drops it when the test ends.
 func newSchema(tb testing.TB, url string) string {
 	tb.Helper()
-	ctx := ctxT(tb)
-	schema := uniqueName(tb, "pgl_")
+	ctx := testkit.Context(tb)
+	schema := testkit.UniqueName(tb, "pgl_")
 	admin, err := pgx.Connect(ctx, url)
 	if err != nil {
 		tb.Fatalf("PostgreSQL is required for these tests and is not reachable at %s (set %s or run scripts/test.sh): %v",
@@ -92,7 +68,7 @@ func newPool(tb testing.TB, url string, configure ...func(*pgxpool.Config)) *pgx
 	for _, f := range configure {
 		f(cfg)
 	}
-	p, err := pgxpool.NewWithConfig(ctxT(tb), cfg)
+	p, err := pgxpool.NewWithConfig(testkit.Context(tb), cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -110,19 +86,10 @@ func newBackend(tb testing.TB, pool pglease.Pool, opts ...pglease.Option) *pglea
 	return b
 }
 
-func newManager(tb testing.TB, b lease.Backend, ttl time.Duration, opts ...lease.Option) *lease.Manager {
-	tb.Helper()
-	m, err := lease.NewManager(b, ttl, opts...)
-	if err != nil {
-		tb.Fatalf("lease.NewManager: %v", err)
-	}
-	return m
-}
-
 // connectT opens a connection to url, closed when the test ends.
 func connectT(tb testing.TB, url string) *pgx.Conn {
 	tb.Helper()
-	c, err := pgx.Connect(ctxT(tb), url)
+	c, err := pgx.Connect(testkit.Context(tb), url)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -133,7 +100,7 @@ func connectT(tb testing.TB, url string) *pgx.Conn {
 // exec runs SQL on a new connection to url.
 func exec(tb testing.TB, url, sql string, args ...any) {
 	tb.Helper()
-	ctx := ctxT(tb)
+	ctx := testkit.Context(tb)
 	c, err := pgx.Connect(ctx, url)
 	if err != nil {
 		tb.Fatal(err)
@@ -151,7 +118,7 @@ func terminate(tb testing.TB, url string, pids []uint32) {
 	if len(pids) == 0 {
 		tb.Fatal("terminate: no server process to end")
 	}
-	ctx := ctxT(tb)
+	ctx := testkit.Context(tb)
 	c, err := pgx.Connect(ctx, url)
 	if err != nil {
 		tb.Fatal(err)

@@ -14,7 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekit/fencekit/fence"
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/internal/testkit"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/leasetest"
@@ -57,7 +58,7 @@ func TestTableNamesMatchMigrations(t *testing.T) {
 	conn := connectT(t, url)
 	for _, name := range []string{pglease.LeaseTable, pglease.SessionLeaseTable} {
 		var ok bool
-		if err := conn.QueryRow(ctxT(t), `SELECT to_regclass($1) IS NOT NULL`, pgx.Identifier{schema, name}.Sanitize()).Scan(&ok); err != nil || !ok {
+		if err := conn.QueryRow(testkit.Context(t), `SELECT to_regclass($1) IS NOT NULL`, pgx.Identifier{schema, name}.Sanitize()).Scan(&ok); err != nil || !ok {
 			t.Errorf("table %s after migrations.Up: %v, %v", name, ok, err)
 		}
 	}
@@ -68,7 +69,7 @@ func TestNotMigrated(t *testing.T) {
 	url := testenv.PostgresURL()
 	for _, mode := range modes {
 		b := newBackend(t, newPool(t, url), pglease.WithSchema("fencekit_no_such_schema"), pglease.WithMode(mode))
-		_, err := b.Acquire(ctxT(t), driver.Request{Name: "x", Owner: "o", TTL: time.Second})
+		_, err := b.Acquire(testkit.Context(t), driver.Request{Name: "x", Owner: "o", TTL: time.Second})
 		if !errors.Is(err, pglease.ErrNotMigrated) {
 			t.Errorf("%s: Acquire without migrations = %v, want ErrNotMigrated", mode, err)
 		}
@@ -87,7 +88,7 @@ func TestTokensSurviveRowLoss(t *testing.T) {
 			if mode == pglease.ModeSession {
 				table = pgx.Identifier{schema, pglease.SessionLeaseTable}.Sanitize()
 			}
-			m := newManager(t, newBackend(t, newPool(t, url), pglease.WithSchema(schema), pglease.WithMode(mode)), 10*time.Second)
+			m := testkit.NewManager(t, newBackend(t, newPool(t, url), pglease.WithSchema(schema), pglease.WithMode(mode)), 10*time.Second)
 			const name = "row-loss"
 			steps := []struct {
 				what string
@@ -102,10 +103,10 @@ func TestTokensSurviveRowLoss(t *testing.T) {
 						t.Fatal(err)
 					}
 					defer db.Close()
-					if _, err := migrations.DownTo(ctxT(t), db, 1); err != nil {
+					if _, err := migrations.DownTo(testkit.Context(t), db, 1); err != nil {
 						t.Fatal(err)
 					}
-					if _, err := migrations.Up(ctxT(t), db); err != nil {
+					if _, err := migrations.Up(testkit.Context(t), db); err != nil {
 						t.Fatal(err)
 					}
 				}},
@@ -113,7 +114,7 @@ func TestTokensSurviveRowLoss(t *testing.T) {
 			last := fence.None
 			for _, step := range steps {
 				for range 3 { // several grants, so that the stored token is past its first value
-					l, err := m.TryAcquire(ctxT(t), name)
+					l, err := m.TryAcquire(testkit.Context(t), name)
 					if err != nil {
 						t.Fatalf("before %s: %v", step.what, err)
 					}
@@ -121,12 +122,12 @@ func TestTokensSurviveRowLoss(t *testing.T) {
 						t.Fatalf("before %s: token %d <= previous %d", step.what, l.Token(), last)
 					}
 					last = l.Token()
-					if err := l.Release(ctxT(t)); err != nil {
+					if err := l.Release(testkit.Context(t)); err != nil {
 						t.Fatalf("Release: %v", err)
 					}
 				}
 				step.lose()
-				l, err := m.TryAcquire(ctxT(t), name)
+				l, err := m.TryAcquire(testkit.Context(t), name)
 				if err != nil {
 					t.Fatalf("after %s: %v", step.what, err)
 				}
@@ -135,7 +136,7 @@ func TestTokensSurviveRowLoss(t *testing.T) {
 				}
 				t.Logf("%s: token %d -> %d", step.what, last, l.Token())
 				last = l.Token()
-				if err := l.Release(ctxT(t)); err != nil {
+				if err := l.Release(testkit.Context(t)); err != nil {
 					t.Fatalf("Release: %v", err)
 				}
 			}
@@ -182,20 +183,20 @@ func TestRoundTrips(t *testing.T) {
 				}
 			})
 			b := newBackend(t, pool, pglease.WithSchema(schema), pglease.WithMode(mode))
-			m := newManager(t, b, 10*time.Second, lease.WithoutAutoRenew())
+			m := testkit.NewManager(t, b, 10*time.Second, lease.WithoutAutoRenew())
 			cycle := func(name string) (acq, renew, rel int64) {
 				t.Helper()
 				n := writes.Load()
-				l, err := m.TryAcquire(ctxT(t), name)
+				l, err := m.TryAcquire(testkit.Context(t), name)
 				if err != nil {
 					t.Fatal(err)
 				}
 				acq, n = writes.Load()-n, writes.Load()
-				if err := l.Renew(ctxT(t)); err != nil {
+				if err := l.Renew(testkit.Context(t)); err != nil {
 					t.Fatal(err)
 				}
 				renew, n = writes.Load()-n, writes.Load()
-				if err := l.Release(ctxT(t)); err != nil {
+				if err := l.Release(testkit.Context(t)); err != nil {
 					t.Fatal(err)
 				}
 				return acq, renew, writes.Load() - n
@@ -209,17 +210,17 @@ func TestRoundTrips(t *testing.T) {
 			}
 			var gs []driver.Grant
 			for _, name := range []string{"b1", "b2", "b3", "b4"} {
-				g, err := b.Acquire(ctxT(t), driver.Request{Name: name, Owner: "o", TTL: 10 * time.Second})
+				g, err := b.Acquire(testkit.Context(t), driver.Request{Name: name, Owner: "o", TTL: 10 * time.Second})
 				if err != nil {
 					t.Fatal(err)
 				}
 				gs = append(gs, g)
 			}
-			if _, err := leasetest.RenewBatch(ctxT(t), b, gs); err != nil { // prepares it
+			if _, err := leasetest.RenewBatch(testkit.Context(t), b, gs); err != nil { // prepares it
 				t.Fatal(err)
 			}
 			n := writes.Load()
-			errs, err := leasetest.RenewBatch(ctxT(t), b, gs)
+			errs, err := leasetest.RenewBatch(testkit.Context(t), b, gs)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -240,11 +241,11 @@ func TestRetryAfterFromStoredExpiry(t *testing.T) {
 	url := testenv.PostgresURL()
 	schema := newSchema(t, url)
 	b := newBackend(t, newPool(t, url), pglease.WithSchema(schema))
-	if _, err := b.Acquire(ctxT(t), driver.Request{Name: "ra", Owner: "a", TTL: 5 * time.Second}); err != nil {
+	if _, err := b.Acquire(testkit.Context(t), driver.Request{Name: "ra", Owner: "a", TTL: 5 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(time.Second)
-	_, err := b.Acquire(ctxT(t), driver.Request{Name: "ra", Owner: "b", TTL: 5 * time.Second})
+	_, err := b.Acquire(testkit.Context(t), driver.Request{Name: "ra", Owner: "b", TTL: 5 * time.Second})
 	var na *lease.NotAcquiredError
 	if !errors.As(err, &na) {
 		t.Fatalf("Acquire = %v, want a NotAcquiredError", err)
@@ -262,19 +263,19 @@ func TestSessionReleaseGivesCleanConnectionBack(t *testing.T) {
 	pool := newPool(t, url, func(c *pgxpool.Config) { c.MaxConns = 1 })
 	b := newBackend(t, pool, pglease.WithSchema(schema), pglease.WithMode(pglease.ModeSession))
 	var before string
-	if err := pool.QueryRow(ctxT(t), "SHOW idle_session_timeout").Scan(&before); err != nil {
+	if err := pool.QueryRow(testkit.Context(t), "SHOW idle_session_timeout").Scan(&before); err != nil {
 		t.Fatal(err)
 	}
-	g, err := b.Acquire(ctxT(t), driver.Request{Name: "clean", Owner: "o", TTL: 1500 * time.Millisecond})
+	g, err := b.Acquire(testkit.Context(t), driver.Request{Name: "clean", Owner: "o", TTL: 1500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Release(ctxT(t), g); err != nil {
+	if err := b.Release(testkit.Context(t), g); err != nil {
 		t.Fatal(err)
 	}
 	var after string
 	var locks int
-	if err := pool.QueryRow(ctxT(t), "SELECT current_setting('idle_session_timeout'), (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid())").Scan(&after, &locks); err != nil {
+	if err := pool.QueryRow(testkit.Context(t), "SELECT current_setting('idle_session_timeout'), (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid())").Scan(&after, &locks); err != nil {
 		t.Fatal(err)
 	}
 	if after != before || locks != 0 {

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekit/fencekit/internal/pgtest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/pglease"
@@ -29,16 +30,16 @@ func TestPooler(t *testing.T) {
 
 	t.Run("session mode refuses a transaction pooler", func(t *testing.T) {
 		b := newBackend(t, newPool(t, txn.URL, execMode), pglease.WithSchema(schema), pglease.WithMode(pglease.ModeSession))
-		if _, err := b.Acquire(ctxT(t), req); !errors.Is(err, pglease.ErrPooler) {
+		if _, err := b.Acquire(testkit.Context(t), req); !errors.Is(err, pglease.ErrPooler) {
 			t.Fatalf("session-mode Acquire through PgBouncer (transaction mode) = %v, want ErrPooler", err)
 		}
 		// Nothing was left held on the server connection PgBouncer kept.
 		direct := newBackend(t, newPool(t, c.URL), pglease.WithSchema(schema), pglease.WithMode(pglease.ModeSession))
-		g, err := direct.Acquire(ctxT(t), driver.Request{Name: req.Name, Owner: "b", TTL: req.TTL})
+		g, err := direct.Acquire(testkit.Context(t), driver.Request{Name: req.Name, Owner: "b", TTL: req.TTL})
 		if err != nil {
 			t.Fatalf("a direct Acquire after the refusal: %v (the refused one left the lock held)", err)
 		}
-		if err := direct.Release(ctxT(t), g); err != nil {
+		if err := direct.Release(testkit.Context(t), g); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -46,40 +47,40 @@ func TestPooler(t *testing.T) {
 	t.Run("session mode behind a session pooler with AllowPooler", func(t *testing.T) {
 		b := newBackend(t, newPool(t, sess.URL, execMode), pglease.WithSchema(schema), pglease.WithMode(pglease.ModeSession),
 			func(o *pglease.Options) { o.AllowPooler = true })
-		m := newManager(t, b, 2*time.Second)
-		l, err := m.TryAcquire(ctxT(t), "pooled-session")
+		m := testkit.NewManager(t, b, 2*time.Second)
+		l, err := m.TryAcquire(testkit.Context(t), "pooled-session")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := l.Renew(ctxT(t)); err != nil {
+		if err := l.Renew(testkit.Context(t)); err != nil {
 			t.Fatalf("Renew: %v", err)
 		}
-		if err := l.Release(ctxT(t)); err != nil {
+		if err := l.Release(testkit.Context(t)); err != nil {
 			t.Fatalf("Release: %v", err)
 		}
 	})
 
 	t.Run("table mode through a transaction pooler", func(t *testing.T) {
-		m := newManager(t, newBackend(t, newPool(t, txn.URL, execMode), pglease.WithSchema(schema)), 2*time.Second)
-		other := newManager(t, newBackend(t, newPool(t, txn.URL, execMode), pglease.WithSchema(schema)), 2*time.Second)
-		l, err := m.TryAcquire(ctxT(t), "pooled-table")
+		m := testkit.NewManager(t, newBackend(t, newPool(t, txn.URL, execMode), pglease.WithSchema(schema)), 2*time.Second)
+		other := testkit.NewManager(t, newBackend(t, newPool(t, txn.URL, execMode), pglease.WithSchema(schema)), 2*time.Second)
+		l, err := m.TryAcquire(testkit.Context(t), "pooled-table")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := other.TryAcquire(ctxT(t), "pooled-table"); !errors.Is(err, lease.ErrNotAcquired) {
+		if _, err := other.TryAcquire(testkit.Context(t), "pooled-table"); !errors.Is(err, lease.ErrNotAcquired) {
 			t.Fatalf("a second holder through the pooler = %v, want ErrNotAcquired", err)
 		}
 		time.Sleep(time.Second) // heartbeats through the pooler
 		if err := l.Err(); err != nil {
 			t.Fatalf("lease ended: %v", err)
 		}
-		if err := l.Release(ctxT(t)); err != nil {
+		if err := l.Release(testkit.Context(t)); err != nil {
 			t.Fatalf("Release: %v", err)
 		}
-		l2, err := other.TryAcquire(ctxT(t), "pooled-table")
+		l2, err := other.TryAcquire(testkit.Context(t), "pooled-table")
 		if err != nil || l2.Token() <= l.Token() {
 			t.Fatalf("after release: %v, token %v after %d", err, l2, l.Token())
 		}
-		_ = l2.Release(ctxT(t))
+		_ = l2.Release(testkit.Context(t))
 	})
 }

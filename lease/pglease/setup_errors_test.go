@@ -10,7 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/internal/testkit"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/pglease"
 )
@@ -47,8 +48,8 @@ func TestAcquireWithoutTheTablesFailsAtOnce(t *testing.T) {
 	for _, mode := range modes {
 		t.Run(mode.String(), func(t *testing.T) {
 			for _, schema := range []string{emptySchema(t, u), "fencekit_no_such_schema"} {
-				m := newManager(t, newBackend(t, newPool(t, u), pglease.WithSchema(schema), pglease.WithMode(mode)), 2*time.Second)
-				for what, err := range map[string]error{"Check": m.Check(ctxT(t)), "Acquire": acquireFailsAtOnce(t, m)} {
+				m := testkit.NewManager(t, newBackend(t, newPool(t, u), pglease.WithSchema(schema), pglease.WithMode(mode)), 2*time.Second)
+				for what, err := range map[string]error{"Check": m.Check(testkit.Context(t)), "Acquire": acquireFailsAtOnce(t, m)} {
 					if !errors.Is(err, lease.ErrSetup) || !errors.Is(err, pglease.ErrNotMigrated) || !strings.Contains(err.Error(), "fencekit migrate up") {
 						t.Errorf("schema %s: %s = %v; want ErrSetup and ErrNotMigrated, naming fencekit migrate up", schema, what, err)
 					}
@@ -60,8 +61,8 @@ func TestAcquireWithoutTheTablesFailsAtOnce(t *testing.T) {
 					}
 				}
 			}
-			ok := newManager(t, newBackend(t, newPool(t, u), pglease.WithSchema(newSchema(t, u)), pglease.WithMode(mode)), 2*time.Second)
-			if err := ok.Check(ctxT(t)); err != nil {
+			ok := testkit.NewManager(t, newBackend(t, newPool(t, u), pglease.WithSchema(newSchema(t, u)), pglease.WithMode(mode)), 2*time.Second)
+			if err := ok.Check(testkit.Context(t)); err != nil {
 				t.Fatalf("Check of a migrated schema: %v", err)
 			}
 		})
@@ -76,12 +77,12 @@ func TestAcquireOnAMissingDatabaseFailsAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	pu.Path = "/fencekit_no_such_database"
-	m := newManager(t, newBackend(t, newPool(t, pu.String())), 2*time.Second)
+	m := testkit.NewManager(t, newBackend(t, newPool(t, pu.String())), 2*time.Second)
 	err = acquireFailsAtOnce(t, m)
 	if !errors.Is(err, lease.ErrSetup) || !strings.Contains(err.Error(), "database does not exist") {
 		t.Fatalf("Acquire on a missing database = %v; want ErrSetup saying the database does not exist", err)
 	}
-	if err := m.Check(ctxT(t)); !errors.Is(err, lease.ErrSetup) {
+	if err := m.Check(testkit.Context(t)); !errors.Is(err, lease.ErrSetup) {
 		t.Fatalf("Check on a missing database = %v, want ErrSetup", err)
 	}
 }
@@ -91,9 +92,9 @@ func TestAcquireOnAMissingDatabaseFailsAtOnce(t *testing.T) {
 func TestAcquireWithoutPrivilegesFailsAtOnce(t *testing.T) {
 	u := testenv.PostgresURL()
 	schema := newSchema(t, u)
-	role := strings.ToLower(uniqueName(t, "fk_noperm_"))
+	role := strings.ToLower(testkit.UniqueName(t, "fk_noperm_"))
 	admin := connectT(t, u)
-	if _, err := admin.Exec(ctxT(t), "CREATE ROLE "+pgx.Identifier{role}.Sanitize()+" LOGIN"); err != nil {
+	if _, err := admin.Exec(testkit.Context(t), "CREATE ROLE "+pgx.Identifier{role}.Sanitize()+" LOGIN"); err != nil {
 		t.Fatalf("create role: %v", err)
 	}
 	t.Cleanup(func() {
@@ -106,7 +107,7 @@ func TestAcquireWithoutPrivilegesFailsAtOnce(t *testing.T) {
 		}
 	})
 	// Usage of the schema, but no privilege on its tables.
-	if _, err := admin.Exec(ctxT(t), "GRANT USAGE ON SCHEMA "+pgx.Identifier{schema}.Sanitize()+" TO "+pgx.Identifier{role}.Sanitize()); err != nil {
+	if _, err := admin.Exec(testkit.Context(t), "GRANT USAGE ON SCHEMA "+pgx.Identifier{schema}.Sanitize()+" TO "+pgx.Identifier{role}.Sanitize()); err != nil {
 		t.Fatalf("grant usage: %v", err)
 	}
 	pu, err := url.Parse(u)
@@ -116,8 +117,8 @@ func TestAcquireWithoutPrivilegesFailsAtOnce(t *testing.T) {
 	pu.User = url.User(role)
 	for _, mode := range modes {
 		t.Run(mode.String(), func(t *testing.T) {
-			m := newManager(t, newBackend(t, newPool(t, pu.String()), pglease.WithSchema(schema), pglease.WithMode(mode)), 2*time.Second)
-			if err := m.Check(ctxT(t)); !errors.Is(err, lease.ErrSetup) || !strings.Contains(err.Error(), "grant") {
+			m := testkit.NewManager(t, newBackend(t, newPool(t, pu.String()), pglease.WithSchema(schema), pglease.WithMode(mode)), 2*time.Second)
+			if err := m.Check(testkit.Context(t)); !errors.Is(err, lease.ErrSetup) || !strings.Contains(err.Error(), "grant") {
 				t.Errorf("Check as a user without privileges = %v; want ErrSetup naming the grant", err)
 			}
 			if err := acquireFailsAtOnce(t, m); !errors.Is(err, lease.ErrSetup) {
@@ -131,9 +132,9 @@ func TestAcquireWithoutPrivilegesFailsAtOnce(t *testing.T) {
 // test ends.
 func emptySchema(t *testing.T, u string) string {
 	t.Helper()
-	schema := strings.ToLower(uniqueName(t, "pgl_empty_"))
+	schema := strings.ToLower(testkit.UniqueName(t, "pgl_empty_"))
 	admin := connectT(t, u)
-	if _, err := admin.Exec(ctxT(t), "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+	if _, err := admin.Exec(testkit.Context(t), "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		t.Fatalf("create schema: %v", err)
 	}
 	t.Cleanup(func() {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 )
 
@@ -66,7 +67,7 @@ func TestDeadlinesHoldAtScale(t *testing.T) {
 				if i >= leases {
 					return
 				}
-				l, err := m.TryAcquire(ctxT(t), strconv.FormatInt(i, 10))
+				l, err := m.TryAcquire(testkit.Context(t), strconv.FormatInt(i, 10))
 				if err != nil {
 					select {
 					case acquireErr <- err:

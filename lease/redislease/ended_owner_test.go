@@ -16,7 +16,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencekit/fencekit/internal/redistest"
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/internal/testkit"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/redislease"
@@ -193,13 +194,13 @@ func TestReleaseReplyLostIsARelease(t *testing.T) {
 	m := newManager(t, b, lease.Options{TTL: 5 * time.Second, Observer: obs})
 
 	t.Run("Release", func(t *testing.T) {
-		l, err := m.TryAcquire(ctxT(t), name)
+		l, err := m.TryAcquire(testkit.Context(t), name)
 		if err != nil {
 			t.Fatal(err)
 		}
 		f.armed.Store(true)
 		before := f.hits.Load()
-		err = l.Release(ctxT(t))
+		err = l.Release(testkit.Context(t))
 		if f.hits.Load() != before+1 {
 			t.Fatal("the release request was not faulted: the test proves nothing")
 		}
@@ -212,14 +213,14 @@ func TestReleaseReplyLostIsARelease(t *testing.T) {
 		if lost, rel := obs.counts(); lost != 0 || len(rel) != 1 || rel[0].Err != nil {
 			t.Fatalf("Observer: %d losses, releases %+v; want no loss and one clean release", lost, rel)
 		}
-		if _, err := b.Holder(ctxT(t), name); !errors.Is(err, lease.ErrNotHeld) {
+		if _, err := b.Holder(testkit.Context(t), name); !errors.Is(err, lease.ErrNotHeld) {
 			t.Fatalf("after the release the name must be free; Holder = %v", err)
 		}
 	})
 
 	t.Run("Run", func(t *testing.T) {
 		ran := false
-		err := m.Run(ctxT(t), name, func(ctx context.Context, l *lease.Lease) error {
+		err := m.Run(testkit.Context(t), name, func(ctx context.Context, l *lease.Lease) error {
 			ran = true
 			f.armed.Store(true) // the release that Run sends
 			return nil
@@ -238,15 +239,15 @@ func TestReleaseReplyLostIsARelease(t *testing.T) {
 	// A lost lease whose release reply is lost stays lost: the resent
 	// release answers what the first one found.
 	t.Run("LostStaysLost", func(t *testing.T) {
-		l, err := m.TryAcquire(ctxT(t), name)
+		l, err := m.TryAcquire(testkit.Context(t), name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := redistest.Shared(t).Del(ctxT(t), b.KeysFor(name).Lease).Err(); err != nil {
+		if err := redistest.Shared(t).Del(testkit.Context(t), b.KeysFor(name).Lease).Err(); err != nil {
 			t.Fatal(err)
 		}
 		f.armed.Store(true)
-		err = l.Release(ctxT(t))
+		err = l.Release(testkit.Context(t))
 		if f.armed.Load() {
 			t.Fatal("the release request was not faulted")
 		}
@@ -268,11 +269,11 @@ func TestEndedOwnerRefusedByAcquire(t *testing.T) {
 	req := func(owner string) driver.Request { return driver.Request{Name: name, Owner: owner, TTL: ttl} }
 	refused := func(t *testing.T, owner string) {
 		t.Helper()
-		g, err := b.Acquire(ctxT(t), req(owner))
+		g, err := b.Acquire(testkit.Context(t), req(owner))
 		if !errors.Is(err, lease.ErrNotAcquired) {
 			t.Fatalf("Acquire by the ended owner %q = %+v, %v; want ErrNotAcquired", owner, g, err)
 		}
-		if _, err := b.Holder(ctxT(t), name); !errors.Is(err, lease.ErrNotHeld) {
+		if _, err := b.Holder(testkit.Context(t), name); !errors.Is(err, lease.ErrNotHeld) {
 			t.Fatalf("a refused acquire must leave the name free; Holder = %v", err)
 		}
 	}
@@ -282,7 +283,7 @@ func TestEndedOwnerRefusedByAcquire(t *testing.T) {
 		if redislease.SlotOf(k) != redislease.SlotOf(b.KeysFor(name).Lease) {
 			t.Fatalf("tombstone %q is not in the lease's hash slot", k)
 		}
-		d, err := c.PTTL(ctxT(t), k).Result()
+		d, err := c.PTTL(testkit.Context(t), k).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -291,23 +292,23 @@ func TestEndedOwnerRefusedByAcquire(t *testing.T) {
 	want := driver.EndedOwnerTTL(ttl)
 
 	t.Run("AfterRelease", func(t *testing.T) {
-		g, err := b.Acquire(ctxT(t), req("released"))
+		g, err := b.Acquire(testkit.Context(t), req("released"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := b.Release(ctxT(t), g); err != nil {
+		if err := b.Release(testkit.Context(t), g); err != nil {
 			t.Fatal(err)
 		}
 		if d := tombstone(t, "released"); d <= want-time.Second || d > want {
 			t.Fatalf("tombstone PTTL %v, want about driver.EndedOwnerTTL = %v", d, want)
 		}
 		refused(t, "released")
-		if err := b.Release(ctxT(t), g); err != nil {
+		if err := b.Release(testkit.Context(t), g); err != nil {
 			t.Fatalf("the same Release again (a resent request) = %v, want nil", err)
 		}
 	})
 	t.Run("AbandonBeforeTheRequest", func(t *testing.T) {
-		if err := b.Abandon(ctxT(t), req("late")); err != nil {
+		if err := b.Abandon(testkit.Context(t), req("late")); err != nil {
 			t.Fatal(err)
 		}
 		if d := tombstone(t, "late"); d <= want-time.Second || d > want {
@@ -328,16 +329,16 @@ func TestEndedOwnerRefusedByAcquire(t *testing.T) {
 				t.Cleanup(func() { _ = wb.Close() })
 			}
 			owner := fmt.Sprintf("ghost-%v", classic)
-			g, err := wb.Acquire(ctxT(t), req(owner))
+			g, err := wb.Acquire(testkit.Context(t), req(owner))
 			if err != nil {
 				t.Fatal(err)
 			}
-			sig, stop, err := wb.Watch(ctxT(t), name)
+			sig, stop, err := wb.Watch(testkit.Context(t), name)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer stop()
-			if err := wb.Abandon(ctxT(t), req(owner)); err != nil {
+			if err := wb.Abandon(testkit.Context(t), req(owner)); err != nil {
 				t.Fatal(err)
 			}
 			select {
@@ -346,7 +347,7 @@ func TestEndedOwnerRefusedByAcquire(t *testing.T) {
 				t.Fatal("an Abandon that ended a grant did not wake the waiters")
 			}
 			refused(t, owner)
-			if err := wb.Renew(ctxT(t), g); !errors.Is(err, lease.ErrNotHeld) {
+			if err := wb.Renew(testkit.Context(t), g); !errors.Is(err, lease.ErrNotHeld) {
 				t.Fatalf("Renew of the abandoned grant = %v, want ErrNotHeld", err)
 			}
 			if k := wb.PubSubKind(); classic != (k == "classic") {
@@ -357,7 +358,7 @@ func TestEndedOwnerRefusedByAcquire(t *testing.T) {
 	t.Run("NeverEndedIsLost", func(t *testing.T) {
 		g := driver.Grant{Name: name, Owner: "never-held", Token: 1, TTL: ttl}
 		for i := range 2 {
-			if err := b.Release(ctxT(t), g); !errors.Is(err, lease.ErrNotHeld) {
+			if err := b.Release(testkit.Context(t), g); !errors.Is(err, lease.ErrNotHeld) {
 				t.Fatalf("Release %d of a grant never made = %v, want ErrNotHeld", i+1, err)
 			}
 		}
@@ -384,7 +385,7 @@ func TestAbandonedAcquireArrivingLateGrantsNothing(t *testing.T) {
 	ttl := 600 * time.Millisecond
 	m := newManager(t, b, lease.Options{TTL: ttl, PollInterval: 50 * time.Millisecond})
 
-	l, err := m.Acquire(ctxT(t), name)
+	l, err := m.Acquire(testkit.Context(t), name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -392,7 +393,7 @@ func TestAbandonedAcquireArrivingLateGrantsNothing(t *testing.T) {
 		t.Fatal("the first acquire request was not held: the test proves nothing")
 	}
 	tok := l.Token()
-	if err := l.Release(ctxT(t)); err != nil {
+	if err := l.Release(testkit.Context(t)); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 
@@ -400,17 +401,17 @@ func TestAbandonedAcquireArrivingLateGrantsNothing(t *testing.T) {
 	if reply != ":0" {
 		t.Fatalf("the abandoned request, arriving after the release, was answered %q; want :0 (refused)", reply)
 	}
-	if h, err := b.Holder(ctxT(t), name); !errors.Is(err, lease.ErrNotHeld) {
+	if h, err := b.Holder(testkit.Context(t), name); !errors.Is(err, lease.ErrNotHeld) {
 		t.Fatalf("after the late request the name is held by %+v (%v); want free (no ghost grant)", h, err)
 	}
-	next, err := m.TryAcquire(ctxT(t), name)
+	next, err := m.TryAcquire(testkit.Context(t), name)
 	if err != nil {
 		t.Fatalf("the next contender must get the name at once: %v", err)
 	}
 	if next.Token() <= tok {
 		t.Fatalf("next token %d <= %d", next.Token(), tok)
 	}
-	if err := next.Release(ctxT(t)); err != nil {
+	if err := next.Release(testkit.Context(t)); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -2,13 +2,9 @@ package redislease_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
-	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,28 +14,18 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/redislease"
 )
 
 // The tests of Redis deployments of several servers (cluster_test.go,
 // sentinel_test.go and the scenarios here, shared by both) make every
-// Manager with multiNodeManager and read every token with tokenOf, so that
-// a change of the lease API is made in these two places (and in their
-// copies in integration/redisfailover, the SIGKILL scenario).
-
-// multiNodeManager returns a Manager over b with the given TTL and options.
-func multiNodeManager(t testing.TB, b lease.Backend, ttl time.Duration, opts ...lease.Option) *lease.Manager {
-	t.Helper()
-	m, err := lease.NewManager(b, ttl, opts...)
-	if err != nil {
-		t.Fatalf("lease.NewManager: %v", err)
-	}
-	return m
-}
-
-// tokenOf returns the fencing token of l.
-func tokenOf(l *lease.Lease) fence.Token { return l.Token() }
+// Manager with testkit.NewManager, so that a change of the lease API is
+// made in one place (internal/testkit). The deployment interface below has
+// a subset copied in integration/redisfailover (the SIGKILL scenario): it
+// needs redislease, which the Redis harness (internal/redistest) does not
+// import.
 
 // go-redis logs each failed dial and each Sentinel lookup through its
 // package logger; a failover makes hundreds of such lines. The tests report
@@ -69,14 +55,6 @@ type deployment interface {
 	failover(t *testing.T, primary *redistest.Server) (*redistest.Server, time.Duration)
 	// awaitHealthy waits until every primary has its replica in sync.
 	awaitHealthy(t *testing.T)
-}
-
-// uniquePrefix returns a key prefix unique to this run and test, for a
-// deployment the test owns (nothing to clean up: the servers go away).
-func uniquePrefix(t *testing.T) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return "fencekit-test:" + hex.EncodeToString(b[:]) + ":"
 }
 
 // namesOn returns n lease names starting with base whose keys primary
@@ -178,13 +156,13 @@ func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 // grant of it had been made, and no token granted twice.
 func testExclusiveUnderContention(t *testing.T, d deployment) {
 	const ttl = 100 * time.Millisecond
-	prefix := uniquePrefix(t)
+	prefix := redistest.UniquePrefix()
 	var mgrs []*lease.Manager
 	var probe *redislease.Backend
 	for i := range 4 {
 		b := newBackend(t, d.client(t), prefix)
 		probe = b
-		mgrs = append(mgrs, multiNodeManager(t, b, ttl, func(o *lease.Options) { o.DisableAutoRenew = i == 3 }))
+		mgrs = append(mgrs, testkit.NewManager(t, b, ttl, func(o *lease.Options) { o.DisableAutoRenew = i == 3 }))
 	}
 	var names []string
 	for i, p := range d.primaries(t) {
@@ -225,7 +203,7 @@ func testExclusiveUnderContention(t *testing.T, d deployment) {
 					if err != nil {
 						continue
 					}
-					h := holding{token: tokenOf(l), acquiredAt: acquiredAt, manager: fmt.Sprintf("client %d", mi)}
+					h := holding{token: l.Token(), acquiredAt: acquiredAt, manager: fmt.Sprintf("client %d", mi)}
 					h = workWhileHeld(t, ctx, l, h, time.Now().Add(time.Duration(mrand.N(4))*ttl/2), nil) // 0 to 1.5 TTL of work
 					mu.Lock()
 					holdings[name] = append(holdings[name], h)
@@ -283,8 +261,8 @@ func (f *flushLog) take() (map[time.Time][]string, int) {
 // leases live on, however many leases each batch holds.
 func testRoundTrips(t *testing.T, d deployment) {
 	counter := newNodeCounter()
-	b := newBackend(t, d.countedClient(t, counter), uniquePrefix(t))
-	ctx := ctxT(t)
+	b := newBackend(t, d.countedClient(t, counter), redistest.UniquePrefix())
+	ctx := testkit.Context(t)
 	primaries := d.primaries(t)
 	nodeOf := make(map[string]string)
 	var names []string
@@ -295,11 +273,11 @@ func testRoundTrips(t *testing.T, d deployment) {
 		}
 		names = append(names, on...)
 	}
-	manual := multiNodeManager(t, b, 10*time.Second, func(o *lease.Options) { o.DisableAutoRenew = true })
+	manual := testkit.NewManager(t, b, 10*time.Second, func(o *lease.Options) { o.DisableAutoRenew = true })
 	// Warm up: every server caches the scripts (the first EVALSHA of a
 	// script on a server is answered NOSCRIPT and sent again as EVAL).
 	for i := range primaries {
-		l := acquire(t, manual, names[i*11])
+		l := testkit.TryAcquire(t, manual, names[i*11])
 		if err := l.Renew(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -310,7 +288,7 @@ func testRoundTrips(t *testing.T, d deployment) {
 	for i := range primaries {
 		name := names[i*11]
 		before := counter.total()
-		l := acquire(t, manual, name)
+		l := testkit.TryAcquire(t, manual, name)
 		if n := counter.total() - before; n != 1 {
 			t.Errorf("TryAcquire of %s took %d round trips, want 1", name, n)
 		}
@@ -332,7 +310,7 @@ func testRoundTrips(t *testing.T, d deployment) {
 
 	// Heartbeats in batches: 10 leases per primary.
 	log := &flushLog{}
-	hb := multiNodeManager(t, b, 3*time.Second, func(o *lease.Options) {
+	hb := testkit.NewManager(t, b, 3*time.Second, func(o *lease.Options) {
 		o.RenewInterval = 500 * time.Millisecond
 		o.RenewBatchWindow = 100 * time.Millisecond
 		o.Observer = log
@@ -340,7 +318,7 @@ func testRoundTrips(t *testing.T, d deployment) {
 	var held []*lease.Lease
 	for i := range primaries {
 		for _, name := range names[i*11+1 : (i+1)*11] {
-			held = append(held, acquire(t, hb, name))
+			held = append(held, testkit.TryAcquire(t, hb, name))
 		}
 	}
 	log.take()
@@ -393,58 +371,11 @@ func diff(after, before map[string]int64) map[string]int64 {
 	return d
 }
 
-// renewLogAll records every renewal's outcome with its send time.
-type renewLogAll struct {
-	lease.NopObserver
-	mu     sync.Mutex
-	events []lease.RenewedEvent
-}
-
-func (r *renewLogAll) Renewed(e lease.RenewedEvent) {
-	r.mu.Lock()
-	r.events = append(r.events, e)
-	r.mu.Unlock()
-}
-
-// all returns every renewal recorded so far.
-func (r *renewLogAll) all() []lease.RenewedEvent {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]lease.RenewedEvent(nil), r.events...)
-}
-
-// succeededSince reports whether a renewal of name sent after since
-// succeeded.
-func (r *renewLogAll) succeededSince(name string, since time.Time) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, e := range r.events {
-		if e.Name == name && e.Err == nil && e.Sent.After(since) {
-			return true
-		}
-	}
-	return false
-}
-
-// failures returns the renewals that failed, and the longest latency of
-// any renewal.
-func (r *renewLogAll) failures() (n int, slowest time.Duration) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, e := range r.events {
-		if e.Err != nil {
-			n++
-		}
-		slowest = max(slowest, e.Latency)
-	}
-	return n, slowest
-}
-
 // waitReplicated waits until the replicas of primary have acknowledged
 // every write it has taken (WAIT).
 func waitReplicated(t *testing.T, d deployment, primary *redistest.Server) {
 	t.Helper()
-	n, err := d.admin(primary).Do(ctxT(t), "WAIT", 1, 5000).Int64()
+	n, err := d.admin(primary).Do(testkit.Context(t), "WAIT", 1, 5000).Int64()
 	if err != nil || n < 1 {
 		t.Fatalf("WAIT on %s: %d replicas acknowledged (%v)", primary.Addr, n, err)
 	}
@@ -459,12 +390,12 @@ func waitReplicated(t *testing.T, d deployment, primary *redistest.Server) {
 // every token granted before it.
 func testManualFailover(t *testing.T, d deployment) {
 	const ttl = 10 * time.Second
-	prefix := uniquePrefix(t)
-	log := &renewLogAll{}
+	prefix := redistest.UniquePrefix()
+	log := &testkit.RenewEvents{}
 	b := newBackend(t, d.client(t), prefix)
-	m := multiNodeManager(t, b, ttl, func(o *lease.Options) { o.RenewInterval = 250 * time.Millisecond; o.Observer = log })
-	other := multiNodeManager(t, newBackend(t, d.client(t), prefix), ttl)
-	ctx := ctxT(t)
+	m := testkit.NewManager(t, b, ttl, func(o *lease.Options) { o.RenewInterval = 250 * time.Millisecond; o.Observer = log })
+	other := testkit.NewManager(t, newBackend(t, d.client(t), prefix), ttl)
+	ctx := testkit.Context(t)
 	primaries := d.primaries(t)
 	target := primaries[0]
 	var held []*lease.Lease
@@ -475,12 +406,12 @@ func testManualFailover(t *testing.T, d deployment) {
 			onTarget = ns
 		}
 		for _, n := range ns {
-			held = append(held, acquire(t, m, n))
+			held = append(held, testkit.TryAcquire(t, m, n))
 		}
 	}
 	var maxBefore fence.Token
 	for _, l := range held {
-		maxBefore = max(maxBefore, tokenOf(l))
+		maxBefore = max(maxBefore, l.Token())
 	}
 	for _, p := range primaries {
 		waitReplicated(t, d, p)
@@ -494,10 +425,10 @@ func testManualFailover(t *testing.T, d deployment) {
 		}
 	}
 	for _, name := range onTarget {
-		if !log.succeededSince(name, switched) {
+		if !log.SucceededSince(name, switched) {
 			t.Errorf("%s: no successful renewal on the new primary", name)
 		}
-		owner, err := storedOwner(ctx, d.admin(newPrimary), b.KeysFor(name).Lease)
+		owner, err := redistest.StoredOwner(ctx, d.admin(newPrimary), b.KeysFor(name).Lease)
 		if err != nil {
 			t.Fatalf("GET on the new primary %s: %v", newPrimary.Addr, err)
 		}
@@ -514,7 +445,7 @@ func testManualFailover(t *testing.T, d deployment) {
 			t.Errorf("another client's TryAcquire of %s after the failover = %v, %v; want ErrNotAcquired", name, got, err)
 		}
 	}
-	failures, slowest := log.failures()
+	failures, slowest := log.Failures()
 	t.Logf("failover of %s to %s switched in %v; %d renewals failed meanwhile, the slowest took %v", target.Addr, newPrimary.Addr, took, failures, slowest)
 	for _, l := range held {
 		if err := l.Release(ctx); err != nil {
@@ -522,24 +453,15 @@ func testManualFailover(t *testing.T, d deployment) {
 		}
 	}
 	for _, l := range held {
-		l2 := acquire(t, other, l.Name())
-		if tokenOf(l2) <= maxBefore {
-			t.Errorf("%s: token %d after the failover is not above %d, the greatest before it", l.Name(), tokenOf(l2), maxBefore)
+		l2 := testkit.TryAcquire(t, other, l.Name())
+		if l2.Token() <= maxBefore {
+			t.Errorf("%s: token %d after the failover is not above %d, the greatest before it", l.Name(), l2.Token(), maxBefore)
 		}
 		if err := l2.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
 	d.awaitHealthy(t)
-}
-
-// span formats the range of ds as "min–max".
-func span(ds []time.Duration) string {
-	if len(ds) == 0 {
-		return "-"
-	}
-	lo, hi := slices.Min(ds), slices.Max(ds)
-	return fmt.Sprintf("%v–%v", lo.Round(time.Millisecond), hi.Round(time.Millisecond))
 }
 
 // flushAll is leasetest's data-loss hook on a deployment the test owns:
@@ -549,20 +471,9 @@ func flushAll(d deployment) func(*testing.T, lease.Backend) {
 	return func(t *testing.T, _ lease.Backend) {
 		t.Helper()
 		for _, p := range d.primaries(t) {
-			if err := d.admin(p).FlushAll(ctxT(t)).Err(); err != nil {
+			if err := d.admin(p).FlushAll(testkit.Context(t)).Err(); err != nil {
 				t.Fatalf("FLUSHALL on %s: %v", p.Addr, err)
 			}
 		}
 	}
-}
-
-// storedOwner reads the owner of the grant a lease key holds
-// ("<token>:<owner>").
-func storedOwner(ctx context.Context, c *redis.Client, key string) (string, error) {
-	v, err := c.Get(ctx, key).Result()
-	if err != nil {
-		return "", err
-	}
-	_, owner, _ := strings.Cut(v, ":")
-	return owner, nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/leasetest"
@@ -146,7 +147,7 @@ func waitersFor(t *testing.T, m *lease.Manager, name string, n int, wg *sync.Wai
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			l, err := m.Acquire(ctxT(t), name)
+			l, err := m.Acquire(testkit.Context(t), name)
 			if err != nil {
 				t.Errorf("Acquire: %v", err)
 				return
@@ -161,14 +162,14 @@ func waitersFor(t *testing.T, m *lease.Manager, name string, n int, wg *sync.Wai
 // turn, each within within of the previous release.
 func handOff(t *testing.T, holder *lease.Lease, got <-chan *lease.Lease, n int, within time.Duration) {
 	t.Helper()
-	if err := holder.Release(ctxT(t)); err != nil {
+	if err := holder.Release(testkit.Context(t)); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	for i := range n {
 		released := time.Now()
 		select {
 		case l := <-got:
-			if err := l.Release(ctxT(t)); err != nil {
+			if err := l.Release(testkit.Context(t)); err != nil {
 				t.Fatalf("Release: %v", err)
 			}
 		case <-time.After(within):
@@ -189,7 +190,7 @@ func TestHostile_PubSubKilledWhileWaiting(t *testing.T) {
 	b := newBackend(t, srv.Client(), "fencekit:")
 	m := newManager(t, b, lease.Options{TTL: 60 * time.Second, PollInterval: 20 * time.Second})
 	const name, waiters = "killed", 4
-	holder := acquire(t, m, name)
+	holder := testkit.TryAcquire(t, m, name)
 	var wg sync.WaitGroup
 	got := waitersFor(t, m, name, waiters, &wg)
 	// Each kill comes once the backend is subscribed again, on a new
@@ -199,14 +200,14 @@ func TestHostile_PubSubKilledWhileWaiting(t *testing.T) {
 	var killed int64
 	for range 3 {
 		killed = awaitSubscribed(t, admin, killed)
-		if n, err := admin.ClientKillByFilter(ctxT(t), "TYPE", "pubsub").Result(); err != nil || n == 0 {
+		if n, err := admin.ClientKillByFilter(testkit.Context(t), "TYPE", "pubsub").Result(); err != nil || n == 0 {
 			t.Fatalf("CLIENT KILL TYPE pubsub = %d, %v", n, err)
 		}
 	}
 	awaitSubscribed(t, admin, killed)
 	// And once more, immediately followed by the release, which may be
 	// published before the connection is back.
-	if err := admin.ClientKillByFilter(ctxT(t), "TYPE", "pubsub").Err(); err != nil {
+	if err := admin.ClientKillByFilter(testkit.Context(t), "TYPE", "pubsub").Err(); err != nil {
 		t.Fatal(err)
 	}
 	handOff(t, holder, got, waiters, 3*time.Second)
@@ -220,7 +221,7 @@ func awaitSubscribed(t *testing.T, admin *redis.Client, after int64) int64 {
 	t.Helper()
 	start := time.Now()
 	for {
-		list, err := admin.Do(ctxT(t), "CLIENT", "LIST", "TYPE", "pubsub").Text()
+		list, err := admin.Do(testkit.Context(t), "CLIENT", "LIST", "TYPE", "pubsub").Text()
 		if err != nil {
 			t.Fatalf("CLIENT LIST TYPE pubsub: %v", err)
 		}
@@ -262,7 +263,7 @@ func TestHostile_CloseWhileWaiting(t *testing.T) {
 	b := newBackend(t, c, redistest.Prefix(t))
 	m := newManager(t, b, lease.Options{TTL: 60 * time.Second, PollInterval: time.Second})
 	const name, waiters = "closed", 4
-	holder := acquire(t, m, name)
+	holder := testkit.TryAcquire(t, m, name)
 	var wg sync.WaitGroup
 	got := waitersFor(t, m, name, waiters, &wg)
 	time.Sleep(200 * time.Millisecond)
@@ -314,7 +315,7 @@ func TestHostile_AcquireReplyLaterThanTTL(t *testing.T) {
 	}
 	done := make(chan res, 1)
 	go func() {
-		l, err := slowM.TryAcquire(ctxT(t), name)
+		l, err := slowM.TryAcquire(testkit.Context(t), name)
 		done <- res{l, err}
 	}()
 	// The other client starts once Redis has granted the slow request, so
@@ -333,24 +334,24 @@ func TestHostile_AcquireReplyLaterThanTTL(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the slow client's acquire did not reach Redis within 10s")
 	}
-	other, err := otherM.Acquire(ctxT(t), name) // waits for the expiry
+	other, err := otherM.Acquire(testkit.Context(t), name) // waits for the expiry
 	if err != nil {
 		t.Fatalf("other Acquire: %v", err)
 	}
 	r := <-done
 	if r.err == nil || !errors.Is(r.err, lease.ErrNotAcquired) {
 		if r.l != nil {
-			_ = r.l.Release(ctxT(t))
+			_ = r.l.Release(testkit.Context(t))
 		}
 		t.Fatalf("TryAcquire with a reply later than the TTL = %v, %v; want ErrNotAcquired", r.l, r.err)
 	}
 	if uint64(other.Token()) <= uint64(slowToken) {
 		t.Fatalf("the other holder got token %d, not greater than the late grant's %d", other.Token(), slowToken)
 	}
-	if err := other.Renew(ctxT(t)); err != nil {
+	if err := other.Renew(testkit.Context(t)); err != nil {
 		t.Fatalf("the other holder's grant was disturbed by the late grant's give-back: %v", err)
 	}
-	if err := other.Release(ctxT(t)); err != nil {
+	if err := other.Release(testkit.Context(t)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -386,20 +387,20 @@ func TestHostile_RenewReplyAfterDeadline(t *testing.T) {
 		return 0
 	}}
 	b := newBackend(t, slow, prefix)
-	renews := &renewLogAll{}
+	renews := &testkit.RenewEvents{}
 	m := newManager(t, b, lease.Options{TTL: ttl, SafetyMargin: ttl - validity, DisableAutoRenew: true, Observer: renews})
 	const name = "late-renew"
-	l := acquire(t, m, name)
+	l := testkit.TryAcquire(t, m, name)
 	deadline := l.Deadline()
 	lostAt := make(chan time.Time, 1)
 	go func() { <-l.Done(); lostAt <- time.Now() }()
 	armed.Store(true)
-	err := l.Renew(ctxT(t))
+	err := l.Renew(testkit.Context(t))
 	returned := time.Now()
 	// Right away, before the store's TTL could have ended the grant the
 	// late renewal extended: the give-back ran inside Renew.
 	key := b.KeysFor(name).Lease
-	pttl, perr := redistest.Shared(t).Do(ctxT(t), "PTTL", key).Int64()
+	pttl, perr := redistest.Shared(t).Do(testkit.Context(t), "PTTL", key).Int64()
 	checked := time.Now()
 
 	var le *lease.LostError
@@ -409,7 +410,7 @@ func TestHostile_RenewReplyAfterDeadline(t *testing.T) {
 	// The path under test ran: the renewal went out before the deadline
 	// (it was not refused at the gate), the store extended the grant, and
 	// the reply came after the deadline, later than a late timer's slack.
-	evs := renews.all()
+	evs := renews.All()
 	if len(evs) != 1 {
 		t.Fatalf("%d renewals reported, want the one late renewal: %+v", len(evs), evs)
 	}
@@ -463,7 +464,7 @@ func TestHostile_NamesDoNotCollide(t *testing.T) {
 			t.Fatalf("name %q: %v", n, err)
 		}
 		r := driver.Request{Name: n, Owner: fmt.Sprintf("owner-%d", i), TTL: 10 * time.Second}
-		g, err := b.Acquire(ctxT(t), r)
+		g, err := b.Acquire(testkit.Context(t), r)
 		if err != nil {
 			t.Fatalf("Acquire(%q) by its own owner: %v (collides with another name)", n, err)
 		}
@@ -476,7 +477,7 @@ func TestHostile_NamesDoNotCollide(t *testing.T) {
 		}
 	}
 	for _, r := range recs {
-		if err := b.Release(ctxT(t), r); err != nil {
+		if err := b.Release(testkit.Context(t), r); err != nil {
 			t.Errorf("Release(%q): %v", r.Name, err)
 		}
 	}
@@ -489,8 +490,8 @@ func TestHostile_HugeTTL(t *testing.T) {
 	ttl := time.Duration(math.MaxInt64).Truncate(time.Millisecond)
 	b := newBackend(t, redistest.Shared(t), redistest.Prefix(t))
 	m := newManager(t, b, lease.Options{TTL: ttl})
-	l := acquire(t, m, "huge")
-	_, err := m.TryAcquire(ctxT(t), "huge")
+	l := testkit.TryAcquire(t, m, "huge")
+	_, err := m.TryAcquire(testkit.Context(t), "huge")
 	var na *lease.NotAcquiredError
 	if !errors.As(err, &na) || na.RetryAfter <= ttl-time.Minute || na.RetryAfter > ttl {
 		t.Fatalf("second TryAcquire = %v, want NotAcquiredError with RetryAfter close to %v", err, ttl)
@@ -498,7 +499,7 @@ func TestHostile_HugeTTL(t *testing.T) {
 	if d := time.Until(l.Deadline()); d < ttl/2 {
 		t.Fatalf("deadline only %v away", d)
 	}
-	if err := l.Release(ctxT(t)); err != nil {
+	if err := l.Release(testkit.Context(t)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -512,22 +513,22 @@ func TestHostile_TokenCeiling(t *testing.T) {
 	b := newBackend(t, c, redistest.Prefix(t))
 	const name = "ceiling"
 	k := b.KeysFor(name)
-	if err := c.Set(ctxT(t), k.Token, strconv.FormatUint(1<<53-2, 10), 0).Err(); err != nil {
+	if err := c.Set(testkit.Context(t), k.Token, strconv.FormatUint(1<<53-2, 10), 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	r := driver.Request{Name: name, Owner: "a", TTL: 10 * time.Second}
-	g, err := b.Acquire(ctxT(t), r)
+	g, err := b.Acquire(testkit.Context(t), r)
 	if err != nil || g.Token != 1<<53-1 {
 		t.Fatalf("Acquire below the ceiling = %d, %v; want %d", g.Token, err, uint64(1<<53-1))
 	}
-	if err := b.Release(ctxT(t), g); err != nil {
+	if err := b.Release(testkit.Context(t), g); err != nil {
 		t.Fatal(err)
 	}
-	g, err = b.Acquire(ctxT(t), driver.Request{Name: name, Owner: "b", TTL: 10 * time.Second})
+	g, err = b.Acquire(testkit.Context(t), driver.Request{Name: name, Owner: "b", TTL: 10 * time.Second})
 	if err == nil || errors.Is(err, lease.ErrNotAcquired) {
 		t.Fatalf("Acquire at the ceiling = %d, %v; want a store error", g.Token, err)
 	}
-	if n := c.Exists(ctxT(t), k.Lease).Val(); n != 0 {
+	if n := c.Exists(testkit.Context(t), k.Lease).Val(); n != 0 {
 		t.Fatal("a grant was stored although the acquire failed")
 	}
 }

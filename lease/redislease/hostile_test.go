@@ -15,7 +15,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencekit/fencekit/internal/redistest"
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/internal/testkit"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 )
@@ -72,7 +73,7 @@ func TestHostile_CancelledWaiterBreaksOthersWatch(t *testing.T) {
 	logs := &warnLog{}
 	m := newManager(t, b, lease.Options{TTL: 30 * time.Second, PollInterval: 6 * time.Second, Logger: slog.New(logs)})
 	const name = "shared-subscribe"
-	holder := acquire(t, m, name)
+	holder := testkit.TryAcquire(t, m, name)
 
 	slow.Store(true) // the pub/sub connection is not open yet: it will be slow
 	aDone := make(chan error, 1)
@@ -90,7 +91,7 @@ func TestHostile_CancelledWaiterBreaksOthersWatch(t *testing.T) {
 	}
 	bDone := make(chan result, 1)
 	go func() {
-		l, err := m.Acquire(ctxT(t), name)
+		l, err := m.Acquire(testkit.Context(t), name)
 		bDone <- result{l, err, time.Now()}
 	}()
 	if err := <-aDone; !errors.Is(err, context.DeadlineExceeded) {
@@ -100,7 +101,7 @@ func TestHostile_CancelledWaiterBreaksOthersWatch(t *testing.T) {
 	slow.Store(false)
 
 	released := time.Now()
-	if err := holder.Release(ctxT(t)); err != nil {
+	if err := holder.Release(testkit.Context(t)); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -109,11 +110,11 @@ func TestHostile_CancelledWaiterBreaksOthersWatch(t *testing.T) {
 			t.Fatalf("waiter B: %v", r.err)
 		}
 		t.Logf("waiter B woke %v after the release", r.at.Sub(released))
-		_ = r.l.Release(ctxT(t))
+		_ = r.l.Release(testkit.Context(t))
 	case <-time.After(2 * time.Second):
 		r := <-bDone // let it finish: no goroutine left behind
 		if r.l != nil {
-			_ = r.l.Release(ctxT(t))
+			_ = r.l.Release(testkit.Context(t))
 		}
 		t.Fatalf("waiter B, whose context was live, was not woken by the release: it acquired %v after it (PollInterval 6s); warnings: %q",
 			r.at.Sub(released), logs.messages())
@@ -171,7 +172,7 @@ func TestHostile_FailedSubscribeLeaksSubscription(t *testing.T) {
 	}
 	slow.Store(false)
 	// A later, successful Watch on another name opens the connection.
-	_, stop, err := b.Watch(ctxT(t), "other")
+	_, stop, err := b.Watch(testkit.Context(t), "other")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +182,7 @@ func TestHostile_FailedSubscribeLeaksSubscription(t *testing.T) {
 	for i := range names {
 		ch := b.KeysFor(fmt.Sprintf("leak-%d", i)).Channel
 		// Sharded pub/sub on Redis 7 (SSUBSCRIBE), classic elsewhere.
-		if n := c.PubSubShardNumSub(ctxT(t), ch).Val()[ch] + c.PubSubNumSub(ctxT(t), ch).Val()[ch]; n != 0 {
+		if n := c.PubSubShardNumSub(testkit.Context(t), ch).Val()[ch] + c.PubSubNumSub(testkit.Context(t), ch).Val()[ch]; n != 0 {
 			leaked = append(leaked, ch)
 		}
 	}
@@ -209,16 +210,16 @@ func TestHostile_NaNCounterStoresPhantomGrant(t *testing.T) {
 	b := newBackend(t, c, redistest.Prefix(t))
 	const name = "nan-counter"
 	k := b.KeysFor(name)
-	if err := c.Set(ctxT(t), k.Token, "nan", 0).Err(); err != nil {
+	if err := c.Set(testkit.Context(t), k.Token, "nan", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	g, err := b.Acquire(ctxT(t), driver.Request{Name: name, Owner: "a", TTL: 30 * time.Second})
+	g, err := b.Acquire(testkit.Context(t), driver.Request{Name: name, Owner: "a", TTL: 30 * time.Second})
 	if err == nil {
 		t.Fatalf("Acquire with a corrupt counter granted token %d", g.Token)
 	}
-	if n := c.Exists(ctxT(t), k.Lease).Val(); n != 0 {
-		stored := c.Get(ctxT(t), k.Lease).Val()
-		_, err2 := b.Acquire(ctxT(t), driver.Request{Name: name, Owner: "b", TTL: 30 * time.Second})
+	if n := c.Exists(testkit.Context(t), k.Lease).Val(); n != 0 {
+		stored := c.Get(testkit.Context(t), k.Lease).Val()
+		_, err2 := b.Acquire(testkit.Context(t), driver.Request{Name: name, Owner: "b", TTL: 30 * time.Second})
 		t.Fatalf("Acquire failed (%v), yet a grant %v is stored; another owner's Acquire: %v", err, stored, err2)
 	}
 }
@@ -240,15 +241,15 @@ func TestHostile_SecondReleaseForgetsLoss(t *testing.T) {
 	c := redistest.Shared(t)
 	b := newBackend(t, c, redistest.Prefix(t))
 	m := newManager(t, b, lease.Options{TTL: 30 * time.Second})
-	l := acquire(t, m, "evicted")
-	if err := c.Del(ctxT(t), b.KeysFor("evicted").Lease).Err(); err != nil {
+	l := testkit.TryAcquire(t, m, "evicted")
+	if err := c.Del(testkit.Context(t), b.KeysFor("evicted").Lease).Err(); err != nil {
 		t.Fatal(err)
 	}
-	first := l.Release(ctxT(t))
+	first := l.Release(testkit.Context(t))
 	if !errors.Is(first, lease.ErrLost) {
 		t.Fatalf("first Release = %v, want ErrLost", first)
 	}
-	second := l.Release(ctxT(t))
+	second := l.Release(testkit.Context(t))
 	if !errors.Is(second, lease.ErrLost) || !errors.Is(l.Err(), lease.ErrLost) {
 		t.Fatalf("after the first Release reported %q: second Release = %v, Err() = %v, context cause = %v; want ErrLost throughout",
 			first, second, l.Err(), context.Cause(l.Context()))
@@ -265,18 +266,18 @@ func TestLeaseKeyWithoutTTLIsAnError(t *testing.T) {
 	b := newBackend(t, c, redistest.Prefix(t))
 	const name = "no-ttl"
 	k := b.KeysFor(name)
-	if err := c.Set(ctxT(t), k.Lease, "5:other", 0).Err(); err != nil {
+	if err := c.Set(testkit.Context(t), k.Lease, "5:other", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	_, err := b.Acquire(ctxT(t), driver.Request{Name: name, Owner: "a", TTL: 30 * time.Second})
+	_, err := b.Acquire(testkit.Context(t), driver.Request{Name: name, Owner: "a", TTL: 30 * time.Second})
 	var na *lease.NotAcquiredError
 	if err == nil || errors.As(err, &na) || !strings.Contains(err.Error(), "has no TTL") {
 		t.Fatalf("Acquire over a lease key without a TTL: %v; want an error saying the key has no TTL", err)
 	}
-	if v := c.Get(ctxT(t), k.Lease).Val(); v != "5:other" {
+	if v := c.Get(testkit.Context(t), k.Lease).Val(); v != "5:other" {
 		t.Fatalf("the lease key now holds %q", v)
 	}
-	if n := c.Exists(ctxT(t), k.Token).Val(); n != 0 {
+	if n := c.Exists(testkit.Context(t), k.Token).Val(); n != 0 {
 		t.Fatalf("the token counter was written")
 	}
 }

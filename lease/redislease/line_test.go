@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/redislease"
@@ -26,19 +27,19 @@ func TestLineKeysShareTheSlotAndLapse(t *testing.T) {
 			t.Fatalf("key %q is in slot %d, the lease %q in %d", key, redislease.SlotOf(key), k.Lease, redislease.SlotOf(k.Lease))
 		}
 	}
-	h, err := b.Acquire(ctxT(t), driver.Request{Name: name, Owner: "holder", TTL: 10 * time.Second})
+	h, err := b.Acquire(testkit.Context(t), driver.Request{Name: name, Owner: "holder", TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ttl := 300 * time.Millisecond
 	owners := []string{"w-c", "w-a", "w-b"} // arrival order, not the owners' order
 	for _, o := range owners {
-		_, err := b.Acquire(ctxT(t), driver.Request{Name: name, Owner: o, TTL: ttl, Queue: true})
+		_, err := b.Acquire(testkit.Context(t), driver.Request{Name: name, Owner: o, TTL: ttl, Queue: true})
 		if !errors.Is(err, lease.ErrNotAcquired) {
 			t.Fatalf("queued Acquire of %s = %v, want ErrNotAcquired", o, err)
 		}
 	}
-	line, err := rc.ZRange(ctxT(t), k.Line, 0, -1).Result()
+	line, err := rc.ZRange(testkit.Context(t), k.Line, 0, -1).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,16 +47,16 @@ func TestLineKeysShareTheSlotAndLapse(t *testing.T) {
 		t.Fatalf("line %v, want %v", line, owners)
 	}
 	for _, key := range []string{k.Line, k.Places} {
-		if pttl := rc.PTTL(ctxT(t), key).Val(); pttl <= 0 || pttl > ttl {
+		if pttl := rc.PTTL(testkit.Context(t), key).Val(); pttl <= 0 || pttl > ttl {
 			t.Fatalf("%s lives %v, want (0, %v]", key, pttl, ttl)
 		}
 	}
 	// The waiters die: the line's keys go with their places.
 	time.Sleep(ttl + 100*time.Millisecond)
-	if n := rc.Exists(ctxT(t), k.Line, k.Places).Val(); n != 0 {
+	if n := rc.Exists(testkit.Context(t), k.Line, k.Places).Val(); n != 0 {
 		t.Fatalf("%d line keys left %v after every place lapsed", n, ttl)
 	}
-	if err := b.Release(ctxT(t), h); err != nil {
+	if err := b.Release(testkit.Context(t), h); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -65,20 +66,20 @@ func TestLineKeysShareTheSlotAndLapse(t *testing.T) {
 func TestLineRefusalSaysWhoIsAhead(t *testing.T) {
 	b := newBackend(t, redistest.Shared(t), redistest.Prefix(t))
 	name := "line-ahead"
-	h, err := b.Acquire(ctxT(t), driver.Request{Name: name, Owner: "holder", TTL: 10 * time.Second})
+	h, err := b.Acquire(testkit.Context(t), driver.Request{Name: name, Owner: "holder", TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	long := 10 * time.Second
 	for _, o := range []string{"first", "second"} {
-		if _, err := b.Acquire(ctxT(t), driver.Request{Name: name, Owner: o, TTL: long, Queue: true}); !errors.Is(err, lease.ErrNotAcquired) {
+		if _, err := b.Acquire(testkit.Context(t), driver.Request{Name: name, Owner: o, TTL: long, Queue: true}); !errors.Is(err, lease.ErrNotAcquired) {
 			t.Fatalf("%s: %v", o, err)
 		}
 	}
-	if err := b.Release(ctxT(t), h); err != nil {
+	if err := b.Release(testkit.Context(t), h); err != nil {
 		t.Fatal(err)
 	}
-	_, err = b.Acquire(ctxT(t), driver.Request{Name: name, Owner: "third", TTL: long, Queue: true})
+	_, err = b.Acquire(testkit.Context(t), driver.Request{Name: name, Owner: "third", TTL: long, Queue: true})
 	var na *lease.NotAcquiredError
 	if !errors.As(err, &na) || na.Ahead != 2 || na.RetryAfter <= 0 || na.RetryAfter > long {
 		t.Fatalf("third waiter's refusal = %#v (%v), want 2 ahead and RetryAfter in (0, %v]", na, err, long)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/leasetest"
@@ -42,12 +43,6 @@ func newManager(t testing.TB, b lease.Backend, opts lease.Options) *lease.Manage
 	return m
 }
 
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // The shared Redis, each connection its own client.
 func TestConformance(t *testing.T) {
 	leasetest.Run(t, leasetest.Config{
@@ -73,7 +68,7 @@ func loseKeys(t *testing.T, b lease.Backend) {
 	t.Helper()
 	rb := b.(*redislease.Backend)
 	c := rb.ClientForTest()
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 	var keys []string
 	iter := c.(redis.UniversalClient).Scan(ctx, 0, rb.PrefixForTest()+"*", 1000).Iterator()
 	for iter.Next(ctx) {
@@ -97,7 +92,7 @@ func loseKeys(t *testing.T, b lease.Backend) {
 func TestConformanceCluster(t *testing.T) {
 	srv := redistest.Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
 	admin := srv.Client()
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 	if err := admin.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", "0", "16383").Err(); err != nil {
 		t.Fatalf("CLUSTER ADDSLOTSRANGE: %v", err)
 	}
@@ -121,7 +116,7 @@ func TestConformanceCluster(t *testing.T) {
 			}
 		},
 		LoseData: func(t *testing.T, _ lease.Backend) {
-			if err := admin.FlushAll(ctxT(t)).Err(); err != nil {
+			if err := admin.FlushAll(testkit.Context(t)).Err(); err != nil {
 				t.Fatalf("FLUSHALL: %v", err)
 			}
 		},
@@ -178,15 +173,6 @@ func TestKeysShareHashTag(t *testing.T) {
 	}
 }
 
-func acquire(t *testing.T, m *lease.Manager, name string) *lease.Lease {
-	t.Helper()
-	l, err := m.TryAcquire(ctxT(t), name)
-	if err != nil {
-		t.Fatalf("TryAcquire(%q): %v", name, err)
-	}
-	return l
-}
-
 // Tokens keep growing when the counter is lost: FLUSHALL, a restart without
 // persistence, the counter deleted alone, and the counter set back (a
 // failover to a replica that lagged).
@@ -203,45 +189,45 @@ func TestTokensSurviveCounterLoss(t *testing.T) {
 		lose func()
 	}{
 		{"FLUSHALL", func() {
-			if err := c.FlushAll(ctxT(t)).Err(); err != nil {
+			if err := c.FlushAll(testkit.Context(t)).Err(); err != nil {
 				t.Fatalf("FLUSHALL: %v", err)
 			}
 		}},
 		{"DEL counter", func() {
-			if err := c.Del(ctxT(t), keys.Token).Err(); err != nil {
+			if err := c.Del(testkit.Context(t), keys.Token).Err(); err != nil {
 				t.Fatalf("DEL: %v", err)
 			}
 		}},
 		{"counter set back to 1", func() {
-			if err := c.Set(ctxT(t), keys.Token, 1, 0).Err(); err != nil {
+			if err := c.Set(testkit.Context(t), keys.Token, 1, 0).Err(); err != nil {
 				t.Fatalf("SET: %v", err)
 			}
 		}},
 		{"restart without persistence", func() {
 			srv.Restart()
-			if n, err := c.Exists(ctxT(t), keys.Token).Result(); err != nil || n != 0 {
+			if n, err := c.Exists(testkit.Context(t), keys.Token).Result(); err != nil || n != 0 {
 				t.Fatalf("after restart the counter exists=%d (%v); the test needs an empty server", n, err)
 			}
 		}},
 	}
 	last := fence.None
 	for _, step := range steps {
-		l := acquire(t, m, name)
+		l := testkit.TryAcquire(t, m, name)
 		if l.Token() <= last {
 			t.Fatalf("before %s: token %d <= previous %d", step.what, l.Token(), last)
 		}
 		last = l.Token()
-		if err := l.Release(ctxT(t)); err != nil && step.what != "restart without persistence" {
+		if err := l.Release(testkit.Context(t)); err != nil && step.what != "restart without persistence" {
 			t.Fatalf("Release: %v", err)
 		}
 		step.lose()
-		l2 := acquire(t, m, name)
+		l2 := testkit.TryAcquire(t, m, name)
 		if l2.Token() <= last {
 			t.Fatalf("after %s: token %d is not greater than the last token %d", step.what, l2.Token(), last)
 		}
 		t.Logf("%s: token %d -> %d", step.what, last, l2.Token())
 		last = l2.Token()
-		if err := l2.Release(ctxT(t)); err != nil {
+		if err := l2.Release(testkit.Context(t)); err != nil {
 			t.Fatalf("Release: %v", err)
 		}
 	}
@@ -280,7 +266,7 @@ func TestLossNoticedBeforeExpiry(t *testing.T) {
 	holderM := newManager(t, newBackend(t, srv.Client(), "fencekit:"), lease.Options{TTL: ttl, Observer: log})
 	otherM := newManager(t, newBackend(t, srv.Client(), "fencekit:"), lease.Options{TTL: ttl})
 	const name = "paused"
-	l := acquire(t, holderM, name)
+	l := testkit.TryAcquire(t, holderM, name)
 	granted := time.Now()
 	// The pause must come after a renewal, so that the deadline checked
 	// below is one that a renewal moved. Wait for the first (due about a
@@ -294,7 +280,7 @@ func TestLossNoticedBeforeExpiry(t *testing.T) {
 
 	pauser := srv.Client()
 	pausedAt := time.Now()
-	if err := pauser.Do(ctxT(t), "CLIENT", "PAUSE", "3000", "ALL").Err(); err != nil {
+	if err := pauser.Do(testkit.Context(t), "CLIENT", "PAUSE", "3000", "ALL").Err(); err != nil {
 		t.Fatalf("CLIENT PAUSE: %v", err)
 	}
 	select {
@@ -314,17 +300,17 @@ func TestLossNoticedBeforeExpiry(t *testing.T) {
 		t.Fatalf("Err = %v, want an expired LostError", l.Err())
 	}
 
-	l2, err := otherM.Acquire(ctxT(t), name)
+	l2, err := otherM.Acquire(testkit.Context(t), name)
 	if err != nil {
 		t.Fatalf("the other holder's Acquire: %v", err)
 	}
 	if l2.Token() <= l.Token() {
 		t.Fatalf("new token %d <= lost token %d", l2.Token(), l.Token())
 	}
-	if err := l.Release(ctxT(t)); !errors.Is(err, lease.ErrLost) {
+	if err := l.Release(testkit.Context(t)); !errors.Is(err, lease.ErrLost) {
 		t.Fatalf("Release of the lost lease = %v, want ErrLost", err)
 	}
-	if err := l2.Release(ctxT(t)); err != nil {
+	if err := l2.Release(testkit.Context(t)); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 }
@@ -335,11 +321,11 @@ func TestRenewFindsAnotherOwner(t *testing.T) {
 	c := redistest.Shared(t)
 	b := newBackend(t, c, redistest.Prefix(t))
 	m := newManager(t, b, lease.Options{TTL: 30 * time.Second, DisableAutoRenew: true})
-	l := acquire(t, m, "taken")
-	if err := c.Set(ctxT(t), b.KeysFor("taken").Lease, l.Token().String()+":intruder", redis.KeepTTL).Err(); err != nil {
+	l := testkit.TryAcquire(t, m, "taken")
+	if err := c.Set(testkit.Context(t), b.KeysFor("taken").Lease, l.Token().String()+":intruder", redis.KeepTTL).Err(); err != nil {
 		t.Fatal(err)
 	}
-	err := l.Renew(ctxT(t))
+	err := l.Renew(testkit.Context(t))
 	var le *lease.LostError
 	if !errors.As(err, &le) || le.Reason != lease.LostTakenOver {
 		t.Fatalf("Renew = %v, want a LostError (taken over)", err)
@@ -350,18 +336,18 @@ func TestRenewFindsAnotherOwner(t *testing.T) {
 		t.Fatal("lease context not cancelled when Renew returned")
 	}
 	// Release must not delete the intruder's lease.
-	if err := l.Release(ctxT(t)); !errors.Is(err, lease.ErrLost) {
+	if err := l.Release(testkit.Context(t)); !errors.Is(err, lease.ErrLost) {
 		t.Fatalf("Release = %v, want ErrLost", err)
 	}
-	if v, _ := c.Get(ctxT(t), b.KeysFor("taken").Lease).Result(); v != l.Token().String()+":intruder" {
+	if v, _ := c.Get(testkit.Context(t), b.KeysFor("taken").Lease).Result(); v != l.Token().String()+":intruder" {
 		t.Fatalf("lease after Release = %q, want the intruder's lease untouched", v)
 	}
 
 	// The heartbeat notices within one renew interval.
 	const ttl = 3 * time.Second
 	m2 := newManager(t, b, lease.Options{TTL: ttl, RenewInterval: 200 * time.Millisecond})
-	l2 := acquire(t, m2, "taken-hb")
-	if err := c.Set(ctxT(t), b.KeysFor("taken-hb").Lease, l2.Token().String()+":intruder", redis.KeepTTL).Err(); err != nil {
+	l2 := testkit.TryAcquire(t, m2, "taken-hb")
+	if err := c.Set(testkit.Context(t), b.KeysFor("taken-hb").Lease, l2.Token().String()+":intruder", redis.KeepTTL).Err(); err != nil {
 		t.Fatal(err)
 	}
 	hijacked := time.Now()
@@ -376,7 +362,7 @@ func TestRenewFindsAnotherOwner(t *testing.T) {
 	if !errors.As(l2.Err(), &le) || le.Reason != lease.LostTakenOver {
 		t.Fatalf("Err = %v, want taken over", l2.Err())
 	}
-	_ = l2.Release(ctxT(t))
+	_ = l2.Release(testkit.Context(t))
 }
 
 // countingHook counts the round trips of commands and pipelines, leaving out
@@ -411,24 +397,24 @@ func TestRoundTrips(t *testing.T) {
 	c.AddHook(hook)
 	b := newBackend(t, c, redistest.Prefix(t))
 	m := newManager(t, b, lease.Options{TTL: 10 * time.Second, DisableAutoRenew: true})
-	warm := acquire(t, m, "warm")
-	_ = warm.Renew(ctxT(t))
-	_ = warm.Release(ctxT(t))
+	warm := testkit.TryAcquire(t, m, "warm")
+	_ = warm.Renew(testkit.Context(t))
+	_ = warm.Release(testkit.Context(t))
 
 	before := hook.n.Load()
-	l := acquire(t, m, "rt")
+	l := testkit.TryAcquire(t, m, "rt")
 	if n := hook.n.Load() - before; n != 1 {
 		t.Fatalf("TryAcquire took %d round trips, want 1", n)
 	}
 	before = hook.n.Load()
-	if err := l.Renew(ctxT(t)); err != nil {
+	if err := l.Renew(testkit.Context(t)); err != nil {
 		t.Fatal(err)
 	}
 	if n := hook.n.Load() - before; n != 1 {
 		t.Fatalf("Renew took %d round trips, want 1", n)
 	}
 	before = hook.n.Load()
-	if err := l.Release(ctxT(t)); err != nil {
+	if err := l.Release(testkit.Context(t)); err != nil {
 		t.Fatal(err)
 	}
 	if n := hook.n.Load() - before; n != 1 {
@@ -443,14 +429,14 @@ func TestWatchManyWaitersAndClose(t *testing.T) {
 	m := newManager(t, b, lease.Options{TTL: 30 * time.Second, PollInterval: 10 * time.Second})
 	const name = "many"
 	const waiters = 10
-	holder := acquire(t, m, name)
+	holder := testkit.TryAcquire(t, m, name)
 	var wg sync.WaitGroup
 	got := make(chan *lease.Lease, waiters)
 	for range waiters {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			l, err := m.Acquire(ctxT(t), name)
+			l, err := m.Acquire(testkit.Context(t), name)
 			if err != nil {
 				t.Errorf("Acquire: %v", err)
 				return
@@ -460,13 +446,13 @@ func TestWatchManyWaitersAndClose(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond)
 	start := time.Now()
-	if err := holder.Release(ctxT(t)); err != nil {
+	if err := holder.Release(testkit.Context(t)); err != nil {
 		t.Fatal(err)
 	}
 	for range waiters {
 		select {
 		case l := <-got:
-			if err := l.Release(ctxT(t)); err != nil {
+			if err := l.Release(testkit.Context(t)); err != nil {
 				t.Fatalf("Release: %v", err)
 			}
 		case <-time.After(5 * time.Second):
@@ -478,7 +464,7 @@ func TestWatchManyWaitersAndClose(t *testing.T) {
 	if err := b.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	if _, _, err := b.Watch(ctxT(t), name); !errors.Is(err, redislease.ErrClosed) {
+	if _, _, err := b.Watch(testkit.Context(t), name); !errors.Is(err, redislease.ErrClosed) {
 		t.Fatalf("Watch after Close = %v, want ErrClosed", err)
 	}
 }
@@ -491,7 +477,7 @@ func TestUnreachableRedis(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	m := newManager(t, newBackend(t, c, "fencekit:"), lease.Options{TTL: time.Second})
-	got, err := m.TryAcquire(ctxT(t), "x")
+	got, err := m.TryAcquire(testkit.Context(t), "x")
 	if err == nil || got != nil || errors.Is(err, lease.ErrNotAcquired) {
 		t.Fatalf("TryAcquire on a closed port = %v, %v; want a connection error", got, err)
 	}
@@ -514,9 +500,9 @@ func TestHeartbeatsAreBatched(t *testing.T) {
 	m := newManager(t, b, lease.Options{TTL: 3 * time.Second, RenewInterval: time.Second, RenewBatchWindow: 50 * time.Millisecond})
 	obs := make([]*lease.Lease, 0, leases)
 	for i := range leases {
-		obs = append(obs, acquire(t, m, "batch-"+strconv.Itoa(i)))
+		obs = append(obs, testkit.TryAcquire(t, m, "batch-"+strconv.Itoa(i)))
 	}
-	if err := c.ScriptFlush(ctxT(t)).Err(); err != nil {
+	if err := c.ScriptFlush(testkit.Context(t)).Err(); err != nil {
 		t.Fatal(err)
 	}
 	before := hook.n.Load()
@@ -532,7 +518,7 @@ func TestHeartbeatsAreBatched(t *testing.T) {
 		t.Fatalf("%d round trips for %d renewals: heartbeats were not batched", trips, 2*leases)
 	}
 	for _, l := range obs {
-		if err := l.Release(ctxT(t)); err != nil {
+		if err := l.Release(testkit.Context(t)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -548,18 +534,18 @@ func TestRenewBatchAfterScriptFlush(t *testing.T) {
 	b := newBackend(t, c, "fencekit:")
 	var recs []driver.Grant
 	for i := range 5 {
-		g, err := b.Acquire(ctxT(t), driver.Request{Name: "flush-" + strconv.Itoa(i), Owner: "o", TTL: 10 * time.Second})
+		g, err := b.Acquire(testkit.Context(t), driver.Request{Name: "flush-" + strconv.Itoa(i), Owner: "o", TTL: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
 		recs = append(recs, g)
 	}
-	if err := c.ScriptFlush(ctxT(t)).Err(); err != nil {
+	if err := c.ScriptFlush(testkit.Context(t)).Err(); err != nil {
 		t.Fatal(err)
 	}
 	for i, want := range []int64{2, 1} {
 		before := hook.n.Load()
-		errs, cerr := leasetest.RenewBatch(ctxT(t), b, recs)
+		errs, cerr := leasetest.RenewBatch(testkit.Context(t), b, recs)
 		if cerr != nil {
 			t.Fatal(cerr)
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/redislease"
 )
@@ -86,13 +87,13 @@ func TestReleaseRacingRenewals(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					for i := range rounds {
-						l, err := m.Acquire(ctxT(t), fmt.Sprintf("race-%d-%d", w, i))
+						l, err := m.Acquire(testkit.Context(t), fmt.Sprintf("race-%d-%d", w, i))
 						if err != nil {
 							t.Errorf("Acquire: %v", err)
 							return
 						}
 						time.Sleep(mrand.N(2 * time.Millisecond))
-						if err := l.Release(ctxT(t)); err != nil {
+						if err := l.Release(testkit.Context(t)); err != nil {
 							falseLosses.Add(1)
 							if errors.Is(err, lease.ErrLost) && falseLosses.Load() <= 3 {
 								t.Errorf("Release of a held lease, racing its renewals: %v", err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/redislease"
@@ -58,14 +59,14 @@ func TestReleaseWaitsForRenewalInFlight(t *testing.T) {
 		hold:         300 * time.Millisecond,
 		batchEntered: make(chan struct{}),
 	}
-	m := multiNodeManager(t, rb, 3*time.Second, lease.WithRenewInterval(200*time.Millisecond), lease.WithRenewBatchWindow(10*time.Millisecond))
-	l := acquire(t, m, "release-while-renewing")
+	m := testkit.NewManager(t, rb, 3*time.Second, lease.WithRenewInterval(200*time.Millisecond), lease.WithRenewBatchWindow(10*time.Millisecond))
+	l := testkit.TryAcquire(t, m, "release-while-renewing")
 	select {
 	case <-rb.batchEntered:
 	case <-time.After(5 * time.Second):
 		t.Fatal("no heartbeat batch within 5 s")
 	}
-	err := l.Release(ctxT(t))
+	err := l.Release(testkit.Context(t))
 	if err != nil || !errors.Is(l.Err(), lease.ErrReleased) {
 		t.Fatalf("Release while a renewal was in flight = %v (lease ended with %v); want nil and ErrReleased", err, l.Err())
 	}

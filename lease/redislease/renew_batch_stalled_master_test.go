@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/leasetest"
@@ -60,18 +61,18 @@ func TestRenewBatchStalledMaster(t *testing.T) {
 	// reported at all (those wait for their master until the pipeline
 	// gives up), and RenewBatch returns only after the last report.
 	t.Run("Backend", func(t *testing.T) {
-		b := newBackend(t, cl.Client(t), uniquePrefix(t))
+		b := newBackend(t, cl.Client(t), redistest.UniquePrefix())
 		ns, on := names(t, b, "batch", 4)
 		gs := make([]driver.Grant, len(ns))
 		for i, n := range ns {
-			g, err := b.Acquire(ctxT(t), driver.Request{Name: n, Owner: "o", TTL: time.Minute})
+			g, err := b.Acquire(testkit.Context(t), driver.Request{Name: n, Owner: "o", TTL: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}
 			gs[i] = g
 		}
 		// Scripts cached and slot map loaded before the pause.
-		if errs, err := leasetest.RenewBatch(ctxT(t), b, gs); err != nil || errors.Join(errs...) != nil {
+		if errs, err := leasetest.RenewBatch(testkit.Context(t), b, gs); err != nil || errors.Join(errs...) != nil {
 			t.Fatalf("RenewBatch before the pause: %v %v", err, errs)
 		}
 
@@ -136,7 +137,7 @@ func TestRenewBatchStalledMaster(t *testing.T) {
 	// heartbeats: a master paused for 2.5 TTLs costs the leases it
 	// serves, all of them, and none of the leases on the other two.
 	t.Run("Manager", func(t *testing.T) {
-		b := newBackend(t, cl.Client(t), uniquePrefix(t))
+		b := newBackend(t, cl.Client(t), redistest.UniquePrefix())
 		ttl := 2 * time.Second
 		m := newManager(t, b, lease.Options{
 			TTL:              ttl,
@@ -146,7 +147,7 @@ func TestRenewBatchStalledMaster(t *testing.T) {
 		ns, on := names(t, b, "managed", 6)
 		ls := make([]*lease.Lease, len(ns))
 		for i, n := range ns {
-			l, err := m.TryAcquire(ctxT(t), n)
+			l, err := m.TryAcquire(testkit.Context(t), n)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -181,7 +182,7 @@ func TestRenewBatchStalledMaster(t *testing.T) {
 			t.Errorf("leases on the master paused past the TTL that were not lost: %v", pausedKept)
 		}
 		for i, l := range ls {
-			err := l.Release(ctxT(t))
+			err := l.Release(testkit.Context(t))
 			if on[i] != paused && err != nil {
 				t.Errorf("Release of %s on a healthy master: %v", ns[i], err)
 			}

@@ -72,7 +72,7 @@ func TestSentinel(t *testing.T) {
 	steady("Conformance", func(t *testing.T) {
 		leasetest.Run(t, leasetest.Config{
 			NewStore: func(t *testing.T) func() lease.Backend {
-				prefix := uniquePrefix(t)
+				prefix := redistest.UniquePrefix()
 				return func() lease.Backend { return newBackend(t, sen.Client(t), prefix) }
 			},
 			LoseData: flushAll(d),

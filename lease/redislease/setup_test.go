@@ -4,59 +4,27 @@ import (
 	"context"
 	"errors"
 	"net"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/redislease"
 )
 
-// setupBound is how soon a blocking Acquire must give up on a store error
-// that retrying cannot fix: "at once", generous for a loaded machine. Its
-// context is six times longer.
-const setupBound = 5 * time.Second
-
-// acquireFailsFast runs a blocking Acquire with a 30 s context and returns
-// its error, failing t if it took longer than setupBound, did not match
-// lease.ErrSetup, spread over more than one line or did not contain fix.
+// acquireFailsFast is testkit.AcquireFailsFast, and the Redis error kept
+// for errors.As.
 func acquireFailsFast(t *testing.T, m *lease.Manager, fix string) error {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	start := time.Now()
-	l, err := m.Acquire(ctx, "jobs")
-	took := time.Since(start)
-	if err == nil {
-		_ = l.Release(context.Background())
-		t.Fatalf("Acquire granted the lease; want a setup error")
-	}
-	t.Logf("Acquire returned after %v: %v", took.Round(time.Millisecond), err)
-	if took > setupBound {
-		t.Fatalf("Acquire returned after %v (want within %v): %v", took, setupBound, err)
-	}
-	if !errors.Is(err, lease.ErrSetup) || errors.Is(err, lease.ErrNotAcquired) {
-		t.Fatalf("Acquire = %v; want an error matching lease.ErrSetup, not ErrNotAcquired", err)
-	}
-	if strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), fix) {
-		t.Fatalf("Acquire = %q; want one line naming the fix %q", err, fix)
-	}
+	err := testkit.AcquireFailsFast(t, m, fix)
 	var re redis.Error
 	if !errors.As(err, &re) {
 		t.Fatalf("Acquire = %v; want the Redis error kept for errors.As", err)
 	}
 	return err
-}
-
-func checkIsSetup(t *testing.T, m *lease.Manager, fix string) {
-	t.Helper()
-	err := m.Check(ctxT(t))
-	if !errors.Is(err, lease.ErrSetup) || !strings.Contains(err.Error(), fix) || strings.Contains(err.Error(), "\n") {
-		t.Fatalf("Check = %v; want one line matching lease.ErrSetup naming %q", err, fix)
-	}
 }
 
 func setupManager(t *testing.T, c redislease.Client) *lease.Manager {
@@ -84,19 +52,19 @@ func TestSetupRefusedCredentials(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			m := setupManager(t, userClient(t, s.Addr, "", tc.password))
 			acquireFailsFast(t, m, "FENCE_REDIS_URL")
-			checkIsSetup(t, m, "FENCE_REDIS_URL")
+			testkit.CheckIsSetup(t, m, "FENCE_REDIS_URL")
 		})
 	}
 	t.Run("right password", func(t *testing.T) {
 		m := setupManager(t, userClient(t, s.Addr, "", "sekret"))
-		if err := m.Check(ctxT(t)); err != nil {
+		if err := m.Check(testkit.Context(t)); err != nil {
 			t.Fatalf("Check = %v, want nil", err)
 		}
-		l, err := m.Acquire(ctxT(t), "jobs")
+		l, err := m.Acquire(testkit.Context(t), "jobs")
 		if err != nil {
 			t.Fatal(err)
 		}
-		_ = l.Release(ctxT(t))
+		_ = l.Release(testkit.Context(t))
 	})
 }
 
@@ -109,7 +77,7 @@ func TestSetupACLPermissions(t *testing.T) {
 	admin := userClient(t, s.Addr, "", "admin")
 	acl := func(args ...any) {
 		t.Helper()
-		if err := admin.Do(ctxT(t), append([]any{"ACL", "SETUSER"}, args...)...).Err(); err != nil {
+		if err := admin.Do(testkit.Context(t), append([]any{"ACL", "SETUSER"}, args...)...).Err(); err != nil {
 			t.Fatalf("ACL SETUSER %v: %v", args, err)
 		}
 	}
@@ -125,28 +93,28 @@ func TestSetupACLPermissions(t *testing.T) {
 		t.Run(user, func(t *testing.T) {
 			m := setupManager(t, userClient(t, s.Addr, user, "pw"))
 			acquireFailsFast(t, m, fix)
-			checkIsSetup(t, m, fix)
+			testkit.CheckIsSetup(t, m, fix)
 		})
 	}
 	t.Run("nochannels", func(t *testing.T) {
 		// Leases work, but waiters would never hear a release.
 		m := setupManager(t, userClient(t, s.Addr, "nochannels", "pw"))
-		checkIsSetup(t, m, "refused now: SPUBLISH, SSUBSCRIBE")
+		testkit.CheckIsSetup(t, m, "refused now: SPUBLISH, SSUBSCRIBE")
 	})
 	t.Run("enough", func(t *testing.T) {
 		m := setupManager(t, userClient(t, s.Addr, "enough", "pw"))
-		if err := m.Check(ctxT(t)); err != nil {
+		if err := m.Check(testkit.Context(t)); err != nil {
 			t.Fatalf("Check = %v, want nil", err)
 		}
 		// The checks and the refused attempts left nothing behind.
-		if n, err := admin.DBSize(ctxT(t)).Result(); err != nil || n != 0 {
+		if n, err := admin.DBSize(testkit.Context(t)).Result(); err != nil || n != 0 {
 			t.Fatalf("DBSIZE = %d, %v; want 0 keys", n, err)
 		}
-		l, err := m.Acquire(ctxT(t), "jobs")
+		l, err := m.Acquire(testkit.Context(t), "jobs")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := l.Release(ctxT(t)); err != nil {
+		if err := l.Release(testkit.Context(t)); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -159,7 +127,7 @@ func TestSetupUnknownDatabase(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	m := setupManager(t, c)
 	acquireFailsFast(t, m, "database number")
-	checkIsSetup(t, m, "database number")
+	testkit.CheckIsSetup(t, m, "database number")
 }
 
 // What a retry can fix is not a setup error: a replica answering READONLY
@@ -186,7 +154,7 @@ func TestCheckTransientErrorsAreNotSetup(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second})
 	t.Cleanup(func() { _ = c.Close() })
 	m = setupManager(t, c)
-	err = m.Check(ctxT(t))
+	err = m.Check(testkit.Context(t))
 	if err == nil || errors.Is(err, lease.ErrSetup) {
 		t.Fatalf("Check on %s, where nothing listens = %v; want the connection error, not ErrSetup", addr, err)
 	}
@@ -199,7 +167,7 @@ func TestCheckSharedRedis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Check(ctxT(t)); err != nil {
+	if err := m.Check(testkit.Context(t)); err != nil {
 		t.Fatalf("Check = %v, want nil", err)
 	}
 }
@@ -209,7 +177,7 @@ func TestCheckSharedRedis(t *testing.T) {
 func TestCheckCluster(t *testing.T) {
 	srv := redistest.Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
 	admin := srv.Client()
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 	if err := admin.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", "0", "16383").Err(); err != nil {
 		t.Fatalf("CLUSTER ADDSLOTSRANGE: %v", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/leasetest"
 	"github.com/fencekit/fencekit/lease/redislease"
@@ -43,7 +44,7 @@ func TestSlotOfMatchesRedis(t *testing.T) {
 		keys = append(keys, b.KeysFor("name-"+strconv.Itoa(i)).Channel, b.KeysFor(strings.Repeat("{", i%5)+strconv.Itoa(i)+"}").Channel)
 	}
 	for _, k := range keys {
-		want, err := c.ClusterKeySlot(ctxT(t), k).Result()
+		want, err := c.ClusterKeySlot(testkit.Context(t), k).Result()
 		if err != nil {
 			t.Fatalf("CLUSTER KEYSLOT %q: %v", k, err)
 		}
@@ -62,14 +63,14 @@ func wakeUps(t *testing.T, d deployment, newB func() lease.Backend, rounds int) 
 	t.Helper()
 	opts := func(o *lease.Options) { o.PollInterval = 10 * time.Second }
 	holderB, waiterB := newB(), newB()
-	holder := multiNodeManager(t, holderB, 30*time.Second, opts)
-	waiter := multiNodeManager(t, waiterB, 30*time.Second, opts)
+	holder := testkit.NewManager(t, holderB, 30*time.Second, opts)
+	waiter := testkit.NewManager(t, waiterB, 30*time.Second, opts)
 	probe := newBackend(t, d.client(t), "")
 	var names []string
 	for i, p := range d.primaries(t) {
 		names = append(names, namesOn(t, d, probe, p, fmt.Sprintf("wake-%d-%d", i, time.Now().UnixNano()), 1)...)
 	}
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 	var (
 		mu    sync.Mutex
 		waits []time.Duration
@@ -77,7 +78,7 @@ func wakeUps(t *testing.T, d deployment, newB func() lease.Backend, rounds int) 
 	for range rounds {
 		var wg sync.WaitGroup
 		for _, name := range names {
-			l := acquire(t, holder, name)
+			l := testkit.TryAcquire(t, holder, name)
 			got := make(chan *lease.Lease, 1)
 			wg.Add(1)
 			go func() {
@@ -131,7 +132,7 @@ func quantiles(ds []time.Duration) string {
 func pubsubBusStats(t *testing.T, cl *redistest.Cluster) (classic, sharded int64) {
 	t.Helper()
 	for _, s := range cl.Nodes() {
-		info, err := cl.Admin(s).ClusterInfo(ctxT(t)).Result()
+		info, err := cl.Admin(s).ClusterInfo(testkit.Context(t)).Result()
 		if err != nil {
 			t.Fatalf("CLUSTER INFO on %s: %v", s.Addr, err)
 		}
@@ -176,14 +177,14 @@ func testShardedWakeUps(t *testing.T, d clusterDeployment) {
 	t.Run("Conformance", func(t *testing.T) {
 		leasetest.Run(t, leasetest.Config{
 			NewStore: func(t *testing.T) func() lease.Backend {
-				prefix := uniquePrefix(t)
+				prefix := redistest.UniquePrefix()
 				return func() lease.Backend { return newShardedBackend(t, d.client(t), prefix) }
 			},
 			LoseData: flushAll(d),
 			Lacks:    redisLacks,
 		})
 	})
-	prefix := uniquePrefix(t)
+	prefix := redistest.UniquePrefix()
 	var sharded []*redislease.Backend
 	newSharded := func() lease.Backend {
 		b := newShardedBackend(t, d.client(t), prefix)
@@ -232,15 +233,15 @@ func testShardedWakeUps(t *testing.T, d clusterDeployment) {
 // hub subscribes again through the new master, and a release afterwards
 // still wakes them within milliseconds, not after the poll interval.
 func testShardedWakeUpsAcrossFailover(t *testing.T, d clusterDeployment) {
-	prefix := uniquePrefix(t)
+	prefix := redistest.UniquePrefix()
 	opts := func(o *lease.Options) { o.PollInterval = 20 * time.Second }
 	hb := newShardedBackend(t, d.client(t), prefix)
 	wb := newShardedBackend(t, d.client(t), prefix)
-	holder := multiNodeManager(t, hb, 30*time.Second, opts)
-	waiter := multiNodeManager(t, wb, 30*time.Second, opts)
+	holder := testkit.NewManager(t, hb, 30*time.Second, opts)
+	waiter := testkit.NewManager(t, wb, 30*time.Second, opts)
 	target := d.primaries(t)[0]
 	names := namesOn(t, d, hb, target, "wake-failover", 3)
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 	type got struct {
 		l  *lease.Lease
 		at time.Time
@@ -249,7 +250,7 @@ func testShardedWakeUpsAcrossFailover(t *testing.T, d clusterDeployment) {
 	var held []*lease.Lease
 	var wg sync.WaitGroup
 	for _, name := range names {
-		held = append(held, acquire(t, holder, name))
+		held = append(held, testkit.TryAcquire(t, holder, name))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -311,16 +312,16 @@ func TestShardedPubSubFallback(t *testing.T) {
 			hb := newShardedBackend(t, srv.Client(), prefix)
 			wb := newShardedBackend(t, srv.Client(), prefix)
 			opts := func(o *lease.Options) { o.PollInterval = 10 * time.Second }
-			holder := multiNodeManager(t, hb, 30*time.Second, opts)
-			waiter := multiNodeManager(t, wb, 30*time.Second, opts)
-			l := acquire(t, holder, "fallback")
+			holder := testkit.NewManager(t, hb, 30*time.Second, opts)
+			waiter := testkit.NewManager(t, wb, 30*time.Second, opts)
+			l := testkit.TryAcquire(t, holder, "fallback")
 			type res struct {
 				l  *lease.Lease
 				at time.Time
 			}
 			got := make(chan res, 1)
 			go func() {
-				w, err := waiter.Acquire(ctxT(t), "fallback")
+				w, err := waiter.Acquire(testkit.Context(t), "fallback")
 				if err != nil {
 					t.Errorf("waiter: %v", err)
 				}
@@ -328,14 +329,14 @@ func TestShardedPubSubFallback(t *testing.T) {
 			}()
 			time.Sleep(100 * time.Millisecond)
 			released := time.Now()
-			if err := l.Release(ctxT(t)); err != nil {
+			if err := l.Release(testkit.Context(t)); err != nil {
 				t.Fatal(err)
 			}
 			r := <-got
 			if r.l == nil {
 				t.FailNow()
 			}
-			defer r.l.Release(ctxT(t))
+			defer r.l.Release(testkit.Context(t))
 			if kind := wb.PubSubKind(); kind != tc.want {
 				t.Errorf("the hub chose %q pub/sub, want %s", kind, tc.want)
 			}
@@ -350,10 +351,10 @@ func TestShardedPubSubFallback(t *testing.T) {
 
 // A per-slot connection is closed when its last waiter leaves.
 func testShardedConnsClosed(t *testing.T, d clusterDeployment) {
-	b := newShardedBackend(t, d.client(t), uniquePrefix(t))
+	b := newShardedBackend(t, d.client(t), redistest.UniquePrefix())
 	var stops []func()
 	for i := range 5 {
-		_, stop, err := b.Watch(ctxT(t), "conns-"+strconv.Itoa(i))
+		_, stop, err := b.Watch(testkit.Context(t), "conns-"+strconv.Itoa(i))
 		if err != nil {
 			t.Fatalf("Watch: %v", err)
 		}

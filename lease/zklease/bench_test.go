@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/internal/zktest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
@@ -49,12 +50,12 @@ const benchTTL = 10 * time.Second
 // floor (backend's: backend-x-raw-token).
 func BenchmarkCycle(b *testing.B) {
 	ens := zktest.Start(b, 3, zktest.Config{})
-	root := testRoot(b)
+	root := zktest.Root(b)
 	// Both sides talk to the same member: a follower, where most clients
 	// of an ensemble are (a write goes through the leader).
 	member := []string{follower(b, ens).Addr()}
 	be := newBackend(b, member, zklease.WithRoot(root), zklease.WithSessionTimeout(benchTTL))
-	m := newManager(b, be, benchTTL)
+	m := testkit.NewManager(b, be, benchTTL)
 	ctx := context.Background()
 	conn := adminConn(b, member)
 	parent := zklease.ParentPath(root, "raw")
@@ -93,7 +94,7 @@ func BenchmarkCycle(b *testing.B) {
 			return conn.Delete(p, -1)
 		},
 		func() error {
-			g, err := be.Acquire(ctx, driver.Request{Name: "cycle-backend", Owner: "bench/" + randHex(8), TTL: benchTTL})
+			g, err := be.Acquire(ctx, driver.Request{Name: "cycle-backend", Owner: "bench/" + testkit.RandHex(8), TTL: benchTTL})
 			if err != nil {
 				return err
 			}
@@ -200,7 +201,7 @@ type blockingLock func(ctx context.Context) (unlock func(context.Context) error,
 // fixed count, e.g. -benchtime 300x.
 func BenchmarkHandoff(b *testing.B) {
 	ens := zktest.Start(b, 3, zktest.Config{})
-	root := testRoot(b)
+	root := zktest.Root(b)
 	servers := ens.Servers()
 	admin := adminConn(b, servers)
 	mustCreateParent(b, admin, root, zklease.ParentPath(root, "raw-handoff"))
@@ -211,7 +212,7 @@ func BenchmarkHandoff(b *testing.B) {
 	for i := range handoffContenders {
 		srv := []string{servers[i%len(servers)]}
 		be := newBackend(b, srv, zklease.WithRoot(root), zklease.WithSessionTimeout(benchTTL))
-		m := newManager(b, be, benchTTL)
+		m := testkit.NewManager(b, be, benchTTL)
 		fk = append(fk, func(ctx context.Context) (func(context.Context) error, error) {
 			l, err := m.Acquire(ctx, "handoff")
 			if err != nil {
@@ -390,14 +391,14 @@ func percentile(s []time.Duration, p float64) time.Duration {
 // itself.
 func BenchmarkHandoffPaired(b *testing.B) {
 	ens := zktest.Start(b, 3, zktest.Config{})
-	root := testRoot(b)
+	root := zktest.Root(b)
 	srv := ens.Servers()
 	admin := adminConn(b, srv)
 	mustCreateParent(b, admin, root, zklease.ParentPath(root, "warm-up"))
 	warmUp(b, admin, zklease.ParentPath(root, "warm-up"))
 	ctx := context.Background()
-	holder := newManager(b, newBackend(b, srv[:1], zklease.WithRoot(root), zklease.WithSessionTimeout(benchTTL)), benchTTL)
-	waiter := newManager(b, newBackend(b, srv[1:2], zklease.WithRoot(root), zklease.WithSessionTimeout(benchTTL)), benchTTL)
+	holder := testkit.NewManager(b, newBackend(b, srv[:1], zklease.WithRoot(root), zklease.WithSessionTimeout(benchTTL)), benchTTL)
+	waiter := testkit.NewManager(b, newBackend(b, srv[1:2], zklease.WithRoot(root), zklease.WithSessionTimeout(benchTTL)), benchTTL)
 	c1, c2 := adminConn(b, srv[:1]), adminConn(b, srv[1:2])
 	parent := zklease.ParentPath(root, "raw-paired")
 	mustCreateParent(b, admin, root, parent)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/internal/zktest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/leasetest"
@@ -64,17 +65,17 @@ func (c *overlapChecker) err() error {
 // lease in turns with blocking Acquire. The checker sees every grant.
 func TestExclusiveAcrossMembers(t *testing.T) {
 	ens := zktest.Start(t, 3, zktest.Config{})
-	root := testRoot(t)
+	root := zktest.Root(t)
 	const ttl = 4 * time.Second
 	var managers []*lease.Manager
 	for _, m := range ens.Members {
 		b := newBackend(t, []string{m.Addr()}, zklease.WithRoot(root), zklease.WithSessionTimeout(ttl))
 		// Polling is off (10 s): only watches can hand the lease over.
-		managers = append(managers, newManager(t, b, ttl, lease.WithPollInterval(10*time.Second)))
+		managers = append(managers, testkit.NewManager(t, b, ttl, lease.WithPollInterval(10*time.Second)))
 	}
 	const perMember, rounds = 3, 8
 	var chk overlapChecker
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 	var wg sync.WaitGroup
 	for i, m := range managers {
 		for w := range perMember {
@@ -120,7 +121,7 @@ func TestExclusiveAcrossMembers(t *testing.T) {
 // again before the next.
 func TestLeaderKilledWhileHeld(t *testing.T) {
 	ens := zktest.Start(t, 3, zktest.Config{})
-	root := testRoot(t)
+	root := zktest.Root(t)
 	const ttl = 6 * time.Second
 	for round := range 3 {
 		name := fmt.Sprintf("failover-%d", round)
@@ -144,9 +145,9 @@ func TestLeaderKilledWhileHeld(t *testing.T) {
 			return net.DialTimeout(network, addr, timeout)
 		}
 		holderB := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl), zklease.WithDialer(dial))
-		holderM := newManager(t, holderB, ttl)
+		holderM := testkit.NewManager(t, holderB, ttl)
 		var chk overlapChecker
-		ctx := ctxT(t)
+		ctx := testkit.Context(t)
 		h, err := holderM.TryAcquire(ctx, name)
 		if err != nil {
 			t.Fatalf("round %d: holder: %v", round, err)
@@ -169,7 +170,7 @@ func TestLeaderKilledWhileHeld(t *testing.T) {
 		got := make(chan acquired, 2)
 		for i, m := range others {
 			b := newBackend(t, []string{m.Addr()}, zklease.WithRoot(root), zklease.WithSessionTimeout(ttl))
-			wm := newManager(t, b, ttl, lease.WithPollInterval(10*time.Second))
+			wm := testkit.NewManager(t, b, ttl, lease.WithPollInterval(10*time.Second))
 			who := fmt.Sprintf("waiter%d", i+1)
 			go func() {
 				l, err := wm.Acquire(ctx, name)
@@ -244,27 +245,27 @@ func epoch(t fence.Token) uint64 { return uint64(t) >> 32 }
 // was connected across the restart and through a new one.
 func TestTokensGrowAcrossEnsembleRestart(t *testing.T) {
 	ens := zktest.Start(t, 3, zktest.Config{})
-	root := testRoot(t)
+	root := zktest.Root(t)
 	const ttl = 4 * time.Second
 	b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl))
-	m := newManager(t, b, ttl)
+	m := testkit.NewManager(t, b, ttl)
 	names := []string{"restart-a", "restart-b", "restart/c"}
 	var before fence.Token
 	for range 3 {
 		for _, n := range names {
-			l, err := m.TryAcquire(ctxT(t), n)
+			l, err := m.TryAcquire(testkit.Context(t), n)
 			if err != nil {
 				t.Fatalf("TryAcquire(%q): %v", n, err)
 			}
 			before = max(before, l.Token())
-			if err := l.Release(ctxT(t)); err != nil {
+			if err := l.Release(testkit.Context(t)); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
 	for restart := range 2 {
 		ens.Restart()
-		fresh := newManager(t, newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl)), ttl)
+		fresh := testkit.NewManager(t, newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl)), ttl)
 		after := before
 		for _, mgr := range []*lease.Manager{m, fresh} {
 			for _, n := range names {
@@ -273,7 +274,7 @@ func TestTokensGrowAcrossEnsembleRestart(t *testing.T) {
 					t.Errorf("restart %d: %q: token %#x after the restart is not greater than %#x before it", restart, n, uint64(l.Token()), uint64(before))
 				}
 				after = max(after, l.Token())
-				if err := l.Release(ctxT(t)); err != nil {
+				if err := l.Release(testkit.Context(t)); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -302,7 +303,7 @@ func acquireEventually(t *testing.T, m *lease.Manager, name string) *lease.Lease
 // greater token. Two rounds.
 func TestLeaderKilledWithItsHolder(t *testing.T) {
 	ens := zktest.Start(t, 3, zktest.Config{})
-	root := testRoot(t)
+	root := zktest.Root(t)
 	const ttl = 3 * time.Second
 	for round := range 2 {
 		name := fmt.Sprintf("leader-and-holder-%d", round)
@@ -315,10 +316,10 @@ func TestLeaderKilledWithItsHolder(t *testing.T) {
 			}
 		}
 		log := &renewLog{}
-		holder := newManager(t, newBackend(t, []string{leader.Addr()}, zklease.WithRoot(root), zklease.WithSessionTimeout(ttl)), ttl, lease.WithObserver(log))
+		holder := testkit.NewManager(t, newBackend(t, []string{leader.Addr()}, zklease.WithRoot(root), zklease.WithSessionTimeout(ttl)), ttl, lease.WithObserver(log))
 		wb := watchedBackend{Backend: newBackend(t, []string{other.Addr()}, zklease.WithRoot(root), zklease.WithSessionTimeout(ttl)), watched: make(chan string, 1)}
-		waiter := newManager(t, wb, ttl, lease.WithPollInterval(10*time.Second))
-		ctx := ctxT(t)
+		waiter := testkit.NewManager(t, wb, ttl, lease.WithPollInterval(10*time.Second))
+		ctx := testkit.Context(t)
 		h, err := holder.TryAcquire(ctx, name)
 		if err != nil {
 			t.Fatalf("round %d: holder: %v", round, err)

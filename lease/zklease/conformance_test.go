@@ -22,7 +22,7 @@ func TestConformance(t *testing.T) {
 	admin := adminConn(t, ens.Servers())
 	leasetest.Run(t, leasetest.Config{
 		NewStore: func(t *testing.T) func() lease.Backend {
-			root := testRoot(t)
+			root := zktest.Root(t)
 			return func() lease.Backend {
 				return newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(conformanceSession))
 			}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/internal/zktest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
@@ -146,22 +147,22 @@ func (o *lossCounter) counts() (lost int, failed int, last string) {
 // ("expired or was lost"), the 3 of 3.
 func TestReleaseWhoseAnswerIsLostIsARelease(t *testing.T) {
 	ens := zktest.Start(t, 3, zktest.Config{})
-	root := testRoot(t)
+	root := zktest.Root(t)
 	const ttl = 4 * time.Second
 	d := &replyDropper{refuse: 500 * time.Millisecond}
 	b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(6*time.Second), zklease.WithDialer(d.dial))
 	obs := &lossCounter{}
-	m := newManager(t, b, ttl, lease.WithObserver(obs))
-	other := newManager(t, newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(6*time.Second)), ttl)
+	m := testkit.NewManager(t, b, ttl, lease.WithObserver(obs))
+	other := testkit.NewManager(t, newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(6*time.Second)), ttl)
 	session, _ := b.Session()
 	for round := 1; round <= 3; round++ {
-		l, err := m.TryAcquire(ctxT(t), "job")
+		l, err := m.TryAcquire(testkit.Context(t), "job")
 		if err != nil {
 			t.Fatalf("round %d: TryAcquire: %v", round, err)
 		}
 		drops := d.drops.Load()
 		d.arm(opDelete, opMulti)
-		err = l.Release(ctxT(t))
+		err = l.Release(testkit.Context(t))
 		if d.drops.Load() == drops {
 			t.Fatalf("round %d: the release's answer was not dropped", round)
 		}
@@ -175,11 +176,11 @@ func TestReleaseWhoseAnswerIsLostIsARelease(t *testing.T) {
 			t.Errorf("round %d: the lease's Err after Release = %v, want ErrReleased", round, l.Err())
 		}
 		// The release was applied: the name is free for another client.
-		l2, err := other.TryAcquire(ctxT(t), "job")
+		l2, err := other.TryAcquire(testkit.Context(t), "job")
 		if err != nil {
 			t.Fatalf("round %d: another client's TryAcquire after the release: %v", round, err)
 		}
-		if err := l2.Release(ctxT(t)); err != nil {
+		if err := l2.Release(testkit.Context(t)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -255,7 +256,7 @@ func (c *heldConn) Write(p []byte) (int, error) {
 //     Abandon run; the name is free and no node is left.
 func TestLateAcquireOfAnEndedOwnerIsRefused(t *testing.T) {
 	ens := zktest.Start(t, 3, zktest.Config{})
-	root := testRoot(t)
+	root := zktest.Root(t)
 	const ttl = 4 * time.Second
 	var h heldWrites
 	late := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(6*time.Second), zklease.WithDialer(h.dial))
@@ -273,25 +274,25 @@ func TestLateAcquireOfAnEndedOwnerIsRefused(t *testing.T) {
 	freeNow := func(t *testing.T, name string) {
 		t.Helper()
 		// A new owner each time: a released owner is refused.
-		g, err := b.Acquire(ctxT(t), req(name, fmt.Sprintf("other-%d", owners.Add(1))))
+		g, err := b.Acquire(testkit.Context(t), req(name, fmt.Sprintf("other-%d", owners.Add(1))))
 		if err != nil {
 			t.Fatalf("the name is not free after the late request (nodes %v): %v", nodes(name), err)
 		}
-		if err := b.Release(ctxT(t), g); err != nil {
+		if err := b.Release(testkit.Context(t), g); err != nil {
 			t.Fatal(err)
 		}
 	}
 
 	t.Run("released", func(t *testing.T) {
-		g, err := late.Acquire(ctxT(t), req("released", "o1"))
+		g, err := late.Acquire(testkit.Context(t), req("released", "o1"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := late.Release(ctxT(t), g); err != nil {
+		if err := late.Release(testkit.Context(t), g); err != nil {
 			t.Fatal(err)
 		}
 		for _, via := range []*zklease.Backend{late, b} {
-			if g, err := via.Acquire(ctxT(t), req("released", "o1")); !errors.Is(err, lease.ErrNotAcquired) {
+			if g, err := via.Acquire(testkit.Context(t), req("released", "o1")); !errors.Is(err, lease.ErrNotAcquired) {
 				t.Fatalf("Acquire of the released owner = %+v, %v; want ErrNotAcquired", g, err)
 			}
 		}
@@ -309,7 +310,7 @@ func TestLateAcquireOfAnEndedOwnerIsRefused(t *testing.T) {
 		}
 		res := make(chan result, 1)
 		go func() {
-			g, err := late.Acquire(ctxT(t), req("delayed", "first"))
+			g, err := late.Acquire(testkit.Context(t), req("delayed", "first"))
 			res <- result{g, err}
 		}()
 		select {
@@ -319,14 +320,14 @@ func TestLateAcquireOfAnEndedOwnerIsRefused(t *testing.T) {
 		}
 		// The Manager abandons the attempt; another holder takes the name
 		// and releases it, all before the create arrives.
-		if err := b.Abandon(ctxT(t), req("delayed", "first")); err != nil {
+		if err := b.Abandon(testkit.Context(t), req("delayed", "first")); err != nil {
 			t.Fatalf("Abandon: %v", err)
 		}
-		g, err := b.Acquire(ctxT(t), req("delayed", "next"))
+		g, err := b.Acquire(testkit.Context(t), req("delayed", "next"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := b.Release(ctxT(t), g); err != nil {
+		if err := b.Release(testkit.Context(t), g); err != nil {
 			t.Fatal(err)
 		}
 		release()
@@ -356,7 +357,7 @@ func TestLateAcquireOfAnEndedOwnerIsRefused(t *testing.T) {
 			t.Fatalf("Acquire whose caller left = %v, want context.Canceled", err)
 		}
 		abandoned := make(chan error, 1)
-		go func() { abandoned <- late.Abandon(ctxT(t), req("same", "first")) }()
+		go func() { abandoned <- late.Abandon(testkit.Context(t), req("same", "first")) }()
 		time.Sleep(100 * time.Millisecond) // Abandon waits behind the attempt
 		release()
 		if err := <-abandoned; err != nil {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/internal/zktest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/zklease"
@@ -43,10 +44,10 @@ func (w watchedBackend) Watch(ctx context.Context, name string) (<-chan struct{}
 // next. Then each releases in turn, and each hand-off again notifies one.
 func TestReleaseNotifiesOneWaiter(t *testing.T) {
 	ens := zktest.Start(t, 3, zktest.Config{})
-	root := testRoot(t)
+	root := zktest.Root(t)
 	const ttl = 4 * time.Second
-	holder := newManager(t, newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl)), ttl)
-	ctx := ctxT(t)
+	holder := testkit.NewManager(t, newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl)), ttl)
+	ctx := testkit.Context(t)
 	h, err := holder.TryAcquire(ctx, "herd")
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +65,7 @@ func TestReleaseNotifiesOneWaiter(t *testing.T) {
 		b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl))
 		backends = append(backends, b)
 		wb := watchedBackend{Backend: b, watched: make(chan string, 1)}
-		m := newManager(t, wb, ttl, lease.WithPollInterval(10*time.Second))
+		m := testkit.NewManager(t, wb, ttl, lease.WithPollInterval(10*time.Second))
 		go func() {
 			l, err := m.Acquire(ctx, "herd")
 			if err != nil {
@@ -141,10 +142,10 @@ func TestReleaseNotifiesOneWaiter(t *testing.T) {
 // no grant: the session could end before the lease's local deadline.
 func TestShorterGrantedSessionTimeoutIsRefused(t *testing.T) {
 	ens := zktest.Start(t, 1, zktest.Config{MaxSessionTimeout: 2 * time.Second})
-	root := testRoot(t)
+	root := zktest.Root(t)
 	b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(4*time.Second))
-	m := newManager(t, b, 4*time.Second)
-	_, err := m.TryAcquire(ctxT(t), "short")
+	m := testkit.NewManager(t, b, 4*time.Second)
+	_, err := m.TryAcquire(testkit.Context(t), "short")
 	if !errors.Is(err, zklease.ErrSessionTimeout) {
 		t.Fatalf("TryAcquire with a 4s TTL on a session the server bounded to 2s = %v, want ErrSessionTimeout", err)
 	}
@@ -152,12 +153,12 @@ func TestShorterGrantedSessionTimeoutIsRefused(t *testing.T) {
 		t.Fatalf("granted session timeout %v, want the server's maximum 2s", granted)
 	}
 	// Nothing was left behind: a TTL within the granted timeout works.
-	ok := newManager(t, newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(2*time.Second)), 2*time.Second)
-	l, err := ok.TryAcquire(ctxT(t), "short")
+	ok := testkit.NewManager(t, newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(2*time.Second)), 2*time.Second)
+	l, err := ok.TryAcquire(testkit.Context(t), "short")
 	if err != nil {
 		t.Fatalf("TryAcquire with a 2s TTL: %v", err)
 	}
-	_ = l.Release(ctxT(t))
+	_ = l.Release(testkit.Context(t))
 }
 
 // dropAfterCreate is a dialer whose connections, when armed, pass the next
@@ -228,13 +229,13 @@ func (c *dropConn) Write(p []byte) (int, error) {
 // another client gets the lease at once.
 func TestLostCreateAnswerLeavesNoOrphan(t *testing.T) {
 	ens := zktest.Start(t, 3, zktest.Config{})
-	root := testRoot(t)
+	root := zktest.Root(t)
 	admin := adminConn(t, ens.Servers())
 	const ttl = 6 * time.Second
 	var d dropAfterCreate
 	b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl), zklease.WithDialer(d.dial))
-	m := newManager(t, b, ttl)
-	other := newManager(t, newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl)), ttl)
+	m := testkit.NewManager(t, b, ttl)
+	other := testkit.NewManager(t, newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl)), ttl)
 	children := func(name string) []string {
 		kids, _, err := admin.Children(zklease.ParentPath(root, name))
 		if err != nil {
@@ -244,16 +245,16 @@ func TestLostCreateAnswerLeavesNoOrphan(t *testing.T) {
 	}
 	// Create the parents first, so that the armed create is the node's.
 	for _, n := range []string{"settled", "abandoned"} {
-		l, err := m.TryAcquire(ctxT(t), n)
+		l, err := m.TryAcquire(testkit.Context(t), n)
 		if err != nil {
 			t.Fatal(err)
 		}
-		_ = l.Release(ctxT(t))
+		_ = l.Release(testkit.Context(t))
 	}
 
 	t.Run("caller waits", func(t *testing.T) {
 		d.armed.Store(true)
-		l, err := m.TryAcquire(ctxT(t), "settled")
+		l, err := m.TryAcquire(testkit.Context(t), "settled")
 		if d.drops.Load() == 0 {
 			t.Fatal("the fault was not injected")
 		}
@@ -263,7 +264,7 @@ func TestLostCreateAnswerLeavesNoOrphan(t *testing.T) {
 		if kids := children("settled"); len(kids) != 1 {
 			t.Fatalf("nodes %v, want exactly the granted one", kids)
 		}
-		if err := l.Release(ctxT(t)); err != nil {
+		if err := l.Release(testkit.Context(t)); err != nil {
 			t.Fatal(err)
 		}
 		if kids := children("settled"); len(kids) != 0 {
@@ -277,11 +278,11 @@ func TestLostCreateAnswerLeavesNoOrphan(t *testing.T) {
 		wait := time.Until(d.refuseUntil)
 		d.mu.Unlock()
 		time.Sleep(wait)
-		l, err := m.Acquire(ctxT(t), "warm")
+		l, err := m.Acquire(testkit.Context(t), "warm")
 		if err != nil {
 			t.Fatal(err)
 		}
-		_ = l.Release(ctxT(t))
+		_ = l.Release(testkit.Context(t))
 		drops := d.drops.Load()
 		d.armed.Store(true)
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
@@ -304,7 +305,7 @@ func TestLostCreateAnswerLeavesNoOrphan(t *testing.T) {
 		if kids := children("abandoned"); len(kids) != 1 {
 			t.Fatalf("nodes %v, want only the other client's", kids)
 		}
-		_ = l.Release(ctxT(t))
+		_ = l.Release(testkit.Context(t))
 	})
 }
 
@@ -314,14 +315,14 @@ func TestLostCreateAnswerLeavesNoOrphan(t *testing.T) {
 // for that write.
 func TestHolderNamesTheOwnerAfterAHandOff(t *testing.T) {
 	ens := zktest.Start(t, 3, zktest.Config{})
-	root := testRoot(t)
+	root := zktest.Root(t)
 	const ttl = 4 * time.Second
 	mgr := func(id string) *lease.Manager {
-		return newManager(t, newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl), zklease.WithIdentity("backend-"+id)),
+		return testkit.NewManager(t, newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl), zklease.WithIdentity("backend-"+id)),
 			ttl, lease.WithIdentity(id), lease.WithPollInterval(10*time.Second))
 	}
 	holder, waiter, observer := mgr("holder"), mgr("waiter"), mgr("observer")
-	ctx := ctxT(t)
+	ctx := testkit.Context(t)
 	for round := range 5 {
 		h, err := holder.Acquire(ctx, "inspected")
 		if err != nil {
@@ -364,13 +365,13 @@ func TestHolderNamesTheOwnerAfterAHandOff(t *testing.T) {
 // cause; the backend carries on with a new session.
 func TestExpiredSessionEndsEveryLeaseOfIt(t *testing.T) {
 	ens := zktest.Start(t, 3, zktest.Config{})
-	root := testRoot(t)
+	root := zktest.Root(t)
 	const ttl = 6 * time.Second
 	b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl))
-	m := newManager(t, b, ttl, lease.WithoutAutoRenew())
+	m := testkit.NewManager(t, b, ttl, lease.WithoutAutoRenew())
 	var ls []*lease.Lease
 	for _, n := range []string{"one", "two", "three"} {
-		l, err := m.TryAcquire(ctxT(t), n)
+		l, err := m.TryAcquire(testkit.Context(t), n)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -390,7 +391,7 @@ func TestExpiredSessionEndsEveryLeaseOfIt(t *testing.T) {
 		}
 	}
 	// The backend is on a new session and grants again.
-	l, err := m.Acquire(ctxT(t), "one")
+	l, err := m.Acquire(testkit.Context(t), "one")
 	if err != nil {
 		t.Fatalf("Acquire on the new session: %v", err)
 	}
@@ -400,7 +401,7 @@ func TestExpiredSessionEndsEveryLeaseOfIt(t *testing.T) {
 	if l.Token() <= ls[0].Token() {
 		t.Fatalf("token %d after %d", l.Token(), ls[0].Token())
 	}
-	_ = l.Release(ctxT(t))
+	_ = l.Release(testkit.Context(t))
 }
 
 // A grant whose session the ensemble ended is released without a request:
@@ -412,9 +413,9 @@ func TestExpiredSessionEndsEveryLeaseOfIt(t *testing.T) {
 func TestReleaseAfterSessionEndedSendsNothing(t *testing.T) {
 	ens := zktest.Start(t, 1, zktest.Config{})
 	const ttl = time.Second
-	b := newBackend(t, ens.Servers(), zklease.WithRoot(testRoot(t)), zklease.WithSessionTimeout(4*ttl))
-	m := newManager(t, b, ttl, lease.WithoutAutoRenew(), lease.WithReleaseTimeout(10*time.Second))
-	l, err := m.TryAcquire(ctxT(t), "job")
+	b := newBackend(t, ens.Servers(), zklease.WithRoot(zktest.Root(t)), zklease.WithSessionTimeout(4*ttl))
+	m := testkit.NewManager(t, b, ttl, lease.WithoutAutoRenew(), lease.WithReleaseTimeout(10*time.Second))
+	l, err := m.TryAcquire(testkit.Context(t), "job")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -437,7 +438,7 @@ func TestReleaseAfterSessionEndedSendsNothing(t *testing.T) {
 		mem.Kill()
 	}
 	start := time.Now()
-	err = l.Release(ctxT(t))
+	err = l.Release(testkit.Context(t))
 	took := time.Since(start)
 	if !errors.Is(err, lease.ErrLost) {
 		t.Fatalf("Release = %v; want the loss", err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/internal/zktest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/zklease"
@@ -138,7 +139,7 @@ func TestLateWaiterDoesNotKeepOthersOut(t *testing.T) {
 
 func testLateWaiter(t *testing.T, delay time.Duration) {
 	ens := zktest.Start(t, 1, zktest.Config{})
-	root := testRoot(t)
+	root := zktest.Root(t)
 	const (
 		ttl     = time.Second
 		session = 3 * time.Second
@@ -148,8 +149,8 @@ func testLateWaiter(t *testing.T, delay time.Duration) {
 	bW := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(session), zklease.WithIdentity("w"),
 		zklease.WithDialer(late.dial))
 	bB := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(session), zklease.WithIdentity("b"))
-	mW := newManager(t, bW, ttl, lease.WithPollInterval(100*time.Millisecond))
-	mB := newManager(t, bB, ttl, lease.WithPollInterval(100*time.Millisecond))
+	mW := testkit.NewManager(t, bW, ttl, lease.WithPollInterval(100*time.Millisecond))
+	mB := testkit.NewManager(t, bB, ttl, lease.WithPollInterval(100*time.Millisecond))
 	admin := adminConn(t, ens.Servers())
 
 	const name = "late-waiter"

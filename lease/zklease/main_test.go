@@ -2,38 +2,24 @@ package zklease_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-zookeeper/zk"
 	"go.uber.org/goleak"
 
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/internal/zktest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/zklease"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func randHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
 
 // renewLog records the send time of the last successful renewal.
 type renewLog struct {
@@ -55,14 +41,6 @@ func (r *renewLog) lastSent() (time.Time, int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.last, r.n
-}
-
-var rootSeq atomic.Int64
-
-// testRoot returns a root znode unique to the test.
-func testRoot(t testing.TB) string {
-	n := strings.NewReplacer("/", "_", " ", "_", "=", "_", ":", "_", ".", "_").Replace(t.Name())
-	return fmt.Sprintf("/fencekit-test/%s-%d", n, rootSeq.Add(1))
 }
 
 // newBackend connects a Backend to servers, closed when the test ends.
@@ -96,15 +74,6 @@ func (h testLogHandler) Handle(_ context.Context, r slog.Record) error {
 }
 func (h testLogHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h testLogHandler) WithGroup(string) slog.Handler      { return h }
-
-func newManager(t testing.TB, b lease.Backend, ttl time.Duration, opts ...lease.Option) *lease.Manager {
-	t.Helper()
-	m, err := lease.NewManager(b, ttl, opts...)
-	if err != nil {
-		t.Fatalf("lease.NewManager: %v", err)
-	}
-	return m
-}
 
 // adminConn is a plain go-zookeeper client for the test's own inspection
 // and damage.
@@ -150,7 +119,7 @@ func endSession(t testing.TB, b *zklease.Backend) {
 	if id == 0 {
 		t.Fatal("endSession: the backend has no session")
 	}
-	if err := zktest.ExpireSession(ctxT(t), server, id, passwd); err != nil {
+	if err := zktest.ExpireSession(testkit.Context(t), server, id, passwd); err != nil {
 		t.Fatalf("expire session 0x%x at %s: %v", id, server, err)
 	}
 }

@@ -2,6 +2,7 @@ package demo
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -9,7 +10,9 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
+	"github.com/fencekit/fencekit/examples/internal/leftover"
 	"github.com/fencekit/fencekit/lease/dynamolease"
 )
 
@@ -81,3 +84,64 @@ func dynamoStore(st LeaseStore) LeaseStore {
 	}
 	return st
 }
+
+// DynamoEndpoint returns $FENCE_DYNAMODB_ENDPOINT, or an error saying how to
+// get a server; what names the flag that needs it.
+func DynamoEndpoint(what string) (string, error) {
+	if ep := os.Getenv(DynamoEndpointVar); ep != "" {
+		return ep, nil
+	}
+	return "", fmt.Errorf("%s: %s is not set: start DynamoDB Local (. scripts/services.sh && ensure_dynamodb) and export it", what, DynamoEndpointVar)
+}
+
+// RunTable is a DynamoDB table of a run's own (string keys pk and, if it
+// has one, sk; on-demand capacity). It is recorded in the run's ledger
+// (package leftover) before it is created, so that the next run's sweep
+// deletes it if this run is killed.
+type RunTable struct {
+	Endpoint string `json:"endpoint"`
+	Name     string `json:"table"`
+	done     func()
+}
+
+// CreateRunTable creates the table name at endpoint, keyed by pk (S) and,
+// with sortKey, sk (S), and waits until it is active. name must be
+// "<program>-<8 hex digits>" for the sweep to delete it.
+func CreateRunTable(ctx context.Context, endpoint, name string, sortKey bool) (*RunTable, error) {
+	t := &RunTable{Endpoint: endpoint, Name: name}
+	t.done = leftover.Track(leftover.Entry{Kind: leftover.KindDynamoTable, URL: endpoint, Name: name})
+	client, closeClient := NewDynamoClient(endpoint)
+	defer closeClient()
+	attrs := []types.AttributeDefinition{{AttributeName: aws.String("pk"), AttributeType: types.ScalarAttributeTypeS}}
+	keys := []types.KeySchemaElement{{AttributeName: aws.String("pk"), KeyType: types.KeyTypeHash}}
+	if sortKey {
+		attrs = append(attrs, types.AttributeDefinition{AttributeName: aws.String("sk"), AttributeType: types.ScalarAttributeTypeS})
+		keys = append(keys, types.KeySchemaElement{AttributeName: aws.String("sk"), KeyType: types.KeyTypeRange})
+	}
+	if _, err := client.CreateTable(ctx, &dynamodb.CreateTableInput{
+		TableName: aws.String(name), BillingMode: types.BillingModePayPerRequest,
+		AttributeDefinitions: attrs, KeySchema: keys,
+	}); err != nil {
+		t.done()
+		return nil, fmt.Errorf("DynamoDB at %s: create table %s: %w", endpoint, name, err)
+	}
+	if err := dynamodb.NewTableExistsWaiter(client).Wait(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(name)}, time.Minute); err != nil {
+		return nil, errors.Join(fmt.Errorf("DynamoDB at %s: table %s: %w", endpoint, name, err), t.Delete(context.WithoutCancel(ctx)))
+	}
+	return t, nil
+}
+
+// Delete deletes the table and strikes it off the run's ledger. ctx bounds
+// the request.
+func (t *RunTable) Delete(ctx context.Context) error {
+	client, closeClient := NewDynamoClient(t.Endpoint)
+	defer closeClient()
+	if _, err := client.DeleteTable(ctx, &dynamodb.DeleteTableInput{TableName: aws.String(t.Name)}); err != nil {
+		return fmt.Errorf("DynamoDB at %s: delete table %s: %w", t.Endpoint, t.Name, err)
+	}
+	t.done()
+	return nil
+}
+
+// Keep strikes the table off the run's ledger without deleting it (--keep).
+func (t *RunTable) Keep() { t.done() }

@@ -52,6 +52,9 @@ const (
 	KindSchema    = "schema"     // URL, Name: a PostgreSQL schema
 	KindRedisKeys = "redis-keys" // URL, Keys: keys in Redis
 	KindS3Object  = "s3-object"  // URL (endpoint), Bucket, Name (key), Access, Secret
+	// KindDynamoTable is a DynamoDB table of the run's own: URL (endpoint),
+	// Name (table). The sweep deletes the whole table.
+	KindDynamoTable = "dynamodb-table"
 )
 
 // Entry is one thing a run created.
@@ -89,6 +92,8 @@ func (e Entry) String() string {
 		return "Redis keys " + strings.Join(e.Keys, ", ")
 	case KindS3Object:
 		return fmt.Sprintf("object s3://%s/%s", e.Bucket, e.Name)
+	case KindDynamoTable:
+		return fmt.Sprintf("DynamoDB table %s at %s", e.Name, e.URL)
 	}
 	return e.Kind
 }
@@ -313,3 +318,7 @@ func safeDir(path string) bool {
 
 // schemaName is what the programs name their schemas.
 var schemaName = regexp.MustCompile(`^(stalewriter|invoicejob)_[0-9a-f]{8}$`)
+
+// dynamoTableName is what the programs name their DynamoDB tables: the
+// sweep deletes no other table.
+var dynamoTableName = regexp.MustCompile(`^(stalewriter|invoicejob)-[0-9a-f]{8}$`)

@@ -12,6 +12,8 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	dynamotypes "github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -25,7 +27,8 @@ const maxAge = 7 * 24 * time.Hour
 // Sweep removes what earlier runs left behind: for every ledger whose run is
 // no longer alive, it kills the run's processes that still run (SIGKILL,
 // after SIGCONT for a stopped one), removes its temporary directories,
-// drops its schemas, deletes its Redis keys and S3 objects, and removes
+// drops its schemas, deletes its Redis keys, S3 objects and DynamoDB
+// tables, and removes
 // the ledger. An entry it cannot remove (a server that does not answer)
 // stays in the ledger for the next sweep, for up to seven days; an entry
 // in a server the run had started itself is dropped when that server no
@@ -108,6 +111,11 @@ func sweepEntry(ctx context.Context, e Entry) (did string, err error) {
 		return removed(e, deleteKeys(ctx, e.URL, e.Keys))
 	case KindS3Object:
 		return removed(e, deleteObject(ctx, e))
+	case KindDynamoTable:
+		if !dynamoTableName.MatchString(e.Name) {
+			return "", fmt.Errorf("leftover: refusing to delete DynamoDB table %q: not a name the example programs use", e.Name)
+		}
+		return deleteTable(ctx, e)
 	}
 	return "", fmt.Errorf("leftover: unknown entry kind %q", e.Kind)
 }
@@ -165,6 +173,26 @@ func deleteKeys(ctx context.Context, url string, keys []string) error {
 	c := redis.NewClient(opt)
 	defer c.Close()
 	return c.Del(ctx, keys...).Err()
+}
+
+// deleteTable deletes the DynamoDB table e names; a table that is no longer
+// there (DynamoDB Local runs in memory and forgets its tables when it
+// stops) leaves nothing to do.
+func deleteTable(ctx context.Context, e Entry) (string, error) {
+	c := dynamodb.New(dynamodb.Options{
+		Region: "us-east-1", BaseEndpoint: aws.String(e.URL),
+		// DynamoDB Local takes any credentials; the programs use these.
+		Credentials: credentials.NewStaticCredentialsProvider("fencekit", "fencekit", ""),
+	})
+	_, err := c.DeleteTable(ctx, &dynamodb.DeleteTableInput{TableName: aws.String(e.Name)})
+	var nf *dynamotypes.ResourceNotFoundException
+	switch {
+	case errors.As(err, &nf):
+		return "", nil
+	case err != nil:
+		return "", err
+	}
+	return "removed", nil
 }
 
 func deleteObject(ctx context.Context, e Entry) error {

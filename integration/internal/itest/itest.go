@@ -1,5 +1,6 @@
-// Package itest is what the integration packages' TestMain functions
-// share: helper programs built once into a temporary directory, and the
+// Package itest is what the integration packages share: helper programs
+// built once into a temporary directory by TestMain (the holder program,
+// internal/cmd/holder, started and read through StartHolder), and the
 // services the tests (and their child processes) find through the FENCE_*
 // variables.
 package itest
@@ -13,7 +14,7 @@ import (
 	"testing"
 
 	"github.com/fencekit/fencekit/examples/services"
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 )
 
 // Setup builds the helper programs matched by the package patterns helpers
@@ -22,8 +23,9 @@ import (
 // else the default local ones, else servers started here (versitygw),
 // else Docker containers through testcontainers-go. It exports FENCE_* for
 // every service it provided (cfg says which), logs what it used with the
-// prefix who, and returns the directory of the helper programs and a
-// cleanup that stops what it started and removes the directory.
+// prefix who, and returns the directory of the helper programs (which
+// HolderPath and StartHolder use) and a cleanup that stops what it started
+// and removes the directory.
 func Setup(who string, cfg services.Config, helpers ...string) (binDir string, cleanup func(), err error) {
 	logf := func(f string, a ...any) { fmt.Fprintf(os.Stderr, who+": "+f+"\n", a...) }
 	var undo []func()
@@ -45,6 +47,7 @@ func Setup(who string, cfg services.Config, helpers ...string) (binDir string, c
 			return "", func() {}, fmt.Errorf("building the helper programs (go build %v): %w", helpers, err)
 		}
 		binDir = dir
+		helperDir = dir
 	}
 	if cfg.Log == nil {
 		cfg.Log = logf
@@ -69,6 +72,9 @@ func Setup(who string, cfg services.Config, helpers ...string) (binDir string, c
 	}
 	return binDir, cleanup, nil
 }
+
+// helperDir is the directory of the helper programs Setup built.
+var helperDir string
 
 // HelperPath returns the path of the helper program name in binDir (from
 // Setup), failing t if it was not built.

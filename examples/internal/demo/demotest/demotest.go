@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"os"
 	"os/exec"
@@ -19,11 +20,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fencekit/fencekit/examples/internal/demo"
 	"github.com/fencekit/fencekit/examples/internal/leftover"
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 )
 
 // RunMainVar makes the test binary run the program (see the package doc).
@@ -189,15 +194,16 @@ func ExpectGone(t *testing.T, children []Child) {
 }
 
 // Leftovers lists what is left of the program's runs in env: ledger files,
-// entries in the temporary directory, and which of the schemas and Redis
-// keys that a run recorded (Ledger, read while it ran) still exist.
+// entries in the temporary directory, and which of the schemas, Redis keys
+// and DynamoDB tables that a run recorded (Ledger, read while it ran) still
+// exist.
 type Leftovers struct {
-	Ledgers, TempEntries, Schemas, RedisKeys []string
+	Ledgers, TempEntries, Schemas, RedisKeys, DynamoTables []string
 }
 
 // Empty reports whether nothing is left.
 func (l Leftovers) Empty() bool {
-	return len(l.Ledgers) == 0 && len(l.TempEntries) == 0 && len(l.Schemas) == 0 && len(l.RedisKeys) == 0
+	return len(l.Ledgers) == 0 && len(l.TempEntries) == 0 && len(l.Schemas) == 0 && len(l.RedisKeys) == 0 && len(l.DynamoTables) == 0
 }
 
 // Look lists what is left now of what entries name, and in env.
@@ -210,6 +216,7 @@ func (e *Env) Look(t *testing.T, entries []leftover.Entry) Leftovers {
 		l.TempEntries = append(l.TempEntries, d.Name())
 	}
 	l.RedisKeys = RedisKeysIn(t, entries)
+	l.DynamoTables = DynamoTablesIn(t, entries)
 	if schemas := SchemasIn(entries); len(schemas) > 0 {
 		conn := connect(t)
 		defer conn.Close(context.Background())
@@ -277,6 +284,32 @@ func RedisKeysIn(t *testing.T, entries []leftover.Entry) []string {
 			}
 		}
 		_ = c.Close()
+	}
+	return out
+}
+
+// DynamoTablesIn returns the DynamoDB tables among entries that still
+// exist.
+func DynamoTablesIn(t *testing.T, entries []leftover.Entry) []string {
+	t.Helper()
+	var out []string
+	for _, e := range entries {
+		if e.Kind != leftover.KindDynamoTable {
+			continue
+		}
+		c, closeClient := demo.NewDynamoClient(e.URL)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := c.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(e.Name)})
+		cancel()
+		closeClient()
+		var nf *types.ResourceNotFoundException
+		switch {
+		case errors.As(err, &nf):
+		case err != nil:
+			t.Fatalf("DynamoDB at %s: %v", e.URL, err)
+		default:
+			out = append(out, e.Name)
+		}
 	}
 	return out
 }

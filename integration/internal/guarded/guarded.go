@@ -1,12 +1,11 @@
-// Package guarded is the fenced resource the etcd backend's end-to-end tests
-// (package consensus) write to: one row of a PostgreSQL table with
-// lock_version (sqlguard) and one S3 object (blobguard), both written with a
-// lease's token, so that a holder whose lease was taken over is rejected at
-// both stores. The test process and the holder process (internal/etcdholder)
-// share it.
+// Package guarded is the fenced resource the integration tests' holders
+// write to: one row of a PostgreSQL table with lock_version (sqlguard) and
+// one S3 object (blobguard), both written with a lease's token, so that a
+// holder whose lease was taken over is rejected at both stores. The test
+// process and the holder program (internal/cmd/holder, -resource) share it.
 //
 // Services come from FENCE_POSTGRES_URL and FENCE_S3_* (./scripts/test.sh
-// exports them; see package internal/testenv).
+// exports them; see package internal/testkit/testenv).
 package guarded
 
 import (
@@ -24,7 +23,7 @@ import (
 
 	"github.com/fencekit/fencekit/blobguard"
 	"github.com/fencekit/fencekit/fence"
-	"github.com/fencekit/fencekit/internal/testenv"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/sqlguard"
 )
 
@@ -43,7 +42,7 @@ const Table = "jobs"
 func Create(ctx context.Context) (Resource, func(context.Context), error) {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	r := Resource{Schema: "etcdlease_" + hex.EncodeToString(b[:]), Row: "job-1", Object: "etcdlease/" + hex.EncodeToString(b[:])}
+	r := Resource{Schema: "guarded_" + hex.EncodeToString(b[:]), Row: "job-1", Object: "guarded/" + hex.EncodeToString(b[:])}
 	conn, err := pgx.Connect(ctx, testenv.PostgresURL())
 	if err != nil {
 		return r, nil, fmt.Errorf("PostgreSQL at %s: %w", testenv.PostgresURL(), err)
@@ -97,8 +96,7 @@ type Outcome struct {
 // Write writes the row (sqlguard Table.Update) and the object (blobguard
 // Put) as writer, with token, and reports both outcomes.
 func Write(ctx context.Context, r Resource, writer string, token fence.Token) []Outcome {
-	out := []Outcome{outcome("postgres", writeRow(ctx, r, writer, token)), outcome("s3", writeObject(ctx, r, writer, token))}
-	return out
+	return []Outcome{outcome("postgres", WriteRow(ctx, r, writer, token)), outcome("s3", WriteObject(ctx, r, writer, token))}
 }
 
 func outcome(store string, err error) Outcome {
@@ -109,7 +107,8 @@ func outcome(store string, err error) Outcome {
 	return o
 }
 
-func writeRow(ctx context.Context, r Resource, writer string, token fence.Token) error {
+// WriteRow updates the row (sqlguard Table.Update) as writer, with token.
+func WriteRow(ctx context.Context, r Resource, writer string, token fence.Token) error {
 	t, err := sqlguard.NewTable(r.Schema, Table, "id")
 	if err != nil {
 		return err
@@ -122,7 +121,8 @@ func writeRow(ctx context.Context, r Resource, writer string, token fence.Token)
 	return t.Update(ctx, conn, token, []any{r.Row}, sqlguard.Col("written_by", writer))
 }
 
-func writeObject(ctx context.Context, r Resource, writer string, token fence.Token) error {
+// WriteObject puts the object (blobguard Put) as writer, with token.
+func WriteObject(ctx context.Context, r Resource, writer string, token fence.Token) error {
 	c, env, err := S3()
 	if err != nil {
 		return err
