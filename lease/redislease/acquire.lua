@@ -49,21 +49,27 @@ if token >= 9007199254740992 then
 end
 local s = string.format('%d', token)
 local queue = KEYS[5] ~= nil
-local nowms = now[1] * 1000 + math.floor(now[2] / 1000)
-local function join()
-  if not redis.call('ZSCORE', KEYS[4], ARGV[1]) then
-    local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
-    local seq = 1
-    if #last == 2 then
-      seq = tonumber(last[2]) + 1
+-- Only a queued acquire pays for the line: an unqueued one (TryAcquire, a
+-- Manager without FIFO) neither computes the time in milliseconds nor
+-- makes the closure below.
+local nowms, join
+if queue then
+  nowms = now[1] * 1000 + math.floor(now[2] / 1000)
+  join = function()
+    if not redis.call('ZSCORE', KEYS[4], ARGV[1]) then
+      local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
+      local seq = 1
+      if #last == 2 then
+        seq = tonumber(last[2]) + 1
+      end
+      redis.call('ZADD', KEYS[4], seq, ARGV[1])
     end
-    redis.call('ZADD', KEYS[4], seq, ARGV[1])
-  end
-  redis.call('ZADD', KEYS[5], nowms + tonumber(ARGV[2]), ARGV[1])
-  -- The line outlives its longest place, and no more.
-  for k = 4, 5 do
-    if redis.call('PTTL', KEYS[k]) < tonumber(ARGV[2]) then
-      redis.call('PEXPIRE', KEYS[k], ARGV[2])
+    redis.call('ZADD', KEYS[5], nowms + tonumber(ARGV[2]), ARGV[1])
+    -- The line outlives its longest place, and no more.
+    for k = 4, 5 do
+      if redis.call('PTTL', KEYS[k]) < tonumber(ARGV[2]) then
+        redis.call('PEXPIRE', KEYS[k], ARGV[2])
+      end
     end
   end
 end
