@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -105,7 +106,10 @@ func StartWith(t testing.TB, n int, timing Timing) *Cluster {
 			clientURL: freeURL(t),
 		})
 	}
-	t.Cleanup(c.StopAll)
+	t.Cleanup(func() {
+		c.StopAll()
+		c.awaitPeerConnsClosed()
+	})
 	c.StartAll()
 	return c
 }
@@ -211,6 +215,61 @@ func (c *Cluster) StopAll() {
 		time.Sleep(time.Duration(c.timing.TickMs) * time.Millisecond)
 	}
 	leader.stop()
+}
+
+// peerConnLinger bounds how long a stopped member's peer connections may
+// stay open: etcd's peer servers read with a 5 s timeout
+// (rafthttp.ConnReadTimeout) and give up closing busy connections after
+// 1 s.
+const peerConnLinger = 10 * time.Second
+
+// awaitPeerConnsClosed waits, after the last StopAll, until no connection
+// to or from a member's peer port is open (read from /proc/net/tcp and
+// tcp6). A stopped member's peer server can leave a keep-alive connection
+// open until its read timeout: its goroutines, and the other side's, would
+// fail goleak at the end of the package. (The old StopAll waited 6 s for a
+// leadership hand-over, which happened to cover this.) Without /proc it
+// waits for nothing.
+func (c *Cluster) awaitPeerConnsClosed() {
+	ports := map[int]bool{}
+	for _, m := range c.Members {
+		if p, err := strconv.Atoi(m.peerURL.Port()); err == nil {
+			ports[p] = true
+		}
+	}
+	for deadline := time.Now().Add(peerConnLinger); time.Now().Before(deadline); {
+		n, err := openConns(ports)
+		if err != nil || n == 0 {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// openConns counts the TCP sockets whose local or remote port is in ports
+// and that the process has not closed yet (ESTABLISHED or CLOSE_WAIT).
+func openConns(ports map[int]bool) (int, error) {
+	n := 0
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return 0, err
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			fs := strings.Fields(line)
+			if len(fs) < 4 || (fs[3] != "01" && fs[3] != "08") {
+				continue
+			}
+			for _, addr := range fs[1:3] {
+				i := strings.LastIndexByte(addr, ':')
+				if p, err := strconv.ParseInt(addr[i+1:], 16, 32); err == nil && ports[int(p)] {
+					n++
+					break
+				}
+			}
+		}
+	}
+	return n, nil
 }
 
 // runningCount returns how many members are running.
