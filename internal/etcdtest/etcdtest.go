@@ -219,13 +219,16 @@ func (c *Cluster) StopAll() {
 
 // peerConnLinger bounds how long a stopped member's peer connections may
 // stay open: etcd's peer servers read with a 5 s timeout
-// (rafthttp.ConnReadTimeout) and give up closing busy connections after
-// 1 s.
-const peerConnLinger = 10 * time.Second
+// (rafthttp.ConnReadTimeout), set before the stop began, and give up
+// closing busy connections after 1 s. A connection that outlives it is
+// not one of those (a member's version handler that Kill left blocked for
+// good keeps its connection; TestMain ignores that goroutine), and waiting
+// longer would not close it.
+const peerConnLinger = 6 * time.Second
 
 // awaitPeerConnsClosed waits, after the last StopAll, until no connection
 // to or from a member's peer port is open (read from /proc/net/tcp and
-// tcp6). A stopped member's peer server can leave a keep-alive connection
+// tcp6), for at most peerConnLinger. A stopped member's peer server can leave a keep-alive connection
 // open until its read timeout: its goroutines, and the other side's, would
 // fail goleak at the end of the package. (The old StopAll waited 6 s for a
 // leadership hand-over, which happened to cover this.) Without /proc it
