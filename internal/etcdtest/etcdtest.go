@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -78,6 +79,7 @@ type Member struct {
 	mu      sync.Mutex
 	e       *embed.Etcd   // nil while stopped
 	closing chan struct{} // closed when the last Kill's Close is done; nil if none
+	killed  bool          // stopped by Kill and not started since
 }
 
 // Start starts a cluster of n members with the Fast timing and waits until
@@ -105,7 +107,10 @@ func StartWith(t testing.TB, n int, timing Timing) *Cluster {
 			clientURL: freeURL(t),
 		})
 	}
-	t.Cleanup(c.StopAll)
+	t.Cleanup(func() {
+		c.StopAll()
+		c.awaitPeerConnsClosed()
+	})
 	c.StartAll()
 	return c
 }
@@ -179,15 +184,110 @@ func (c *Cluster) StartAll() {
 	c.WaitLeader()
 }
 
-// StopAll stops every running member, in parallel (each takes about a
-// second to close).
+// StopAll stops every running member: the followers first, in parallel,
+// then the leader once it has stepped down.
+//
+// A leader that is stopped hands leadership over first (etcd's graceful
+// Stop) and waits up to etcd's request timeout (5 s + 2 election timeouts)
+// for its transferee to take over; stopped together with its followers, the
+// transferee never does, and every whole-cluster stop cost that timeout
+// (6 s with the Steady timing). With its followers gone the leader steps
+// down by itself after an election timeout (etcd runs raft with
+// CheckQuorum), and a member that does not lead stops at once.
 func (c *Cluster) StopAll() {
+	var leader *Member
 	var wg sync.WaitGroup
 	for _, m := range c.Members {
+		if e := m.etcd(); e != nil && leader == nil && c.runningCount() > 1 && e.Server.Leader() == e.Server.MemberID() {
+			leader = m
+			continue
+		}
 		wg.Add(1)
 		go func() { defer wg.Done(); m.stop() }()
 	}
 	wg.Wait()
+	if leader == nil {
+		return
+	}
+	// Bounded: if it still leads after this, Stop pays the hand-over's
+	// timeout as before.
+	e := leader.etcd()
+	for deadline := time.Now().Add(20 * time.Duration(c.timing.ElectionMs) * time.Millisecond); e != nil && e.Server.Leader() == e.Server.MemberID() && time.Now().Before(deadline); {
+		time.Sleep(time.Duration(c.timing.TickMs) * time.Millisecond)
+	}
+	leader.stop()
+}
+
+// peerConnLinger bounds how long a stopped member's peer connections may
+// stay open: etcd's peer servers read with a 5 s timeout
+// (rafthttp.ConnReadTimeout), set before the stop began, and give up
+// closing busy connections after 1 s.
+const peerConnLinger = 6 * time.Second
+
+// awaitPeerConnsClosed waits, after the last StopAll, until no connection
+// to or from a member's peer port is open (read from /proc/net/tcp and
+// tcp6), for at most peerConnLinger. A stopped member's peer server can leave a keep-alive connection
+// open until its read timeout: its goroutines, and the other side's, would
+// fail goleak at the end of the package. (The old StopAll waited 6 s for a
+// leadership hand-over, which happened to cover this.) Without /proc it
+// waits for nothing. The ports of a member stopped by Kill are left out:
+// Kill can leave its version handler blocked for good (TestMain ignores
+// that goroutine), and its connection would hold the wait to its bound.
+func (c *Cluster) awaitPeerConnsClosed() {
+	ports := map[int]bool{}
+	for _, m := range c.Members {
+		m.mu.Lock()
+		killed := m.killed
+		m.mu.Unlock()
+		if p, err := strconv.Atoi(m.peerURL.Port()); err == nil && !killed {
+			ports[p] = true
+		}
+	}
+	start := time.Now()
+	n, err := openConns(ports)
+	for ; err == nil && n > 0 && time.Since(start) < peerConnLinger; n, err = openConns(ports) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if d := time.Since(start); d > 100*time.Millisecond {
+		c.t.Logf("etcdtest: waited %v for the stopped members' peer connections to close (%d still open)", d.Round(time.Millisecond), n)
+	}
+}
+
+// openConns counts the TCP sockets whose local or remote port is in ports
+// and that the process has not closed yet (ESTABLISHED or CLOSE_WAIT).
+func openConns(ports map[int]bool) (int, error) {
+	n := 0
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return 0, err
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			fs := strings.Fields(line)
+			if len(fs) < 4 || (fs[3] != "01" && fs[3] != "08") {
+				continue
+			}
+			for _, addr := range fs[1:3] {
+				i := strings.LastIndexByte(addr, ':')
+				if p, err := strconv.ParseInt(addr[i+1:], 16, 32); err == nil && ports[int(p)] {
+					n++
+					break
+				}
+			}
+		}
+	}
+	return n, nil
+}
+
+// runningCount returns how many members are running.
+func (c *Cluster) runningCount() int {
+	n := 0
+	for _, m := range c.Members {
+		if m.Running() {
+			n++
+		}
+	}
+	return n
 }
 
 // WipeAll stops every member, deletes its data directory, and starts the
@@ -327,6 +427,7 @@ func (m *Member) Kill() {
 	if e != nil {
 		closing = make(chan struct{})
 		m.closing = closing
+		m.killed = true
 	}
 	m.mu.Unlock()
 	if e == nil {
@@ -423,6 +524,7 @@ func (m *Member) start() error {
 	}
 	m.mu.Lock()
 	m.e = e
+	m.killed = false
 	m.mu.Unlock()
 	return nil
 }
