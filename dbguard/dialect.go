@@ -300,9 +300,19 @@ func (d Dialect) wrapDBErr(op string, err error) error {
 // it or may still apply it: the error matches fence.ErrOutcomeUnknown as
 // well as its cause. conn is the connection the statement ran on, or nil
 // when it is not known (inside a caller's *sql.Tx).
+//
+// A context that ended is never a plain failure here, even on a
+// connection the driver still reports valid: an in-process driver
+// (modernc.org/sqlite) can finish and commit the statement and still
+// return the context's error. (The reliability suite's history check
+// caught such a write at load 12-23: reported failed with "context
+// deadline exceeded", read back applied.) A context that had ended before
+// the statement was sent is reported plain by the callers, which check it
+// first.
 func (d Dialect) sentErr(ctx context.Context, op string, err error, conn *sql.Conn) error {
+	ctxEnded := errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 	if d.storeErr(err) || errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrTxDone) ||
-		errors.Is(err, sql.ErrConnDone) || (conn != nil && connValid(conn)) {
+		errors.Is(err, sql.ErrConnDone) || (!ctxEnded && conn != nil && connValid(conn)) {
 		return d.wrapDBErr(op, err)
 	}
 	return fmt.Errorf("dbguard: %s: %w: %w", op, fence.ErrOutcomeUnknown, err)

@@ -78,10 +78,11 @@
 // connection from the pool, a context that had ended, an error that
 // database/sql's contract marks as raised before sending
 // (driver.ErrBadConn), the database's own error answer, or a connection
-// the driver still reports valid (driver.Validator) after the error.
-// SQLite runs in the process: an interrupted statement is rolled back
-// before the call returns, so unknown outcomes there are rare (a context
-// that ends as the statement finishes).
+// the driver still reports valid (driver.Validator) after an error that
+// is not the context's. A context that ends while the statement runs is
+// always an unknown outcome: SQLite runs in the process, and
+// modernc.org/sqlite can finish and commit a statement and still return
+// the context's error, on a connection it keeps valid.
 //
 // # One statement on the success path, the exact answer on the rejection path
 //

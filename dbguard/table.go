@@ -307,6 +307,10 @@ func (w *rowWrite) run(ctx context.Context, db DBTX, conn *sql.Conn) error {
 			w.op, ErrAmbiguousKey, w.t.name, strings.Join(w.t.keys, ", "), w.kind)
 	}
 	if info.unique {
+		if err := ctx.Err(); err != nil {
+			// Nothing is sent: a plain failure (sentErr would not know).
+			return fmt.Errorf("dbguard: %s: %w", w.op, err)
+		}
 		res, err := db.ExecContext(ctx, w.st.write, w.writeArgs()...)
 		switch {
 		case err == nil:
