@@ -229,6 +229,7 @@ type flushLog struct {
 	lease.NopObserver
 	mu      sync.Mutex
 	batches map[time.Time][]string
+	slowest map[time.Time]time.Duration // each batch's longest renewal
 	failed  int
 }
 
@@ -243,13 +244,28 @@ func (f *flushLog) Renewed(e lease.RenewedEvent) {
 		f.batches = make(map[time.Time][]string)
 	}
 	f.batches[e.Sent] = append(f.batches[e.Sent], e.Name)
+	if f.slowest == nil {
+		f.slowest = make(map[time.Time]time.Duration)
+	}
+	f.slowest[e.Sent] = max(f.slowest[e.Sent], e.Latency)
+}
+
+// latency returns the longest time any batch logged so far took.
+func (f *flushLog) latency() time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var d time.Duration
+	for _, l := range f.slowest {
+		d = max(d, l)
+	}
+	return d
 }
 
 func (f *flushLog) take() (map[time.Time][]string, int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	b, n := f.batches, f.failed
-	f.batches, f.failed = nil, 0
+	f.batches, f.slowest, f.failed = nil, nil, 0
 	return b, n
 }
 
