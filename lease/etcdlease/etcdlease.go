@@ -26,13 +26,13 @@
 //     key's deletion instead, expiry included.
 //   - Renew (driven by the Manager): a keep-alive of the grant's etcd lease
 //     and, at the same time, a read-only transaction that checks that the
-//     key still holds this owner, was created by this grant (create
-//     revision) and is attached to this lease. An expired or revoked lease
+//     key still holds this owner, was last written by this grant's own
+//     write (mod revision) and is attached to this lease. An expired or revoked lease
 //     or a key that is gone or another grant's is ErrNotHeld. RenewBatch
 //     checks up to 128 keys in one transaction and sends the keep-alives
 //     at once: one round trip for the whole batch.
 //   - Release: one transaction, the compare-and-delete: if the key is
-//     still this grant's (its create revision, owner and etcd lease), it
+//     still this grant's (its mod revision, owner and etcd lease), it
 //     is deleted; in any case the owner is recorded as ended, in the key
 //     "<prefix>e/<name>\x00<owner>" (EndedKey), attached to an etcd lease
 //     that keeps it for at least driver.EndedOwnerTTL of the grant's TTL
@@ -62,13 +62,18 @@
 //     revision, as concurrency.Mutex orders its waiters. A queued acquire
 //     is the same one transaction with one more comparison (no place in
 //     the line was created before the owner's own) and, when refused, the
-//     owner's place put and read back: still one round trip. A hand-off
-//     therefore still writes the grant's key, as without a line (see
-//     line.go). A place lapses with its etcd lease when its waiter stops
-//     asking; Abandon deletes it.
+//     owner's place put and read back: still one round trip. The Release
+//     of a grant made in line hands the name over: it reads the first
+//     place (a serializable read, one more round trip to the member, no
+//     consensus), and its transaction overwrites the key with that
+//     waiter's owner on the etcd lease of its place; the waiter's Backend
+//     sees the overwrite on its watch, and the waiter's next attempt is a
+//     read-only transaction and a keep-alive: a hand-off costs one write,
+//     as a concurrency.Mutex hand-off does (see line.go). A place lapses
+//     with its etcd lease when its waiter stops asking; Abandon deletes it.
 //   - Holder (driver.Inspector) reads the key and the epoch key in one
 //     transaction, and the lease's time to live: two round trips.
-//   - A held grant's key is watched too (from its create revision, so
+//   - A held grant's key is watched too (from its mod revision, so
 //     nothing is missed): when the key is deleted or changed by anything
 //     but this grant's Release (the lease expired at the store, an
 //     operator revoked it or deleted the key), the lease ends at once
@@ -91,8 +96,10 @@
 //
 // # Fencing tokens, and what survives data loss
 //
-// The token of a grant is the revision of the transaction that created its
-// key plus a base kept in the key "<prefix>epoch": token = base + revision.
+// The token of a grant is the revision of the transaction that made the
+// key this grant's (created it, or, for a hand-over to a waiter in line,
+// overwrote it: the key's mod revision) plus a base kept in the key
+// "<prefix>epoch": token = base + revision.
 // Revisions grow with every write to the cluster, across leader changes and
 // full restarts, so tokens strictly grow per cluster.
 //
@@ -132,10 +139,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
@@ -233,6 +242,8 @@ type Backend struct {
 	minEpoch int64                 // the least value a new epoch may have (after a rewind)
 	watches  map[string]*nameWatch // the watches waiters share, by lease name
 	places   map[placeKey]*place   // waiters' places in line, by name and owner (line.go)
+	waiting  map[placeKey]int      // owners with a queued attempt in flight, by name and owner (line.go)
+	handed   map[placeKey]handover // grants a Release handed to this Backend's waiters, not yet taken (line.go)
 	ended    map[int64]*endedLease // the etcd leases ended-owner records share, by EndedOwnerTTL in seconds
 }
 
@@ -263,8 +274,10 @@ func New(c Client, opts ...Option) (*Backend, error) {
 	return &Backend{
 		c: c, o: o, epochKey: o.Prefix + "epoch",
 		ctx: ctx, cancel: cancel,
-		spares: make(map[int64][]*spare),
-		places: make(map[placeKey]*place),
+		spares:  make(map[int64][]*spare),
+		places:  make(map[placeKey]*place),
+		waiting: make(map[placeKey]int),
+		handed:  make(map[placeKey]handover),
 	}, nil
 }
 
@@ -290,7 +303,8 @@ type grantState struct {
 	key   string
 	owner string
 	token fence.Token
-	rev   int64 // the key's create revision: token - epoch base
+	rev   int64 // the key's mod revision, the write that made it this grant's (a create, or a hand-over in line.go): token - epoch base
+	line  bool  // granted to a waiter in line (Request.Queue): its Release hands the name to the next one
 	held  *heldWatch
 }
 
@@ -351,6 +365,12 @@ func (b *Backend) acquireOnce(ctx context.Context, req driver.Request, key strin
 	}
 	var pl *place // the owner's place in line (queued acquires)
 	if req.Queue {
+		defer b.markWaiting(req)()
+		if h, ok := b.takeHanded(req); ok {
+			if g, ok := b.acceptHandover(ctx, req, key, ep, h); ok {
+				return g, false, nil
+			}
+		}
 		pl = b.takePlace(req)
 	}
 	var sp *spare
@@ -479,6 +499,9 @@ func (b *Backend) acquireOnce(ctx context.Context, req driver.Request, key strin
 		if ka.ok {
 			b.putSpare(sp)
 		}
+		if req.Queue {
+			b.passHandover(req.Name, string(kv.Value))
+		}
 		return driver.Grant{}, false, &driver.NotAcquiredError{Name: req.Name}
 	}
 	// Ours already: an earlier attempt's reply was lost. Extend that
@@ -495,7 +518,7 @@ func (b *Backend) acquireOnce(ctx context.Context, req driver.Request, key strin
 		}
 		ttl = time.Duration(kr.TTL) * time.Second
 	}
-	return b.granted(req, key, id, ttl, ep.base+kv.CreateRevision, kv.CreateRevision), false, nil
+	return b.granted(req, key, id, ttl, ep.base+kv.ModRevision, kv.ModRevision), false, nil
 }
 
 type keepAliveResult struct {
@@ -508,7 +531,10 @@ type keepAliveResult struct {
 // granted makes the Grant, and watches its key for a loss when the Manager
 // asked to be told.
 func (b *Backend) granted(req driver.Request, key string, id clientv3.LeaseID, ttl time.Duration, token, rev int64) driver.Grant {
-	st := &grantState{id: id, key: key, owner: req.Owner, token: fence.Token(token), rev: rev}
+	st := &grantState{id: id, key: key, owner: req.Owner, token: fence.Token(token), rev: rev, line: req.Queue}
+	if req.Queue {
+		b.forgetHandover(req)
+	}
 	if req.Notify != nil {
 		st.held = b.watchHeld(st, req.Notify)
 	}
@@ -622,7 +648,7 @@ func (b *Backend) checkKeys(ctx context.Context, gs []driver.Grant, sts []*grant
 		switch {
 		case len(kvs) == 0:
 			out[i] = fmt.Errorf("%w: %q: the key is gone", driver.ErrNotHeld, gs[i].Name)
-		case string(kvs[0].Value) != st.owner || kvs[0].CreateRevision != st.rev || clientv3.LeaseID(kvs[0].Lease) != st.id:
+		case string(kvs[0].Value) != st.owner || kvs[0].ModRevision != st.rev || clientv3.LeaseID(kvs[0].Lease) != st.id:
 			out[i] = fmt.Errorf("%w: %q: the key belongs to another grant", driver.ErrNotHeld, gs[i].Name)
 		}
 	}
@@ -645,7 +671,7 @@ const (
 )
 
 // Release implements driver.Backend in one round trip: one transaction
-// that, if the key is still this grant's (its create revision, owner and
+// that, if the key is still this grant's (its mod revision, owner and
 // etcd lease), deletes it, and in any case puts the key that records the
 // owner as ended (EndedKey), attached to an etcd lease that keeps it for
 // driver.EndedOwnerTTL of the grant's TTL; when the key is not this grant's,
@@ -654,7 +680,12 @@ const (
 // attached to it any more; if the revoke is lost, it expires after its
 // TTL).
 //
-// It returns nil when it deleted the key, or when the owner had already
+// The Release of a grant made in line (Request.Queue) first reads the
+// line's first place (serializable, one more round trip) and, in the same
+// one transaction, hands the name to that waiter instead of deleting the
+// key, if the place is still there and first (line.go).
+//
+// It returns nil when it deleted or handed over the key, or when the owner had already
 // been ended by a Release that deleted it or by an Abandon: a release sent
 // again after its first reply was lost (etcd's client resends a request
 // whose connection broke; this backend resends a release whose outcome is
@@ -683,20 +714,39 @@ func (b *Backend) Release(ctx context.Context, g driver.Grant) error {
 	}
 	defer b.revokeInBackground(st.id)
 	endKey := b.EndedKey(g.Name, g.Owner)
+	var next *mvccpb.KeyValue // the first waiter in line, to hand the name to (line.go)
+	if st.line {
+		next = b.firstInLine(ctx, g.Name)
+	}
 	var resp *clientv3.TxnResponse
 	err := b.endOwner(ctx, g.TTL, func(tomb clientv3.LeaseID) (err error) {
-		resp, err = b.c.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(st.key), "=", st.rev),
-				clientv3.Compare(clientv3.Value(st.key), "=", st.owner),
-				clientv3.Compare(clientv3.LeaseValue(st.key), "=", st.id)).
-			Then(clientv3.OpDelete(st.key), clientv3.OpPut(endKey, endedReleased, clientv3.WithLease(tomb))).
-			// Not held: record the owner as ended by a loss, unless it
-			// was ended before, and then read how.
-			Else(clientv3.OpTxn(
-				[]clientv3.Cmp{clientv3.Compare(clientv3.Version(endKey), "=", 0)},
-				[]clientv3.Op{clientv3.OpPut(endKey, endedLost, clientv3.WithLease(tomb))},
-				[]clientv3.Op{clientv3.OpGet(endKey)})).
+		mine := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(st.key), "=", st.rev),
+			clientv3.Compare(clientv3.Value(st.key), "=", st.owner),
+			clientv3.Compare(clientv3.LeaseValue(st.key), "=", st.id)}
+		ended := clientv3.OpPut(endKey, endedReleased, clientv3.WithLease(tomb))
+		// Not held: record the owner as ended by a loss, unless it was
+		// ended before, and then read how.
+		notHeld := clientv3.OpTxn(
+			[]clientv3.Cmp{clientv3.Compare(clientv3.Version(endKey), "=", 0)},
+			[]clientv3.Op{clientv3.OpPut(endKey, endedLost, clientv3.WithLease(tomb))},
+			[]clientv3.Op{clientv3.OpGet(endKey)})
+		if next == nil {
+			resp, err = b.c.Txn(ctx).If(mine...).Then(clientv3.OpDelete(st.key), ended).Else(notHeld).Commit()
+			return err
+		}
+		// Hand the name over if next is still first in line; otherwise
+		// release as above (the inner transaction).
+		cmps, then := b.handOver(st.key, g.Name, next)
+		resp, err = b.c.Txn(ctx).If(slices.Concat(mine, cmps)...).Then(append(then, ended)...).
+			Else(clientv3.OpTxn(mine, []clientv3.Op{clientv3.OpDelete(st.key), ended}, []clientv3.Op{notHeld})).
 			Commit()
+		if err == nil && !resp.Succeeded {
+			inner := resp.Responses[0].GetResponseTxn()
+			if inner == nil {
+				return fmt.Errorf("etcdlease: release %q: the transaction's answer lacks its inner transaction", g.Name)
+			}
+			resp = (*clientv3.TxnResponse)(inner)
+		}
 		return err
 	})
 	if err != nil {
@@ -1066,14 +1116,14 @@ func (b *Backend) Holder(ctx context.Context, name string) (driver.Holder, error
 	}
 	kv := kvs[0]
 	eps := resp.Responses[1].GetResponseRange().GetKvs()
-	if len(eps) == 0 || eps[0].CreateRevision > kv.CreateRevision {
+	if len(eps) == 0 || eps[0].CreateRevision > kv.ModRevision {
 		return driver.Holder{}, fmt.Errorf("etcdlease: holder of %q: the key was created before the current epoch key (%q), so its token cannot be told", name, b.epochKey)
 	}
 	us, err := strconv.ParseInt(string(eps[0].Value), 10, 64)
 	if err != nil || us <= eps[0].CreateRevision {
 		return driver.Holder{}, fmt.Errorf("%w: %q holds %.40q", ErrCorruptEpoch, b.epochKey, eps[0].Value)
 	}
-	h := driver.Holder{Name: name, Owner: string(kv.Value), Token: fence.Token(us - eps[0].CreateRevision + kv.CreateRevision)}
+	h := driver.Holder{Name: name, Owner: string(kv.Value), Token: fence.Token(us - eps[0].CreateRevision + kv.ModRevision)}
 	ttl, err := b.c.TimeToLive(ctx, clientv3.LeaseID(kv.Lease))
 	switch {
 	case err != nil:

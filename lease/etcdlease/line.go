@@ -1,8 +1,10 @@
 package etcdlease
 
 import (
+	"context"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencekit/fencekit/lease/driver"
@@ -23,7 +25,26 @@ import (
 // ahead of it. A waiter that stops asking (its process died) loses its
 // place when its etcd lease expires, one TTL (in whole seconds, rounded
 // up) after its last attempt; Abandon deletes the place at once.
-
+//
+// The hand-over. The Release of a grant made to a waiter in line (so the
+// name is used in line) first reads the line's first place (a serializable
+// read, answered by the member the client talks to, without consensus),
+// then hands the name to it in its one transaction: if the grant is still
+// the releaser's and that place is still the first of the line, the
+// lease's key is overwritten with the waiter's owner, attached to the etcd
+// lease of its place, and the place deleted. The write's revision mints
+// the waiter's token (token = base + the key's mod revision, for every
+// grant), so tokens still grow in grant order. Otherwise (the place is
+// gone, another is now first, the line is empty) the transaction releases
+// as without a line. The waiter's Backend sees the overwrite on its watch
+// of the key, records the hand-over and wakes the waiter, whose next
+// attempt only checks it: a read-only transaction (the key holds the
+// owner, at that revision, on that etcd lease; the epoch and the owner not
+// ended) and a keep-alive of the lease beside it, so that the grant counts
+// from the attempt's send time. A hand-over costs one write, the release's,
+// as a concurrency.Mutex hand-over does. A waiter handed the name that has
+// died holds it until its place's etcd lease expires, as long as its
+// place would have kept the name free for it.
 // LineKey returns the etcd key of owner's place in the line of the lease
 // name: Prefix+"w/"+name+"\x00"+owner. The line of name is every key with
 // the prefix Prefix+"w/"+name+"\x00".
@@ -133,6 +154,7 @@ func (b *Backend) dropPlace(req driver.Request) {
 	k := placeKey{req.Name, req.Owner}
 	p, ok := b.places[k]
 	delete(b.places, k)
+	delete(b.handed, k)
 	b.mu.Unlock()
 	if ok {
 		b.revokeInBackground(p.sp.id)
@@ -143,6 +165,17 @@ func (b *Backend) dropPlace(req driver.Request) {
 // for one of its waiters. Backend.mu must be held.
 func (b *Backend) hasPlaces(name string) bool {
 	for k := range b.places {
+		if k.name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// waitingFor reports whether an owner has a queued attempt for name in
+// flight in this Backend. Backend.mu must be held.
+func (b *Backend) waitingFor(name string) bool {
+	for k := range b.waiting {
 		if k.name == name {
 			return true
 		}
@@ -161,4 +194,151 @@ func (b *Backend) passWake(name string) {
 		signal(nw.waiters[nw.next].ch)
 		nw.next++
 	}
+}
+
+// markWaiting records that req.Owner has a queued attempt in flight (its
+// place is out of Backend.places meanwhile), until the returned func is
+// called: a hand-over to it is then recorded (see Watch).
+func (b *Backend) markWaiting(req driver.Request) func() {
+	k := placeKey{req.Name, req.Owner}
+	b.mu.Lock()
+	b.waiting[k]++
+	b.mu.Unlock()
+	return func() {
+		b.mu.Lock()
+		if b.waiting[k]--; b.waiting[k] <= 0 {
+			delete(b.waiting, k)
+		}
+		b.mu.Unlock()
+	}
+}
+
+// inLine reports whether owner waits in the line of name in this Backend
+// (a place kept, or an attempt in flight). Backend.mu must be held.
+func (b *Backend) inLine(name, owner string) bool {
+	k := placeKey{name, owner}
+	_, ok := b.places[k]
+	return ok || b.waiting[k] > 0
+}
+
+// handover is a grant a Release made to a waiter by overwriting the
+// lease's key (see the top of this file), as the waiter's watch saw it.
+type handover struct {
+	rev   int64            // the overwrite's revision: the key's mod revision
+	lease clientv3.LeaseID // the etcd lease of the waiter's place, now the grant's
+	at    time.Time        // when the watch saw it
+}
+
+// sawHandover records, from a put on the lease's key seen by the watch of
+// its name, a hand-over to one of this Backend's waiters, and reports
+// whether it was one. A put that created the key is a grant, not a
+// hand-over. Backend.mu must be held.
+func (b *Backend) sawHandover(name string, kv *mvccpb.KeyValue) bool {
+	owner := string(kv.Value)
+	if kv.ModRevision == kv.CreateRevision || !b.inLine(name, owner) {
+		return false
+	}
+	if len(b.handed) >= 1024 {
+		for k, h := range b.handed {
+			if time.Since(h.at) > time.Minute {
+				delete(b.handed, k)
+			}
+		}
+	}
+	b.handed[placeKey{name, owner}] = handover{rev: kv.ModRevision, lease: clientv3.LeaseID(kv.Lease), at: time.Now()}
+	return true
+}
+
+// takeHanded returns, and forgets, the hand-over to req.Owner the watch
+// recorded, if any.
+func (b *Backend) takeHanded(req driver.Request) (handover, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	k := placeKey{req.Name, req.Owner}
+	h, ok := b.handed[k]
+	delete(b.handed, k)
+	return h, ok
+}
+
+// forgetHandover forgets a hand-over to req.Owner once it holds the name
+// (an attempt found the grant without the record's help).
+func (b *Backend) forgetHandover(req driver.Request) {
+	b.mu.Lock()
+	delete(b.handed, placeKey{req.Name, req.Owner})
+	b.mu.Unlock()
+}
+
+// passHandover wakes the next of this Backend's waiters of name when a
+// queued attempt was refused because the name was handed over to holder,
+// another of this Backend's waiters, which the wake missed.
+func (b *Backend) passHandover(name, holder string) {
+	b.mu.Lock()
+	_, ok := b.handed[placeKey{name, holder}]
+	b.mu.Unlock()
+	if ok {
+		b.passWake(name)
+	}
+}
+
+// acceptHandover takes the grant h that a Release handed to req.Owner,
+// without a write: a read-only transaction checks that the key still holds
+// the owner at h's revision on h's etcd lease, that the epoch is ep (and
+// its key older than the hand-over) and that the owner was not ended; a
+// keep-alive of the lease goes beside it, so that the grant counts from
+// this attempt. ok is false when any of that does not hold: the attempt
+// then goes on as any other.
+func (b *Backend) acceptHandover(ctx context.Context, req driver.Request, key string, ep *epoch, h handover) (g driver.Grant, ok bool) {
+	floor := b.revisionFloor(ep)
+	kaDone := make(chan keepAliveResult, 1)
+	go func() {
+		sent := time.Now()
+		resp, err := b.c.KeepAliveOnce(ctx, h.lease)
+		kaDone <- keepAliveResult{sent: sent, resp: resp, err: err}
+	}()
+	resp, err := b.c.Txn(ctx).If(
+		clientv3.Compare(clientv3.Value(key), "=", req.Owner),
+		clientv3.Compare(clientv3.ModRevision(key), "=", h.rev),
+		clientv3.Compare(clientv3.LeaseValue(key), "=", h.lease),
+		clientv3.Compare(clientv3.Value(b.epochKey), "=", ep.value),
+		clientv3.Compare(clientv3.CreateRevision(b.epochKey), "<", h.rev),
+		clientv3.Compare(clientv3.CreateRevision(b.EndedKey(req.Name, req.Owner)), "=", 0),
+	).Commit()
+	ka := <-kaDone
+	if err != nil || !resp.Succeeded || ka.err != nil || ka.resp.TTL <= 0 || resp.Header.Revision < floor {
+		// (A read older than a revision seen complete before it was sent:
+		// the revisions went back, and the attempt that follows starts a
+		// new epoch.)
+		return driver.Grant{}, false
+	}
+	b.sawRevision(ep, resp.Header.Revision)
+	if p := b.takePlace(req); p != nil && p.sp.id != h.lease {
+		b.putSpare(p.sp) // nothing is attached to it any more
+	}
+	return b.granted(req, key, h.lease, time.Duration(ka.resp.TTL)*time.Second, ep.base+h.rev, h.rev), true
+}
+
+// firstInLine returns the first place in the line of name, read from the
+// member the client talks to (serializable: it may be a little behind,
+// which the hand-over's comparisons catch), or nil if the line is empty or
+// the read failed.
+func (b *Backend) firstInLine(ctx context.Context, name string) *mvccpb.KeyValue {
+	resp, err := b.c.Get(ctx, b.linePrefix(name), append(clientv3.WithFirstCreate(), clientv3.WithSerializable())...)
+	if err != nil || len(resp.Kvs) == 0 {
+		return nil
+	}
+	return resp.Kvs[0]
+}
+
+// handOver is the hand-over of the lease's key to next, the first place
+// in the line of name when Release read it: the comparisons (next is still
+// there and first) and the writes (the key overwritten with next's owner,
+// on next's etcd lease; the place deleted).
+func (b *Backend) handOver(key, name string, next *mvccpb.KeyValue) ([]clientv3.Cmp, []clientv3.Op) {
+	return []clientv3.Cmp{
+			clientv3.Compare(clientv3.CreateRevision(string(next.Key)), "=", next.CreateRevision),
+			clientv3.Compare(clientv3.CreateRevision(b.linePrefix(name)).WithPrefix(), ">", next.CreateRevision-1),
+		}, []clientv3.Op{
+			clientv3.OpPut(key, string(next.Value), clientv3.WithLease(clientv3.LeaseID(next.Lease))),
+			clientv3.OpDelete(string(next.Key)),
+		}
 }

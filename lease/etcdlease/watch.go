@@ -44,7 +44,9 @@ func (b *Backend) Watch(ctx context.Context, name string) (<-chan struct{}, func
 	}
 	nw := b.watches[name]
 	if nw == nil {
-		nw = &nameWatch{ready: make(chan struct{})}
+		// A name with places in line (line.go) is watched for puts too:
+		// a Release that hands the name over overwrites the key.
+		nw = &nameWatch{ready: make(chan struct{}), line: b.hasPlaces(name) || b.waitingFor(name)}
 		if b.watches == nil {
 			b.watches = make(map[string]*nameWatch)
 		}
@@ -81,6 +83,7 @@ type nameWatch struct {
 	ended   bool      // the etcd watch ended; guarded by Backend.mu
 	passes  int       // wakes a refused waiter in line may still pass on (line.go); guarded by Backend.mu
 	next    int       // the index in waiters of the next to wake when a wake is passed on; guarded by Backend.mu
+	line    bool      // created for waiters in line: puts are watched too, for hand-overs (line.go)
 }
 
 type waiter struct{ ch chan struct{} }
@@ -89,7 +92,11 @@ type waiter struct{ ch chan struct{} }
 // left, the backend closed, or etcd ended it).
 func (b *Backend) runNameWatch(ctx context.Context, name string, nw *nameWatch) {
 	defer b.wg.Done()
-	wch := b.c.Watch(ctx, b.Key(name), clientv3.WithCreatedNotify(), clientv3.WithFilterPut())
+	opts := []clientv3.OpOption{clientv3.WithCreatedNotify()}
+	if !nw.line {
+		opts = append(opts, clientv3.WithFilterPut())
+	}
+	wch := b.c.Watch(ctx, b.Key(name), opts...)
 	resp, ok := <-wch
 	switch {
 	case !ok:
@@ -105,9 +112,9 @@ func (b *Backend) runNameWatch(ctx context.Context, name string, nw *nameWatch) 
 			if resp.Err() != nil || resp.Canceled {
 				break
 			}
-			if len(resp.Events) > 0 {
+			if wake := b.wakesFor(name, resp.Events); wake {
 				b.mu.Lock()
-				if len(nw.waiters) > 0 && b.hasPlaces(name) {
+				if len(nw.waiters) > 0 && (b.hasPlaces(name) || b.waitingFor(name)) {
 					// Waiters in line (line.go): only the first in line
 					// can win. This Backend's waiters joined the line in
 					// the order they began to watch, so the oldest is
@@ -138,6 +145,26 @@ func (b *Backend) runNameWatch(ctx context.Context, name string, nw *nameWatch) 
 	nw.cancel()
 	for range wch { // closed by the client once the cancel is through
 	}
+}
+
+// wakesFor reports whether events on the key of name should wake a waiter:
+// a deletion does, and so does a hand-over to one of this Backend's waiters
+// (recorded for its next attempt, line.go); a put that grants the name
+// does not.
+func (b *Backend) wakesFor(name string, events []*clientv3.Event) bool {
+	wake := false
+	for _, ev := range events {
+		if ev.Type == mvccpb.DELETE {
+			wake = true
+			continue
+		}
+		b.mu.Lock()
+		if b.sawHandover(name, ev.Kv) {
+			wake = true
+		}
+		b.mu.Unlock()
+	}
+	return wake
 }
 
 // signalOne wakes the waiter that has waited longest without a signal, and
@@ -258,7 +285,7 @@ func (b *Backend) followHeld(ctx context.Context, st *grantState, from int64) (n
 			switch {
 			case ev.Type == mvccpb.DELETE:
 				return from, fmt.Errorf("%w: %q: its key was deleted at revision %d (the etcd lease expired or was revoked, or the key was deleted)", driver.ErrNotHeld, st.key, ev.Kv.ModRevision)
-			case ev.Kv.CreateRevision != st.rev || clientv3.LeaseID(ev.Kv.Lease) != st.id || string(ev.Kv.Value) != st.owner:
+			case ev.Kv.ModRevision != st.rev || clientv3.LeaseID(ev.Kv.Lease) != st.id || string(ev.Kv.Value) != st.owner:
 				return from, fmt.Errorf("%w: %q: its key was overwritten at revision %d", driver.ErrNotHeld, st.key, ev.Kv.ModRevision)
 			}
 		}
@@ -273,7 +300,7 @@ func (b *Backend) checkHeld(ctx context.Context, st *grantState) (int64, error) 
 	if err != nil {
 		return 0, err
 	}
-	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != st.rev || clientv3.LeaseID(resp.Kvs[0].Lease) != st.id {
+	if len(resp.Kvs) == 0 || resp.Kvs[0].ModRevision != st.rev || clientv3.LeaseID(resp.Kvs[0].Lease) != st.id {
 		return 0, fmt.Errorf("%w: %q: the key is gone or another grant's", driver.ErrNotHeld, st.key)
 	}
 	return resp.Header.Revision + 1, nil

@@ -1,0 +1,184 @@
+package etcdlease_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/testkit"
+	"github.com/fencekit/fencekit/lease/driver"
+)
+
+// A Release of a grant made in line hands the name to the first waiter in
+// line in its own transaction: the key holds the waiter's owner on the
+// etcd lease of its place as soon as Release returns, the waiter's token is
+// minted by that write, and the waiter's acquire takes the grant without a
+// write of its own (no key under the backend's prefix changes).
+func TestReleaseHandsOverToFirstInLine(t *testing.T) {
+	cl := cluster(t)
+	p := prefix(t)
+	admin := cl.Client()
+	holder := newBackend(t, cl.Client(), p)
+	wcli := &writeCounting{Client: cl.Client()}
+	waiters := newBackend(t, wcli, p)
+	ctx := testkit.Context(t)
+	const ttl = 5 * time.Second
+	req := func(owner string) driver.Request {
+		return driver.Request{Name: "job", Owner: owner, TTL: ttl, Queue: true}
+	}
+	key := holder.Key("job")
+	read := func(k string) *clientv3.GetResponse {
+		t.Helper()
+		resp, err := admin.Get(ctx, k)
+		if err != nil {
+			t.Fatalf("Get %q: %v", k, err)
+		}
+		return resp
+	}
+	// lastWrite is the highest mod revision of any key under the prefix.
+	lastWrite := func() int64 {
+		t.Helper()
+		resp, err := admin.Get(ctx, p, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByModRevision, clientv3.SortDescend), clientv3.WithLimit(1))
+		if err != nil || len(resp.Kvs) == 0 {
+			t.Fatalf("reading the last write under %q: %v (%d keys)", p, err, len(resp.Kvs))
+		}
+		return resp.Kvs[0].ModRevision
+	}
+
+	g0, err := holder.Acquire(ctx, req("holder"))
+	if err != nil {
+		t.Fatalf("holder's Acquire: %v", err)
+	}
+	rev0 := read(key).Kvs[0].ModRevision
+	for _, w := range []string{"w1", "w2"} {
+		if _, err := waiters.Acquire(ctx, req(w)); !errors.Is(err, driver.ErrNotAcquired) {
+			t.Fatalf("%s's Acquire while held: %v, want ErrNotAcquired", w, err)
+		}
+	}
+	place := read(waiters.LineKey("job", "w1"))
+	if len(place.Kvs) != 1 {
+		t.Fatalf("w1 has no place in line: %v", place.Kvs)
+	}
+	woken, stop, err := waiters.Watch(ctx, "job")
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	defer stop()
+
+	if err := holder.Release(ctx, g0); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	kv := read(key).Kvs
+	if len(kv) != 1 || string(kv[0].Value) != "w1" || kv[0].Lease != place.Kvs[0].Lease {
+		t.Fatalf("after Release the key is %v, want it held by w1 on its place's etcd lease %x", kv, place.Kvs[0].Lease)
+	}
+	if n := len(read(waiters.LineKey("job", "w1")).Kvs); n != 0 {
+		t.Fatalf("w1's place is still in line after the hand-over")
+	}
+	handedAt := kv[0].ModRevision
+	select {
+	case <-woken:
+	case <-time.After(ttl):
+		t.Fatalf("the hand-over woke no waiter within %v", ttl)
+	}
+
+	before := lastWrite()
+	wcli.writes.Store(0)
+	g1, err := waiters.Acquire(ctx, req("w1"))
+	if err != nil {
+		t.Fatalf("w1's Acquire after the hand-over: %v", err)
+	}
+	if want := g0.Token + fence.Token(handedAt-rev0); g1.Token != want {
+		t.Fatalf("w1's token is %d, want %d (the hand-over's revision %d on the holder's base)", g1.Token, want, handedAt)
+	}
+	if after := lastWrite(); after != before {
+		t.Fatalf("w1's Acquire wrote: the last write under the prefix went from revision %d to %d", before, after)
+	}
+	if n := wcli.writes.Load(); n != 0 {
+		t.Fatalf("w1's Acquire sent %d transaction(s) that can write (a consensus round each), want only a read", n)
+	}
+	if _, err := waiters.Acquire(ctx, req("w2")); !errors.Is(err, driver.ErrNotAcquired) {
+		t.Fatalf("w2's Acquire while w1 holds: %v, want ErrNotAcquired", err)
+	}
+	if err := waiters.Renew(ctx, g1); err != nil {
+		t.Fatalf("Renew of the handed grant: %v", err)
+	}
+
+	// The next Release hands the name to w2, and a Release of a line
+	// whose first place is gone releases as without a line.
+	if err := waiters.Release(ctx, g1); err != nil {
+		t.Fatalf("w1's Release: %v", err)
+	}
+	if kv := read(key).Kvs; len(kv) != 1 || string(kv[0].Value) != "w2" {
+		t.Fatalf("after w1's Release the key is %v, want it held by w2", kv)
+	}
+	g2, err := waiters.Acquire(ctx, req("w2"))
+	if err != nil {
+		t.Fatalf("w2's Acquire after the hand-over: %v", err)
+	}
+	if g2.Token <= g1.Token {
+		t.Fatalf("w2's token %d is not above w1's %d", g2.Token, g1.Token)
+	}
+	if err := waiters.Release(ctx, g2); err != nil {
+		t.Fatalf("w2's Release: %v", err)
+	}
+	if kv := read(key).Kvs; len(kv) != 0 {
+		t.Fatalf("after the last Release with an empty line the key is %v, want it deleted", kv)
+	}
+}
+
+// writeCounting counts the transactions sent that hold a put or a delete
+// in any branch: etcd proposes those to the cluster (one consensus round)
+// whichever branch runs; a read-only one is answered without a proposal.
+type writeCounting struct {
+	*clientv3.Client
+	writes atomic.Int64
+}
+
+func (c *writeCounting) Txn(ctx context.Context) clientv3.Txn {
+	return &countedTxn{Txn: c.Client.Txn(ctx), c: c}
+}
+
+type countedTxn struct {
+	clientv3.Txn
+	c     *writeCounting
+	write bool
+}
+
+func (t *countedTxn) If(cs ...clientv3.Cmp) clientv3.Txn { t.Txn = t.Txn.If(cs...); return t }
+func (t *countedTxn) Then(ops ...clientv3.Op) clientv3.Txn {
+	t.write = t.write || writes(ops)
+	t.Txn = t.Txn.Then(ops...)
+	return t
+}
+func (t *countedTxn) Else(ops ...clientv3.Op) clientv3.Txn {
+	t.write = t.write || writes(ops)
+	t.Txn = t.Txn.Else(ops...)
+	return t
+}
+func (t *countedTxn) Commit() (*clientv3.TxnResponse, error) {
+	if t.write {
+		t.c.writes.Add(1)
+	}
+	return t.Txn.Commit()
+}
+
+func writes(ops []clientv3.Op) bool {
+	for _, op := range ops {
+		if op.IsPut() || op.IsDelete() {
+			return true
+		}
+		if op.IsTxn() {
+			_, then, els := op.Txn()
+			if writes(then) || writes(els) {
+				return true
+			}
+		}
+	}
+	return false
+}
