@@ -281,7 +281,7 @@ func (b *Backend) passHandover(name, holder string) {
 }
 
 // acceptHandover takes the grant h that a Release handed to req.Owner,
-// without a write: a read-only transaction checks that the key still holds
+// without a write: a read-only, linearizable transaction checks that the key still holds
 // the owner at h's revision on h's etcd lease, that the epoch is ep (and
 // its key older than the hand-over) and that the owner was not ended; a
 // keep-alive of the lease goes beside it, so that the grant counts from
@@ -302,6 +302,12 @@ func (b *Backend) acceptHandover(ctx context.Context, req driver.Request, key st
 		clientv3.Compare(clientv3.Value(b.epochKey), "=", ep.value),
 		clientv3.Compare(clientv3.CreateRevision(b.epochKey), "<", h.rev),
 		clientv3.Compare(clientv3.CreateRevision(b.EndedKey(req.Name, req.Owner)), "=", 0),
+	).Then(
+		// A read of its own: etcd serves a transaction with no
+		// operation, or with serializable reads only, from the member's
+		// own state, which may not have the hand-over yet; a
+		// linearizable read makes the whole transaction linearizable.
+		clientv3.OpGet(key, clientv3.WithCountOnly()),
 	).Commit()
 	ka := <-kaDone
 	if err != nil || !resp.Succeeded || ka.err != nil || ka.resp.TTL <= 0 || resp.Header.Revision < floor {
