@@ -72,8 +72,6 @@ if queue then
       end
     end
   end
-end
-if queue then
   -- Places that lapsed (their waiters stopped asking) leave the line.
   local lapsed = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', nowms)
   for _, o in ipairs(lapsed) do
