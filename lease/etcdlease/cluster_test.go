@@ -134,9 +134,8 @@ func TestLeaderKilled(t *testing.T) {
 func testLeaderKilled(t *testing.T, ttl time.Duration) {
 	cl := etcdtest.Start(t, 3) // the Fast timing: elections within about 100-300 ms
 	p := prefix(t)
-	log := testkit.NewRenewLog()
 	// Every client knows every member, so that it can fail over.
-	holderM := testkit.NewManager(t, newBackend(t, cl.Client(), p), ttl, lease.WithObserver(log))
+	holderM := testkit.NewManager(t, newBackend(t, cl.Client(), p), ttl)
 	waiterM := testkit.NewManager(t, newBackend(t, cl.Client(), p), ttl)
 	deadB := newBackend(t, cl.Client(), p)
 	ctx := testkit.Context(t)
@@ -146,7 +145,6 @@ func testLeaderKilled(t *testing.T, ttl time.Duration) {
 	if err != nil {
 		t.Fatalf("TryAcquire: %v", err)
 	}
-	log.Confirmed(held.Token(), testkit.GrantSent(holderM, held))
 	chk.begin("holder", held.Token())
 	deadSent := time.Now()
 	dead, err := deadB.Acquire(ctx, driver.Request{Name: "abandoned", Owner: "dead-holder", TTL: ttl})
