@@ -2,7 +2,6 @@ package lease
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/memlease"
@@ -46,33 +45,6 @@ var (
 	ErrInvalidName = driver.ErrInvalidName
 )
 
-// Deprecated names: the backend contract moved to package driver. They
-// stay as aliases so that code written against them keeps compiling.
-type (
-	// Deprecated: use driver.Request.
-	Request = driver.Request
-	// Deprecated: use driver.Grant.
-	Grant = driver.Grant
-	// Deprecated: use driver.Limits.
-	Limits = driver.Limits
-	// Deprecated: use driver.Notifier.
-	Notifier = driver.Notifier
-	// Deprecated: use driver.BatchRenewer.
-	BatchRenewer = driver.BatchRenewer
-	// Deprecated: use driver.Watcher.
-	Watcher = driver.Watcher
-	// Deprecated: use driver.Inspector.
-	Inspector = driver.Inspector
-	// Deprecated: use driver.Checker.
-	Checker = driver.Checker
-)
-
-// Deprecated: use driver.ErrExpiredAtStore.
-var ErrExpiredAtStore = driver.ErrExpiredAtStore
-
-// Deprecated: use driver.MaxNameLen.
-const MaxNameLen = driver.MaxNameLen
-
 // ValidateName returns an error matching ErrInvalidName when name cannot be
 // a lease name: see driver.ValidateName, and names ending in "#permit/"
 // and digits are reserved for the slots of semaphores (SlotName). The
@@ -86,9 +58,6 @@ func ValidateName(name string) error {
 	}
 	return nil
 }
-
-// Deprecated: use driver.EndedOwnerTTL.
-func EndedOwnerTTL(ttl time.Duration) time.Duration { return driver.EndedOwnerTTL(ttl) }
 
 // MemoryBackend is the in-memory backend of package memlease, for unit
 // tests and runnable examples.

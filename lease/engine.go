@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 // engine owns every request a Manager sends to its store: acquire attempts
@@ -22,19 +23,19 @@ import (
 // holder), goes through state.apply.
 type engine struct {
 	b      Backend
-	w      Watcher      // nil when b cannot signal releases
-	br     BatchRenewer // nil unless b batches and batching is on
-	limits Limits
+	w      driver.Watcher      // nil when b cannot signal releases
+	br     driver.BatchRenewer // nil unless b batches and batching is on
+	limits driver.Limits
 	o      *Options // the Manager's, read-only after NewManager
 	sched  scheduler
 	epoch  time.Time // origin of the engine's monotonic clock (since)
 }
 
-func (e *engine) init(b Backend, limits Limits, o *Options) {
+func (e *engine) init(b Backend, limits driver.Limits, o *Options) {
 	e.b, e.limits, e.o, e.epoch = b, limits, o, time.Now()
 	e.sched.e = e
-	e.w, _ = b.(Watcher)
-	if br, ok := b.(BatchRenewer); ok && o.RenewBatchWindow > 0 {
+	e.w, _ = b.(driver.Watcher)
+	if br, ok := b.(driver.BatchRenewer); ok && o.RenewBatchWindow > 0 {
 		e.br = br
 	}
 }
@@ -44,7 +45,7 @@ func (e *engine) since(t time.Time) time.Duration { return t.Sub(e.epoch) }
 
 // check asks the store whether it can grant leases (Checker).
 func (e *engine) check(ctx context.Context) error {
-	c, ok := e.b.(Checker)
+	c, ok := e.b.(driver.Checker)
 	if !ok {
 		return fmt.Errorf("lease: the backend cannot check the store: %w", errors.ErrUnsupported)
 	}
@@ -52,8 +53,8 @@ func (e *engine) check(ctx context.Context) error {
 }
 
 // inspector returns the backend's Inspector, or nil.
-func (e *engine) inspector() Inspector {
-	in, _ := e.b.(Inspector)
+func (e *engine) inspector() driver.Inspector {
+	in, _ := e.b.(driver.Inspector)
 	return in
 }
 
@@ -66,7 +67,7 @@ func (e *engine) watch(ctx context.Context, name string) (<-chan struct{}, func(
 // attempt sends one acquire request, bounded by ctx, and turns a grant into
 // a Lease that keeps parent's values. start is when the Acquire call began
 // and n the attempt's number, for the Observer.
-func (e *engine) attempt(parent, ctx context.Context, req Request, start time.Time, n int) (*Lease, error) {
+func (e *engine) attempt(parent, ctx context.Context, req driver.Request, start time.Time, n int) (*Lease, error) {
 	l := newLease(e, parent)
 	req.Notify = (*notifier)(l)
 	sent := time.Now()
@@ -113,7 +114,7 @@ func (e *engine) attempt(parent, ctx context.Context, req Request, start time.Ti
 }
 
 // checkGrant refuses a grant that breaks the Backend contract.
-func checkGrant(req Request, g Grant) error {
+func checkGrant(req driver.Request, g driver.Grant) error {
 	switch {
 	case g.Token == fence.None:
 		return fmt.Errorf("lease: acquire %q: the backend granted token 0, which is never valid", req.Name)
@@ -130,7 +131,7 @@ func checkGrant(req Request, g Grant) error {
 // the request if it arrives later (Backend.Abandon). It is bounded by
 // budget and by ReleaseTimeout, and runs even when ctx is done; it returns
 // the store's error (a grant the request made then expires after its TTL).
-func (e *engine) abandon(ctx context.Context, req Request, budget time.Duration) error {
+func (e *engine) abandon(ctx context.Context, req driver.Request, budget time.Duration) error {
 	if ctx.Err() != nil {
 		ctx = context.WithoutCancel(ctx)
 	}
@@ -156,7 +157,7 @@ func (e *engine) releaseContext(ctx context.Context) (context.Context, context.C
 // giveBack releases a grant that is not handed out (late, lost before use,
 // breaking the contract) or that the store renewed after it ended here,
 // best effort, within ReleaseTimeout.
-func (e *engine) giveBack(ctx context.Context, g Grant) {
+func (e *engine) giveBack(ctx context.Context, g driver.Grant) {
 	rctx, cancel := e.releaseContext(ctx)
 	defer cancel()
 	if err := e.b.Release(rctx, g); err != nil && !errors.Is(err, ErrNotHeld) {
@@ -207,7 +208,7 @@ func (e *engine) heartbeat(l *Lease) {
 // released, are left out (the gate in beginRenew).
 func (e *engine) renewBatch(ls []*Lease) {
 	live := ls[:0]
-	gs := make([]Grant, 0, len(ls))
+	gs := make([]driver.Grant, 0, len(ls))
 	var latest time.Time
 	for _, l := range ls {
 		deadline, _, err := l.beginRenew()
@@ -347,7 +348,7 @@ func releaseResult(end, err error) error {
 // the lease's state through state.apply, as every other event does.
 type notifier Lease
 
-var _ Notifier = (*notifier)(nil)
+var _ driver.Notifier = (*notifier)(nil)
 
 // Confirmed implements Notifier, for backends that keep grants alive
 // themselves.

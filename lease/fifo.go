@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 // The Manager's side of FIFO hand-off (Options.FIFO, the package doc's
@@ -15,7 +17,7 @@ import (
 
 // validateFIFO reports why Options.FIFO cannot be served, each problem
 // matching ErrInvalidOptions.
-func (o Options) validateFIFO(b Backend, lim Limits) []error {
+func (o Options) validateFIFO(b Backend, lim driver.Limits) []error {
 	if !o.FIFO || b == nil {
 		return nil
 	}
@@ -33,7 +35,7 @@ func (o Options) validateFIFO(b Backend, lim Limits) []error {
 
 // waiterRequest is request for a blocked Acquire: with FIFO, each attempt
 // also keeps the owner's place in line.
-func (m *Manager) waiterRequest(name string) Request {
+func (m *Manager) waiterRequest(name string) driver.Request {
 	req := m.request(name)
 	req.Queue = m.o.FIFO
 	return req
@@ -45,7 +47,7 @@ func (m *Manager) waiterRequest(name string) Request {
 // PollInterval (at least 50 ms, at most ReleaseTimeout) and runs even when
 // ctx is done; a failure is logged, and the place then lapses by itself.
 // A store not set up for leases (ErrSetup) holds no place.
-func (m *Manager) leaveLine(ctx context.Context, req Request, err error) {
+func (m *Manager) leaveLine(ctx context.Context, req driver.Request, err error) {
 	if err == nil || !req.Queue || errors.Is(err, ErrSetup) || errors.Is(err, ErrInvalidName) {
 		return
 	}

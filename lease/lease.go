@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 // Lease is one grant of a lease name to this process. Its methods are safe
@@ -23,7 +24,7 @@ import (
 // writes of a holder that was paused past its deadline.
 type Lease struct {
 	e       *engine // does all of this lease's store I/O
-	g       Grant
+	g       driver.Grant
 	granted time.Time       // send time of the acquire request
 	parent  context.Context // the acquire call's context, for its values
 

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 	"unicode"
+
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 // Manager acquires leases from one Backend with one set of Options. It is
@@ -38,7 +40,7 @@ func NewManager(b Backend, ttl time.Duration, opts ...Option) (*Manager, error) 
 	if o.Identity == "" {
 		o.Identity = defaultIdentity()
 	}
-	var limits Limits
+	var limits driver.Limits
 	if b != nil {
 		limits = b.Limits()
 	}
@@ -245,7 +247,7 @@ func outcomeUnknown(err error) bool {
 // time than the attempt had (so that a caller with a short context is not
 // held for ReleaseTimeout by a store that does not answer), and its
 // failure is added to err.
-func (m *Manager) abandonAfter(ctx context.Context, req Request, spent time.Duration, err error) error {
+func (m *Manager) abandonAfter(ctx context.Context, req driver.Request, spent time.Duration, err error) error {
 	aerr := m.e.abandon(ctx, req, spent)
 	if aerr == nil {
 		return err
@@ -319,7 +321,7 @@ func (m *Manager) pollWait(err error) time.Duration {
 	return half + mrand.N(d-half+1)
 }
 
-func (m *Manager) request(name string) Request {
+func (m *Manager) request(name string) driver.Request {
 	var r [16]byte
 	_, _ = rand.Read(r[:]) // crypto/rand.Read never fails (Go 1.24+)
 	var owner strings.Builder
@@ -329,7 +331,7 @@ func (m *Manager) request(name string) Request {
 	var h [32]byte
 	hex.Encode(h[:], r[:])
 	owner.Write(h[:])
-	return Request{Name: name, Owner: owner.String(), TTL: m.o.TTL}
+	return driver.Request{Name: name, Owner: owner.String(), TTL: m.o.TTL}
 }
 
 // boundedAttempt is one attempt of a blocking Acquire, cut short once the
@@ -338,7 +340,7 @@ func (m *Manager) request(name string) Request {
 // the store (an etcd proposal forwarded to a leader that has just died is
 // answered only after etcd's request timeout, 5 s) is better abandoned and
 // sent again, with the same owner, so that a grant it made is found.
-func (m *Manager) boundedAttempt(ctx context.Context, req Request, start time.Time, n int) (*Lease, error) {
+func (m *Manager) boundedAttempt(ctx context.Context, req driver.Request, start time.Time, n int) (*Lease, error) {
 	validity := m.o.TTL - m.o.SafetyMargin
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= validity {
 		return m.e.attempt(ctx, ctx, req, start, n)

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 	"unicode"
+
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 // Options configures a Manager. NewManager starts from the zero value with
@@ -199,7 +201,7 @@ func (o Options) withDefaults() Options {
 // the caller did not set but derived from a TTL too short to use is
 // reported once, as a problem of the TTL, with the shortest TTL that works,
 // rather than as a problem of fields the caller never set.
-func (o Options) validate(given Options, b Backend, lim Limits) error {
+func (o Options) validate(given Options, b Backend, lim driver.Limits) error {
 	var errs []error
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...))
@@ -288,7 +290,7 @@ func (o Options) validate(given Options, b Backend, lim Limits) error {
 // caller's other options. (The default safety margin changes form at about
 // 4 ms, so the property is not monotonic below that: the answer is one
 // past the last TTL that fails.)
-func shortestUsableTTL(given Options, lim Limits) time.Duration {
+func shortestUsableTTL(given Options, lim driver.Limits) time.Duration {
 	res := lim.Resolution
 	if res <= 0 {
 		res = time.Millisecond

@@ -148,7 +148,7 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (*Lease, error) {
 	start := time.Now()
 	var (
 		refusal, storeErr error
-		unknown           []Request // failed with the store's error: a grant may have been made
+		unknown           []driver.Request // failed with the store's error: a grant may have been made
 	)
 	for _, i := range mrand.Perm(len(s.slots)) {
 		req := m.request(s.slots[i])
@@ -206,7 +206,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 	m := s.m
 	n := len(s.slots)
 	start := time.Now()
-	reqs := make([]Request, n)
+	reqs := make([]driver.Request, n)
 	unknown := make([]bool, n)
 	ws := &slotWatches{signals: make([]<-chan struct{}, n), stops: make([]func(), n)}
 	defer ws.stop()
@@ -221,8 +221,8 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 	}()
 	// pending are the requests of slots whose last attempt failed with an
 	// unknown outcome; they are abandoned before Acquire returns.
-	pending := func() []Request {
-		var rs []Request
+	pending := func() []driver.Request {
+		var rs []driver.Request
 		for i, u := range unknown {
 			if u {
 				rs = append(rs, reqs[i])
@@ -321,7 +321,7 @@ func (s *Semaphore) Run(ctx context.Context, fn func(ctx context.Context, l *Lea
 // abandonEach abandons each request (Backend.Abandon), each given as long as
 // an abandoned attempt of Acquire is, and logs those the store could not
 // take: a grant they made then expires after its TTL.
-func (s *Semaphore) abandonEach(ctx context.Context, reqs []Request) {
+func (s *Semaphore) abandonEach(ctx context.Context, reqs []driver.Request) {
 	m := s.m
 	for _, req := range reqs {
 		if err := m.e.abandon(ctx, req, m.o.TTL-m.o.SafetyMargin); err != nil {

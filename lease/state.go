@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/lease/driver"
 )
 
 // phase is where a lease is in its life.
@@ -156,7 +157,7 @@ func (s *state) apply(ev event, name string, token fence.Token) (eff effect) {
 		case s.phase.live():
 			s.gone = true
 			reason := LostTakenOver
-			if errors.Is(ev.err, ErrExpiredAtStore) {
+			if errors.Is(ev.err, driver.ErrExpiredAtStore) {
 				reason = LostExpired
 			}
 			lose(reason, ev.err)
