@@ -67,10 +67,26 @@ func (l *Lease) apply(ev event) effect {
 	l.deadlineNs.Store(int64(l.e.since(l.st.deadline)))
 	if end := l.st.end; end != nil {
 		if p := l.endP.Load(); p == nil || *p != end {
-			l.endP.Store(&end) // a copy: Err reads it without the lock
+			l.endP.Store(endPointer(end))
 		}
 	}
 	return eff
+}
+
+// errReleasedP is the copy of ErrReleased that endP points at for a
+// released lease, so that a release allocates nothing for it.
+var errReleasedP = func() *error { e := ErrReleased; return &e }()
+
+// endPointer returns a pointer to a copy of end, which Err reads without
+// the lock. (The copy is made only here: a variable whose address is
+// taken would be allocated on every call of apply.)
+func endPointer(end error) *error {
+	if end == ErrReleased {
+		return errReleasedP
+	}
+	p := new(error)
+	*p = end
+	return p
 }
 
 func newLease(e *engine, parent context.Context) *Lease {
