@@ -95,7 +95,13 @@
 // # What it cannot do
 //
 // No watch (waiters poll; DynamoDB Streams are a separate service with
-// their own lag), no batch renewals, no pushed loss. Conditions are
+// their own lag), no batch renewals, no pushed loss, no waiters in line
+// (driver.Limits.Queues, lease.WithFIFO): a waiter's place would need an
+// expiry that the store can judge, and DynamoDB has no clock a condition
+// can read, so a place could lapse only by the record-version rule above,
+// each waiter watching every place ahead of it for a whole TTL (a read
+// per place ahead on every attempt, and a TTL lost per dead waiter); not
+// built. Conditions are
 // checked against one Region's copy: with global tables, use one Region
 // for leases. The tests run on DynamoDB Local 1.25.1, which shows neither
 // throttling nor capacity limits; a throttled renewal is retried by the
