@@ -221,8 +221,15 @@ func StartServer(tb testing.TB) *Server {
 		s.Kill()
 		_ = os.RemoveAll(dir)
 	})
+	// A temporary directory of its own: servers installed or started at
+	// once (test binaries run in parallel) share /tmp otherwise, and one
+	// removed another's temporary table files mid-install ("Can't find
+	// file: '/tmp/#sql-temptable-...'").
+	if err := os.Mkdir(filepath.Join(dir, "tmp"), 0o700); err != nil {
+		tb.Fatal(err)
+	}
 	install, _ := lookBin("mariadb-install-db")
-	out, err := exec.Command(install, "--no-defaults", "--datadir="+filepath.Join(dir, "data"), "--user=root",
+	out, err := exec.Command(install, "--no-defaults", "--datadir="+filepath.Join(dir, "data"), "--tmpdir="+filepath.Join(dir, "tmp"), "--user=root",
 		"--auth-root-authentication-method=normal", "--skip-test-db").CombinedOutput()
 	if err != nil {
 		tb.Fatalf("drivertest: mariadb-install-db: %v\n%s", err, out)
@@ -246,7 +253,7 @@ func StartServer(tb testing.TB) *Server {
 func (s *Server) Start() {
 	s.tb.Helper()
 	bin, _ := lookBin("mariadbd")
-	s.cmd = exec.Command(bin, "--no-defaults", "--datadir="+filepath.Join(s.Dir, "data"),
+	s.cmd = exec.Command(bin, "--no-defaults", "--datadir="+filepath.Join(s.Dir, "data"), "--tmpdir="+filepath.Join(s.Dir, "tmp"),
 		fmt.Sprintf("--port=%d", s.Port), "--socket="+filepath.Join(s.Dir, "s.sock"),
 		"--pid-file="+filepath.Join(s.Dir, "m.pid"), "--bind-address=127.0.0.1", "--user=root",
 		"--log-error="+filepath.Join(s.Dir, "err.log"), "--innodb-buffer-pool-size=16M",
