@@ -84,6 +84,17 @@
 // modernc.org/sqlite can finish and commit a statement and still return
 // the context's error, on a connection it keeps valid.
 //
+// An unknown outcome can be lost later even after others saw it. MySQL
+// and MariaDB without the binary log make a commit visible before its
+// redo is on disk: if the server crashes then, a read (or a guarded
+// write rejected as stale against that commit) may have seen a row that
+// recovery no longer has. Its own writer never got an answer, so the
+// guard reported nothing false, but the fence's history went back. A
+// server run with the binary log synced at every commit (log_bin,
+// sync_binlog=1, innodb_flush_log_at_trx_commit=1, the durable setup of a
+// primary) makes a commit visible only once the binary log holds it, and
+// recovers it. docs/reliability.md tells how the history check found it.
+//
 // # One statement on the success path, the exact answer on the rejection path
 //
 // At a Table's first write, the guard reads the catalog once

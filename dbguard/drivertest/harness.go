@@ -257,7 +257,16 @@ func (s *Server) Start() {
 		fmt.Sprintf("--port=%d", s.Port), "--socket="+filepath.Join(s.Dir, "s.sock"),
 		"--pid-file="+filepath.Join(s.Dir, "m.pid"), "--bind-address=127.0.0.1", "--user=root",
 		"--log-error="+filepath.Join(s.Dir, "err.log"), "--innodb-buffer-pool-size=16M",
-		"--innodb-log-file-size=8M", "--skip-name-resolve")
+		"--innodb-log-file-size=8M", "--skip-name-resolve",
+		// Durable as a production primary runs: the binary log, synced at
+		// every commit, coordinates the commit. Without it InnoDB makes a
+		// commit visible to other sessions before its redo is on disk, and
+		// a crash (Kill) can lose a commit that other sessions have read
+		// while its own client never got the answer: the reliability
+		// history check saw a row read, then gone after the restart. With
+		// it a commit is visible only once the binary log holds it, and
+		// recovery commits what the binary log holds.
+		"--log-bin="+filepath.Join(s.Dir, "binlog"), "--sync-binlog=1", "--server-id=1")
 	setPdeathsig(s.cmd)
 	if err := s.cmd.Start(); err != nil {
 		s.tb.Fatalf("drivertest: start mariadbd: %v", err)
