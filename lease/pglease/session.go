@@ -93,8 +93,14 @@ func (b *Backend) sessionAcquire(ctx context.Context, req driver.Request) (drive
 	)
 	announced := pc.Conn().PgConn().PID()
 	sent := time.Now()
-	err = pc.QueryRow(ctx, b.q.SessionAcquire, req.Name, req.Owner, key, strconv.FormatInt(ms, 10), b.o.AllowPooler, int32(announced), req.TTL.Microseconds()).
-		Scan(&ok, &token, &pid, &idleWas, &clean, &leftUs, &ended)
+	var ahead, firstUs int64
+	if req.Queue {
+		err = pc.QueryRow(ctx, b.q.SessionAcquireQueued, req.Name, req.Owner, key, strconv.FormatInt(ms, 10), b.o.AllowPooler, int32(announced), req.TTL.Microseconds()).
+			Scan(&ok, &token, &pid, &idleWas, &clean, &leftUs, &ended, &ahead, &firstUs, nil)
+	} else {
+		err = pc.QueryRow(ctx, b.q.SessionAcquire, req.Name, req.Owner, key, strconv.FormatInt(ms, 10), b.o.AllowPooler, int32(announced), req.TTL.Microseconds()).
+			Scan(&ok, &token, &pid, &idleWas, &clean, &leftUs, &ended)
+	}
 	if err != nil {
 		// The lock may be held (session locks survive a failed
 		// statement): end the session.
@@ -113,6 +119,9 @@ func (b *Backend) sessionAcquire(ctx context.Context, req driver.Request) (drive
 			destroy(pc)
 		} else {
 			pc.Release() // nothing was kept or set on it
+		}
+		if req.Queue {
+			return driver.Grant{}, queuedRefusal(req, ended, leftUs, ahead, firstUs)
 		}
 		if ended {
 			return driver.Grant{}, endedOwnerErr(req)
