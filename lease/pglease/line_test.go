@@ -354,3 +354,39 @@ func TestLineRoundTrips(t *testing.T) {
 		})
 	}
 }
+
+// A queued refusal commits without waiting for the WAL flush, for its own
+// transaction only: the connection it ran on (given back to the pool)
+// keeps the session's synchronous_commit, so later grants on it are
+// durable.
+func TestLineRefusalLeavesTheSessionSetting(t *testing.T) {
+	url := testenv.PostgresURL()
+	for _, mode := range modes {
+		t.Run(mode.String(), func(t *testing.T) {
+			schema := newSchema(t, url)
+			pool := newPool(t, url, func(c *pgxpool.Config) { c.MaxConns = 1 })
+			hb := newBackend(t, newPool(t, url), pglease.WithSchema(schema), pglease.WithMode(mode))
+			wb := newBackend(t, pool, pglease.WithSchema(schema), pglease.WithMode(mode))
+			var before string
+			if err := pool.QueryRow(testkit.Context(t), "SHOW synchronous_commit").Scan(&before); err != nil {
+				t.Fatal(err)
+			}
+			if before == "off" {
+				t.Fatal("the server's synchronous_commit is off: the check cannot tell")
+			}
+			h := granted(t, hb, driver.Request{Name: "sync", Owner: "holder", TTL: 10 * time.Second}, "the holder")
+			r := queuedReq("sync", "waiter", 10*time.Second)
+			refused(t, wb, r, "the waiter")
+			refused(t, wb, r, "the waiter again")
+			var after string
+			if err := pool.QueryRow(testkit.Context(t), "SHOW synchronous_commit").Scan(&after); err != nil {
+				t.Fatal(err)
+			}
+			if after != before {
+				t.Fatalf("synchronous_commit on the waiter's connection after its refusals: %q, was %q", after, before)
+			}
+			released(t, hb, h)
+			released(t, wb, granted(t, wb, r, "the waiter"))
+		})
+	}
+}
