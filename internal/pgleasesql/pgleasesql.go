@@ -65,14 +65,20 @@ a AS (
 
 // place returns the CTEs, after c, that keep owner $2's place in the line
 // of name $1 in waiters: d deletes it when granted (the CTE named grant
-// returned a row), and every other place that lapsed; p, when not
-// granted and join holds, puts the owner at the end of the line (a new
-// seq, drawn by the INSERT) or, if it has a live place, keeps that place,
-// either way living ttl µs (an SQL expression) from the clock c.
+// returned a row), and every other place that lapsed (and is not marked
+// ended); p, when not granted and join holds, puts the owner at the end
+// of the line (a new seq, drawn by the INSERT) or, if it has a live
+// place, keeps that place, either way living ttl µs (an SQL expression)
+// from the clock c, unless the newest row marks the owner ended (see
+// endPlace). Both read grant before they produce a row to write (d
+// through the join with gd), so they lock waiters' rows only after grant
+// has locked the lease row, the order in which Abandon locks them: no
+// deadlock between them.
 func place(waiters, grant, join, ttl string) string {
-	return `d AS (
-	DELETE FROM ` + waiters + ` w USING c
-	WHERE w.name = $1 AND ((w.owner = $2 AND EXISTS (SELECT 1 FROM ` + grant + `)) OR (w.owner <> $2 AND w.expires_at <= c.now))
+	return `gd AS (SELECT EXISTS (SELECT 1 FROM ` + grant + `) AS granted),
+d AS (
+	DELETE FROM ` + waiters + ` w USING c, gd
+	WHERE w.name = $1 AND ((w.owner = $2 AND gd.granted) OR (w.owner <> $2 AND w.expires_at <= c.now AND w.ended_until <= c.now))
 ),
 p AS (
 	INSERT INTO ` + waiters + ` AS w (name, owner, expires_at)
@@ -81,6 +87,25 @@ p AS (
 	ON CONFLICT (name, owner) DO UPDATE SET
 		seq = CASE WHEN w.expires_at <= EXCLUDED.expires_at - ` + ttl + ` * interval '1 microsecond' THEN EXCLUDED.seq ELSE w.seq END,
 		expires_at = greatest(w.expires_at, EXCLUDED.expires_at)
+	WHERE w.ended_until <= EXCLUDED.expires_at - ` + ttl + ` * interval '1 microsecond'
+)`
+}
+
+// endPlace returns the CTE q, after c and the CTE a (the lease row's
+// upsert of an Abandon, which locks it first), that ends owner $2's place
+// in name $1's line in waiters: for a queued request (queue, a bool
+// parameter, true) it marks the place ended until the clock c + $3 µs,
+// inserting the mark if there is no place yet, so that the owner's own
+// acquire, if it reaches the
+// store before the Abandon but commits after it (its snapshot older than
+// the Abandon), finds the mark when its INSERT ... ON CONFLICT reads the
+// newest row, and puts no place back; otherwise it deletes the place.
+func endPlace(waiters, queue string) string {
+	return `q AS (DELETE FROM ` + waiters + ` w WHERE w.name = $1 AND w.owner = $2 AND NOT ` + queue + `::bool AND EXISTS (SELECT 1 FROM a)),
+qe AS (
+	INSERT INTO ` + waiters + ` AS w (name, owner, expires_at, ended_until)
+	SELECT $1, $2, '-infinity', c.now + $3::bigint * interval '1 microsecond' FROM c WHERE ` + queue + `::bool AND EXISTS (SELECT 1 FROM a)
+	ON CONFLICT (name, owner) DO UPDATE SET expires_at = '-infinity', ended_until = EXCLUDED.ended_until
 )`
 }
 
@@ -184,9 +209,9 @@ SELECT r.released, r.already, CASE WHEN r.released THEN pg_notify($4, r.name) EN
 		// one (its token the clock in µs, which the next grant exceeds),
 		// so that the record exists for a request still on its way.
 		// Announces a release in any case (a waiter woken for nothing
-		// tries again). The owner's place in line, if any, is removed (q).
+		// tries again). $5 whether the request was queued: the owner's
+		// place in line is ended (q, qe: see endPlace).
 		Abandon: `WITH ` + clock + `,
-q AS (DELETE FROM ` + waiters + ` WHERE name = $1 AND owner = $2),
 a AS (
 	INSERT INTO ` + leases + ` AS l (name, owner, token, expires_at, ended)
 	SELECT $1, '', c.us, '-infinity', jsonb_build_object($2::text, c.us + $3::bigint) FROM c
@@ -195,7 +220,8 @@ a AS (
 		expires_at = CASE WHEN l.owner = $2 THEN '-infinity' ELSE l.expires_at END,
 		ended = ` + pruned("l", "EXCLUDED.token") + ` || EXCLUDED.ended
 	RETURNING l.name
-)
+),
+` + endPlace(waiters, "$5") + `
 SELECT count(*) FROM (SELECT pg_notify($4, a.name) FROM a) n`,
 
 		// $1 name, $2 owner, $3 TTL in µs: Acquire for an owner that
@@ -380,10 +406,10 @@ FROM u`,
 		// server process still holds the lock and runs as the same user,
 		// it ends that session (pg_terminate_backend, waiting up to 5 s
 		// for it to exit) so that the lock is free when this returns.
-		// Returns whether it ended a session. The owner's place in line,
-		// if any, is removed (q).
+		// Returns whether it ended a session. $7 whether the request was
+		// queued: the owner's place in line is ended (q, qe: see
+		// endPlace).
 		SessionAbandon: `WITH ` + clock + `,
-q AS (DELETE FROM ` + swaiters + ` WHERE name = $1 AND owner = $2),
 o AS (SELECT owner, backend_pid FROM ` + sessions + ` WHERE name = $1 FOR UPDATE),
 a AS (
 	INSERT INTO ` + sessions + ` AS t (name, owner, token, backend_pid, granted_at, expires_at, ended)
@@ -395,6 +421,7 @@ a AS (
 		ended = ` + pruned("t", "EXCLUDED.token") + ` || EXCLUDED.ended
 	RETURNING t.name
 ),
+` + endPlace(swaiters, "$7") + `,
 n AS (SELECT pg_notify($4, a.name) FROM a)
 SELECT (SELECT count(*) FROM n) >= 0 AND coalesce((
 	SELECT pg_terminate_backend(o.backend_pid, 5000) FROM o

@@ -203,13 +203,18 @@
 //     for waiters ahead, how many (NotAcquiredError.Ahead) and the time
 //     left of the first one's place.
 //   - An owner ended by Release or Abandon within driver.EndedOwnerTTL is
-//     refused and never put in line. Abandon deletes the owner's place, in
-//     its one statement, and announces a release, so that the next waiter
-//     tries at once.
+//     refused and never put in line. Abandon ends the owner's place in its
+//     one statement and announces a release, so that the next waiter tries
+//     at once. For a queued request it does not just delete the place: it
+//     marks it ended (column ended_until, for driver.EndedOwnerTTL), so
+//     that the waiter's own acquire, if it reached the server before the
+//     Abandon but commits after it (it waited for the lease row's lock
+//     with an older snapshot), finds the mark and puts no place back.
 //   - A waiter that stops asking (its process died) keeps its place until
 //     its expiry, then the next waiter's acquire passes it; lapsed places
-//     are deleted by the next queued acquire of the name (a name nobody
-//     asks for again keeps them: a few bytes each). A holder that crashed
+//     (and ended marks past their time) are deleted by the next queued
+//     acquire of the name (a name nobody asks for again keeps them: a few
+//     bytes each). A holder that crashed
 //     is waited out as without a line (table mode: its row's expiry;
 //     session mode: the row's expiry, the server ending its idle session
 //     after one TTL), then the first waiter is granted.

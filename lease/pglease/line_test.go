@@ -53,10 +53,10 @@ func (s *lineStore) waiters() string {
 }
 
 // line returns the owners with a row in name's line, in line order, lapsed
-// places included.
+// places included, places marked ended by an Abandon not.
 func (s *lineStore) line(name string) []string {
 	s.t.Helper()
-	rows, err := s.conn.Query(testkit.Context(s.t), `SELECT owner FROM `+s.waiters()+` WHERE name = $1 ORDER BY seq`, name)
+	rows, err := s.conn.Query(testkit.Context(s.t), `SELECT owner FROM `+s.waiters()+` WHERE name = $1 AND ended_until <= clock_timestamp() ORDER BY seq`, name)
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -389,4 +389,69 @@ func TestLineRefusalLeavesTheSessionSetting(t *testing.T) {
 			released(t, wb, granted(t, wb, r, "the waiter"))
 		})
 	}
+}
+
+// An abandoned waiter's queued acquire that reaches the store before its
+// Abandon but commits after it (it waited for the lease row's lock with a
+// snapshot from before the Abandon) leaves no place behind: the Abandon
+// of a queued request marks the place ended, in the waiters' table itself,
+// where the late statement's INSERT ... ON CONFLICT reads the newest row.
+func TestLineAbandonRacingItsAcquire(t *testing.T) {
+	s := newLineStore(t, pglease.ModeTable)
+	const name = "race"
+	hb, wb := s.backend(), s.backend()
+	h := granted(t, hb, driver.Request{Name: name, Owner: "holder", TTL: 10 * time.Second}, "the holder")
+	ctx := testkit.Context(t)
+	// Hold the lease row's lock, so that the waiter's statement, which
+	// tries the grant (no one is ahead of it), waits for it.
+	tx, err := s.conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+pgx.Identifier{s.schema, pglease.LeaseTable}.Sanitize()+` WHERE name = $1 FOR UPDATE`, name); err != nil {
+		t.Fatal(err)
+	}
+	waiting := func(n int) {
+		t.Helper()
+		admin := connectT(t, s.url)
+		for {
+			var got int
+			if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0`, s.schema).Scan(&got); err != nil {
+				t.Fatal(err)
+			}
+			if got >= n {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	r := queuedReq(name, "waiter", 10*time.Second)
+	acquired := make(chan error, 1)
+	go func() {
+		_, err := wb.Acquire(ctx, r)
+		acquired <- err
+	}()
+	waiting(1)
+	abandoned := make(chan error, 1)
+	go func() { abandoned <- wb.Abandon(ctx, r) }()
+	waiting(2)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-acquired; !errors.Is(err, lease.ErrNotAcquired) {
+		t.Fatalf("the waiter's acquire = %v, want ErrNotAcquired", err)
+	}
+	if err := <-abandoned; err != nil {
+		t.Fatalf("Abandon: %v", err)
+	}
+	if !s.lapsed(name, "waiter") {
+		t.Fatalf("the abandoned waiter has a live place in line %v", s.line(name))
+	}
+	// The waiter behind it is next at once.
+	nb := s.backend()
+	rn := queuedReq(name, "next", 10*time.Second)
+	refused(t, nb, rn, "the next waiter")
+	released(t, hb, h)
+	released(t, nb, granted(t, nb, rn, "the next waiter after the release"))
 }

@@ -305,7 +305,7 @@ func (p *pin) freeRow(ctx context.Context) error {
 	b := p.b
 	var ended bool
 	err := b.db.QueryRow(ctx, b.q.SessionAbandon, p.name, p.owner, endedMicros(p.ttl), Channel,
-		int64(uint64(p.key)>>32), int64(uint64(p.key)&0xffffffff)).Scan(&ended)
+		int64(uint64(p.key)>>32), int64(uint64(p.key)&0xffffffff), false).Scan(&ended)
 	if err != nil {
 		return err
 	}
@@ -337,7 +337,7 @@ func (b *Backend) sessionAbandon(ctx context.Context, req driver.Request) error 
 	key := lockKey(b.o.Schema, req.Name)
 	var ended bool
 	err := b.db.QueryRow(ctx, b.q.SessionAbandon, req.Name, req.Owner, endedMicros(req.TTL), Channel,
-		int64(uint64(key)>>32), int64(uint64(key)&0xffffffff)).Scan(&ended)
+		int64(uint64(key)>>32), int64(uint64(key)&0xffffffff), req.Queue).Scan(&ended)
 	if err != nil {
 		return storeErr("abandon", req.Name, err)
 	}

@@ -168,7 +168,7 @@ func (b *Backend) tableRelease(ctx context.Context, g driver.Grant) error {
 
 func (b *Backend) tableAbandon(ctx context.Context, req driver.Request) error {
 	var n int64
-	if err := b.db.QueryRow(ctx, b.q.Abandon, req.Name, req.Owner, endedMicros(req.TTL), Channel).Scan(&n); err != nil {
+	if err := b.db.QueryRow(ctx, b.q.Abandon, req.Name, req.Owner, endedMicros(req.TTL), Channel, req.Queue).Scan(&n); err != nil {
 		return storeErr("abandon", req.Name, err)
 	}
 	return nil
