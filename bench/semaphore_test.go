@@ -153,30 +153,21 @@ func BenchmarkFairness(b *testing.B) {
 		// that connects a new backend to it, with connections of its own.
 		setup func(b *testing.B) (connect func() lease.Backend)
 		opts  []lease.Option
+		// queues: the backend keeps a line (driver.Limits.Queues), so the
+		// store runs with fifo=off and fifo=on.
+		queues bool
 	}
 	redisPrefix := redistest.Prefix(b) + "fair:"
 	stores := []store{
 		{"redis", func(b *testing.B) func() lease.Backend {
 			return func() lease.Backend { return newRedisBackend(b, redistest.Shared(b), redisPrefix) }
-		}, nil},
-		{"pg-table", func(b *testing.B) func() lease.Backend {
-			s := newPGSetup(b)
-			return func() lease.Backend {
-				// A pool each: 8 processes do not share connections.
-				pcfg := must(pgxpool.ParseConfig(testenv.PostgresURL()))(b)
-				pcfg.ConnConfig.RuntimeParams["search_path"] = s.schema
-				pcfg.MaxConns = 4
-				pool := must(pgxpool.NewWithConfig(context.Background(), pcfg))(b)
-				b.Cleanup(pool.Close)
-				be := must(pglease.New(pool, pglease.WithMode(pglease.ModeTable)))(b)
-				b.Cleanup(func() { _ = be.Close() })
-				return be
-			}
-		}, nil},
+		}, nil, true},
+		{"pg-table", pgFairnessStore(pglease.ModeTable), nil, true},
+		{"pg-session", pgFairnessStore(pglease.ModeSession), nil, true},
 		{"dynamodb-poll100ms", func(b *testing.B) func() lease.Backend {
 			s := newDynamoSetup(b)
 			return func() lease.Backend { return must(dynamolease.New(dynamotest.ClientVia(b, s.rt), s.leases))(b) }
-		}, []lease.Option{lease.WithPollInterval(100 * time.Millisecond)}},
+		}, []lease.Option{lease.WithPollInterval(100 * time.Millisecond)}, false},
 	}
 	if only := os.Getenv("FENCE_BENCH_FAIRNESS_STORES"); only != "" {
 		stores = slices.DeleteFunc(stores, func(s store) bool { return !slices.Contains(splitComma(only), s.name) })
@@ -188,10 +179,9 @@ func BenchmarkFairness(b *testing.B) {
 	}
 	var variants []variant
 	for _, st := range stores {
-		switch st.name {
-		case "redis":
+		if st.queues {
 			variants = append(variants, variant{st, "off"}, variant{st, "on"})
-		default:
+		} else {
 			variants = append(variants, variant{st, "not-offered"})
 		}
 	}
@@ -244,6 +234,25 @@ func BenchmarkFairness(b *testing.B) {
 			b.ReportMetric(maxWait/n, "max-wait-ns")
 			b.ReportMetric(p99Wait/n, "p99-wait-ns")
 		})
+	}
+}
+
+// pgFairnessStore is BenchmarkFairness's setup of pglease in mode: a
+// schema of its own, and a pool per backend (8 processes do not share
+// connections; 4 each: the listener, a pinned session, and room).
+func pgFairnessStore(mode pglease.Mode) func(b *testing.B) func() lease.Backend {
+	return func(b *testing.B) func() lease.Backend {
+		s := newPGSetup(b)
+		return func() lease.Backend {
+			pcfg := must(pgxpool.ParseConfig(testenv.PostgresURL()))(b)
+			pcfg.ConnConfig.RuntimeParams["search_path"] = s.schema
+			pcfg.MaxConns = 4
+			pool := must(pgxpool.NewWithConfig(context.Background(), pcfg))(b)
+			b.Cleanup(pool.Close)
+			be := must(pglease.New(pool, pglease.WithMode(mode)))(b)
+			b.Cleanup(func() { _ = be.Close() })
+			return be
+		}
 	}
 }
 

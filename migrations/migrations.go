@@ -14,7 +14,9 @@
 // Leases kept in PostgreSQL (package lease/pglease) live in two more
 // tables created the same way: fencekit_leases (table mode: one row per
 // lease name, kept after release so that its token only grows) and
-// fencekit_session_leases (session mode: the last token of each name).
+// fencekit_session_leases (session mode: the last token of each name),
+// with fencekit_lease_waiters and fencekit_session_lease_waiters (each
+// mode's lines of waiters: one row per owner waiting in line for a name).
 //
 // Everything is created in the connection's current schema: the first schema
 // of its search_path that exists. To put the tables in a schema of your

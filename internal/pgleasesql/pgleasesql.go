@@ -8,6 +8,9 @@ import "github.com/jackc/pgx/v5"
 const (
 	LeaseTable        = "fencekit_leases"
 	SessionLeaseTable = "fencekit_session_leases"
+	// The lines of waiters (driver.Request.Queue) of each mode.
+	WaiterTable        = "fencekit_lease_waiters"
+	SessionWaiterTable = "fencekit_session_lease_waiters"
 )
 
 // Statements are the SQL package pglease sends, with the table names quoted
@@ -16,6 +19,8 @@ const (
 type Statements struct {
 	Acquire, Renew, RenewBatch, Release, Abandon, Holder                                  string
 	SessionAcquire, SessionRenew, SessionRelease, SessionAbandon, SessionHolder, Sessions string
+	// The acquires of an owner that waits in line (driver.Request.Queue).
+	AcquireQueued, SessionAcquireQueued string
 	// Check, and the tables' quoted names that it takes.
 	Check, Leases string
 }
@@ -43,6 +48,75 @@ func isEnded(alias, owner, us string) string {
 	return `coalesce((` + alias + `.ended ->> ` + owner + `)::bigint > ` + us + `, false)`
 }
 
+// line returns the CTEs, after c, that read the line of name $1 for owner
+// $2 in waiters from the statement's snapshot: me, the owner's live
+// place; a (one row), how many live waiters are ahead of it (all of them
+// when it has no live place) and the time left of the first one's place,
+// in µs.
+func line(waiters string) string {
+	return `me AS (SELECT w.seq FROM ` + waiters + ` w, c WHERE w.name = $1 AND w.owner = $2 AND w.expires_at > c.now),
+a AS (
+	SELECT count(*) AS ahead, coalesce((array_agg(` + left("w.expires_at", "c.now") + ` ORDER BY w.seq))[1], 0::bigint) AS first_us
+	FROM ` + waiters + ` w, c
+	WHERE w.name = $1 AND w.owner <> $2 AND w.expires_at > c.now
+		AND w.seq < coalesce((SELECT seq FROM me), 9223372036854775807)
+)`
+}
+
+// place returns the CTEs, after c, that keep owner $2's place in the line
+// of name $1 in waiters: d deletes it when granted (the CTE named grant
+// returned a row), and every other place that lapsed (and is not marked
+// ended); p, when not granted and join holds, puts the owner at the end
+// of the line (a new seq, drawn by the INSERT) or, if it has a live
+// place, keeps that place, either way living ttl µs (an SQL expression)
+// from the clock c, unless the newest row marks the owner ended (see
+// endPlace). Both read grant before they produce a row to write (d
+// through the join with gd), so they lock waiters' rows only after grant
+// has locked the lease row, the order in which Abandon locks them: no
+// deadlock between them.
+func place(waiters, grant, join, ttl string) string {
+	return `gd AS (SELECT EXISTS (SELECT 1 FROM ` + grant + `) AS granted),
+d AS (
+	DELETE FROM ` + waiters + ` w USING c, gd
+	WHERE w.name = $1 AND ((w.owner = $2 AND gd.granted) OR (w.owner <> $2 AND w.expires_at <= c.now AND w.ended_until <= c.now))
+),
+p AS (
+	INSERT INTO ` + waiters + ` AS w (name, owner, expires_at)
+	SELECT $1, $2, c.now + ` + ttl + ` * interval '1 microsecond' FROM c
+	WHERE NOT EXISTS (SELECT 1 FROM ` + grant + `) AND ` + join + `
+	ON CONFLICT (name, owner) DO UPDATE SET
+		seq = CASE WHEN w.expires_at <= EXCLUDED.expires_at - ` + ttl + ` * interval '1 microsecond' THEN EXCLUDED.seq ELSE w.seq END,
+		expires_at = greatest(w.expires_at, EXCLUDED.expires_at)
+	WHERE w.ended_until <= EXCLUDED.expires_at - ` + ttl + ` * interval '1 microsecond'
+)`
+}
+
+// endPlace returns the CTE q, after c and the CTE a (the lease row's
+// upsert of an Abandon, which locks it first), that ends owner $2's place
+// in name $1's line in waiters: for a queued request (queue, a bool
+// parameter, true) it marks the place ended until the clock c + $3 µs,
+// inserting the mark if there is no place yet, so that the owner's own
+// acquire, if it reaches the
+// store before the Abandon but commits after it (its snapshot older than
+// the Abandon), finds the mark when its INSERT ... ON CONFLICT reads the
+// newest row, and puts no place back; otherwise it deletes the place.
+func endPlace(waiters, queue string) string {
+	return `q AS (DELETE FROM ` + waiters + ` w WHERE w.name = $1 AND w.owner = $2 AND NOT ` + queue + `::bool AND EXISTS (SELECT 1 FROM a)),
+qe AS (
+	INSERT INTO ` + waiters + ` AS w (name, owner, expires_at, ended_until)
+	SELECT $1, $2, '-infinity', c.now + $3::bigint * interval '1 microsecond' FROM c WHERE ` + queue + `::bool AND EXISTS (SELECT 1 FROM a)
+	ON CONFLICT (name, owner) DO UPDATE SET expires_at = '-infinity', ended_until = EXCLUDED.ended_until
+)`
+}
+
+// asyncRefusal, in a statement's SELECT list, makes its transaction
+// commit without waiting for the WAL flush when the CTE named grant
+// returned no row: a refusal writes only a waiter's place, whose loss in a
+// crash costs that waiter its place, never a token.
+func asyncRefusal(grant string) string {
+	return `CASE WHEN NOT EXISTS (SELECT 1 FROM ` + grant + `) THEN set_config('synchronous_commit', 'off', true) END`
+}
+
 // New returns the statements for the tables in schema ("" for the
 // search_path).
 func New(schema string) Statements {
@@ -53,6 +127,7 @@ func New(schema string) Statements {
 		return pgx.Identifier{schema, name}.Sanitize()
 	}
 	leases, sessions := ident(LeaseTable), ident(SessionLeaseTable)
+	waiters, swaiters := ident(WaiterTable), ident(SessionWaiterTable)
 	// The pg_locks row of this database's advisory lock whose bigint key
 	// has high and low 32 bits hi and lo, held by server process pid.
 	lockHeld := func(pid, hi, lo string) string {
@@ -134,7 +209,8 @@ SELECT r.released, r.already, CASE WHEN r.released THEN pg_notify($4, r.name) EN
 		// one (its token the clock in µs, which the next grant exceeds),
 		// so that the record exists for a request still on its way.
 		// Announces a release in any case (a waiter woken for nothing
-		// tries again).
+		// tries again). $5 whether the request was queued: the owner's
+		// place in line is ended (q, qe: see endPlace).
 		Abandon: `WITH ` + clock + `,
 a AS (
 	INSERT INTO ` + leases + ` AS l (name, owner, token, expires_at, ended)
@@ -144,8 +220,47 @@ a AS (
 		expires_at = CASE WHEN l.owner = $2 THEN '-infinity' ELSE l.expires_at END,
 		ended = ` + pruned("l", "EXCLUDED.token") + ` || EXCLUDED.ended
 	RETURNING l.name
-)
+),
+` + endPlace(waiters, "$5") + `
 SELECT count(*) FROM (SELECT pg_notify($4, a.name) FROM a) n`,
+
+		// $1 name, $2 owner, $3 TTL in µs: Acquire for an owner that
+		// waits in line (driver.Request.Queue). It tries the grant (g, as
+		// Acquire) only when no live waiter is ahead of the owner (a,
+		// from the statement's snapshot) or the owner holds the name (a
+		// retried request); a grant deletes the owner's place, a refusal
+		// of an owner not ended puts it in line or keeps its place for
+		// the TTL (d, p), and commits without waiting for the WAL flush.
+		// Places that lapsed are deleted. Returns whether it granted, the
+		// token, the holder's time left in µs (0 when free or unknown), how
+		// many live waiters are ahead, the time left of the first one's
+		// place in µs, and whether the owner was ended.
+		AcquireQueued: `WITH ` + clock + `,
+h AS (
+	SELECT l.owner, ` + left("l.expires_at", "c.now") + ` AS left_us, ` + isEnded("l", "$2", "c.us") + ` AS ended
+	FROM ` + leases + ` l, c WHERE l.name = $1
+),
+` + line(waiters) + `,
+g AS (
+	INSERT INTO ` + leases + ` AS l (name, owner, token, expires_at)
+	SELECT $1, $2, c.us, c.now + $3::bigint * interval '1 microsecond' FROM c, a
+	WHERE a.ahead = 0 OR EXISTS (SELECT 1 FROM h WHERE h.owner = $2 AND h.left_us > 0)
+	ON CONFLICT (name) DO UPDATE SET
+		owner = EXCLUDED.owner,
+		token = CASE WHEN l.owner = EXCLUDED.owner AND l.expires_at > EXCLUDED.expires_at - $3::bigint * interval '1 microsecond'
+			THEN l.token
+			ELSE greatest(l.token + 1, EXCLUDED.token) END,
+		expires_at = EXCLUDED.expires_at,
+		ended = ` + pruned("l", "EXCLUDED.token") + `
+	WHERE (l.owner = EXCLUDED.owner OR l.expires_at <= EXCLUDED.expires_at - $3::bigint * interval '1 microsecond')
+		AND NOT ` + isEnded("l", "EXCLUDED.owner", "EXCLUDED.token") + `
+	RETURNING l.token
+),
+` + place(waiters, "g", "NOT coalesce((SELECT ended FROM h), false)", "$3::bigint") + `
+SELECT EXISTS (SELECT 1 FROM g), coalesce((SELECT token FROM g), 0::bigint),
+	coalesce((SELECT h.left_us FROM h WHERE h.owner <> $2 AND h.owner <> ''), 0::bigint),
+	a.ahead, a.first_us, coalesce((SELECT ended FROM h), false), ` + asyncRefusal("g") + ` IS NULL
+FROM a`,
 
 		// $1 name, $2 owner, $3 lock key, $4 TTL in ms (text), $5 whether
 		// a pooler is allowed, $6 the server process the connection
@@ -199,6 +314,56 @@ SELECT EXISTS (SELECT 1 FROM t), coalesce((SELECT token FROM t), 0), pg_backend_
 	coalesce((SELECT left_us FROM h), 0), coalesce((SELECT ended FROM h), false)
 FROM k`,
 
+		// SessionAcquire's parameters: SessionAcquire for an owner that
+		// waits in line (driver.Request.Queue). It tries the lock (k) only
+		// when no live waiter is ahead of the owner (a, from the
+		// statement's snapshot) and the owner was not ended, then
+		// proceeds as SessionAcquire; a grant deletes the owner's place, a
+		// refusal of an owner not ended puts it in line or keeps its
+		// place for the TTL (d, p), and commits without waiting for the
+		// WAL flush. Places that lapsed are deleted. Returns
+		// SessionAcquire's columns, then how many live waiters are ahead
+		// and the time left of the first one's place in µs.
+		SessionAcquireQueued: `WITH ` + clock + `,
+h AS (
+	SELECT ` + left("r.expires_at", "c.now") + ` AS left_us, ` + isEnded("r", "$2", "c.us") + ` AS ended
+	FROM ` + sessions + ` r, c WHERE r.name = $1
+),
+` + line(swaiters) + `,
+v AS (SELECT $5::bool OR pg_backend_pid() = $6::int AS direct),
+k AS (
+	SELECT CASE WHEN v.direct AND a.ahead = 0 AND NOT coalesce((SELECT ended FROM h), false)
+		THEN pg_try_advisory_lock($3::bigint) ELSE false END AS ok
+	FROM v, a
+),
+t AS (
+	INSERT INTO ` + sessions + ` AS t (name, owner, token, backend_pid, granted_at, expires_at)
+	SELECT $1, $2, c.us, pg_backend_pid(), c.now, c.now + $7::bigint * interval '1 microsecond'
+	FROM k, c WHERE k.ok
+	ON CONFLICT (name) DO UPDATE SET
+		owner = EXCLUDED.owner,
+		token = greatest(t.token + 1, EXCLUDED.token),
+		backend_pid = EXCLUDED.backend_pid,
+		granted_at = EXCLUDED.granted_at,
+		expires_at = EXCLUDED.expires_at,
+		ended = ` + pruned("t", "EXCLUDED.token") + `
+	WHERE t.expires_at <= EXCLUDED.granted_at AND NOT ` + isEnded("t", "EXCLUDED.owner", "EXCLUDED.token") + `
+	RETURNING t.token
+),
+s AS (
+	SELECT current_setting('idle_session_timeout') AS was, set_config('idle_session_timeout', $4::text, false) AS now
+	FROM t
+),
+u AS (
+	SELECT pg_advisory_unlock($3::bigint) AS unlocked FROM k WHERE k.ok AND NOT EXISTS (SELECT 1 FROM t)
+),
+` + place(swaiters, "t", "(SELECT direct FROM v) AND NOT coalesce((SELECT ended FROM h), false)", "$7::bigint") + `
+SELECT EXISTS (SELECT 1 FROM t), coalesce((SELECT token FROM t), 0), pg_backend_pid(), coalesce((SELECT was FROM s), ''),
+	coalesce((SELECT unlocked FROM u), k.ok = EXISTS (SELECT 1 FROM t)),
+	coalesce((SELECT left_us FROM h), 0), coalesce((SELECT ended FROM h), false),
+	a.ahead, a.first_us, ` + asyncRefusal("t") + ` IS NULL
+FROM k, a`,
+
 		// $1 name, $2 owner, $3 token, $4 server pid, $5 and $6 the lock
 		// key's high and low 32 bits (as pg_locks shows a bigint key), $7
 		// TTL in µs. Extends the row's expiry if this server process still
@@ -241,7 +406,9 @@ FROM u`,
 		// server process still holds the lock and runs as the same user,
 		// it ends that session (pg_terminate_backend, waiting up to 5 s
 		// for it to exit) so that the lock is free when this returns.
-		// Returns whether it ended a session.
+		// Returns whether it ended a session. $7 whether the request was
+		// queued: the owner's place in line is ended (q, qe: see
+		// endPlace).
 		SessionAbandon: `WITH ` + clock + `,
 o AS (SELECT owner, backend_pid FROM ` + sessions + ` WHERE name = $1 FOR UPDATE),
 a AS (
@@ -254,6 +421,7 @@ a AS (
 		ended = ` + pruned("t", "EXCLUDED.token") + ` || EXCLUDED.ended
 	RETURNING t.name
 ),
+` + endPlace(swaiters, "$7") + `,
 n AS (SELECT pg_notify($4, a.name) FROM a)
 SELECT (SELECT count(*) FROM n) >= 0 AND coalesce((
 	SELECT pg_terminate_backend(o.backend_pid, 5000) FROM o

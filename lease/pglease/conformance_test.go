@@ -36,7 +36,6 @@ func TestConformanceTable(t *testing.T) {
 		},
 		Lacks: map[leasetest.Capability]string{
 			leasetest.PushLoss: "table-mode grants are rows with an expiry, not sessions: nothing at the store ends them but expiry, release or data loss, which a renew finds",
-			leasetest.Queue:    "waiters in line (FIFO hand-off): not implemented yet (issue 24: waiter rows)",
 		},
 	})
 }
@@ -61,9 +60,6 @@ func TestConformanceSession(t *testing.T) {
 		},
 		EndSession: func(t *testing.T, b lease.Backend) {
 			terminate(t, url, b.(*pglease.Backend).PinnedPIDsForTest())
-		},
-		Lacks: map[leasetest.Capability]string{
-			leasetest.Queue: "waiters in line (FIFO hand-off): not implemented yet (issue 24: waiter rows)",
 		},
 	})
 }

@@ -8,8 +8,9 @@
 //	m, err := lease.NewManager(b, 10*time.Second)
 //
 // Both modes need fencekit's migrations (migrations.Up, or fencekit migrate
-// up), which create LeaseTable and SessionLeaseTable; Options.Schema names
-// the schema they are in.
+// up), which create LeaseTable and SessionLeaseTable, and WaiterTable and
+// SessionWaiterTable for waiters in line; Options.Schema names the schema
+// they are in.
 //
 // # Table mode (the default)
 //
@@ -176,6 +177,56 @@
 // drawn before the wait for the row lock); reading the stored token after
 // the lock does not.
 //
+// # Waiters in line (FIFO)
+//
+// Both modes keep blocked acquires in line at the store (driver.Limits.Queues,
+// lease.Options.FIFO): each mode has a table of waiters (WaiterTable,
+// SessionWaiterTable) with one row per owner waiting for a name, ordered by
+// seq (drawn from the table's identity column when the owner joins), with
+// an expiry computed by the server's clock: clock_timestamp() + the
+// waiter's TTL at its last ask. An Acquire with driver.Request.Queue set is
+// one statement (one round trip), which reads the line from its snapshot:
+//
+//   - It tries the grant only when no live waiter is ahead of the owner
+//     (all live waiters are ahead of an owner without a live place), or,
+//     in table mode, the owner holds the name (a retried request). Table
+//     mode then proceeds as Acquire; session mode tries the advisory lock
+//     and proceeds as its Acquire, so the line decides who may try the lock.
+//     A grant deletes the owner's place.
+//   - Otherwise, and when the grant was refused, it puts the owner at the
+//     end of the line or keeps its place (asking again does not move it),
+//     the place living the TTL from then, and commits without waiting for
+//     the WAL flush (synchronous_commit off for that transaction: a place
+//     lost in a crash costs its waiter its place, never a token). The
+//     refusal carries, while someone holds the name, the holder's time
+//     left (NotAcquiredError.RetryAfter); while the name is free but kept
+//     for waiters ahead, how many (NotAcquiredError.Ahead) and the time
+//     left of the first one's place.
+//   - An owner ended by Release or Abandon within driver.EndedOwnerTTL is
+//     refused and never put in line. Abandon ends the owner's place in its
+//     one statement and announces a release, so that the next waiter tries
+//     at once. For a queued request it does not just delete the place: it
+//     marks it ended (column ended_until, for driver.EndedOwnerTTL), so
+//     that the waiter's own acquire, if it reached the server before the
+//     Abandon but commits after it (it waited for the lease row's lock
+//     with an older snapshot), finds the mark and puts no place back.
+//   - A waiter that stops asking (its process died) keeps its place until
+//     its expiry, then the next waiter's acquire passes it; lapsed places
+//     (and ended marks past their time) are deleted by the next queued
+//     acquire of the name (a name nobody asks for again keeps them: a few
+//     bytes each). A holder that crashed
+//     is waited out as without a line (table mode: its row's expiry;
+//     session mode: the row's expiry, the server ending its idle session
+//     after one TTL), then the first waiter is granted.
+//
+// The line is read from the statement's snapshot, so two waiters joining
+// within a few milliseconds of each other may be ordered by the sequence
+// rather than by their commits; no one is granted ahead of a live place
+// committed before its acquire's statement began. Acquire without Queue
+// (TryAcquire, a Manager without FIFO) sends the statement it always did,
+// ignores the line and takes a free name ahead of the waiters, who keep
+// their places. Use one mode per name.
+//
 // # Waking waiters
 //
 // Releases are announced with NOTIFY on Channel (payload: the lease name),
@@ -186,6 +237,9 @@
 // holder's RetryAfter in table mode). Backends of different schemas in one
 // database share the channel: a release of the same name in another schema
 // wakes a waiter for nothing, and it tries again (so does an Abandon that
-// ended nothing). A lease that expires, or a session that ends, sends no
-// notification: waiters find out by polling.
+// ended nothing). A release wakes every waiter of the name in each
+// process; with a line, the first one is granted and the others are
+// refused at once, keeping their places. A lease that expires, a session
+// that ends, or a waiter's place that lapses sends no notification:
+// waiters find out by polling (with FIFO, at most every TTL/2).
 package pglease

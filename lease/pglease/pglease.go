@@ -46,6 +46,11 @@ const (
 	LeaseTable = pgleasesql.LeaseTable
 	// SessionLeaseTable holds session mode's last token per name.
 	SessionLeaseTable = pgleasesql.SessionLeaseTable
+	// WaiterTable and SessionWaiterTable hold each mode's lines of
+	// waiters: one row per owner waiting in line for a name
+	// (driver.Request.Queue).
+	WaiterTable        = pgleasesql.WaiterTable
+	SessionWaiterTable = pgleasesql.SessionWaiterTable
 	// Channel is the LISTEN/NOTIFY channel on which releases are announced;
 	// the payload is the lease name.
 	Channel = "fencekit_lease_released"
@@ -221,9 +226,9 @@ func lockKey(schema, name string) int64 {
 // (idle_session_timeout), at least MinTTL and at most 2^31-1 ms.
 func (b *Backend) Limits() driver.Limits {
 	if b.o.Mode == ModeSession {
-		return driver.Limits{MinTTL: MinTTL, MaxTTL: maxSessionTTL, Resolution: time.Millisecond}
+		return driver.Limits{MinTTL: MinTTL, MaxTTL: maxSessionTTL, Resolution: time.Millisecond, Queues: true}
 	}
-	return driver.Limits{MinTTL: MinTTL, Resolution: time.Microsecond}
+	return driver.Limits{MinTTL: MinTTL, Resolution: time.Microsecond, Queues: true}
 }
 
 // Acquire implements driver.Backend in one statement (one round trip once

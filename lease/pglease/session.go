@@ -93,8 +93,14 @@ func (b *Backend) sessionAcquire(ctx context.Context, req driver.Request) (drive
 	)
 	announced := pc.Conn().PgConn().PID()
 	sent := time.Now()
-	err = pc.QueryRow(ctx, b.q.SessionAcquire, req.Name, req.Owner, key, strconv.FormatInt(ms, 10), b.o.AllowPooler, int32(announced), req.TTL.Microseconds()).
-		Scan(&ok, &token, &pid, &idleWas, &clean, &leftUs, &ended)
+	var ahead, firstUs int64
+	if req.Queue {
+		err = pc.QueryRow(ctx, b.q.SessionAcquireQueued, req.Name, req.Owner, key, strconv.FormatInt(ms, 10), b.o.AllowPooler, int32(announced), req.TTL.Microseconds()).
+			Scan(&ok, &token, &pid, &idleWas, &clean, &leftUs, &ended, &ahead, &firstUs, nil)
+	} else {
+		err = pc.QueryRow(ctx, b.q.SessionAcquire, req.Name, req.Owner, key, strconv.FormatInt(ms, 10), b.o.AllowPooler, int32(announced), req.TTL.Microseconds()).
+			Scan(&ok, &token, &pid, &idleWas, &clean, &leftUs, &ended)
+	}
 	if err != nil {
 		// The lock may be held (session locks survive a failed
 		// statement): end the session.
@@ -113,6 +119,9 @@ func (b *Backend) sessionAcquire(ctx context.Context, req driver.Request) (drive
 			destroy(pc)
 		} else {
 			pc.Release() // nothing was kept or set on it
+		}
+		if req.Queue {
+			return driver.Grant{}, queuedRefusal(req, ended, leftUs, ahead, firstUs)
 		}
 		if ended {
 			return driver.Grant{}, endedOwnerErr(req)
@@ -296,7 +305,7 @@ func (p *pin) freeRow(ctx context.Context) error {
 	b := p.b
 	var ended bool
 	err := b.db.QueryRow(ctx, b.q.SessionAbandon, p.name, p.owner, endedMicros(p.ttl), Channel,
-		int64(uint64(p.key)>>32), int64(uint64(p.key)&0xffffffff)).Scan(&ended)
+		int64(uint64(p.key)>>32), int64(uint64(p.key)&0xffffffff), false).Scan(&ended)
 	if err != nil {
 		return err
 	}
@@ -328,7 +337,7 @@ func (b *Backend) sessionAbandon(ctx context.Context, req driver.Request) error 
 	key := lockKey(b.o.Schema, req.Name)
 	var ended bool
 	err := b.db.QueryRow(ctx, b.q.SessionAbandon, req.Name, req.Owner, endedMicros(req.TTL), Channel,
-		int64(uint64(key)>>32), int64(uint64(key)&0xffffffff)).Scan(&ended)
+		int64(uint64(key)>>32), int64(uint64(key)&0xffffffff), req.Queue).Scan(&ended)
 	if err != nil {
 		return storeErr("abandon", req.Name, err)
 	}

@@ -17,6 +17,9 @@ func (b *Backend) tableAcquire(ctx context.Context, req driver.Request) (driver.
 	if err != nil {
 		return driver.Grant{}, err
 	}
+	if req.Queue {
+		return b.tableAcquireQueued(ctx, req, us)
+	}
 	var (
 		granted, ended bool
 		token          int64
@@ -38,6 +41,43 @@ func (b *Backend) tableAcquire(ctx context.Context, req driver.Request) (driver.
 		return driver.Grant{}, fmt.Errorf("pglease: acquire %q: the store returned an invalid token %d", req.Name, token)
 	}
 	return driver.Grant{Name: req.Name, Owner: req.Owner, Token: fence.Token(token), TTL: req.TTL}, nil
+}
+
+// tableAcquireQueued is tableAcquire for an owner that waits in line, in
+// one statement (AcquireQueued).
+func (b *Backend) tableAcquireQueued(ctx context.Context, req driver.Request, us int64) (driver.Grant, error) {
+	var (
+		granted, ended                bool
+		token, leftUs, ahead, firstUs int64
+	)
+	err := b.db.QueryRow(ctx, b.q.AcquireQueued, req.Name, req.Owner, us).Scan(&granted, &token, &leftUs, &ahead, &firstUs, &ended, nil)
+	switch {
+	case err != nil:
+		return driver.Grant{}, storeErr("acquire", req.Name, err)
+	case !granted:
+		return driver.Grant{}, queuedRefusal(req, ended, leftUs, ahead, firstUs)
+	case token <= 0:
+		return driver.Grant{}, fmt.Errorf("pglease: acquire %q: the store returned an invalid token %d", req.Name, token)
+	}
+	return driver.Grant{Name: req.Name, Owner: req.Owner, Token: fence.Token(token), TTL: req.TTL}, nil
+}
+
+// queuedRefusal is the refusal of a queued acquire: of an ended owner
+// (not put in line); while another owner holds the name (with its time
+// left, leftUs); while the name is free but kept for ahead waiters (with
+// the time left of the first one's place, firstUs); or, when the
+// statement's snapshot saw none of these (a grant made meanwhile),
+// without a hint.
+func queuedRefusal(req driver.Request, ended bool, leftUs, ahead, firstUs int64) error {
+	switch {
+	case ended:
+		return endedOwnerErr(req)
+	case leftUs > 0:
+		return &driver.NotAcquiredError{Name: req.Name, RetryAfter: time.Duration(leftUs) * time.Microsecond}
+	case ahead > 0:
+		return &driver.NotAcquiredError{Name: req.Name, Ahead: int(ahead), RetryAfter: time.Duration(firstUs) * time.Microsecond}
+	}
+	return &driver.NotAcquiredError{Name: req.Name}
 }
 
 func (b *Backend) tableRenew(ctx context.Context, g driver.Grant) error {
@@ -128,7 +168,7 @@ func (b *Backend) tableRelease(ctx context.Context, g driver.Grant) error {
 
 func (b *Backend) tableAbandon(ctx context.Context, req driver.Request) error {
 	var n int64
-	if err := b.db.QueryRow(ctx, b.q.Abandon, req.Name, req.Owner, endedMicros(req.TTL), Channel).Scan(&n); err != nil {
+	if err := b.db.QueryRow(ctx, b.q.Abandon, req.Name, req.Owner, endedMicros(req.TTL), Channel, req.Queue).Scan(&n); err != nil {
 		return storeErr("abandon", req.Name, err)
 	}
 	return nil
