@@ -60,7 +60,8 @@ Usage:
                                       fencekit_resource_tokens table and the
                                       fencekit_advance_token function (sqlguard),
                                       and the fencekit_leases and
-                                      fencekit_session_leases tables (pglease)
+                                      fencekit_session_leases tables and their
+                                      waiter tables (pglease)
   fencekit migrate down [--to N]      roll back fencekit's migrations newer than
                                       version N (default 0: all of them; this
                                       drops every stored resource token and
