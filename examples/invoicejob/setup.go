@@ -48,15 +48,9 @@ func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error)
 		fenced = nil
 	}
 	var err error
-	sc.Stores, err = demo.SetUpStores(ctx, demo.StoresConfig{
-		PostgresURL: svc.PostgresURL, Schema: sc.cfg.Schema,
-		CreateTables: sc.createTables,
-		FencedTables: fenced,
-		LeaseStore:   sc.cfg.LeaseStore,
-		RedisURL:     svc.RedisURL, RedisPrefix: sc.cfg.RedisPrefix, LeaseName: sc.cfg.LeaseName,
-		Leases: sc.cfg.leaseStore(), TTL: sc.cfg.TTL,
-		PostgresStarted: svc.PostgresStarted, RedisStarted: svc.RedisStarted,
-	})
+	stores := demo.NewStoresConfig(svc, sc.cfg.leaseStore(), sc.cfg.LeaseName, sc.cfg.TTL)
+	stores.CreateTables, stores.FencedTables = sc.createTables, fenced
+	sc.Stores, err = demo.SetUpStores(ctx, stores)
 	if err != nil {
 		return nil, err
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -95,12 +94,12 @@ const (
 
 type replica struct {
 	cfg workerConfig
-	enc *json.Encoder
+	out *demo.Reporter
 }
 
 func (r *replica) emit(e event) {
 	e.At, e.Replica, e.Pid = time.Now(), r.cfg.Replica, os.Getpid()
-	_ = r.enc.Encode(e)
+	r.out.Report(e)
 }
 
 func (r *replica) fail(format string, args ...any) int {
@@ -112,7 +111,7 @@ func (r *replica) fail(format string, args ...any) int {
 // lease, then generate the period's invoices, one fenced transaction each,
 // starting where the progress row says the batch stands.
 func runReplica() int {
-	r := &replica{enc: json.NewEncoder(os.Stdout)}
+	r := &replica{out: demo.NewReporter(os.Stdout)}
 	if err := demo.ReadChildConfig(configVar, &r.cfg); err != nil {
 		fmt.Fprintf(os.Stderr, "invoicejob replica: %v\n", err)
 		return 2

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -115,15 +114,12 @@ const (
 
 type worker struct {
 	cfg workerConfig
-	mu  sync.Mutex // serialises enc: the loss watcher emits too
-	enc *json.Encoder
+	out *demo.Reporter // the loss watcher emits too
 }
 
 func (w *worker) emit(e event) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	e.At, e.Role = time.Now(), w.cfg.Role
-	_ = w.enc.Encode(e)
+	w.out.Report(e)
 }
 
 // watchLoss reports the moment this process notices that l ended without
@@ -149,7 +145,7 @@ func (w *worker) fail(format string, args ...any) int {
 // runWorker is the body of a worker process: acquire the lease, check it,
 // write the row and the object with its token, release.
 func runWorker() int {
-	w := &worker{enc: json.NewEncoder(os.Stdout)}
+	w := &worker{out: demo.NewReporter(os.Stdout)}
 	if err := demo.ReadChildConfig(configVar, &w.cfg); err != nil {
 		fmt.Fprintf(os.Stderr, "stalewriter worker: %v\n", err)
 		return 2

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencekit/fencekit/examples/internal/leftover"
+	"github.com/fencekit/fencekit/examples/services"
 	"github.com/fencekit/fencekit/lease/redislease"
 	"github.com/fencekit/fencekit/migrations"
 )
@@ -66,6 +67,19 @@ type StoresConfig struct {
 	// program started itself (services.Set): what they hold goes with
 	// them, so a later sweep need not reach them.
 	PostgresStarted, RedisStarted bool
+}
+
+// NewStoresConfig returns the StoresConfig of a run whose schema and
+// leases are those of leases (its Kind, RedisPrefix and Schema; the
+// schema holds PostgreSQL leases too), on the services svc found or
+// started; the program adds its tables (CreateTables, FencedTables).
+func NewStoresConfig(svc *services.Set, leases LeaseStore, leaseName string, ttl time.Duration) StoresConfig {
+	return StoresConfig{
+		PostgresURL: svc.PostgresURL, Schema: leases.Schema,
+		LeaseStore: leases.Kind, RedisURL: svc.RedisURL, RedisPrefix: leases.RedisPrefix, LeaseName: leaseName,
+		Leases: leases, TTL: ttl,
+		PostgresStarted: svc.PostgresStarted, RedisStarted: svc.RedisStarted,
+	}
 }
 
 // SetUpStores creates the schema and the program's tables in it, then does
