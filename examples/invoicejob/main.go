@@ -46,8 +46,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -68,17 +66,9 @@ func main() {
 // errors to stderr. It returns the exit status.
 func run(args []string, stdout, stderr io.Writer) int {
 	o, err := parseFlags(args, stdout, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "invoicejob: %v\n", err)
-		return 2
-	}
-	s, err := demo.Begin("invoicejob", stdout, stderr)
-	if err != nil {
-		fmt.Fprintf(stderr, "invoicejob: %v\n", err)
-		return 2
+	s, exit := demo.Begin("invoicejob", err, stdout, stderr)
+	if s == nil {
+		return exit
 	}
 	defer s.End() // last: after everything below is removed
 

@@ -32,12 +32,8 @@ type scenario struct {
 func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error) {
 	id := demo.RandomID()
 	sc := &scenario{cfg: workerConfig{
-		RedisURL: svc.RedisURL, PostgresURL: svc.PostgresURL,
-		Schema: "invoicejob_" + id, Period: o.period,
-		LeaseName: "invoicejob-" + id + "/generate-invoices", LeaseStore: o.LeaseStore, RedisPrefix: "fencekit:",
-		Consensus: demo.StoreFor(o.LeaseStore, svc),
-		TTL:       o.TTL, InvoiceTime: o.invoiceTime,
-		RowStore: o.rowStore,
+		ChildLease: demo.NewChildLease(svc, o.LeaseStore, "invoicejob_"+id, "invoicejob-"+id+"/generate-invoices", o.TTL),
+		Period:     o.period, InvoiceTime: o.invoiceTime, RowStore: o.rowStore,
 	}}
 	for i := range o.customers {
 		c := customer{ID: fmt.Sprintf("cust-%05d", i+1), AmountCents: 1000 + int64(i*7919%50000)}
@@ -48,7 +44,7 @@ func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error)
 		fenced = nil
 	}
 	var err error
-	stores := demo.NewStoresConfig(svc, sc.cfg.leaseStore(), sc.cfg.LeaseName, sc.cfg.TTL)
+	stores := sc.cfg.StoresConfig(svc)
 	stores.CreateTables, stores.FencedTables = sc.createTables, fenced
 	sc.Stores, err = demo.SetUpStores(ctx, stores)
 	if err != nil {

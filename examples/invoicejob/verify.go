@@ -177,7 +177,7 @@ func (v *verifier) checkHandovers() {
 			v.add(false, "nobody took over after %s was killed", k.From)
 			continue
 		}
-		lag := v.sc.cfg.leaseStore().ExpiryLag()
+		lag := v.sc.cfg.Leases().ExpiryLag()
 		bound := fmt.Sprintf("TTL + renew interval + %v for a loaded machine", loadAllowance)
 		if lag > 0 {
 			bound += fmt.Sprintf(" + %v, how late %s may expire it", lag, storeName(o.LeaseStore))

@@ -41,7 +41,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -63,17 +62,9 @@ func main() {
 // stderr. It returns the exit status.
 func run(args []string, stdout, stderr io.Writer) int {
 	o, err := parseFlags(args, stdout, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "stalewriter: %v\n", err)
-		return 2
-	}
-	s, err := demo.Begin("stalewriter", stdout, stderr)
-	if err != nil {
-		fmt.Fprintf(stderr, "stalewriter: %v\n", err)
-		return 2
+	s, exit := demo.Begin("stalewriter", err, stdout, stderr)
+	if s == nil {
+		return exit
 	}
 	defer s.End() // last: after everything below is removed
 
@@ -96,7 +87,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	} else {
 		defer sc.tearDown(s.ErrOut)
 	}
-	fmt.Fprintf(s.Out, "Leases: %s.\n", sc.cfg.leaseStore().Describe())
+	fmt.Fprintf(s.Out, "Leases: %s.\n", sc.cfg.Leases().Describe())
 	ds, err := startDownstream(o, s.Out)
 	if err != nil {
 		return s.Fail("%v", err)

@@ -34,16 +34,13 @@ type scenario struct {
 func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error) {
 	id := demo.RandomID()
 	sc := &scenario{cfg: workerConfig{
-		RedisURL: svc.RedisURL, PostgresURL: svc.PostgresURL, S3: svc.S3,
-		Schema: "stalewriter_" + id, Table: "report", RowID: "2026-11",
+		ChildLease: demo.NewChildLease(svc, o.LeaseStore, "stalewriter_"+id, "stalewriter-"+id, o.TTL),
+		S3:         svc.S3, Table: "report", RowID: "2026-11",
 		ObjectKey: "stalewriter/" + id + "/report.json", Resource: "report/2026-11",
-		LeaseName: "stalewriter-" + id, LeaseStore: o.LeaseStore, RedisPrefix: "fencekit:",
-		Consensus: demo.StoreFor(o.LeaseStore, svc),
-		TTL:       o.TTL, WriteDelay: o.writeDelay, Unguarded: o.unguarded,
-		RowStore: o.rowStore,
+		WriteDelay: o.writeDelay, Unguarded: o.unguarded, RowStore: o.rowStore,
 	}}
 	var err error
-	stores := demo.NewStoresConfig(svc, sc.cfg.leaseStore(), sc.cfg.LeaseName, sc.cfg.TTL)
+	stores := sc.cfg.StoresConfig(svc)
 	stores.CreateTables, stores.FencedTables = sc.createTable, []string{sc.cfg.Table}
 	sc.Stores, err = demo.SetUpStores(ctx, stores)
 	if err != nil {

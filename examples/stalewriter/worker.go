@@ -26,23 +26,13 @@ import (
 // workerConfig is what the orchestrator hands a worker process (as JSON in
 // the environment variable configVar, see demo.StartChild).
 type workerConfig struct {
-	Role        string     `json:"role"`
-	RedisURL    string     `json:"redis_url"`
-	PostgresURL string     `json:"postgres_url"`
-	S3          testenv.S3 `json:"s3"`
-	Schema      string     `json:"schema"`
-	Table       string     `json:"table"`
-	RowID       string     `json:"row_id"`
-	ObjectKey   string     `json:"object_key"`
-	Resource    string     `json:"resource"`
-	LeaseName   string     `json:"lease_name"`
-	LeaseStore  string     `json:"lease_store"`
-	RedisPrefix string     `json:"redis_prefix"`
-	// Consensus says where etcd or ZooKeeper are (LeaseStore etcd or
-	// zookeeper).
-	Consensus      demo.LeaseStore `json:"consensus"`
-	TTL            time.Duration   `json:"ttl"`
-	AcquireTimeout time.Duration   `json:"acquire_timeout"`
+	demo.ChildLease            // the lease, where it lives, its TTL
+	Role            string     `json:"role"`
+	S3              testenv.S3 `json:"s3"`
+	Table           string     `json:"table"`
+	RowID           string     `json:"row_id"`
+	ObjectKey       string     `json:"object_key"`
+	Resource        string     `json:"resource"`
 	// WriteDelay is the time between checking the lease and writing: the
 	// window in which the orchestrator freezes worker A.
 	WriteDelay time.Duration `json:"write_delay"`
@@ -56,14 +46,6 @@ type workerConfig struct {
 }
 
 const configVar = "FENCEKIT_STALEWRITER_WORKER"
-
-// leaseStore says where the run's leases live: PostgreSQL leases in the
-// run's schema.
-func (c workerConfig) leaseStore() demo.LeaseStore {
-	s := c.Consensus
-	s.Kind, s.RedisURL, s.RedisPrefix, s.PostgresURL, s.Schema = c.LeaseStore, c.RedisURL, c.RedisPrefix, c.PostgresURL, c.Schema
-	return s
-}
 
 // event is one line a worker prints on its standard output.
 type event struct {
@@ -153,7 +135,7 @@ func runWorker() int {
 	cfg := w.cfg
 	ctx := context.Background()
 
-	m, closeLeases, err := demo.NewLeaseManager(cfg.leaseStore(), cfg.TTL, lease.WithIdentity("worker-"+cfg.Role))
+	m, closeLeases, err := demo.NewLeaseManager(cfg.Leases(), cfg.TTL, lease.WithIdentity("worker-"+cfg.Role))
 	if err != nil {
 		return w.fail("%v", err)
 	}

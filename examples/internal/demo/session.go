@@ -3,6 +3,8 @@ package demo
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -32,18 +34,29 @@ type Session struct {
 	stop   func()
 }
 
-// Begin starts a run of program: it catches the signals that stop it and
-// opens the run's ledger, removing what killed runs left behind (package
-// leftover). End must follow, after everything the run created is removed
-// or kept.
-func Begin(program string, stdout, stderr io.Writer) (*Session, error) {
+// Begin starts a run of program once its flags are parsed, parseErr
+// being the error of parsing them: a request for help (flag.ErrHelp) ends
+// the program with exit status 0, a bad flag with 2 after saying why.
+// Otherwise it catches the signals that stop the program and opens the
+// run's ledger, removing what killed runs left behind (package leftover).
+// A nil Session comes with the program's exit status; End must follow any
+// other, after everything the run created is removed or kept.
+func Begin(program string, parseErr error, stdout, stderr io.Writer) (s *Session, exit int) {
+	if errors.Is(parseErr, flag.ErrHelp) {
+		return nil, 0
+	}
+	if parseErr != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", program, parseErr)
+		return nil, 2
+	}
 	ctx, out, errOut, stop := Interrupts(context.Background(), stdout, stderr)
 	ledger, err := leftover.Begin(ctx, program, func(f string, a ...any) { fmt.Fprintf(errOut, program+": "+f+"\n", a...) })
 	if err != nil {
+		fmt.Fprintf(errOut, "%s: the run's ledger: %v\n", program, err)
 		stop()
-		return nil, fmt.Errorf("the run's ledger: %w", err)
+		return nil, 2
 	}
-	return &Session{Program: program, Ctx: ctx, Out: out, ErrOut: errOut, Timeline: NewTimeline(out), ledger: ledger, stop: stop}, nil
+	return &Session{Program: program, Ctx: ctx, Out: out, ErrOut: errOut, Timeline: NewTimeline(out), ledger: ledger, stop: stop}, 0
 }
 
 // Provide finds or starts the services (ProvideServices), printing its

@@ -69,15 +69,14 @@ type StoresConfig struct {
 	PostgresStarted, RedisStarted bool
 }
 
-// NewStoresConfig returns the StoresConfig of a run whose schema and
-// leases are those of leases (its Kind, RedisPrefix and Schema; the
-// schema holds PostgreSQL leases too), on the services svc found or
-// started; the program adds its tables (CreateTables, FencedTables).
-func NewStoresConfig(svc *services.Set, leases LeaseStore, leaseName string, ttl time.Duration) StoresConfig {
+// StoresConfig returns the StoresConfig of the run's schema and lease, on
+// the services svc found or started; the program adds its tables
+// (CreateTables, FencedTables).
+func (c ChildLease) StoresConfig(svc *services.Set) StoresConfig {
 	return StoresConfig{
-		PostgresURL: svc.PostgresURL, Schema: leases.Schema,
-		LeaseStore: leases.Kind, RedisURL: svc.RedisURL, RedisPrefix: leases.RedisPrefix, LeaseName: leaseName,
-		Leases: leases, TTL: ttl,
+		PostgresURL: svc.PostgresURL, Schema: c.Schema,
+		LeaseStore: c.LeaseStore, RedisURL: svc.RedisURL, RedisPrefix: c.RedisPrefix, LeaseName: c.LeaseName,
+		Leases: c.Leases(), TTL: c.TTL,
 		PostgresStarted: svc.PostgresStarted, RedisStarted: svc.RedisStarted,
 	}
 }
