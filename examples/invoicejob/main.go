@@ -155,3 +155,25 @@ func (sc *scenario) play(ctx context.Context, tl *demo.Timeline, o options) (*su
 	}
 	return f.sum, nil
 }
+
+// invoice kills the holder h with SIGKILL once it has written --kill-after
+// invoices, while kills are left; the next acquire completes the handover.
+func (f *follower) invoice(e event, h *holder) {
+	p := f.replicas.Proc(e.Replica)
+	if f.killsLeft == 0 || h.Reported != f.o.killAfter || p.Killed {
+		return
+	}
+	f.killsLeft--
+	err := p.Kill()
+	killedAt := time.Now()
+	if err != nil {
+		f.sum.problems = append(f.sum.problems, fmt.Sprintf("could not kill %s: %v", e.Replica, err))
+		return
+	}
+	h.Fate, h.KilledAt = evKilled, killedAt
+	left, _ := f.sc.LeaseLeft(f.ctx, f.o.TTL)
+	f.pending = &handover{From: e.Replica, FromToken: h.Token, KilledAt: killedAt, LeaseLeft: left}
+	f.sum.Handovers = append(f.sum.Handovers, f.pending)
+	f.tl.Say(killedAt, "orchestrator", "KILLED %s (pid %d) with SIGKILL after its invoice #%d; its lease is not released and has %s left in %s",
+		e.Replica, p.Pid(), e.Number, leftText(f.sc.LeaseStore, left), storeName(f.sc.LeaseStore))
+}
