@@ -59,15 +59,21 @@ func Begin(program string, parseErr error, stdout, stderr io.Writer) (s *Session
 	return &Session{Program: program, Ctx: ctx, Out: out, ErrOut: errOut, Timeline: NewTimeline(out), ledger: ledger, stop: stop}, 0
 }
 
-// Provide finds or starts the services (ProvideServices), printing its
-// progress and the services used on Out. Its error says, one service a
-// line, what is missing.
+// Provide finds or starts the services with services.Provide (cfg.Log is
+// replaced), printing its progress lines and then the services used on
+// Out. Its error says, one service a line, what is missing.
 func (s *Session) Provide(cfg services.Config) error {
-	svc, err := ProvideServices(s.Ctx, cfg, s.Out)
+	cfg.Log = func(f string, a ...any) { fmt.Fprintf(s.Out, "  ... "+f+"\n", a...) }
+	svc, err := services.Provide(s.Ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("cannot run without its services:\n  %s", strings.ReplaceAll(err.Error(), "\n", "\n  "))
 	}
 	s.Services = svc
+	fmt.Fprintln(s.Out, "Services:")
+	for _, u := range svc.Used {
+		fmt.Fprintln(s.Out, "  "+u)
+	}
+	fmt.Fprintln(s.Out)
 	return nil
 }
 
