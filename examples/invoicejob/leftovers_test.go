@@ -1,7 +1,6 @@
 package main
 
 import (
-	"strings"
 	"syscall"
 	"testing"
 
@@ -26,13 +25,7 @@ func TestSignalLeavesNothing(t *testing.T) {
 			if err := p.Cmd.Process.Signal(sig); err != nil {
 				t.Fatal(err)
 			}
-			if ws := p.Wait(t); ws.Signaled() || ws.ExitStatus() != 2 {
-				t.Errorf("exit %v; want status 2 (the run could not be completed), not death by signal", ws)
-			}
-			demotest.ExpectGone(t, children)
-			if left := env.Look(t, entries); !left.Empty() {
-				t.Errorf("left behind: %+v; stderr:\n%s", left, p.Stderr)
-			}
+			env.ExpectStoppedClean(t, p, children, entries)
 		})
 	}
 }
@@ -63,16 +56,7 @@ func TestKilledRunIsSweptByTheNext(t *testing.T) {
 			if len(left.Ledgers) != 1 || len(left.Schemas) != 1 || len(left.DynamoTables) != len(tc.args)/2 {
 				t.Fatalf("after SIGKILL: %+v; want the ledger, the schema and %d DynamoDB table(s) left for the sweep", left, len(tc.args)/2)
 			}
-			next := env.Start(t, "--ttl", "300ms", "--replicas", "2", "--customers", "4", "--invoice-time", "10ms", "--kills", "0")
-			if ws := next.Wait(t); ws.ExitStatus() != 0 {
-				t.Fatalf("the next run: exit %v; stderr:\n%s", ws, next.Stderr)
-			}
-			if !strings.Contains(next.Stderr.String(), "cleaning up after an earlier invoicejob run") {
-				t.Errorf("the next run did not say it swept; stderr:\n%s", next.Stderr)
-			}
-			if left := env.Look(t, entries); !left.Empty() {
-				t.Errorf("left behind after the next run: %+v; its stderr:\n%s", left, next.Stderr)
-			}
+			env.ExpectSwept(t, "invoicejob", entries, "--ttl", "300ms", "--replicas", "2", "--customers", "4", "--invoice-time", "10ms", "--kills", "0")
 		})
 	}
 }

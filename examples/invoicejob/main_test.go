@@ -63,59 +63,75 @@ func TestInvoiceJob(t *testing.T) {
 		{"two kills, zookeeper leases", []string{"--lease-store", "zookeeper", "--replicas", "3", "--customers", "20", "--kill-after", "4", "--kills", "2"}, 2, 3, 0, 100 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			js := filepath.Join(t.TempDir(), "summary.json")
-			var out, errOut bytes.Buffer
 			ttl := cmp.Or(tc.ttl, time.Second)
-			args := append([]string{"--ttl", ttl.String(), "--invoice-time", "20ms", "--json", js}, tc.args...)
-			code := run(args, &out, &errOut)
-			if code != 0 {
-				t.Fatalf("exit %d, want 0; output:\n%s\nstderr:\n%s", code, out.String(), errOut.String())
-			}
-			b, err := os.ReadFile(js)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var sum summary
-			if err := json.Unmarshal(b, &sum); err != nil {
-				t.Fatal(err)
-			}
-			if !sum.OK || !strings.HasPrefix(sum.Verdict, "VERDICT: SAFE") {
-				t.Fatalf("verdict %q, ok %v; output:\n%s", sum.Verdict, sum.OK, out.String())
-			}
-			if sum.Invoices != sum.Customers {
-				t.Errorf("%d invoices in the database for %d customers", sum.Invoices, sum.Customers)
-			}
-			if len(sum.Handovers) != tc.kills {
-				t.Errorf("%d handovers, want %d", len(sum.Handovers), tc.kills)
-			}
-			if len(sum.Holders) != tc.replicas {
-				t.Errorf("%d holders, want every one of the %d replicas", len(sum.Holders), tc.replicas)
-			}
-			bound := ttl + ttl/3 + loadAllowance + tc.lag
-			for _, h := range sum.Handovers {
-				if h.Took <= 0 || h.Took > bound {
-					t.Errorf("handover from %s took %v, want within %v", h.From, h.Took, bound)
-				}
-			}
-			for _, c := range sum.Checks {
-				if !c.OK {
-					t.Errorf("check failed: %s", c.Text)
-				}
-			}
-			// Every holder but the newest had a write replayed, and the
-			// row store refused each as stale, naming a newer token.
-			if len(sum.Replays) != len(sum.Holders)-1 {
-				t.Errorf("%d stale writes replayed, want %d", len(sum.Replays), len(sum.Holders)-1)
-			}
-			for _, r := range sum.Replays {
-				if !r.Stale || r.Current <= r.Token {
-					t.Errorf("the replayed write of %s with token %d: stale %v, store holds %d (%s)", r.Replica, r.Token, r.Stale, r.Current, r.Error)
-				}
-			}
+			sum, out := runJob(t, append([]string{"--ttl", ttl.String(), "--invoice-time", "20ms"}, tc.args...))
+			checkJob(t, sum, tc.kills, tc.replicas, ttl+ttl/3+loadAllowance+tc.lag)
 			if t.Failed() {
-				t.Logf("output:\n%s", out.String())
+				t.Logf("output:\n%s", out)
 			}
 		})
+	}
+}
+
+// runJob runs the program with args and returns its --json summary and its
+// output; it fails the test unless the program exits 0 with a safe
+// verdict.
+func runJob(t *testing.T, args []string) (summary, string) {
+	t.Helper()
+	js := filepath.Join(t.TempDir(), "summary.json")
+	var out, errOut bytes.Buffer
+	code := run(append(args, "--json", js), &out, &errOut)
+	if code != 0 {
+		t.Fatalf("exit %d, want 0; output:\n%s\nstderr:\n%s", code, out.String(), errOut.String())
+	}
+	b, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum summary
+	if err := json.Unmarshal(b, &sum); err != nil {
+		t.Fatal(err)
+	}
+	if !sum.OK || !strings.HasPrefix(sum.Verdict, "VERDICT: SAFE") {
+		t.Fatalf("verdict %q, ok %v; output:\n%s", sum.Verdict, sum.OK, out.String())
+	}
+	return sum, out.String()
+}
+
+// checkJob checks a run's summary: every invoice written once, kills
+// handovers each within bound, every replica a holder, every check passed,
+// and every holder but the newest refused as stale when its write was
+// replayed.
+func checkJob(t *testing.T, sum summary, kills, replicas int, bound time.Duration) {
+	t.Helper()
+	if sum.Invoices != sum.Customers {
+		t.Errorf("%d invoices in the database for %d customers", sum.Invoices, sum.Customers)
+	}
+	if len(sum.Handovers) != kills {
+		t.Errorf("%d handovers, want %d", len(sum.Handovers), kills)
+	}
+	if len(sum.Holders) != replicas {
+		t.Errorf("%d holders, want every one of the %d replicas", len(sum.Holders), replicas)
+	}
+	for _, h := range sum.Handovers {
+		if h.Took <= 0 || h.Took > bound {
+			t.Errorf("handover from %s took %v, want within %v", h.From, h.Took, bound)
+		}
+	}
+	for _, c := range sum.Checks {
+		if !c.OK {
+			t.Errorf("check failed: %s", c.Text)
+		}
+	}
+	// Every holder but the newest had a write replayed, and the row store
+	// refused each as stale, naming a newer token.
+	if len(sum.Replays) != len(sum.Holders)-1 {
+		t.Errorf("%d stale writes replayed, want %d", len(sum.Replays), len(sum.Holders)-1)
+	}
+	for _, r := range sum.Replays {
+		if !r.Stale || r.Current <= r.Token {
+			t.Errorf("the replayed write of %s with token %d: stale %v, store holds %d (%s)", r.Replica, r.Token, r.Stale, r.Current, r.Error)
+		}
 	}
 }
 

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"syscall"
 	"time"
 
 	"github.com/fencekit/fencekit/examples/internal/demo"
@@ -96,146 +95,75 @@ type check struct {
 	Text string `json:"text"`
 }
 
-// play starts the replicas, kills holders mid-batch, and follows the run
-// until every replica has exited.
-func (sc *scenario) play(ctx context.Context, tl *demo.Timeline, o options) (*summary, error) {
-	sum := &summary{Period: o.period, Customers: o.customers, Replicas: o.replicas, LeaseStore: o.leaseStore,
-		Rows:      rowsInfo{Store: o.rowStore, Schema: sc.cfg.Schema, DynamoDB: sc.dynamo},
-		TTLMillis: o.ttl.Milliseconds(), RenewMillis: o.renewInterval().Milliseconds()}
-	budget := time.Duration(o.customers)*(o.invoiceTime+50*time.Millisecond)*2 + time.Duration(o.kills+2)*3*o.ttl + 60*time.Second
-	events := make(chan event, 1024)
-	exits := make(chan exit, o.replicas)
-	procs := make(map[string]*proc, o.replicas)
-	defer func() { // never leave a replica behind, and wait for each
-		left := 0
-		for _, p := range procs {
-			if !p.exited {
-				_ = p.cmd.Process.Kill()
-				left++
-			}
-		}
-		for left > 0 {
-			select {
-			case <-events: // the rest of their output, so that they can end
-			case x := <-exits:
-				procs[x.name].exited = true
-				left--
-			}
-		}
-	}()
-	for i := range o.replicas {
-		name := fmt.Sprintf("replica-%d", i+1)
-		p, err := sc.startReplica(name, budget, events, exits)
-		if err != nil {
-			return nil, fmt.Errorf("starting %s: %w", name, err)
-		}
-		procs[name] = p
-		tl.Say(time.Now(), "orchestrator", "started %s (pid %d)", name, p.cmd.Process.Pid)
-	}
+// follower follows the replicas for play: it prints their events,
+// records who held the lease with which token, and kills holders.
+type follower struct {
+	sc       *scenario
+	ctx      context.Context
+	tl       *demo.Timeline
+	o        options
+	replicas *demo.Group[event]
+	sum      *summary
 
-	var (
-		killsLeft = o.kills
-		pending   *handover // a kill waiting for the next acquire
-		current   = map[string]*holder{}
-	)
-	handle := func(e event) {
-		sum.Events = append(sum.Events, e)
-		tl.Say(e.At, e.Replica, "%s", e.Text)
-		h := current[e.Replica]
-		switch e.Kind {
-		case evAcquired:
-			h = &holder{Replica: e.Replica, Pid: e.Pid, Token: e.Token, AcquiredAt: e.At, ResumedAt: -1}
-			current[e.Replica] = h
-			sum.Holders = append(sum.Holders, h)
-			if pending != nil {
-				pending.To, pending.ToToken, pending.Acquired = e.Replica, e.Token, e.At
-				pending.Took = e.At.Sub(pending.KilledAt)
-				tl.Say(e.At, "orchestrator", "handover: %s took over %v after %s was killed (TTL %v)",
-					e.Replica, pending.Took.Round(time.Millisecond), pending.From, o.ttl)
-				pending = nil
-			}
-		case evResume:
-			if h != nil {
-				h.ResumedAt = e.Next
-			}
-		case evInvoice:
-			if h == nil {
-				return
-			}
+	killsLeft int
+	pending   *handover          // a kill waiting for the next acquire
+	current   map[string]*holder // each replica's latest grant
+}
+
+// event takes in one of the replicas' events.
+func (f *follower) event(e event) {
+	f.sum.Events = append(f.sum.Events, e)
+	f.tl.Say(e.At, e.Replica, "%s", e.Text)
+	h := f.current[e.Replica]
+	switch e.Kind {
+	case evAcquired:
+		f.acquired(e)
+	case evResume:
+		if h != nil {
+			h.ResumedAt = e.Next
+		}
+	case evInvoice:
+		if h != nil {
 			h.Reported++
-			p := procs[e.Replica]
-			if killsLeft > 0 && h.Reported == o.killAfter && !p.killed {
-				killsLeft--
-				err := p.cmd.Process.Signal(syscall.SIGKILL)
-				killedAt := time.Now()
-				if err != nil {
-					sum.problems = append(sum.problems, fmt.Sprintf("could not kill %s: %v", e.Replica, err))
-					return
-				}
-				p.killed = true
-				h.Fate, h.KilledAt = evKilled, killedAt
-				left, _ := sc.LeaseLeft(ctx, o.ttl)
-				pending = &handover{From: e.Replica, FromToken: h.Token, KilledAt: killedAt, LeaseLeft: left}
-				sum.Handovers = append(sum.Handovers, pending)
-				tl.Say(killedAt, "orchestrator", "KILLED %s (pid %d) with SIGKILL after its invoice #%d; its lease is not released and has %s left in %s",
-					e.Replica, p.cmd.Process.Pid, e.Number, leftText(sc.LeaseStore, pending.LeaseLeft), storeName(sc.LeaseStore))
-			}
-		case evCompleted:
-			if h != nil {
-				h.Fate = evCompleted
-			}
-		case evNothing:
-			if h != nil {
-				h.Fate = evNothing
-			}
-		case evStopped, evFailed:
-			if h != nil {
-				h.Fate = e.Text
-			}
-			sum.problems = append(sum.problems, fmt.Sprintf("%s: %s", e.Replica, e.Text))
+			f.invoice(e, h)
 		}
+	case evCompleted, evNothing:
+		if h != nil {
+			h.Fate = e.Kind
+		}
+	case evStopped, evFailed:
+		if h != nil {
+			h.Fate = e.Text
+		}
+		f.sum.problems = append(f.sum.problems, fmt.Sprintf("%s: %s", e.Replica, e.Text))
 	}
+}
 
-	overall := time.NewTimer(budget)
-	defer overall.Stop()
-	for running := o.replicas; running > 0; {
-		select {
-		case e := <-events:
-			handle(e)
-		case x := <-exits:
-			running--
-			p := procs[x.name]
-			p.exited = true
-			switch {
-			case p.killed:
-				tl.Say(time.Now(), "orchestrator", "%s is gone (%v)", x.name, x.err)
-			case x.err != nil:
-				sum.problems = append(sum.problems, fmt.Sprintf("%s exited with %v", x.name, x.err))
-				tl.Say(time.Now(), "orchestrator", "%s exited with %v", x.name, x.err)
-			default:
-				tl.Say(time.Now(), "orchestrator", "%s exited normally", x.name)
-			}
-		case <-overall.C:
-			return nil, fmt.Errorf("timed out after %v", budget)
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
+// acquired records a grant of the lease, and the handover it completes.
+func (f *follower) acquired(e event) {
+	h := &holder{Replica: e.Replica, Pid: e.Pid, Token: e.Token, AcquiredAt: e.At, ResumedAt: -1}
+	f.current[e.Replica] = h
+	f.sum.Holders = append(f.sum.Holders, h)
+	if p := f.pending; p != nil {
+		p.To, p.ToToken, p.Acquired = e.Replica, e.Token, e.At
+		p.Took = e.At.Sub(p.KilledAt)
+		f.tl.Say(e.At, "orchestrator", "handover: %s took over %v after %s was killed (TTL %v)",
+			e.Replica, p.Took.Round(time.Millisecond), p.From, f.o.TTL)
+		f.pending = nil
 	}
-	// A replica's events are all queued before its exit is: take the rest.
-	for {
-		select {
-		case e := <-events:
-			handle(e)
-			continue
-		default:
-		}
-		break
+}
+
+// exit takes in a replica's exit.
+func (f *follower) exit(x demo.Exit) {
+	switch p := f.replicas.Exited(x); {
+	case p.Killed:
+		f.tl.Say(time.Now(), "orchestrator", "%s is gone (%v)", x.Name, x.Err)
+	case x.Err != nil:
+		f.sum.problems = append(f.sum.problems, fmt.Sprintf("%s exited with %v", x.Name, x.Err))
+		f.tl.Say(time.Now(), "orchestrator", "%s exited with %v", x.Name, x.Err)
+	default:
+		f.tl.Say(time.Now(), "orchestrator", "%s exited normally", x.Name)
 	}
-	if pending != nil {
-		pending.Took = -1
-		sum.problems = append(sum.problems, fmt.Sprintf("nobody acquired the lease after %s was killed", pending.From))
-	}
-	return sum, nil
 }
 
 // leftText says how long a grant had left, as LeaseLeft read it: etcd

@@ -177,14 +177,14 @@ func (v *verifier) checkHandovers() {
 			v.add(false, "nobody took over after %s was killed", k.From)
 			continue
 		}
-		lag := v.sc.cfg.leaseStore().ExpiryLag()
+		lag := v.sc.cfg.Leases().ExpiryLag()
 		bound := fmt.Sprintf("TTL + renew interval + %v for a loaded machine", loadAllowance)
 		if lag > 0 {
-			bound += fmt.Sprintf(" + %v, how late %s may expire it", lag, storeName(o.leaseStore))
+			bound += fmt.Sprintf(" + %v, how late %s may expire it", lag, storeName(o.LeaseStore))
 		}
 		v.add(k.Took > 0 && k.Took <= o.handoverBound(lag),
 			"%s took over %v after the kill (its grant had %s left in %s; bound: %s = %v)",
-			k.To, k.Took.Round(time.Millisecond), leftText(o.leaseStore, k.LeaseLeft), storeName(o.leaseStore), bound, o.handoverBound(lag).Round(time.Millisecond))
+			k.To, k.Took.Round(time.Millisecond), leftText(o.LeaseStore, k.LeaseLeft), storeName(o.LeaseStore), bound, o.handoverBound(lag).Round(time.Millisecond))
 	}
 	if len(v.sum.Handovers) < o.kills {
 		v.add(false, "only %d of %d kills happened", len(v.sum.Handovers), o.kills)
@@ -296,7 +296,7 @@ func (v *verifier) verdict() {
 	}
 	handovers := "no holder was killed"
 	if len(took) > 0 {
-		handovers = fmt.Sprintf("%d holder(s) killed mid-batch, taken over in %s (TTL %v)", len(took), strings.Join(took, ", "), o.ttl)
+		handovers = fmt.Sprintf("%d holder(s) killed mid-batch, taken over in %s (TTL %v)", len(took), strings.Join(took, ", "), o.TTL)
 	}
 	sum.Verdict = fmt.Sprintf("VERDICT: SAFE. %s; every one of the %d customers has exactly one invoice for %s, each written under a valid lease's token, and the old tokens can no longer write.",
 		handovers, o.customers, o.period)
@@ -353,7 +353,7 @@ func (sum *summary) print(out io.Writer, tl *demo.Timeline, o options) {
 				to = fmt.Sprintf("%s acquired at %s with token %d: handover %v", k.To, tl.Rel(k.Acquired), k.ToToken, k.Took.Round(time.Millisecond))
 			}
 			fmt.Fprintf(out, "  %s (token %d) killed at %s, its grant had %s left in %s; %s (TTL %v, renew interval %v)\n",
-				k.From, k.FromToken, tl.Rel(k.KilledAt), leftText(o.leaseStore, k.LeaseLeft), storeName(o.leaseStore), to, o.ttl, o.renewInterval().Round(time.Millisecond))
+				k.From, k.FromToken, tl.Rel(k.KilledAt), leftText(o.LeaseStore, k.LeaseLeft), storeName(o.LeaseStore), to, o.TTL, o.renewInterval().Round(time.Millisecond))
 		}
 	}
 	fmt.Fprintf(out, "\nChecks:\n")

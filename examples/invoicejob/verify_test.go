@@ -81,7 +81,7 @@ func TestVerifyChecks(t *testing.T) {
 			for i := range n {
 				sc.customers = append(sc.customers, customer{ID: fmt.Sprintf("cust-%05d", i+1)})
 			}
-			o := options{replicas: 3, customers: n, kills: 0, period: "2026-11", ttl: time.Second}
+			o := options{replicas: 3, customers: n, kills: 0, period: "2026-11", Flags: demo.Flags{TTL: time.Second}}
 			sum := &summary{Holders: []*holder{
 				{Replica: "replica-1", Token: tokA, ResumedAt: 0, Fate: evKilled, KilledAt: time.Now()},
 				{Replica: "replica-2", Token: tokB, ResumedAt: 2, Fate: evCompleted},

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -19,19 +18,9 @@ import (
 // workerConfig is what the orchestrator hands a replica process (as JSON in
 // the environment variable configVar, see demo.StartChild).
 type workerConfig struct {
-	Replica     string `json:"replica"`
-	RedisURL    string `json:"redis_url"`
-	PostgresURL string `json:"postgres_url"`
-	Schema      string `json:"schema"`
-	Period      string `json:"period"`
-	LeaseName   string `json:"lease_name"`
-	LeaseStore  string `json:"lease_store"`
-	RedisPrefix string `json:"redis_prefix"`
-	// Consensus says where etcd or ZooKeeper are (LeaseStore etcd or
-	// zookeeper).
-	Consensus      demo.LeaseStore `json:"consensus"`
-	TTL            time.Duration   `json:"ttl"`
-	AcquireTimeout time.Duration   `json:"acquire_timeout"`
+	demo.ChildLease        // the lease, where it lives, its TTL
+	Replica         string `json:"replica"`
+	Period          string `json:"period"`
 	// InvoiceTime is how long rendering one invoice takes, inside its
 	// fenced transaction (the window in which a kill usually lands).
 	InvoiceTime time.Duration `json:"invoice_time"`
@@ -45,15 +34,6 @@ type workerConfig struct {
 
 const configVar = "FENCEKIT_INVOICEJOB_REPLICA"
 
-// leaseStore says where the run's leases live: PostgreSQL leases in the
-// run's schema.
-func (c workerConfig) leaseStore() demo.LeaseStore {
-	s := c.Consensus
-	s.Kind, s.RedisURL, s.RedisPrefix, s.PostgresURL, s.Schema = c.LeaseStore, c.RedisURL, c.RedisPrefix, c.PostgresURL, c.Schema
-	return s
-}
-
-// Table and column names the orchestrator creates and the replicas write.
 const (
 	customersTable = "customers"
 	invoicesTable  = "invoices"
@@ -95,12 +75,12 @@ const (
 
 type replica struct {
 	cfg workerConfig
-	enc *json.Encoder
+	out *demo.Reporter
 }
 
 func (r *replica) emit(e event) {
 	e.At, e.Replica, e.Pid = time.Now(), r.cfg.Replica, os.Getpid()
-	_ = r.enc.Encode(e)
+	r.out.Report(e)
 }
 
 func (r *replica) fail(format string, args ...any) int {
@@ -112,7 +92,7 @@ func (r *replica) fail(format string, args ...any) int {
 // lease, then generate the period's invoices, one fenced transaction each,
 // starting where the progress row says the batch stands.
 func runReplica() int {
-	r := &replica{enc: json.NewEncoder(os.Stdout)}
+	r := &replica{out: demo.NewReporter(os.Stdout)}
 	if err := demo.ReadChildConfig(configVar, &r.cfg); err != nil {
 		fmt.Fprintf(os.Stderr, "invoicejob replica: %v\n", err)
 		return 2
@@ -120,7 +100,7 @@ func runReplica() int {
 	cfg := r.cfg
 	ctx := context.Background()
 
-	m, closeLeases, err := demo.NewLeaseManager(cfg.leaseStore(), cfg.TTL, lease.WithIdentity(cfg.Replica))
+	m, closeLeases, err := demo.NewLeaseManager(cfg.Leases(), cfg.TTL, lease.WithIdentity(cfg.Replica))
 	if err != nil {
 		return r.fail("%v", err)
 	}
@@ -169,7 +149,7 @@ func runReplica() int {
 	case tok == 0: // never acquired
 		return r.fail("could not acquire lease %s: %v", cfg.LeaseName, err)
 	case err == nil:
-		r.emit(event{Kind: evReleased, Token: tok, Text: "released the lease (waiters are woken by " + cfg.leaseStore().WakeUps() + ")"})
+		r.emit(event{Kind: evReleased, Token: tok, Text: "released the lease (waiters are woken by " + cfg.Leases().WakeUps() + ")"})
 	case errors.Is(err, lease.ErrLost):
 		r.emit(event{Kind: evReleased, Token: tok, Text: "the lease had been lost: " + err.Error()})
 	default:

@@ -162,13 +162,7 @@ func (d *downstream) finish(sum *summary, out io.Writer) {
 	d.mu.Lock()
 	by, tok := d.writtenBy, d.token
 	d.mu.Unlock()
-	var grants []grant
-	for _, e := range sum.Events {
-		if e.Kind == evAcquired {
-			grants = append(grants, grant{role: e.Role, token: e.Token, at: e.At})
-		}
-	}
-	writes := writesTo(sum.Events, storeService, grants)
+	writes := writesTo(sum.Events, storeService, grantsOf(sum.Events))
 	var lines, problems, failures []string
 	var newest *writeView
 	for i := range writes {

@@ -46,13 +46,7 @@ func TestSignalLeavesNothing(t *testing.T) {
 			if err := p.Cmd.Process.Signal(sig); err != nil {
 				t.Fatal(err)
 			}
-			if ws := p.Wait(t); ws.Signaled() || ws.ExitStatus() != 2 {
-				t.Errorf("exit %v; want status 2 (the run could not be completed), not death by signal", ws)
-			}
-			demotest.ExpectGone(t, children)
-			if left := env.Look(t, entries); !left.Empty() {
-				t.Errorf("left behind: %+v; stderr:\n%s", left, p.Stderr)
-			}
+			env.ExpectStoppedClean(t, p, children, entries)
 		})
 	}
 }
@@ -66,15 +60,9 @@ func TestClosedStdoutLeavesNothing(t *testing.T) {
 	p.WaitFor(t, "froze worker A")
 	entries, children := env.Ledger(t), p.Children(t)
 	p.CloseStdout() // B's acquire, 300 ms on, is the next line written
-	if ws := p.Wait(t); ws.Signaled() || ws.ExitStatus() != 2 {
-		t.Errorf("exit %v; want status 2, not death by signal; stderr:\n%s", ws, p.Stderr)
-	}
+	env.ExpectStoppedClean(t, p, children, entries)
 	if !strings.Contains(p.Stderr.String(), "output pipe closed") {
 		t.Errorf("stderr does not say why the run ended:\n%s", p.Stderr)
-	}
-	demotest.ExpectGone(t, children)
-	if left := env.Look(t, entries); !left.Empty() {
-		t.Errorf("left behind: %+v; stderr:\n%s", left, p.Stderr)
 	}
 }
 
@@ -97,16 +85,7 @@ func TestKilledRunIsSweptByTheNext(t *testing.T) {
 		t.Fatalf("after SIGKILL: %+v; want the ledger, the schema, the lease's keys and versitygw's directory left for the sweep", left)
 	}
 
-	next := env.Start(t, "--ttl", "300ms", "--pause", "800ms")
-	if ws := next.Wait(t); ws.ExitStatus() != 0 {
-		t.Fatalf("the next run: exit %v; stderr:\n%s", ws, next.Stderr)
-	}
-	if !strings.Contains(next.Stderr.String(), "cleaning up after an earlier stalewriter run") {
-		t.Errorf("the next run did not say it swept; stderr:\n%s", next.Stderr)
-	}
-	if left := env.Look(t, entries); !left.Empty() {
-		t.Errorf("left behind after the next run: %+v; its stderr:\n%s", left, next.Stderr)
-	}
+	env.ExpectSwept(t, "stalewriter", entries, "--ttl", "300ms", "--pause", "800ms")
 }
 
 // TestKeepKeepsWhatItSays: with --keep the schema, the object (in the data

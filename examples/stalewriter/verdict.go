@@ -65,6 +65,25 @@ type writeView struct {
 
 // judge computes the verdict of a run from its events and final state.
 func judge(events []event, final finalState, unguarded bool) verdict {
+	grants := grantsOf(events)
+	f := &findings{unguarded: unguarded}
+	rowStore := "postgres"
+	if final.RowStore != "" {
+		rowStore = final.RowStore
+	}
+	f.store(rowStore, writesTo(events, rowStore, grants), final.RowWrittenBy, final.RowToken)
+	f.store("s3", writesTo(events, "s3", grants), final.ObjectWrittenBy, final.ObjectToken)
+	if final.Item {
+		f.store("dynamodb", writesTo(events, "dynamodb", grants), final.ItemWrittenBy, final.ItemToken)
+	}
+	if !unguarded && final.RowLockVersion != 0 && fence.Token(final.RowLockVersion) != final.RowToken {
+		f.problems = append(f.problems, fmt.Sprintf("%s: lock_version %d does not match the row's token %d.", cmpStore(final.RowStore), final.RowLockVersion, final.RowToken))
+	}
+	return f.verdict(events)
+}
+
+// grantsOf returns the grants of the lease in the events, in time order.
+func grantsOf(events []event) []grant {
 	var grants []grant
 	for _, e := range events {
 		if e.Kind == evAcquired {
@@ -72,123 +91,115 @@ func judge(events []event, final finalState, unguarded bool) verdict {
 		}
 	}
 	sort.SliceStable(grants, func(i, j int) bool { return grants[i].at.Before(grants[j].at) })
+	return grants
+}
 
-	var (
-		problems []string // what makes the run unsafe
-		failures []string // what makes the run show nothing
-		notes    []string // what happened to writes made after a lease ended
-		late     int      // writes sent after the writer's lease had ended
-		lateOK   int      // of those, accepted (by order alone, or unguarded)
-		rejected int      // stale writes the stores rejected
-		// who wrote late and was accepted by order, and the newer holder
-		// that had not written yet
-		lateWriter, lateNewer string
-		rejectedWriter        string // who wrote late and was rejected
-	)
-	rowStore := "postgres"
-	if final.RowStore != "" {
-		rowStore = final.RowStore
-	}
-	stores := []string{rowStore, "s3"}
-	if final.Item {
-		stores = append(stores, "dynamodb")
-	}
-	for _, store := range stores {
-		writes := writesTo(events, store, grants)
-		by, tok := final.RowWrittenBy, final.RowToken
-		switch store {
-		case "s3":
-			by, tok = final.ObjectWrittenBy, final.ObjectToken
-		case "dynamodb":
-			by, tok = final.ItemWrittenBy, final.ItemToken
-		}
-		// The store's own order of the writes it accepted is not their
-		// send order: two writes in flight at once land in either order
-		// (a fenced transaction waits for the other's row lock). What is
-		// certain: a write answered before another was sent came first;
-		// the final state is the last accepted; and a rejection names the
-		// newer token the store had accepted.
-		var newest *writeView // the accepted write with the greatest token
-		for i := range writes {
-			if w := &writes[i]; w.Outcome == outcomeAccepted && (newest == nil || w.Token > newest.Token) {
-				newest = w
-			}
-		}
-		overwrote := false // a stale write was seen landing after a newer one
-		for i := range writes {
-			w := &writes[i]
-			if !w.lostAt.IsZero() {
-				late++
-			}
-			switch {
-			case w.Outcome == outcomeAccepted:
-				if before := acceptedBefore(writes, w); before != nil {
-					lateOK++
-					overwrote = true
-					problems = append(problems, fmt.Sprintf("%s ACCEPTED %s's write with stale token %d after %s's with token %d: %s's update is lost.",
-						store, w.Role, w.Token, before.Role, before.Token, before.Role))
-				} else if !w.lostAt.IsZero() {
-					lateOK++
-					note, newer := lateAcceptedNote(store, w, newest, by, tok, unguarded)
-					notes = append(notes, note)
-					lateWriter, lateNewer = w.Role, newer
-				}
-			case w.Outcome == outcomeStale:
-				if v := acceptedWith(writes, w.Current, w.Token); v != nil {
-					rejected++
-					rejectedWriter = w.Role
-					notes = append(notes, fmt.Sprintf("%s REJECTED %s's write (token %d) %s: %s's write had reached it first.",
-						store, w.Role, w.Token, lostPhrase(w), v.Role))
-				} else {
-					failures = append(failures, fmt.Sprintf("%s rejected %s's write (token %d) as stale, but no newer write was accepted there.",
-						store, w.Role, w.Token))
-				}
-			default:
-				failures = append(failures, fmt.Sprintf("%s: %s's write (token %d) FAILED: %s", store, w.Role, w.Token, firstLine(w.Error, 120)))
-			}
-		}
-		if newest != nil && (by != newest.Role || tok != newest.Token) && !overwrote {
-			problems = append(problems, fmt.Sprintf("%s holds %s's data (token %d), not that of the newest accepted token %d (%s).",
-				store, orNone(by), tok, newest.Token, newest.Role))
-		}
-	}
-	if !unguarded && final.RowLockVersion != 0 && fence.Token(final.RowLockVersion) != final.RowToken {
-		problems = append(problems, fmt.Sprintf("%s: lock_version %d does not match the row's token %d.", cmpStore(final.RowStore), final.RowLockVersion, final.RowToken))
-	}
+// findings is what judge found in the writes to the stores.
+type findings struct {
+	unguarded bool
+	problems  []string // what makes the run unsafe
+	failures  []string // what makes the run show nothing
+	notes     []string // what happened to writes made after a lease ended
+	late      int      // writes sent after the writer's lease had ended
+	lateOK    int      // of those, accepted (by order alone, or unguarded)
+	rejected  int      // stale writes the stores rejected
+	// who wrote late and was accepted by order, and the newer holder
+	// that had not written yet
+	lateWriter, lateNewer string
+	rejectedWriter        string // who wrote late and was rejected
+}
 
-	v := verdict{OK: len(problems) == 0 && len(failures) == 0, Inconclusive: len(problems) == 0 && len(failures) > 0}
+// store judges the writes to one store, whose final state is by's data
+// with the token tok.
+//
+// The store's own order of the writes it accepted is not their send
+// order: two writes in flight at once land in either order (a fenced
+// transaction waits for the other's row lock). What is certain: a write
+// answered before another was sent came first; the final state is the last
+// accepted; and a rejection names the newer token the store had accepted.
+func (f *findings) store(store string, writes []writeView, by string, tok fence.Token) {
+	var newest *writeView // the accepted write with the greatest token
+	for i := range writes {
+		if w := &writes[i]; w.Outcome == outcomeAccepted && (newest == nil || w.Token > newest.Token) {
+			newest = w
+		}
+	}
+	overwrote := false // a stale write was seen landing after a newer one
+	for i := range writes {
+		w := &writes[i]
+		if !w.lostAt.IsZero() {
+			f.late++
+		}
+		switch {
+		case w.Outcome == outcomeAccepted:
+			if before := acceptedBefore(writes, w); before != nil {
+				f.lateOK++
+				overwrote = true
+				f.problems = append(f.problems, fmt.Sprintf("%s ACCEPTED %s's write with stale token %d after %s's with token %d: %s's update is lost.",
+					store, w.Role, w.Token, before.Role, before.Token, before.Role))
+			} else if !w.lostAt.IsZero() {
+				f.lateOK++
+				note, newer := lateAcceptedNote(store, w, newest, by, tok, f.unguarded)
+				f.notes = append(f.notes, note)
+				f.lateWriter, f.lateNewer = w.Role, newer
+			}
+		case w.Outcome == outcomeStale:
+			if v := acceptedWith(writes, w.Current, w.Token); v != nil {
+				f.rejected++
+				f.rejectedWriter = w.Role
+				f.notes = append(f.notes, fmt.Sprintf("%s REJECTED %s's write (token %d) %s: %s's write had reached it first.",
+					store, w.Role, w.Token, lostPhrase(w), v.Role))
+			} else {
+				f.failures = append(f.failures, fmt.Sprintf("%s rejected %s's write (token %d) as stale, but no newer write was accepted there.",
+					store, w.Role, w.Token))
+			}
+		default:
+			f.failures = append(f.failures, fmt.Sprintf("%s: %s's write (token %d) FAILED: %s", store, w.Role, w.Token, firstLine(w.Error, 120)))
+		}
+	}
+	if newest != nil && (by != newest.Role || tok != newest.Token) && !overwrote {
+		f.problems = append(f.problems, fmt.Sprintf("%s holds %s's data (token %d), not that of the newest accepted token %d (%s).",
+			store, orNone(by), tok, newest.Token, newest.Role))
+	}
+}
+
+// verdict turns the findings into the verdict: a headline and the findings
+// that explain it.
+func (f *findings) verdict(events []event) verdict {
+	v := verdict{OK: len(f.problems) == 0 && len(f.failures) == 0, Inconclusive: len(f.problems) == 0 && len(f.failures) > 0}
+	say := func(lines ...string) { v.Lines = append(v.Lines, lines...) }
 	switch {
 	case v.Inconclusive:
-		v.Lines = append(v.Lines, "VERDICT: NOT SHOWN: a write failed for another reason than a stale token.")
-		v.Lines = append(v.Lines, indent(failures)...)
-		v.Lines = append(v.Lines, indent(notes)...)
-	case len(problems) > 0:
-		v.Lines = append(v.Lines, "VERDICT: UNSAFE.")
-		v.Lines = append(v.Lines, indent(problems)...)
-		v.Lines = append(v.Lines, indent(failures)...)
-		v.Lines = append(v.Lines, indent(notes)...)
-		if unguarded {
-			v.Lines = append(v.Lines, "A lease alone allows this: the paused holder woke up and wrote over the newer holder's data.",
+		say("VERDICT: NOT SHOWN: a write failed for another reason than a stale token.")
+		say(indent(f.failures)...)
+		say(indent(f.notes)...)
+	case len(f.problems) > 0:
+		say("VERDICT: UNSAFE.")
+		say(indent(f.problems)...)
+		say(indent(f.failures)...)
+		say(indent(f.notes)...)
+		if f.unguarded {
+			say("A lease alone allows this: the paused holder woke up and wrote over the newer holder's data.",
 				"Run without --unguarded to see the stores reject it.")
 		}
-	case late == 0:
-		v.Lines = append(v.Lines, "VERDICT: SAFE. No stale write was attempted: every write was sent while its writer held the lease.")
-		if f, ok := freeze(events); ok {
-			v.Lines = append(v.Lines, fmt.Sprintf("  A was frozen for %s and its lease had %s left, so it kept its lease; use a --pause longer than --ttl to see a stale write.",
-				ms(f.pause), ms(f.remaining)))
+	case f.late == 0:
+		say("VERDICT: SAFE. No stale write was attempted: every write was sent while its writer held the lease.")
+		if fr, ok := freeze(events); ok {
+			say(fmt.Sprintf("  A was frozen for %s and its lease had %s left, so it kept its lease; use a --pause longer than --ttl to see a stale write.",
+				ms(fr.pause), ms(fr.remaining)))
 		}
-	case unguarded:
-		v.Lines = append(v.Lines, "VERDICT: NO OVERWRITE THIS TIME, by luck of timing alone: nothing checked the tokens.")
-		v.Lines = append(v.Lines, indent(notes)...)
-	case lateOK > 0:
-		v.Lines = append(v.Lines, fmt.Sprintf("VERDICT: SAFE, BY TOKEN ORDER: %s wrote after losing its lease, and was accepted only because %s had not written yet.",
-			lateWriter, orElse(lateNewer, "the newer holder")))
-		v.Lines = append(v.Lines, indent(notes)...)
-		v.Lines = append(v.Lines, "  Fencing orders writes by token; it cannot stop a stale write that arrives before the newer one. The newest token's data survived.")
+	case f.unguarded:
+		say("VERDICT: NO OVERWRITE THIS TIME, by luck of timing alone: nothing checked the tokens.")
+		say(indent(f.notes)...)
+	case f.lateOK > 0:
+		say(fmt.Sprintf("VERDICT: SAFE, BY TOKEN ORDER: %s wrote after losing its lease, and was accepted only because %s had not written yet.",
+			f.lateWriter, orElse(f.lateNewer, "the newer holder")))
+		say(indent(f.notes)...)
+		say("  Fencing orders writes by token; it cannot stop a stale write that arrives before the newer one. The newest token's data survived.")
 	default:
-		v.Lines = append(v.Lines, fmt.Sprintf("VERDICT: SAFE. The stores rejected %s %s made after losing its lease; the newest token's data survived.",
-			plural(rejected, "the write", "all %d writes"), rejectedWriter))
-		v.Lines = append(v.Lines, indent(notes)...)
+		say(fmt.Sprintf("VERDICT: SAFE. The stores rejected %s %s made after losing its lease; the newest token's data survived.",
+			plural(f.rejected, "the write", "all %d writes"), f.rejectedWriter))
+		say(indent(f.notes)...)
 	}
 	return v
 }

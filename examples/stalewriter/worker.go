@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -27,23 +26,13 @@ import (
 // workerConfig is what the orchestrator hands a worker process (as JSON in
 // the environment variable configVar, see demo.StartChild).
 type workerConfig struct {
-	Role        string     `json:"role"`
-	RedisURL    string     `json:"redis_url"`
-	PostgresURL string     `json:"postgres_url"`
-	S3          testenv.S3 `json:"s3"`
-	Schema      string     `json:"schema"`
-	Table       string     `json:"table"`
-	RowID       string     `json:"row_id"`
-	ObjectKey   string     `json:"object_key"`
-	Resource    string     `json:"resource"`
-	LeaseName   string     `json:"lease_name"`
-	LeaseStore  string     `json:"lease_store"`
-	RedisPrefix string     `json:"redis_prefix"`
-	// Consensus says where etcd or ZooKeeper are (LeaseStore etcd or
-	// zookeeper).
-	Consensus      demo.LeaseStore `json:"consensus"`
-	TTL            time.Duration   `json:"ttl"`
-	AcquireTimeout time.Duration   `json:"acquire_timeout"`
+	demo.ChildLease            // the lease, where it lives, its TTL
+	Role            string     `json:"role"`
+	S3              testenv.S3 `json:"s3"`
+	Table           string     `json:"table"`
+	RowID           string     `json:"row_id"`
+	ObjectKey       string     `json:"object_key"`
+	Resource        string     `json:"resource"`
 	// WriteDelay is the time between checking the lease and writing: the
 	// window in which the orchestrator freezes worker A.
 	WriteDelay time.Duration `json:"write_delay"`
@@ -57,14 +46,6 @@ type workerConfig struct {
 }
 
 const configVar = "FENCEKIT_STALEWRITER_WORKER"
-
-// leaseStore says where the run's leases live: PostgreSQL leases in the
-// run's schema.
-func (c workerConfig) leaseStore() demo.LeaseStore {
-	s := c.Consensus
-	s.Kind, s.RedisURL, s.RedisPrefix, s.PostgresURL, s.Schema = c.LeaseStore, c.RedisURL, c.RedisPrefix, c.PostgresURL, c.Schema
-	return s
-}
 
 // event is one line a worker prints on its standard output.
 type event struct {
@@ -115,15 +96,12 @@ const (
 
 type worker struct {
 	cfg workerConfig
-	mu  sync.Mutex // serialises enc: the loss watcher emits too
-	enc *json.Encoder
+	out *demo.Reporter // the loss watcher emits too
 }
 
 func (w *worker) emit(e event) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	e.At, e.Role = time.Now(), w.cfg.Role
-	_ = w.enc.Encode(e)
+	w.out.Report(e)
 }
 
 // watchLoss reports the moment this process notices that l ended without
@@ -149,7 +127,7 @@ func (w *worker) fail(format string, args ...any) int {
 // runWorker is the body of a worker process: acquire the lease, check it,
 // write the row and the object with its token, release.
 func runWorker() int {
-	w := &worker{enc: json.NewEncoder(os.Stdout)}
+	w := &worker{out: demo.NewReporter(os.Stdout)}
 	if err := demo.ReadChildConfig(configVar, &w.cfg); err != nil {
 		fmt.Fprintf(os.Stderr, "stalewriter worker: %v\n", err)
 		return 2
@@ -157,7 +135,7 @@ func runWorker() int {
 	cfg := w.cfg
 	ctx := context.Background()
 
-	m, closeLeases, err := demo.NewLeaseManager(cfg.leaseStore(), cfg.TTL, lease.WithIdentity("worker-"+cfg.Role))
+	m, closeLeases, err := demo.NewLeaseManager(cfg.Leases(), cfg.TTL, lease.WithIdentity("worker-"+cfg.Role))
 	if err != nil {
 		return w.fail("%v", err)
 	}

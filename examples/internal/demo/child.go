@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
+	"sync"
 	"syscall"
 
 	"github.com/fencekit/fencekit/examples/internal/leftover"
@@ -72,4 +74,22 @@ func ReadChildConfig(envVar string, cfg any) error {
 		return fmt.Errorf("bad %s: %w", envVar, err)
 	}
 	return nil
+}
+
+// Reporter is the child's side of Child.Events: it prints each event as
+// one line of JSON. It is safe for concurrent use.
+type Reporter struct {
+	mu  sync.Mutex
+	enc *json.Encoder
+}
+
+// NewReporter returns a reporter that prints on w (a child's os.Stdout).
+func NewReporter(w io.Writer) *Reporter { return &Reporter{enc: json.NewEncoder(w)} }
+
+// Report prints e. A failed write is dropped: the orchestrator sees the
+// child's exit.
+func (r *Reporter) Report(e any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_ = r.enc.Encode(e)
 }

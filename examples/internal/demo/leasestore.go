@@ -283,3 +283,36 @@ func (st *Stores) LeaseLeft(ctx context.Context, ttl time.Duration) (time.Durati
 	left, err := st.Redis.PTTL(ctx, st.Keys.Lease).Result()
 	return max(left, 0), err
 }
+
+// ChildLease is the part of a child process's configuration (StartChild)
+// that says which lease it takes and where that lease lives: the same in
+// both programs.
+type ChildLease struct {
+	RedisURL    string `json:"redis_url"`
+	PostgresURL string `json:"postgres_url"`
+	// Schema is the run's schema; PostgreSQL leases live there too.
+	Schema      string `json:"schema"`
+	LeaseName   string `json:"lease_name"`
+	LeaseStore  string `json:"lease_store"` // one of the Lease* constants
+	RedisPrefix string `json:"redis_prefix"`
+	// Consensus says where etcd, ZooKeeper or DynamoDB are (LeaseStore
+	// etcd, zookeeper or dynamodb).
+	Consensus      LeaseStore    `json:"consensus"`
+	TTL            time.Duration `json:"ttl"`
+	AcquireTimeout time.Duration `json:"acquire_timeout"`
+}
+
+// NewChildLease returns the ChildLease of the lease name in the lease store
+// kind, among the services svc found, for a run in schema; AcquireTimeout
+// is left for each child.
+func NewChildLease(svc *services.Set, kind, schema, name string, ttl time.Duration) ChildLease {
+	return ChildLease{RedisURL: svc.RedisURL, PostgresURL: svc.PostgresURL, Schema: schema,
+		LeaseName: name, LeaseStore: kind, RedisPrefix: "fencekit:", Consensus: StoreFor(kind, svc), TTL: ttl}
+}
+
+// Leases says where the lease lives.
+func (c ChildLease) Leases() LeaseStore {
+	s := c.Consensus
+	s.Kind, s.RedisURL, s.RedisPrefix, s.PostgresURL, s.Schema = c.LeaseStore, c.RedisURL, c.RedisPrefix, c.PostgresURL, c.Schema
+	return s
+}

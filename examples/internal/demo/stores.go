@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencekit/fencekit/examples/internal/leftover"
+	"github.com/fencekit/fencekit/examples/services"
 	"github.com/fencekit/fencekit/lease/redislease"
 	"github.com/fencekit/fencekit/migrations"
 )
@@ -66,6 +67,18 @@ type StoresConfig struct {
 	// program started itself (services.Set): what they hold goes with
 	// them, so a later sweep need not reach them.
 	PostgresStarted, RedisStarted bool
+}
+
+// StoresConfig returns the StoresConfig of the run's schema and lease, on
+// the services svc found or started; the program adds its tables
+// (CreateTables, FencedTables).
+func (c ChildLease) StoresConfig(svc *services.Set) StoresConfig {
+	return StoresConfig{
+		PostgresURL: svc.PostgresURL, Schema: c.Schema,
+		LeaseStore: c.LeaseStore, RedisURL: svc.RedisURL, RedisPrefix: c.RedisPrefix, LeaseName: c.LeaseName,
+		Leases: c.Leases(), TTL: c.TTL,
+		PostgresStarted: svc.PostgresStarted, RedisStarted: svc.RedisStarted,
+	}
 }
 
 // SetUpStores creates the schema and the program's tables in it, then does

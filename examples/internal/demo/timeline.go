@@ -1,8 +1,18 @@
 // Package demo holds what the example programs (stalewriter, invoicejob)
-// share: the timeline they print, the plumbing between an orchestrator and
-// the child processes it starts from its own executable, and the throwaway
-// PostgreSQL schema and Redis lease keys a run works in. Each program keeps
-// its own scenario, checks and output.
+// share, so that each program's main.go tells its story and little else:
+//
+//   - a run from start to clean-up: Session (interrupts, the ledger of what
+//     the run creates, the services, the exit statuses) and the flags both
+//     programs have (Flags, ParseFlags);
+//   - the child processes an orchestrator starts from its own executable:
+//     Group and StartChild on the orchestrator's side, ReadChildConfig on
+//     the child's;
+//   - the timeline they print (Timeline);
+//   - the stores a run works in: the throwaway PostgreSQL schema and the
+//     lease's keys (Stores), the lease stores (LeaseStore,
+//     NewLeaseManager) and a DynamoDB table of the run's own (RunTable).
+//
+// Each program keeps its own scenario, checks and output.
 package demo
 
 import (

@@ -348,3 +348,35 @@ func connect(t *testing.T) *pgx.Conn {
 	}
 	return conn
 }
+
+// ExpectStoppedClean checks the end of a run that was asked to stop (a
+// signal, a closed stdout): p must end by itself with exit status 2 (the
+// run could not be completed), not die of a signal; its children must be
+// gone; and nothing in entries, the run's ledger, may be left.
+func (e *Env) ExpectStoppedClean(t *testing.T, p *Proc, children []Child, entries []leftover.Entry) {
+	t.Helper()
+	if ws := p.Wait(t); ws.Signaled() || ws.ExitStatus() != 2 {
+		t.Errorf("exit %v; want status 2 (the run could not be completed), not death by signal; stderr:\n%s", ws, p.Stderr)
+	}
+	ExpectGone(t, children)
+	if left := e.Look(t, entries); !left.Empty() {
+		t.Errorf("left behind: %+v; stderr:\n%s", left, p.Stderr)
+	}
+}
+
+// ExpectSwept runs program again with args, after a run of it was killed
+// leaving entries: the new run must exit 0, say that it cleaned up after
+// the earlier run, and leave nothing of entries.
+func (e *Env) ExpectSwept(t *testing.T, program string, entries []leftover.Entry, args ...string) {
+	t.Helper()
+	next := e.Start(t, args...)
+	if ws := next.Wait(t); ws.ExitStatus() != 0 {
+		t.Fatalf("the next run: exit %v; stderr:\n%s", ws, next.Stderr)
+	}
+	if !strings.Contains(next.Stderr.String(), "cleaning up after an earlier "+program+" run") {
+		t.Errorf("the next run did not say it swept; stderr:\n%s", next.Stderr)
+	}
+	if left := e.Look(t, entries); !left.Empty() {
+		t.Errorf("left behind after the next run: %+v; its stderr:\n%s", left, next.Stderr)
+	}
+}
