@@ -101,6 +101,9 @@ func (b *Backend) acquire(ctx context.Context, ns *nameState, req driver.Request
 			return driver.Grant{}, err
 		}
 	}
+	if req.Queue {
+		return b.acquireQueued(ns, req)
+	}
 
 	for range maxQueueSteps {
 		b.mu.Lock()

@@ -314,6 +314,13 @@ func (b *Backend) Abandon(ctx context.Context, req driver.Request) error {
 		if rec != nil {
 			b.deleteSure(rec.path)
 		}
+		b.mu.Lock()
+		p := ns.places[req.Owner]
+		b.mu.Unlock()
+		if p != nil {
+			// A waiter that gave up leaves the line at once.
+			b.dropPlace(ns, req.Owner, p)
+		}
 		kids, err := b.list(ns)
 		if err != nil {
 			return struct{}{}, err
