@@ -53,6 +53,55 @@
 //     abandoned operation holds the name's lock until the store answered,
 //     then gives back what it got, before anything else of that name runs.
 //
+// # Waiters in line (FIFO)
+//
+// The backend keeps blocked acquires in line at the store
+// (driver.Limits.Queues; lease.Options.FIFO). A queued Acquire
+// (driver.Request.Queue) gives its owner a place: an ephemeral sequential
+// node under a line parent of its own, LinePath (Options.Root + "/.line/"
+// + the escaped name), holding the place's TTL in milliseconds and the
+// owner. Arrival order is the sequence number. The holder queue above is
+// left alone, so an Acquire without Queue (TryAcquire, a Manager without
+// FIFO) ignores the line and takes a free name ahead of it; use one mode
+// per name.
+//
+//   - Every queued attempt first writes its place (a create at the end of
+//     the line, which checks the ended-owner record in the same
+//     transaction, so an ended owner never joins; or a refresh, a SetData),
+//     then lists the holder queue and the line, and reads the places ahead
+//     (pipelined). It is granted only when the holder queue is empty and
+//     no live place is ahead; the grant is then made as without Queue (a
+//     create, its czxid the token, and a listing that shows it lowest), so
+//     tokens and exclusion follow the same rules, and the place is
+//     deleted. Otherwise it is refused, with Ahead (the live places ahead)
+//     and RetryAfter (the time left of the first one) when the name is
+//     free.
+//   - A place lapses when its last write is older than its TTL. ZooKeeper
+//     keeps ephemeral nodes for their session, not for a time, so lapse is
+//     decided by the server's stamps: the mtime of the waiter's own write
+//     is "now", each place ahead is compared with its mtime. Both are the
+//     leader's clock (the leader stamps each transaction), so this needs
+//     no synchronized clients; after a leader change the stamps of two
+//     leaders are compared, and a place may lapse early or late by their
+//     skew (a Manager refreshes at least every TTL/2, so a skew below TTL/2
+//     never drops a live waiter). A lapsed place is deleted, with the
+//     version read, by the waiter that found it (a refresh in between
+//     keeps it live); a waiter whose own place lapsed goes to the end. A
+//     backend also deletes its own place once it was not refreshed for its
+//     TTL, and a place goes with its session (a waiter whose process died
+//     leaves the line within the session timeout, or its TTL if shorter).
+//   - Abandon deletes the owner's place (one kept by this Backend; the
+//     Manager sends an owner's requests through one Backend).
+//   - A refused waiter watches the place just ahead of its own, or, when
+//     it is first, the holder's node: the holder's release (or the end of
+//     its session) wakes the first waiter alone, and a waiter that leaves
+//     wakes the one behind it. A refresh of the place ahead sets the watch
+//     again without waking anyone. Queued waiters put no ticket in the
+//     holder queue (Watch only subscribes).
+//
+// A queued grant costs four round trips (the place's write; the listings
+// and reads; the create; the confirming listing); a refusal costs two.
+//
 // A request whose answer is lost does not leave a node behind: a create is
 // settled by listing the parent for its GUID (the recipe's "protected"
 // names; when no listing is answered within the TTL, a client whose every
