@@ -65,15 +65,18 @@
 // FIFO) ignores the line and takes a free name ahead of it; use one mode
 // per name.
 //
-//   - Every queued attempt first writes its place (a create at the end of
-//     the line, which checks the ended-owner record in the same
-//     transaction, so an ended owner never joins; or a refresh, a SetData),
-//     then lists the holder queue and the line, and reads the places ahead
-//     (pipelined). It is granted only when the holder queue is empty and
+//   - A queued attempt writes its place (a create at the end of the line,
+//     which checks the ended-owner record in the same transaction, so an
+//     ended owner never joins; or a refresh, a SetData), lists the holder
+//     queue and the line, and reads the places ahead (pipelined); an owner
+//     already in line lists first, and skips the write when it is first
+//     and the name free. It is granted only when the holder queue is empty and
 //     no live place is ahead; the grant is then made as without Queue (a
 //     create, its czxid the token, and a listing that shows it lowest), so
 //     tokens and exclusion follow the same rules, and the place is
-//     deleted. Otherwise it is refused, with Ahead (the live places ahead)
+//     deleted in the create's transaction. (A place's own czxid cannot be
+//     the token: an acquire without Queue may be granted a greater one
+//     while the place waits.) Otherwise it is refused, with Ahead (the live places ahead)
 //     and RetryAfter (the time left of the first one) when the name is
 //     free.
 //   - A place lapses when its last write is older than its TTL. ZooKeeper
@@ -99,8 +102,12 @@
 //     again without waking anyone. Queued waiters put no ticket in the
 //     holder queue (Watch only subscribes).
 //
-// A queued grant costs four round trips (the place's write; the listings
-// and reads; the create; the confirming listing); a refusal costs two.
+// The first waiter's grant costs three round trips: the two listings
+// (pipelined), the create (whose transaction also deletes the place), and
+// the listing that shows the node lowest. It writes no place first: with
+// no place ahead there is nothing to judge, so no clock is needed. A
+// refusal costs the listings, the place's write and the reads of the
+// places ahead (pipelined), plus a watch when the node watched changes.
 //
 // A request whose answer is lost does not leave a node behind: a create is
 // settled by listing the parent for its GUID (the recipe's "protected"

@@ -369,13 +369,68 @@ func (b *Backend) placesAhead(name string, line []child, i int, now int64) ahead
 // in line and grants the name only when no one holds it and no live place
 // is ahead of the owner's. It runs under the name's op lock, after the
 // checks of an ended owner and of a grant the owner holds already.
+//
+// An owner that has a place looks first (the holder queue and the line,
+// one round trip): first in line with the name free, it needs no clock (no
+// place ahead to judge) and goes straight to the grant, without writing
+// its place. Otherwise it writes its place, whose stamp is the clock that
+// judges the places ahead.
 func (b *Backend) acquireQueued(ns *nameState, req driver.Request) (driver.Grant, error) {
+	b.mu.Lock()
+	had := ns.places[req.Owner]
+	b.mu.Unlock()
+	var (
+		kids, line []child
+		err        error
+	)
+	if had != nil {
+		kids, line, err = b.readLine(ns)
+		if err != nil {
+			return driver.Grant{}, err
+		}
+		if position(line, baseName(had.path)) == 0 && len(kids) == 0 {
+			return b.grantQueued(ns, req, had)
+		}
+	}
 	p, err := b.keepPlace(ns, req)
 	if err != nil {
 		return driver.Grant{}, err
 	}
-	// Both listings follow the place's write in the session's order, so
-	// they see at least what the server had applied before it.
+	if p != had {
+		// A new place, at the end of the line: look again. (Both
+		// listings follow the place's write in the session's order, so
+		// they see at least what the server had applied before it.)
+		if kids, line, err = b.readLine(ns); err != nil {
+			return driver.Grant{}, err
+		}
+	}
+	// An old listing is good enough for a place that was already in line:
+	// the places created since are behind it, and the refusal it may lead
+	// to is sent again.
+	i := position(line, baseName(p.path))
+	if i < 0 {
+		// Deleted as lapsed after the write (a waiter whose clock ran
+		// ahead), or gone with the session: the next attempt joins again.
+		b.dropPlace(ns, req.Owner, p)
+		return driver.Grant{}, notAcquired(req.Name)
+	}
+	a := b.placesAhead(req.Name, line, i, p.mtime)
+	if len(kids) > 0 || a.live > 0 {
+		watch := a.pred
+		if watch == "" {
+			watch = ns.parent + "/" + kids[0].name
+		}
+		b.watchLine(ns, watch)
+		if len(kids) > 0 {
+			return driver.Grant{}, notAcquired(req.Name)
+		}
+		return driver.Grant{}, &driver.NotAcquiredError{Name: req.Name, Ahead: a.live, RetryAfter: max(a.firstLeft, 0)}
+	}
+	return b.grantQueued(ns, req, p)
+}
+
+// readLine lists the holder queue of ns and its line, pipelined.
+func (b *Backend) readLine(ns *nameState) (kids, line []child, err error) {
 	type listing struct {
 		kids []child
 		err  error
@@ -385,36 +440,34 @@ func (b *Backend) acquireQueued(ns *nameState, req driver.Request) (driver.Grant
 		kids, err := b.list(ns)
 		held <- listing{kids, err}
 	}()
-	line, lerr := b.listLine(req.Name)
+	line, lerr := b.listLine(ns.name)
 	h := <-held
 	if h.err != nil {
-		return driver.Grant{}, h.err
+		return nil, nil, h.err
 	}
 	if lerr != nil {
-		return driver.Grant{}, lerr
+		return nil, nil, lerr
 	}
-	i := position(line, baseName(p.path))
-	if i < 0 {
-		// Deleted as lapsed after the write (a waiter whose clock ran
-		// ahead), or gone with the session: the next attempt joins again.
-		b.dropPlace(ns, req.Owner, p)
+	return h.kids, line, nil
+}
+
+// grantQueued grants the name to req.Owner, first in line with the name
+// free, as an acquire without Queue does (a create, then a listing that
+// shows it lowest), and takes p out of the line in the create's
+// transaction.
+func (b *Backend) grantQueued(ns *nameState, req driver.Request, p *place) (driver.Grant, error) {
+	n, err := b.create(ns, req.Owner, req.Owner, req.TTL, &zk.DeleteRequest{Path: p.path, Version: -1})
+	b.mu.Lock()
+	if ns.places[req.Owner] == p && (err == nil || errors.Is(err, errExtraFailed)) {
+		// Deleted with the create, or already gone (deleted as lapsed
+		// by a waiter behind it, or with its session).
+		delete(ns.places, req.Owner)
+		p.timer.Stop()
+	}
+	b.mu.Unlock()
+	if errors.Is(err, errExtraFailed) {
 		return driver.Grant{}, notAcquired(req.Name)
 	}
-	a := b.placesAhead(req.Name, line, i, p.mtime)
-	if len(h.kids) > 0 || a.live > 0 {
-		watch := a.pred
-		if watch == "" {
-			watch = ns.parent + "/" + h.kids[0].name
-		}
-		b.watchLine(ns, watch)
-		if len(h.kids) > 0 {
-			return driver.Grant{}, notAcquired(req.Name)
-		}
-		return driver.Grant{}, &driver.NotAcquiredError{Name: req.Name, Ahead: a.live, RetryAfter: max(a.firstLeft, 0)}
-	}
-
-	// Free, and first in line: a grant as without Queue.
-	n, err := b.create(ns, req.Owner, req.Owner, req.TTL)
 	if err != nil {
 		return driver.Grant{}, err
 	}
@@ -427,9 +480,13 @@ func (b *Backend) acquireQueued(ns *nameState, req driver.Request) (driver.Grant
 	case j < 0:
 		return driver.Grant{}, fmt.Errorf("zklease: acquire %q: the node %s vanished right after it was created (its session ended?)", req.Name, n.path)
 	case j > 0:
-		// An acquire without Queue took the name meanwhile: the place
-		// stays.
+		// An acquire without Queue took the name meanwhile (one mode per
+		// name, or this happens): the place went with the create, so the
+		// owner joins the line again, at its end.
 		b.deleteSure(n.path)
+		if _, err := b.keepPlace(ns, req); err != nil {
+			return driver.Grant{}, err
+		}
 		b.watchLine(ns, ns.parent+"/"+kids[0].name)
 		return driver.Grant{}, notAcquired(req.Name)
 	}
@@ -440,8 +497,6 @@ func (b *Backend) acquireQueued(ns *nameState, req driver.Request) (driver.Grant
 	b.mu.Lock()
 	rec := b.newGrantLocked(ns, req, n.path, n.czxid, n.session, n.sent)
 	b.mu.Unlock()
-	// The grant takes the owner out of the line.
-	b.dropPlace(ns, req.Owner, p)
 	return rec.grant(), nil
 }
 
