@@ -72,6 +72,15 @@ type place struct {
 	mtime   int64     // the server's stamp of the last write of the node (ms)
 	base    time.Time // send time of the last write of the node
 	timer   *time.Timer
+	// first is set when the last attempt found no live place ahead and
+	// the name held, and watched the holder's node (holderNode);
+	// holderGone when that node's deletion was then notified. The next
+	// attempt is then still first (places only join behind it; its own,
+	// if deleted as lapsed, fails the grant's transaction) and the name
+	// likely free: it goes straight to the grant.
+	first      bool
+	holderNode string
+	holderGone bool
 }
 
 func placeData(ttl time.Duration, owner string) []byte {
@@ -384,6 +393,13 @@ func (b *Backend) acquireQueued(ns *nameState, req driver.Request) (driver.Grant
 		err        error
 	)
 	if had != nil {
+		b.mu.Lock()
+		fast := had.first && had.holderGone
+		had.first, had.holderGone = false, false
+		b.mu.Unlock()
+		if fast {
+			return b.grantQueued(ns, req, had)
+		}
 		kids, line, err = b.readLine(ns)
 		if err != nil {
 			return driver.Grant{}, err
@@ -420,6 +436,9 @@ func (b *Backend) acquireQueued(ns *nameState, req driver.Request) (driver.Grant
 		if watch == "" {
 			watch = ns.parent + "/" + kids[0].name
 		}
+		b.mu.Lock()
+		p.first, p.holderNode, p.holderGone = a.live == 0, watch, false
+		b.mu.Unlock()
 		b.watchLine(ns, watch)
 		if len(kids) > 0 {
 			return driver.Grant{}, notAcquired(req.Name)
@@ -480,9 +499,9 @@ func (b *Backend) grantQueued(ns *nameState, req driver.Request, p *place) (driv
 	case j < 0:
 		return driver.Grant{}, fmt.Errorf("zklease: acquire %q: the node %s vanished right after it was created (its session ended?)", req.Name, n.path)
 	case j > 0:
-		// An acquire without Queue took the name meanwhile (one mode per
-		// name, or this happens): the place went with the create, so the
-		// owner joins the line again, at its end.
+		// An acquire without Queue took the name meanwhile (use one mode
+		// per name, or this happens): the place went with the create, so
+		// the owner joins the line again, at its end.
 		b.deleteSure(n.path)
 		if _, err := b.keepPlace(ns, req); err != nil {
 			return driver.Grant{}, err
@@ -539,6 +558,13 @@ func (b *Backend) onLineEventLocked(path string, typ zk.EventType) bool {
 		return true
 	}
 	b.notified.Add(1)
+	if typ == zk.EventNodeDeleted {
+		for _, p := range ns.places {
+			if p.first && p.holderNode == path {
+				p.holderGone = true
+			}
+		}
+	}
 	signalLocked(ns)
 	return true
 }
