@@ -102,12 +102,19 @@
 //     again without waking anyone. Queued waiters put no ticket in the
 //     holder queue (Watch only subscribes).
 //
-// The first waiter's grant costs three round trips: the two listings
-// (pipelined), the create (whose transaction also deletes the place), and
-// the listing that shows the node lowest. It writes no place first: with
-// no place ahead there is nothing to judge, so no clock is needed. A
-// refusal costs the listings, the place's write and the reads of the
-// places ahead (pipelined), plus a watch when the node watched changes.
+// The first waiter, woken by the deletion of the holder's node it
+// watched, is granted in two round trips: the create (whose transaction
+// also deletes its place, and fails if the place was deleted as lapsed)
+// and the listing that shows the node lowest. It was first when it set the
+// watch, and places only join behind it, so it neither writes its place
+// nor reads the line first. Another attempt of an owner in line lists the
+// holder queue and the line first (pipelined), and if it is first with the
+// name free goes to the grant (three round trips: no place ahead to judge,
+// so no clock is needed); otherwise it writes its place and reads the
+// places ahead (pipelined), and is refused. A queued grant that finds an
+// acquire without Queue ahead of its node after all has lost its place
+// with the create, and joins again at the end of the line (use one mode
+// per name).
 //
 // A request whose answer is lost does not leave a node behind: a create is
 // settled by listing the parent for its GUID (the recipe's "protected"
