@@ -43,6 +43,10 @@ func notAcquired(name string) error { return &driver.NotAcquiredError{Name: name
 //     waiters, and deleted if not. On a name this backend found held in
 //     the last few seconds, the parent is synced and listed first, and a
 //     non-empty queue refuses the attempt without a write.
+//   - With req.Queue, the owner's place in the line is written first, and
+//     the name is granted only when no one holds it and no live place is
+//     ahead of the owner's (see "Waiters in line" in the package doc);
+//     the refusal then carries Ahead and RetryAfter when the name is free.
 //
 // The grant's TTL is req.TTL, counted from the send time of the request
 // that created or confirmed it; the backend deletes the node when that
@@ -100,6 +104,9 @@ func (b *Backend) acquire(ctx context.Context, ns *nameState, req driver.Request
 		if !errors.Is(err, driver.ErrNotHeld) {
 			return driver.Grant{}, err
 		}
+	}
+	if req.Queue {
+		return b.acquireQueued(ns, req)
 	}
 
 	for range maxQueueSteps {

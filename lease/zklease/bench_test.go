@@ -190,14 +190,19 @@ type blockingLock func(ctx context.Context) (unlock func(context.Context) error,
 //
 //   - fencekit: Manager.Acquire over zklease, defaults (PollInterval 1 s: a
 //     hand-off in milliseconds is a watch notification, not a poll).
+//   - fencekit-fifo: the same with lease.WithFIFO: the waiters are in line
+//     at the store (places under the line parent), the first is woken by
+//     the holder's node's deletion, and its grant is a place refresh, the
+//     reads, a create and a listing.
 //   - raw: the recipe sent directly through go-zookeeper: create an
 //     ephemeral sequential node, list, watch the predecessor (ExistsW),
 //     list again when it goes; release deletes the node. One notification
 //     and one listing per hand-off: the floor.
 //
-// The two alternate in blocks of handoffBlock hand-offs until each has
-// b.N. Metrics: <impl>-p50-ns, <impl>-p99-ns, <impl>-mean-ns, and
-// fencekit's p50 and p99 over raw's (x-raw-p50, x-raw-p99). Run with a
+// The three alternate in blocks of handoffBlock hand-offs until each has
+// b.N. Metrics: <impl>-p50-ns, <impl>-p99-ns, <impl>-mean-ns, and each
+// fencekit variant's p50 and p99 over raw's (x-raw-p50, x-raw-p99 for
+// fencekit, fifo-x-raw-p50, fifo-x-raw-p99 for fencekit-fifo). Run with a
 // fixed count, e.g. -benchtime 300x.
 func BenchmarkHandoff(b *testing.B) {
 	ens := zktest.Start(b, 3, zktest.Config{})
@@ -208,26 +213,37 @@ func BenchmarkHandoff(b *testing.B) {
 	mustCreateParent(b, admin, root, zklease.ParentPath(root, "warm-up"))
 	warmUp(b, admin, zklease.ParentPath(root, "warm-up"))
 
-	var fk, raw []blockingLock
-	for i := range handoffContenders {
-		srv := []string{servers[i%len(servers)]}
-		be := newBackend(b, srv, zklease.WithRoot(root), zklease.WithSessionTimeout(benchTTL))
-		m := testkit.NewManager(b, be, benchTTL)
-		fk = append(fk, func(ctx context.Context) (func(context.Context) error, error) {
-			l, err := m.Acquire(ctx, "handoff")
+	var fk, fifo, raw []blockingLock
+	managerLock := func(m *lease.Manager, name string) blockingLock {
+		return func(ctx context.Context) (func(context.Context) error, error) {
+			l, err := m.Acquire(ctx, name)
 			if err != nil {
 				return nil, err
 			}
 			return l.Release, nil
-		})
+		}
+	}
+	for i := range handoffContenders {
+		srv := []string{servers[i%len(servers)]}
+		be := newBackend(b, srv, zklease.WithRoot(root), zklease.WithSessionTimeout(benchTTL))
+		fk = append(fk, managerLock(testkit.NewManager(b, be, benchTTL), "handoff"))
+		fifo = append(fifo, managerLock(testkit.NewManager(b, be, benchTTL, lease.WithFIFO()), "fifo-handoff"))
 		raw = append(raw, rawLock(b, adminConn(b, srv), zklease.ParentPath(root, "raw-handoff")))
 	}
 	impls := []struct {
 		name    string
 		locks   []blockingLock
 		samples []time.Duration
-	}{{name: "fencekit", locks: fk}, {name: "raw", locks: raw}}
-	for round := 0; len(impls[0].samples) < b.N || len(impls[1].samples) < b.N; round++ {
+	}{{name: "fencekit", locks: fk}, {name: "fencekit-fifo", locks: fifo}, {name: "raw", locks: raw}}
+	short := func() bool {
+		for _, im := range impls {
+			if len(im.samples) < b.N {
+				return true
+			}
+		}
+		return false
+	}
+	for round := 0; short(); round++ {
 		for k := range impls {
 			im := &impls[(round+k)%len(impls)]
 			if want := b.N - len(im.samples); want > 0 {
@@ -241,8 +257,11 @@ func BenchmarkHandoff(b *testing.B) {
 		b.ReportMetric(float64(percentile(im.samples, 50)), im.name+"-p50-ns")
 		b.ReportMetric(float64(percentile(im.samples, 99)), im.name+"-p99-ns")
 	}
-	b.ReportMetric(float64(percentile(impls[0].samples, 50))/float64(percentile(impls[1].samples, 50)), "x-raw-p50")
-	b.ReportMetric(float64(percentile(impls[0].samples, 99))/float64(percentile(impls[1].samples, 99)), "x-raw-p99")
+	rw := impls[2].samples
+	b.ReportMetric(float64(percentile(impls[0].samples, 50))/float64(percentile(rw, 50)), "x-raw-p50")
+	b.ReportMetric(float64(percentile(impls[0].samples, 99))/float64(percentile(rw, 99)), "x-raw-p99")
+	b.ReportMetric(float64(percentile(impls[1].samples, 50))/float64(percentile(rw, 50)), "fifo-x-raw-p50")
+	b.ReportMetric(float64(percentile(impls[1].samples, 99))/float64(percentile(rw, 99)), "fifo-x-raw-p99")
 }
 
 const handoffBlock = 25
@@ -385,8 +404,10 @@ func percentile(s []time.Duration, p float64) time.Duration {
 // hand-off (create, create, list, ExistsW on the holder's node, delete,
 // notification, list; the waiter on a goroutine of its own), in
 // alternating order, each timed from the release
-// call to the waiter's grant. Metrics: fencekit-p50-ns, raw-p50-ns and
-// x-raw, the median of the paired ratios. Without the other contenders'
+// call to the waiter's grant; a third, fencekit-fifo, is the fencekit
+// hand-off with a waiter whose Manager has lease.WithFIFO (queued at the
+// store). Metrics: fencekit-p50-ns, fencekit-fifo-p50-ns, raw-p50-ns,
+// x-raw and fifo-x-raw, the medians of the paired ratios. Without the other contenders'
 // traffic of BenchmarkHandoff, this is the cost of the hand-off path
 // itself.
 func BenchmarkHandoffPaired(b *testing.B) {
@@ -398,14 +419,16 @@ func BenchmarkHandoffPaired(b *testing.B) {
 	warmUp(b, admin, zklease.ParentPath(root, "warm-up"))
 	ctx := context.Background()
 	holder := testkit.NewManager(b, newBackend(b, srv[:1], zklease.WithRoot(root), zklease.WithSessionTimeout(benchTTL)), benchTTL)
-	waiter := testkit.NewManager(b, newBackend(b, srv[1:2], zklease.WithRoot(root), zklease.WithSessionTimeout(benchTTL)), benchTTL)
+	waiterB := newBackend(b, srv[1:2], zklease.WithRoot(root), zklease.WithSessionTimeout(benchTTL))
+	waiter := testkit.NewManager(b, waiterB, benchTTL)
+	fifoWaiter := testkit.NewManager(b, waiterB, benchTTL, lease.WithFIFO())
 	c1, c2 := adminConn(b, srv[:1]), adminConn(b, srv[1:2])
 	parent := zklease.ParentPath(root, "raw-paired")
 	mustCreateParent(b, admin, root, parent)
 	acl := zk.WorldACL(zk.PermAll)
 
-	fencekit := func() (time.Duration, error) {
-		l1, err := holder.TryAcquire(ctx, "paired")
+	handoff := func(waiter *lease.Manager, name string) (time.Duration, error) {
+		l1, err := holder.TryAcquire(ctx, name)
 		if err != nil {
 			return 0, err
 		}
@@ -416,7 +439,7 @@ func BenchmarkHandoffPaired(b *testing.B) {
 		}
 		got := make(chan res, 1)
 		go func() {
-			l, err := waiter.Acquire(ctx, "paired")
+			l, err := waiter.Acquire(ctx, name)
 			got <- res{l, time.Now(), err}
 		}()
 		time.Sleep(5 * time.Millisecond) // the waiter is queued
@@ -430,6 +453,8 @@ func BenchmarkHandoffPaired(b *testing.B) {
 		}
 		return r.at.Sub(t0), r.l.Release(ctx)
 	}
+	fencekit := func() (time.Duration, error) { return handoff(waiter, "paired") }
+	fifo := func() (time.Duration, error) { return handoff(fifoWaiter, "fifo-paired") }
 	raw := func() (time.Duration, error) {
 		p1, err := c1.Create(parent+"/n-", nil, zk.FlagEphemeralSequential, acl)
 		if err != nil {
@@ -466,33 +491,33 @@ func BenchmarkHandoffPaired(b *testing.B) {
 		}
 		return at.Sub(t0), c2.Delete(p2, -1)
 	}
-	var fk, rw []time.Duration
-	var ratios []float64
+	var fk, ff, rw []time.Duration
+	var ratios, fifoRatios []float64
 	n := 0
 	for b.Loop() {
-		impls := []func() (time.Duration, error){fencekit, raw}
-		if n%2 == 1 {
-			impls[0], impls[1] = raw, fencekit
-		}
-		var d [2]time.Duration
-		for k, f := range impls {
-			v, err := f()
+		// Rotate the order of the three (fencekit, fencekit-fifo, raw).
+		impls := []func() (time.Duration, error){fencekit, fifo, raw}
+		var d [3]time.Duration
+		for k := range impls {
+			i := (n + k) % len(impls)
+			v, err := impls[i]()
 			if err != nil {
 				b.Fatal(err)
 			}
-			d[k] = v
+			d[i] = v
 		}
-		if n%2 == 1 {
-			d[0], d[1] = d[1], d[0]
-		}
-		fk, rw = append(fk, d[0]), append(rw, d[1])
-		ratios = append(ratios, float64(d[0])/float64(d[1]))
+		fk, ff, rw = append(fk, d[0]), append(ff, d[1]), append(rw, d[2])
+		ratios = append(ratios, float64(d[0])/float64(d[2]))
+		fifoRatios = append(fifoRatios, float64(d[1])/float64(d[2]))
 		n++
 	}
 	b.ReportMetric(0, "ns/op")
 	b.ReportMetric(float64(percentile(fk, 50)), "fencekit-p50-ns")
 	b.ReportMetric(float64(percentile(fk, 99)), "fencekit-p99-ns")
+	b.ReportMetric(float64(percentile(ff, 50)), "fencekit-fifo-p50-ns")
+	b.ReportMetric(float64(percentile(ff, 99)), "fencekit-fifo-p99-ns")
 	b.ReportMetric(float64(percentile(rw, 50)), "raw-p50-ns")
 	b.ReportMetric(float64(percentile(rw, 99)), "raw-p99-ns")
 	b.ReportMetric(median(ratios), "x-raw")
+	b.ReportMetric(median(fifoRatios), "fifo-x-raw")
 }

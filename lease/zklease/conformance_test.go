@@ -15,8 +15,8 @@ import (
 const conformanceSession = 6 * time.Second
 
 // The whole conformance suite on a three-node ensemble started by the test;
-// every backend is its own connection and session. Only waiters in line
-// are declared missing (not implemented yet).
+// every backend is its own connection and session. It lacks no
+// capability.
 func TestConformance(t *testing.T) {
 	ens := zktest.Start(t, 3, zktest.Config{})
 	admin := adminConn(t, ens.Servers())
@@ -36,8 +36,5 @@ func TestConformance(t *testing.T) {
 			}
 		},
 		EndSession: func(t *testing.T, b lease.Backend) { endSession(t, b.(*zklease.Backend)) },
-		Lacks: map[leasetest.Capability]string{
-			leasetest.Queue: "waiters in line (FIFO hand-off): not implemented yet (issue 24: the sequential nodes give arrival order, the grant rule does not use it yet)",
-		},
 	})
 }

@@ -53,6 +53,69 @@
 //     abandoned operation holds the name's lock until the store answered,
 //     then gives back what it got, before anything else of that name runs.
 //
+// # Waiters in line (FIFO)
+//
+// The backend keeps blocked acquires in line at the store
+// (driver.Limits.Queues; lease.Options.FIFO). A queued Acquire
+// (driver.Request.Queue) gives its owner a place: an ephemeral sequential
+// node under a line parent of its own, LinePath (Options.Root + "/.line/"
+// + the escaped name), holding the place's TTL in milliseconds and the
+// owner. Arrival order is the sequence number. The holder queue above is
+// left alone, so an Acquire without Queue (TryAcquire, a Manager without
+// FIFO) ignores the line and takes a free name ahead of it; use one mode
+// per name.
+//
+//   - A queued attempt writes its place (a create at the end of the line,
+//     which checks the ended-owner record in the same transaction, so an
+//     ended owner never joins; or a refresh, a SetData), lists the holder
+//     queue and the line, and reads the places ahead (pipelined); an owner
+//     already in line lists first, and skips the write when it is first
+//     and the name free. It is granted only when the holder queue is empty and
+//     no live place is ahead; the grant is then made as without Queue (a
+//     create, its czxid the token, and a listing that shows it lowest), so
+//     tokens and exclusion follow the same rules, and the place is
+//     deleted in the create's transaction. (A place's own czxid cannot be
+//     the token: an acquire without Queue may be granted a greater one
+//     while the place waits.) Otherwise it is refused, with Ahead (the live places ahead)
+//     and RetryAfter (the time left of the first one) when the name is
+//     free.
+//   - A place lapses when its last write is older than its TTL. ZooKeeper
+//     keeps ephemeral nodes for their session, not for a time, so lapse is
+//     decided by the server's stamps: the mtime of the waiter's own write
+//     is "now", each place ahead is compared with its mtime. Both are the
+//     leader's clock (the leader stamps each transaction), so this needs
+//     no synchronized clients; after a leader change the stamps of two
+//     leaders are compared, and a place may lapse early or late by their
+//     skew (a Manager refreshes at least every TTL/2, so a skew below TTL/2
+//     never drops a live waiter). A lapsed place is deleted, with the
+//     version read, by the waiter that found it (a refresh in between
+//     keeps it live); a waiter whose own place lapsed goes to the end. A
+//     backend also deletes its own place once it was not refreshed for its
+//     TTL, and a place goes with its session (a waiter whose process died
+//     leaves the line within the session timeout, or its TTL if shorter).
+//   - Abandon deletes the owner's place (one kept by this Backend; the
+//     Manager sends an owner's requests through one Backend).
+//   - A refused waiter watches the place just ahead of its own, or, when
+//     it is first, the holder's node: the holder's release (or the end of
+//     its session) wakes the first waiter alone, and a waiter that leaves
+//     wakes the one behind it. A refresh of the place ahead sets the watch
+//     again without waking anyone. Queued waiters put no ticket in the
+//     holder queue (Watch only subscribes).
+//
+// The first waiter, woken by the deletion of the holder's node it
+// watched, is granted in two round trips: the create (whose transaction
+// also deletes its place, and fails if the place was deleted as lapsed)
+// and the listing that shows the node lowest. It was first when it set the
+// watch, and places only join behind it, so it neither writes its place
+// nor reads the line first. Another attempt of an owner in line lists the
+// holder queue and the line first (pipelined), and if it is first with the
+// name free goes to the grant (three round trips: no place ahead to judge,
+// so no clock is needed); otherwise it writes its place and reads the
+// places ahead (pipelined), and is refused. A queued grant that finds an
+// acquire without Queue ahead of its node after all has lost its place
+// with the create, and joins again at the end of the line (use one mode
+// per name).
+//
 // A request whose answer is lost does not leave a node behind: a create is
 // settled by listing the parent for its GUID (the recipe's "protected"
 // names; when no listing is answered within the TTL, a client whose every

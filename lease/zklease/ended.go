@@ -275,7 +275,8 @@ func (b *Backend) releaseNode(g driver.Grant, path string, expired bool) error {
 // node checks in its transaction), then deletes every node of req.Name's
 // queue that names req.Owner (one listing, one read per node, pipelined):
 // the grant the owner holds, whatever its token, and a node of a create
-// that was applied but whose grant was never made. This backend's own
+// that was applied but whose grant was never made. It also deletes the
+// owner's place in line, when this Backend keeps one. This backend's own
 // ticket is kept: it is its waiters' place, and becomes a grant only
 // through an attempt that checks the record. It returns nil whether or not
 // the owner held anything.
@@ -313,6 +314,13 @@ func (b *Backend) Abandon(ctx context.Context, req driver.Request) error {
 		}
 		if rec != nil {
 			b.deleteSure(rec.path)
+		}
+		b.mu.Lock()
+		p := ns.places[req.Owner]
+		b.mu.Unlock()
+		if p != nil {
+			// A waiter that gave up leaves the line at once.
+			b.dropPlace(ns, req.Owner, p)
 		}
 		kids, err := b.list(ns)
 		if err != nil {

@@ -93,7 +93,14 @@ func (quietLogger) Printf(string, ...any) {}
 
 // deleteTree deletes path and everything under it, ephemeral nodes of
 // other sessions included, as an operator's `deleteall` would.
+// The listing is synced first: a read is served by the member the client
+// is on, which may not yet have applied the writes of other clients (a
+// record created just before, through another member, then made the
+// delete fail with "node has children").
 func deleteTree(c *zk.Conn, path string) error {
+	if _, err := c.Sync(path); err != nil && !errors.Is(err, zk.ErrNoNode) {
+		return err
+	}
 	kids, _, err := c.Children(path)
 	if errors.Is(err, zk.ErrNoNode) {
 		return nil

@@ -23,6 +23,8 @@ type nameState struct {
 	ticket *ticket              // this backend's place in the queue, for its waiters
 	subs   map[*sub]struct{}    // Watch subscriptions
 	ttl    time.Duration        // the TTL of the last acquire request of the name (0: none yet)
+	places map[string]*place    // this backend's places in the name's line, by owner (line.go)
+	line   bool                 // a queued acquire of the name was seen: Watch puts no ticket in the holder queue
 }
 
 // settleTime is how long a create for ns whose answer was lost may stay
@@ -38,7 +40,7 @@ func (b *Backend) settleTime(ns *nameState) time.Duration {
 }
 
 func (ns *nameState) idle() bool {
-	return ns.ops == 0 && len(ns.grants) == 0 && ns.ticket == nil && len(ns.subs) == 0
+	return ns.ops == 0 && len(ns.grants) == 0 && ns.ticket == nil && len(ns.subs) == 0 && len(ns.places) == 0
 }
 
 // grantRec is one grant made by this backend: the opaque driver.Grant.State.
@@ -111,7 +113,7 @@ func (b *Backend) nameLocked(name string) *nameState {
 	ns := b.names[name]
 	if ns == nil {
 		ns = &nameState{name: name, parent: ParentPath(b.o.Root, name), lock: make(chan struct{}, 1),
-			grants: map[string]*grantRec{}, subs: map[*sub]struct{}{}}
+			grants: map[string]*grantRec{}, subs: map[*sub]struct{}{}, places: map[string]*place{}}
 		b.names[name] = ns
 	}
 	return ns
@@ -139,6 +141,15 @@ func (b *Backend) dropSessionLocked(id int64) []driver.Notifier {
 				if rec.notify != nil {
 					lost = append(lost, rec.notify)
 				}
+			}
+		}
+		for owner, p := range ns.places {
+			if id == -1 || p.session == id {
+				// Gone with its session: the waiter's next attempt joins
+				// the line again.
+				p.timer.Stop()
+				delete(ns.places, owner)
+				signalLocked(ns)
 			}
 		}
 		if t := ns.ticket; t != nil && (id == -1 || t.session == id) {

@@ -25,6 +25,10 @@ type node struct {
 	data    string    // what it holds: an owner, or a ticket's waitingData
 }
 
+// errExtraFailed is matched by create's error when one of its extra
+// operations failed (nothing was created).
+var errExtraFailed = errors.New("an operation of the transaction failed")
+
 // ambiguous reports whether err leaves the outcome of a write unknown: the
 // request may have been applied and its answer lost.
 // go-zookeeper passes on the connection's own errors when a write fails
@@ -55,8 +59,10 @@ func ambiguous(err error) bool {
 // driver.ErrNotAcquired.
 //
 // settle bounds how long a create whose answer was lost may stay unsettled
-// (see findCreated).
-func (b *Backend) create(ns *nameState, data, owner string, settle time.Duration) (node, error) {
+// (see findCreated). extra operations go in the same transaction, after
+// the others (a queued grant deletes the owner's place in line); when one
+// of them fails, the error matches errExtraFailed.
+func (b *Backend) create(ns *nameState, data, owner string, settle time.Duration, extra ...any) (node, error) {
 	guid := newGUID()
 	ops := []any{
 		&zk.CreateRequest{Path: ns.parent + "/" + guid + "-", Data: []byte(data), Acl: b.o.ACL, Flags: zk.FlagEphemeralSequential},
@@ -68,6 +74,8 @@ func (b *Backend) create(ns *nameState, data, owner string, settle time.Duration
 			&zk.CreateRequest{Path: tomb, Acl: b.o.ACL, Flags: zk.FlagPersistent},
 			&zk.DeleteRequest{Path: tomb, Version: -1})
 	}
+	first := len(ops)
+	ops = append(ops, extra...)
 	for attempt := 0; ; attempt++ {
 		before, _ := b.currentSession()
 		sent := time.Now()
@@ -88,6 +96,8 @@ func (b *Backend) create(ns *nameState, data, owner string, settle time.Duration
 		}
 		i, opErr := failedOp(res, err)
 		switch {
+		case len(extra) > 0 && i >= first:
+			return node{}, fmt.Errorf("zklease: acquire %q: %w: %w", ns.name, errExtraFailed, opErr)
 		case i == 2 && errors.Is(opErr, zk.ErrNodeExists):
 			return node{}, errOwnerEnded(ns.name, owner)
 		case i == 2 && errors.Is(opErr, zk.ErrNoNode) && attempt < 3:

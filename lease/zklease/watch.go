@@ -39,8 +39,11 @@ func (b *Backend) Watch(ctx context.Context, name string) (<-chan struct{}, func
 		if t != nil && t.predGone {
 			s.signal()
 		}
+		line := ns.line
 		b.mu.Unlock()
-		if t != nil {
+		if t != nil || line {
+			// Queued waiters (line.go) need no ticket: their attempts
+			// watch the place ahead, or the holder's node.
 			return struct{}{}, nil
 		}
 		if err := b.queue(ns); err != nil {
@@ -154,6 +157,7 @@ type watchEntry struct {
 func (b *Backend) onNodeEvent(path string, typ zk.EventType) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.onLineEventLocked(path, typ)
 	w, ok := b.watching[path]
 	if !ok {
 		return

@@ -71,6 +71,7 @@ type Backend struct {
 	ready     chan struct{}         // closed while the client is on a session
 	watching  map[string]watchEntry // by watched node path
 	contended map[string]contention // names found held recently (see noteContention)
+	lineWatch map[string]*nameState // paths watched for queued waiters, by path (line.go)
 
 	notified atomic.Int64 // predecessor notifications that woke a ticket (for tests)
 
@@ -102,7 +103,7 @@ func New(servers []string, opts ...Option) (*Backend, error) {
 	if err := o.validate(servers); err != nil {
 		return nil, err
 	}
-	b := &Backend{o: o, log: o.Logger, closed: make(chan struct{}), names: map[string]*nameState{}, ready: make(chan struct{}), watching: map[string]watchEntry{}, contended: map[string]contention{}}
+	b := &Backend{o: o, log: o.Logger, closed: make(chan struct{}), names: map[string]*nameState{}, ready: make(chan struct{}), watching: map[string]watchEntry{}, contended: map[string]contention{}, lineWatch: map[string]*nameState{}}
 	conn, _, err := zk.Connect(append([]string(nil), servers...), o.SessionTimeout,
 		zk.WithDialer(b.dial),
 		zk.WithEventCallback(b.onEvent),
@@ -119,9 +120,10 @@ func New(servers []string, opts ...Option) (*Backend, error) {
 // (it deletes a grant that was not renewed within its TTL) and bounded by
 // the session: TTLs are whole milliseconds from MinTTL to
 // Options.SessionTimeout. The Manager renews the leases (SelfRenewing is
-// false): a session alive does not mean that the holder's work is.
+// false): a session alive does not mean that the holder's work is. It
+// keeps waiters in line (Queues; see the package doc).
 func (b *Backend) Limits() driver.Limits {
-	return driver.Limits{MinTTL: MinTTL, MaxTTL: b.o.SessionTimeout, Resolution: time.Millisecond}
+	return driver.Limits{MinTTL: MinTTL, MaxTTL: b.o.SessionTimeout, Resolution: time.Millisecond, Queues: true}
 }
 
 // Options returns the backend's options, with defaults filled in.

@@ -1,0 +1,333 @@
+package zklease_test
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/fencekit/fencekit/internal/testkit"
+	"github.com/fencekit/fencekit/internal/zktest"
+	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/driver"
+	"github.com/fencekit/fencekit/lease/zklease"
+)
+
+// The line of waiters (driver.Limits.Queues), on a private ensemble: the
+// checks beyond the conformance suite's, on ZooKeeper's own mechanisms
+// (place nodes, their server stamps, watches, session expiry).
+
+const lineTTL = 6 * time.Second
+
+func queuedReq(name, owner string, ttl time.Duration) driver.Request {
+	return driver.Request{Name: name, Owner: owner, TTL: ttl, Queue: true}
+}
+
+// linePlaces returns the owners of the places in name's line, in
+// sequence order.
+func linePlaces(t *testing.T, admin *zk.Conn, root, name string) []string {
+	t.Helper()
+	dir := zklease.LinePath(root, name)
+	kids, _, err := admin.Children(dir)
+	if errors.Is(err, zk.ErrNoNode) {
+		return nil
+	}
+	if err != nil {
+		t.Fatalf("list %s: %v", dir, err)
+	}
+	slices.SortFunc(kids, func(a, b string) int {
+		return strings.Compare(a[strings.LastIndexByte(a, '-'):], b[strings.LastIndexByte(b, '-'):])
+	})
+	var owners []string
+	for _, k := range kids {
+		data, _, err := admin.Get(dir + "/" + k)
+		if errors.Is(err, zk.ErrNoNode) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("get %s/%s: %v", dir, k, err)
+		}
+		_, owner, _ := strings.Cut(string(data), "\n")
+		owners = append(owners, owner)
+	}
+	return owners
+}
+
+func mustRefuse(t *testing.T, b *zklease.Backend, r driver.Request, why string) *driver.NotAcquiredError {
+	t.Helper()
+	g, err := b.Acquire(testkit.Context(t), r)
+	if err == nil {
+		t.Fatalf("%s: %q granted token %d, want a refusal", why, r.Owner, g.Token)
+	}
+	if !errors.Is(err, driver.ErrNotAcquired) {
+		t.Fatalf("%s: %q: %v, want ErrNotAcquired", why, r.Owner, err)
+	}
+	var na *driver.NotAcquiredError
+	if !errors.As(err, &na) {
+		return &driver.NotAcquiredError{}
+	}
+	return na
+}
+
+// FIFO Managers, each on its own session, waiting behind a holder, get the
+// lease in the order they joined; the places are nodes in that order under
+// the line parent, the holder queue holds no ticket of theirs (a ticket
+// would stand between the first waiter and the free name), the holder's
+// release wakes the first waiter through its watch (the poll interval is
+// TTL/2), and each grant takes the owner out of the line.
+func TestLineManagersInArrivalOrder(t *testing.T) {
+	ens := zktest.Start(t, 1, zktest.Config{})
+	root := zktest.Root(t)
+	admin := adminConn(t, ens.Servers())
+	ctx := testkit.Context(t)
+	const n = "order"
+	holder := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(lineTTL))
+	h, err := holder.Acquire(ctx, driver.Request{Name: n, Owner: "holder", TTL: lineTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const waiters = 4
+	var (
+		mu     sync.Mutex
+		order  []int
+		tokens []uint64
+		wg     sync.WaitGroup
+		bs     []*zklease.Backend
+	)
+	errs := make(chan error, waiters)
+	for i := range waiters {
+		b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(lineTTL))
+		bs = append(bs, b)
+		m := testkit.NewManager(t, b, lineTTL, lease.WithFIFO(), lease.WithIdentity(fmt.Sprintf("w%d", i)))
+		wg.Go(func() {
+			l, err := m.Acquire(ctx, n)
+			if err != nil {
+				errs <- fmt.Errorf("waiter %d: %w", i, err)
+				return
+			}
+			mu.Lock()
+			order, tokens = append(order, i), append(tokens, uint64(l.Token()))
+			mu.Unlock()
+			if err := l.Release(ctx); err != nil {
+				errs <- fmt.Errorf("waiter %d: Release: %w", i, err)
+			}
+		})
+		// Wait until waiter i has its place (the line has i+1 places).
+		for len(linePlaces(t, admin, root, n)) < i+1 {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	places := linePlaces(t, admin, root, n)
+	for i, owner := range places {
+		if !strings.HasPrefix(owner, fmt.Sprintf("w%d/", i)) {
+			t.Fatalf("places in line %v: want w0.. w%d in sequence order", places, waiters-1)
+		}
+	}
+	// Let every waiter subscribe (its Watch follows its first refusal).
+	for _, b := range bs {
+		for !strings.Contains(b.DebugName(n), "subs 1") {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	if kids, _, err := admin.Children(zklease.ParentPath(root, n)); err != nil || len(kids) != 1 {
+		t.Fatalf("holder queue %v (%v): want the holder's node alone, no ticket of a queued waiter", kids, err)
+	}
+	before := bs[0].Notified()
+	released := time.Now()
+	if err := holder.Release(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if !slices.Equal(order, []int{0, 1, 2, 3}) {
+		t.Fatalf("granted in the order %v, want [0 1 2 3]", order)
+	}
+	for i := 1; i < len(tokens); i++ {
+		if tokens[i] <= tokens[i-1] || tokens[0] <= uint64(h.Token) {
+			t.Fatalf("tokens %v after the holder's %d: want them strictly growing", tokens, h.Token)
+		}
+	}
+	if bs[0].Notified() == before {
+		t.Fatalf("the first waiter was not woken by a watch (granted after %v)", time.Since(released))
+	}
+	if p := linePlaces(t, admin, root, n); len(p) != 0 {
+		t.Fatalf("places left in line after every waiter was granted: %v", p)
+	}
+}
+
+// A place ahead lapses by the server's stamps: one whose last write is
+// older than its TTL (read from its data) at the stamp of the waiter's own
+// write is deleted and passed; a live one keeps the name for it (Ahead,
+// RetryAfter), also for a waiter on another session. The places here are
+// written by a plain client, which refreshes or stops at will.
+func TestLinePlaceLapsesByServerTime(t *testing.T) {
+	ens := zktest.Start(t, 1, zktest.Config{})
+	root := zktest.Root(t)
+	admin := adminConn(t, ens.Servers())
+	const n = "lapse"
+	w := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(lineTTL))
+	// The line parent, made by a first waiter that leaves again.
+	first := queuedReq(n, "first", lineTTL)
+	g, err := w.Acquire(testkit.Context(t), first)
+	if err != nil {
+		t.Fatalf("a queued acquire of a free name with an empty line: %v", err)
+	}
+	if err := w.Release(testkit.Context(t), g); err != nil {
+		t.Fatal(err)
+	}
+	dir := zklease.LinePath(root, n)
+	ghost, err := admin.Create(dir+"/"+strings.Repeat("0", 32)+"-", []byte("60000\nghost"), zk.FlagEphemeralSequential, zk.WorldACL(zk.PermAll))
+	if err != nil {
+		t.Fatalf("create a place by hand: %v", err)
+	}
+	live := queuedReq(n, "live", lineTTL)
+	na := mustRefuse(t, w, live, "a waiter behind a live place, the name free")
+	if na.Ahead != 1 || na.RetryAfter <= 0 || na.RetryAfter > time.Minute {
+		t.Fatalf("refusal %+v: want Ahead 1 and RetryAfter within the place's 60 s", na)
+	}
+	// The ghost's owner refreshes it with a TTL of 300 ms, then stops.
+	if _, err := admin.Set(ghost, []byte("300\nghost"), -1); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(600 * time.Millisecond)
+	g, err = w.Acquire(testkit.Context(t), live)
+	if err != nil {
+		t.Fatalf("the waiter behind a place unwritten for twice its TTL: %v", err)
+	}
+	if ok, _, _ := admin.Exists(ghost); ok {
+		t.Fatal("the lapsed place is still there")
+	}
+	if err := w.Release(testkit.Context(t), g); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A holder whose session the ensemble expired (its process died) leaves no
+// stuck line: the first waiter, watching the holder's node, is granted,
+// the one behind it stays refused until then, and after. A waiter whose
+// session expired leaves the line at once (its place went with it), long
+// before its TTL.
+func TestLineAfterSessionExpiry(t *testing.T) {
+	ens := zktest.Start(t, 1, zktest.Config{})
+	root := zktest.Root(t)
+	admin := adminConn(t, ens.Servers())
+	ctx := testkit.Context(t)
+	const n = "expiry"
+	newB := func() *zklease.Backend {
+		return newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(lineTTL))
+	}
+	holder, w0, w1, w2 := newB(), newB(), newB(), newB()
+	h, err := holder.Acquire(ctx, driver.Request{Name: n, Owner: "holder", TTL: lineTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r0, r1, r2 := queuedReq(n, "w0", lineTTL), queuedReq(n, "w1", lineTTL), queuedReq(n, "w2", lineTTL)
+	mustRefuse(t, w0, r0, "w0 behind the holder")
+	mustRefuse(t, w1, r1, "w1 behind w0")
+	mustRefuse(t, w2, r2, "w2 behind w1")
+	endSession(t, holder)
+	var g driver.Grant
+	for deadline := time.Now().Add(lineTTL); ; {
+		mustRefuse(t, w1, r1, "w1 while w0 is first")
+		g, err = w0.Acquire(ctx, r0)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, driver.ErrNotAcquired) || time.Now().After(deadline) {
+			t.Fatalf("w0 after the holder's session expired: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if g.Token <= h.Token {
+		t.Fatalf("w0 granted token %d after the holder's %d", g.Token, h.Token)
+	}
+	if p := linePlaces(t, admin, root, n); !slices.Equal(p, []string{"w1", "w2"}) {
+		t.Fatalf("line after w0's grant: %v, want [w1 w2]", p)
+	}
+	// w1 dies: its session expires; its place goes at once, not after
+	// its TTL (6 s): w2 is first.
+	endSession(t, w1)
+	if err := w0.Release(ctx, g); err != nil {
+		t.Fatal(err)
+	}
+	g2, err := w2.Acquire(ctx, r2)
+	if err != nil {
+		t.Fatalf("w2, behind a waiter whose session expired, after the holder released: %v", err)
+	}
+	if g2.Token <= g.Token {
+		t.Fatalf("w2 granted token %d after %d", g2.Token, g.Token)
+	}
+	if err := w2.Release(ctx, g2); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Abandon removes the waiter's place at once; the abandoned owner's later
+// request neither is granted nor joins the line again; an acquire without
+// Queue ignores the line.
+func TestLineAbandonAndUnqueued(t *testing.T) {
+	ens := zktest.Start(t, 1, zktest.Config{})
+	root := zktest.Root(t)
+	admin := adminConn(t, ens.Servers())
+	ctx := testkit.Context(t)
+	const n = "abandon"
+	w := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(lineTTL))
+	holder := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(lineTTL))
+	h, err := holder.Acquire(ctx, driver.Request{Name: n, Owner: "holder", TTL: lineTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := queuedReq(n, "quitter", lineTTL)
+	mustRefuse(t, w, r, "behind the holder")
+	if p := linePlaces(t, admin, root, n); !slices.Equal(p, []string{"quitter"}) {
+		t.Fatalf("line %v, want [quitter]", p)
+	}
+	if err := w.Abandon(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if p := linePlaces(t, admin, root, n); len(p) != 0 {
+		t.Fatalf("line after Abandon: %v, want empty", p)
+	}
+	if err := holder.Release(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	mustRefuse(t, w, r, "the abandoned owner, the name free")
+	if p := linePlaces(t, admin, root, n); len(p) != 0 {
+		t.Fatalf("line after the abandoned owner asked again: %v, want empty", p)
+	}
+	// A waiter in line does not stop an acquire without Queue (one mode
+	// per name; the contract keeps TryAcquire ahead of the line).
+	h2, err := holder.Acquire(ctx, driver.Request{Name: n, Owner: "holder-2", TTL: lineTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := queuedReq(n, "second", lineTTL)
+	mustRefuse(t, w, second, "a waiter behind holder-2")
+	if err := holder.Release(ctx, h2); err != nil {
+		t.Fatal(err)
+	}
+	bypass, err := holder.Acquire(ctx, driver.Request{Name: n, Owner: "bypass", TTL: lineTTL})
+	if err != nil {
+		t.Fatalf("an acquire without Queue, the name free and one waiter in line: %v", err)
+	}
+	mustRefuse(t, w, second, "the waiter while the bypass holds")
+	if err := holder.Release(ctx, bypass); err != nil {
+		t.Fatal(err)
+	}
+	g, err := w.Acquire(ctx, second)
+	if err != nil {
+		t.Fatalf("the waiter after the bypass released: %v", err)
+	}
+	if g.Token <= bypass.Token {
+		t.Fatalf("token %d after the bypass's %d", g.Token, bypass.Token)
+	}
+	_ = w.Release(ctx, g)
+}
