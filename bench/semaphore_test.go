@@ -2,13 +2,10 @@ package bench
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +14,7 @@ import (
 
 	"github.com/fencekit/fencekit/internal/dynamotest"
 	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/dynamolease"
@@ -172,7 +170,6 @@ func BenchmarkFairness(b *testing.B) {
 	if only := os.Getenv("FENCE_BENCH_FAIRNESS_STORES"); only != "" {
 		stores = slices.DeleteFunc(stores, func(s store) bool { return !slices.Contains(splitComma(only), s.name) })
 	}
-	run := 0
 	type variant struct {
 		st   store
 		fifo string
@@ -204,35 +201,11 @@ func BenchmarkFairness(b *testing.B) {
 				}
 				ms = append(ms, m)
 			}
-			var grants, runs int
-			var minShare, maxShare, maxWait, p99Wait float64
-			for b.Loop() {
-				run++
-				r, err := fairnessRun(ms, fmt.Sprintf("fair-%s-%d", st.name, run), fairnessDuration(b))
-				if err != nil {
-					b.Fatal(err)
-				}
-				total := 0
-				for _, n := range r.grants {
-					total += n
-				}
-				if total == 0 {
-					b.Fatalf("no grant in %v", fairnessDuration(b))
-				}
-				grants += total
-				runs++
-				minShare += float64(slices.Min(r.grants)) / float64(total)
-				maxShare += float64(slices.Max(r.grants)) / float64(total)
-				maxWait += float64(slices.Max(r.waits))
-				p99Wait += float64(Percentile(r.waits, 99))
-			}
-			n := float64(runs)
-			b.ReportMetric(0, "ns/op")
-			b.ReportMetric(float64(grants)/(n*fairnessDuration(b).Seconds()), "grants/s")
-			b.ReportMetric(minShare/n, "min-share")
-			b.ReportMetric(maxShare/n, "max-share")
-			b.ReportMetric(maxWait/n, "max-wait-ns")
-			b.ReportMetric(p99Wait/n, "p99-wait-ns")
+			// fifo=off and fifo=on may share a namespace (redis): names of
+			// their own keep one's leftover places out of the other's line.
+			fs := testkit.MeasureFairness(b, ms, "fair-"+st.name+"-"+v.fifo, fairnessDuration(b))
+			fs.Report(b)
+			b.ReportMetric(float64(fs.P99Wait), "p99-wait-ns")
 		})
 	}
 }
@@ -254,55 +227,6 @@ func pgFairnessStore(mode pglease.Mode) func(b *testing.B) func() lease.Backend 
 			return be
 		}
 	}
-}
-
-type fairnessResult struct {
-	grants []int           // per contender
-	waits  []time.Duration // every Acquire call's wait, the unfinished ones' too
-}
-
-// fairnessRun lets the managers contend for name for d and counts.
-func fairnessRun(ms []*lease.Manager, name string, d time.Duration) (fairnessResult, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	var (
-		mu   sync.Mutex
-		res  = fairnessResult{grants: make([]int, len(ms))}
-		errs []error
-		wg   sync.WaitGroup
-	)
-	for i, m := range ms {
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				t0 := time.Now()
-				l, err := m.Acquire(ctx, name)
-				wait := time.Since(t0)
-				mu.Lock()
-				res.waits = append(res.waits, wait)
-				mu.Unlock()
-				if err != nil {
-					if ctx.Err() == nil {
-						mu.Lock()
-						errs = append(errs, fmt.Errorf("contender %d: %w", i, err))
-						mu.Unlock()
-					}
-					return
-				}
-				time.Sleep(time.Millisecond)
-				if err := l.Release(context.WithoutCancel(ctx)); err != nil {
-					mu.Lock()
-					errs = append(errs, fmt.Errorf("contender %d: release: %w", i, err))
-					mu.Unlock()
-					return
-				}
-				mu.Lock()
-				res.grants[i]++
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	return res, errors.Join(errs...)
 }
 
 func splitComma(s string) []string {
