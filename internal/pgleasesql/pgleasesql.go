@@ -136,6 +136,46 @@ func New(schema string) Statements {
 			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 			AND classid = ` + hi + `::bigint::oid AND objid = ` + lo + `::bigint::oid AND objsubid = 1)`
 	}
+	// The grant of a table-mode acquire, queued or not: the upsert's
+	// conflict branch, which takes the row only when it is the owner's
+	// own or has expired ($3 is the TTL in µs) and the owner was not
+	// ended, and returns the token.
+	tableGrant := `	ON CONFLICT (name) DO UPDATE SET
+		owner = EXCLUDED.owner,
+		token = CASE WHEN l.owner = EXCLUDED.owner AND l.expires_at > EXCLUDED.expires_at - $3::bigint * interval '1 microsecond'
+			THEN l.token
+			ELSE greatest(l.token + 1, EXCLUDED.token) END,
+		expires_at = EXCLUDED.expires_at,
+		ended = ` + pruned("l", "EXCLUDED.token") + `
+	WHERE (l.owner = EXCLUDED.owner OR l.expires_at <= EXCLUDED.expires_at - $3::bigint * interval '1 microsecond')
+		AND NOT ` + isEnded("l", "EXCLUDED.owner", "EXCLUDED.token") + `
+	RETURNING l.token
+)`
+	// The grant of a session-mode acquire, queued or not, once k says
+	// whether the advisory lock was taken: t records the grant, s sets
+	// the pinned session's idle timeout, u gives the lock back when the
+	// row refused the grant.
+	sessionGrant := `t AS (
+	INSERT INTO ` + sessions + ` AS t (name, owner, token, backend_pid, granted_at, expires_at)
+	SELECT $1, $2, c.us, pg_backend_pid(), c.now, c.now + $7::bigint * interval '1 microsecond'
+	FROM k, c WHERE k.ok
+	ON CONFLICT (name) DO UPDATE SET
+		owner = EXCLUDED.owner,
+		token = greatest(t.token + 1, EXCLUDED.token),
+		backend_pid = EXCLUDED.backend_pid,
+		granted_at = EXCLUDED.granted_at,
+		expires_at = EXCLUDED.expires_at,
+		ended = ` + pruned("t", "EXCLUDED.token") + `
+	WHERE t.expires_at <= EXCLUDED.granted_at AND NOT ` + isEnded("t", "EXCLUDED.owner", "EXCLUDED.token") + `
+	RETURNING t.token
+),
+s AS (
+	SELECT current_setting('idle_session_timeout') AS was, set_config('idle_session_timeout', $4::text, false) AS now
+	FROM t
+),
+u AS (
+	SELECT pg_advisory_unlock($3::bigint) AS unlocked FROM k WHERE k.ok AND NOT EXISTS (SELECT 1 FROM t)
+)`
 	return Statements{
 		// $1 name, $2 owner, $3 TTL in µs. The server's clock is read once
 		// (clock_timestamp(), in the SELECT that feeds the INSERT, so after
@@ -153,17 +193,7 @@ func New(schema string) Statements {
 g AS (
 	INSERT INTO ` + leases + ` AS l (name, owner, token, expires_at)
 	SELECT $1, $2, c.us, c.now + $3::bigint * interval '1 microsecond' FROM c
-	ON CONFLICT (name) DO UPDATE SET
-		owner = EXCLUDED.owner,
-		token = CASE WHEN l.owner = EXCLUDED.owner AND l.expires_at > EXCLUDED.expires_at - $3::bigint * interval '1 microsecond'
-			THEN l.token
-			ELSE greatest(l.token + 1, EXCLUDED.token) END,
-		expires_at = EXCLUDED.expires_at,
-		ended = ` + pruned("l", "EXCLUDED.token") + `
-	WHERE (l.owner = EXCLUDED.owner OR l.expires_at <= EXCLUDED.expires_at - $3::bigint * interval '1 microsecond')
-		AND NOT ` + isEnded("l", "EXCLUDED.owner", "EXCLUDED.token") + `
-	RETURNING l.token
-)
+` + tableGrant + `
 SELECT true, g.token, 0::bigint, false FROM g
 UNION ALL
 SELECT false, 0::bigint, ` + left("l.expires_at", "c.now") + `, ` + isEnded("l", "$2", "c.us") + `
@@ -245,17 +275,7 @@ g AS (
 	INSERT INTO ` + leases + ` AS l (name, owner, token, expires_at)
 	SELECT $1, $2, c.us, c.now + $3::bigint * interval '1 microsecond' FROM c, a
 	WHERE a.ahead = 0 OR EXISTS (SELECT 1 FROM h WHERE h.owner = $2 AND h.left_us > 0)
-	ON CONFLICT (name) DO UPDATE SET
-		owner = EXCLUDED.owner,
-		token = CASE WHEN l.owner = EXCLUDED.owner AND l.expires_at > EXCLUDED.expires_at - $3::bigint * interval '1 microsecond'
-			THEN l.token
-			ELSE greatest(l.token + 1, EXCLUDED.token) END,
-		expires_at = EXCLUDED.expires_at,
-		ended = ` + pruned("l", "EXCLUDED.token") + `
-	WHERE (l.owner = EXCLUDED.owner OR l.expires_at <= EXCLUDED.expires_at - $3::bigint * interval '1 microsecond')
-		AND NOT ` + isEnded("l", "EXCLUDED.owner", "EXCLUDED.token") + `
-	RETURNING l.token
-),
+` + tableGrant + `,
 ` + place(waiters, "g", "NOT coalesce((SELECT ended FROM h), false)", "$3::bigint") + `
 SELECT EXISTS (SELECT 1 FROM g), coalesce((SELECT token FROM g), 0::bigint),
 	coalesce((SELECT h.left_us FROM h WHERE h.owner <> $2 AND h.owner <> ''), 0::bigint),
@@ -284,27 +304,7 @@ FROM a`,
 	SELECT CASE WHEN $5::bool OR pg_backend_pid() = $6::int THEN pg_try_advisory_lock($3::bigint) ELSE false END AS ok
 ),
 ` + clock + `,
-t AS (
-	INSERT INTO ` + sessions + ` AS t (name, owner, token, backend_pid, granted_at, expires_at)
-	SELECT $1, $2, c.us, pg_backend_pid(), c.now, c.now + $7::bigint * interval '1 microsecond'
-	FROM k, c WHERE k.ok
-	ON CONFLICT (name) DO UPDATE SET
-		owner = EXCLUDED.owner,
-		token = greatest(t.token + 1, EXCLUDED.token),
-		backend_pid = EXCLUDED.backend_pid,
-		granted_at = EXCLUDED.granted_at,
-		expires_at = EXCLUDED.expires_at,
-		ended = ` + pruned("t", "EXCLUDED.token") + `
-	WHERE t.expires_at <= EXCLUDED.granted_at AND NOT ` + isEnded("t", "EXCLUDED.owner", "EXCLUDED.token") + `
-	RETURNING t.token
-),
-s AS (
-	SELECT current_setting('idle_session_timeout') AS was, set_config('idle_session_timeout', $4::text, false) AS now
-	FROM t
-),
-u AS (
-	SELECT pg_advisory_unlock($3::bigint) AS unlocked FROM k WHERE k.ok AND NOT EXISTS (SELECT 1 FROM t)
-),
+` + sessionGrant + `,
 h AS (
 	SELECT ` + left("r.expires_at", "c.now") + ` AS left_us, ` + isEnded("r", "$2", "c.us") + ` AS ended
 	FROM ` + sessions + ` r, c WHERE r.name = $1
@@ -336,27 +336,7 @@ k AS (
 		THEN pg_try_advisory_lock($3::bigint) ELSE false END AS ok
 	FROM v, a
 ),
-t AS (
-	INSERT INTO ` + sessions + ` AS t (name, owner, token, backend_pid, granted_at, expires_at)
-	SELECT $1, $2, c.us, pg_backend_pid(), c.now, c.now + $7::bigint * interval '1 microsecond'
-	FROM k, c WHERE k.ok
-	ON CONFLICT (name) DO UPDATE SET
-		owner = EXCLUDED.owner,
-		token = greatest(t.token + 1, EXCLUDED.token),
-		backend_pid = EXCLUDED.backend_pid,
-		granted_at = EXCLUDED.granted_at,
-		expires_at = EXCLUDED.expires_at,
-		ended = ` + pruned("t", "EXCLUDED.token") + `
-	WHERE t.expires_at <= EXCLUDED.granted_at AND NOT ` + isEnded("t", "EXCLUDED.owner", "EXCLUDED.token") + `
-	RETURNING t.token
-),
-s AS (
-	SELECT current_setting('idle_session_timeout') AS was, set_config('idle_session_timeout', $4::text, false) AS now
-	FROM t
-),
-u AS (
-	SELECT pg_advisory_unlock($3::bigint) AS unlocked FROM k WHERE k.ok AND NOT EXISTS (SELECT 1 FROM t)
-),
+` + sessionGrant + `,
 ` + place(swaiters, "t", "(SELECT direct FROM v) AND NOT coalesce((SELECT ended FROM h), false)", "$7::bigint") + `
 SELECT EXISTS (SELECT 1 FROM t), coalesce((SELECT token FROM t), 0), pg_backend_pid(), coalesce((SELECT was FROM s), ''),
 	coalesce((SELECT unlocked FROM u), k.ok = EXISTS (SELECT 1 FROM t)),
