@@ -243,7 +243,10 @@ func (b *Backend) acquire(ctx context.Context, ns *nameState, req driver.Request
 	}
 	b.mu.Lock()
 	var t *ticket
-	if ns.ticket == nil && len(ns.subs) > 0 {
+	// No ticket for a name with queued waiters here: their places are
+	// their tickets, and a ticket, granted only to an acquire without
+	// Queue, would keep the name from those behind it.
+	if ns.ticket == nil && len(ns.subs) > 0 && !ns.line {
 		t = &ticket{path: n.path, czxid: n.czxid, session: n.session, data: n.data}
 		ns.ticket = t
 	}

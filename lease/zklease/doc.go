@@ -80,7 +80,10 @@
 // free while a place exists: the holder's release hands the name to the
 // first place at once (driver's "hands the name over at once" case). The
 // tickets of Managers without FIFO and the places of FIFO ones share one
-// queue, in arrival order.
+// queue, in arrival order. A Backend that has queued waiters for a name
+// makes no ticket for it (a refused acquire without Queue deletes its
+// node): a ticket is granted only to an acquire without Queue, and at the
+// head it would keep the name from the places behind it.
 //
 //   - A queued attempt of an owner that has a place lists the holder
 //     queue (one round trip, with the ended-record read pipelined): lowest,

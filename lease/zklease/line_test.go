@@ -441,3 +441,44 @@ func TestLineHandOffIsARead(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// An acquire without Queue, refused on a backend whose queued waiters are
+// subscribed, leaves no ticket in the queue: a ticket becomes a grant only
+// through an acquire without Queue, so at the head it would keep the name
+// from the queued waiters behind it.
+func TestLineUnqueuedLeavesNoTicket(t *testing.T) {
+	ens := zktest.Start(t, 1, zktest.Config{})
+	root := zktest.Root(t)
+	ctx := testkit.Context(t)
+	const n = "noticket"
+	holder := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(lineTTL))
+	b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(lineTTL))
+	h, err := holder.Acquire(ctx, driver.Request{Name: n, Owner: "holder", TTL: lineTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1, r2 := queuedReq(n, "w1", lineTTL), queuedReq(n, "w2", lineTTL)
+	mustRefuse(t, b, r1, "w1 behind the holder")
+	_, stop, err := b.Watch(ctx, n) // as a FIFO Manager's waiter does
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	mustRefuse(t, b, driver.Request{Name: n, Owner: "try", TTL: lineTTL}, "an acquire without Queue behind the line")
+	mustRefuse(t, b, r2, "w2 behind w1")
+	if err := holder.Release(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	g1, err := b.Acquire(ctx, r1)
+	if err != nil {
+		t.Fatalf("w1 after the holder released: %v", err)
+	}
+	if err := b.Release(ctx, g1); err != nil {
+		t.Fatal(err)
+	}
+	g2, err := b.Acquire(ctx, r2)
+	if err != nil {
+		t.Fatalf("w2 after w1 released (%s): %v", b.DebugName(n), err)
+	}
+	_ = b.Release(ctx, g2)
+}
