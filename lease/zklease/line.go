@@ -252,8 +252,8 @@ func (b *Backend) nodesAhead(ns *nameState, kids []child, i int, now int64) ahea
 // that listing is the grant (no write: the hand-off is a read). Otherwise,
 // or without a place, it writes its place (a refresh, or a create at the
 // end of the line that a listing follows, and which is granted if lowest),
-// reads the nodes ahead (pipelined), passes those that lapsed, watches the
-// node just ahead, and is refused.
+// reads the nodes ahead and watches the one just ahead (all pipelined),
+// passes those that lapsed, and is refused.
 func (b *Backend) acquireQueued(ns *nameState, req driver.Request) (driver.Grant, error) {
 	b.mu.Lock()
 	p := ns.places[req.Owner]
@@ -292,7 +292,22 @@ func (b *Backend) acquireQueued(ns *nameState, req driver.Request) (driver.Grant
 		b.dropPlace(ns, req.Owner, np)
 		return driver.Grant{}, notAcquired(req.Name)
 	}
+	// The watch of the node just ahead goes out with the reads of the
+	// nodes ahead (pipelined); if that node turns out gone, or lapsed and
+	// deleted, the last one still there is watched after.
+	var before string
+	watched := make(chan struct{})
+	if i > 0 {
+		before = ns.parent + "/" + kids[i-1].name
+		go func() {
+			defer close(watched)
+			b.watchLine(ns, before)
+		}()
+	} else {
+		close(watched)
+	}
 	a := b.nodesAhead(ns, kids, i, np.mtime)
+	<-watched
 	if a.pred == "" {
 		// Every node ahead went meanwhile: the next attempt lists again.
 		b.mu.Lock()
@@ -300,7 +315,9 @@ func (b *Backend) acquireQueued(ns *nameState, req driver.Request) (driver.Grant
 		b.mu.Unlock()
 		return driver.Grant{}, notAcquired(req.Name)
 	}
-	b.watchLine(ns, a.pred)
+	if a.pred != before {
+		b.watchLine(ns, a.pred)
+	}
 	if a.headPlace {
 		return driver.Grant{}, &driver.NotAcquiredError{Name: req.Name, Ahead: a.live, RetryAfter: a.firstLeft}
 	}
