@@ -88,8 +88,10 @@
 //   - A queued attempt of an owner that has a place lists the holder
 //     queue (one round trip, with the ended-record read pipelined): lowest,
 //     it is granted, its TTL counted from the listing's send time. Otherwise
-//     it refreshes its place (a SetData) and reads the nodes ahead
-//     (pipelined), and is refused. An owner without a place creates one at
+//     it refreshes its place (a SetData), then reads the nodes ahead and
+//     watches the one just before its place (pipelined), and is refused: a
+//     waiter that joins again costs a create, a listing and those reads,
+//     three round trips, as the recipe's create, listing and watch. An owner without a place creates one at
 //     the end (a create whose transaction checks the ended-owner record, so
 //     an ended owner never joins) and lists: lowest (the name was free), it
 //     is granted in those two round trips, as an acquire without Queue.
