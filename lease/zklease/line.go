@@ -332,10 +332,14 @@ func (b *Backend) acquireQueued(ns *nameState, req driver.Request) (driver.Grant
 // session lives at least the session timeout after the listing). ok
 // reports a grant; kids is the listing.
 func (b *Backend) grantIfFirst(ns *nameState, req driver.Request, p *place) (g driver.Grant, ok bool, kids []child, err error) {
-	endedAt := make(chan bool, 1)
+	type endedRead struct {
+		found bool
+		err   error
+	}
+	endedAt := make(chan endedRead, 1)
 	go func() {
 		found, _, err := b.conn.Exists(b.endedPath(req.Name, req.Owner))
-		endedAt <- found || err != nil
+		endedAt <- endedRead{found, err}
 	}()
 	sent := time.Now()
 	kids, err = b.list(ns)
@@ -343,14 +347,18 @@ func (b *Backend) grantIfFirst(ns *nameState, req driver.Request, p *place) (g d
 	if err != nil {
 		return driver.Grant{}, false, nil, err
 	}
+	if ended.found {
+		// Ended through another backend: the place would keep the name,
+		// or a place in line, for no one.
+		b.dropPlace(ns, req.Owner, p)
+		return driver.Grant{}, false, nil, errOwnerEnded(req.Name, req.Owner)
+	}
 	if position(kids, baseName(p.path)) != 0 {
 		return driver.Grant{}, false, kids, nil
 	}
-	if ended {
-		// Ended through another backend (or the record could not be
-		// read): the place would keep the name for no one.
-		b.dropPlace(ns, req.Owner, p)
-		return driver.Grant{}, false, nil, errOwnerEnded(req.Name, req.Owner)
+	if ended.err != nil {
+		// Not granted without the record's answer; the place stays.
+		return driver.Grant{}, false, nil, fmt.Errorf("zklease: acquire %q: read the ended-owner record: %w", req.Name, ended.err)
 	}
 	if err := b.checkSession(p.session, req.TTL); err != nil {
 		b.dropPlace(ns, req.Owner, p)

@@ -482,3 +482,41 @@ func TestLineUnqueuedLeavesNoTicket(t *testing.T) {
 	}
 	_ = b.Release(ctx, g2)
 }
+
+// A waiter recorded as ended by another client (its record made while its
+// place waits behind a holder) leaves the line at its next attempt, which
+// is refused: the place would otherwise keep the name for no one once it
+// heads the queue.
+func TestLineEndedWaiterLeaves(t *testing.T) {
+	ens := zktest.Start(t, 1, zktest.Config{})
+	root := zktest.Root(t)
+	admin := adminConn(t, ens.Servers())
+	ctx := testkit.Context(t)
+	const n = "ended"
+	holder := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(lineTTL))
+	b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(lineTTL))
+	h, err := holder.Acquire(ctx, driver.Request{Name: n, Owner: "holder", TTL: lineTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rw, r2 := queuedReq(n, "w", lineTTL), queuedReq(n, "w2", lineTTL)
+	mustRefuse(t, b, rw, "w behind the holder")
+	mustRefuse(t, b, r2, "w2 behind w")
+	// The record, as another client's Abandon of w makes it (the
+	// Abandon's deletes of w's nodes have not come yet).
+	if _, err := admin.Create(zklease.EndedPath(root, n, "w"), nil, zk.FlagEphemeral, zk.WorldACL(zk.PermAll)); err != nil {
+		t.Fatal(err)
+	}
+	mustRefuse(t, b, rw, "w, ended, behind the holder")
+	if p := linePlaces(t, admin, root, n); !slices.Equal(p, []string{"w2"}) {
+		t.Fatalf("line after the ended waiter's attempt: %v, want [w2]", p)
+	}
+	if err := holder.Release(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	g, err := b.Acquire(ctx, r2)
+	if err != nil {
+		t.Fatalf("w2 after the holder released, behind an ended waiter: %v", err)
+	}
+	_ = b.Release(ctx, g)
+}
