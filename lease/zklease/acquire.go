@@ -43,10 +43,11 @@ func notAcquired(name string) error { return &driver.NotAcquiredError{Name: name
 //     waiters, and deleted if not. On a name this backend found held in
 //     the last few seconds, the parent is synced and listed first, and a
 //     non-empty queue refuses the attempt without a write.
-//   - With req.Queue, the owner's place in the line is written first, and
-//     the name is granted only when no one holds it and no live place is
-//     ahead of the owner's (see "Waiters in line" in the package doc);
-//     the refusal then carries Ahead and RetryAfter when the name is free.
+//   - With req.Queue, the owner's place is a node of the queue: an owner
+//     in line lists it first and is granted when its place is the lowest
+//     (no write); otherwise it refreshes its place, or creates one at the
+//     end, and is refused (see "Waiters in line" in the package doc); the
+//     refusal carries Ahead and RetryAfter when the lowest node is a place.
 //
 // The grant's TTL is req.TTL, counted from the send time of the request
 // that created or confirmed it; the backend deletes the node when that
@@ -242,7 +243,10 @@ func (b *Backend) acquire(ctx context.Context, ns *nameState, req driver.Request
 	}
 	b.mu.Lock()
 	var t *ticket
-	if ns.ticket == nil && len(ns.subs) > 0 {
+	// No ticket for a name with queued waiters here: their places are
+	// their tickets, and a ticket, granted only to an acquire without
+	// Queue, would keep the name from those behind it.
+	if ns.ticket == nil && len(ns.subs) > 0 && !ns.line {
 		t = &ticket{path: n.path, czxid: n.czxid, session: n.session, data: n.data}
 		ns.ticket = t
 	}

@@ -191,9 +191,9 @@ type blockingLock func(ctx context.Context) (unlock func(context.Context) error,
 //   - fencekit: Manager.Acquire over zklease, defaults (PollInterval 1 s: a
 //     hand-off in milliseconds is a watch notification, not a poll).
 //   - fencekit-fifo: the same with lease.WithFIFO: the waiters are in line
-//     at the store (places under the line parent), the first is woken by
-//     the holder's node's deletion, and its grant is a place refresh, the
-//     reads, a create and a listing.
+//     at the store (places: nodes of the holder queue), the first is woken
+//     by the deletion of the node ahead, and its grant is a listing (with
+//     the ended-owner record's read pipelined), no write.
 //   - raw: the recipe sent directly through go-zookeeper: create an
 //     ephemeral sequential node, list, watch the predecessor (ExistsW),
 //     list again when it goes; release deletes the node. One notification

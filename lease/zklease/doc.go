@@ -15,7 +15,8 @@
 // and never collide). Under it, every contender has one ephemeral
 // sequential node named "<random GUID>-<sequence>", holding the owner it
 // was granted to (or, for a waiting backend's ticket, its Options.Identity
-// + "/waiting"); the node with the lowest sequence number holds the lease
+// + "/waiting"; for a queued waiter's place, see "Waiters in line"); the
+// node with the lowest sequence number holds the lease
 // (ZooKeeper's lock recipe). The fencing token is that node's czxid.
 // Holder (driver.Inspector) reads both.
 //
@@ -58,27 +59,45 @@
 // The backend keeps blocked acquires in line at the store
 // (driver.Limits.Queues; lease.Options.FIFO). A queued Acquire
 // (driver.Request.Queue) gives its owner a place: an ephemeral sequential
-// node under a line parent of its own, LinePath (Options.Root + "/.line/"
-// + the escaped name), holding the place's TTL in milliseconds and the
-// owner. Arrival order is the sequence number. The holder queue above is
-// left alone, so an Acquire without Queue (TryAcquire, a Manager without
-// FIFO) ignores the line and takes a free name ahead of it; use one mode
-// per name.
+// node of the holder queue itself, under the name's parent like every
+// grant's node, holding a NUL byte, the place's TTL in milliseconds, a
+// newline and the owner (Holder and Abandon read the owner from it).
+// Arrival order is the sequence number, and since the lowest node holds
+// the name, a place becomes the grant without a write: when every node
+// before it is gone, the listing that shows it lowest grants it, and its
+// czxid, minted when the owner joined, is the token.
 //
-//   - A queued attempt writes its place (a create at the end of the line,
-//     which checks the ended-owner record in the same transaction, so an
-//     ended owner never joins; or a refresh, a SetData), lists the holder
-//     queue and the line, and reads the places ahead (pipelined); an owner
-//     already in line lists first, and skips the write when it is first
-//     and the name free. It is granted only when the holder queue is empty and
-//     no live place is ahead; the grant is then made as without Queue (a
-//     create, its czxid the token, and a listing that shows it lowest), so
-//     tokens and exclusion follow the same rules, and the place is
-//     deleted in the create's transaction. (A place's own czxid cannot be
-//     the token: an acquire without Queue may be granted a greater one
-//     while the place waits.) Otherwise it is refused, with Ahead (the live places ahead)
-//     and RetryAfter (the time left of the first one) when the name is
-//     free.
+// Tokens still grow strictly in grant order: within a parent, sequence
+// order is creation order is czxid order; grants follow sequence order
+// (the lowest node holds, and a node that is not the lowest is never
+// granted); a parent deleted and made again restarts its sequence numbers
+// but not its czxids. The ended-owner record is read alongside the listing
+// that grants a place (pipelined), as for a ticket.
+//
+// An acquire without Queue (TryAcquire, a Manager without FIFO) therefore
+// queues behind the waiters: its node has a greater sequence number than
+// theirs. It cannot "take a free name ahead of the line", but no name is
+// free while a place exists: the holder's release hands the name to the
+// first place at once (driver's "hands the name over at once" case). The
+// tickets of Managers without FIFO and the places of FIFO ones share one
+// queue, in arrival order. A Backend that has queued waiters for a name
+// makes no ticket for it (a refused acquire without Queue deletes its
+// node): a ticket is granted only to an acquire without Queue, and at the
+// head it would keep the name from the places behind it.
+//
+//   - A queued attempt of an owner that has a place lists the holder
+//     queue (one round trip, with the ended-record read pipelined): lowest,
+//     it is granted, its TTL counted from the listing's send time. Otherwise
+//     it refreshes its place (a SetData), then reads the nodes ahead and
+//     watches the one just before its place (pipelined), and is refused: a
+//     waiter that joins again costs a create, a listing and those reads,
+//     three round trips, as the recipe's create, listing and watch. An owner without a place creates one at
+//     the end (a create whose transaction checks the ended-owner record, so
+//     an ended owner never joins) and lists: lowest (the name was free), it
+//     is granted in those two round trips, as an acquire without Queue.
+//     A refusal carries Ahead (the live places ahead) and RetryAfter (the
+//     time left of the first one) when the lowest node is a place (the
+//     name is kept for it).
 //   - A place lapses when its last write is older than its TTL. ZooKeeper
 //     keeps ephemeral nodes for their session, not for a time, so lapse is
 //     decided by the server's stamps: the mtime of the waiter's own write
@@ -87,35 +106,31 @@
 //     no synchronized clients; after a leader change the stamps of two
 //     leaders are compared, and a place may lapse early or late by their
 //     skew (a Manager refreshes at least every TTL/2, so a skew below TTL/2
-//     never drops a live waiter). A lapsed place is deleted, with the
-//     version read, by the waiter that found it (a refresh in between
-//     keeps it live); a waiter whose own place lapsed goes to the end. A
-//     backend also deletes its own place once it was not refreshed for its
-//     TTL, and a place goes with its session (a waiter whose process died
-//     leaves the line within the session timeout, or its TTL if shorter).
-//   - Abandon deletes the owner's place (one kept by this Backend; the
-//     Manager sends an owner's requests through one Backend).
-//   - A refused waiter watches the place just ahead of its own, or, when
-//     it is first, the holder's node: the holder's release (or the end of
-//     its session) wakes the first waiter alone, and a waiter that leaves
-//     wakes the one behind it. A refresh of the place ahead sets the watch
-//     again without waking anyone. Queued waiters put no ticket in the
-//     holder queue (Watch only subscribes).
+//     never drops a live waiter). A lapsed place is deleted by the waiter
+//     that found it, in a transaction that checks that a node before it
+//     still exists and that its version is the one read: a place that is
+//     not the lowest is no grant, and a refresh in between keeps it. The
+//     lowest node is never deleted by another backend, since its owner may
+//     hold it without knowing yet: a place at the head leaves when its own
+//     backend deletes it (the owner stopped asking for its TTL: the
+//     backend's timer; Abandon), or with its session. A waiter whose
+//     process died therefore leaves the line within its TTL while a node is
+//     ahead of it, and within the session timeout once it is at the head
+//     (as a holder that died does). A waiter whose own place lapsed goes to
+//     the end.
+//   - Abandon deletes the owner's place (one kept by this Backend, and any
+//     node naming the owner; the Manager sends an owner's requests through
+//     one Backend).
+//   - A refused waiter watches the node just ahead of its place: a release
+//     (or the end of a session) wakes the one waiter behind that node, and
+//     a waiter that leaves wakes the one behind it. A refresh of the place
+//     ahead sets the watch again without waking anyone. Queued waiters
+//     need no ticket (Watch only subscribes).
 //
-// The first waiter, woken by the deletion of the holder's node it
-// watched, is granted in two round trips: the create (whose transaction
-// also deletes its place, and fails if the place was deleted as lapsed)
-// and the listing that shows the node lowest. It was first when it set the
-// watch, and places only join behind it, so it neither writes its place
-// nor reads the line first. Another attempt of an owner in line lists the
-// holder queue and the line first (pipelined), and if it is first with the
-// name free goes to the grant (three round trips: no place ahead to judge,
-// so no clock is needed); otherwise it writes its place and reads the
-// places ahead (pipelined), and is refused. A queued grant that finds an
-// acquire without Queue ahead of its node after all has lost its place
-// with the create, and joins again at the end of the line (use one mode
-// per name).
-//
+// The first waiter, woken by the deletion of the node ahead, is granted in
+// one round trip of reads (the listing and the ended record): no write
+// stands between a release and the next grant.
+
 // A request whose answer is lost does not leave a node behind: a create is
 // settled by listing the parent for its GUID (the recipe's "protected"
 // names; when no listing is answered within the TTL, a client whose every

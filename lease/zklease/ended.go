@@ -346,7 +346,7 @@ func (b *Backend) Abandon(ctx context.Context, req driver.Request) error {
 		}
 		for range n {
 			r := <-reads
-			if r.err == nil && string(r.data) == req.Owner {
+			if r.err == nil && nodeOwner(r.data) == req.Owner {
 				b.deleteSure(r.path)
 			}
 		}

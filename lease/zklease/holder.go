@@ -86,7 +86,7 @@ func (b *Backend) holder(ctx context.Context, name, parent string) (driver.Holde
 		if err != nil {
 			return driver.Holder{}, fmt.Errorf("zklease: holder %q: read: %w", name, err)
 		}
-		h := driver.Holder{Name: name, Owner: string(data), Token: fenceToken(st.Czxid)}
+		h := driver.Holder{Name: name, Owner: nodeOwner(data), Token: fenceToken(st.Czxid)}
 		if !strings.HasSuffix(h.Owner, waitingSuffix) || !time.Now().Before(waitUntil) {
 			return h, nil
 		}

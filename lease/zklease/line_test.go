@@ -29,10 +29,11 @@ func queuedReq(name, owner string, ttl time.Duration) driver.Request {
 }
 
 // linePlaces returns the owners of the places in name's line, in
-// sequence order.
+// sequence order: the place nodes of the holder queue behind its lowest
+// node (which holds the name, a grant or a place the name is kept for).
 func linePlaces(t *testing.T, admin *zk.Conn, root, name string) []string {
 	t.Helper()
-	dir := zklease.LinePath(root, name)
+	dir := zklease.ParentPath(root, name)
 	kids, _, err := admin.Children(dir)
 	if errors.Is(err, zk.ErrNoNode) {
 		return nil
@@ -44,7 +45,10 @@ func linePlaces(t *testing.T, admin *zk.Conn, root, name string) []string {
 		return strings.Compare(a[strings.LastIndexByte(a, '-'):], b[strings.LastIndexByte(b, '-'):])
 	})
 	var owners []string
-	for _, k := range kids {
+	for i, k := range kids {
+		if i == 0 {
+			continue
+		}
 		data, _, err := admin.Get(dir + "/" + k)
 		if errors.Is(err, zk.ErrNoNode) {
 			continue
@@ -52,7 +56,11 @@ func linePlaces(t *testing.T, admin *zk.Conn, root, name string) []string {
 		if err != nil {
 			t.Fatalf("get %s/%s: %v", dir, k, err)
 		}
-		_, owner, _ := strings.Cut(string(data), "\n")
+		s, isPlace := strings.CutPrefix(string(data), "\x00")
+		if !isPlace {
+			continue
+		}
+		_, owner, _ := strings.Cut(s, "\n")
 		owners = append(owners, owner)
 	}
 	return owners
@@ -75,9 +83,9 @@ func mustRefuse(t *testing.T, b *zklease.Backend, r driver.Request, why string) 
 }
 
 // FIFO Managers, each on its own session, waiting behind a holder, get the
-// lease in the order they joined; the places are nodes in that order under
-// the line parent, the holder queue holds no ticket of theirs (a ticket
-// would stand between the first waiter and the free name), the holder's
+// lease in the order they joined; the places are nodes in that order in
+// the holder queue, behind the holder's, with no ticket of theirs besides
+// (a ticket would stand between the first waiter and the name), the holder's
 // release wakes the first waiter through its watch (the poll interval is
 // TTL/2), and each grant takes the owner out of the line.
 func TestLineManagersInArrivalOrder(t *testing.T) {
@@ -134,8 +142,8 @@ func TestLineManagersInArrivalOrder(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	if kids, _, err := admin.Children(zklease.ParentPath(root, n)); err != nil || len(kids) != 1 {
-		t.Fatalf("holder queue %v (%v): want the holder's node alone, no ticket of a queued waiter", kids, err)
+	if kids, _, err := admin.Children(zklease.ParentPath(root, n)); err != nil || len(kids) != 1+waiters {
+		t.Fatalf("holder queue %v (%v): want the holder's node and the %d places, no ticket of a queued waiter", kids, err, waiters)
 	}
 	before := bs[0].Notified()
 	released := time.Now()
@@ -165,47 +173,84 @@ func TestLineManagersInArrivalOrder(t *testing.T) {
 
 // A place ahead lapses by the server's stamps: one whose last write is
 // older than its TTL (read from its data) at the stamp of the waiter's own
-// write is deleted and passed; a live one keeps the name for it (Ahead,
-// RetryAfter), also for a waiter on another session. The places here are
-// written by a plain client, which refreshes or stops at will.
+// write is deleted and passed, when a node before it remains (it is not
+// the lowest). A place that is the lowest node holds the name as a grant
+// would: a live one keeps it for its owner (Ahead, RetryAfter), and a
+// lapsed one is not deleted by another waiter (its owner may hold it
+// without knowing yet); it leaves with its backend or its session. The
+// ghost places here are written by a plain client, which refreshes or
+// stops at will.
 func TestLinePlaceLapsesByServerTime(t *testing.T) {
 	ens := zktest.Start(t, 1, zktest.Config{})
 	root := zktest.Root(t)
 	admin := adminConn(t, ens.Servers())
+	ctx := testkit.Context(t)
 	const n = "lapse"
 	w := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(lineTTL))
-	// The line parent, made by a first waiter that leaves again.
-	first := queuedReq(n, "first", lineTTL)
-	g, err := w.Acquire(testkit.Context(t), first)
+	holder := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(lineTTL))
+	h, err := holder.Acquire(ctx, driver.Request{Name: n, Owner: "holder", TTL: lineTTL})
 	if err != nil {
-		t.Fatalf("a queued acquire of a free name with an empty line: %v", err)
-	}
-	if err := w.Release(testkit.Context(t), g); err != nil {
 		t.Fatal(err)
 	}
-	dir := zklease.LinePath(root, n)
-	ghost, err := admin.Create(dir+"/"+strings.Repeat("0", 32)+"-", []byte("60000\nghost"), zk.FlagEphemeralSequential, zk.WorldACL(zk.PermAll))
+	dir := zklease.ParentPath(root, n)
+	ghostData := func(ttl time.Duration, owner string) []byte {
+		return []byte(fmt.Sprintf("\x00%d\n%s", ttl.Milliseconds(), owner))
+	}
+	ghost, err := admin.Create(dir+"/"+strings.Repeat("0", 32)+"-", ghostData(time.Minute, "ghost"), zk.FlagEphemeralSequential, zk.WorldACL(zk.PermAll))
 	if err != nil {
 		t.Fatalf("create a place by hand: %v", err)
 	}
 	live := queuedReq(n, "live", lineTTL)
-	na := mustRefuse(t, w, live, "a waiter behind a live place, the name free")
-	if na.Ahead != 1 || na.RetryAfter <= 0 || na.RetryAfter > time.Minute {
-		t.Fatalf("refusal %+v: want Ahead 1 and RetryAfter within the place's 60 s", na)
+	mustRefuse(t, w, live, "a waiter behind the holder and a live place")
+	if p := linePlaces(t, admin, root, n); !slices.Equal(p, []string{"ghost", "live"}) {
+		t.Fatalf("line %v, want [ghost live]", p)
 	}
 	// The ghost's owner refreshes it with a TTL of 300 ms, then stops.
-	if _, err := admin.Set(ghost, []byte("300\nghost"), -1); err != nil {
+	if _, err := admin.Set(ghost, ghostData(300*time.Millisecond, "ghost"), -1); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(600 * time.Millisecond)
-	g, err = w.Acquire(testkit.Context(t), live)
-	if err != nil {
-		t.Fatalf("the waiter behind a place unwritten for twice its TTL: %v", err)
-	}
+	mustRefuse(t, w, live, "the waiter behind the holder and a lapsed place")
 	if ok, _, _ := admin.Exists(ghost); ok {
-		t.Fatal("the lapsed place is still there")
+		t.Fatal("the lapsed place behind the holder is still there")
 	}
-	if err := w.Release(testkit.Context(t), g); err != nil {
+	if err := holder.Release(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	g, err := w.Acquire(ctx, live)
+	if err != nil {
+		t.Fatalf("the waiter after the holder released: %v", err)
+	}
+	if err := w.Release(ctx, g); err != nil {
+		t.Fatal(err)
+	}
+	// A place at the head of the queue: the name is kept for it.
+	head, err := admin.Create(dir+"/"+strings.Repeat("1", 32)+"-", ghostData(time.Minute, "head"), zk.FlagEphemeralSequential, zk.WorldACL(zk.PermAll))
+	if err != nil {
+		t.Fatalf("create a place by hand: %v", err)
+	}
+	late := queuedReq(n, "late", lineTTL)
+	na := mustRefuse(t, w, late, "a waiter behind a live place, the name free")
+	if na.Ahead != 1 || na.RetryAfter <= 0 || na.RetryAfter > time.Minute {
+		t.Fatalf("refusal %+v: want Ahead 1 and RetryAfter within the place's 60 s", na)
+	}
+	if _, err := admin.Set(head, ghostData(300*time.Millisecond, "head"), -1); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(600 * time.Millisecond)
+	mustRefuse(t, w, late, "a waiter behind a lapsed place at the head")
+	if ok, _, _ := admin.Exists(head); !ok {
+		t.Fatal("a lapsed place at the head of the queue was deleted by another waiter")
+	}
+	// Its owner's session ends (here: the client deletes it).
+	if err := admin.Delete(head, -1); err != nil {
+		t.Fatal(err)
+	}
+	g, err = w.Acquire(ctx, late)
+	if err != nil {
+		t.Fatalf("the waiter once the head's place was gone: %v", err)
+	}
+	if err := w.Release(ctx, g); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -272,7 +317,7 @@ func TestLineAfterSessionExpiry(t *testing.T) {
 
 // Abandon removes the waiter's place at once; the abandoned owner's later
 // request neither is granted nor joins the line again; an acquire without
-// Queue ignores the line.
+// Queue cannot pass a waiter.
 func TestLineAbandonAndUnqueued(t *testing.T) {
 	ens := zktest.Start(t, 1, zktest.Config{})
 	root := zktest.Root(t)
@@ -303,8 +348,9 @@ func TestLineAbandonAndUnqueued(t *testing.T) {
 	if p := linePlaces(t, admin, root, n); len(p) != 0 {
 		t.Fatalf("line after the abandoned owner asked again: %v, want empty", p)
 	}
-	// A waiter in line does not stop an acquire without Queue (one mode
-	// per name; the contract keeps TryAcquire ahead of the line).
+	// An acquire without Queue queues behind the waiters too (their
+	// places are nodes of the holder queue): the holder's release hands
+	// the name to the first waiter at once, whose token is its place's.
 	h2, err := holder.Acquire(ctx, driver.Request{Name: n, Owner: "holder-2", TTL: lineTTL})
 	if err != nil {
 		t.Fatal(err)
@@ -314,20 +360,163 @@ func TestLineAbandonAndUnqueued(t *testing.T) {
 	if err := holder.Release(ctx, h2); err != nil {
 		t.Fatal(err)
 	}
-	bypass, err := holder.Acquire(ctx, driver.Request{Name: n, Owner: "bypass", TTL: lineTTL})
-	if err != nil {
-		t.Fatalf("an acquire without Queue, the name free and one waiter in line: %v", err)
-	}
-	mustRefuse(t, w, second, "the waiter while the bypass holds")
-	if err := holder.Release(ctx, bypass); err != nil {
-		t.Fatal(err)
+	if g, err := holder.Acquire(ctx, driver.Request{Name: n, Owner: "bypass", TTL: lineTTL}); err == nil {
+		t.Fatalf("an acquire without Queue, the holder gone and one waiter in line, was granted token %d", g.Token)
+	} else if !errors.Is(err, driver.ErrNotAcquired) {
+		t.Fatalf("an acquire without Queue behind a waiter: %v", err)
 	}
 	g, err := w.Acquire(ctx, second)
 	if err != nil {
-		t.Fatalf("the waiter after the bypass released: %v", err)
+		t.Fatalf("the waiter after holder-2 released: %v", err)
 	}
-	if g.Token <= bypass.Token {
-		t.Fatalf("token %d after the bypass's %d", g.Token, bypass.Token)
+	if g.Token <= h2.Token {
+		t.Fatalf("token %d after holder-2's %d", g.Token, h2.Token)
 	}
 	_ = w.Release(ctx, g)
+}
+
+// The first waiter's grant, once the holder released, is a read: its
+// token is the czxid of its place, made when it joined, and the ensemble
+// applies no write between the release and the grant (a node created
+// before the grant and one created after it have consecutive czxids).
+func TestLineHandOffIsARead(t *testing.T) {
+	ens := zktest.Start(t, 1, zktest.Config{})
+	root := zktest.Root(t)
+	admin := adminConn(t, ens.Servers())
+	ctx := testkit.Context(t)
+	const n = "handoff"
+	holder := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(lineTTL))
+	w := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(lineTTL))
+	h, err := holder.Acquire(ctx, driver.Request{Name: n, Owner: "holder", TTL: lineTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := queuedReq(n, "first", lineTTL)
+	mustRefuse(t, w, r, "the waiter behind the holder")
+	// The waiter's place: the node behind the holder's.
+	var place zk.Stat
+	dir := zklease.ParentPath(root, n)
+	kids, _, err := admin.Children(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(kids, func(a, b string) int {
+		return strings.Compare(a[strings.LastIndexByte(a, '-'):], b[strings.LastIndexByte(b, '-'):])
+	})
+	if len(kids) == 2 {
+		_, st, err := admin.Exists(dir + "/" + kids[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		place = *st
+	}
+	if err := holder.Release(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	marker := func() int64 {
+		t.Helper()
+		p, err := admin.Create(root+"/marker-", nil, zk.FlagEphemeralSequential, zk.WorldACL(zk.PermAll))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, st, err := admin.Exists(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Czxid
+	}
+	before := marker()
+	g, err := w.Acquire(ctx, r)
+	if err != nil {
+		t.Fatalf("the first waiter after the holder released: %v", err)
+	}
+	after := marker()
+	if after != before+1 {
+		t.Errorf("the ensemble applied %d writes during the hand-off grant, want none", after-before-1)
+	}
+	if uint64(g.Token) != uint64(place.Czxid) {
+		t.Errorf("granted token %d, want the czxid %d of the waiter's place (holder queue %v)", g.Token, place.Czxid, kids)
+	}
+	if err := w.Release(ctx, g); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An acquire without Queue, refused on a backend whose queued waiters are
+// subscribed, leaves no ticket in the queue: a ticket becomes a grant only
+// through an acquire without Queue, so at the head it would keep the name
+// from the queued waiters behind it.
+func TestLineUnqueuedLeavesNoTicket(t *testing.T) {
+	ens := zktest.Start(t, 1, zktest.Config{})
+	root := zktest.Root(t)
+	ctx := testkit.Context(t)
+	const n = "noticket"
+	holder := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(lineTTL))
+	b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(lineTTL))
+	h, err := holder.Acquire(ctx, driver.Request{Name: n, Owner: "holder", TTL: lineTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1, r2 := queuedReq(n, "w1", lineTTL), queuedReq(n, "w2", lineTTL)
+	mustRefuse(t, b, r1, "w1 behind the holder")
+	_, stop, err := b.Watch(ctx, n) // as a FIFO Manager's waiter does
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	mustRefuse(t, b, driver.Request{Name: n, Owner: "try", TTL: lineTTL}, "an acquire without Queue behind the line")
+	mustRefuse(t, b, r2, "w2 behind w1")
+	if err := holder.Release(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	g1, err := b.Acquire(ctx, r1)
+	if err != nil {
+		t.Fatalf("w1 after the holder released: %v", err)
+	}
+	if err := b.Release(ctx, g1); err != nil {
+		t.Fatal(err)
+	}
+	g2, err := b.Acquire(ctx, r2)
+	if err != nil {
+		t.Fatalf("w2 after w1 released (%s): %v", b.DebugName(n), err)
+	}
+	_ = b.Release(ctx, g2)
+}
+
+// A waiter recorded as ended by another client (its record made while its
+// place waits behind a holder) leaves the line at its next attempt, which
+// is refused: the place would otherwise keep the name for no one once it
+// heads the queue.
+func TestLineEndedWaiterLeaves(t *testing.T) {
+	ens := zktest.Start(t, 1, zktest.Config{})
+	root := zktest.Root(t)
+	admin := adminConn(t, ens.Servers())
+	ctx := testkit.Context(t)
+	const n = "ended"
+	holder := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(lineTTL))
+	b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(lineTTL))
+	h, err := holder.Acquire(ctx, driver.Request{Name: n, Owner: "holder", TTL: lineTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rw, r2 := queuedReq(n, "w", lineTTL), queuedReq(n, "w2", lineTTL)
+	mustRefuse(t, b, rw, "w behind the holder")
+	mustRefuse(t, b, r2, "w2 behind w")
+	// The record, as another client's Abandon of w makes it (the
+	// Abandon's deletes of w's nodes have not come yet).
+	if _, err := admin.Create(zklease.EndedPath(root, n, "w"), nil, zk.FlagEphemeral, zk.WorldACL(zk.PermAll)); err != nil {
+		t.Fatal(err)
+	}
+	mustRefuse(t, b, rw, "w, ended, behind the holder")
+	if p := linePlaces(t, admin, root, n); !slices.Equal(p, []string{"w2"}) {
+		t.Fatalf("line after the ended waiter's attempt: %v, want [w2]", p)
+	}
+	if err := holder.Release(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	g, err := b.Acquire(ctx, r2)
+	if err != nil {
+		t.Fatalf("w2 after the holder released, behind an ended waiter: %v", err)
+	}
+	_ = b.Release(ctx, g)
 }

@@ -22,7 +22,8 @@ type node struct {
 	czxid   int64
 	session int64
 	sent    time.Time // when the create request was sent
-	data    string    // what it holds: an owner, or a ticket's waitingData
+	mtime   int64     // the server's stamp of the create (ms)
+	data    string    // what it holds: an owner, a ticket's waitingData, or a place's placeData
 }
 
 // errExtraFailed is matched by create's error when one of its extra
@@ -82,7 +83,7 @@ func (b *Backend) create(ns *nameState, data, owner string, settle time.Duration
 		res, err := b.conn.Multi(ops...)
 		if err == nil && len(res) == len(ops) && res[1].Stat != nil && res[0].String != "" {
 			after, _ := b.currentSession()
-			n := node{path: res[0].String, czxid: res[1].Stat.Mzxid, session: after, sent: sent, data: data}
+			n := node{path: res[0].String, czxid: res[1].Stat.Mzxid, session: after, sent: sent, mtime: res[1].Stat.Mtime, data: data}
 			if after == 0 || (before != 0 && after != before) {
 				// The client changed sessions around the request: the
 				// node belongs to a session we cannot vouch for.
@@ -192,7 +193,7 @@ func (b *Backend) findCreated(ns *nameState, guid string, session int64, sent ti
 					b.deleteSure(path)
 					return node{}, fmt.Errorf("zklease: acquire %q: the answer to the create was lost (%w); the node it made was given back", ns.name, cause)
 				}
-				return node{path: path, czxid: st.Czxid, session: owner, sent: sent}, nil
+				return node{path: path, czxid: st.Czxid, session: owner, sent: sent, mtime: st.Mtime}, nil
 			}
 		}
 		return node{}, fmt.Errorf("zklease: acquire %q: the answer to the create was lost (%w), and no node was created", ns.name, cause)

@@ -42,8 +42,9 @@ func (b *Backend) Watch(ctx context.Context, name string) (<-chan struct{}, func
 		line := ns.line
 		b.mu.Unlock()
 		if t != nil || line {
-			// Queued waiters (line.go) need no ticket: their attempts
-			// watch the place ahead, or the holder's node.
+			// Queued waiters (line.go) need no ticket: their places
+			// are nodes of the queue, and their attempts watch the node
+			// ahead.
 			return struct{}{}, nil
 		}
 		if err := b.queue(ns); err != nil {
