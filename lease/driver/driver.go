@@ -108,7 +108,10 @@
 // left of the grant, or of the place of the waiter ahead, when the name is
 // free but kept for it. Acquire without Queue (TryAcquire, a Manager
 // without FIFO) ignores the line: it takes a free name ahead of the
-// waiters, as today. Use one mode per name.
+// waiters, as today. Where the store hands the name over at once
+// (ZooKeeper always; etcd when the grant that ends was made in line) the
+// name is not free then, and an acquire without Queue is refused while
+// the line holds live waiters. Use one mode per name.
 package driver
 
 import (
