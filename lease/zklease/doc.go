@@ -97,7 +97,12 @@
 //     is granted in those two round trips, as an acquire without Queue.
 //     A refusal carries Ahead (the live places ahead) and RetryAfter (the
 //     time left of the first one) when the lowest node is a place (the
-//     name is kept for it).
+//     name is kept for it). A hand-off writes nothing, so the store cannot
+//     tell a place whose owner has taken the grant from one whose owner
+//     has not yet listed: behind a granted place a refusal still says
+//     Ahead >= 1 (driver's "no one holds it"), and RetryAfter counts from
+//     that place's last refresh, not from its grant (0 once that is older
+//     than the TTL: the waiter then asks at its poll interval).
 //   - A place lapses when its last write is older than its TTL. ZooKeeper
 //     keeps ephemeral nodes for their session, not for a time, so lapse is
 //     decided by the server's stamps: the mtime of the waiter's own write

@@ -308,6 +308,14 @@ func (b *Backend) Abandon(ctx context.Context, req driver.Request) error {
 		if ns.ticket != nil {
 			ticket = ns.ticket.path
 		}
+		// Nodes this Backend holds for other owners are never req.Owner's,
+		// whatever their data says: a ticket claimed by another owner still
+		// reads the owner it was made for until the claim's rewrite of its
+		// data, which may run after this Abandon.
+		held := make(map[string]bool, len(ns.grants))
+		for _, g := range ns.grants {
+			held[g.path] = true
+		}
 		b.mu.Unlock()
 		if _, err := b.recordEnded(req.Name, req.Owner, req.TTL); err != nil {
 			return struct{}{}, err
@@ -335,7 +343,7 @@ func (b *Backend) Abandon(ctx context.Context, req driver.Request) error {
 		n := 0
 		for _, k := range kids {
 			path := ns.parent + "/" + k.name
-			if path == ticket || (rec != nil && path == rec.path) {
+			if path == ticket || (rec != nil && path == rec.path) || held[path] {
 				continue
 			}
 			n++

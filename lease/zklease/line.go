@@ -256,8 +256,20 @@ func (b *Backend) nodesAhead(ns *nameState, kids []child, i int, now int64) ahea
 // passes those that lapsed, and is refused.
 func (b *Backend) acquireQueued(ns *nameState, req driver.Request) (driver.Grant, error) {
 	b.mu.Lock()
+	ns.line = true
 	p := ns.places[req.Owner]
+	t := ns.ticket
 	b.mu.Unlock()
+	if t != nil {
+		// A ticket that Watch put in the holder queue before this
+		// Backend saw a queued attempt of the name (a first attempt that
+		// failed left no place, and the name's state was forgotten).
+		// Only an acquire without Queue claims a ticket, so at the head
+		// it would keep the line refused for as long as the subscription
+		// lasts: give it back. Its subscribers are queued waiters, whose
+		// attempts watch the node ahead of their own places.
+		b.dropTicket(ns, t)
+	}
 	var kids []child
 	if p != nil {
 		g, ok, k, err := b.grantIfFirst(ns, req, p)

@@ -520,3 +520,37 @@ func TestLineEndedWaiterLeaves(t *testing.T) {
 	}
 	_ = b.Release(ctx, g)
 }
+
+// A subscription made before this Backend saw a queued attempt of the
+// name (a FIFO Manager's first attempt failed and its name's state was
+// forgotten, then its waiter watched) put a ticket in the holder queue.
+// Only an acquire without Queue claims a ticket, so the queued waiter's
+// place behind it would be refused for as long as the subscription lasts:
+// the queued attempt gives the ticket back.
+func TestLineQueuedAttemptDropsWatchTicket(t *testing.T) {
+	ens := zktest.Start(t, 1, zktest.Config{})
+	root := zktest.Root(t)
+	ctx := testkit.Context(t)
+	const n = "watchticket"
+	holder := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(lineTTL))
+	b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(lineTTL))
+	h, err := holder.Acquire(ctx, driver.Request{Name: n, Owner: "holder", TTL: lineTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, stop, err := b.Watch(ctx, n) // before any queued attempt on b
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	r1 := queuedReq(n, "w1", lineTTL)
+	mustRefuse(t, b, r1, "w1 behind the holder")
+	if err := holder.Release(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	g1, err := b.Acquire(ctx, r1)
+	if err != nil {
+		t.Fatalf("w1 after the holder released (%s): %v", b.DebugName(n), err)
+	}
+	_ = b.Release(ctx, g1)
+}
