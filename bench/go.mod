@@ -7,13 +7,13 @@ require (
 	github.com/aws/aws-sdk-go-v2 v1.48.0
 	github.com/aws/aws-sdk-go-v2/service/dynamodb v1.74.0
 	github.com/bsm/redislock v0.9.4
-	github.com/fencekit/fencekit v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/internal/pgleasesql v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/internal/redistest v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/lease/pglease v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/lease/redislease v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/migrations v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/sqlguard v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit v0.1.0
+	github.com/fencekit/fencekit/dynamoguard v0.1.0
+	github.com/fencekit/fencekit/lease/dynamolease v0.1.0
+	github.com/fencekit/fencekit/lease/pglease v0.1.0
+	github.com/fencekit/fencekit/lease/redislease v0.1.0
+	github.com/fencekit/fencekit/migrations v0.1.0
+	github.com/fencekit/fencekit/sqlguard v0.1.0
 	github.com/go-redsync/redsync/v4 v4.18.1
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/redis/go-redis/v9 v9.23.0
@@ -33,10 +33,6 @@ require (
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/fencekit/fencekit/dynamoguard v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/internal/dynamotest v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/internal/testkit v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/lease/dynamolease v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
@@ -50,31 +46,3 @@ require (
 	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/text v0.44.0 // indirect
 )
-
-replace (
-	github.com/fencekit/fencekit => ..
-	github.com/fencekit/fencekit/blobguard => ../blobguard
-	github.com/fencekit/fencekit/cmd/fencekit => ../cmd/fencekit
-	github.com/fencekit/fencekit/examples => ../examples
-	github.com/fencekit/fencekit/integration => ../integration
-	github.com/fencekit/fencekit/internal/etcdtest => ../internal/etcdtest
-	github.com/fencekit/fencekit/internal/pgleasesql => ../internal/pgleasesql
-	github.com/fencekit/fencekit/internal/pgtest => ../internal/pgtest
-	github.com/fencekit/fencekit/internal/redistest => ../internal/redistest
-	github.com/fencekit/fencekit/internal/zktest => ../internal/zktest
-	github.com/fencekit/fencekit/lease/etcdlease => ../lease/etcdlease
-	github.com/fencekit/fencekit/lease/leaseprom => ../lease/leaseprom
-	github.com/fencekit/fencekit/lease/pglease => ../lease/pglease
-	github.com/fencekit/fencekit/lease/redislease => ../lease/redislease
-	github.com/fencekit/fencekit/lease/zklease => ../lease/zklease
-	github.com/fencekit/fencekit/migrations => ../migrations
-	github.com/fencekit/fencekit/sqlguard => ../sqlguard
-)
-
-replace github.com/fencekit/fencekit/dynamoguard => ../dynamoguard
-
-replace github.com/fencekit/fencekit/internal/dynamotest => ../internal/dynamotest
-
-replace github.com/fencekit/fencekit/lease/dynamolease => ../lease/dynamolease
-
-replace github.com/fencekit/fencekit/internal/testkit => ../internal/testkit

@@ -2,13 +2,11 @@ module github.com/fencekit/fencekit/blobguard
 
 go 1.26.0
 
-replace github.com/fencekit/fencekit => ..
-
 require (
 	github.com/aws/aws-sdk-go-v2 v1.48.0
 	github.com/aws/aws-sdk-go-v2/service/s3 v1.114.10
 	github.com/aws/smithy-go v1.28.9
-	github.com/fencekit/fencekit v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit v0.1.0
 	go.uber.org/goleak v1.3.0
 )
 
@@ -21,7 +19,4 @@ require (
 	github.com/aws/aws-sdk-go-v2/service/internal/checksum v1.11.13 // indirect
 	github.com/aws/aws-sdk-go-v2/service/internal/presigned-url v1.14.12 // indirect
 	github.com/aws/aws-sdk-go-v2/service/internal/s3shared v1.20.12 // indirect
-	github.com/fencekit/fencekit/internal/testkit v0.0.0-00010101000000-000000000000
 )
-
-replace github.com/fencekit/fencekit/internal/testkit => ../internal/testkit

@@ -15,7 +15,7 @@ import (
 	"github.com/fencekit/fencekit/dynamoguard"
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/guardtest"
-	"github.com/fencekit/fencekit/internal/dynamotest"
+	"github.com/fencekit/fencekit/dynamoguard/dynamotest"
 	"github.com/fencekit/fencekit/internal/testkit"
 )
 

@@ -10,7 +10,7 @@ import (
 	"github.com/aws/smithy-go/middleware"
 
 	"github.com/fencekit/fencekit/dynamoguard"
-	"github.com/fencekit/fencekit/internal/dynamotest"
+	"github.com/fencekit/fencekit/dynamoguard/dynamotest"
 	"github.com/fencekit/fencekit/internal/testkit"
 )
 

@@ -8,14 +8,17 @@ require (
 	github.com/aws/aws-sdk-go-v2/service/dynamodb v1.74.0
 	github.com/aws/aws-sdk-go-v2/service/s3 v1.114.10
 	github.com/aws/smithy-go v1.28.9
-	github.com/fencekit/fencekit v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/blobguard v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/dbguard v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/dynamoguard v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/lease/pglease v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/lease/redislease v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/migrations v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/sqlguard v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit v0.1.0
+	github.com/fencekit/fencekit/blobguard v0.1.0
+	github.com/fencekit/fencekit/dbguard v0.1.0
+	github.com/fencekit/fencekit/dynamoguard v0.1.0
+	github.com/fencekit/fencekit/lease/dynamolease v0.1.0
+	github.com/fencekit/fencekit/lease/etcdlease v0.1.0
+	github.com/fencekit/fencekit/lease/pglease v0.1.0
+	github.com/fencekit/fencekit/lease/redislease v0.1.0
+	github.com/fencekit/fencekit/lease/zklease v0.1.0
+	github.com/fencekit/fencekit/migrations v0.1.0
+	github.com/fencekit/fencekit/sqlguard v0.1.0
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/redis/go-redis/v9 v9.23.0
@@ -39,7 +42,6 @@ require (
 	github.com/coreos/go-semver v0.3.1 // indirect
 	github.com/coreos/go-systemd/v22 v22.7.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
-	github.com/fencekit/fencekit/internal/pgleasesql v0.0.0-00010101000000-000000000000 // indirect
 	github.com/go-zookeeper/zk v1.0.4 // indirect
 	github.com/golang-jwt/jwt/v5 v5.3.1 // indirect
 	github.com/golang/protobuf v1.5.4 // indirect
@@ -112,10 +114,6 @@ require (
 	github.com/docker/go-units v0.5.0 // indirect
 	github.com/ebitengine/purego v0.10.1 // indirect
 	github.com/felixge/httpsnoop v1.1.0 // indirect
-	github.com/fencekit/fencekit/internal/testkit v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/lease/dynamolease v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/lease/etcdlease v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/lease/zklease v0.0.0-00010101000000-000000000000
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/go-ole/go-ole v1.3.0 // indirect
@@ -162,32 +160,3 @@ require (
 	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/text v0.44.0 // indirect
 )
-
-replace (
-	github.com/fencekit/fencekit => ..
-	github.com/fencekit/fencekit/bench => ../bench
-	github.com/fencekit/fencekit/blobguard => ../blobguard
-	github.com/fencekit/fencekit/cmd/fencekit => ../cmd/fencekit
-	github.com/fencekit/fencekit/dbguard => ../dbguard
-	github.com/fencekit/fencekit/integration => ../integration
-	github.com/fencekit/fencekit/internal/etcdtest => ../internal/etcdtest
-	github.com/fencekit/fencekit/internal/pgleasesql => ../internal/pgleasesql
-	github.com/fencekit/fencekit/internal/pgtest => ../internal/pgtest
-	github.com/fencekit/fencekit/internal/redistest => ../internal/redistest
-	github.com/fencekit/fencekit/internal/zktest => ../internal/zktest
-	github.com/fencekit/fencekit/lease/etcdlease => ../lease/etcdlease
-	github.com/fencekit/fencekit/lease/leaseprom => ../lease/leaseprom
-	github.com/fencekit/fencekit/lease/pglease => ../lease/pglease
-	github.com/fencekit/fencekit/lease/redislease => ../lease/redislease
-	github.com/fencekit/fencekit/lease/zklease => ../lease/zklease
-	github.com/fencekit/fencekit/migrations => ../migrations
-	github.com/fencekit/fencekit/sqlguard => ../sqlguard
-)
-
-replace github.com/fencekit/fencekit/lease/dynamolease => ../lease/dynamolease
-
-replace github.com/fencekit/fencekit/internal/dynamotest => ../internal/dynamotest
-
-replace github.com/fencekit/fencekit/dynamoguard => ../dynamoguard
-
-replace github.com/fencekit/fencekit/internal/testkit => ../internal/testkit

@@ -2,10 +2,8 @@ module github.com/fencekit/fencekit/fencegrpc
 
 go 1.26.0
 
-replace github.com/fencekit/fencekit => ..
-
 require (
-	github.com/fencekit/fencekit v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit v0.1.0
 	go.uber.org/goleak v1.3.0
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c
 	google.golang.org/grpc v1.85.0

@@ -14,7 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/fencekit/fencekit/fence"
-	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/lease/redislease/redistest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/redislease"

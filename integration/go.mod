@@ -10,21 +10,20 @@ require (
 	github.com/aws/aws-sdk-go-v2/service/dynamodb v1.74.0
 	github.com/aws/aws-sdk-go-v2/service/s3 v1.114.10
 	github.com/aws/smithy-go v1.28.9
-	github.com/fencekit/fencekit v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/blobguard v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/dbguard v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/dbguard/drivertest v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/examples v0.0.0
-	github.com/fencekit/fencekit/internal/etcdtest v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/internal/redistest v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/internal/zktest v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/lease/etcdlease v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/lease/pglease v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/lease/redislease v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/lease/zklease v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/migrations v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/redischeck v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/sqlguard v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit v0.1.0
+	github.com/fencekit/fencekit/blobguard v0.1.0
+	github.com/fencekit/fencekit/dbguard v0.1.0
+	github.com/fencekit/fencekit/dbguard/drivertest v0.1.0
+	github.com/fencekit/fencekit/dynamoguard v0.1.0
+	github.com/fencekit/fencekit/examples v0.1.0
+	github.com/fencekit/fencekit/lease/dynamolease v0.1.0
+	github.com/fencekit/fencekit/lease/etcdlease v0.1.0
+	github.com/fencekit/fencekit/lease/pglease v0.1.0
+	github.com/fencekit/fencekit/lease/redislease v0.1.0
+	github.com/fencekit/fencekit/lease/zklease v0.1.0
+	github.com/fencekit/fencekit/migrations v0.1.0
+	github.com/fencekit/fencekit/redischeck v0.1.0
+	github.com/fencekit/fencekit/sqlguard v0.1.0
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/redis/go-redis/v9 v9.23.0
@@ -73,11 +72,6 @@ require (
 	github.com/dustin/go-humanize v1.1.0 // indirect
 	github.com/ebitengine/purego v0.10.1 // indirect
 	github.com/felixge/httpsnoop v1.1.0 // indirect
-	github.com/fencekit/fencekit/dynamoguard v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/internal/dynamotest v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/internal/pgleasesql v0.0.0-00010101000000-000000000000 // indirect
-	github.com/fencekit/fencekit/internal/testkit v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/lease/dynamolease v0.0.0-00010101000000-000000000000
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/go-ole/go-ole v1.3.0 // indirect
@@ -175,31 +169,3 @@ require (
 	modernc.org/memory v1.12.1 // indirect
 	sigs.k8s.io/yaml v1.6.0 // indirect
 )
-
-replace (
-	github.com/fencekit/fencekit => ..
-	github.com/fencekit/fencekit/blobguard => ../blobguard
-	github.com/fencekit/fencekit/dbguard => ../dbguard
-	github.com/fencekit/fencekit/dbguard/drivertest => ../dbguard/drivertest
-	github.com/fencekit/fencekit/examples => ../examples
-	github.com/fencekit/fencekit/internal/etcdtest => ../internal/etcdtest
-	github.com/fencekit/fencekit/internal/pgleasesql => ../internal/pgleasesql
-	github.com/fencekit/fencekit/internal/pgtest => ../internal/pgtest
-	github.com/fencekit/fencekit/internal/redistest => ../internal/redistest
-	github.com/fencekit/fencekit/internal/zktest => ../internal/zktest
-	github.com/fencekit/fencekit/lease/etcdlease => ../lease/etcdlease
-	github.com/fencekit/fencekit/lease/pglease => ../lease/pglease
-	github.com/fencekit/fencekit/lease/redislease => ../lease/redislease
-	github.com/fencekit/fencekit/lease/zklease => ../lease/zklease
-	github.com/fencekit/fencekit/migrations => ../migrations
-	github.com/fencekit/fencekit/redischeck => ../redischeck
-	github.com/fencekit/fencekit/sqlguard => ../sqlguard
-)
-
-replace github.com/fencekit/fencekit/dynamoguard => ../dynamoguard
-
-replace github.com/fencekit/fencekit/internal/dynamotest => ../internal/dynamotest
-
-replace github.com/fencekit/fencekit/lease/dynamolease => ../lease/dynamolease
-
-replace github.com/fencekit/fencekit/internal/testkit => ../internal/testkit

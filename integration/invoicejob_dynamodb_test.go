@@ -17,7 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fencekit/fencekit/fence"
-	"github.com/fencekit/fencekit/internal/dynamotest"
+	"github.com/fencekit/fencekit/dynamoguard/dynamotest"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 )
 

@@ -17,7 +17,7 @@ import (
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/integration/internal/holder"
 	"github.com/fencekit/fencekit/integration/internal/itest"
-	"github.com/fencekit/fencekit/internal/dynamotest"
+	"github.com/fencekit/fencekit/dynamoguard/dynamotest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/dynamolease"
 )

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/integration/internal/itest"
-	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/lease/redislease/redistest"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease/redislease"
 )

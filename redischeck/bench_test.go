@@ -9,7 +9,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/pairbench"
-	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/lease/redislease/redistest"
 )
 
 // BenchmarkCheck: one check on the real Redis, interleaved call by call

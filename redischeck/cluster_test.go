@@ -8,7 +8,7 @@ import (
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/fencecheck"
 	"github.com/fencekit/fencekit/fencecheck/checktest"
-	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/lease/redislease/redistest"
 	"github.com/fencekit/fencekit/redischeck"
 )
 

@@ -9,7 +9,7 @@ import (
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/fencehttp"
 	"github.com/fencekit/fencekit/fencewire"
-	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/lease/redislease/redistest"
 )
 
 // Two replicas of one service behind real HTTP servers on loopback share

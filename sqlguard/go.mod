@@ -2,20 +2,14 @@ module github.com/fencekit/fencekit/sqlguard
 
 go 1.26.0
 
-replace (
-	github.com/fencekit/fencekit => ..
-	github.com/fencekit/fencekit/migrations => ../migrations
-)
-
 require (
-	github.com/fencekit/fencekit v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/migrations v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit v0.1.0
+	github.com/fencekit/fencekit/migrations v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	go.uber.org/goleak v1.3.0
 )
 
 require (
-	github.com/fencekit/fencekit/internal/testkit v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
@@ -26,5 +20,3 @@ require (
 	golang.org/x/sync v0.25.0 // indirect
 	golang.org/x/text v0.44.0 // indirect
 )
-
-replace github.com/fencekit/fencekit/internal/testkit => ../internal/testkit

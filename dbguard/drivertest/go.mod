@@ -2,16 +2,10 @@ module github.com/fencekit/fencekit/dbguard/drivertest
 
 go 1.26.0
 
-replace (
-	github.com/fencekit/fencekit => ../..
-	github.com/fencekit/fencekit/dbguard => ..
-	github.com/fencekit/fencekit/migrations => ../../migrations
-)
-
 require (
-	github.com/fencekit/fencekit v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/dbguard v0.0.0-00010101000000-000000000000
-	github.com/fencekit/fencekit/migrations v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit v0.1.0
+	github.com/fencekit/fencekit/dbguard v0.1.0
+	github.com/fencekit/fencekit/migrations v0.1.0
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/pressly/goose/v3 v3.30.1
 	go.uber.org/goleak v1.3.0
@@ -21,7 +15,6 @@ require (
 require (
 	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
-	github.com/fencekit/fencekit/internal/testkit v0.0.0-00010101000000-000000000000
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
@@ -40,5 +33,3 @@ require (
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
 )
-
-replace github.com/fencekit/fencekit/internal/testkit => ../../internal/testkit

@@ -8,7 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/lease/redislease/redistest"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease/redislease"
 )
@@ -17,7 +17,7 @@ import (
 // lease/redislease's failover tests' (failover_test.go, cluster_test.go,
 // sentinel_test.go): only what testPrimaryKilled calls. The helpers that
 // need no deployment are shared: internal/testkit (NewManager, TryAcquire,
-// RenewEvents, Span) and internal/redistest (UniquePrefix, StoredOwner).
+// RenewEvents, Span) and lease/redislease/redistest (UniquePrefix, StoredOwner).
 
 // go-redis logs each failed dial and each Sentinel lookup through its
 // package logger; a failover makes hundreds of such lines. The tests report

@@ -24,7 +24,7 @@ import (
 	"github.com/fencekit/fencekit/fence"
 	holderout "github.com/fencekit/fencekit/integration/internal/holder"
 	"github.com/fencekit/fencekit/integration/internal/itest"
-	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/lease/redislease/redistest"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 )
 

@@ -6,6 +6,7 @@ package pgident
 
 import (
 	"fmt"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -33,4 +34,16 @@ func Check(sentinel error, kind, s string) error {
 		}
 	}
 	return nil
+}
+
+// Quote returns the parts as one quoted, dot-separated PostgreSQL
+// identifier ("schema"."table"): each part in double quotes, an embedded
+// double quote doubled, NUL bytes dropped (the same text pgx's
+// Identifier.Sanitize gives). Check the parts first: Quote never fails.
+func Quote(parts ...string) string {
+	q := make([]string, len(parts))
+	for i, p := range parts {
+		q[i] = `"` + strings.ReplaceAll(strings.ReplaceAll(p, `"`, `""`), "\x00", "") + `"`
+	}
+	return strings.Join(q, ".")
 }

@@ -2,7 +2,7 @@
 // benchmarks can send the very same statements directly (their raw floor).
 package pgleasesql
 
-import "github.com/jackc/pgx/v5"
+import "github.com/fencekit/fencekit/internal/pgident"
 
 // Names of the tables pglease uses, created by package migrations.
 const (
@@ -122,9 +122,9 @@ func asyncRefusal(grant string) string {
 func New(schema string) Statements {
 	ident := func(name string) string {
 		if schema == "" {
-			return pgx.Identifier{name}.Sanitize()
+			return pgident.Quote(name)
 		}
-		return pgx.Identifier{schema, name}.Sanitize()
+		return pgident.Quote(schema, name)
 	}
 	leases, sessions := ident(LeaseTable), ident(SessionLeaseTable)
 	waiters, swaiters := ident(WaiterTable), ident(SessionWaiterTable)

@@ -1,11 +1,14 @@
 // Package testkit is the test equipment every module's tests share: small
 // helpers that need nothing but the standard library and the core module
-// (package lease). It is a module of its own that only tests, benchmarks,
-// examples and the integration suites import; library code never does.
+// (package lease). It is a package of the core module that only tests,
+// benchmarks, examples and the integration suites import; library code
+// never does. Being in the core module, it adds no module to any graph.
 //
-// Helpers that need a store's client stay with that store's harness
-// (internal/pgtest, redistest, etcdtest, zktest, dynamotest), so that a
-// backend's test module graph never pulls in another store's client.
+// Helpers that need a store's client stay with that store's harness, a
+// package of the module that already uses the client
+// (lease/redislease/redistest, lease/pglease/internal/pgtest,
+// lease/etcdlease/etcdtest, dynamoguard/dynamotest), so that a backend's
+// test module graph never pulls in another store's client.
 // Package testenv, beside this one, tells where the services are.
 package testkit
 

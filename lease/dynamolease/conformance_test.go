@@ -4,7 +4,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/fencekit/fencekit/internal/dynamotest"
+	"github.com/fencekit/fencekit/dynamoguard/dynamotest"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/dynamolease"

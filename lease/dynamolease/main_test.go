@@ -5,7 +5,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/fencekit/fencekit/internal/dynamotest"
+	"github.com/fencekit/fencekit/dynamoguard/dynamotest"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease/dynamolease"
 )

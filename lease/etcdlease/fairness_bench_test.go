@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencekit/fencekit/internal/etcdtest"
+	"github.com/fencekit/fencekit/lease/etcdlease/etcdtest"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 )

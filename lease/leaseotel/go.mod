@@ -2,10 +2,8 @@ module github.com/fencekit/fencekit/lease/leaseotel
 
 go 1.26.0
 
-replace github.com/fencekit/fencekit => ../..
-
 require (
-	github.com/fencekit/fencekit v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit v0.1.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/metric v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0

@@ -2,10 +2,8 @@ module github.com/fencekit/fencekit/lease/leaseprom
 
 go 1.26.0
 
-replace github.com/fencekit/fencekit => ../..
-
 require (
-	github.com/fencekit/fencekit v0.0.0-00010101000000-000000000000
+	github.com/fencekit/fencekit v0.1.0
 	github.com/prometheus/client_golang v1.25.0
 	go.uber.org/goleak v1.3.0
 )

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/lease/redislease/redistest"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 )

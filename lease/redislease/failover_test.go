@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencekit/fencekit/fence"
-	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/lease/redislease/redistest"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/redislease"
@@ -24,7 +24,7 @@ import (
 // Manager with testkit.NewManager, so that a change of the lease API is
 // made in one place (internal/testkit). The deployment interface below has
 // a subset copied in integration/redisfailover (the SIGKILL scenario): it
-// needs redislease, which the Redis harness (internal/redistest) does not
+// needs redislease, which the Redis harness (lease/redislease/redistest) does not
 // import.
 
 // go-redis logs each failed dial and each Sentinel lookup through its

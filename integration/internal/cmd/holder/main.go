@@ -72,7 +72,7 @@ import (
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/integration/internal/guarded"
 	"github.com/fencekit/fencekit/integration/internal/holder"
-	"github.com/fencekit/fencekit/internal/dynamotest"
+	"github.com/fencekit/fencekit/dynamoguard/dynamotest"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/dynamolease"

@@ -5,6 +5,11 @@
 // started from Go: a Redis Cluster of masters with replicas (StartCluster)
 // and a primary with replicas watched by Sentinels (StartSentinel). It fails
 // the test loudly when a server cannot be had; it never skips.
+//
+// It is fencekit's own test equipment, a package of this module so that
+// the tests of several modules share it without a test-kit module in any
+// user's graph (docs/versioning.md). It is not part of the library: its API
+// may change in any release, and no library package imports it.
 package redistest
 
 import (

@@ -5,6 +5,11 @@
 // isolate a member, restart the whole cluster or make it lose its data.
 //
 // Everything fails loudly (t.Fatal): a test that needs etcd never skips.
+//
+// It is fencekit's own test equipment, a package of this module so that
+// the tests of several modules share it without a test-kit module in any
+// user's graph (docs/versioning.md). It is not part of the library: its API
+// may change in any release, and no library package imports it.
 package etcdtest
 
 import (

@@ -3,6 +3,11 @@
 // loopback port) and exports as FENCE_DYNAMODB_ENDPOINT. It makes clients of
 // it and throwaway tables, one per test. It fails loudly when the server
 // cannot be had; it never skips.
+//
+// It is fencekit's own test equipment, a package of this module so that
+// the tests of several modules share it without a test-kit module in any
+// user's graph (docs/versioning.md). It is not part of the library: its API
+// may change in any release, and no library package imports it.
 package dynamotest
 
 import (

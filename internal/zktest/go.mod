@@ -1,3 +1,0 @@
-module github.com/fencekit/fencekit/internal/zktest
-
-go 1.26.0
