@@ -49,7 +49,7 @@ if [ "$apply" -eq 1 ] && [ -n "$(git status --porcelain)" ]; then
 fi
 
 # The previous release: the highest root tag below this version.
-previous=$(git tag -l 'v*' | grep -E '^v[0-9]+\.[0-9]+\.[0-9]+$' | sort -V | awk -v v="$version" '
+previous=$(git tag -l 'v*' | { grep -E '^v[0-9]+\.[0-9]+\.[0-9]+$' || true; } | sort -V | awk -v v="$version" '
   { if ($0 == v) exit; last = $0 } END { print last }')
 if [ -n "$previous" ] && [ "$(printf '%s\n%s\n' "$previous" "$version" | sort -V | tail -1)" != "$version" ]; then
   echo "release: $version is not above the previous release $previous" >&2; exit 1

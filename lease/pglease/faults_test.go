@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencekit/fencekit/lease/pglease/lease/pglease/internal/pgtest"
+	"github.com/fencekit/fencekit/lease/pglease/internal/pgtest"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/leasetest"

@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/fencekit/fencekit/lease/pglease/lease/pglease/internal/pgtest"
+	"github.com/fencekit/fencekit/lease/pglease/internal/pgtest"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease"
