@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Cuts a release of every module of the workspace at one version, the way
+# Cuts a release of fencekit's modules at one version, the way
 # the go command will fetch it: each go.mod names its siblings at the
 # version (no replace directive), each go.sum holds their checksums, the
 # CHANGELOG's "Unreleased" section moves under the version, and each module
-# gets its tag (vX.Y.Z for the root, DIR/vX.Y.Z for the others).
+# gets its tag (vX.Y.Z for the root, DIR/vX.Y.Z for the others). Every
+# module of go.work is released but the test equipment and companions
+# (bench, dbguard/drivertest, examples, integration: scripts/lib/modules.sh),
+# which are built only in the workspace.
 #
 # By default it is a dry run: everything happens in a throwaway clone of
 # the committed HEAD, is checked there, and is reported; the repository is
@@ -83,13 +86,21 @@ say "release $version of $(git rev-parse --short HEAD) (previous: ${previous:-no
 # The go command fetches our modules from the clone through git (as it
 # would from github.com), and every other module from the module proxy,
 # served first from this machine's module cache. A module cache of its own
-# keeps no earlier copy of a version of ours.
+# keeps no earlier copy of a version of ours (they are removed from it
+# first); its place does not change, so that with -trimpath the build cache
+# serves every other module's packages from one run to the next.
+modcache="${XDG_CACHE_HOME:-$HOME/.cache}/fencekit/release-modcache"
+forget_ours() {
+  chmod -R u+w "$modcache" 2>/dev/null || true
+  rm -rf "$modcache/$fk_root_path"* "$modcache/cache/download/$fk_root_path" "$modcache/cache/vcs"
+}
+forget_ours
 goenv=(
   GOWORK=off
-  GOFLAGS="-mod=mod -modcacherw -buildvcs=false"
+  GOFLAGS="-mod=mod -modcacherw -buildvcs=false -trimpath"
   GOPRIVATE="$fk_root_path"
   GONOSUMDB="$fk_root_path"
-  GOMODCACHE="$work/modcache"
+  GOMODCACHE="$modcache"
   GOPROXY="file://$(go env GOMODCACHE)/cache/download,$(go env GOPROXY)"
   GIT_CONFIG_COUNT=1
   GIT_CONFIG_KEY_0="url.$clone.insteadOf"
@@ -97,10 +108,12 @@ goenv=(
 )
 
 cd "$clone"
-mapfile -t order < <(fk_topo)
+mapfile -t all < <(fk_topo)
+order=()
+for dir in "${all[@]}"; do ! fk_is_released "$dir" || order+=("$dir"); done
 
 # 1. Every go.mod names its siblings at the version; go.work pins them.
-for dir in "${order[@]}"; do fk_set_versions "$dir" "$version"; done
+for dir in "${all[@]}"; do fk_set_versions "$dir" "$version"; done
 fk_workspace_pins "$version"
 
 # 2. The CHANGELOG's "Unreleased" section becomes the version's.
@@ -132,7 +145,7 @@ for dir in "${order[@]}"; do
   tag=$(fk_tag "$dir" "$version")
   # The module's files, without the modules nested in its directory.
   spec=("$dir")
-  for sub in "${order[@]}"; do
+  for sub in "${all[@]}"; do
     if [ "$dir" = "." ] && [ "$sub" != "." ] || [[ "$sub" == "$dir/"* ]]; then spec+=(":(exclude)$sub"); fi
   done
   git diff --quiet "$tag" HEAD -- "${spec[@]}" || { echo "release: $dir changed after it was tagged" >&2; exit 1; }
@@ -141,11 +154,11 @@ done
 
 # 4. Checks, with a fresh module cache: every module builds and vets with
 # the workspace off, its siblings fetched at the tags.
-chmod -R u+w "$work/modcache" 2>/dev/null || true; rm -rf "$work/modcache"
+forget_ours
 for dir in "${order[@]}"; do
   say "check $dir: GOWORK=off go build ./... && go vet ./..."
-  (cd "$dir" && env "${goenv[@]}" GOFLAGS="-mod=readonly -modcacherw -buildvcs=false" go build ./... &&
-    env "${goenv[@]}" GOFLAGS="-mod=readonly -modcacherw -buildvcs=false" go vet ./...) 2>"$work/err" || {
+  (cd "$dir" && env "${goenv[@]}" GOFLAGS="-mod=readonly -modcacherw -buildvcs=false -trimpath" go build ./... &&
+    env "${goenv[@]}" GOFLAGS="-mod=readonly -modcacherw -buildvcs=false -trimpath" go vet ./...) 2>"$work/err" || {
     cat "$work/err" >&2; echo "release: $dir does not build or vet on its own at $version" >&2; exit 1; }
 done
 [ -z "$(git status --porcelain)" ] || { git status --short >&2; echo "release: the checks changed files (go.mod or go.sum not final)" >&2; exit 1; }

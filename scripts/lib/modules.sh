@@ -11,6 +11,16 @@ fk_modules() {
   go work edit -json | sed -n 's/^[[:space:]]*"DiskPath": "\(.*\)".*/\1/p' | sed 's|^\./||; s|^$|.|'
 }
 
+# Modules that are never released: test equipment and companions, built
+# only in the workspace. They name their siblings at the version like every
+# module, but no tag is made for them and no user fetches them.
+fk_unreleased=(bench dbguard/drivertest examples integration)
+
+# fk_is_released DIR: DIR's module is tagged by a release.
+fk_is_released() {
+  [[ " ${fk_unreleased[*]} " != *" $1 "* ]]
+}
+
 # fk_module_path DIR: the module path declared in DIR/go.mod.
 fk_module_path() {
   sed -n 's/^module[[:space:]]\{1,\}\([^[:space:]]*\).*/\1/p' "$1/go.mod"
