@@ -182,16 +182,30 @@ else
   old=$work/old
   git -C "$repo" worktree add -q --detach "$old" "$previous"
   trap 'git -C "$repo" worktree remove --force "$old" 2>/dev/null; cleanup' EXIT
+  # Each side is read with the workspace off, as a user's build sees it:
+  # the previous release's siblings from this repository's tags, then the
+  # new one's from the release clone.
+  oldenv=("${goenv[@]}" GIT_CONFIG_KEY_0="url.$repo.insteadOf" GOFLAGS="-mod=readonly -modcacherw -buildvcs=false")
+  newenv=("${goenv[@]}" GOFLAGS="-mod=readonly -modcacherw -buildvcs=false")
+  mkdir -p "$work/api"
+  for dir in "${order[@]}"; do
+    [ -f "$old/$dir/go.mod" ] || continue
+    x=$work/api/$(tr / _ <<<"$dir")
+    path=$(fk_module_path "$dir")
+    (cd "$old/$dir" && env "${oldenv[@]}" "$apidiff" -m -w "$x.old" "$path") 2>"$work/err" || {
+      cat "$work/err" >&2; echo "release: apidiff could not read $dir at $previous" >&2; exit 1; }
+  done
+  forget_ours
   for dir in "${order[@]}"; do
     path=$(fk_module_path "$dir")
-    if [ ! -f "$old/$dir/go.mod" ]; then
+    x=$work/api/$(tr / _ <<<"$dir")
+    if [ ! -f "$x.old" ]; then
       echo "$path: new module (not in $previous)" >>"$report"; continue
     fi
-    (cd "$old/$dir" && GOWORK="$old/go.work" "$apidiff" -m -w "$work/old.x" "$path") 2>"$work/err" &&
-      (cd "$clone/$dir" && GOWORK="$clone/go.work" "$apidiff" -m -w "$work/new.x" "$path") 2>>"$work/err" || {
-      cat "$work/err" >&2; echo "release: apidiff could not read $path" >&2; exit 1; }
-    changes=$("$apidiff" -m "$work/old.x" "$work/new.x")
-    inc=$("$apidiff" -m -incompatible "$work/old.x" "$work/new.x")
+    (cd "$clone/$dir" && env "${newenv[@]}" "$apidiff" -m -w "$x.new" "$path") 2>"$work/err" || {
+      cat "$work/err" >&2; echo "release: apidiff could not read $dir at $version" >&2; exit 1; }
+    changes=$("$apidiff" -m "$x.old" "$x.new")
+    inc=$("$apidiff" -m -incompatible "$x.old" "$x.new")
     if [ -z "$changes" ]; then
       echo "$path: no API change" >>"$report"
     else
