@@ -8,12 +8,18 @@
 // *fence.StaleError naming both tokens, so that a stale holder's HTTP call
 // fails exactly like its stale SQL write; a request whose answer was lost
 // is reported as fence.ErrOutcomeUnknown, as a guard reports a write whose
-// answer was lost.
+// answer was lost. Bound calls with Transport.Timeout or the request's
+// context, not http.Client.Timeout, whose own timer makes net/http replace
+// the error (the Transport refuses a call with a token through such a
+// client: ErrClientTimeout). A call whose context ends while its answer is
+// on its way waits Transport.Grace for it, so that a refusal that crossed
+// a lost lease is reported as the refusal it is.
 //
 // On the server, Handler reads the field, refuses a malformed or repeated
 // one (and a missing one where a token is required) with 400 and a problem
 // document, optionally checks the token with a fencecheck.Checker before
-// the handler runs (409 when stale), and puts the token into the request's
+// the handler runs (409 when stale, 422 for a token the checker cannot
+// store), and puts the token into the request's
 // context (fence.FromContext, fencewire.FromContext), so that the handler's
 // own guarded writes (sqlguard, blobguard) present it unchanged. WriteError
 // answers a handler's own stale write the same way.
@@ -143,7 +149,9 @@ const DefaultGrace = 250 * time.Millisecond
 // http.Client sets it when its Timeout is set: when that timer fires, the
 // client replaces the Transport's error with a string of its own, and a
 // call that may have been carried out would be reported as a plain
-// failure. Leave http.Client.Timeout zero and set Transport.Timeout.
+// failure. Leave http.Client.Timeout zero and set Transport.Timeout. (With
+// a Client.Timeout shorter than it takes to return the refusal, the client
+// replaces the refusal too; its string still carries this one's text.)
 var ErrClientTimeout = errors.New("fencehttp: http.Client.Timeout would report a timed-out call as a plain failure, not as an unknown outcome: leave it zero and set fencehttp.Transport.Timeout instead")
 
 var _ http.RoundTripper = (*Transport)(nil)
