@@ -49,7 +49,11 @@ type Checker interface {
 	// *fence.StaleError (matching fence.ErrStaleToken) naming the newest
 	// token when that is newer, after which nothing changed; an error
 	// matching fence.ErrInvalidToken or ErrInvalidResource before any I/O
-	// for token 0 or a bad resource name; an error matching
+	// for token 0 or a bad resource name; an error matching ErrTokenRange
+	// (and not fence.ErrInvalidToken) before any I/O for a valid token
+	// above the largest the checker can store, which it documents (a
+	// receiver answers it with fencewire.ProblemTokenRange, never as a
+	// malformed field); an error matching
 	// fence.ErrOutcomeUnknown when the check was sent to the store and its
 	// answer was lost (the token may have been recorded); other errors
 	// wrapped. ctx bounds the call.
@@ -65,6 +69,15 @@ const MaxResourceLen = 1024
 // I/O, for a resource name it cannot use: empty, not valid UTF-8, or longer
 // than its limit.
 var ErrInvalidResource = errors.New("fencecheck: invalid resource name")
+
+// ErrTokenRange is matched by the error a Checker returns, before any I/O,
+// for a valid token it cannot store: one above the largest token its store
+// holds (sqlguard.Checker keeps tokens in a PostgreSQL bigint, so tokens
+// from 2^63 to 2^64-1 are out of its range; Memory and redischeck.Checker
+// store every token). Nothing changed. It is not a malformed token (the
+// wire format carries every token from 1 to 2^64-1) and not a stale one:
+// a receiver answers it with fencewire.ProblemTokenRange.
+var ErrTokenRange = errors.New("fencecheck: the token is beyond what the checker can store")
 
 // ValidateResource returns an error matching ErrInvalidResource when name
 // is empty, longer than max bytes, or not valid UTF-8.

@@ -31,6 +31,7 @@
 // | malformed or repeated entry | InvalidArgument | MALFORMED_FENCING_TOKEN |
 // | no entry, token required | InvalidArgument | MISSING_FENCING_TOKEN |
 // | the checker failed | Unavailable | FENCING_CHECK_UNAVAILABLE |
+// | a token beyond what the checker can store | OutOfRange | FENCING_TOKEN_OUT_OF_RANGE |
 //
 // FailedPrecondition because gRPC's code guide gives it to an operation
 // rejected for the system's state, which the client should not retry until
@@ -66,6 +67,7 @@ const (
 	ReasonMalformed   = "MALFORMED_FENCING_TOKEN"
 	ReasonMissing     = "MISSING_FENCING_TOKEN"
 	ReasonUnavailable = "FENCING_CHECK_UNAVAILABLE"
+	ReasonTokenRange  = "FENCING_TOKEN_OUT_OF_RANGE"
 )
 
 // ErrNoToken is returned by the client interceptors, before anything is
@@ -138,6 +140,8 @@ func ClientError(err error) error {
 			p.Type = fencewire.ProblemMissing
 		case ReasonUnavailable:
 			p.Type = fencewire.ProblemUnavailable
+		case ReasonTokenRange:
+			p.Type = fencewire.ProblemTokenRange
 		default:
 			continue
 		}
@@ -290,6 +294,9 @@ func problemStatus(p fencewire.Problem) *status.Status {
 		return refusal(codes.InvalidArgument, ReasonMissing, "this method requires a "+fencewire.MetadataKey+" metadata entry", nil)
 	case fencewire.ProblemUnavailable:
 		return refusal(codes.Unavailable, ReasonUnavailable, p.Detail, nil)
+	case fencewire.ProblemTokenRange:
+		return refusal(codes.OutOfRange, ReasonTokenRange, p.Detail,
+			map[string]string{"resource": p.Resource, "presented": p.Presented})
 	}
 	return refusal(codes.InvalidArgument, ReasonMalformed, p.Detail, nil)
 }

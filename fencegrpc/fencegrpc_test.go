@@ -310,3 +310,31 @@ func (slowHealth) List(context.Context, *healthpb.HealthListRequest) (*healthpb.
 func (slowHealth) Watch(*healthpb.HealthCheckRequest, grpc.ServerStreamingServer[healthpb.HealthCheckResponse]) error {
 	return status.Error(codes.Unimplemented, "")
 }
+
+// bigintChecker is a Memory checker that stores tokens up to 2^63-1 only,
+// as sqlguard.Checker does (its store is a bigint).
+type bigintChecker struct{ *fencecheck.Memory }
+
+func (c bigintChecker) Check(ctx context.Context, resource string, tok fence.Token) error {
+	if tok > 1<<63-1 {
+		return fmt.Errorf("%w: token %d is above 2^63-1", fencecheck.ErrTokenRange, tok)
+	}
+	return c.Memory.Check(ctx, resource, tok)
+}
+
+// A valid token the checker cannot store is OutOfRange with its own
+// reason, not a malformed entry, and the client's error says so.
+func TestTokenBeyondTheCheckerIsOutOfRange(t *testing.T) {
+	hc, h := serve(t, &fencegrpc.Server{Checker: bigintChecker{fencecheck.NewMemory()}}, &fencegrpc.Client{})
+	unary, stream := both(fencewire.NewContext(t.Context(), fencewire.Value{Resource: "r", Token: 1 << 63}), hc, "")
+	for kind, err := range map[string]error{"unary": unary, "stream": stream} {
+		code, reason := reasonOf(err)
+		if code != codes.OutOfRange || reason != fencegrpc.ReasonTokenRange || !errors.Is(err, fencecheck.ErrTokenRange) ||
+			!errors.Is(err, fencewire.ErrRejected) || errors.Is(err, fencewire.ErrMalformed) {
+			t.Errorf("%s: %v (code %s, reason %q); want OutOfRange, %s and fencecheck.ErrTokenRange", kind, err, code, reason, fencegrpc.ReasonTokenRange)
+		}
+	}
+	if h.calls.Load() != 0 {
+		t.Error("a handler ran although its token was refused")
+	}
+}

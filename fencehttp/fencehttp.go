@@ -8,12 +8,18 @@
 // *fence.StaleError naming both tokens, so that a stale holder's HTTP call
 // fails exactly like its stale SQL write; a request whose answer was lost
 // is reported as fence.ErrOutcomeUnknown, as a guard reports a write whose
-// answer was lost.
+// answer was lost. Bound calls with Transport.Timeout or the request's
+// context, not http.Client.Timeout, whose own timer makes net/http replace
+// the error (the Transport refuses a call with a token through such a
+// client: ErrClientTimeout). A call whose context ends while its answer is
+// on its way waits Transport.Grace for it, so that a refusal that crossed
+// a lost lease is reported as the refusal it is.
 //
 // On the server, Handler reads the field, refuses a malformed or repeated
 // one (and a missing one where a token is required) with 400 and a problem
 // document, optionally checks the token with a fencecheck.Checker before
-// the handler runs (409 when stale), and puts the token into the request's
+// the handler runs (409 when stale, 422 for a token the checker cannot
+// store), and puts the token into the request's
 // context (fence.FromContext, fencewire.FromContext), so that the handler's
 // own guarded writes (sqlguard, blobguard) present it unchanged. WriteError
 // answers a handler's own stale write the same way.
@@ -27,6 +33,7 @@ package fencehttp
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -36,6 +43,8 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/fencecheck"
@@ -64,24 +73,52 @@ const maxProblem = 64 << 10
 // RoundTrip returns, before any I/O and with the request's body closed: an
 // error matching fencewire.ErrInvalid (and fence.ErrInvalidToken for token
 // 0) when the context's value cannot be sent; ErrTwoTokens; ErrNoToken when
-// Require is set and the context has no token. For a request that carried
-// a token, Base's error is joined with fence.ErrOutcomeUnknown unless the
-// connection could not be made: the request may have reached the service,
-// whose handler may have written with the token (a lost reply, a timeout),
-// so it is reported like a guard's write whose answer was lost (never as a
-// plain failure); Base's error stays in the chain (context.DeadlineExceeded
-// and the like match). Without a token, Base's error is returned as it is.
-// When the answer is a fencing problem (an application/problem+json
-// body of one of fencewire's Problem types), it closes the body and returns
-// no response and the problem's error: a *fence.StaleError (matching
+// Require is set and the context has no token; ErrClientTimeout for a
+// request that carries a token through an http.Client whose Timeout is set;
+// for a request that carries a token, the context's error (joined with its
+// cause) when the context has already ended: nothing was sent.
+//
+// For a request that carried a token, Base's error is joined with
+// fence.ErrOutcomeUnknown unless the connection could not be made: the
+// request may have reached the service, whose handler may have written
+// with the token (a lost reply, a timeout), so it is reported like a
+// guard's write whose answer was lost, never as a plain failure; Base's
+// error stays in the chain (context.DeadlineExceeded, context.Canceled and
+// the context's cause match). Without a token, Base's error is returned as
+// it is.
+//
+// A request that carried a token is not cut short the moment its context
+// ends: the Transport waits Grace longer for an answer already on its way,
+// so that a refusal or a success that crossed the end of the context (a
+// lease lost while the call was in flight) is reported as what it is, and
+// only a call still unanswered then is an unknown outcome. RoundTrip may
+// therefore return up to Grace after the context ended.
+//
+// When the answer is a fencing problem (an application/problem+json body
+// of one of fencewire's Problem types), it closes the body and returns no
+// response and the problem's error: a *fence.StaleError (matching
 // fence.ErrStaleToken) naming the resource, the presented and the current
-// token; an error matching fencewire.ErrRejected for a malformed or missing
-// field; one matching fencewire.ErrUnavailable when the receiver could not
-// check. http.Client wraps these in a *url.Error, through which errors.Is
-// and errors.As still find them. (The http.RoundTripper contract asks a
-// transport not to interpret responses; this one does so for these four
-// problem types only, which is its purpose. Set KeepProblems to get the
-// responses, and read them with ResponseError.)
+// token; an error matching fencewire.ErrRejected for a malformed or
+// missing field (and fencecheck.ErrTokenRange as well for a token beyond
+// what the receiver can store); one matching fencewire.ErrUnavailable when
+// the receiver could not check. http.Client wraps these in a *url.Error,
+// through which errors.Is and errors.As still find them. (The
+// http.RoundTripper contract asks a transport not to interpret responses;
+// this one does so for fencewire's problem types only, which is its
+// purpose. Set KeepProblems to get the responses, and read them with
+// ResponseError.)
+//
+// # Timeouts
+//
+// Bound calls with Timeout (or the request's context), not with
+// http.Client.Timeout: when the client's own timer fires, net/http
+// replaces the transport's error with a string of its own, so a call that
+// may have been carried out would reach the caller as a plain failure,
+// whichever of the client's timer and the transport's answer came first.
+// The Transport refuses a request with a token that comes through such a
+// client (ErrClientTimeout: http.Client marks it by setting the request's
+// Cancel channel, which this Transport therefore refuses on a request with
+// a token, whoever set it).
 type Transport struct {
 	// Base sends the requests. Nil: http.DefaultTransport.
 	Base http.RoundTripper
@@ -89,7 +126,33 @@ type Transport struct {
 	Require bool
 	// KeepProblems returns fencing problems as responses, not errors.
 	KeepProblems bool
+	// Timeout bounds each request, from the start of RoundTrip until its
+	// response's body is read to its end or closed (the span of
+	// http.Client.Timeout). A request with a token that times out is an
+	// unknown outcome; its error matches fence.ErrOutcomeUnknown and
+	// context.DeadlineExceeded. Zero: no bound but the request's context.
+	Timeout time.Duration
+	// Grace is how long a request with a token still waits for its
+	// answer, and for its response's body, after its context ended. Zero:
+	// DefaultGrace; negative: none (the context's end stops the call at
+	// once, and an answer that was on its way is lost).
+	Grace time.Duration
 }
+
+// DefaultGrace is Transport.Grace when it is zero: long enough for an
+// answer already on its way across a data centre, short enough that a
+// cancelled call returns soon after its context ended.
+const DefaultGrace = 250 * time.Millisecond
+
+// ErrClientTimeout is returned by Transport, before anything is sent, for
+// a request with a token whose Request.Cancel channel is set, as
+// http.Client sets it when its Timeout is set: when that timer fires, the
+// client replaces the Transport's error with a string of its own, and a
+// call that may have been carried out would be reported as a plain
+// failure. Leave http.Client.Timeout zero and set Transport.Timeout. (With
+// a Client.Timeout shorter than it takes to return the refusal, the client
+// replaces the refusal too; its string still carries this one's text.)
+var ErrClientTimeout = errors.New("fencehttp: http.Client.Timeout would report a timed-out call as a plain failure, not as an unknown outcome: leave it zero and set fencehttp.Transport.Timeout instead")
 
 var _ http.RoundTripper = (*Transport)(nil)
 
@@ -101,12 +164,17 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	v, ok := fencewire.FromContext(req.Context())
 	has := hasField(req.Header)
+	fenced := ok || has
 	var err error
 	switch {
 	case ok && has:
 		err = ErrTwoTokens
 	case !ok && !has && t.Require:
 		err = ErrNoToken
+	case fenced && req.Cancel != nil:
+		err = ErrClientTimeout
+	case fenced && req.Context().Err() != nil:
+		err = fmt.Errorf("not sent: %w", ctxErr(req.Context()))
 	}
 	out := req
 	if err == nil && ok {
@@ -127,8 +195,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, fmt.Errorf("fencehttp: %s %s: %w", req.Method, req.URL.Redacted(), err)
 	}
-	resp, err := base.RoundTrip(out)
-	if err != nil && (ok || has) && !notSent(err) {
+	resp, err := t.send(base, out, fenced)
+	if err != nil && fenced && !notSent(err) {
 		return resp, fmt.Errorf("fencehttp: %s %s: %w: %w", req.Method, req.URL.Redacted(), fence.ErrOutcomeUnknown, err)
 	}
 	if err != nil || t.KeepProblems {
@@ -139,6 +207,132 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, fmt.Errorf("fencehttp: %s %s: %w", req.Method, req.URL.Redacted(), perr)
 	}
 	return resp, nil
+}
+
+// send sends req through base. A request with a token, or any request
+// when Timeout is set, runs under an exchange of its own: a context that
+// ends when the exchange is over (no response, or the response's body read
+// to its end or closed), at Timeout, or Grace after the caller's context
+// ended (a request with a token; without one, with the caller's context).
+func (t *Transport) send(base http.RoundTripper, req *http.Request, fenced bool) (*http.Response, error) {
+	if !fenced && t.Timeout <= 0 {
+		return base.RoundTrip(req)
+	}
+	caller := req.Context()
+	parent := caller
+	if fenced {
+		parent = context.WithoutCancel(caller)
+	}
+	ctx, cancel := context.WithCancelCause(parent)
+	x := &exchange{cancel: cancel}
+	if t.Timeout > 0 {
+		var stop context.CancelFunc
+		ctx, stop = context.WithTimeoutCause(ctx, t.Timeout,
+			fmt.Errorf("fencehttp: Transport.Timeout (%v) exceeded: %w", t.Timeout, context.DeadlineExceeded))
+		x.cancel = func(cause error) { cancel(cause); stop() }
+	}
+	if fenced {
+		grace := t.Grace
+		if grace == 0 {
+			grace = DefaultGrace
+		}
+		x.stopWatch = context.AfterFunc(caller, func() { x.callerEnded(ctxErr(caller), grace) })
+	}
+	resp, err := base.RoundTrip(req.WithContext(ctx))
+	if err != nil || resp == nil || resp.Body == nil {
+		x.end()
+		return resp, err
+	}
+	if rw, ok := resp.Body.(io.ReadWriteCloser); ok && resp.StatusCode == http.StatusSwitchingProtocols {
+		resp.Body = &exchangeConn{exchangeBody{ReadCloser: rw, x: x}, rw}
+	} else {
+		resp.Body = &exchangeBody{ReadCloser: resp.Body, x: x}
+	}
+	return resp, nil
+}
+
+// exchange is the life of one request sent by send: its context's cancel,
+// and the watch of the caller's context.
+type exchange struct {
+	cancel    context.CancelCauseFunc
+	stopWatch func() bool
+
+	mu    sync.Mutex
+	ended bool
+	grace *time.Timer
+}
+
+// errExchangeOver is the cause of an exchange's context once the exchange
+// is over; nothing reads it.
+var errExchangeOver = errors.New("fencehttp: the exchange is over")
+
+// callerEnded runs when the caller's context ends: the exchange ends grace
+// later (at once when grace is negative), unless it is over first.
+func (x *exchange) callerEnded(cause error, grace time.Duration) {
+	if grace < 0 {
+		x.cancel(cause)
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if !x.ended {
+		x.grace = time.AfterFunc(grace, func() { x.cancel(cause) })
+	}
+}
+
+// end ends the exchange: its context is cancelled, the watch and the
+// grace timer are stopped. Safe to call more than once.
+func (x *exchange) end() {
+	if x.stopWatch != nil {
+		x.stopWatch()
+	}
+	x.mu.Lock()
+	x.ended = true
+	if x.grace != nil {
+		x.grace.Stop()
+	}
+	x.mu.Unlock()
+	x.cancel(errExchangeOver)
+}
+
+// exchangeBody is a response's body that ends its exchange when it is
+// read to its end (or fails) or closed.
+type exchangeBody struct {
+	io.ReadCloser
+	x *exchange
+}
+
+func (b *exchangeBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil {
+		b.x.end()
+	}
+	return n, err
+}
+
+func (b *exchangeBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.x.end()
+	return err
+}
+
+// exchangeConn is the body of a 101 Switching Protocols response, which
+// the caller also writes to.
+type exchangeConn struct {
+	exchangeBody
+	w io.Writer
+}
+
+func (c *exchangeConn) Write(p []byte) (int, error) { return c.w.Write(p) }
+
+// ctxErr returns ctx's error, joined with its cause when that differs (a
+// lease's context ends with the lease's loss as its cause).
+func ctxErr(ctx context.Context) error {
+	err, cause := ctx.Err(), context.Cause(ctx)
+	if cause == nil || cause == err {
+		return err
+	}
+	return fmt.Errorf("%w: %w", err, cause)
 }
 
 // hasField reports whether h has a Fencing-Token field under any spelling
@@ -165,7 +359,7 @@ func notSent(err error) bool {
 
 // ResponseError returns the error for a response that carries one of
 // fencewire's problems (see Transport), and nil for any other response. It
-// reads the body of a problem+json response with a 400, 409 or 503 status
+// reads the body of a problem+json response with a 400, 409, 422 or 503 status
 // (at most 64 KiB) and puts back what it read, so the caller can still
 // read the body.
 func ResponseError(resp *http.Response) error {
@@ -173,7 +367,7 @@ func ResponseError(resp *http.Response) error {
 		return nil
 	}
 	switch resp.StatusCode {
-	case http.StatusBadRequest, http.StatusConflict, http.StatusServiceUnavailable:
+	case http.StatusBadRequest, http.StatusConflict, http.StatusUnprocessableEntity, http.StatusServiceUnavailable:
 	default:
 		return nil
 	}
@@ -205,8 +399,9 @@ func ResponseError(resp *http.Response) error {
 //     ignored.
 //   - A valid field, with Checker set: the token is checked first. Stale:
 //     409 and fencewire.ProblemStale naming both tokens; Next does not run.
-//     The checker fails: 503 and fencewire.ProblemUnavailable (the cause
-//     is logged, not sent).
+//     A valid token the checker cannot store (fencecheck.ErrTokenRange):
+//     422 and fencewire.ProblemTokenRange. The checker fails: 503 and
+//     fencewire.ProblemUnavailable (the cause is logged, not sent).
 //   - Then Next runs with the value in the request's context:
 //     fencewire.FromContext gives the resource and token,
 //     fence.FromContext the token.

@@ -16,9 +16,10 @@ import (
 //   - no line: the request passes without a token (ok false, refusal
 //     nil), unless require is set or checker is not nil (ProblemMissing);
 //   - more than one line, or a malformed one: ProblemMalformed;
-//   - with a checker: a stale token is ProblemStale, a checker failure
-//     ProblemUnavailable (checkErr is the checker's error, for the
-//     receiver's log: it is not sent);
+//   - with a checker: a stale token is ProblemStale; a valid token the
+//     checker cannot store (fencecheck.ErrTokenRange) ProblemTokenRange;
+//     a checker failure ProblemUnavailable (checkErr is the checker's
+//     error, for the receiver's log: it is not sent);
 //   - otherwise the request passes with v (ok true).
 //
 // ctx bounds the check.
@@ -46,6 +47,9 @@ func Admit(ctx context.Context, lines []string, require bool, checker fencecheck
 		return v, true, nil, nil
 	case errors.As(err, &se):
 		p := StaleProblem(se)
+		return Value{}, false, &p, nil
+	case errors.Is(err, fencecheck.ErrTokenRange):
+		p := TokenRangeProblem(v, err.Error())
 		return Value{}, false, &p, nil
 	case errors.Is(err, fencecheck.ErrInvalidResource) || errors.Is(err, fence.ErrInvalidToken):
 		return Value{}, false, malformed(err.Error()), nil

@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/fencecheck"
 )
 
 // The problem types a receiver answers with, as RFC 9457 problem type URIs
@@ -26,15 +27,23 @@ const (
 	// not check the token (its checker's store failed); the request was
 	// not processed. The token may or may not have been recorded.
 	ProblemUnavailable = "urn:fencekit:problem:check-unavailable"
+	// ProblemTokenRange (HTTP 422 Unprocessable Content, gRPC OutOfRange):
+	// the token is valid on the wire but beyond what the receiver's
+	// checker can store (fencecheck.ErrTokenRange); the request was not
+	// processed and nothing was recorded. Resource and Presented are set.
+	// Sending it again will not help: the sender's token source and the
+	// receiver's checker do not fit together.
+	ProblemTokenRange = "urn:fencekit:problem:token-out-of-range"
 )
 
 // ProblemContentType is the media type of a Problem body (RFC 9457).
 const ProblemContentType = "application/problem+json"
 
 // ErrRejected is matched by the error a client gets for a request the
-// receiver refused because of its fencing field (malformed, or missing on a
-// route that requires one). A stale token is reported as a
-// *fence.StaleError instead.
+// receiver refused because of its fencing field (malformed, missing on a
+// route that requires one, or a token beyond what the receiver can store,
+// which also matches fencecheck.ErrTokenRange). A stale token is reported
+// as a *fence.StaleError instead.
 var ErrRejected = errors.New("fencewire: fencing token refused by the receiver")
 
 // ErrUnavailable is matched by the error a client gets when the receiver
@@ -57,6 +66,16 @@ type Problem struct {
 	Current   string `json:"current,omitempty"`
 }
 
+// TokenRangeProblem returns the Problem for a valid token that the
+// receiver's checker cannot store (fencecheck.ErrTokenRange); detail says
+// why.
+func TokenRangeProblem(v Value, detail string) Problem {
+	return Problem{
+		Type: ProblemTokenRange, Title: "fencing token out of the receiver's range", Status: 422,
+		Detail: detail, Resource: v.Resource, Presented: v.Token.String(),
+	}
+}
+
 // StaleProblem returns the Problem for a *fence.StaleError.
 func StaleProblem(se *fence.StaleError) Problem {
 	return Problem{
@@ -70,8 +89,9 @@ func StaleProblem(se *fence.StaleError) Problem {
 // (matching fence.ErrStaleToken) naming the resource and both tokens for
 // ProblemStale; an error matching ErrRejected (and ErrMalformed for
 // ProblemMalformed) for a malformed or missing field; one matching
-// ErrUnavailable for ProblemUnavailable; nil for any other type, which is
-// not a fencing problem.
+// ErrUnavailable for ProblemUnavailable; one matching ErrRejected and
+// fencecheck.ErrTokenRange for ProblemTokenRange; nil for any other type,
+// which is not a fencing problem.
 func (p Problem) Err() error {
 	switch p.Type {
 	case ProblemStale:
@@ -84,6 +104,8 @@ func (p Problem) Err() error {
 		return fmt.Errorf("%w: the receiver requires a fencing token: %s", ErrRejected, p.Detail)
 	case ProblemUnavailable:
 		return fmt.Errorf("%w: %s", ErrUnavailable, p.Detail)
+	case ProblemTokenRange:
+		return fmt.Errorf("%w: %w: %s", ErrRejected, fencecheck.ErrTokenRange, p.Detail)
 	}
 	return nil
 }

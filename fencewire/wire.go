@@ -4,7 +4,8 @@
 // receiver answers with when it refuses a request. docs/fencing-over-http.md
 // is its specification; packages fencehttp and fencegrpc speak it.
 //
-// A value names the token and the resource (the lease name) it fences, as
+// A value names the token and the resource it fences (what the receiver
+// protects and the job that writes it, fixed in the caller's code), as
 // an RFC 9651 structured field Item whose bare item is a String of decimal
 // digits and whose one parameter, "resource", is a String or, for names
 // outside printable ASCII, a Display String:
@@ -62,8 +63,13 @@ var ErrInvalid = errors.New("fencewire: invalid fencing token value")
 
 // Value is a fencing token and the resource it fences.
 type Value struct {
-	// Resource names what the token fences: the lease name, as the lease
-	// store knows it. The receiver keeps one order of tokens per resource.
+	// Resource names the order of tokens the receiver keeps: what it
+	// protects and the job that writes it ("inventory/settle-orders"),
+	// spelled in the caller's code, the same on every replica, with the
+	// lease name taken from the same constant. Not Lease.Name() alone: a
+	// replica configured with a mistyped lease name holds a lease of its
+	// own, and its calls would go to an order of their own that nothing
+	// refuses. See the specification, "Naming the resource".
 	Resource string
 	// Token is the fencing token; never fence.None on the wire.
 	Token fence.Token

@@ -57,14 +57,13 @@ func TestRunOnceOnThreeReplicas(t *testing.T) {
 	defer pool.Close()
 	qs := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
 	for _, ddl := range []string{
-		`CREATE TABLE ` + qs("job_runs") + ` (run_key text PRIMARY KEY, done_at timestamptz, lock_version bigint NOT NULL DEFAULT 0)`,
 		`CREATE TABLE ` + qs("report") + ` (night text PRIMARY KEY, made_by text NOT NULL, lock_version bigint NOT NULL DEFAULT 0)`,
 	} {
 		if _, err := pool.Exec(ctx, ddl); err != nil {
 			t.Fatal(err)
 		}
 	}
-	ledger, err := sqlguard.NewLedger(pool, schema, "job_runs")
+	ledger, err := sqlguard.NewLedger(pool, schema, sqlguard.LedgerTable) // migrated by leaseSchema
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +89,7 @@ func TestRunOnceOnThreeReplicas(t *testing.T) {
 				if err := report.Upsert(wctx, tx, l.Token(), []any{night}, sqlguard.Col("made_by", who)); err != nil {
 					return err
 				}
-				return ledger.MarkDoneTx(wctx, tx, night, l.Token())
+				return ledger.MarkDoneTx(wctx, tx, name, night, l.Token())
 			})
 			if err == nil {
 				completed.Add(1)
@@ -175,7 +174,7 @@ func TestRunOnceOnThreeReplicas(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT made_by, lock_version FROM `+qs("report")+` WHERE night = $1`, night).Scan(&madeBy, &reportVersion); err != nil {
 		t.Fatal(err)
 	}
-	if err := pool.QueryRow(ctx, `SELECT done_at IS NOT NULL, lock_version FROM `+qs("job_runs")+` WHERE run_key = $1`, night).Scan(&done, &ledgerVersion); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT done_at IS NOT NULL, lock_version FROM `+qs(sqlguard.LedgerTable)+` WHERE job = $1 AND run_key = $2`, name, night).Scan(&done, &ledgerVersion); err != nil {
 		t.Fatal(err)
 	}
 	// The ledger's token is the last claim's: the doer's, or the skipper's
@@ -185,7 +184,7 @@ func TestRunOnceOnThreeReplicas(t *testing.T) {
 			madeBy, reportVersion, done, ledgerVersion, tokA, doer)
 	}
 	var rows int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+qs("job_runs")).Scan(&rows); err != nil || rows != 1 {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+qs(sqlguard.LedgerTable)).Scan(&rows); err != nil || rows != 1 {
 		t.Fatalf("ledger rows %d (%v), want 1", rows, err)
 	}
 }

@@ -82,8 +82,10 @@
 // starts again at the end of the line. Tokens are minted as for any
 // grant. TryAcquire does not wait, so it does not queue: it takes a free
 // lease ahead of the line, as a Manager without FIFO does; use one mode
-// per lease name. Backends that keep a line: memlease, redislease and
-// etcdlease (driver.Limits.Queues).
+// per lease name. Backends that keep a line (driver.Limits.Queues):
+// memlease, redislease, pglease in both modes, etcdlease and zklease.
+// dynamolease does not, and NewManager refuses FIFO over it (its package
+// doc says why).
 //
 // The in-memory backend (package memlease; NewMemoryBackend here) serves
 // unit tests and examples.

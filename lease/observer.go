@@ -98,9 +98,18 @@ func (NopObserver) Released(ReleasedEvent) {}
 // once per term: on the goroutine that ends it, before the lease's context
 // is cancelled, before the request that frees it at the store is sent, and
 // before OnDeposed.
-// Between the two this process leads; a gauge that is 1 between them,
-// summed across processes, is never above 1 unless the store broke its
-// contract (package leaseprom exports one).
+// Between the two this process leads. While the store keeps its contract
+// and every process runs on time, at most one process is between Elected
+// and Deposed at any instant: a term's Deposed comes at its lease's local
+// deadline, before the store may grant the lease again. A process paused
+// when its term ends (a GC, a suspended VM, a stalled observer) reports
+// Deposed only when it runs again, possibly after another process was
+// Elected. So a gauge that is 1 between the two (package leaseprom exports
+// fencekit_election_leader), summed across processes, can be above 1: for
+// a moment at a hand-off, also because each process is scraped at its own
+// moments, and for as long as a paused leader has not caught up. Alert
+// when the sum stays above 1 for longer than a scrape interval or two: two
+// processes believe they lead (fenced writes stay safe either way).
 type ElectionObserver interface {
 	Observer
 	Elected(ElectionEvent)

@@ -8,26 +8,70 @@ import (
 	"github.com/fencekit/fencekit/fence"
 )
 
-// Ledger records which runs of a once-per-period job are done, in the
-// store the job writes to, fenced by the lease's token. Its two writes go
+// Ledger records which runs of once-per-period jobs are done, in the
+// store the jobs write to, fenced by the lease's token. Its two writes go
 // through a guard: sqlguard.Ledger keeps it in a PostgreSQL table; any type
 // with these methods will do.
 //
-// Keys name runs: a period ("2026-12-01" for a nightly job), or any key a
-// job must be done once for.
+// A run is named by its job and its key. The job is the lease name RunOnce
+// runs under (or the name ForJob gives); the key names the run: a period
+// ("2026-12-01" for a nightly job), or anything a job must be done once
+// for. A Ledger keeps jobs apart: two jobs that share a ledger and a key
+// each have a run of their own, fenced by their own tokens (tokens of two
+// lease names never compare), so that neither is skipped because the
+// other ran. A store that cannot keep jobs apart (a table keyed by the run
+// key alone) must refuse, with an error matching ErrSetup that names the
+// fix, rather than report a run done that is another job's.
 type Ledger interface {
-	// Claim records token as the newest holder of key's run, unless a newer
-	// token has claimed it, and reports whether the run is already done. It
-	// returns an error matching fence.ErrStaleToken when a newer token has
-	// claimed key (nothing changed). After Claim, a MarkDone with an older
-	// token is refused: a holder paused past its lease cannot mark a run
-	// done once its successor has claimed it.
-	Claim(ctx context.Context, key string, token fence.Token) (done bool, err error)
-	// MarkDone records key's run as done by token. It returns nil when the
-	// run is recorded done (also when this token recorded it already, for
-	// example inside the job's own transaction), and an error matching
-	// fence.ErrStaleToken when a newer token has claimed key.
-	MarkDone(ctx context.Context, key string, token fence.Token) error
+	// Claim records token as the newest holder of job's run key, unless
+	// a newer token has claimed it, and reports whether that run is
+	// already done. It returns an error matching fence.ErrStaleToken when
+	// a newer token has claimed the run (nothing changed). After Claim, a
+	// MarkDone with an older token is refused: a holder paused past its
+	// lease cannot mark a run done once its successor has claimed it.
+	Claim(ctx context.Context, job, key string, token fence.Token) (done bool, err error)
+	// MarkDone records job's run key as done by token. It returns nil when
+	// the run is recorded done (also when this token recorded it already,
+	// for example inside the job's own transaction), and an error matching
+	// fence.ErrStaleToken when a newer token has claimed the run.
+	MarkDone(ctx context.Context, job, key string, token fence.Token) error
+}
+
+// ForJob returns a Ledger that records every run under job, whatever job
+// name it is given: for several jobs that take turns under one lease name
+// (RunOnce passes the lease name as the job), each wrapped with a job name
+// of its own, so that they keep runs of their own. A call through it with
+// an empty job returns an error matching ErrInvalidOptions, before any
+// I/O.
+func ForJob(l Ledger, job string) Ledger { return jobLedger{l: l, job: job} }
+
+type jobLedger struct {
+	l   Ledger
+	job string
+}
+
+func (j jobLedger) check() error {
+	switch {
+	case j.l == nil:
+		return fmt.Errorf("%w: ledger for job %q: the ledger is nil", ErrInvalidOptions, j.job)
+	case j.job == "":
+		return fmt.Errorf("%w: ledger for a job: the job name is empty", ErrInvalidOptions)
+	}
+	return nil
+}
+
+func (j jobLedger) Claim(ctx context.Context, _, key string, token fence.Token) (bool, error) {
+	if err := j.check(); err != nil {
+		return false, err
+	}
+	return j.l.Claim(ctx, j.job, key, token)
+}
+
+func (j jobLedger) MarkDone(ctx context.Context, _, key string, token fence.Token) error {
+	if err := j.check(); err != nil {
+		return err
+	}
+	return j.l.MarkDone(ctx, j.job, key, token)
 }
 
 // ErrInvalidKey is returned by RunOnce, before any I/O, for an empty run key.
@@ -35,13 +79,15 @@ var ErrInvalidKey = errors.New("lease: invalid run key")
 
 // RunOnce runs fn at most once for the run key across every process that
 // calls it with the same lease name and ledger: the nightly job on three
-// replicas runs once a night, not three times in turn. In this order:
+// replicas runs once a night, not three times in turn. The lease name is
+// the job in the ledger (Ledger.Claim's job; ForJob names another): another
+// job that shares the ledger and the key runs once too. In this order:
 //
 //  1. it takes the lease name as Run does (waiting while another process
 //     holds it);
-//  2. under the lease, it claims key in the ledger with the lease's token
-//     (Ledger.Claim); if the run is done it releases the lease and returns
-//     ran == false;
+//  2. under the lease, it claims the job's run key in the ledger with the
+//     lease's token (Ledger.Claim); if the run is done it releases the
+//     lease and returns ran == false;
 //  3. it runs fn with the lease's context, as Run does;
 //  4. if fn returned nil, it marks the run done with the same token
 //     (Ledger.MarkDone), then releases the lease.
@@ -69,8 +115,9 @@ var ErrInvalidKey = errors.New("lease: invalid run key")
 //     did not land.
 //
 // RunOnce returns ran == true when fn ran (whatever it returned), with
-// fn's error, a Ledger error, and the lease's loss or release error as Run
-// returns them. It returns an error matching ErrInvalidKey for an empty
+// fn's error, a Ledger error (one matching ErrSetup, for a ledger that
+// cannot keep jobs apart or is not set up, before fn runs), and the
+// lease's loss or release error as Run returns them. It returns an error matching ErrInvalidKey for an empty
 // key and ErrInvalidOptions for a nil ledger or fn, before any I/O; and
 // Acquire's errors when the lease could not be had (ctx bounds the wait,
 // as for Run).
@@ -89,7 +136,7 @@ func (m *Manager) RunOnce(ctx context.Context, name, key string, ledger Ledger, 
 		return false, err
 	}
 	err = m.Run(ctx, name, func(ctx context.Context, l *Lease) error {
-		done, err := ledger.Claim(ctx, key, l.Token())
+		done, err := ledger.Claim(ctx, name, key, l.Token())
 		if err != nil {
 			return fmt.Errorf("lease: run once %q: claim %q: %w", name, key, err)
 		}
@@ -100,7 +147,7 @@ func (m *Manager) RunOnce(ctx context.Context, name, key string, ledger Ledger, 
 		if err := fn(ctx, l); err != nil {
 			return err
 		}
-		if err := ledger.MarkDone(ctx, key, l.Token()); err != nil {
+		if err := ledger.MarkDone(ctx, name, key, l.Token()); err != nil {
 			return fmt.Errorf("lease: run once %q: mark %q done: %w", name, key, err)
 		}
 		return nil

@@ -19,26 +19,28 @@ type memLedger struct {
 	done   map[string]fence.Token
 }
 
-func (m *memLedger) Claim(_ context.Context, key string, t fence.Token) (bool, error) {
+func (m *memLedger) Claim(_ context.Context, job, key string, t fence.Token) (bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if cur := m.newest[key]; cur > t {
-		return false, fence.Stale(key, t, cur)
+	run := job + "\x00" + key
+	if cur := m.newest[run]; cur > t {
+		return false, fence.Stale(run, t, cur)
 	}
-	m.newest[key] = t
-	_, done := m.done[key]
+	m.newest[run] = t
+	_, done := m.done[run]
 	return done, nil
 }
 
-func (m *memLedger) MarkDone(_ context.Context, key string, t fence.Token) error {
+func (m *memLedger) MarkDone(_ context.Context, job, key string, t fence.Token) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if cur := m.newest[key]; cur > t {
-		return fence.Stale(key, t, cur)
+	run := job + "\x00" + key
+	if cur := m.newest[run]; cur > t {
+		return fence.Stale(run, t, cur)
 	}
-	m.newest[key] = t
-	if _, ok := m.done[key]; !ok {
-		m.done[key] = t
+	m.newest[run] = t
+	if _, ok := m.done[run]; !ok {
+		m.done[run] = t
 	}
 	return nil
 }
@@ -117,4 +119,42 @@ func TestRunOnceRefusesBadInput(t *testing.T) {
 	if _, err := m.RunOnce(context.Background(), "", "k", led, fn); !errors.Is(err, lease.ErrInvalidName) {
 		t.Fatalf("empty name: %v", err)
 	}
+}
+
+// Jobs that share a ledger and a run key each run once: RunOnce names the
+// run by its lease name, and ForJob gives jobs under one lease name runs
+// of their own.
+func TestRunOnceKeepsJobsApartInOneLedger(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m, _ := lease.NewManager(lease.NewMemoryBackend(), time.Second)
+		led := &memLedger{newest: map[string]fence.Token{}, done: map[string]fence.Token{}}
+		runs := map[string]int{}
+		job := func(name string) func(context.Context, *lease.Lease) error {
+			return func(context.Context, *lease.Lease) error { runs[name]++; return nil }
+		}
+		for range 2 {
+			for _, c := range []struct {
+				lease, job string
+				ledger     lease.Ledger
+			}{
+				{"settle-orders", "settle-orders", led},
+				{"send-reminders", "send-reminders", led},
+				{"nightly", "invoices", lease.ForJob(led, "invoices")},
+				{"nightly", "reports", lease.ForJob(led, "reports")},
+			} {
+				if _, err := m.RunOnce(context.Background(), c.lease, "2026-12-01", c.ledger, job(c.job)); err != nil {
+					t.Fatalf("%s: %v", c.job, err)
+				}
+			}
+		}
+		for _, j := range []string{"settle-orders", "send-reminders", "invoices", "reports"} {
+			if runs[j] != 1 {
+				t.Errorf("job %s ran %d times for 2026-12-01; want once (runs %v)", j, runs[j], runs)
+			}
+		}
+		ran, err := m.RunOnce(context.Background(), "nightly", "2026-12-02", lease.ForJob(led, ""), job("x"))
+		if ran || !errors.Is(err, lease.ErrInvalidOptions) {
+			t.Errorf("RunOnce through ForJob(ledger, \"\") = %v, %v; want ErrInvalidOptions, nothing run", ran, err)
+		}
+	})
 }

@@ -68,7 +68,8 @@ type Options struct {
 	// granted the lease in the order they arrived, instead of by
 	// whichever retries first after a release (see "Waiting in line" in
 	// the package doc). The backend must keep a line
-	// (driver.Limits.Queues: memlease, redislease, etcdlease, pglease);
+	// (driver.Limits.Queues: memlease, redislease, pglease, etcdlease,
+	// zklease; not dynamolease);
 	// NewManager refuses FIFO otherwise, with an error matching both
 	// ErrInvalidOptions and errors.ErrUnsupported. With FIFO,
 	// PollInterval must be at most TTL/2 (the default is), because a

@@ -17,6 +17,9 @@
 // fencekit_session_leases (session mode: the last token of each name),
 // with fencekit_lease_waiters and fencekit_session_lease_waiters (each
 // mode's lines of waiters: one row per owner waiting in line for a name).
+// The ledger of once-per-period jobs (sqlguard.Ledger, for
+// lease.Manager.RunOnce) is fencekit_job_runs: one row per run, keyed by
+// the job and the run key (migration 00006).
 //
 // Everything is created in the connection's current schema: the first schema
 // of its search_path that exists. To put the tables in a schema of your
@@ -68,6 +71,12 @@ const (
 	ResourceTable = "fencekit_resource_tokens"
 	// AdvanceFunction is the function that advances a resource's token.
 	AdvanceFunction = "fencekit_advance_token"
+	// LedgerTable holds the runs of once-per-period jobs, keyed by job and
+	// run key (migration 00006).
+	LedgerTable = "fencekit_job_runs"
+	// LedgerMigration is the version of the migration that creates
+	// LedgerTable.
+	LedgerMigration = 6
 )
 
 //go:embed sql/*.sql sqlmysql/*.sql sqlsqlite/*.sql

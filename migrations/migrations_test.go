@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io/fs"
 	"regexp"
 	"strings"
@@ -240,5 +241,22 @@ func TestOpenAndSchemaErrors(t *testing.T) {
 	}
 	if _, err := migrations.DownTo(ctx, db, -1); !errors.Is(err, migrations.ErrInvalid) {
 		t.Fatalf("DownTo(-1): %v", err)
+	}
+}
+
+// The ledger's migration is the one LedgerMigration names, and it creates
+// LedgerTable keyed by job and run key, so that the errors that name it
+// (sqlguard.Ledger's) point at the right one.
+func TestLedgerMigrationCreatesTheLedgerTable(t *testing.T) {
+	files, err := fs.Glob(migrations.FS(), fmt.Sprintf("%05d_*.sql", migrations.LedgerMigration))
+	if err != nil || len(files) != 1 {
+		t.Fatalf("migration %05d: %v, %v", migrations.LedgerMigration, files, err)
+	}
+	src, err := fs.ReadFile(migrations.FS(), files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := string(src); !strings.Contains(s, "CREATE TABLE "+migrations.LedgerTable+" (") || !strings.Contains(s, "PRIMARY KEY (job, run_key)") {
+		t.Fatalf("%s does not create %s keyed by (job, run_key):\n%s", files[0], migrations.LedgerTable, s)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 
 	"github.com/jackc/pgx/v5"
@@ -38,6 +39,10 @@ type Checker struct {
 
 var _ fencecheck.Checker = (*Checker)(nil)
 
+// MaxCheckerToken is the largest token a Checker stores (a PostgreSQL
+// bigint); Check refuses a larger one with fencecheck.ErrTokenRange.
+const MaxCheckerToken = fence.Token(math.MaxInt64)
+
 // NewChecker returns a Checker that runs its statements on db (a
 // *pgxpool.Pool, as a rule: a pgx.Tx would make every check part of that
 // transaction), with the options of New (Options.Schema; TxOptions do not
@@ -67,8 +72,8 @@ func NewChecker(db DBTX, opts ...Option) (*Checker, error) {
 // cannot commit anything. That orders the service's effects, not only its
 // checks. Errors: those of Guard.Advance (a *fence.StaleError, after which
 // tx is aborted and must be rolled back; ErrRetryable under REPEATABLE READ
-// or SERIALIZABLE; ErrNotMigrated), with bad arguments reported before any
-// I/O as Check reports them. ctx bounds the statement.
+// or SERIALIZABLE; ErrNotMigrated), with bad arguments (and a token above
+// MaxCheckerToken) reported before any I/O as Check reports them. ctx bounds the statement.
 func (c *Checker) CheckTx(ctx context.Context, tx pgx.Tx, resource string, token fence.Token) error {
 	if _, err := c.args(resource, token); err != nil {
 		return fmt.Errorf("sqlguard: check %s in a transaction: %w", strconv.Quote(resource), err)
@@ -84,8 +89,9 @@ func (c *Checker) Guard() *Guard { return c.g }
 // newest if it is >= the stored one (or none is stored), in one statement
 // committed at once. It returns nil when accepted; a *fence.StaleError
 // naming the stored token when that is newer (nothing changed); before any
-// I/O, an error matching fence.ErrInvalidToken for token 0 or a token above
-// 2^63-1 (a bigint), and one matching fencecheck.ErrInvalidResource and
+// I/O, an error matching fence.ErrInvalidToken for token 0, one matching
+// fencecheck.ErrTokenRange for a token above 2^63-1 (MaxCheckerToken: a
+// bigint holds no more), and one matching fencecheck.ErrInvalidResource and
 // ErrInvalid for an empty name, one longer than MaxResourceLen bytes, not
 // UTF-8 or containing NUL; ErrNotMigrated when the toolkit's function is
 // missing; an error matching fence.ErrOutcomeUnknown when the statement was
@@ -109,7 +115,15 @@ func (c *Checker) Check(ctx context.Context, resource string, token fence.Token)
 }
 
 func (c *Checker) args(resource string, token fence.Token) (int64, error) {
-	tok, err := tokenArg(token)
+	var tok int64
+	err := token.Validate()
+	if err == nil {
+		if tok, err = tokenArg(token); err != nil {
+			// A valid token that a bigint cannot hold: out of the
+			// checker's range, not malformed.
+			err = fmt.Errorf("%w: token %d is above the PostgreSQL bigint range (max %d)", fencecheck.ErrTokenRange, uint64(token), int64(math.MaxInt64))
+		}
+	}
 	if rerr := checkResource(resource); rerr != nil {
 		err = errors.Join(err, fmt.Errorf("%w: %w", fencecheck.ErrInvalidResource, rerr))
 	}

@@ -25,6 +25,7 @@ func TestCheckerConformance(t *testing.T) {
 			}
 			return c, c.Current
 		},
+		MaxToken: sqlguard.MaxCheckerToken,
 		Checkers: 6, ChecksPerChecker: 40,
 	})
 }
@@ -133,12 +134,12 @@ func TestCheckerErrors(t *testing.T) {
 		want     error
 	}{
 		{"r", 0, fence.ErrInvalidToken},
-		{"r", 1 << 63, fence.ErrInvalidToken},
+		{"r", 1 << 63, fencecheck.ErrTokenRange},
 		{"", 1, fencecheck.ErrInvalidResource},
 		{"a\x00b", 1, fencecheck.ErrInvalidResource},
 		{string(make([]byte, sqlguard.MaxResourceLen+1)), 1, fencecheck.ErrInvalidResource},
 	} {
-		if err := c.Check(ctx, tc.resource, tc.token); !errors.Is(err, tc.want) {
+		if err := c.Check(ctx, tc.resource, tc.token); !errors.Is(err, tc.want) || tc.token > 0 && errors.Is(err, fence.ErrInvalidToken) {
 			t.Errorf("Check(%.10q, %d) = %v; want %v", tc.resource, tc.token, err, tc.want)
 		}
 	}

@@ -58,7 +58,9 @@
 // number, which fencekit's own function never sends), the
 // *fence.StaleError carries Current = fence.None, meaning unknown. Bad
 // input is refused before any I/O: a token that is 0 or above the int64
-// range (PostgreSQL's bigint is signed) matches fence.ErrInvalidToken; a
+// range (PostgreSQL's bigint is signed) matches fence.ErrInvalidToken
+// (Checker, which answers tokens that came over the wire, reports a valid
+// token above that range with fencecheck.ErrTokenRange instead); a
 // nil database, an empty, over-long (> 63 bytes) or NUL-containing
 // identifier, a column given twice, a key column among the written
 // columns, lock_version among the caller's columns, or a NULL key value

@@ -2,6 +2,7 @@ package sqlguard_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/fencecheck"
 	"github.com/fencekit/fencekit/fencehttp"
 	"github.com/fencekit/fencekit/fencewire"
 	"github.com/fencekit/fencekit/guardtest"
@@ -117,4 +119,52 @@ func (r *httpResource) Read(ctx context.Context) (string, fence.Token, error) {
 		coalesce((SELECT value FROM http_values WHERE resource = $1), ''),
 		coalesce((SELECT token FROM fencekit_resource_tokens WHERE resource = $1), 0)`, r.name).Scan(&v, &tok)
 	return v, fence.Token(tok), err
+}
+
+// A valid token above what the Checker stores (a bigint: 2^63 and up)
+// reaches the caller as out of the receiver's range (422), distinct from
+// a malformed field, and the handler does not run: over a real HTTP
+// server, the caller's Transport reports fencecheck.ErrTokenRange.
+func TestCheckerTokenBeyondBigintOverHTTP(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c, err := sqlguard.NewChecker(e.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var handled atomic.Int64
+	srv := httptest.NewServer(&fencehttp.Handler{Checker: c, Next: http.HandlerFunc(func(http.ResponseWriter, *http.Request) { handled.Add(1) })})
+	t.Cleanup(srv.Close)
+	base := &http.Transport{}
+	t.Cleanup(base.CloseIdleConnections)
+	for _, tok := range []fence.Token{1 << 63, 1<<64 - 1} {
+		v := fencewire.Value{Resource: "inventory/settle-orders", Token: tok}
+		field, err := fencewire.Format(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, nil)
+		req.Header.Set(fencewire.HeaderName, field)
+		resp, err := (&http.Client{Transport: base}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusUnprocessableEntity || !strings.Contains(string(body), fencewire.ProblemTokenRange) {
+			t.Fatalf("token %d: %s %s; want 422 and %s", tok, resp.Status, body, fencewire.ProblemTokenRange)
+		}
+
+		req, _ = http.NewRequestWithContext(fencewire.NewContext(t.Context(), v), http.MethodPost, srv.URL, nil)
+		_, err = (&http.Client{Transport: &fencehttp.Transport{Base: base}}).Do(req)
+		if !errors.Is(err, fencecheck.ErrTokenRange) || !errors.Is(err, fencewire.ErrRejected) || errors.Is(err, fencewire.ErrMalformed) || errors.Is(err, fence.ErrOutcomeUnknown) {
+			t.Fatalf("token %d through fencehttp.Transport = %v; want fencecheck.ErrTokenRange", tok, err)
+		}
+	}
+	if n := handled.Load(); n != 0 {
+		t.Fatalf("the handler ran %d times", n)
+	}
+	if got, err := c.Current(t.Context(), "inventory/settle-orders"); err != nil || got != fence.None {
+		t.Fatalf("the refused tokens left %d, %v", got, err)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/sqlguard"
 )
 
@@ -20,31 +21,30 @@ func TestLedger(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
-	e.exec(t, `CREATE TABLE runs (run_key text PRIMARY KEY, done_at timestamptz, lock_version bigint NOT NULL DEFAULT 0)`)
-	lg, err := sqlguard.NewLedger(e.pool, "", "runs")
+	lg, err := sqlguard.NewLedger(e.pool, "", sqlguard.LedgerTable)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := lg.MarkDone(ctx, "night-1", 5); !errors.Is(err, sqlguard.ErrNotFound) {
+	if err := lg.MarkDone(ctx, "nightly", "night-1", 5); !errors.Is(err, sqlguard.ErrNotFound) {
 		t.Fatalf("MarkDone of an unclaimed run = %v, want ErrNotFound", err)
 	}
-	if done, err := lg.Claim(ctx, "night-1", 5); done || err != nil {
+	if done, err := lg.Claim(ctx, "nightly", "night-1", 5); done || err != nil {
 		t.Fatalf("first claim: done %v, err %v", done, err)
 	}
-	if done, err := lg.Claim(ctx, "night-1", 7); done || err != nil {
+	if done, err := lg.Claim(ctx, "nightly", "night-1", 7); done || err != nil {
 		t.Fatalf("newer claim: done %v, err %v", done, err)
 	}
-	err = lg.MarkDone(ctx, "night-1", 5)
+	err = lg.MarkDone(ctx, "nightly", "night-1", 5)
 	if se, ok := fence.AsStale(err); !ok || se.Presented != 5 || se.Current != 7 {
 		t.Fatalf("the older holder's record = %v, want stale (5 < 7)", err)
 	}
-	if _, err := lg.Claim(ctx, "night-1", 6); !errors.Is(err, fence.ErrStaleToken) {
+	if _, err := lg.Claim(ctx, "nightly", "night-1", 6); !errors.Is(err, fence.ErrStaleToken) {
 		t.Fatalf("an older claim = %v, want stale", err)
 	}
 	// The record rolls back with the job's transaction.
 	rollback := errors.New("job failed")
 	err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		if err := lg.MarkDoneTx(ctx, tx, "night-1", 7); err != nil {
+		if err := lg.MarkDoneTx(ctx, tx, "nightly", "night-1", 7); err != nil {
 			return err
 		}
 		return rollback
@@ -52,16 +52,16 @@ func TestLedger(t *testing.T) {
 	if !errors.Is(err, rollback) {
 		t.Fatal(err)
 	}
-	if done, err := lg.Claim(ctx, "night-1", 7); done || err != nil {
+	if done, err := lg.Claim(ctx, "nightly", "night-1", 7); done || err != nil {
 		t.Fatalf("after a rolled-back record: done %v, err %v; want not done", done, err)
 	}
-	if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return lg.MarkDoneTx(ctx, tx, "night-1", 7) }); err != nil {
+	if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return lg.MarkDoneTx(ctx, tx, "nightly", "night-1", 7) }); err != nil {
 		t.Fatal(err)
 	}
-	if err := lg.MarkDone(ctx, "night-1", 7); err != nil {
+	if err := lg.MarkDone(ctx, "nightly", "night-1", 7); err != nil {
 		t.Fatalf("recording again with the same token = %v, want nil", err)
 	}
-	if done, err := lg.Claim(ctx, "night-1", 8); !done || err != nil {
+	if done, err := lg.Claim(ctx, "nightly", "night-1", 8); !done || err != nil {
 		t.Fatalf("claim after the record: done %v, err %v; want done", done, err)
 	}
 	if _, err := sqlguard.NewLedger(nil, "", "bad;name"); !errors.Is(err, sqlguard.ErrInvalid) {
@@ -89,25 +89,25 @@ func TestLedgerRefusesAnUnfitDoneColumn(t *testing.T) {
 		{"finished timestamptz", "RENAME COLUMN finished TO done_at"},
 	} {
 		name := fmt.Sprintf("runs_%d", i)
-		e.exec(t, `CREATE TABLE `+name+` (run_key text PRIMARY KEY, `+c.done+`, lock_version bigint NOT NULL DEFAULT 0)`)
+		e.exec(t, `CREATE TABLE `+name+` (job text, run_key text, `+c.done+`, lock_version bigint NOT NULL DEFAULT 0, PRIMARY KEY (job, run_key))`)
 		lg, err := sqlguard.NewLedger(e.pool, "", name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if done, err := lg.Claim(ctx, "night-1", 5); !errors.Is(err, sqlguard.ErrLedgerColumn) || done {
-			t.Errorf("%s: Claim = %v, %v; want ErrLedgerColumn", c.done, done, err)
+		if done, err := lg.Claim(ctx, "nightly", "night-1", 5); !errors.Is(err, sqlguard.ErrLedgerColumn) || !errors.Is(err, lease.ErrSetup) || done {
+			t.Errorf("%s: Claim = %v, %v; want ErrLedgerColumn and lease.ErrSetup", c.done, done, err)
 		}
 		if n := e.int64Query(t, `SELECT count(*) FROM `+name); n != 0 {
 			t.Errorf("%s: the refused claim wrote %d rows", c.done, n)
 		}
 		e.exec(t, `ALTER TABLE `+name+` `+c.fix)
-		if done, err := lg.Claim(ctx, "night-1", 5); done || err != nil {
+		if done, err := lg.Claim(ctx, "nightly", "night-1", 5); done || err != nil {
 			t.Errorf("%s, then %s: Claim = %v, %v; want a claim of a run not done", c.done, c.fix, done, err)
 		}
-		if err := lg.MarkDone(ctx, "night-1", 5); err != nil {
+		if err := lg.MarkDone(ctx, "nightly", "night-1", 5); err != nil {
 			t.Errorf("%s, then %s: MarkDone = %v", c.done, c.fix, err)
 		}
-		if done, err := lg.Claim(ctx, "night-1", 6); !done || err != nil {
+		if done, err := lg.Claim(ctx, "nightly", "night-1", 6); !done || err != nil {
 			t.Errorf("%s, then %s: Claim after the record = %v, %v; want done", c.done, c.fix, done, err)
 		}
 	}
@@ -129,22 +129,30 @@ func TestLedgerRefusesBadArgumentsFirst(t *testing.T) {
 	}
 	ctx := context.Background()
 	for _, c := range []struct {
-		key   string
-		token fence.Token
-		want  error
-	}{{"", 5, sqlguard.ErrInvalid}, {"k", 0, fence.ErrInvalidToken}, {"k", 1 << 63, fence.ErrInvalidToken}} {
+		job, key string
+		token    fence.Token
+		want     error
+	}{
+		{"j", "", 5, sqlguard.ErrInvalid},
+		{"", "k", 5, sqlguard.ErrInvalid},
+		{"j", "k", 0, fence.ErrInvalidToken},
+		{"j", "k", 1 << 63, fence.ErrInvalidToken},
+	} {
 		var none *sqlguard.Ledger // a failed NewLedger's
-		if _, err := none.Claim(ctx, c.key, c.token); !errors.Is(err, sqlguard.ErrInvalid) {
+		if _, err := none.Claim(ctx, c.job, c.key, c.token); !errors.Is(err, sqlguard.ErrInvalid) {
 			t.Errorf("a nil Ledger's Claim = %v, want ErrInvalid", err)
 		}
-		if err := none.MarkDone(ctx, c.key, c.token); !errors.Is(err, sqlguard.ErrInvalid) {
+		if err := none.MarkDone(ctx, c.job, c.key, c.token); !errors.Is(err, sqlguard.ErrInvalid) {
 			t.Errorf("a nil Ledger's MarkDone = %v, want ErrInvalid", err)
 		}
-		if _, err := lg.Claim(ctx, c.key, c.token); !errors.Is(err, c.want) {
-			t.Errorf("Claim(%q, %d) = %v, want %v", c.key, c.token, err, c.want)
+		if _, err := lg.Claim(ctx, c.job, c.key, c.token); !errors.Is(err, c.want) {
+			t.Errorf("Claim(%q, %q, %d) = %v, want %v", c.job, c.key, c.token, err, c.want)
 		}
-		if err := lg.MarkDone(ctx, c.key, c.token); !errors.Is(err, c.want) {
-			t.Errorf("MarkDone(%q, %d) = %v, want %v", c.key, c.token, err, c.want)
+		if err := lg.MarkDone(ctx, c.job, c.key, c.token); !errors.Is(err, c.want) {
+			t.Errorf("MarkDone(%q, %q, %d) = %v, want %v", c.job, c.key, c.token, err, c.want)
 		}
+	}
+	if err := lg.MarkDoneTx(ctx, nil, "j", "k", 5); !errors.Is(err, sqlguard.ErrInvalid) {
+		t.Errorf("MarkDoneTx with a nil transaction = %v, want ErrInvalid (never the Ledger's own database)", err)
 	}
 }

@@ -7,6 +7,12 @@
 //     current token, and the newest token is unchanged.
 //   - EqualAndGreaterAreAccepted: the holder of the newest token checks
 //     again; a newer token becomes the newest, up to 2^63-1.
+//   - LargeTokensFitOrAreOutOfRange: every token up to Config.MaxToken
+//     (2^64-1 unless the checker documents less) is accepted and stored
+//     exactly; a valid token above it is refused with an error matching
+//     fencecheck.ErrTokenRange (not fence.ErrInvalidToken, not stale, not
+//     unknown), nothing changed, and a receiver (fencewire.Admit) answers
+//     it with fencewire.ProblemTokenRange (422), never as malformed.
 //   - BadInputIsRefused: token 0 (fence.ErrInvalidToken) and an empty
 //     resource name (fencecheck.ErrInvalidResource) change nothing.
 //   - ResourcesAreIndependent: a token accepted for one resource says
@@ -22,6 +28,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -29,6 +36,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/fencecheck"
+	"github.com/fencekit/fencekit/fencewire"
 	"github.com/fencekit/fencekit/guardtest"
 )
 
@@ -38,6 +46,10 @@ type Config struct {
 	// token it has accepted for a resource from its store (fence.None for
 	// none). Called once per check, from the check's goroutine. Required.
 	New func(t *testing.T) (c fencecheck.Checker, current func(ctx context.Context, resource string) (fence.Token, error))
+	// MaxToken is the largest token the checker stores, as it documents;
+	// it must refuse a larger one with fencecheck.ErrTokenRange. Zero:
+	// 2^64-1 (every token).
+	MaxToken fence.Token
 	// Checkers and ChecksPerChecker size the concurrent check. Defaults 4
 	// and 50.
 	Checkers, ChecksPerChecker int
@@ -61,12 +73,16 @@ func Run(t *testing.T, cfg Config) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 2 * time.Minute
 	}
+	if cfg.MaxToken == fence.None {
+		cfg.MaxToken = math.MaxUint64
+	}
 	for _, tc := range []struct {
 		name string
 		fn   func(*testing.T, Config)
 	}{
 		{"StaleIsRejected", testStale},
 		{"EqualAndGreaterAreAccepted", testEqualGreater},
+		{"LargeTokensFitOrAreOutOfRange", testLargeTokens},
 		{"BadInputIsRefused", testBadInput},
 		{"ResourcesAreIndependent", testIndependent},
 		{"ConcurrentChecksAreLinearizable", testConcurrent},
@@ -151,6 +167,49 @@ func testEqualGreater(t *testing.T, cfg Config) {
 	f.accept(r, 1<<63-1)
 	if err := f.c.Check(f.ctx, r, 1<<40); !errors.Is(err, fence.ErrStaleToken) {
 		t.Fatalf("Check(2^40) after 2^63-1 = %v; want stale", err)
+	}
+}
+
+func testLargeTokens(t *testing.T, cfg Config) {
+	f := setup(t, cfg)
+	r := resource("large")
+	f.accept(r, 5)
+	newest := fence.Token(5)
+	for _, tok := range []fence.Token{1<<53 + 1, 1<<63 - 1, 1 << 63, 1<<63 + 1, 1<<64 - 2, 1<<64 - 1} {
+		if tok <= cfg.MaxToken {
+			f.accept(r, tok)
+			newest = tok
+			continue
+		}
+		err := f.c.Check(f.ctx, r, tok)
+		switch {
+		case !errors.Is(err, fencecheck.ErrTokenRange):
+			t.Errorf("Check(%d), above the checker's MaxToken %d = %v; want fencecheck.ErrTokenRange", tok, cfg.MaxToken, err)
+		case errors.Is(err, fence.ErrInvalidToken) || errors.Is(err, fence.ErrStaleToken) || errors.Is(err, fence.ErrOutcomeUnknown):
+			t.Errorf("Check(%d) = %v; a valid token out of the checker's range is neither invalid, stale nor unknown", tok, err)
+		}
+		if got := f.read(r); got != newest {
+			t.Fatalf("a token out of range changed the stored token from %d to %d", newest, got)
+		}
+		// What a receiver answers: the distinct problem, never "malformed".
+		field, ferr := fencewire.Format(fencewire.Value{Resource: r, Token: tok})
+		if ferr != nil {
+			t.Fatalf("Format(%d): %v", tok, ferr)
+		}
+		_, ok, refusal, checkErr := fencewire.Admit(f.ctx, []string{field}, true, f.c)
+		switch {
+		case ok || refusal == nil:
+			t.Errorf("a receiver admitted token %d, above the checker's MaxToken %d", tok, cfg.MaxToken)
+		case refusal.Type != fencewire.ProblemTokenRange || refusal.Status != 422 || checkErr != nil:
+			t.Errorf("a receiver answers token %d with %+v (check error %v); want %s, 422", tok, *refusal, checkErr, fencewire.ProblemTokenRange)
+		case !errors.Is(refusal.Err(), fencecheck.ErrTokenRange) || !errors.Is(refusal.Err(), fencewire.ErrRejected) || errors.Is(refusal.Err(), fencewire.ErrMalformed):
+			t.Errorf("the client's error for token %d = %v; want fencewire.ErrRejected and fencecheck.ErrTokenRange, not malformed", tok, refusal.Err())
+		case refusal.Resource != r || refusal.Presented != tok.String():
+			t.Errorf("the refusal of token %d names %q, %q; want the resource and the token", tok, refusal.Resource, refusal.Presented)
+		}
+		if got := f.read(r); got != newest {
+			t.Fatalf("a refused token changed the stored token from %d to %d", newest, got)
+		}
 	}
 }
 
