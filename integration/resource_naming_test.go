@@ -11,7 +11,7 @@ import (
 	"github.com/fencekit/fencekit/fencecheck"
 	"github.com/fencekit/fencekit/fencehttp"
 	"github.com/fencekit/fencekit/fencewire"
-	"github.com/fencekit/fencekit/internal/redistest"
+	"github.com/fencekit/fencekit/lease/redislease/redistest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/redislease"
 )
