@@ -1,18 +1,29 @@
 #!/usr/bin/env bash
-# The module rule (issue 20): a program that imports one of fencekit's
-# library modules must not inherit another store's client. For each library
-# module, this builds a throwaway program that imports it (with the local
-# checkout's modules substituted through replace directives), runs
+# The module rule: a program that imports one of fencekit's library
+# modules must not inherit another store's client. For each library
+# module, this builds a throwaway program that imports it, runs
 # `go mod tidy`, and fails if `go list -m all` names a store client other
 # than the module's own; and fails if the module's own test binaries
 # (go list -deps -test) link another store's client, so that a backend's
 # or a guard's tests need only its own store.
 #
+# By default the program gets the checkout's modules through replace
+# directives. With --release, it gets them as a user does, at a release's
+# tags through git (scripts/consumer.sh passes the release clone, its
+# version and the go command's environment for it); the test binaries are
+# then not looked at again.
+#
 #   ./scripts/modrule.sh            # every library module
 #   ./scripts/modrule.sh sqlguard   # one (its directory)
+#   ./scripts/modrule.sh --release VERSION [dirs]   # in the environment consumer.sh sets
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+release=""
+if [ "${1:-}" = "--release" ]; then
+  release=${2:?--release needs a version}
+  shift 2
+fi
 
 # module directory | the package a user imports | the store clients it may bring
 rules=(
@@ -46,7 +57,7 @@ clients=(github.com/redis/go-redis github.com/jackc/pgx github.com/pressly/goose
   github.com/go-sql-driver/mysql modernc.org/sqlite)
 
 # Every module of the checkout, for replace directives.
-mapfile -t mods < <(GOWORK="$root/go.work" go list -m -f '{{.Path}} {{.Dir}}')
+[ -n "$release" ] || mapfile -t mods < <(GOWORK="$root/go.work" go list -m -f '{{.Path}} {{.Dir}}')
 
 failed=0
 for rule in "${rules[@]}"; do
@@ -58,10 +69,13 @@ for rule in "${rules[@]}"; do
     echo
     echo "go 1.26.0"
     echo
-    for m in "${mods[@]}"; do echo "replace ${m% *} => ${m#* }"; done
+    [ -n "$release" ] || for m in "${mods[@]}"; do echo "replace ${m% *} => ${m#* }"; done
   } >"$tmp/go.mod"
   printf 'package main\n\nimport _ "%s"\n\nfunc main() {}\n' "$pkg" >"$tmp/main.go"
-  if ! (cd "$tmp" && GOWORK=off GOFLAGS=-mod=mod go mod tidy >/dev/null 2>"$tmp/err"); then
+  if [ -n "$release" ] && ! (cd "$tmp" && GOWORK=off go get "$pkg@$release" >/dev/null 2>"$tmp/err"); then
+    echo "modrule: $dir: go get $pkg@$release failed:"; cat "$tmp/err"; failed=1; rm -rf "$tmp"; continue
+  fi
+  if ! (cd "$tmp" && GOWORK=off GOFLAGS="${GOFLAGS:-} -mod=mod" go mod tidy >/dev/null 2>"$tmp/err"); then
     echo "modrule: $dir: go mod tidy failed:"; cat "$tmp/err"; failed=1; rm -rf "$tmp"; continue
   fi
   graph=$(cd "$tmp" && GOWORK=off go list -m all)
@@ -73,6 +87,14 @@ for rule in "${rules[@]}"; do
   # The module's own tests need only its own store: no package of another
   # store's client in its test binaries (end-to-end writes through another
   # store's guard belong in integration/).
+  if [ -n "$release" ]; then
+    if [ ${#bad[@]} -gt 0 ]; then
+      echo "modrule: FAIL $dir@$release: a program importing $pkg inherits ${bad[*]}"; failed=1
+    else
+      echo "modrule: ok   $dir@$release: $(grep -c . <<<"$graph") modules, no other store's client"
+    fi
+    rm -rf "$tmp"; continue
+  fi
   deps=$(cd "$dir" && GOWORK="$root/go.work" go list -deps -test ./... 2>"$tmp/err") || {
     echo "modrule: $dir: go list -deps -test failed:"; cat "$tmp/err"; failed=1; rm -rf "$tmp"; continue; }
   testbad=()

@@ -83,29 +83,11 @@ git -C "$clone" config user.email "release@fencekit.invalid"
 base=$(git -C "$clone" rev-parse HEAD)
 say "release $version of $(git rev-parse --short HEAD) (previous: ${previous:-none}, a $kind release)"
 
-# The go command fetches our modules from the clone through git (as it
-# would from github.com), and every other module from the module proxy,
-# served first from this machine's module cache. A module cache of its own
-# keeps no earlier copy of a version of ours (they are removed from it
-# first); its place does not change, so that with -trimpath the build cache
-# serves every other module's packages from one run to the next.
-modcache="${XDG_CACHE_HOME:-$HOME/.cache}/fencekit/release-modcache"
-forget_ours() {
-  chmod -R u+w "$modcache" 2>/dev/null || true
-  rm -rf "$modcache/$fk_root_path"* "$modcache/cache/download/$fk_root_path" "$modcache/cache/vcs"
-}
-forget_ours
-goenv=(
-  GOWORK=off
-  GOFLAGS="-mod=mod -modcacherw -buildvcs=false -trimpath"
-  GOPRIVATE="$fk_root_path"
-  GONOSUMDB="$fk_root_path"
-  GOMODCACHE="$modcache"
-  GOPROXY="file://$(go env GOMODCACHE)/cache/download,$(go env GOPROXY)"
-  GIT_CONFIG_COUNT=1
-  GIT_CONFIG_KEY_0="url.$clone.insteadOf"
-  GIT_CONFIG_VALUE_0="https://$fk_root_path"
-)
+# The go command fetches our modules from the clone through git, every
+# other module from the module proxy (scripts/lib/modules.sh).
+fk_forget_ours
+fk_release_env "$clone"
+goenv=("${fk_env[@]}")
 
 cd "$clone"
 mapfile -t all < <(fk_topo)
@@ -154,7 +136,7 @@ done
 
 # 4. Checks, with a fresh module cache: every module builds and vets with
 # the workspace off, its siblings fetched at the tags.
-forget_ours
+fk_forget_ours
 for dir in "${order[@]}"; do
   say "check $dir: GOWORK=off go build ./... && go vet ./..."
   (cd "$dir" && env "${goenv[@]}" GOFLAGS="-mod=readonly -modcacherw -buildvcs=false -trimpath" go build ./... &&
@@ -195,7 +177,7 @@ else
     (cd "$old/$dir" && env "${oldenv[@]}" "$apidiff" -m -w "$x.old" "$path") 2>"$work/err" || {
       cat "$work/err" >&2; echo "release: apidiff could not read $dir at $previous" >&2; exit 1; }
   done
-  forget_ours
+  fk_forget_ours
   for dir in "${order[@]}"; do
     path=$(fk_module_path "$dir")
     x=$work/api/$(tr / _ <<<"$dir")

@@ -134,3 +134,40 @@ fk_workspace_pins() {
   for d in $(fk_modules); do args+=(-replace="$(fk_module_path "$d")@$version=./$d"); done
   go work edit "${args[@]}"
 }
+
+# Test kits: packages of library modules that are fencekit's own test
+# equipment (exported only because several modules' tests share them). A
+# consumer never imports them; the API report shows them like any package.
+fk_testkits=(lease/redislease/redistest lease/etcdlease/etcdtest dynamoguard/dynamotest)
+
+# The module cache the release and consumer checks use: a place of its
+# own, so that no earlier copy of a version of ours is ever reused (they
+# are removed from it first), that does not move, so that with -trimpath
+# the build cache serves every other module's packages from one run to the
+# next.
+fk_release_modcache="${XDG_CACHE_HOME:-$HOME/.cache}/fencekit/release-modcache"
+
+# fk_forget_ours: the release module cache holds no module of ours.
+fk_forget_ours() {
+  chmod -R u+w "$fk_release_modcache" 2>/dev/null || true
+  rm -rf "$fk_release_modcache/$fk_root_path" "$fk_release_modcache/$fk_root_path@"* \
+    "$fk_release_modcache/cache/download/$fk_root_path" "$fk_release_modcache/cache/vcs"
+}
+
+# fk_release_env CLONE: sets the array fk_env, the go command's environment
+# in which our modules are fetched from CLONE through git (as they would be
+# from github.com, by tag) and every other module from the module proxy,
+# served first from this machine's module cache; the workspace is off.
+fk_release_env() {
+  fk_env=(
+    GOWORK=off
+    GOFLAGS="-mod=mod -modcacherw -buildvcs=false -trimpath"
+    GOPRIVATE="$fk_root_path"
+    GONOSUMDB="$fk_root_path"
+    GOMODCACHE="$fk_release_modcache"
+    GOPROXY="file://$(go env GOMODCACHE)/cache/download,$(go env GOPROXY)"
+    GIT_CONFIG_COUNT=1
+    GIT_CONFIG_KEY_0="url.$1.insteadOf"
+    GIT_CONFIG_VALUE_0="https://$fk_root_path"
+  )
+}
