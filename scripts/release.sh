@@ -139,8 +139,8 @@ done
 fk_forget_ours
 for dir in "${order[@]}"; do
   say "check $dir: GOWORK=off go build ./... && go vet ./..."
-  (cd "$dir" && env "${goenv[@]}" GOFLAGS="-mod=readonly -modcacherw -buildvcs=false -trimpath" go build ./... &&
-    env "${goenv[@]}" GOFLAGS="-mod=readonly -modcacherw -buildvcs=false -trimpath" go vet ./...) 2>"$work/err" || {
+  (cd "$dir" && env "${goenv[@]}" GOFLAGS="-mod=readonly -modcacherw -buildvcs=false" go build ./... &&
+    env "${goenv[@]}" GOFLAGS="-mod=readonly -modcacherw -buildvcs=false" go vet ./...) 2>"$work/err" || {
     cat "$work/err" >&2; echo "release: $dir does not build or vet on its own at $version" >&2; exit 1; }
 done
 [ -z "$(git status --porcelain)" ] || { git status --short >&2; echo "release: the checks changed files (go.mod or go.sum not final)" >&2; exit 1; }

@@ -142,7 +142,7 @@ fk_testkits=(lease/redislease/redistest lease/etcdlease/etcdtest dynamoguard/dyn
 
 # The module cache the release and consumer checks use: a place of its
 # own, so that no earlier copy of a version of ours is ever reused (they
-# are removed from it first), that does not move, so that with -trimpath
+# are removed from it first), that does not move, so that
 # the build cache serves every other module's packages from one run to the
 # next.
 fk_release_modcache="${XDG_CACHE_HOME:-$HOME/.cache}/fencekit/release-modcache"
@@ -161,7 +161,7 @@ fk_forget_ours() {
 fk_release_env() {
   fk_env=(
     GOWORK=off
-    GOFLAGS="-mod=mod -modcacherw -buildvcs=false -trimpath"
+    GOFLAGS="-mod=mod -modcacherw -buildvcs=false"
     GOPRIVATE="$fk_root_path"
     GONOSUMDB="$fk_root_path"
     GOMODCACHE="$fk_release_modcache"
