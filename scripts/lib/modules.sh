@@ -142,7 +142,7 @@ fk_testkits=(lease/redislease/redistest lease/etcdlease/etcdtest dynamoguard/dyn
 
 # The module cache the release and consumer checks use: a place of its
 # own, so that no earlier copy of a version of ours is ever reused (they
-# are removed from it first), that does not move, so that
+# are removed from it first), and that does not move, so that
 # the build cache serves every other module's packages from one run to the
 # next.
 fk_release_modcache="${XDG_CACHE_HOME:-$HOME/.cache}/fencekit/release-modcache"
@@ -161,6 +161,10 @@ fk_forget_ours() {
 fk_release_env() {
   fk_env=(
     GOWORK=off
+    # The go command indexes a module cache's modules once by path and
+    # version, as if their files never changed; ours do, from one dry run
+    # to the next, so the index is off.
+    GODEBUG=goindex=0
     GOFLAGS="-mod=mod -modcacherw -buildvcs=false"
     GOPRIVATE="$fk_root_path"
     GONOSUMDB="$fk_root_path"
