@@ -43,16 +43,19 @@ if [ ${#pkgs[@]} -eq 0 ]; then
 fi
 
 # The module rule: a program that imports one library module inherits no
-# other store's client (scripts/modrule.sh).
-# It waits on go mod tidy and the module cache, so it runs beside go vet
-# (which is busy compiling) and is waited for before the tests.
-modrule_pid=""
-modrule_log=""
+# other store's client (scripts/modrule.sh). And the release as a user
+# meets it: the committed checkout published in a throwaway clone with the
+# release's tags, installed from outside the repository by the README's
+# install lines (scripts/consumer.sh). Both wait on go mod tidy, git and
+# the module cache more than on the CPU, so they run beside go vet and are
+# waited for before the tests.
+checks_pid=""
+checks_log=""
 if [ $# -eq 0 ]; then
-  echo "+ ./scripts/modrule.sh &   (its output follows go vet's)"
-  modrule_log=$(mktemp "${TMPDIR:-/tmp}/fencekit-modrule.XXXXXX")
-  ./scripts/modrule.sh >"$modrule_log" 2>&1 &
-  modrule_pid=$!
+  echo "+ ./scripts/modrule.sh && ./scripts/consumer.sh &   (their output follows go vet's)"
+  checks_log=$(mktemp "${TMPDIR:-/tmp}/fencekit-checks.XXXXXX")
+  { ./scripts/modrule.sh && ./scripts/consumer.sh; } >"$checks_log" 2>&1 &
+  checks_pid=$!
 fi
 
 # A first run builds versitygw (for S3) while go vet compiles the packages:
@@ -62,7 +65,7 @@ if [ -z "${FENCE_S3_ENDPOINT:-}" ]; then
   install_versitygw >/dev/null &
   build_pid=$!
 fi
-trap '[ -z "$build_pid" ] || kill "$build_pid" 2>/dev/null; [ -z "$modrule_pid" ] || kill "$modrule_pid" 2>/dev/null; [ -z "$modrule_log" ] || rm -f "$modrule_log"; stop_s3; stop_dynamodb' EXIT
+trap '[ -z "$build_pid" ] || kill "$build_pid" 2>/dev/null; [ -z "$checks_pid" ] || kill "$checks_pid" 2>/dev/null; [ -z "$checks_log" ] || rm -f "$checks_log"; stop_s3; stop_dynamodb' EXIT
 
 # DynamoDB Local (dynamoguard, lease/dynamolease) dies with this script.
 # Started now, its Java start-up overlaps go vet instead of delaying the
@@ -88,13 +91,13 @@ fi
 echo "+ staticcheck ${pkgs[*]}"
 "$staticcheck" "${pkgs[@]}"
 
-if [ -n "$modrule_pid" ]; then
-  echo "+ wait for ./scripts/modrule.sh"
-  modrule_rc=0
-  wait "$modrule_pid" || modrule_rc=$?
-  modrule_pid=""
-  cat "$modrule_log"
-  [ "$modrule_rc" -eq 0 ] || { log "modrule: the module rule failed (see above)"; exit 1; }
+if [ -n "$checks_pid" ]; then
+  echo "+ wait for ./scripts/modrule.sh && ./scripts/consumer.sh"
+  checks_rc=0
+  wait "$checks_pid" || checks_rc=$?
+  checks_pid=""
+  cat "$checks_log"
+  [ "$checks_rc" -eq 0 ] || { log "the module rule or the consumer check failed (see above)"; exit 1; }
 fi
 
 if [ -n "$build_pid" ]; then
