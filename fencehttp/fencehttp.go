@@ -171,6 +171,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		err = ErrTwoTokens
 	case !ok && !has && t.Require:
 		err = ErrNoToken
+	//lint:ignore SA1019 http.Client marks a request it times out by setting this deprecated field: reading it is how the Transport tells.
 	case fenced && req.Cancel != nil:
 		err = ErrClientTimeout
 	case fenced && req.Context().Err() != nil:
