@@ -185,6 +185,8 @@ const (
 	myLockWaitTimeout = 1205 // ER_LOCK_WAIT_TIMEOUT
 	myNoSuchTable     = 1146 // ER_NO_SUCH_TABLE
 	myBadField        = 1054 // ER_BAD_FIELD_ERROR
+	myOutOfRange      = 1264 // ER_WARN_DATA_OUT_OF_RANGE, an error in strict mode
+	myTxInProgress    = 1568 // ER_CANT_CHANGE_TX_CHARACTERISTICS
 
 	sqliteError      = 1
 	sqliteBusy       = 5
@@ -279,6 +281,32 @@ func (d Dialect) dupKey(err error) bool {
 		return c == 1555 || c == 2067
 	}
 	return false
+}
+
+// uniqueName says which unique index a unique-constraint violation err
+// was on: the index MySQL names, or the columns of the constraint SQLite
+// names ("another unique index" when the message names neither).
+func (d Dialect) uniqueName(err error) string {
+	msg := err.Error()
+	if d == MySQL {
+		// "Duplicate entry 'v' for key 'name'" (MySQL 8: 'table.name');
+		// the value may hold anything, the name is last.
+		if i := strings.LastIndex(msg, " for key '"); i >= 0 && strings.HasSuffix(msg, "'") {
+			return "unique index " + d.quote(msg[i+len(" for key '"):len(msg)-1])
+		}
+		return "another unique index"
+	}
+	// "UNIQUE constraint failed: t.a, t.b", and modernc.org/sqlite's code
+	// after it: "... t.a (2067)".
+	i := strings.LastIndex(msg, "constraint failed: ")
+	if i < 0 {
+		return "another unique index"
+	}
+	cols := msg[i+len("constraint failed: "):]
+	if j := strings.LastIndex(cols, " ("); j >= 0 {
+		cols = cols[:j]
+	}
+	return "the unique constraint on " + cols
 }
 
 // wrapDBErr wraps a database error from op, turning deadlocks, lock
