@@ -93,8 +93,14 @@ var ErrNotFound = errors.New("dbguard: row not found")
 var ErrExists = errors.New("dbguard: row already exists")
 
 // ErrAmbiguousKey is returned by a Table write when the key matches more
-// than one row: the key columns are not the primary key or a unique key.
-// Nothing was written.
+// than one row: the key columns are not the primary key or a unique key,
+// or the database matches the key's value against several rows (MySQL
+// compares a number with a VARCHAR key as numbers; SQLite compares with
+// the key column's collation, which may be coarser than the unique
+// index's); and by Insert and Upsert when no unique index has exactly the
+// key columns. Nothing was written, except in one case the error then
+// says: at READ COMMITTED, a row the key matches inserted while the
+// success path's statement ran.
 var ErrAmbiguousKey = errors.New("dbguard: key matches more than one row")
 
 // ErrRetryable is matched (through a *RetryableError) by failures that say
@@ -103,7 +109,9 @@ var ErrAmbiguousKey = errors.New("dbguard: key matches more than one row")
 // SQLite's SQLITE_BUSY and SQLITE_LOCKED (another writer held the
 // database longer than the busy timeout), and a row with the key created
 // by another transaction while this write looked for it. Never returned
-// for a stale token. Use IsRetryable to test any error.
+// for a stale token, nor for a row that collides with another on a unique
+// index other than the key's (that never clears: the database's error is
+// returned, naming the index). Use IsRetryable to test any error.
 var ErrRetryable = errors.New("dbguard: retryable conflict")
 
 // ErrInvalid is returned, before any I/O, for an argument that cannot be
@@ -119,7 +127,9 @@ var ErrInvalid = errors.New("dbguard: invalid argument")
 // 2^53 to one value, so a stale token would compare equal to a newer one;
 // INT overflows; a signed BIGINT cannot hold tokens above 2^63-1); on
 // SQLite a column whose declared type has no INTEGER affinity, or a row
-// whose lock_version is not stored as an integer.
+// whose lock_version is not stored as an integer. The table checked is the
+// one the write reaches (see the package doc, "One statement on the
+// success path").
 var ErrLockVersionType = errors.New("dbguard: lock_version column cannot hold every token")
 
 // ErrNoLockVersion is returned by a Table write when the table has no

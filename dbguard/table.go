@@ -35,9 +35,10 @@ func Col(name string, value any) Column { return Column{Name: name, Value: value
 // token: one statement when it succeeds; a short transaction that locks
 // the row and says why when it does not (see the package doc).
 //
-// A Table holds names, its dialect, the statements it built and what it
-// learned about the table at its first write; it is safe for concurrent
-// use.
+// A Table holds names, its dialect, the statements it built and what its
+// first write's check found (a setup check: each write's statement checks
+// the row it reaches itself); it is safe for concurrent use, and on
+// several databases.
 type Table struct {
 	d        Dialect
 	name     string // for messages: db.table or table
@@ -186,8 +187,8 @@ func (t *Table) KeyColumns() []string { return slices.Clone(t.keys) }
 // (fence.ErrInvalidToken), or an ErrInvalid (among them a NULL key value).
 // ctx bounds the whole write.
 //
-// db may be a *sql.DB or *sql.Conn (the write commits on its own) or a
-// *sql.Tx (the row stays locked, and the write can still be rolled back,
+// db may be a *sql.DB or *sql.Conn (the write commits on its own, with
+// autocommit off too: see the package doc) or a *sql.Tx (the row stays locked, and the write can still be rolled back,
 // until the transaction ends). Any other DBTX is taken to be a
 // transaction.
 func (t *Table) Update(ctx context.Context, db DBTX, token fence.Token, key []any, set ...Column) error {
@@ -202,7 +203,9 @@ func (t *Table) Update(ctx context.Context, db DBTX, token fence.Token, key []an
 // matching ErrExists when it exists with a lock_version <= token; an error
 // matching ErrRetryable when a row with the key was created by another
 // transaction while this one looked for it (try again to learn which case
-// it is), or on a deadlock or busy database; other errors as for Update.
+// it is), or on a deadlock or busy database; the database's error (not
+// retryable), naming the index, when the row collides with another on a
+// unique index other than the key's; other errors as for Update.
 // The table needs a unique index on exactly the key columns
 // (ErrAmbiguousKey otherwise). ctx bounds the whole write.
 func (t *Table) Insert(ctx context.Context, db DBTX, token fence.Token, key []any, cols ...Column) error {
@@ -217,8 +220,9 @@ func (t *Table) Insert(ctx context.Context, db DBTX, token fence.Token, key []an
 // It returns nil when the row was inserted or updated; a *fence.StaleError
 // when the row's lock_version is newer than token; an error matching
 // ErrRetryable when another transaction created the row while this one
-// looked for it, or on a deadlock or busy database; other errors as for
-// Update. The table needs a unique index on exactly the key columns.
+// looked for it, or on a deadlock or busy database; the database's error,
+// naming the index, when a new row collides with another on a unique
+// index other than the key's; other errors as for Update. The table needs a unique index on exactly the key columns.
 func (t *Table) Upsert(ctx context.Context, db DBTX, token fence.Token, key []any, cols ...Column) error {
 	return t.write(ctx, kindUpsert, db, token, key, cols)
 }
