@@ -751,16 +751,15 @@ func (t *Table) writeSQL(kind writeKind, cols []Column, f form) string {
 	mysql := t.d == MySQL
 	checked := mysql && f != afterLock // the exact-number, strictness and range checks
 	if kind == kindInsert {
-		ins := t.insertSQL(cols)
+		into, values := t.insertParts(cols)
 		if !checked {
-			return ins
+			return into + " VALUES (" + values + ")"
 		}
 		cond := mysqlStrict
 		if f == onItsOwn {
 			cond += " AND " + mysqlAutocommit
 		}
-		values := strings.Index(ins, " VALUES (")
-		return ins[:values] + " SELECT " + ins[values+len(" VALUES ("):len(ins)-1] + " FROM DUAL WHERE " + cond
+		return into + " SELECT " + values + " FROM DUAL WHERE " + cond
 	}
 	lv := t.d.quote(LockVersionColumn)
 	cond := " WHERE " + t.where + " AND " + lv + " <= ?"
@@ -792,6 +791,13 @@ func (t *Table) writeSQL(kind writeKind, cols []Column, f form) string {
 
 // insertSQL builds INSERT INTO t (keys..., cols..., lock_version) VALUES (?, ...).
 func (t *Table) insertSQL(cols []Column) string {
+	into, values := t.insertParts(cols)
+	return into + " VALUES (" + values + ")"
+}
+
+// insertParts returns "INSERT INTO t (keys..., cols..., lock_version)" and
+// its placeholders, "?, ?, ...".
+func (t *Table) insertParts(cols []Column) (into, values string) {
 	names := make([]string, 0, len(t.keys)+len(cols)+1)
 	for _, k := range t.keys {
 		names = append(names, t.d.quote(k))
@@ -800,8 +806,8 @@ func (t *Table) insertSQL(cols []Column) string {
 		names = append(names, t.d.quote(c.Name))
 	}
 	names = append(names, t.d.quote(LockVersionColumn))
-	return "INSERT INTO " + t.ident + " (" + strings.Join(names, ", ") + ") VALUES (" +
-		strings.TrimSuffix(strings.Repeat("?, ", len(names)), ", ") + ")"
+	return "INSERT INTO " + t.ident + " (" + strings.Join(names, ", ") + ")",
+		strings.TrimSuffix(strings.Repeat("?, ", len(names)), ", ")
 }
 
 // selectSQL reads the lock_version of the rows with the key (two at most):
