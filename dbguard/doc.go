@@ -167,8 +167,11 @@
 // set that transaction's isolation level while the session has one open:
 // the guard commits the session's open transaction first, as START
 // TRANSACTION itself would. Write through a *sql.Tx to keep your own
-// statements out of it. A transaction you began with SQL on a *sql.Conn
-// (autocommit on) is refused with an error that says so.
+// statements out of it. A transaction begun with SQL (START TRANSACTION)
+// on a *sql.Conn is not seen by the success path: the write joins it and
+// is committed when that transaction is; where the write needs the
+// rejection path, it is refused with an error that says so. Begin it with
+// BeginTx and pass the *sql.Tx.
 //
 // # The lock_version column
 //
