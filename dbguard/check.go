@@ -11,26 +11,20 @@ import (
 // info returns what the table's first check found, checking it now if no
 // check has succeeded yet: that the table exists, that its lock_version
 // column can hold every token, and whether a unique index has exactly the
-// key columns. One or two catalog reads at the table's first write (and
-// again after a failed check); nothing of the write is sent before.
+// key columns. One catalog read at the table's first write on MySQL, one
+// or two on SQLite (and again after a failed check); nothing of the write
+// is sent before.
 //
-// What the check learned is not read again: a lock_version column altered
-// to another type afterwards is seen only by the rejection path (which
-// reads the stored value and refuses one that is not an integer), and a
-// unique index dropped afterwards only when a write reaches several rows.
+// It is a setup check, kept by the Table, and nothing safe rests on it: a
+// Table may be used on several databases, and a table may be altered
+// after its first write. Each write's statement checks, itself, what its
+// tokens need of the row it reaches (see writeSQL), and the rejection
+// path reads the catalog again (readCatalog) in its transaction.
 func (t *Table) info(ctx context.Context, op string, db DBTX) (*tableInfo, error) {
 	if ti := t.checked.Load(); ti != nil {
 		return ti, nil
 	}
-	var (
-		ti  *tableInfo
-		err error
-	)
-	if t.d == MySQL {
-		ti, err = t.checkMySQL(ctx, op, db)
-	} else {
-		ti, err = t.checkSQLite(ctx, op, db)
-	}
+	ti, err := t.readCatalog(ctx, op, db)
 	if err != nil {
 		return nil, err
 	}
@@ -38,29 +32,46 @@ func (t *Table) info(ctx context.Context, op string, db DBTX) (*tableInfo, error
 	return ti, nil
 }
 
+// readCatalog reads the catalog of the table that db reaches now: ErrNoTable,
+// ErrNoLockVersion or ErrLockVersionType when it is not fit, and whether a
+// unique index has exactly the key columns.
+func (t *Table) readCatalog(ctx context.Context, op string, db DBTX) (*tableInfo, error) {
+	if t.d == MySQL {
+		return t.checkMySQL(ctx, op, db)
+	}
+	return t.checkSQLite(ctx, op, db)
+}
+
 // mysqlSchema is the database of an information_schema query: the
 // Table's, or the connection's current one.
 const mysqlSchema = "TABLE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND TABLE_NAME = ?"
 
+// checkMySQL is one catalog read: the table's columns, lock_version's
+// type, and whether a unique index has exactly the key columns (compared
+// by the catalog, as MySQL compares column names: without case).
 func (t *Table) checkMySQL(ctx context.Context, op string, db DBTX) (*tableInfo, error) {
+	keys := strings.TrimSuffix(strings.Repeat("?, ", len(t.keys)), ", ")
+	args := []any{t.database, t.table, len(t.keys)}
+	for _, k := range t.keys {
+		args = append(args, k)
+	}
+	args = append(args, len(t.keys), t.database, t.table)
 	var ncols int
 	var dataType, colType string
+	var unique bool
 	err := db.QueryRowContext(ctx, `SELECT COUNT(*),
 		COALESCE(MAX(CASE WHEN COLUMN_NAME = 'lock_version' THEN DATA_TYPE END), ''),
-		COALESCE(MAX(CASE WHEN COLUMN_NAME = 'lock_version' THEN COLUMN_TYPE END), '')
-		FROM information_schema.COLUMNS WHERE `+mysqlSchema, t.database, t.table).Scan(&ncols, &dataType, &colType)
+		COALESCE(MAX(CASE WHEN COLUMN_NAME = 'lock_version' THEN COLUMN_TYPE END), ''),
+		EXISTS (SELECT 1 FROM information_schema.STATISTICS WHERE `+mysqlSchema+` AND NON_UNIQUE = 0
+			GROUP BY INDEX_NAME HAVING COUNT(*) = ? AND SUM(COLUMN_NAME IN (`+keys+`)) = ?)
+		FROM information_schema.COLUMNS WHERE `+mysqlSchema, args...).Scan(&ncols, &dataType, &colType, &unique)
 	if err != nil {
 		return nil, t.d.wrapDBErr(op+": check the table", err)
 	}
 	if err := t.checkColumn(op, ncols, colType, strings.EqualFold(dataType, "bigint") && strings.Contains(strings.ToLower(colType), "unsigned"), "BIGINT UNSIGNED"); err != nil {
 		return nil, err
 	}
-	rows, err := db.QueryContext(ctx, `SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS
-		WHERE `+mysqlSchema+` AND NON_UNIQUE = 0 ORDER BY INDEX_NAME, SEQ_IN_INDEX`, t.database, t.table)
-	if err != nil {
-		return nil, t.d.wrapDBErr(op+": check the table's indexes", err)
-	}
-	return t.uniqueFrom(op, rows)
+	return &tableInfo{unique: unique}, nil
 }
 
 func (t *Table) checkSQLite(ctx context.Context, op string, db DBTX) (*tableInfo, error) {
@@ -170,21 +181,36 @@ func sameSet(a, b []string) bool {
 	return slices.Equal(a, b)
 }
 
-// noLockVersion returns an error matching ErrNoLockVersion when err says
-// that the column lock_version does not exist (dropped after the table's
-// first check), and nil otherwise.
-func (t *Table) noLockVersion(op string, err error) error {
-	missing := false
+// schemaErr returns the error of the Table's setup that a statement's
+// failure err says, or nil: the table is missing (ErrNoTable), or its
+// lock_version column (ErrNoLockVersion: dropped after the table's first
+// check, or never there in the database this statement reached), or the
+// column cannot hold the token (ErrLockVersionType: MySQL's "out of range"
+// in strict mode; nothing was written). What the first check learned is
+// dropped when the table or column is missing, so that the next write
+// checks again.
+func (t *Table) schemaErr(op string, err error) error {
+	var noTable, noColumn, outOfRange bool
 	if n, ok := mysqlNumber(err); ok && t.d == MySQL {
-		missing = n == myBadField && strings.Contains(err.Error(), "'"+LockVersionColumn+"'")
+		noTable = n == myNoSuchTable
+		noColumn = n == myBadField && strings.Contains(err.Error(), "'"+LockVersionColumn+"'")
+		outOfRange = n == myOutOfRange && strings.Contains(err.Error(), "'"+LockVersionColumn+"'")
 	}
-	if c, ok := sqliteCode(err); ok && t.d == SQLite {
-		missing = c&0xff == sqliteError && strings.Contains(err.Error(), "no such column: "+LockVersionColumn)
+	if c, ok := sqliteCode(err); ok && t.d == SQLite && c&0xff == sqliteError {
+		noTable = strings.Contains(err.Error(), "no such table")
+		noColumn = strings.Contains(err.Error(), "no such column: "+LockVersionColumn)
 	}
-	if !missing {
-		return nil
+	switch {
+	case noTable:
+		t.checked.Store(nil)
+		return fmt.Errorf("dbguard: %s: %w: %s: %w", op, ErrNoTable, t.name, err)
+	case noColumn:
+		t.checked.Store(nil)
+		return fmt.Errorf("dbguard: %s: %w: add it to %s with `fencekit migrate add-lock-version --dialect %s --table %s --apply`: %w",
+			op, ErrNoLockVersion, t.name, t.d, t.name, err)
+	case outOfRange:
+		return fmt.Errorf("dbguard: %s: %w: %s.%s cannot hold the token (want BIGINT UNSIGNED): %w",
+			op, ErrLockVersionType, t.name, LockVersionColumn, err)
 	}
-	t.checked.Store(nil)
-	return fmt.Errorf("dbguard: %s: %w: add it to %s with `fencekit migrate add-lock-version --dialect %s --table %s --apply`: %w",
-		op, ErrNoLockVersion, t.name, t.d, t.name, err)
+	return nil
 }

@@ -93,8 +93,14 @@ var ErrNotFound = errors.New("dbguard: row not found")
 var ErrExists = errors.New("dbguard: row already exists")
 
 // ErrAmbiguousKey is returned by a Table write when the key matches more
-// than one row: the key columns are not the primary key or a unique key.
-// Nothing was written.
+// than one row: the key columns are not the primary key or a unique key,
+// or the database matches the key's value against several rows (MySQL
+// compares a number with a VARCHAR key as numbers; SQLite compares with
+// the key column's collation, which may be coarser than the unique
+// index's); and by Insert and Upsert when no unique index has exactly the
+// key columns. Nothing was written, except in one case the error then
+// says: at READ COMMITTED, a row the key matches inserted while the
+// success path's statement ran.
 var ErrAmbiguousKey = errors.New("dbguard: key matches more than one row")
 
 // ErrRetryable is matched (through a *RetryableError) by failures that say
@@ -103,7 +109,9 @@ var ErrAmbiguousKey = errors.New("dbguard: key matches more than one row")
 // SQLite's SQLITE_BUSY and SQLITE_LOCKED (another writer held the
 // database longer than the busy timeout), and a row with the key created
 // by another transaction while this write looked for it. Never returned
-// for a stale token. Use IsRetryable to test any error.
+// for a stale token, nor for a row that collides with another on a unique
+// index other than the key's (that never clears: the database's error is
+// returned, naming the index). Use IsRetryable to test any error.
 var ErrRetryable = errors.New("dbguard: retryable conflict")
 
 // ErrInvalid is returned, before any I/O, for an argument that cannot be
@@ -119,7 +127,9 @@ var ErrInvalid = errors.New("dbguard: invalid argument")
 // 2^53 to one value, so a stale token would compare equal to a newer one;
 // INT overflows; a signed BIGINT cannot hold tokens above 2^63-1); on
 // SQLite a column whose declared type has no INTEGER affinity, or a row
-// whose lock_version is not stored as an integer.
+// whose lock_version is not stored as an integer. The table checked is the
+// one the write reaches (see the package doc, "One statement on the
+// success path").
 var ErrLockVersionType = errors.New("dbguard: lock_version column cannot hold every token")
 
 // ErrNoLockVersion is returned by a Table write when the table has no
@@ -185,6 +195,8 @@ const (
 	myLockWaitTimeout = 1205 // ER_LOCK_WAIT_TIMEOUT
 	myNoSuchTable     = 1146 // ER_NO_SUCH_TABLE
 	myBadField        = 1054 // ER_BAD_FIELD_ERROR
+	myOutOfRange      = 1264 // ER_WARN_DATA_OUT_OF_RANGE, an error in strict mode
+	myTxInProgress    = 1568 // ER_CANT_CHANGE_TX_CHARACTERISTICS
 
 	sqliteError      = 1
 	sqliteBusy       = 5
@@ -279,6 +291,32 @@ func (d Dialect) dupKey(err error) bool {
 		return c == 1555 || c == 2067
 	}
 	return false
+}
+
+// uniqueName says which unique index a unique-constraint violation err
+// was on: the index MySQL names, or the columns of the constraint SQLite
+// names ("another unique index" when the message names neither).
+func (d Dialect) uniqueName(err error) string {
+	msg := err.Error()
+	if d == MySQL {
+		// "Duplicate entry 'v' for key 'name'" (MySQL 8: 'table.name');
+		// the value may hold anything, the name is last.
+		if i := strings.LastIndex(msg, " for key '"); i >= 0 && strings.HasSuffix(msg, "'") {
+			return "unique index " + d.quote(msg[i+len(" for key '"):len(msg)-1])
+		}
+		return "another unique index"
+	}
+	// "UNIQUE constraint failed: t.a, t.b", and modernc.org/sqlite's code
+	// after it: "... t.a (2067)".
+	i := strings.LastIndex(msg, "constraint failed: ")
+	if i < 0 {
+		return "another unique index"
+	}
+	cols := msg[i+len("constraint failed: "):]
+	if j := strings.LastIndex(cols, " ("); j >= 0 {
+		cols = cols[:j]
+	}
+	return "the unique constraint on " + cols
 }
 
 // wrapDBErr wraps a database error from op, turning deadlocks, lock

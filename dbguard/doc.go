@@ -56,7 +56,11 @@
 // error matching ErrRetryable (see IsRetryable), an error matching
 // fence.ErrOutcomeUnknown (below), or a database error wrapped with %w so
 // that errors.As finds the driver's error. A rejected write changed
-// nothing. Bad input is refused before any I/O: a token that is 0, or
+// nothing. An Insert or Upsert whose row collides with another on a unique
+// index other than the key's (an email column, say) gets the database's
+// error, naming the index (MySQL) or the constraint's columns (SQLite):
+// never ErrRetryable, which is kept for a row with the key created by
+// another transaction at the same time. Bad input is refused before any I/O: a token that is 0, or
 // above 2^63-1 on SQLite (its integers are signed 64-bit), matches
 // fence.ErrInvalidToken; an unknown dialect, a nil database, an empty,
 // over-long or NUL-containing identifier, a column given twice, a key
@@ -97,23 +101,48 @@
 //
 // # One statement on the success path, the exact answer on the rejection path
 //
-// At a Table's first write, the guard reads the catalog once
-// (information_schema on MySQL, pragma_table_info and pragma_index_list on
-// SQLite): that the table exists, that lock_version can hold every token,
-// and whether a unique index (or the primary key) has exactly the key
-// columns. With one, each write is first sent as the plain statement with
-// "lock_version <= ?" added to its condition (an Insert: the plain
-// INSERT). When it reports one row written, that is the whole write: one
-// statement, as many round trips as the unfenced statement. When it
-// writes nothing, which says nothing about why, the rejection path runs a
-// short transaction that locks the row, reads its lock_version and writes
-// or says exactly why not (stale, missing, exists).
+// At a Table's first write, the guard reads the catalog (information_schema
+// on MySQL, pragma_table_info and pragma_index_list on SQLite): that the
+// table exists, that lock_version can hold every token, and whether a
+// unique index (or the primary key) has exactly the key columns, which
+// Insert and Upsert need. That is a setup check, and nothing safe rests on
+// it: a Table may write to several databases, and a table may be altered
+// after its first write.
+//
+// Each write is first sent as one statement: the plain statement with the
+// key and "lock_version <= ?" in its condition, and with the checks its
+// tokens need of the row it reaches, made by the statement itself:
+//
+//   - fewer than two rows have the key: a key the database matches against
+//     several rows changes none of them (MySQL and MariaDB compare a
+//     number with a VARCHAR key as numbers, even in strict mode, so 1
+//     matches '1' and '01'; SQLite compares with the key column's
+//     collation, which may be coarser than the unique index's);
+//   - lock_version is an exact number (MySQL) or the stored value an
+//     integer (SQLite), so that tokens compare exactly;
+//   - MySQL: the session is strict (sql_mode has STRICT_TRANS_TABLES or
+//     STRICT_ALL_TABLES), and an UPDATE stores 2^64-1 before the token, so
+//     that a column that cannot hold every token (INT, a signed BIGINT)
+//     fails the statement: ErrLockVersionType, nothing written (in a
+//     session that is not strict, every write takes the rejection path);
+//   - MySQL, through a *sql.DB or *sql.Conn: autocommit is on, so that the
+//     statement has committed when it returns.
+//
+// An Insert's INSERT has no row to check: on MySQL it checks the session
+// (strict, and autocommit outside a transaction) and nothing else. When
+// the statement reports one row written, that is the whole write: one
+// statement, as many round trips as the unfenced statement. When it writes
+// nothing, which says nothing about why, the rejection path runs a short
+// transaction that locks the row, reads its lock_version, reads the
+// catalog again (of the table it reached, now), and writes or says exactly
+// why not (stale, missing, exists, ambiguous, the column's type).
 //
 // MySQL's "rows affected" counts changed rows unless the client sets
 // clientFoundRows: a write of identical values with the same token
 // reports 0, as a stale one does. dbguard never reads 0 as stale: the
-// rejection path decides from the locked row, so the identical rewrite is
-// accepted (two more round trips) with or without clientFoundRows.
+// rejection path decides from the locked row, and after a write that
+// reports 0 it reads the locked row again, so the identical rewrite is
+// accepted with or without clientFoundRows.
 //
 // The rejection path's transaction: on MySQL at READ COMMITTED with
 // SELECT ... FOR UPDATE (a locking read sees the newest committed row, not
@@ -128,6 +157,22 @@
 // DELETE only), so the exact answer cannot come from the write itself as
 // in sqlguard; the locking read in one transaction gives it instead.
 //
+// # Autocommit off
+//
+// With autocommit off (a DSN's autocommit=0, or the server's autocommit
+// setting), every statement opens a transaction that stays open on the
+// pooled connection until something commits it. A Table write through a
+// *sql.DB or *sql.Conn then takes the rejection path's transaction, whose
+// COMMIT makes the write durable before nil is returned. MySQL refuses to
+// set that transaction's isolation level while the session has one open:
+// the guard commits the session's open transaction first, as START
+// TRANSACTION itself would. Write through a *sql.Tx to keep your own
+// statements out of it. A transaction begun with SQL (START TRANSACTION)
+// on a *sql.Conn is not seen by the success path: the write joins it and
+// is committed when that transaction is; where the write needs the
+// rejection path, it is refused with an error that says so. Begin it with
+// BeginTx and pass the *sql.Tx.
+//
 // # The lock_version column
 //
 // On MySQL it must be BIGINT UNSIGNED: a DOUBLE rounds two tokens above
@@ -135,11 +180,15 @@
 // INT overflows, a signed BIGINT cannot hold tokens above 2^63-1 and
 // DECIMAL or text compare in ways the guard does not read back. On SQLite
 // its declared type must have INTEGER affinity (it contains "INT",
-// https://sqlite.org/datatype3.html), and every fast-path write also
-// checks typeof(lock_version) = 'integer'. Any other type: ErrLockVersionType,
-// nothing written. What the first write learned is kept by the Table: a
-// column altered afterwards is seen only by the rejection path, which
-// refuses a stored value that is not an integer.
+// https://sqlite.org/datatype3.html). Any other type: ErrLockVersionType,
+// nothing written, from the first write's check, from a statement's own
+// checks, or from the rejection path's catalog read. Two gaps are left
+// where the type is not one of these and no check sees it in time: a
+// statement's own checks accept a DECIMAL(p,0) wide enough for 2^64-1 on
+// MySQL and an integer stored in a NUMERIC or BLOB column on SQLite (each
+// compares and stores every token exactly), and an Insert that writes a
+// new row, which has no row to check, writes it (every later write of
+// that row is refused).
 //
 // # Isolation levels and locks
 //
@@ -169,9 +218,12 @@
 // A Table write that succeeds: one statement (with go-sql-driver/mysql and
 // no interpolateParams, a statement with arguments is prepared, executed
 // and closed: two round trips, as for the unfenced statement), plus the
-// catalog reads at a Table's first write. A rejected write, or one
-// without a unique index on the key: the rejection path's transaction
-// (begin, the locking read, the write if it may, commit). Guard.BeginFunc
+// catalog read at a Table's first write. Its own checks cost the server
+// time, not round trips: on MariaDB 10.11 the row count (a derived table)
+// about 0.09 ms and the others about 0.04 ms on loopback. A rejected
+// write: the rejection path's transaction (begin, the locking read, one
+// catalog read, the write if it may, a second read of the locked row after
+// a write that reports 0 rows, commit). Guard.BeginFunc
 // on MySQL: begin, one advance statement (a second, the read of the
 // locked row, for a new resource and for a rejection), your statements,
 // commit; on SQLite the same with the read only on rejection. Given a

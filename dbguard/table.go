@@ -35,9 +35,10 @@ func Col(name string, value any) Column { return Column{Name: name, Value: value
 // token: one statement when it succeeds; a short transaction that locks
 // the row and says why when it does not (see the package doc).
 //
-// A Table holds names, its dialect, the statements it built and what it
-// learned about the table at its first write; it is safe for concurrent
-// use.
+// A Table holds names, its dialect, the statements it built and what its
+// first write's check found (a setup check: each write's statement checks
+// the row it reaches itself); it is safe for concurrent use, and on
+// several databases.
 type Table struct {
 	d        Dialect
 	name     string // for messages: db.table or table
@@ -55,19 +56,36 @@ type Table struct {
 	last [4]atomic.Pointer[statements]
 }
 
-// tableInfo is what the guard learned about the table at its first write.
+// tableInfo is what a check of the table's catalog found.
 type tableInfo struct {
 	// unique: a unique index (or the primary key) has exactly the key
-	// columns, so a key reaches one row at most.
+	// columns.
 	unique bool
 }
 
 // statements are the statements of one write kind and column list.
 type statements struct {
-	cols  []string
-	write string // the conditional write (Update, Upsert, Delete) or the INSERT
+	cols []string
+	// write is the conditional write (Update, Upsert, Delete) or the
+	// INSERT, in each form (see writeSQL).
+	write [3]string
 	sel   string // reads the row's lock_version (locking it on MySQL)
 }
+
+// form is where a write's statement runs: each place has a form of the
+// statement of its own (see writeSQL).
+type form int
+
+const (
+	// onItsOwn: the success path through a *sql.DB or *sql.Conn, where
+	// the statement must commit as it returns.
+	onItsOwn form = iota
+	// inCallersTx: the success path in the caller's transaction.
+	inCallersTx
+	// afterLock: the rejection path's write, in a transaction that holds
+	// the row (its locked read) and has read the table's catalog.
+	afterLock
+)
 
 type writeKind int
 
@@ -169,8 +187,8 @@ func (t *Table) KeyColumns() []string { return slices.Clone(t.keys) }
 // (fence.ErrInvalidToken), or an ErrInvalid (among them a NULL key value).
 // ctx bounds the whole write.
 //
-// db may be a *sql.DB or *sql.Conn (the write commits on its own) or a
-// *sql.Tx (the row stays locked, and the write can still be rolled back,
+// db may be a *sql.DB or *sql.Conn (the write commits on its own, with
+// autocommit off too: see the package doc) or a *sql.Tx (the row stays locked, and the write can still be rolled back,
 // until the transaction ends). Any other DBTX is taken to be a
 // transaction.
 func (t *Table) Update(ctx context.Context, db DBTX, token fence.Token, key []any, set ...Column) error {
@@ -185,7 +203,9 @@ func (t *Table) Update(ctx context.Context, db DBTX, token fence.Token, key []an
 // matching ErrExists when it exists with a lock_version <= token; an error
 // matching ErrRetryable when a row with the key was created by another
 // transaction while this one looked for it (try again to learn which case
-// it is), or on a deadlock or busy database; other errors as for Update.
+// it is), or on a deadlock or busy database; the database's error (not
+// retryable), naming the index, when the row collides with another on a
+// unique index other than the key's; other errors as for Update.
 // The table needs a unique index on exactly the key columns
 // (ErrAmbiguousKey otherwise). ctx bounds the whole write.
 func (t *Table) Insert(ctx context.Context, db DBTX, token fence.Token, key []any, cols ...Column) error {
@@ -200,8 +220,9 @@ func (t *Table) Insert(ctx context.Context, db DBTX, token fence.Token, key []an
 // It returns nil when the row was inserted or updated; a *fence.StaleError
 // when the row's lock_version is newer than token; an error matching
 // ErrRetryable when another transaction created the row while this one
-// looked for it, or on a deadlock or busy database; other errors as for
-// Update. The table needs a unique index on exactly the key columns.
+// looked for it, or on a deadlock or busy database; the database's error,
+// naming the index, when a new row collides with another on a unique
+// index other than the key's; other errors as for Update. The table needs a unique index on exactly the key columns.
 func (t *Table) Upsert(ctx context.Context, db DBTX, token fence.Token, key []any, cols ...Column) error {
 	return t.write(ctx, kindUpsert, db, token, key, cols)
 }
@@ -260,7 +281,7 @@ type rowWrite struct {
 
 // writeArgs are the arguments of st.write.
 func (w *rowWrite) writeArgs() []any {
-	args := make([]any, 0, len(w.key)+len(w.cols)+2)
+	args := make([]any, 0, 2*len(w.key)+len(w.cols)+2)
 	switch w.kind {
 	case kindInsert:
 		args = append(args, w.key...)
@@ -269,14 +290,17 @@ func (w *rowWrite) writeArgs() []any {
 		}
 		return append(args, w.tok)
 	case kindDelete:
-		return append(append(args, w.key...), w.tok)
+		// The key, the token, and the key again for the row count.
+		args = append(append(args, w.key...), w.tok)
+		return append(args, w.key...)
 	}
 	for _, c := range w.cols {
 		args = append(args, c.Value)
 	}
 	args = append(args, w.tok)
 	args = append(args, w.key...)
-	return append(args, w.tok)
+	args = append(args, w.tok)
+	return append(args, w.key...)
 }
 
 // insertArgs are the arguments of the INSERT of an Upsert of a new row.
@@ -292,11 +316,11 @@ func (w *rowWrite) insertArgs() []any {
 // transaction (nil when it is: a *sql.Tx or another DBTX).
 //
 // The success path is one statement: the write with "lock_version <=
-// token" in its condition (an Insert: the plain INSERT), taken when the
-// table's first check found a unique index on the key columns. When it
-// writes nothing, which says nothing about why, the exact path follows:
-// in a transaction (the caller's, or a short one of its own), it locks the
-// row, reads its lock_version, and writes or says exactly why not.
+// token" in its condition and the checks of the row it reaches (an
+// Insert: the INSERT; see writeSQL). When it writes nothing, which says
+// nothing about why, the exact path follows: in a transaction (the
+// caller's, or a short one of its own), it locks the row, reads it and the
+// table's catalog, and writes or says exactly why not.
 func (w *rowWrite) run(ctx context.Context, db DBTX, conn *sql.Conn) error {
 	info, err := w.t.info(ctx, w.op, db)
 	if err != nil {
@@ -306,33 +330,39 @@ func (w *rowWrite) run(ctx context.Context, db DBTX, conn *sql.Conn) error {
 		return fmt.Errorf("dbguard: %s: %w: %s has no unique index on exactly (%s), which %s needs",
 			w.op, ErrAmbiguousKey, w.t.name, strings.Join(w.t.keys, ", "), w.kind)
 	}
-	if info.unique {
-		if err := ctx.Err(); err != nil {
-			// Nothing is sent: a plain failure (sentErr would not know).
-			return fmt.Errorf("dbguard: %s: %w", w.op, err)
+	if err := ctx.Err(); err != nil {
+		// Nothing is sent: a plain failure (sentErr would not know).
+		return fmt.Errorf("dbguard: %s: %w", w.op, err)
+	}
+	f := inCallersTx
+	if conn != nil {
+		f = onItsOwn
+	}
+	res, err := db.ExecContext(ctx, w.st.write[f], w.writeArgs()...)
+	switch {
+	case err == nil:
+		n, err := res.RowsAffected()
+		if err != nil {
+			return fmt.Errorf("dbguard: %s: rows affected: %w", w.op, err)
 		}
-		res, err := db.ExecContext(ctx, w.st.write, w.writeArgs()...)
-		switch {
-		case err == nil:
-			n, err := res.RowsAffected()
-			if err != nil {
-				return fmt.Errorf("dbguard: %s: rows affected: %w", w.op, err)
-			}
-			if n == 1 {
-				return nil
-			}
-			if n > 1 {
-				return fmt.Errorf("dbguard: %s: %w: %s matched and wrote %d rows: the unique index on the key columns found at the table's first write is gone",
-					w.op, ErrAmbiguousKey, w.resource(), n)
-			}
-		case w.kind == kindInsert && w.t.d.dupKey(err):
-			// A row with the key exists: the exact path says why.
-		default:
-			if e := w.t.noLockVersion(w.op, err); e != nil {
-				return e
-			}
-			return w.t.d.sentErr(ctx, w.op, err, conn)
+		if n == 1 {
+			return nil
 		}
+		if n > 1 {
+			// The statement writes only where fewer than two rows have
+			// the key; at READ COMMITTED a row that the database matches
+			// with the key can be inserted between its count and its write.
+			return fmt.Errorf("dbguard: %s: %w: %s matched and wrote %d rows: a row the key matches was inserted while the statement ran",
+				w.op, ErrAmbiguousKey, w.resource(), n)
+		}
+	case w.kind == kindInsert && w.t.d.dupKey(err):
+		// A row with the key exists, or the row collides with another on
+		// another unique index: the exact path says which.
+	default:
+		if e := w.t.schemaErr(w.op, err); e != nil {
+			return e
+		}
+		return w.t.d.sentErr(ctx, w.op, err, conn)
 	}
 	return w.exact(ctx, db, conn)
 }
@@ -343,16 +373,9 @@ func (w *rowWrite) exact(ctx context.Context, db DBTX, conn *sql.Conn) error {
 	run := db
 	var tx *sql.Tx
 	if conn != nil {
-		var opts *sql.TxOptions
-		if w.t.d == MySQL {
-			// READ COMMITTED: a locking read of a missing key takes no
-			// gap lock (under REPEATABLE READ two writers of one new key
-			// would deadlock), and reads the newest committed row.
-			opts = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
-		}
 		var err error
-		if tx, err = conn.BeginTx(ctx, opts); err != nil {
-			return w.t.d.wrapDBErr(w.op+": begin", err)
+		if tx, err = w.begin(ctx, conn); err != nil {
+			return err
 		}
 		defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 		run = tx
@@ -372,13 +395,50 @@ func (w *rowWrite) exact(ctx context.Context, db DBTX, conn *sql.Conn) error {
 	return nil
 }
 
-// decide locks the row, reads it and writes or says why not. own is true
-// when the transaction is the guard's own: a statement that fails in
-// flight then commits nothing, and is a plain failure.
+// begin begins the rejection path's own transaction on conn. On MySQL it
+// runs at READ COMMITTED: a locking read of a missing key takes no gap
+// lock (under REPEATABLE READ two writers of one new key would deadlock),
+// and reads the newest committed row.
+//
+// A session with autocommit off always has a transaction open (every
+// statement opens one, the success path's too), and MySQL refuses to set
+// the next transaction's isolation level then (1568): that transaction is
+// committed first, as the START TRANSACTION that follows would commit it
+// anyway. With autocommit on, the open transaction was begun with SQL on
+// the caller's *sql.Conn: refused, with the fix.
+func (w *rowWrite) begin(ctx context.Context, conn *sql.Conn) (*sql.Tx, error) {
+	var opts *sql.TxOptions
+	if w.t.d == MySQL {
+		opts = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+	}
+	tx, err := conn.BeginTx(ctx, opts)
+	if n, ok := mysqlNumber(err); ok && n == myTxInProgress {
+		var autocommit bool
+		if qerr := conn.QueryRowContext(ctx, "SELECT @@autocommit").Scan(&autocommit); qerr != nil {
+			return nil, w.t.d.wrapDBErr(w.op+": begin", errors.Join(err, qerr))
+		}
+		if autocommit {
+			return nil, fmt.Errorf("dbguard: %s: begin: the connection is in a transaction begun with SQL: write in a *sql.Tx from BeginTx instead, or end that transaction first: %w", w.op, err)
+		}
+		if _, err := conn.ExecContext(ctx, "COMMIT"); err != nil {
+			return nil, w.t.d.wrapDBErr(w.op+": commit the transaction the session had open (autocommit is off)", err)
+		}
+		tx, err = conn.BeginTx(ctx, opts)
+	}
+	if err != nil {
+		return nil, w.t.d.wrapDBErr(w.op+": begin", err)
+	}
+	return tx, nil
+}
+
+// decide locks the row, reads it and the table's catalog, and writes or
+// says why not. own is true when the transaction is the guard's own: a
+// statement that fails in flight then commits nothing, and is a plain
+// failure.
 func (w *rowWrite) decide(ctx context.Context, db DBTX, own bool) error {
 	d := w.t.d
 	stmtErr := func(op string, err error) error {
-		if e := w.t.noLockVersion(op, err); e != nil {
+		if e := w.t.schemaErr(op, err); e != nil {
 			return e
 		}
 		if own {
@@ -392,103 +452,156 @@ func (w *rowWrite) decide(ctx context.Context, db DBTX, own bool) error {
 		// that reads and then writes gets SQLITE_BUSY at once when
 		// another writer committed in between). The write is the
 		// conditional one, and it is the whole answer when it succeeds.
-		res, err := db.ExecContext(ctx, w.st.write, w.writeArgs()...)
+		res, err := db.ExecContext(ctx, w.st.write[afterLock], w.writeArgs()...)
 		switch {
 		case err == nil:
 			if n, _ := res.RowsAffected(); n == 1 {
 				return nil
-			} else if n > 1 {
-				return fmt.Errorf("dbguard: %s: %w: %s matches %d rows (all written; roll back)", w.op, ErrAmbiguousKey, w.resource(), n)
 			}
 		case w.kind == kindInsert && d.dupKey(err):
 		default:
 			return stmtErr(w.op, err)
 		}
 	}
-	rows, err := db.QueryContext(ctx, w.st.sel, w.key...)
+	row, err := w.lockRow(ctx, db)
 	if err != nil {
-		if e := w.t.noLockVersion(w.op, err); e != nil {
-			return e
-		}
-		return d.wrapDBErr(w.op+": lock the row", err)
+		return err
 	}
-	var (
-		n       int
-		lv      sql.NullString
-		lvKind  sql.NullString
-		badType bool
-	)
-	for rows.Next() {
-		n++
-		var v, k sql.NullString
-		dest := []any{&v}
-		if d == SQLite {
-			dest = append(dest, &k)
-		}
-		if err := rows.Scan(dest...); err != nil {
-			rows.Close()
-			return fmt.Errorf("dbguard: %s: read lock_version: %w", w.op, err)
-		}
-		lv, lvKind = v, k
-		if d == SQLite && k.Valid && k.String != "integer" {
-			badType = true
-		}
-	}
-	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-		return d.wrapDBErr(w.op+": lock the row", err)
+	// The catalog of the table this transaction reached, read now: the
+	// Table's first check may have been another database's, or the table
+	// altered since. The locked read holds the table's definition until
+	// the transaction ends (MySQL: its metadata lock; SQLite: the write
+	// lock, taken above).
+	info, err := w.t.readCatalog(ctx, w.op, db)
+	if err != nil {
+		return err
 	}
 	var current uint64
-	if n == 1 && lv.Valid && !badType {
-		if current, err = strconv.ParseUint(lv.String, 10, 64); err != nil {
+	badType := row.badType
+	if row.n == 1 && row.lv.Valid && !badType {
+		if current, err = strconv.ParseUint(row.lv.String, 10, 64); err != nil {
 			badType = true
 		}
 	}
 	switch {
-	case n > 1:
-		return fmt.Errorf("dbguard: %s: %w: %s matches %d rows", w.op, ErrAmbiguousKey, w.resource(), n)
-	case n == 0 && (w.kind == kindUpdate || w.kind == kindDelete):
+	case row.n > 1:
+		return fmt.Errorf("dbguard: %s: %w: %s matches %d rows", w.op, ErrAmbiguousKey, w.resource(), row.n)
+	case !info.unique && (w.kind == kindInsert || w.kind == kindUpsert):
+		return fmt.Errorf("dbguard: %s: %w: %s has no unique index on exactly (%s), which %s needs",
+			w.op, ErrAmbiguousKey, w.t.name, strings.Join(w.t.keys, ", "), w.kind)
+	case row.n == 0 && (w.kind == kindUpdate || w.kind == kindDelete):
 		return fmt.Errorf("dbguard: %s: %w: %s", w.op, ErrNotFound, w.resource())
-	case n == 0:
-		// Insert (MySQL; SQLite's INSERT above failed only on a row
-		// that exists) or Upsert of a new row.
-		stmt, args := w.st.write, w.writeArgs()
+	case row.n == 0:
+		// Insert (MySQL; SQLite's INSERT above failed only on a unique
+		// index) or Upsert of a new row.
+		stmt, args := w.st.write[afterLock], w.writeArgs()
 		if w.kind == kindUpsert {
 			stmt, args = w.t.insertSQL(w.cols), w.insertArgs()
 		}
 		if _, err := db.ExecContext(ctx, stmt, args...); err != nil {
 			if d.dupKey(err) {
-				return &RetryableError{Op: w.op, Err: fmt.Errorf("a row %s was created concurrently: %w", w.resource(), err)}
+				return w.dupErr(ctx, db, err)
 			}
 			return stmtErr(w.op, err)
 		}
 		return nil
-	case !lv.Valid:
+	case !row.lv.Valid:
 		return fmt.Errorf("dbguard: %s: %s has a NULL lock_version (the column must be NOT NULL)", w.op, w.resource())
 	case badType:
 		return fmt.Errorf("dbguard: %s: %w: %s holds lock_version %q (stored as %s): want an integer",
-			w.op, ErrLockVersionType, w.resource(), lv.String, cmp(lvKind.String, "a non-integer"))
+			w.op, ErrLockVersionType, w.resource(), row.lv.String, cmp(row.kind.String, "a non-integer"))
 	case current > uint64(w.token):
 		return fence.Stale(w.resource(), w.token, fence.Token(current))
 	case w.kind == kindInsert:
 		return fmt.Errorf("dbguard: %s: %w: %s (lock_version %d)", w.op, ErrExists, w.resource(), current)
 	}
 	// The row is locked with lock_version <= token.
-	res, err := db.ExecContext(ctx, w.st.write, w.writeArgs()...)
+	res, err := db.ExecContext(ctx, w.st.write[afterLock], w.writeArgs()...)
 	if err != nil {
 		return stmtErr(w.op, err)
 	}
-	if d == SQLite {
-		// SQLite counts matched rows; the row is locked and may be
-		// written, so anything but one row is a surprise.
-		if n, _ := res.RowsAffected(); n != 1 {
-			return &RetryableError{Op: w.op, Err: fmt.Errorf("%s changed concurrently", w.resource())}
+	if n, err := res.RowsAffected(); err == nil && n == 1 {
+		return nil
+	}
+	return w.confirm(ctx, db)
+}
+
+// lockedRow is what the rejection path's locked read found: how many rows
+// have the key (two at most), and the last one's lock_version (and, on
+// SQLite, its storage class).
+type lockedRow struct {
+	n        int
+	lv, kind sql.NullString
+	badType  bool
+}
+
+// lockRow runs the locked read of the row's lock_version.
+func (w *rowWrite) lockRow(ctx context.Context, db DBTX) (lockedRow, error) {
+	d := w.t.d
+	var r lockedRow
+	rows, err := db.QueryContext(ctx, w.st.sel, w.key...)
+	if err != nil {
+		if e := w.t.schemaErr(w.op, err); e != nil {
+			return r, e
+		}
+		return r, d.wrapDBErr(w.op+": lock the row", err)
+	}
+	for rows.Next() {
+		r.n++
+		dest := []any{&r.lv}
+		if d == SQLite {
+			dest = append(dest, &r.kind)
+		}
+		if err := rows.Scan(dest...); err != nil {
+			rows.Close()
+			return r, fmt.Errorf("dbguard: %s: read lock_version: %w", w.op, err)
+		}
+		if d == SQLite && r.kind.Valid && r.kind.String != "integer" {
+			r.badType = true
 		}
 	}
-	// MySQL counts changed rows unless the client asked for found rows:
-	// an identical rewrite (same values, same token) reports 0, and the
-	// row, locked by this transaction with lock_version <= token, was
-	// written all the same.
-	return nil
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return r, d.wrapDBErr(w.op+": lock the row", err)
+	}
+	return r, nil
+}
+
+// confirm tells, once the rejection path's write reported no row written,
+// whether the locked row holds the write: MySQL counts changed rows unless
+// the client asked for found rows, so an identical rewrite (same values,
+// same token) reports 0 and was written all the same. A key that the
+// database now matches against a second row (inserted at READ COMMITTED
+// after the locked read) made the statement write nothing.
+func (w *rowWrite) confirm(ctx context.Context, db DBTX) error {
+	row, err := w.lockRow(ctx, db)
+	if err != nil {
+		return err
+	}
+	switch {
+	case row.n > 1:
+		return fmt.Errorf("dbguard: %s: %w: %s matches %d rows", w.op, ErrAmbiguousKey, w.resource(), row.n)
+	case w.kind != kindDelete && row.n == 1 && row.lv.Valid && row.lv.String == strconv.FormatUint(uint64(w.token), 10):
+		return nil
+	}
+	return &RetryableError{Op: w.op, Err: fmt.Errorf("%s changed concurrently", w.resource())}
+}
+
+// dupErr reports a unique-constraint violation err of the INSERT of a row
+// that the locked read found missing. When the key reads now, another
+// transaction created the row in between: retryable (the next try learns
+// whether its token is newer). Otherwise the row collides with another on
+// a unique index other than the one the key is read by, which no retry
+// clears: the database's error, naming the index (MySQL) or the
+// constraint's columns (SQLite).
+func (w *rowWrite) dupErr(ctx context.Context, db DBTX, err error) error {
+	row, rerr := w.lockRow(ctx, db)
+	if rerr != nil {
+		return fmt.Errorf("%w (after %w)", rerr, err)
+	}
+	if row.n > 0 {
+		return &RetryableError{Op: w.op, Err: fmt.Errorf("a row %s was created concurrently: %w", w.resource(), err)}
+	}
+	return fmt.Errorf("dbguard: %s: %s collides with another row on %s: %w", w.op, w.resource(), w.t.d.uniqueName(err), err)
 }
 
 func cmp(s, alt string) string {
@@ -540,7 +653,10 @@ func (t *Table) statementsFor(kind writeKind, cols []Column) (*statements, error
 	if err := t.checkColumns(cols); err != nil {
 		return nil, err
 	}
-	st := &statements{cols: make([]string, len(cols)), write: t.writeSQL(kind, cols), sel: t.selectSQL()}
+	st := &statements{cols: make([]string, len(cols)), sel: t.selectSQL()}
+	for f := range st.write {
+		st.write[f] = t.writeSQL(kind, cols, form(f))
+	}
 	for i, c := range cols {
 		st.cols[i] = c.Name
 	}
@@ -581,24 +697,91 @@ func (t *Table) checkColumns(cols []Column) error {
 	return errors.Join(errs...)
 }
 
-// writeSQL builds the conditional write of kind: an UPDATE or DELETE with
-// "lock_version <= ?" added to its condition (on SQLite also that the
-// stored lock_version is an integer), or the plain INSERT. Its arguments
-// are given by rowWrite.writeArgs.
-func (t *Table) writeSQL(kind writeKind, cols []Column) string {
+// Parts of the statements' own checks (see writeSQL).
+const (
+	// maxToken is the largest token, 2^64-1.
+	maxToken = "18446744073709551615"
+	// mysqlStrict holds in a session whose sql_mode has
+	// STRICT_TRANS_TABLES or STRICT_ALL_TABLES: a value that a column
+	// cannot hold fails the statement there instead of being clipped.
+	mysqlStrict = "@@sql_mode LIKE '%STRICT%'"
+	// mysqlAutocommit holds in a session with autocommit on, where a
+	// statement outside a transaction commits as it returns.
+	mysqlAutocommit = "@@autocommit = 1"
+)
+
+// writeSQL builds the statement of a write of kind in form f. Its
+// arguments, the same in every form, are given by rowWrite.writeArgs.
+//
+// An UPDATE or DELETE has the key and "lock_version <= ?" in its
+// condition, and the statement itself checks what its tokens need of the
+// row it reaches. A check kept by the Table would not do: a Table may
+// reach several databases, and a table may be altered after the Table's
+// first write. Where a check fails, the statement writes nothing, and the
+// rejection path, which reads the catalog in its transaction, says why:
+//
+//   - Fewer than two rows have the key (every form), so that a key the
+//     database matches against several rows changes none of them: MySQL
+//     compares a number with a VARCHAR key as numbers and a float with a
+//     BIGINT key as doubles; SQLite compares with the key column's
+//     collation, which may be coarser than the unique index's. MySQL's
+//     count reads FOR UPDATE, taking the row's exclusive lock before the
+//     write does (a shared lock first would let two writers of the row
+//     deadlock), from a derived table (MySQL 8 refuses the target table
+//     in a subquery of its own UPDATE otherwise).
+//   - SQLite: the stored lock_version is an integer, so that tokens
+//     compare as integers (every form).
+//   - MySQL, outside the rejection path: lock_version is an exact number,
+//     so that tokens compare exactly: CONCAT(lv + 0.0) = CONCAT(lv, '.0')
+//     (a decimal added to an integer or DECIMAL gives a decimal, printed
+//     with ".0"; added to a DOUBLE, FLOAT or text, a double, printed
+//     without); the session is strict, so that a token the column cannot
+//     hold fails the statement; and an UPDATE stores 2^64-1 before the
+//     token (assignments run left to right), so that a column that cannot
+//     hold every token (INT, a signed BIGINT) fails it (1264,
+//     ErrLockVersionType) whatever the token.
+//   - MySQL, on its own: autocommit is on, so that the statement has
+//     committed when it returns; with autocommit off it writes nothing,
+//     and the rejection path's transaction commits the write.
+//
+// An INSERT has no row to check. On MySQL, outside the rejection path, it
+// is an INSERT ... SELECT whose condition is the session's strictness and,
+// on its own, autocommit. Elsewhere, it is the plain INSERT.
+func (t *Table) writeSQL(kind writeKind, cols []Column, f form) string {
+	mysql := t.d == MySQL
+	checked := mysql && f != afterLock // the exact-number, strictness and range checks
 	if kind == kindInsert {
-		return t.insertSQL(cols)
+		into, values := t.insertParts(cols)
+		if !checked {
+			return into + " VALUES (" + values + ")"
+		}
+		cond := mysqlStrict
+		if f == onItsOwn {
+			cond += " AND " + mysqlAutocommit
+		}
+		return into + " SELECT " + values + " FROM DUAL WHERE " + cond
 	}
 	lv := t.d.quote(LockVersionColumn)
 	cond := " WHERE " + t.where + " AND " + lv + " <= ?"
-	if t.d == SQLite {
-		cond += " AND typeof(" + lv + ") = 'integer'"
+	if mysql {
+		if checked {
+			cond += " AND CONCAT(" + lv + " + 0.0) = CONCAT(" + lv + ", '.0') AND " + mysqlStrict
+		}
+		cond += " AND (SELECT COUNT(*) FROM (SELECT 1 FROM " + t.ident + " WHERE " + t.where + " LIMIT 2 FOR UPDATE) AS matched) < 2"
+		if f == onItsOwn {
+			cond += " AND " + mysqlAutocommit
+		}
+	} else {
+		cond += " AND typeof(" + lv + ") = 'integer' AND NOT EXISTS (SELECT 1 FROM " + t.ident + " WHERE " + t.where + " LIMIT 1 OFFSET 1)"
 	}
 	if kind == kindDelete {
 		return "DELETE FROM " + t.ident + cond
 	}
 	var b strings.Builder
 	b.WriteString("UPDATE " + t.ident + " SET ")
+	if checked {
+		b.WriteString(lv + " = " + maxToken + ", ")
+	}
 	for _, c := range cols {
 		b.WriteString(t.d.quote(c.Name) + " = ?, ")
 	}
@@ -608,6 +791,13 @@ func (t *Table) writeSQL(kind writeKind, cols []Column) string {
 
 // insertSQL builds INSERT INTO t (keys..., cols..., lock_version) VALUES (?, ...).
 func (t *Table) insertSQL(cols []Column) string {
+	into, values := t.insertParts(cols)
+	return into + " VALUES (" + values + ")"
+}
+
+// insertParts returns "INSERT INTO t (keys..., cols..., lock_version)" and
+// its placeholders, "?, ?, ...".
+func (t *Table) insertParts(cols []Column) (into, values string) {
 	names := make([]string, 0, len(t.keys)+len(cols)+1)
 	for _, k := range t.keys {
 		names = append(names, t.d.quote(k))
@@ -616,8 +806,8 @@ func (t *Table) insertSQL(cols []Column) string {
 		names = append(names, t.d.quote(c.Name))
 	}
 	names = append(names, t.d.quote(LockVersionColumn))
-	return "INSERT INTO " + t.ident + " (" + strings.Join(names, ", ") + ") VALUES (" +
-		strings.TrimSuffix(strings.Repeat("?, ", len(names)), ", ") + ")"
+	return "INSERT INTO " + t.ident + " (" + strings.Join(names, ", ") + ")",
+		strings.TrimSuffix(strings.Repeat("?, ", len(names)), ", ")
 }
 
 // selectSQL reads the lock_version of the rows with the key (two at most):

@@ -248,7 +248,7 @@ func TestQuoting(t *testing.T) {
 		t.Run(d.String(), func(t *testing.T) {
 			t.Parallel()
 			db := Open(t, d)
-			table, key, col := "t`x\"; DROP TABLE y", "k`\"'", "v a;l`\""
+			table, key, col := "t`x\"; DROP TABLE y", "k`\"'", "v a;l`\" VALUES (x"
 			db.Exec(t, `CREATE TABLE y (id INT)`)
 			q := func(s string) string {
 				if d == dbguard.MySQL {
