@@ -228,9 +228,16 @@ func testRenewalsAtScale(t *testing.T, d clusterDeployment, n int) {
 		}
 	}
 	start = time.Now()
+	// Release must report a lease lost only when it was: its local
+	// deadline had passed when Release was called (on a loaded machine
+	// the release of 10,000 leases takes seconds, and the heartbeats of
+	// those not yet released can fall behind meanwhile: those are lost
+	// for real, and Release says so). A lease still valid at the call
+	// that Release reports lost is a defect.
 	var (
-		mu   sync.Mutex
-		late []time.Duration // for a lease the store no longer had: its local deadline, from the release
+		mu      sync.Mutex
+		late    []time.Duration // valid at the call, reported lost: local deadline from the call
+		expired []time.Duration // past their local deadline at the call, reported lost
 	)
 	for w := range workers {
 		wg.Add(1)
@@ -242,7 +249,11 @@ func testRenewalsAtScale(t *testing.T, d clusterDeployment, n int) {
 				switch {
 				case errors.Is(err, lease.ErrLost):
 					mu.Lock()
-					late = append(late, dl.Sub(at))
+					if dl.After(at) {
+						late = append(late, dl.Sub(at))
+					} else {
+						expired = append(expired, dl.Sub(at))
+					}
 					mu.Unlock()
 				case err != nil:
 					t.Errorf("Release: %v", err)
@@ -253,8 +264,12 @@ func testRenewalsAtScale(t *testing.T, d clusterDeployment, n int) {
 	}
 	wg.Wait()
 	t.Logf("released in %v", time.Since(start).Round(time.Millisecond))
+	if len(expired) > 0 {
+		t.Logf("%d leases had passed their local deadline when Release was called (heartbeats behind during the release phase), deadlines %v from the call; Release reported them lost",
+			len(expired), testkit.Span(expired))
+	}
 	if len(late) > 0 {
-		t.Errorf("%d leases released while held were reported lost by Release; their local deadlines were %v from the release (not expired)",
+		t.Errorf("%d leases valid when Release was called were reported lost by Release; their local deadlines were %v after the call",
 			len(late), testkit.Span(late))
 	}
 }
