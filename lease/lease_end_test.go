@@ -72,7 +72,7 @@ func (p *releaseProbe) validAtRelease() []string {
 }
 
 // A lease stops being valid, from its holder's own view, before the
-// request that frees it is sent (DESIGN.md invariant 1): Err, Done and
+// request that frees it is sent (docs/design.md, invariant 1): Err, Done and
 // every context derived from the lease's Context say so when the store
 // processes the release. (Before: Err was nil and the Context live until
 // the store's answer came back, and a waiter woken by the release was
