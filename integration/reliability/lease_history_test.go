@@ -28,10 +28,10 @@ import (
 	"github.com/fencekit/fencekit/lease/zklease"
 )
 
-// The lease history check (issue 19, "Evidence in the repository"): on each
-// lease backend, several holders, each with its own Backend behind its own
-// fault proxy and its own lease.Manager, contend for a few names while a
-// stream of faults hits the holders that hold or are releasing. Each grant's
+// The lease history check: on each lease backend, several holders, each
+// with its own Backend behind its own fault proxy and its own
+// lease.Manager, contend for a few names while a stream of faults hits the
+// holders that hold or are releasing. Each grant's
 // validity window is recorded on the test process's monotonic clock, from
 // Acquire's return to the start of the last reading of Err that returned nil,
 // counting the readings taken while Release runs; checkLeaseWindows then
@@ -537,7 +537,7 @@ func TestLeaseHistoryPostgresTable(t *testing.T) {
 
 // TestLeaseHistoryPostgresSession: the history check on PostgreSQL, session
 // mode (advisory locks on pinned connections); terminating a holder's
-// sessions at the server frees its locks there at once (issue 19 item 3).
+// sessions at the server frees its locks there at once.
 func TestLeaseHistoryPostgresSession(t *testing.T) {
 	rig := pgRig(t, "postgres-session", pglease.ModeSession)
 	checkLeaseHistory(t, rig, minLeaseGrants(rig))
