@@ -12,8 +12,9 @@ cd "$(dirname "$0")/.."
 . scripts/services.sh
 
 # The docs against the repository: CONTRIBUTING's module list against
-# go.work, every link between pages, no citation of a DESIGN.md or of an
-# issue number (scripts/docscheck.go; a second, no services).
+# go.work, every link between pages, no citation of a design document the
+# repository does not hold or of an issue number (scripts/docscheck.go; a
+# second, no services).
 echo "+ go run scripts/docscheck.go"
 go run scripts/docscheck.go
 
