@@ -80,7 +80,7 @@ trap '[ -z "$build_pid" ] || kill "$build_pid" 2>/dev/null; [ -z "$checks_pid" ]
 FENCE_DYNAMODB_DIE_WITH_SHELL=1
 ensure_dynamodb
 
-echo "+ go vet ${pkgs[*]}   (a first run downloads and compiles everything: see the README for how long)"
+echo "+ go vet ${pkgs[*]}   (a first run downloads and compiles everything: see docs/testing.md for how long)"
 go vet "${pkgs[@]}"
 
 # Static analysis: staticcheck, built once from the Go module proxy into

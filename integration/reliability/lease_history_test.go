@@ -453,7 +453,7 @@ func baseRig(store string, ttl time.Duration) leaseRig {
 
 // redisRig holds leases in the shared Redis under a key prefix of the
 // test's own; each holder has a go-redis client with its default retries
-// (as the README's) through its proxy.
+// (as the README's quick start makes it) through its proxy.
 func redisRig(t *testing.T, store string) leaseRig {
 	opt, err := redis.ParseURL(testenv.RedisURL())
 	if err != nil {

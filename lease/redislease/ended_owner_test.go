@@ -136,7 +136,7 @@ func (c *faultConn) Read(b []byte) (int, error) {
 	return c.Conn.Read(b)
 }
 
-// faultClient returns a client of the shared Redis, as the README makes it
+// faultClient returns a client of the shared Redis, as docs/redis.md makes it
 // (ContextTimeoutEnabled, go-redis's default retries), whose connections
 // go through f.
 func faultClient(t *testing.T, f *faultConns) *redis.Client {
