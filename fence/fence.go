@@ -69,8 +69,8 @@ var ErrInvalidToken = errors.New("fence: invalid token")
 // client gave up); it is never reported as success, and never as a clean
 // rejection. Read the resource again to learn what happened. Both guards
 // (sqlguard, blobguard) use this one sentinel, so that callers handle "maybe"
-// the same way whatever the store (DESIGN.md invariant 6: an ambiguous
-// outcome is reported as such).
+// the same way whatever the store (docs/design.md, invariant 6: an
+// ambiguous outcome is reported as such).
 var ErrOutcomeUnknown = errors.New("fence: write outcome unknown")
 
 // StaleError is the rich form of ErrStaleToken. It says which resource

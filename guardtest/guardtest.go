@@ -1,5 +1,5 @@
 // Package guardtest is the conformance suite every guard must pass: the
-// contract of a fenced write (DESIGN.md invariants 5 to 7, and
+// contract of a fenced write (docs/design.md, invariants 5 to 7, and
 // docs/writing-a-guard.md). A guard's own tests implement a small adapter,
 // Resource, over the guard's API and call Run against the real store:
 //
@@ -91,10 +91,10 @@ const (
 	Missing Capability = "missing-target"
 	// LoseReply: Config.LoseReply is set, so the suite can check how the
 	// guard reports a write whose reply was lost after the store applied
-	// it (DESIGN.md invariant 6).
+	// it (docs/design.md, invariant 6).
 	LoseReply Capability = "lose-reply"
 	// CountIO: Config.CountIO is set, so the suite can check that bad
-	// input is refused before anything is sent (DESIGN.md invariant 7).
+	// input is refused before anything is sent (docs/design.md, invariant 7).
 	CountIO Capability = "count-io"
 )
 

@@ -20,7 +20,7 @@ const (
 	// fence.ErrOutcomeUnknown: the write may or may not have been applied.
 	Unknown
 	// Failed: any other error. A guard reports an outcome it does not know
-	// as Unknown (DESIGN.md invariant 6), so a plain failure means that
+	// as Unknown (docs/design.md, invariant 6), so a plain failure means that
 	// nothing was applied.
 	Failed
 )

@@ -10,7 +10,7 @@ import (
 	"github.com/fencekit/fencekit/lease"
 )
 
-// The end of a lease (issue 19 items 1 and 2), on a real Redis with the
+// The end of a lease (Release and Resign), on a real Redis with the
 // releasing holder's replies held back by a proxy: the next holder is
 // granted the moment Redis frees the name, while the release's reply is
 // still on its way back. The holder must not read its lease valid (nor

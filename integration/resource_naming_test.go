@@ -19,7 +19,7 @@ import (
 // TestHTTPResourceNamedByTheJob: two replicas of the "settle-orders" job
 // with Redis leases, one started with a mistyped lease name, so that both
 // hold "the" lease. They call an inventory service that checks tokens. As
-// the README first showed (the resource keyed by l.Name()), the service
+// the docs first showed (the resource keyed by l.Name()), the service
 // keeps one order per lease name and accepts every call of both. Keyed by
 // what the service protects and the job, spelled in code, both replicas'
 // calls meet in one order: once the newer grant's token has been

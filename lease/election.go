@@ -248,7 +248,7 @@ func (e *Election) Lease() *Lease {
 // leader's context is cancelled (its cause is ErrReleased) and Lease.Err
 // reports the lease ended, then the lease is released at the store, which
 // lets the next leader in; so no other process leads while this one's
-// context is live (DESIGN.md invariant 1). Resign does not wait for the
+// context is live (docs/design.md, invariant 1). Resign does not wait for the
 // leader's function to return (it may call Resign itself): work that
 // ignores its context runs on after leadership passed, and only its fenced
 // writes stay safe. Run then calls OnDeposed and campaigns again after its

@@ -370,7 +370,7 @@ func (l *Lease) whenEnded(f func(end error)) {
 // if the store still names this holder (compare-and-delete), which wakes
 // waiters. The lease is never valid while the request that frees it is in
 // flight: a waiter granted the name the moment the store frees it never
-// overlaps this holder's validity (DESIGN.md invariant 1). Release does not
+// overlaps this holder's validity (docs/design.md, invariant 1). Release does not
 // wait for work running under the Context to return: work that ignores its
 // Context is no longer exclusive, and only fenced writes stay safe.
 //

@@ -72,7 +72,7 @@ func (p *releaseProbe) validAtRelease() []string {
 }
 
 // A lease stops being valid, from its holder's own view, before the
-// request that frees it is sent (DESIGN.md invariant 1): Err, Done and
+// request that frees it is sent (docs/design.md, invariant 1): Err, Done and
 // every context derived from the lease's Context say so when the store
 // processes the release. (Before: Err was nil and the Context live until
 // the store's answer came back, and a waiter woken by the release was
@@ -574,8 +574,8 @@ func (c *capture) WithAttrs([]slog.Attr) slog.Handler { return c }
 func (c *capture) WithGroup(string) slog.Handler      { return c }
 
 // With no Logger set, a failed acquire attempt that will be retried is a
-// warning in the program's own logger (slog.Default), as the README says
-// and as every fencekit package does; and the error of an Acquire that
+// warning in the program's own logger (slog.Default), as docs/operations.md
+// says and as every fencekit package does; and the error of an Acquire that
 // gives up is one line that still matches each cause.
 func TestDefaultLoggerAndOneLineErrors(t *testing.T) {
 	c := &capture{}

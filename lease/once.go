@@ -98,7 +98,7 @@ var ErrInvalidKey = errors.New("lease: invalid run key")
 // MarkDoneTx) so that the effect and the record commit together; step 4
 // then finds it done by the same token.
 //
-// What happens when things fail (DESIGN.md invariant 1; Kleppmann 2016):
+// What happens when things fail (docs/design.md, invariant 1; Kleppmann 2016):
 //
 //   - fn returns an error, or its process dies before step 4: the run is
 //     not done, and the next RunOnce (on any replica) runs fn again. A job

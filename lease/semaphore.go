@@ -53,7 +53,7 @@ func reservedName(name string) bool {
 // heartbeats, a local deadline, Release, and a Token minted by the store
 // atomically with the grant. Because each slot is a lease name, each slot's
 // tokens grow strictly, on every backend, with every invariant of a lease
-// (DESIGN.md: exclusive, tokens only grow even after data loss, loss noticed
+// (docs/design.md, invariants 1 to 4: exclusive, tokens only grow even after data loss, loss noticed
 // before expiry, safe release, no ghost grants), and with no change to the
 // backend contract: every backend and every guard works with semaphores as
 // they are. A holder that crashed frees its slot after one TTL, as a lease

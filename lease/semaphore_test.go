@@ -399,7 +399,7 @@ func (b *lostReplyBackend) Acquire(ctx context.Context, req driver.Request) (dri
 // TestSemaphoreAbandonsSlotsOfUnknownOutcome: a slot whose acquire reply
 // was lost while another slot was granted is abandoned at the store, so it
 // is free for the next holder instead of taken for a TTL by a grant nobody
-// holds (DESIGN.md: no ghost grants).
+// holds (docs/design.md, invariant 4: no ghost grants).
 func TestSemaphoreAbandonsSlotsOfUnknownOutcome(t *testing.T) {
 	for _, try := range []bool{true, false} {
 		t.Run(fmt.Sprintf("try=%v", try), func(t *testing.T) {

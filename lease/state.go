@@ -15,7 +15,7 @@ import (
 //	                      └─deadline, taken over, pushed loss─────────────▶ lost
 //
 // A lease is valid only while held. Release ends its validity before the
-// request that frees it is sent (DESIGN.md invariant 1): from releasing on,
+// request that frees it is sent (docs/design.md, invariant 1): from releasing on,
 // Err is ErrReleased and the Context is cancelled, so no work of this
 // holder runs on while a waiter the release wakes is granted the name. The
 // store's answer then only says how the lease ended: released, or lost if

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Counts the Redis server's instructions per uncontended acquire+release
-# cycle of each library in bench's BenchmarkCycle (docs/benchmarks.md §12):
+# cycle of each library in bench's BenchmarkCycle (docs/benchmarks.md, "Redis"):
 # for each library, a fresh redis-server runs under valgrind's callgrind
 # twice, once for N and once for 3N cycles, and the difference divided by
 # 2N is the server's cost of one cycle, start-up and connection set-up

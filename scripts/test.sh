@@ -11,6 +11,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/services.sh
 
+# The docs against the repository: CONTRIBUTING's module list against
+# go.work, every link between pages, no citation of a design document the
+# repository does not hold or of an issue number (scripts/docscheck.go; a
+# second, no services).
+echo "+ go run scripts/docscheck.go"
+go run scripts/docscheck.go
+
 ensure_redis
 ensure_postgres
 ensure_zookeeper
@@ -73,7 +80,7 @@ trap '[ -z "$build_pid" ] || kill "$build_pid" 2>/dev/null; [ -z "$checks_pid" ]
 FENCE_DYNAMODB_DIE_WITH_SHELL=1
 ensure_dynamodb
 
-echo "+ go vet ${pkgs[*]}   (a first run downloads and compiles everything: see the README for how long)"
+echo "+ go vet ${pkgs[*]}   (a first run downloads and compiles everything: see docs/testing.md for how long)"
 go vet "${pkgs[@]}"
 
 # Static analysis: staticcheck, built once from the Go module proxy into

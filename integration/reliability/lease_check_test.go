@@ -19,7 +19,7 @@ import (
 // Both ends are taken on the inside of the holder's real validity, so a
 // window is never longer than the time the holder held the lease: two
 // windows of a name that overlap prove that two holders held it at once
-// (DESIGN.md invariant 1), whatever the scheduling and the network did.
+// (docs/design.md, invariant 1), whatever the scheduling and the network did.
 // The check catches only the overlaps it can see, and never flags a correct
 // implementation. A grant that was never read valid after Acquire returned
 // has no window.

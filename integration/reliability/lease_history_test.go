@@ -28,10 +28,10 @@ import (
 	"github.com/fencekit/fencekit/lease/zklease"
 )
 
-// The lease history check (issue 19, "Evidence in the repository"): on each
-// lease backend, several holders, each with its own Backend behind its own
-// fault proxy and its own lease.Manager, contend for a few names while a
-// stream of faults hits the holders that hold or are releasing. Each grant's
+// The lease history check: on each lease backend, several holders, each
+// with its own Backend behind its own fault proxy and its own
+// lease.Manager, contend for a few names while a stream of faults hits the
+// holders that hold or are releasing. Each grant's
 // validity window is recorded on the test process's monotonic clock, from
 // Acquire's return to the start of the last reading of Err that returned nil,
 // counting the readings taken while Release runs; checkLeaseWindows then
@@ -453,7 +453,7 @@ func baseRig(store string, ttl time.Duration) leaseRig {
 
 // redisRig holds leases in the shared Redis under a key prefix of the
 // test's own; each holder has a go-redis client with its default retries
-// (as the README's) through its proxy.
+// (as the README's quick start makes it) through its proxy.
 func redisRig(t *testing.T, store string) leaseRig {
 	opt, err := redis.ParseURL(testenv.RedisURL())
 	if err != nil {
@@ -537,7 +537,7 @@ func TestLeaseHistoryPostgresTable(t *testing.T) {
 
 // TestLeaseHistoryPostgresSession: the history check on PostgreSQL, session
 // mode (advisory locks on pinned connections); terminating a holder's
-// sessions at the server frees its locks there at once (issue 19 item 3).
+// sessions at the server frees its locks there at once.
 func TestLeaseHistoryPostgresSession(t *testing.T) {
 	rig := pgRig(t, "postgres-session", pglease.ModeSession)
 	checkLeaseHistory(t, rig, minLeaseGrants(rig))

@@ -13,7 +13,7 @@ import (
 	"github.com/fencekit/fencekit/lease"
 )
 
-// The fairness benchmarks (issue 24) measure how a backend shares one
+// The fairness benchmarks measure how a backend shares one
 // lease name among contenders that all want it all the time: each
 // contender, a Manager with a backend and connections of its own (as a
 // process of its own would have), loops on the name for a fixed time:

@@ -63,7 +63,7 @@
 //     watch), so that blocked lease.Manager.Acquire calls wake at once.
 //  4. Decide and document what tokens do when the store loses its data
 //     (a restart without persistence, a restored backup), and make them keep
-//     growing if you can: DESIGN.md invariant 2.
+//     growing if you can: docs/design.md, invariant 2.
 //  5. If the store can keep a line, set Limits.Queues and honour
 //     Request.Queue (see "Waiters in line" below): Acquire with Queue set
 //     registers the owner in arrival order and refreshes its place,

@@ -37,7 +37,7 @@
 // renewal in between (a new version) makes it fail and starts the wait
 // again. A Backend keeps these observations in memory, per lease name.
 //
-// This keeps DESIGN.md's invariant 1 (exclusive). The holder's lease is
+// This keeps invariant 1 of docs/design.md (exclusive). The holder's lease is
 // valid until its local deadline: the send time of its last successful
 // acquire or renew request + TTL − the Manager's safety margin. That
 // request wrote the record version the waiter saw, so it was sent before

@@ -252,8 +252,7 @@ func (t *heldTxn) Commit() (*clientv3.TxnResponse, error) {
 }
 
 // An acquire transaction that reaches etcd after its owner was ended is
-// refused (issue 19, item 5), so that it cannot leave a grant nobody
-// holds:
+// refused, so that it cannot leave a grant nobody holds:
 //
 //   - "released": an attempt is delayed; a retry with the same owner gets
 //     the name, uses it and releases it (what a blocking Acquire did before
@@ -348,8 +347,8 @@ func TestLateAcquireOfAnEndedOwnerIsRefused(t *testing.T) {
 // blackholed after the client connected) returns ctx's error when ctx ends,
 // promptly, and leaves nothing running: the backend closes at once
 // (Close waits for every goroutine of its watches), each of several rounds.
-// The Manager bounds each Watch by its PollInterval (issue 19, item 7); this
-// is the backend's side of that promise.
+// The Manager bounds each Watch by its PollInterval; this is the backend's
+// side of that promise.
 func TestWatchWithoutConfirmationHonoursContext(t *testing.T) {
 	cl := etcdtest.Start(t, 1)
 	p := prefix(t)

@@ -13,7 +13,7 @@ import (
 
 // A release resent after a lost reply replays the first one's answer: a
 // lease lost at the store (its key deleted) whose Release reply is lost
-// and resent stays lost, never a false release (issue 19 item 4).
+// and resent stays lost, never a false release.
 func TestReleaseOfALostLeaseWithALostReplyIsStillALoss(t *testing.T) {
 	cl := etcdtest.Start(t, 1)
 	p := prefix(t)

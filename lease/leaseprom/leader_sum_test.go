@@ -123,7 +123,7 @@ func TestSummedLeaderGaugeCanExceedOne(t *testing.T) {
 	if strings.Contains(text, "never above 1") || !strings.Contains(text, "stays above 1") {
 		t.Errorf("lease.ElectionObserver's doc does not say what the gauge does:\n%s", text)
 	}
-	for _, f := range []string{"leaseprom.go", "../../README.md"} {
+	for _, f := range []string{"leaseprom.go", "../../docs/operations.md"} {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)

@@ -59,7 +59,7 @@ const (
 	// BatchRenew: the backend implements driver.BatchRenewer.
 	BatchRenew Capability = "batch-renew"
 	// DataLoss: Config.LoseData is set, so the suite can check that tokens
-	// keep growing after the store lost its data (DESIGN.md invariant 2).
+	// keep growing after the store lost its data (docs/design.md, invariant 2).
 	DataLoss Capability = "data-loss"
 	// PushLoss: Config.EndSession is set, so the suite can check that a
 	// loss the store pushes (a session ended at the store) ends the lease

@@ -42,7 +42,7 @@ func acquireFailsAtOnce(t *testing.T, m *lease.Manager) error {
 // Against a database whose schema has no lease tables, a blocking Acquire
 // returns at once with an error naming `fencekit migrate up`, and
 // Manager.Check says the same before any lease is asked for; after the
-// migrations, Check passes (issue 23).
+// migrations, Check passes.
 func TestAcquireWithoutTheTablesFailsAtOnce(t *testing.T) {
 	u := testenv.PostgresURL()
 	for _, mode := range modes {

@@ -23,10 +23,10 @@ import (
 	"github.com/fencekit/fencekit/lease/redislease"
 )
 
-// The tests of this file: how a lease ends at Redis (issue 19 items 4 and
-// 5). Release and Abandon leave a tombstone per owner, so that a release
-// the client resends after its reply was lost is a release, and an acquire
-// request that reaches Redis after its owner ended is refused.
+// The tests of this file: how a lease ends at Redis. Release and Abandon
+// leave a tombstone per owner, so that a release the client resends after
+// its reply was lost is a release, and an acquire request that reaches
+// Redis after its owner ended is refused.
 
 // faultConns wraps the connections of a go-redis client (Options.Dialer)
 // and injects one fault into the first script call whose request carries
@@ -136,7 +136,7 @@ func (c *faultConn) Read(b []byte) (int, error) {
 	return c.Conn.Read(b)
 }
 
-// faultClient returns a client of the shared Redis, as the README makes it
+// faultClient returns a client of the shared Redis, as docs/redis.md makes it
 // (ContextTimeoutEnabled, go-redis's default retries), whose connections
 // go through f.
 func faultClient(t *testing.T, f *faultConns) *redis.Client {
@@ -178,7 +178,7 @@ func (o *endObserver) counts() (lost int, released []lease.ReleasedEvent) {
 	return len(o.lost), append([]lease.ReleasedEvent(nil), o.released...)
 }
 
-// Issue 19 item 4: a clean release whose reply is lost, and which go-redis
+// A clean release whose reply is lost, and which go-redis
 // resends on a new connection (default MaxRetries), is a release: Release
 // returns nil, the lease ends as released, the Observer counts no loss,
 // and Run reports the job's success. (Before the tombstones, the resent
@@ -257,7 +257,7 @@ func TestReleaseReplyLostIsARelease(t *testing.T) {
 	})
 }
 
-// Issue 19 item 5, at the backend: once Release or Abandon ended an owner,
+// At the backend: once Release or Abandon ended an owner,
 // its acquire request is refused when it reaches Redis, for
 // driver.EndedOwnerTTL, and the tombstone that refuses it lives that long
 // and shares the lease's hash slot.
@@ -365,7 +365,7 @@ func TestEndedOwnerRefusedByAcquire(t *testing.T) {
 	})
 }
 
-// Issue 19 item 5, through a Manager: a blocking Acquire's first request is
+// Through a Manager: a blocking Acquire's first request is
 // held on its way to Redis until the attempt is abandoned (past the
 // lease's validity); the retry, as a new owner, is granted, used and
 // released; only then does the first request reach Redis. It must be

@@ -96,7 +96,7 @@
 // # Deployments: standalone, Sentinel, Cluster
 //
 // What holds on each, as measured by this package's tests on real
-// deployments (docs/redis-deployments.md has the method and every figure):
+// deployments (docs/redis.md has the method and every figure):
 //
 //   - Tokens only grow across failovers, including to a replica that had
 //     not received the last grants (its counter is behind, the TIME floor

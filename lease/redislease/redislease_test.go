@@ -55,8 +55,8 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// redisLacks: what Redis cannot do (DESIGN.md: a Redis lease lives in keys
-// with a TTL, not in a session).
+// redisLacks: what Redis cannot do (a Redis lease lives in keys with a TTL,
+// not in a session: docs/design.md, "The backend contract").
 var redisLacks = map[leasetest.Capability]string{
 	leasetest.PushLoss: "Redis grants are keys with a TTL, not sessions: nothing at the store ends them but expiry, release or data loss, which a renew finds",
 }

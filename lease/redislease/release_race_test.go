@@ -68,7 +68,7 @@ func (h *scriptOrder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 // by default, and not), each released 0–2 ms after its grant, thousands of
 // times. A clean release must never be reported as a loss, the Observer
 // must count no loss, and no renew request may be sent for a lease once its
-// release was sent (DESIGN.md invariant 4; issue 9 item 5).
+// release was sent (docs/design.md, invariant 4).
 func TestReleaseRacingRenewals(t *testing.T) {
 	for _, window := range []time.Duration{0, lease.NoBatching} {
 		t.Run(fmt.Sprintf("batch-window=%v", window), func(t *testing.T) {

@@ -16,8 +16,8 @@ import (
 	"github.com/fencekit/fencekit/lease/redislease"
 )
 
-// Issue 19 item 6: on a Redis Cluster, one stalled master must not cost the
-// leases on the others. RenewBatch sends one pipeline per master and
+// On a Redis Cluster, one stalled master must not cost the leases on the
+// others. RenewBatch sends one pipeline per master and
 // reports each master's grants when it answers.
 //
 // The cluster is this test's own (3 masters, 3 replicas), with a node
@@ -133,7 +133,7 @@ func TestRenewBatchStalledMaster(t *testing.T) {
 		}
 	})
 
-	// The scenario of the issue, through a Manager that batches
+	// The stalled master, through a Manager that batches
 	// heartbeats: a master paused for 2.5 TTLs costs the leases it
 	// serves, all of them, and none of the leases on the other two.
 	t.Run("Manager", func(t *testing.T) {

@@ -36,8 +36,8 @@ import (
 // is not even needed: an acquire whose caller stopped waiting keeps its
 // name's operation lock until the store has answered, and then gives back
 // what it was granted, before any later release, abandon or acquire of that
-// name runs; see run. That is why the issue found ZooKeeper already
-// settled a late acquire.)
+// name runs; see run. That is why ZooKeeper already settled a late
+// acquire before ended owners were recorded.)
 
 // endedDirName is the node under Options.Root that holds the ended-owner
 // records. Escaped lease names contain no '.', so it is no lease's parent.

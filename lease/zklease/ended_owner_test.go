@@ -144,7 +144,7 @@ func (o *lossCounter) counts() (lost int, failed int, last string) {
 // Manager returns nil, no loss is observed, and the name is free at once.
 // Before the release recorded its owner as ended in the same transaction,
 // the resent delete got "no node" and every round was reported as lost
-// ("expired or was lost"), the issue's 3 of 3.
+// ("expired or was lost"), 3 rounds of 3.
 func TestReleaseWhoseAnswerIsLostIsARelease(t *testing.T) {
 	ens := zktest.Start(t, 3, zktest.Config{})
 	root := zktest.Root(t)
@@ -241,7 +241,7 @@ func (c *heldConn) Write(p []byte) (int, error) {
 }
 
 // An acquire request that reaches the store after its owner was ended is
-// refused (issue 19, item 5), so that it cannot leave a grant nobody holds:
+// refused, so that it cannot leave a grant nobody holds:
 //
 //   - "released": an owner released is refused, through any backend;
 //   - "abandoned, create delayed": an attempt's create is delayed in the

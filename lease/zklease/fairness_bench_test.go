@@ -12,7 +12,7 @@ import (
 	"github.com/fencekit/fencekit/lease/zklease"
 )
 
-// BenchmarkFairness is bench/'s BenchmarkFairness on ZooKeeper (issue 24),
+// BenchmarkFairness is bench/'s BenchmarkFairness on ZooKeeper,
 // run by testkit.FairnessOffOn on a three-node ensemble of its own: 8
 // contenders, each a Manager over a backend of its own (its own client and
 // session, spread over the members), loop on one lease name for 5 s:

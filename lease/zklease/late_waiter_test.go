@@ -114,7 +114,7 @@ func (c *lateConn) pump() {
 	}
 }
 
-// A waiter whose every request reaches ZooKeeper late (issue 19, item 5,
+// A waiter whose every request reaches ZooKeeper late (a late acquire
 // seen from the other side) must not keep the others out: W's requests are
 // delayed by more than the lease's validity, so its Manager abandons every
 // attempt and W never holds the lease; meanwhile B acquires (blocking),

@@ -1,4 +1,4 @@
--- Leases remember the owners they ended (issue 19), and session mode's
+-- Leases remember the owners they ended, and session mode's
 -- leases get an expiry at the store (package lease/pglease).
 --
 -- ended: on each lease row, the owners that a release or an abandon ended

@@ -1,4 +1,4 @@
--- Waiters in line (issue 24, package lease/pglease): a blocked acquire
+-- Waiters in line (package lease/pglease): a blocked acquire
 -- that asks for FIFO (driver.Request.Queue) keeps a place per lease name,
 -- so that a freed lease goes to the waiters in the order they came.
 --

@@ -1,6 +1,7 @@
 // Package testenv tells tests, examples and demos where the services are.
-// Each address comes from its environment variable (see DESIGN.md) or falls
-// back to the default of the development machines.
+// Each address comes from its environment variable (docs/design.md, "Tests
+// against real stores") or falls back to the default of the development
+// machines.
 package testenv
 
 import "os"
