@@ -8,8 +8,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/fencekit/fencekit/dynamoguard"
-	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/dynamoguard/dynamotest"
+	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/testkit"
 )
 

@@ -11,10 +11,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencekit/fencekit/fence"
-	"github.com/fencekit/fencekit/lease/etcdlease/etcdtest"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
+	"github.com/fencekit/fencekit/lease/etcdlease/etcdtest"
 )
 
 // overlapChecker fails when two holders of one lease overlap, or when a

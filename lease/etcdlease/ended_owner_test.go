@@ -16,11 +16,11 @@ import (
 	"github.com/rs/zerolog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/fencekit/fencekit/lease/etcdlease/etcdtest"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/etcdlease"
+	"github.com/fencekit/fencekit/lease/etcdlease/etcdtest"
 )
 
 // replyDropProxy is a TCP proxy in front of one etcd member. Armed, it

@@ -5,10 +5,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencekit/fencekit/lease/etcdlease/etcdtest"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
+	"github.com/fencekit/fencekit/lease/etcdlease/etcdtest"
 )
 
 // A release resent after a lost reply replays the first one's answer: a

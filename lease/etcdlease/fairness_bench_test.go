@@ -4,9 +4,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencekit/fencekit/lease/etcdlease/etcdtest"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/etcdlease/etcdtest"
 )
 
 // BenchmarkFairness is bench/'s BenchmarkFairness on etcd (its harness

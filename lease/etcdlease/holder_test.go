@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencekit/fencekit/lease/etcdlease/etcdtest"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/etcdlease/etcdtest"
 )
 
 // TestHolderInTheLastSecond: etcd reports a lease's time to live in whole

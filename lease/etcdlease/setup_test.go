@@ -11,9 +11,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/fencekit/fencekit/lease/etcdlease/etcdtest"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/etcdlease/etcdtest"
 )
 
 // acquireFailsFast is testkit.AcquireFailsFast, and etcdErr kept for

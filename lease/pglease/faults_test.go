@@ -8,11 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencekit/fencekit/lease/pglease/internal/pgtest"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/leasetest"
 	"github.com/fencekit/fencekit/lease/pglease"
+	"github.com/fencekit/fencekit/lease/pglease/internal/pgtest"
 )
 
 var modes = []pglease.Mode{pglease.ModeTable, pglease.ModeSession}

@@ -9,12 +9,12 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/fencekit/fencekit/lease/pglease/internal/pgtest"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/pglease"
+	"github.com/fencekit/fencekit/lease/pglease/internal/pgtest"
 )
 
 // proxiedPool opens a pool whose connections go through a fault proxy in

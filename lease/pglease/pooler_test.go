@@ -8,11 +8,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/fencekit/fencekit/lease/pglease/internal/pgtest"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/pglease"
+	"github.com/fencekit/fencekit/lease/pglease/internal/pgtest"
 )
 
 // A real PgBouncer between the backend and the server. Session mode refuses

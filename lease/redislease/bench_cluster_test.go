@@ -9,9 +9,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fencekit/fencekit/lease/redislease/redistest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
+	"github.com/fencekit/fencekit/lease/redislease/redistest"
 )
 
 // The benchmarks of this file compare a Redis Cluster of three masters (with

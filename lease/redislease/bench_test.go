@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencekit/fencekit/lease/redislease/redistest"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/redislease/redistest"
 )
 
 // BenchmarkCycle compares, in one run on the same Redis, a TryAcquire+Release

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencekit/fencekit/lease/redislease/redistest"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/redislease/redistest"
 )
 
 // TestDeadlinesHoldAtScale: one Manager holds 10,000 leases on a Redis

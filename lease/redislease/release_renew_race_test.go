@@ -8,11 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencekit/fencekit/lease/redislease/redistest"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/redislease"
+	"github.com/fencekit/fencekit/lease/redislease/redistest"
 )
 
 // slowBatchBackend holds the first heartbeat batch at the store for a

@@ -9,10 +9,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fencekit/fencekit/lease/redislease/redistest"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/redislease"
+	"github.com/fencekit/fencekit/lease/redislease/redistest"
 )
 
 // acquireFailsFast is testkit.AcquireFailsFast, and the Redis error kept
