@@ -4,7 +4,6 @@ import (
 	"fmt"
 
 	"github.com/fencekit/fencekit/lease/driver"
-	"github.com/fencekit/fencekit/lease/memlease"
 )
 
 // The backend contract lives in package driver (as database/sql/driver
@@ -58,10 +57,3 @@ func ValidateName(name string) error {
 	}
 	return nil
 }
-
-// MemoryBackend is the in-memory backend of package memlease, for unit
-// tests and runnable examples.
-type MemoryBackend = memlease.Backend
-
-// NewMemoryBackend returns an empty in-memory backend (memlease.New).
-func NewMemoryBackend() *MemoryBackend { return memlease.New() }

@@ -85,8 +85,8 @@
 // per lease name. Backends that keep a line: memlease, redislease and
 // etcdlease (driver.Limits.Queues).
 //
-// The in-memory backend (package memlease; NewMemoryBackend here) serves
-// unit tests and examples.
+// The in-memory backend, package memlease (memlease.New), serves unit
+// tests and examples.
 // The stores' backends are modules of their own, so that a program using one
 // store never inherits another store's client: lease/redislease (Redis),
 // lease/pglease (PostgreSQL), lease/etcdlease (etcd) and lease/zklease

@@ -22,17 +22,16 @@ import (
 // whoever causes it (a reply, the clock, the backend's Notifier, the
 // holder), goes through state.apply.
 type engine struct {
-	b      Backend
-	w      driver.Watcher      // nil when b cannot signal releases
-	br     driver.BatchRenewer // nil unless b batches and batching is on
-	limits driver.Limits
-	o      *Options // the Manager's, read-only after NewManager
-	sched  scheduler
-	epoch  time.Time // origin of the engine's monotonic clock (since)
+	b     Backend
+	w     driver.Watcher      // nil when b cannot signal releases
+	br    driver.BatchRenewer // nil unless b batches and batching is on
+	o     *Options            // the Manager's, read-only after NewManager
+	sched scheduler
+	epoch time.Time // origin of the engine's monotonic clock (since)
 }
 
-func (e *engine) init(b Backend, limits driver.Limits, o *Options) {
-	e.b, e.limits, e.o, e.epoch = b, limits, o, time.Now()
+func (e *engine) init(b Backend, o *Options) {
+	e.b, e.o, e.epoch = b, o, time.Now()
 	e.sched.e = e
 	e.w, _ = b.(driver.Watcher)
 	if br, ok := b.(driver.BatchRenewer); ok && o.RenewBatchWindow > 0 {
@@ -93,7 +92,7 @@ func (e *engine) attempt(parent, ctx context.Context, req driver.Request, start 
 	eff := l.apply(event{kind: evGranted, at: deadline})
 	if !eff.ended {
 		e.sched.setDeadline(&l.dl, deadline)
-		if !e.o.DisableAutoRenew && !e.limits.SelfRenewing {
+		if !e.o.DisableAutoRenew {
 			// Counted from the send time, like the deadline: a slow reply
 			// must not push the first renewal towards the deadline.
 			e.sched.setHeartbeat(&l.hb, sent.Add(e.o.RenewInterval))

@@ -50,7 +50,7 @@ func NewManager(b Backend, ttl time.Duration, opts ...Option) (*Manager, error) 
 		return nil, err
 	}
 	m := &Manager{o: o}
-	m.e.init(b, limits, &m.o)
+	m.e.init(b, &m.o)
 	return m, nil
 }
 

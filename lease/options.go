@@ -30,8 +30,6 @@ type Options struct {
 
 	// DisableAutoRenew turns the background heartbeat off; the holder then
 	// calls Lease.Renew itself. The local deadline is enforced either way.
-	// Backends that keep grants alive themselves (Limits.SelfRenewing)
-	// never get heartbeats.
 	DisableAutoRenew bool
 
 	// SafetyMargin is subtracted from the TTL when computing a lease's
