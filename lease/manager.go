@@ -224,16 +224,6 @@ func (m *Manager) Acquire(ctx context.Context, name string) (_ *Lease, err error
 	}
 }
 
-var (
-	// errAttemptAbandoned marks an attempt of a blocking Acquire that was
-	// cut short by the lease's validity.
-	errAttemptAbandoned = errors.New("attempt abandoned")
-	// errGivenBack marks an attempt whose grant the Manager gave back
-	// (late, lost before use, or breaking the contract): its owner is
-	// ended at the store.
-	errGivenBack = errors.New("given back")
-)
-
 // outcomeUnknown reports whether an attempt that failed with err may still
 // have been granted at the store: its request was cut short by a context
 // while in flight. A refusal, or an error the store answered, is not.
