@@ -2,6 +2,7 @@ package lease
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/fencekit/fencekit/lease/driver"
 )
@@ -56,4 +57,17 @@ func ValidateName(name string) error {
 		return fmt.Errorf("%w: name %q ends in %q and digits, the form reserved for the slots of semaphores (lease.SlotName)", ErrInvalidName, name, permitMarker)
 	}
 	return nil
+}
+
+// permitMarker joins a semaphore's name and a slot number in the slot's
+// lease name. Lease names that end in it followed by digits are reserved
+// (ValidateName refuses them), so a slot name is never a user's lease
+// name, and two semaphores never share a slot.
+const permitMarker = "#permit/"
+
+// reservedName reports whether name ends in "#permit/" and one or more
+// digits: the form of a semaphore slot.
+func reservedName(name string) bool {
+	digits := strings.TrimRightFunc(name, func(r rune) bool { return r >= '0' && r <= '9' })
+	return len(digits) < len(name) && strings.HasSuffix(digits, permitMarker)
 }

@@ -305,3 +305,21 @@ func shortestUsableTTL(given Options, lim driver.Limits) time.Duration {
 	}
 	return shortest
 }
+
+// validateFIFO reports why Options.FIFO cannot be served, each problem
+// matching ErrInvalidOptions.
+func (o Options) validateFIFO(b Backend, lim driver.Limits) []error {
+	if !o.FIFO || b == nil {
+		return nil
+	}
+	var errs []error
+	if !lim.Queues {
+		errs = append(errs, fmt.Errorf("%w: FIFO needs a backend that keeps waiters in line at the store (driver.Limits.Queues), and %T does not: %w",
+			ErrInvalidOptions, b, errors.ErrUnsupported))
+	}
+	if o.TTL > 0 && o.PollInterval > o.TTL/2 {
+		errs = append(errs, fmt.Errorf("%w: poll interval %v is too long for FIFO: a waiter keeps its place in line by asking again within its TTL, so it must be at most TTL/2 = %v",
+			ErrInvalidOptions, o.PollInterval, o.TTL/2))
+	}
+	return errs
+}
