@@ -119,31 +119,33 @@ func (o *heldAtDeposed) Deposed(e lease.ElectionEvent) {
 // that frees it at the store is sent: a gauge summed across processes never
 // counts the old leader and the next one at once.
 func TestDeposedBeforeTheRelease(t *testing.T) {
-	b := memlease.New()
-	obs := &heldAtDeposed{b: b}
-	m, err := lease.NewManager(b, time.Minute, lease.WithObserver(obs))
-	if err != nil {
-		t.Fatal(err)
-	}
-	const terms = 30
-	e, err := lease.NewElection(m, "leader", lease.WithBackoff(time.Millisecond, time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	n := 0
-	err = e.Run(ctx, func(context.Context, *lease.Lease) error {
-		if n++; n == terms {
-			cancel()
+	synctest.Test(t, func(t *testing.T) {
+		b := memlease.New()
+		obs := &heldAtDeposed{b: b}
+		m, err := lease.NewManager(b, time.Minute, lease.WithObserver(obs))
+		if err != nil {
+			t.Fatal(err)
 		}
-		return nil // the term ends at once: released
+		const terms = 30
+		e, err := lease.NewElection(m, "leader", lease.WithBackoff(time.Millisecond, time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		n := 0
+		err = e.Run(ctx, func(context.Context, *lease.Lease) error {
+			if n++; n == terms {
+				cancel()
+			}
+			return nil // the term ends at once: released
+		})
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Run = %v", err)
+		}
+		if obs.deposed != terms || obs.released != 0 {
+			t.Fatalf("%d terms deposed, %d of them after the store had freed the grant; want %d, none", obs.deposed, obs.released, terms)
+		}
 	})
-	if !errors.Is(err, context.Canceled) {
-		t.Fatalf("Run = %v", err)
-	}
-	if obs.deposed != terms || obs.released != 0 {
-		t.Fatalf("%d terms deposed, %d of them after the store had freed the grant; want %d, none", obs.deposed, obs.released, terms)
-	}
 }
 
 // slowLost is an Observer whose Lost takes a while (a slow exporter),

@@ -579,39 +579,41 @@ func (c *capture) WithGroup(string) slog.Handler      { return c }
 // and as every fencekit package does; and the error of an Acquire that
 // gives up is one line that still matches each cause.
 func TestDefaultLoggerAndOneLineErrors(t *testing.T) {
-	c := &capture{}
-	prev := slog.Default()
-	slog.SetDefault(slog.New(c))
-	t.Cleanup(func() { slog.SetDefault(prev) })
+	synctest.Test(t, func(t *testing.T) {
+		c := &capture{}
+		prev := slog.Default()
+		slog.SetDefault(slog.New(c))
+		t.Cleanup(func() { slog.SetDefault(prev) })
 
-	b := &flaky{Backend: memlease.New()}
-	m, err := lease.NewManager(b, time.Second, lease.WithPollInterval(time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := m.Acquire(context.Background(), "logged")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.mu.Lock()
-	got := append([]string(nil), c.msgs...)
-	c.mu.Unlock()
-	if len(got) == 0 || !strings.Contains(got[0], "acquire attempt failed") {
-		t.Fatalf("warnings in slog.Default: %q; want the failed attempt", got)
-	}
-
-	// Held by l: a second Acquire gives up when its context ends.
-	b.calls.Store(0) // its first attempt fails with the store's error
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	_, err = m.Acquire(ctx, "logged")
-	for _, want := range []error{lease.ErrNotAcquired, errFlaky, context.DeadlineExceeded} {
-		if !errors.Is(err, want) {
-			t.Errorf("Acquire's error %v does not match %v", err, want)
+		b := &flaky{Backend: memlease.New()}
+		m, err := lease.NewManager(b, time.Second, lease.WithPollInterval(time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if strings.Contains(err.Error(), "\n") {
-		t.Errorf("Acquire's error is not one line: %q", err)
-	}
-	_ = l.Release(context.Background())
+		l, err := m.Acquire(context.Background(), "logged")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.mu.Lock()
+		got := append([]string(nil), c.msgs...)
+		c.mu.Unlock()
+		if len(got) == 0 || !strings.Contains(got[0], "acquire attempt failed") {
+			t.Fatalf("warnings in slog.Default: %q; want the failed attempt", got)
+		}
+
+		// Held by l: a second Acquire gives up when its context ends.
+		b.calls.Store(0) // its first attempt fails with the store's error
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		_, err = m.Acquire(ctx, "logged")
+		for _, want := range []error{lease.ErrNotAcquired, errFlaky, context.DeadlineExceeded} {
+			if !errors.Is(err, want) {
+				t.Errorf("Acquire's error %v does not match %v", err, want)
+			}
+		}
+		if strings.Contains(err.Error(), "\n") {
+			t.Errorf("Acquire's error is not one line: %q", err)
+		}
+		_ = l.Release(context.Background())
+	})
 }
