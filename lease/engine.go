@@ -89,9 +89,9 @@ func (e *engine) newHolding(parent context.Context) *holding {
 // lock, it carries out what the transition returned, in this order: it
 // wakes the goroutines whose condition now holds, tells the Observer of a
 // release, reports an end (the Observer and the log for a loss, then the
-// whenEnded function, then the Context), gives back a grant the store
-// should not keep, and sends the next request or waits, and applies what
-// follows in turn, until nothing is left to do.
+// whenEnded function, then the Context), and sends the next request (a
+// renewal, a release, the give-back of a grant the store should not keep)
+// or waits, and applies what follows in turn, until nothing is left to do.
 //
 // ctx is the caller's (Renew, Release, an acquire attempt): it bounds the
 // requests sent for the caller and is the Observer's context of a release.
@@ -163,9 +163,6 @@ func (h *holding) post(ctx context.Context, ev event) effect {
 		if eff.heartbeat && ev.err != nil {
 			e.o.Logger.Debug("lease: renew failed, will retry", "name", h.g.Name, "err", ev.err)
 		}
-		if eff.giveBack && ev.by != byBatch { // a batch gives back once every lease has its answer
-			e.giveBack(ctx, h.g)
-		}
 		switch eff.do {
 		case doNext:
 			ev = event{kind: eff.next}
@@ -177,6 +174,11 @@ func (h *holding) post(ctx context.Context, ev event) effect {
 		case doRelease:
 			sent = time.Now()
 			ev = e.release(ctx, h, eff.wait)
+		case doGiveBack:
+			if ev.by == byBatch {
+				return eff.effect // renewBatch gives back once every lease has its answer
+			}
+			ev = event{kind: evGiveBackEnd, err: e.giveBack(ctx, h.g)}
 		default:
 			return eff.effect
 		}
@@ -315,8 +317,8 @@ func (e *engine) attempt(parent, ctx context.Context, req driver.Request, start 
 			ErrNotAcquired, req.Name, now.Sub(sent), g.TTL, e.o.SafetyMargin, errGivenBack)
 	}
 	if eff := h.post(ctx, event{kind: evGranted, sent: sent, validity: validity, grant: g}); eff.ended {
-		// The backend reported the grant lost before its reply arrived;
-		// post gave it back.
+		// The backend reported the grant lost before its reply arrived.
+		e.giveBack(ctx, g)
 		return nil, fmt.Errorf("%w: %q: the grant was lost before it could be used (%w): %w", ErrNotAcquired, req.Name, errGivenBack, h.Err())
 	}
 	e.o.Observer.Acquired(AcquiredEvent{Ctx: parent, Name: g.Name, Token: g.Token, Wait: time.Since(start), Attempts: n})
@@ -369,13 +371,16 @@ func (e *engine) releaseContext(ctx context.Context) (context.Context, context.C
 
 // giveBack releases a grant that is not handed out (late, lost before use,
 // breaking the contract) or that the store renewed after it ended here,
-// best effort, within ReleaseTimeout.
-func (e *engine) giveBack(ctx context.Context, g driver.Grant) {
+// best effort, within ReleaseTimeout. It returns the store's answer, and
+// logs a failure.
+func (e *engine) giveBack(ctx context.Context, g driver.Grant) error {
 	rctx, cancel := e.releaseContext(ctx)
 	defer cancel()
-	if err := e.b.Release(rctx, g); err != nil && !errors.Is(err, ErrNotHeld) {
+	err := e.b.Release(rctx, g)
+	if err != nil && !errors.Is(err, ErrNotHeld) {
 		e.o.Logger.Warn("lease: could not give back a grant; it expires after its TTL", "name", g.Name, "token", uint64(g.Token), "err", err)
 	}
+	return err
 }
 
 // renew sends one renew request for h (post's doRenew) and returns its
@@ -466,7 +471,7 @@ func (e *engine) renewBatch(hs []*holding) {
 		mu.Unlock()
 		h := live[i]
 		e.renewed(h, sent, err)
-		if eff := h.post(nil, event{kind: evRenewEnd, by: byBatch, sent: sent, at: time.Now(), err: err}); eff.giveBack {
+		if eff := h.post(nil, event{kind: evRenewEnd, by: byBatch, sent: sent, at: time.Now(), err: err}); eff.do == doGiveBack {
 			mu.Lock()
 			giveBack = append(giveBack, h)
 			mu.Unlock()
@@ -484,13 +489,14 @@ func (e *engine) renewBatch(hs []*holding) {
 	// Only after every lease of the batch has its result: a give-back can
 	// take up to ReleaseTimeout.
 	for _, h := range giveBack {
-		e.giveBack(context.Background(), h.g)
+		h.post(nil, event{kind: evGiveBackEnd, by: byBatch, err: e.giveBack(context.Background(), h.g)})
 	}
 }
 
 // release sends the release of h (post's doRelease) once the renew
-// requests in flight have answered (drained is closed then; nil when none
-// is in flight), and returns the answer as the event that follows. It is
+// requests in flight, and the give-backs of grants they renewed, have
+// been answered (drained is closed then; nil when none is in flight), and
+// returns the answer as the event that follows. It is
 // bounded by ctx while ctx is live, and by ReleaseTimeout.
 func (e *engine) release(ctx context.Context, h *holding, drained <-chan struct{}) event {
 	rctx, cancel := e.releaseContext(ctx)
@@ -499,7 +505,7 @@ func (e *engine) release(ctx context.Context, h *holding, drained <-chan struct{
 		select {
 		case <-drained:
 		case <-rctx.Done():
-			return event{kind: evReleaseEnd, err: fmt.Errorf("lease: release %q (token %d) not sent: a renew request is still unanswered: %w", h.g.Name, h.g.Token, rctx.Err())}
+			return event{kind: evReleaseEnd, err: fmt.Errorf("lease: release %q (token %d) not sent: a renew request (or the give-back of the grant it renewed) is still unanswered: %w", h.g.Name, h.g.Token, rctx.Err())}
 		}
 	}
 	err := e.b.Release(rctx, h.g)

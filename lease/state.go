@@ -116,6 +116,7 @@ const (
 	evRelease                       // a Release call begins
 	evReleaseReady                  // the Release call goes on once the end is reported
 	evReleaseEnd                    // err: the store's answer, or why nothing was sent
+	evGiveBackEnd                   // err: the store's answer to the give-back of a grant renewed after the lease ended
 	evReport                        // err: the end being reported; the Observer has been told
 	evReported                      // the first report cancelled the Context
 	evContext                       // the holder asks for the Context
@@ -147,11 +148,12 @@ type event struct {
 type action uint8
 
 const (
-	doNothing action = iota // done: return effect.result
-	doNext                  // post effect.next
-	doWait                  // wait until effect.wait is closed, then post effect.next
-	doRenew                 // send the renew request, bounded by effect.until, then post evRenewEnd
-	doRelease               // wait for effect.wait (if set) within the release's time, send the release, then post evReleaseEnd
+	doNothing  action = iota // done: return effect.result
+	doNext                   // post effect.next
+	doWait                   // wait until effect.wait is closed, then post effect.next
+	doRenew                  // send the renew request, bounded by effect.until, then post evRenewEnd
+	doRelease                // wait for effect.wait (if set) within the release's time, send the release, then post evReleaseEnd
+	doGiveBack               // give the grant back to the store, then post evGiveBackEnd (a batch does so once every lease has its answer)
 )
 
 // effect tells the caller of apply what to do outside the lock: the
@@ -169,7 +171,6 @@ type effect struct {
 	end       error           // ended, onEnd, cancel: the end to report
 	moved     bool            // the deadline moved later: reschedule it
 	heartbeat bool            // schedule the next heartbeat
-	giveBack  bool            // the store still names us for a grant that ended here: release it
 	released  bool            // evReleaseEnd: the store released the grant (or could not be reached)
 	onEnd     func(error)     // call it with end
 	cancel    bool            // cancel the Context with end
@@ -201,7 +202,6 @@ func (s *state) apply(ev event, name string, token fence.Token) (eff effect) {
 			// The backend reported the grant lost before its reply came.
 			s.gone = true
 			lose(LostTakenOver, s.early)
-			eff.giveBack = true
 			break
 		}
 		eff.moved, eff.heartbeat = true, true
@@ -229,11 +229,16 @@ func (s *state) apply(ev event, name string, token fence.Token) (eff effect) {
 		case ev.err == nil && s.phase.live():
 			s.lastErr = nil
 			extend(ev.sent)
-		case ev.err == nil:
+		case ev.err == nil && !s.gone && s.phase != phaseReleasing:
 			// The store renewed a grant this process no longer counts
 			// as held: it still names us, so others would wait a TTL.
-			// (While releasing, the release that follows frees it.)
-			eff.giveBack = !s.gone && s.phase != phaseReleasing
+			// Give it back. Until the store answers, the request counts
+			// as in flight: a Release waits for it, and returns only
+			// once nothing is sent for the lease any more.
+			s.inflight++
+			eff.do = doGiveBack
+		case ev.err == nil:
+			// While releasing, the release that follows frees it.
 		case s.phase == phaseHeld && errors.Is(ev.err, ErrNotHeld):
 			s.gone = true
 			lose(LostTakenOver, ev.err)
@@ -339,6 +344,12 @@ func (s *state) apply(ev event, name string, token fence.Token) (eff effect) {
 			}
 		}
 		eff.result = releaseResult(s.end, ev.err)
+
+	case evGiveBackEnd:
+		s.inflight--
+		if ev.err == nil || errors.Is(ev.err, ErrNotHeld) {
+			s.gone = true
+		}
 
 	case evReport:
 		// A released lease is reported again if the store says it was
