@@ -153,7 +153,10 @@ func (l *Lease) Renew(ctx context.Context) error {
 //
 // A renew request already in flight when Release begins is cut short and
 // answered before the release is sent, and its answer does not decide the
-// outcome. Release calls on one lease run one at a time.
+// outcome; so is the give-back of a grant that a late renewal renewed
+// after the lease was lost: unless ReleaseTimeout runs out first, nothing
+// more is sent for the lease once Release returns. Release calls on one
+// lease run one at a time.
 //
 // ctx bounds the request while it is live; if it is already done, Release
 // uses a detached context, so a deferred Release works after the work's

@@ -76,8 +76,8 @@ type Options struct {
 	FIFO bool
 
 	// ReleaseTimeout bounds every Release (including its wait for a renew
-	// request already in flight) and the give-back of a grant that arrived
-	// too late. Default 5 s; at least 10 ms.
+	// request, or a give-back, already in flight) and the give-back of a
+	// grant that arrived too late. Default 5 s; at least 10 ms.
 	ReleaseTimeout time.Duration
 
 	// Identity prefixes every owner this Manager creates, to tell holders
