@@ -130,7 +130,7 @@ func (h *holding) post(ctx context.Context, ev event) effect {
 		}
 		return t
 	}
-	wake := func(t todo) {
+	wake := func(t *todo) {
 		for _, ch := range t.wake {
 			close(ch)
 		}
@@ -147,17 +147,18 @@ func (h *holding) post(ctx context.Context, ev event) effect {
 	var sent time.Time // of the release request
 	eff := step(ev)
 	for {
-		wake(eff)
+		wake(&eff)
 		if eff.released {
 			e.o.Observer.Released(ReleasedEvent{Ctx: ctx, Name: h.g.Name, Token: h.g.Token, Held: time.Since(h.granted), Sent: sent, Latency: time.Since(sent), Err: ev.err})
 		}
 		if eff.ended {
 			// Whoever waits on Done sees the loss already counted.
-			e.reportLoss(h, eff.effect)
+			e.reportLoss(h, &eff.effect)
 			r := step(event{kind: evReport, err: eff.end})
-			wake(r)
+			wake(&r)
 			if r.do == doNext {
-				wake(step(event{kind: r.next}))
+				reported := step(event{kind: r.next})
+				wake(&reported)
 			}
 		}
 		if eff.heartbeat && ev.err != nil {
@@ -248,7 +249,7 @@ func (e *engine) schedule(h *holding, ev event, eff effect) {
 
 // reportLoss tells the Observer and the log that the lease was lost. It
 // does nothing for a release.
-func (e *engine) reportLoss(h *holding, eff effect) {
+func (e *engine) reportLoss(h *holding, eff *effect) {
 	if eff.reason == "" {
 		return
 	}
