@@ -47,7 +47,7 @@ type state struct {
 
 	deadline time.Time // local deadline, with a monotonic reading
 	validity time.Duration
-	inflight int         // renew requests let through the gate and not yet answered
+	inflight int         // renew requests let through the gate and not yet answered, or whose grant is being given back
 	lastErr  error       // the last renew error, for LostError.Cause
 	end      error       // why the lease ended; nil while live
 	early    error       // a loss pushed while the acquire was pending
@@ -61,7 +61,7 @@ type condition uint8
 const (
 	untilTurn      condition = iota // no Release call runs
 	untilCancelled                  // the end was reported and the Context cancelled
-	untilDrained                    // no renew request is in flight
+	untilDrained                    // no renew request (or give-back of one) is in flight
 )
 
 // sleeper is a goroutine waiting for cond: apply hands ch back to be
@@ -123,7 +123,8 @@ const (
 	evWhenEnded                     // onEnd: to be called with the end
 )
 
-// poster says who posted an event: it decides what follows a renew.
+// poster says who posted an event: it decides what follows a renew, and
+// whether the scheduler's entries are still to be removed.
 type poster uint8
 
 const (
