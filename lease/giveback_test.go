@@ -50,6 +50,20 @@ func (b *lateRenewals) Release(ctx context.Context, g driver.Grant) error {
 	return err
 }
 
+// acquireLate acquires the lease "late" over b, with a TTL of 1 s.
+func acquireLate(t *testing.T, b *lateRenewals, opts ...lease.Option) *lease.Lease {
+	t.Helper()
+	m, err := lease.NewManager(b, time.Second, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := m.TryAcquire(context.Background(), "late")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
 // A heartbeat that the store answered after the lease's local deadline
 // finds the lease lost here but renewed at the store, and gives the grant
 // back. A Release of that lease returns only once that give-back has been
@@ -60,15 +74,8 @@ func TestReleaseWaitsForAGiveBackInFlight(t *testing.T) {
 		t.Run(map[bool]string{true: "one by one", false: "batched"}[window == lease.NoBatching], func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				b := &lateRenewals{Backend: memlease.New(), renewDelay: time.Second, giveBackDelay: 500 * time.Millisecond}
-				m, err := lease.NewManager(b, time.Second, lease.WithRenewBatchWindow(window))
-				if err != nil {
-					t.Fatal(err)
-				}
+				l := acquireLate(t, b, lease.WithRenewBatchWindow(window))
 				ctx := context.Background()
-				l, err := m.TryAcquire(ctx, "late")
-				if err != nil {
-					t.Fatal(err)
-				}
 				// The first heartbeat goes out at about a third of the
 				// TTL, the lease is lost at its deadline, the heartbeat's
 				// reply comes a second after it went out, and its
@@ -90,4 +97,26 @@ func TestReleaseWaitsForAGiveBackInFlight(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A Renew that the store answered after the lease's local deadline reports
+// the loss (the lease ended at its deadline, and the late success does not
+// revive it), and returns once the grant it renewed is given back.
+func TestRenewAnsweredAfterTheDeadlineReportsTheLoss(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memlease.New()
+		b := &lateRenewals{Backend: mem, renewDelay: 1500 * time.Millisecond}
+		l := acquireLate(t, b, lease.WithoutAutoRenew())
+		ctx := context.Background()
+		err := l.Renew(ctx)
+		if !errors.Is(err, lease.ErrLost) || !errors.Is(l.Err(), lease.ErrLost) {
+			t.Fatalf("Renew answered after the deadline = %v (Err %v), want the loss", err, l.Err())
+		}
+		if b.releases.Load() != 1 || b.inFlight.Load() != 0 {
+			t.Fatalf("when Renew returned, %d give-backs were sent and %d in flight; want one, answered", b.releases.Load(), b.inFlight.Load())
+		}
+		if _, err := mem.Holder(ctx, "late"); !errors.Is(err, lease.ErrNotHeld) {
+			t.Fatalf("the store still holds the grant the late renewal extended: %v", err)
+		}
+	})
 }

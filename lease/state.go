@@ -351,6 +351,7 @@ func (s *state) apply(ev event, name string, token fence.Token) (eff effect) {
 		if ev.err == nil || errors.Is(ev.err, ErrNotHeld) {
 			s.gone = true
 		}
+		eff.result = s.end // the Renew whose grant it was found the lease ended
 
 	case evReport:
 		// A released lease is reported again if the store says it was
