@@ -107,7 +107,7 @@ func (h *holding) post(ctx context.Context, ev event) effect {
 		if ev.kind == evGranted {
 			h.g, h.granted = ev.grant, ev.sent
 		}
-		t.effect = h.st.apply(ev, h.g.Name, h.g.Token)
+		t.effect = h.st.apply(&ev, h.g.Name, h.g.Token)
 		h.publish()
 		e.schedule(h, ev, t.effect)
 		switch {

@@ -181,7 +181,7 @@ type effect struct {
 
 // apply is the lease's one transition function. name and token label the
 // errors it makes.
-func (s *state) apply(ev event, name string, token fence.Token) (eff effect) {
+func (s *state) apply(ev *event, name string, token fence.Token) (eff effect) {
 	lose := func(reason LostReason, cause error) {
 		if cause == nil {
 			cause = s.lastErr
