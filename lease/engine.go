@@ -151,7 +151,7 @@ func (h *holding) post(ctx context.Context, ev event) effect {
 		if eff.released {
 			e.o.Observer.Released(ReleasedEvent{Ctx: ctx, Name: h.g.Name, Token: h.g.Token, Held: time.Since(h.granted), Sent: sent, Latency: time.Since(sent), Err: ev.err})
 		}
-		if eff.ended {
+		if eff.ended && !eff.reported {
 			// Whoever waits on Done sees the loss already counted.
 			e.reportLoss(h, &eff.effect)
 			r := step(event{kind: evReport, err: eff.end})

@@ -167,7 +167,8 @@ type effect struct {
 	result error         // what Renew or Release returns (evRenewBegin, evRenewEnd, evReleaseReady, evReleaseEnd)
 
 	wake      []chan struct{} // close these: their conditions hold
-	ended     bool            // the lease just ended (or its end changed to lost): report it
+	ended     bool            // the lease just ended (or its end changed to lost): report it, unless reported is set
+	reported  bool            // ended, but there was nothing to report: apply has recorded the report
 	reason    LostReason      // when it ended as lost
 	end       error           // ended, onEnd, cancel: the end to report
 	moved     bool            // the deadline moved later: reschedule it
@@ -307,8 +308,16 @@ func (s *state) apply(ev *event, name string, token fence.Token) (eff effect) {
 			// name is sent: a waiter it wakes may be granted at once.
 			s.phase, s.end = phaseReleasing, ErrReleased
 			eff.ended, eff.end = true, s.end
+			if s.ctxMade || s.onEnd != nil {
+				eff.do, eff.next = doNext, evReleaseReady // once post has reported the end
+				break
+			}
+			// Nothing to call before the request goes out (no Context,
+			// no whenEnded function, and a release is no loss to tell
+			// the Observer): the end is reported here and now.
+			s.reported, s.cancelled, eff.reported = true, true, true
 		}
-		eff.do, eff.next = doNext, evReleaseReady
+		fallthrough
 
 	case evReleaseReady:
 		// The lease has ended: by this call, or before by another
