@@ -2,9 +2,9 @@ package lease
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/fencekit/fencekit/lease/driver"
-	"github.com/fencekit/fencekit/lease/memlease"
 )
 
 // The backend contract lives in package driver (as database/sql/driver
@@ -59,9 +59,15 @@ func ValidateName(name string) error {
 	return nil
 }
 
-// MemoryBackend is the in-memory backend of package memlease, for unit
-// tests and runnable examples.
-type MemoryBackend = memlease.Backend
+// permitMarker joins a semaphore's name and a slot number in the slot's
+// lease name. Lease names that end in it followed by digits are reserved
+// (ValidateName refuses them), so a slot name is never a user's lease
+// name, and two semaphores never share a slot.
+const permitMarker = "#permit/"
 
-// NewMemoryBackend returns an empty in-memory backend (memlease.New).
-func NewMemoryBackend() *MemoryBackend { return memlease.New() }
+// reservedName reports whether name ends in "#permit/" and one or more
+// digits: the form of a semaphore slot.
+func reservedName(name string) bool {
+	digits := strings.TrimRightFunc(name, func(r rune) bool { return r >= '0' && r <= '9' })
+	return len(digits) < len(name) && strings.HasSuffix(digits, permitMarker)
+}

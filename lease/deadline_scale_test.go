@@ -12,13 +12,14 @@ import (
 
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
+	"github.com/fencekit/fencekit/lease/memlease"
 )
 
 // freezable is a memory store that can stop answering: once frozen, every
 // renew (alone or batched) hangs until its context ends, as a server
 // stopped with SIGSTOP would leave it.
 type freezable struct {
-	*lease.MemoryBackend
+	*memlease.Backend
 	frozen atomic.Bool
 }
 
@@ -27,7 +28,7 @@ func (f *freezable) Renew(ctx context.Context, g driver.Grant) error {
 		<-ctx.Done()
 		return ctx.Err()
 	}
-	return f.MemoryBackend.Renew(ctx, g)
+	return f.Backend.Renew(ctx, g)
 }
 
 func (f *freezable) RenewBatch(ctx context.Context, gs []driver.Grant, done func(int, error)) {
@@ -38,7 +39,7 @@ func (f *freezable) RenewBatch(ctx context.Context, gs []driver.Grant, done func
 		}
 		return
 	}
-	f.MemoryBackend.RenewBatch(ctx, gs, done)
+	f.Backend.RenewBatch(ctx, gs, done)
 }
 
 // TestDeadlinesHoldAtScaleInVirtualTime: one Manager holds 10,000 leases,
@@ -62,7 +63,7 @@ func TestDeadlinesHoldAtScaleInVirtualTime(t *testing.T) {
 		ttl     = 5 * time.Second
 	)
 	synctest.Test(t, func(t *testing.T) {
-		fb := &freezable{MemoryBackend: lease.NewMemoryBackend()}
+		fb := &freezable{Backend: memlease.New()}
 		lostAt := &lostClock{}
 		m, err := lease.NewManager(fb, ttl, lease.WithObserver(lostAt))
 		if err != nil {

@@ -87,8 +87,8 @@
 // dynamolease does not, and NewManager refuses FIFO over it (its package
 // doc says why).
 //
-// The in-memory backend (package memlease; NewMemoryBackend here) serves
-// unit tests and examples.
+// The in-memory backend, package memlease (memlease.New), serves unit
+// tests and examples.
 // The stores' backends are modules of their own, so that a program using one
 // store never inherits another store's client: lease/redislease (Redis),
 // lease/pglease (PostgreSQL), lease/etcdlease (etcd) and lease/zklease

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/memlease"
 )
 
 // A panic in OnElected or in the leader's function propagates out of Run,
@@ -20,7 +21,7 @@ func TestElectionPanicEndsTheTerm(t *testing.T) {
 		t.Run(where, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				obs := &ctxObserver{}
-				b := lease.NewMemoryBackend()
+				b := memlease.New()
 				m, err := lease.NewManager(b, time.Hour, lease.WithObserver(obs))
 				if err != nil {
 					t.Fatal(err)
@@ -69,7 +70,7 @@ func TestElectionPanicEndsTheTerm(t *testing.T) {
 
 // ghostHolder answers that no one holds the lease, along with a stale
 // holder's fields (as a third-party Inspector may).
-type ghostHolder struct{ *lease.MemoryBackend }
+type ghostHolder struct{ *memlease.Backend }
 
 func (g ghostHolder) Holder(ctx context.Context, name string) (lease.Holder, error) {
 	return lease.Holder{Name: name, Owner: "ghost", Token: 3}, fmt.Errorf("%w: %q is free", lease.ErrNotHeld, name)
@@ -79,7 +80,7 @@ func (g ghostHolder) Holder(ctx context.Context, name string) (lease.Holder, err
 // with ErrNotHeld.
 func TestObserveReportsNoLeaderOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		m, err := lease.NewManager(ghostHolder{lease.NewMemoryBackend()}, time.Second)
+		m, err := lease.NewManager(ghostHolder{memlease.New()}, time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -101,7 +102,7 @@ func TestObserveReportsNoLeaderOnce(t *testing.T) {
 // reported deposed, whether the term's lease is still the store's grant.
 type heldAtDeposed struct {
 	lease.NopObserver
-	b        *lease.MemoryBackend
+	b        *memlease.Backend
 	deposed  int
 	released int // terms whose grant the store had already freed
 }
@@ -118,31 +119,33 @@ func (o *heldAtDeposed) Deposed(e lease.ElectionEvent) {
 // that frees it at the store is sent: a gauge summed across processes never
 // counts the old leader and the next one at once.
 func TestDeposedBeforeTheRelease(t *testing.T) {
-	b := lease.NewMemoryBackend()
-	obs := &heldAtDeposed{b: b}
-	m, err := lease.NewManager(b, time.Minute, lease.WithObserver(obs))
-	if err != nil {
-		t.Fatal(err)
-	}
-	const terms = 30
-	e, err := lease.NewElection(m, "leader", lease.WithBackoff(time.Millisecond, time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	n := 0
-	err = e.Run(ctx, func(context.Context, *lease.Lease) error {
-		if n++; n == terms {
-			cancel()
+	synctest.Test(t, func(t *testing.T) {
+		b := memlease.New()
+		obs := &heldAtDeposed{b: b}
+		m, err := lease.NewManager(b, time.Minute, lease.WithObserver(obs))
+		if err != nil {
+			t.Fatal(err)
 		}
-		return nil // the term ends at once: released
+		const terms = 30
+		e, err := lease.NewElection(m, "leader", lease.WithBackoff(time.Millisecond, time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		n := 0
+		err = e.Run(ctx, func(context.Context, *lease.Lease) error {
+			if n++; n == terms {
+				cancel()
+			}
+			return nil // the term ends at once: released
+		})
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Run = %v", err)
+		}
+		if obs.deposed != terms || obs.released != 0 {
+			t.Fatalf("%d terms deposed, %d of them after the store had freed the grant; want %d, none", obs.deposed, obs.released, terms)
+		}
 	})
-	if !errors.Is(err, context.Canceled) {
-		t.Fatalf("Run = %v", err)
-	}
-	if obs.deposed != terms || obs.released != 0 {
-		t.Fatalf("%d terms deposed, %d of them after the store had freed the grant; want %d, none", obs.deposed, obs.released, terms)
-	}
 }
 
 // slowLost is an Observer whose Lost takes a while (a slow exporter),
@@ -167,7 +170,7 @@ func (o *slowLost) Lost(lease.LostEvent) {
 func TestReleaseReturnsWithTheContextCancelled(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		obs := &slowLost{inLost: make(chan struct{}), letGo: make(chan struct{})}
-		b := &flakyRenew{MemoryBackend: lease.NewMemoryBackend()}
+		b := &flakyRenew{Backend: memlease.New()}
 		m, err := lease.NewManager(b, time.Second, lease.WithObserver(obs))
 		if err != nil {
 			t.Fatal(err)

@@ -7,11 +7,12 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/memlease"
 )
 
 func ExampleManager_TryAcquire() {
 	ctx := context.Background()
-	backend := lease.NewMemoryBackend() // lease/redislease in production
+	backend := memlease.New() // lease/redislease in production
 	m, err := lease.NewManager(backend, 10*time.Second)
 	if err != nil {
 		panic(err)
@@ -42,7 +43,7 @@ func ExampleManager_TryAcquire() {
 
 func ExampleManager_Acquire() {
 	ctx := context.Background()
-	m, _ := lease.NewManager(lease.NewMemoryBackend(), 10*time.Second)
+	m, _ := lease.NewManager(memlease.New(), 10*time.Second)
 	first, _ := m.TryAcquire(ctx, "migration")
 
 	got := make(chan *lease.Lease)
@@ -67,7 +68,7 @@ func ExampleManager_Acquire() {
 
 func ExampleLease_Context() {
 	ctx := context.Background()
-	m, _ := lease.NewManager(lease.NewMemoryBackend(), 200*time.Millisecond, lease.WithoutAutoRenew())
+	m, _ := lease.NewManager(memlease.New(), 200*time.Millisecond, lease.WithoutAutoRenew())
 	l, _ := m.TryAcquire(ctx, "report")
 
 	// Work under the lease's context: it ends when the lease is lost. Here
@@ -86,7 +87,7 @@ func ExampleLease_Context() {
 
 func ExampleManager_Run() {
 	ctx := context.Background()
-	m, _ := lease.NewManager(lease.NewMemoryBackend(), 10*time.Second)
+	m, _ := lease.NewManager(memlease.New(), 10*time.Second)
 
 	// One replica at a time runs the nightly job; the others wait (or use
 	// TryRun to skip it). The token fences the job's writes.
@@ -97,7 +98,7 @@ func ExampleManager_Run() {
 	fmt.Println("done:", err)
 
 	// A job that outlives its lease is told so, whatever the job returned.
-	short, _ := lease.NewManager(lease.NewMemoryBackend(), 100*time.Millisecond, lease.WithoutAutoRenew())
+	short, _ := lease.NewManager(memlease.New(), 100*time.Millisecond, lease.WithoutAutoRenew())
 	err = short.Run(ctx, "report", func(ctx context.Context, l *lease.Lease) error {
 		<-ctx.Done() // the lease expires: nobody renews it here
 		return nil
@@ -112,7 +113,7 @@ func ExampleManager_Run() {
 func ExampleElection() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	m, _ := lease.NewManager(lease.NewMemoryBackend(), 10*time.Second, lease.WithIdentity("replica-1"))
+	m, _ := lease.NewManager(memlease.New(), 10*time.Second, lease.WithIdentity("replica-1"))
 	e, _ := lease.NewElection(m, "scheduler-leader",
 		lease.WithOnElected(func(l *lease.Lease) { fmt.Println("elected with token", l.Token()) }),
 	)

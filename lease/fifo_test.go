@@ -12,30 +12,31 @@ import (
 
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
+	"github.com/fencekit/fencekit/lease/memlease"
 )
 
 // noLine is a memory store that does not keep waiters in line.
-type noLine struct{ *lease.MemoryBackend }
+type noLine struct{ *memlease.Backend }
 
 func (n noLine) Limits() driver.Limits {
-	l := n.MemoryBackend.Limits()
+	l := n.Backend.Limits()
 	l.Queues = false
 	return l
 }
 
 func TestFIFOOptionsAreChecked(t *testing.T) {
-	_, err := lease.NewManager(noLine{lease.NewMemoryBackend()}, time.Second, lease.WithFIFO())
+	_, err := lease.NewManager(noLine{memlease.New()}, time.Second, lease.WithFIFO())
 	if !errors.Is(err, lease.ErrInvalidOptions) || !errors.Is(err, errors.ErrUnsupported) {
 		t.Fatalf("FIFO over a backend without a line: NewManager = %v, want ErrInvalidOptions and errors.ErrUnsupported", err)
 	}
-	if _, err := lease.NewManager(noLine{lease.NewMemoryBackend()}, time.Second); err != nil {
+	if _, err := lease.NewManager(noLine{memlease.New()}, time.Second); err != nil {
 		t.Fatalf("without FIFO the same backend must do: %v", err)
 	}
-	_, err = lease.NewManager(lease.NewMemoryBackend(), time.Second, lease.WithFIFO(), lease.WithPollInterval(600*time.Millisecond))
+	_, err = lease.NewManager(memlease.New(), time.Second, lease.WithFIFO(), lease.WithPollInterval(600*time.Millisecond))
 	if !errors.Is(err, lease.ErrInvalidOptions) {
 		t.Fatalf("FIFO with a poll interval over TTL/2: NewManager = %v, want ErrInvalidOptions", err)
 	}
-	m, err := lease.NewManager(lease.NewMemoryBackend(), time.Second, lease.WithFIFO())
+	m, err := lease.NewManager(memlease.New(), time.Second, lease.WithFIFO())
 	if err != nil || !m.Options().FIFO {
 		t.Fatalf("FIFO over memlease: %v, Options().FIFO = %v", err, m != nil && m.Options().FIFO)
 	}
@@ -50,7 +51,7 @@ func TestFIFOSharesGrantsEquallyInVirtualTime(t *testing.T) {
 		t.Run(fmt.Sprint(contenders), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				const hold, run = time.Millisecond, 2 * time.Second
-				m, err := lease.NewManager(lease.NewMemoryBackend(), time.Second, lease.WithFIFO())
+				m, err := lease.NewManager(memlease.New(), time.Second, lease.WithFIFO())
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -110,9 +111,9 @@ func acquireAsync(ctx context.Context, m *lease.Manager, name string) <-chan acq
 }
 
 // fifoManager is a FIFO Manager over a new memory store.
-func fifoManager(t *testing.T, ttl time.Duration) (*lease.MemoryBackend, *lease.Manager) {
+func fifoManager(t *testing.T, ttl time.Duration) (*memlease.Backend, *lease.Manager) {
 	t.Helper()
-	b := lease.NewMemoryBackend()
+	b := memlease.New()
 	m, err := lease.NewManager(b, ttl, lease.WithFIFO())
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
+	"github.com/fencekit/fencekit/lease/memlease"
 )
 
 // FuzzValidateName: a lease name is refused with ErrInvalidName (no
@@ -21,7 +22,7 @@ func FuzzValidateName(f *testing.F) {
 		"\xff\xfe", strings.Repeat("n", driver.MaxNameLen), strings.Repeat("n", driver.MaxNameLen+1), "emoji 🔒", "\u200b"} {
 		f.Add(s)
 	}
-	m, err := lease.NewManager(lease.NewMemoryBackend(), time.Second)
+	m, err := lease.NewManager(memlease.New(), time.Second)
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -84,7 +85,7 @@ func FuzzNewManagerOptions(f *testing.F) {
 		if batchUs == -1 {
 			set.RenewBatchWindow = lease.NoBatching
 		}
-		m, err := lease.NewManager(lease.NewMemoryBackend(), ttl, func(o *lease.Options) {
+		m, err := lease.NewManager(memlease.New(), ttl, func(o *lease.Options) {
 			ttl := o.TTL
 			*o = set
 			o.TTL = ttl

@@ -11,19 +11,20 @@ import (
 
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
+	"github.com/fencekit/fencekit/lease/memlease"
 )
 
 // answerOnceBackend answers the first acquire request, then holds every
 // later one unanswered until its context ends: a store that refused a
 // waiter once and then stalled (a loaded server, a failover).
 type answerOnceBackend struct {
-	*lease.MemoryBackend
+	*memlease.Backend
 	acquires atomic.Int32
 }
 
 func (b *answerOnceBackend) Acquire(ctx context.Context, r driver.Request) (driver.Grant, error) {
 	if b.acquires.Add(1) == 1 {
-		return b.MemoryBackend.Acquire(ctx, r)
+		return b.Backend.Acquire(ctx, r)
 	}
 	<-ctx.Done()
 	return driver.Grant{}, ctx.Err()
@@ -38,7 +39,7 @@ func (b *answerOnceBackend) Acquire(ctx context.Context, r driver.Request) (driv
 // answered.
 func TestAcquireGivingUpMidAttemptNamesTheHolder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		mem := lease.NewMemoryBackend()
+		mem := memlease.New()
 		holderM, err := lease.NewManager(mem, 10*time.Second, lease.WithIdentity("holder"))
 		if err != nil {
 			t.Fatal(err)
@@ -49,7 +50,7 @@ func TestAcquireGivingUpMidAttemptNamesTheHolder(t *testing.T) {
 		}
 		defer held.Release(context.Background())
 
-		b := &answerOnceBackend{MemoryBackend: mem}
+		b := &answerOnceBackend{Backend: mem}
 		m, err := lease.NewManager(b, 10*time.Second, lease.WithIdentity("waiter"), lease.WithPollInterval(100*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)

@@ -13,13 +13,14 @@ import (
 
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
+	"github.com/fencekit/fencekit/lease/memlease"
 )
 
 // slowBatchBackend is a memory store under load: a batch renewal of two or
 // more leases is applied at once but answered at replyAt, and a release
 // takes releaseDelay.
 type slowBatchBackend struct {
-	*lease.MemoryBackend
+	*memlease.Backend
 	replyAt      atomic.Pointer[time.Time] // a batch of two or more is answered then
 	delayed      atomic.Int32              // batches held until replyAt
 	releaseDelay time.Duration
@@ -27,7 +28,7 @@ type slowBatchBackend struct {
 
 func (s *slowBatchBackend) RenewBatch(ctx context.Context, recs []driver.Grant, done func(int, error)) {
 	errs := make([]error, len(recs))
-	s.MemoryBackend.RenewBatch(ctx, recs, func(i int, err error) { errs[i] = err })
+	s.Backend.RenewBatch(ctx, recs, func(i int, err error) { errs[i] = err })
 	if at := s.replyAt.Load(); at != nil && len(recs) >= 2 {
 		s.delayed.Add(1)
 		time.Sleep(time.Until(*at))
@@ -39,7 +40,7 @@ func (s *slowBatchBackend) RenewBatch(ctx context.Context, recs []driver.Grant, 
 
 func (s *slowBatchBackend) Release(ctx context.Context, rec driver.Grant) error {
 	time.Sleep(s.releaseDelay)
-	return s.MemoryBackend.Release(ctx, rec)
+	return s.Backend.Release(ctx, rec)
 }
 
 // TestHostile_BatchGiveBackDelaysOtherLeases: leases A and B renew in one
@@ -56,7 +57,7 @@ func (s *slowBatchBackend) Release(ctx context.Context, rec driver.Grant) error 
 // late goroutines, and much less than the give-back takes.
 func TestHostile_BatchGiveBackDelaysOtherLeases(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		sb := &slowBatchBackend{MemoryBackend: lease.NewMemoryBackend(), releaseDelay: 800 * time.Millisecond}
+		sb := &slowBatchBackend{Backend: memlease.New(), releaseDelay: 800 * time.Millisecond}
 		m, err := lease.NewManager(sb, 6*time.Second, lease.WithRenewInterval(2*time.Second), lease.WithRenewBatchWindow(450*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
@@ -112,7 +113,7 @@ func TestHostile_BatchGiveBackDelaysOtherLeases(t *testing.T) {
 // out. Invariant 7 asks for a clear error before any I/O.
 func TestHostile_OptionsEdges(t *testing.T) {
 	t.Run("valid margin, default renew interval", func(t *testing.T) {
-		m, err := lease.NewManager(lease.NewMemoryBackend(), time.Second, lease.WithSafetyMargin(400*time.Millisecond))
+		m, err := lease.NewManager(memlease.New(), time.Second, lease.WithSafetyMargin(400*time.Millisecond))
 		if err != nil {
 			t.Fatalf("TTL 1s with a safety margin of 400ms (less than the TTL, as documented) was refused because of the default renew interval: %v", err)
 		}
@@ -129,7 +130,7 @@ func TestHostile_OptionsEdges(t *testing.T) {
 		{"release timeout 1ns", lease.Options{TTL: time.Second, ReleaseTimeout: time.Nanosecond}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := lease.NewManager(lease.NewMemoryBackend(), tc.opts.TTL, withOptions(tc.opts)); err == nil {
+			if _, err := lease.NewManager(memlease.New(), tc.opts.TTL, withOptions(tc.opts)); err == nil {
 				t.Errorf("NewManager accepted %s: a busy loop against the store (or a release that always times out)", tc.name)
 			}
 		})
@@ -140,21 +141,21 @@ func TestHostile_OptionsEdges(t *testing.T) {
 // up to max (the store acts first), so replies cross the deadline timer,
 // Release and the batcher in every order.
 type jitterBackend struct {
-	*lease.MemoryBackend
+	*memlease.Backend
 	max time.Duration
 }
 
 func (j *jitterBackend) sleep() { time.Sleep(mrand.N(j.max)) }
 
 func (j *jitterBackend) Renew(ctx context.Context, rec driver.Grant) error {
-	err := j.MemoryBackend.Renew(ctx, rec)
+	err := j.Backend.Renew(ctx, rec)
 	j.sleep()
 	return err
 }
 
 func (j *jitterBackend) RenewBatch(ctx context.Context, recs []driver.Grant, done func(int, error)) {
 	errs := make([]error, len(recs))
-	j.MemoryBackend.RenewBatch(ctx, recs, func(i int, err error) { errs[i] = err })
+	j.Backend.RenewBatch(ctx, recs, func(i int, err error) { errs[i] = err })
 	j.sleep()
 	for i, err := range errs {
 		done(i, err)
@@ -163,7 +164,7 @@ func (j *jitterBackend) RenewBatch(ctx context.Context, recs []driver.Grant, don
 
 func (j *jitterBackend) Release(ctx context.Context, rec driver.Grant) error {
 	j.sleep()
-	return j.MemoryBackend.Release(ctx, rec)
+	return j.Backend.Release(ctx, rec)
 }
 
 // TestHostile_ReleaseRenewDeadlineRaces: leases with a 20ms TTL whose
@@ -183,8 +184,8 @@ func TestHostile_ReleaseRenewDeadlineRaces(t *testing.T) {
 }
 
 func testReleaseRenewDeadlineRaces(t *testing.T) {
-	mem := lease.NewMemoryBackend()
-	jb := &jitterBackend{MemoryBackend: mem, max: 15 * time.Millisecond}
+	mem := memlease.New()
+	jb := &jitterBackend{Backend: mem, max: 15 * time.Millisecond}
 	ms := []*lease.Manager{}
 	for _, o := range []lease.Options{
 		{TTL: 20 * time.Millisecond},

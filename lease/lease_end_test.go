@@ -14,13 +14,14 @@ import (
 
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
+	"github.com/fencekit/fencekit/lease/memlease"
 )
 
 // releaseProbe is a memory store whose Release records what the lease it
 // frees looked like from its holder's side when the request reached the
 // store: a waiter woken by that request may be granted the name at once.
 type releaseProbe struct {
-	*lease.MemoryBackend
+	*memlease.Backend
 	mu      sync.Mutex
 	watch   map[string]func() (valid bool, detail string) // per owner
 	seen    []string                                      // one line per release that found its lease still valid
@@ -62,7 +63,7 @@ func (p *releaseProbe) Release(ctx context.Context, g driver.Grant) error {
 			p.mu.Unlock()
 		}
 	}
-	return p.MemoryBackend.Release(ctx, g)
+	return p.Backend.Release(ctx, g)
 }
 
 func (p *releaseProbe) validAtRelease() []string {
@@ -79,7 +80,7 @@ func (p *releaseProbe) validAtRelease() []string {
 // granted meanwhile.)
 func TestReleaseEndsValidityBeforeItIsSent(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		p := &releaseProbe{MemoryBackend: lease.NewMemoryBackend()}
+		p := &releaseProbe{Backend: memlease.New()}
 		m, err := lease.NewManager(p, time.Second)
 		if err != nil {
 			t.Fatal(err)
@@ -126,8 +127,8 @@ func TestReleaseEndsValidityBeforeItIsSent(t *testing.T) {
 // valid during the request.
 func TestReleaseOfAGrantTheStoreLostReportsTheLoss(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := lease.NewMemoryBackend()
-		p := &releaseProbe{MemoryBackend: b}
+		b := memlease.New()
+		p := &releaseProbe{Backend: b}
 		var lost atomic.Int32
 		m, err := lease.NewManager(p, time.Second, lease.WithObserver(lostCounter{&lost}))
 		if err != nil {
@@ -167,7 +168,7 @@ func (c lostCounter) Released(lease.ReleasedEvent) {}
 // cancelled) before the request that lets the next leader in is sent.
 func TestResignStopsTheLeaderBeforeLeadershipPasses(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		p := &releaseProbe{MemoryBackend: lease.NewMemoryBackend()}
+		p := &releaseProbe{Backend: memlease.New()}
 		m, err := lease.NewManager(p, time.Second)
 		if err != nil {
 			t.Fatal(err)
@@ -211,7 +212,7 @@ func TestResignStopsTheLeaderBeforeLeadershipPasses(t *testing.T) {
 // waits for its context (as etcd's watch waits for the server's created
 // event).
 type hangingWatch struct {
-	*lease.MemoryBackend
+	*memlease.Backend
 	mu       sync.Mutex
 	calls    []time.Duration // how long each Watch's context allowed
 	attempts []time.Time     // when each acquire request was sent
@@ -221,7 +222,7 @@ func (h *hangingWatch) Acquire(ctx context.Context, r driver.Request) (driver.Gr
 	h.mu.Lock()
 	h.attempts = append(h.attempts, time.Now())
 	h.mu.Unlock()
-	return h.MemoryBackend.Acquire(ctx, r)
+	return h.Backend.Acquire(ctx, r)
 }
 
 func (h *hangingWatch) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
@@ -239,9 +240,9 @@ func (h *hangingWatch) Watch(ctx context.Context, name string) (<-chan struct{},
 // went to Watch, and a waiter made no attempt until it ended.)
 func TestWatchThatNeverConfirmsDoesNotStopPolling(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := &hangingWatch{MemoryBackend: lease.NewMemoryBackend()}
+		h := &hangingWatch{Backend: memlease.New()}
 		const poll = 50 * time.Millisecond
-		holder, err := lease.NewManager(h.MemoryBackend, time.Second)
+		holder, err := lease.NewManager(h.Backend, time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -308,7 +309,7 @@ func TestWatchThatNeverConfirmsDoesNotStopPolling(t *testing.T) {
 // only some time after the batch's context ended, as a read timeout
 // would), the others are answered at once.
 type splitBatch struct {
-	*lease.MemoryBackend
+	*memlease.Backend
 }
 
 func (s *splitBatch) RenewBatch(ctx context.Context, gs []driver.Grant, done func(int, error)) {
@@ -318,7 +319,7 @@ func (s *splitBatch) RenewBatch(ctx context.Context, gs []driver.Grant, done fun
 			slow = append(slow, i)
 			continue
 		}
-		done(i, s.MemoryBackend.Renew(ctx, g))
+		done(i, s.Backend.Renew(ctx, g))
 	}
 	if len(slow) > 0 {
 		<-ctx.Done()
@@ -336,7 +337,7 @@ func (s *splitBatch) RenewBatch(ctx context.Context, gs []driver.Grant, done fun
 // node, and the healthy node's leases were lost at their deadlines too.)
 func TestStalledNodeLosesOnlyItsOwnLeases(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		sb := &splitBatch{MemoryBackend: lease.NewMemoryBackend()}
+		sb := &splitBatch{Backend: memlease.New()}
 		const ttl = 400 * time.Millisecond
 		m, err := lease.NewManager(sb, ttl, lease.WithRenewInterval(ttl/4), lease.WithRenewBatchWindow(ttl/20))
 		if err != nil {
@@ -378,12 +379,12 @@ func TestStalledNodeLosesOnlyItsOwnLeases(t *testing.T) {
 // shortOnce is a memory store whose first grant reports a TTL shorter than
 // asked (a store breaking the contract), which the Manager gives back.
 type shortOnce struct {
-	*lease.MemoryBackend
+	*memlease.Backend
 	calls atomic.Int32
 }
 
 func (b *shortOnce) Acquire(ctx context.Context, r driver.Request) (driver.Grant, error) {
-	g, err := b.MemoryBackend.Acquire(ctx, r)
+	g, err := b.Backend.Acquire(ctx, r)
 	if err == nil && b.calls.Add(1) == 1 {
 		g.TTL = r.TTL / 2
 	}
@@ -397,7 +398,7 @@ func (b *shortOnce) Acquire(ctx context.Context, r driver.Request) (driver.Grant
 func TestAcquireAfterAGivenBackGrantUsesANewOwner(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const ttl, poll = time.Second, 100 * time.Millisecond
-		b := &shortOnce{MemoryBackend: lease.NewMemoryBackend()}
+		b := &shortOnce{Backend: memlease.New()}
 		m, err := lease.NewManager(b, ttl, lease.WithPollInterval(poll))
 		if err != nil {
 			t.Fatal(err)
@@ -424,7 +425,7 @@ func TestAcquireAfterAGivenBackGrantUsesANewOwner(t *testing.T) {
 // blackholed is a store that answers nothing: every request waits for its
 // context.
 type blackholed struct {
-	*lease.MemoryBackend
+	*memlease.Backend
 	abandons atomic.Int32
 }
 
@@ -447,7 +448,7 @@ func (b *blackholed) Abandon(ctx context.Context, _ driver.Request) error {
 func TestAbandonAfterAShortContextIsBoundedByIt(t *testing.T) {
 	for _, try := range []bool{true, false} {
 		synctest.Test(t, func(t *testing.T) {
-			b := &blackholed{MemoryBackend: lease.NewMemoryBackend()}
+			b := &blackholed{Backend: memlease.New()}
 			m, err := lease.NewManager(b, 10*time.Second)
 			if err != nil {
 				t.Fatal(err)
@@ -479,7 +480,7 @@ func TestAbandonAfterAShortContextIsBoundedByIt(t *testing.T) {
 // misconfigured is a store that answers every acquire with an error that
 // retrying cannot fix.
 type misconfigured struct {
-	*lease.MemoryBackend
+	*memlease.Backend
 	calls atomic.Int32
 }
 
@@ -498,7 +499,7 @@ func (b *misconfigured) Check(context.Context) error { return errNoTables }
 // lease is asked for. In virtual time: "at once" is exactly no time.
 func TestSetupErrorEndsAcquireAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := &misconfigured{MemoryBackend: lease.NewMemoryBackend()}
+		b := &misconfigured{Backend: memlease.New()}
 		m, err := lease.NewManager(b, time.Second)
 		if err != nil {
 			t.Fatal(err)
@@ -535,7 +536,7 @@ func TestSetupErrorEndsAcquireAtOnce(t *testing.T) {
 			t.Fatalf("took %v of virtual time", time.Since(start))
 		}
 		// A backend that cannot check says so.
-		plain, _ := lease.NewManager(struct{ lease.Backend }{lease.NewMemoryBackend()}, time.Second)
+		plain, _ := lease.NewManager(struct{ lease.Backend }{memlease.New()}, time.Second)
 		if err := plain.Check(ctx); !errors.Is(err, errors.ErrUnsupported) {
 			t.Fatalf("Check without a Checker = %v, want ErrUnsupported", err)
 		}
@@ -544,7 +545,7 @@ func TestSetupErrorEndsAcquireAtOnce(t *testing.T) {
 
 // flaky is a store whose first acquire fails with a transient error.
 type flaky struct {
-	*lease.MemoryBackend
+	*memlease.Backend
 	calls atomic.Int32
 }
 
@@ -554,7 +555,7 @@ func (b *flaky) Acquire(ctx context.Context, r driver.Request) (driver.Grant, er
 	if b.calls.Add(1) == 1 {
 		return driver.Grant{}, errFlaky
 	}
-	return b.MemoryBackend.Acquire(ctx, r)
+	return b.Backend.Acquire(ctx, r)
 }
 
 // capture is a slog handler that keeps warning messages.
@@ -578,39 +579,41 @@ func (c *capture) WithGroup(string) slog.Handler      { return c }
 // says and as every fencekit package does; and the error of an Acquire that
 // gives up is one line that still matches each cause.
 func TestDefaultLoggerAndOneLineErrors(t *testing.T) {
-	c := &capture{}
-	prev := slog.Default()
-	slog.SetDefault(slog.New(c))
-	t.Cleanup(func() { slog.SetDefault(prev) })
+	synctest.Test(t, func(t *testing.T) {
+		c := &capture{}
+		prev := slog.Default()
+		slog.SetDefault(slog.New(c))
+		t.Cleanup(func() { slog.SetDefault(prev) })
 
-	b := &flaky{MemoryBackend: lease.NewMemoryBackend()}
-	m, err := lease.NewManager(b, time.Second, lease.WithPollInterval(time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := m.Acquire(context.Background(), "logged")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.mu.Lock()
-	got := append([]string(nil), c.msgs...)
-	c.mu.Unlock()
-	if len(got) == 0 || !strings.Contains(got[0], "acquire attempt failed") {
-		t.Fatalf("warnings in slog.Default: %q; want the failed attempt", got)
-	}
-
-	// Held by l: a second Acquire gives up when its context ends.
-	b.calls.Store(0) // its first attempt fails with the store's error
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	_, err = m.Acquire(ctx, "logged")
-	for _, want := range []error{lease.ErrNotAcquired, errFlaky, context.DeadlineExceeded} {
-		if !errors.Is(err, want) {
-			t.Errorf("Acquire's error %v does not match %v", err, want)
+		b := &flaky{Backend: memlease.New()}
+		m, err := lease.NewManager(b, time.Second, lease.WithPollInterval(time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if strings.Contains(err.Error(), "\n") {
-		t.Errorf("Acquire's error is not one line: %q", err)
-	}
-	_ = l.Release(context.Background())
+		l, err := m.Acquire(context.Background(), "logged")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.mu.Lock()
+		got := append([]string(nil), c.msgs...)
+		c.mu.Unlock()
+		if len(got) == 0 || !strings.Contains(got[0], "acquire attempt failed") {
+			t.Fatalf("warnings in slog.Default: %q; want the failed attempt", got)
+		}
+
+		// Held by l: a second Acquire gives up when its context ends.
+		b.calls.Store(0) // its first attempt fails with the store's error
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		_, err = m.Acquire(ctx, "logged")
+		for _, want := range []error{lease.ErrNotAcquired, errFlaky, context.DeadlineExceeded} {
+			if !errors.Is(err, want) {
+				t.Errorf("Acquire's error %v does not match %v", err, want)
+			}
+		}
+		if strings.Contains(err.Error(), "\n") {
+			t.Errorf("Acquire's error is not one line: %q", err)
+		}
+		_ = l.Release(context.Background())
+	})
 }

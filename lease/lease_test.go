@@ -15,6 +15,7 @@ import (
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
+	"github.com/fencekit/fencekit/lease/memlease"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -85,7 +86,7 @@ func TestNewManagerRejectsBadOptions(t *testing.T) {
 		{"all at once", true, lease.Options{TTL: time.Second, SafetyMargin: 2 * time.Second, RenewInterval: -1, PollInterval: -1}, []string{"backend is nil", "safety margin", "renew interval", "poll interval"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fb := &faultBackend{Backend: lease.NewMemoryBackend()}
+			fb := &faultBackend{Backend: memlease.New()}
 			var b lease.Backend = fb
 			if tc.nilB {
 				b = nil
@@ -115,7 +116,7 @@ func withOptions(o lease.Options) lease.Option { return func(p *lease.Options) {
 
 func TestNewManagerDoesNotChangeCallerOptions(t *testing.T) {
 	opts := lease.Options{TTL: 3 * time.Second}
-	m, err := lease.NewManager(lease.NewMemoryBackend(), opts.TTL, withOptions(opts), lease.WithRenewInterval(time.Second))
+	m, err := lease.NewManager(memlease.New(), opts.TTL, withOptions(opts), lease.WithRenewInterval(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,19 +127,19 @@ func TestNewManagerDoesNotChangeCallerOptions(t *testing.T) {
 	if got.RenewInterval != time.Second || got.SafetyMargin != 3*time.Second/100+2*time.Millisecond || got.Identity == "" {
 		t.Fatalf("effective options %+v", got)
 	}
-	d, _ := lease.NewManager(lease.NewMemoryBackend(), 9*time.Second)
+	d, _ := lease.NewManager(memlease.New(), 9*time.Second)
 	if o := d.Options(); o.RenewInterval != (9*time.Second-o.SafetyMargin)/3 {
 		t.Fatalf("default renew interval = %v, want (TTL - margin)/3", o.RenewInterval)
 	}
 	for _, ttl := range []time.Duration{10 * time.Millisecond, 11 * time.Millisecond, 100 * time.Millisecond, time.Hour} {
-		if _, err := lease.NewManager(lease.NewMemoryBackend(), ttl); err != nil {
+		if _, err := lease.NewManager(memlease.New(), ttl); err != nil {
 			t.Errorf("the defaults for TTL %v are invalid: %v", ttl, err)
 		}
 	}
 }
 
 func TestBadNamesDoNoIO(t *testing.T) {
-	fb := &faultBackend{Backend: lease.NewMemoryBackend()}
+	fb := &faultBackend{Backend: memlease.New()}
 	m, err := lease.NewManager(fb, time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -163,7 +164,7 @@ func TestBadNamesDoNoIO(t *testing.T) {
 // the reply arrived.
 func TestDeadlineCountsFromSend(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		fb := &faultBackend{Backend: lease.NewMemoryBackend(), acquireDelay: 150 * time.Millisecond}
+		fb := &faultBackend{Backend: memlease.New(), acquireDelay: 150 * time.Millisecond}
 		m, err := lease.NewManager(fb, time.Second, lease.WithoutAutoRenew())
 		if err != nil {
 			t.Fatal(err)
@@ -190,7 +191,7 @@ func TestDeadlineCountsFromSend(t *testing.T) {
 // reported as not acquired.
 func TestLateGrantIsRefused(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		mem := lease.NewMemoryBackend()
+		mem := memlease.New()
 		// The store keeps the grant for a minute, so that only a give-back
 		// frees it for the next owner.
 		fb := &faultBackend{Backend: mem, acquireDelay: 120 * time.Millisecond, storeTTL: time.Minute}
@@ -214,7 +215,7 @@ func TestLateGrantIsRefused(t *testing.T) {
 
 func TestHeartbeatKeepsLeaseAlive(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		fb := &faultBackend{Backend: lease.NewMemoryBackend()}
+		fb := &faultBackend{Backend: memlease.New()}
 		// TTL 600 ms, renewed every 196 ms: a renewal may run up to 400 ms late
 		// (a loaded machine) before the lease ends; two seconds need ten.
 		m, err := lease.NewManager(fb, 600*time.Millisecond)
@@ -242,7 +243,7 @@ func TestHeartbeatKeepsLeaseAlive(t *testing.T) {
 // with the last error as its cause, even though the store never answered.
 func TestTransientRenewErrorsLoseAtDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		fb := &faultBackend{Backend: lease.NewMemoryBackend()}
+		fb := &faultBackend{Backend: memlease.New()}
 		ttl := 300 * time.Millisecond
 		m, err := lease.NewManager(fb, ttl)
 		if err != nil {
@@ -280,7 +281,7 @@ func TestTransientRenewErrorsLoseAtDeadline(t *testing.T) {
 // A renew that finds another owner ends the lease at once.
 func TestRenewTakenOverCancelsAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		fb := &faultBackend{Backend: lease.NewMemoryBackend()}
+		fb := &faultBackend{Backend: memlease.New()}
 		m, err := lease.NewManager(fb, 10*time.Second)
 		if err != nil {
 			t.Fatal(err)
@@ -309,7 +310,7 @@ func TestRenewTakenOverCancelsAtOnce(t *testing.T) {
 
 func TestAcquireGivesUpWithContext(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		mem := lease.NewMemoryBackend()
+		mem := memlease.New()
 		m, _ := lease.NewManager(mem, 10*time.Second)
 		l, err := m.TryAcquire(context.Background(), "busy")
 		if err != nil {
@@ -329,7 +330,7 @@ func TestAcquireGivesUpWithContext(t *testing.T) {
 // until the request's context ends (as etcd holds a proposal lost with its
 // leader until its request timeout); later acquires are answered at once.
 type stuckBackend struct {
-	*lease.MemoryBackend
+	*memlease.Backend
 	calls     atomic.Int32
 	firstDone chan struct{}
 	first     struct {
@@ -346,7 +347,7 @@ func (s *stuckBackend) Abandon(ctx context.Context, r driver.Request) error {
 	s.mu.Lock()
 	s.abandon = append(s.abandon, r.Owner)
 	s.mu.Unlock()
-	return s.MemoryBackend.Abandon(ctx, r)
+	return s.Backend.Abandon(ctx, r)
 }
 
 func (s *stuckBackend) abandoned() []string {
@@ -357,12 +358,12 @@ func (s *stuckBackend) abandoned() []string {
 
 func (s *stuckBackend) Acquire(ctx context.Context, r driver.Request) (driver.Grant, error) {
 	if s.calls.Add(1) > 1 {
-		return s.MemoryBackend.Acquire(ctx, r)
+		return s.Backend.Acquire(ctx, r)
 	}
 	defer close(s.firstDone)
 	s.first.entered = time.Now()
 	s.first.deadline, s.first.hasDeadline = ctx.Deadline()
-	g, err := s.MemoryBackend.Acquire(ctx, r)
+	g, err := s.Backend.Acquire(ctx, r)
 	if err != nil {
 		return g, err
 	}
@@ -381,7 +382,7 @@ func (s *stuckBackend) Acquire(ctx context.Context, r driver.Request) (driver.Gr
 // owner nobody holds.
 func TestAcquireAbandonsAnAttemptHeldPastValidity(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		sb := &stuckBackend{MemoryBackend: lease.NewMemoryBackend(), firstDone: make(chan struct{})}
+		sb := &stuckBackend{Backend: memlease.New(), firstDone: make(chan struct{})}
 		const ttl = 2 * time.Second
 		m, err := lease.NewManager(sb, ttl, lease.WithPollInterval(100*time.Millisecond))
 		if err != nil {
@@ -411,7 +412,7 @@ func TestAcquireAbandonsAnAttemptHeldPastValidity(t *testing.T) {
 		}
 		// The abandoned request, arriving again late, grants nothing.
 		late := driver.Request{Name: "stuck", Owner: sb.first.owner, TTL: ttl}
-		if _, err := sb.MemoryBackend.Acquire(ctx, late); !errors.Is(err, lease.ErrNotAcquired) {
+		if _, err := sb.Backend.Acquire(ctx, late); !errors.Is(err, lease.ErrNotAcquired) {
 			t.Fatalf("a late copy of the abandoned request = %v, want ErrNotAcquired", err)
 		}
 	})
@@ -423,7 +424,7 @@ func TestAcquireAbandonsAnAttemptHeldPastValidity(t *testing.T) {
 // once instead of after a TTL.
 func TestTryAcquireIsBoundedByItsContext(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		sb := &stuckBackend{MemoryBackend: lease.NewMemoryBackend(), firstDone: make(chan struct{})}
+		sb := &stuckBackend{Backend: memlease.New(), firstDone: make(chan struct{})}
 		m, err := lease.NewManager(sb, time.Second)
 		if err != nil {
 			t.Fatal(err)
@@ -449,7 +450,7 @@ func TestTryAcquireIsBoundedByItsContext(t *testing.T) {
 
 func TestLeaseContextCarriesTokenAndValues(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		m, _ := lease.NewManager(lease.NewMemoryBackend(), time.Second)
+		m, _ := lease.NewManager(memlease.New(), time.Second)
 		type key struct{}
 		ctx, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "v"))
 		l, err := m.TryAcquire(ctx, "ctx")
@@ -486,7 +487,7 @@ func (r *recordingObserver) Released(lease.ReleasedEvent) { r.mu.Lock(); r.relea
 func TestObserverEvents(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		obs := &recordingObserver{}
-		m, _ := lease.NewManager(lease.NewMemoryBackend(), time.Second, lease.WithoutAutoRenew(), lease.WithObserver(obs))
+		m, _ := lease.NewManager(memlease.New(), time.Second, lease.WithoutAutoRenew(), lease.WithObserver(obs))
 		l, _ := m.TryAcquire(context.Background(), "obs")
 		_ = l.Renew(context.Background())
 		_ = l.Release(context.Background())
@@ -505,7 +506,7 @@ func TestObserverEvents(t *testing.T) {
 // not delay the first renewal towards the deadline.
 func TestFirstRenewalCountsFromSend(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		fb := &faultBackend{Backend: lease.NewMemoryBackend(), acquireDelay: 800 * time.Millisecond}
+		fb := &faultBackend{Backend: memlease.New(), acquireDelay: 800 * time.Millisecond}
 		m, err := lease.NewManager(fb, 3*time.Second) // renew every 1s
 		if err != nil {
 			t.Fatal(err)
@@ -531,20 +532,20 @@ func TestFirstRenewalCountsFromSend(t *testing.T) {
 
 // acquireCounter counts the acquire requests sent to a backend.
 type acquireCounter struct {
-	*lease.MemoryBackend
+	*memlease.Backend
 	n atomic.Int64
 }
 
 func (b *acquireCounter) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
 	b.n.Add(1)
-	return b.MemoryBackend.Acquire(ctx, req)
+	return b.Backend.Acquire(ctx, req)
 }
 
 // TestRunRefusesNilFuncBeforeAcquiring: a nil function is bad input, refused
 // before any request; Run must not first wait for a lease another holder
 // has (or take one it will never use).
 func TestRunRefusesNilFuncBeforeAcquiring(t *testing.T) {
-	b := &acquireCounter{MemoryBackend: lease.NewMemoryBackend()}
+	b := &acquireCounter{Backend: memlease.New()}
 	m, err := lease.NewManager(b, time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -576,7 +577,7 @@ func TestShortTTLIsOneProblem(t *testing.T) {
 		{ttl: 3 * time.Millisecond, want: "TTL 3ms is too short: the default intervals", mustNot: []string{"\n"}, shortest: 6 * time.Millisecond},
 		{ttl: time.Millisecond, opts: []lease.Option{lease.WithRenewInterval(500 * time.Microsecond)}, want: "renew interval is 500µs", mustNot: []string{}},
 	} {
-		_, err := lease.NewManager(lease.NewMemoryBackend(), tc.ttl, tc.opts...)
+		_, err := lease.NewManager(memlease.New(), tc.ttl, tc.opts...)
 		if !errors.Is(err, lease.ErrInvalidOptions) || !strings.Contains(err.Error(), tc.want) {
 			t.Fatalf("TTL %v: %v; want ErrInvalidOptions saying %q", tc.ttl, err, tc.want)
 		}
@@ -589,10 +590,10 @@ func TestShortTTLIsOneProblem(t *testing.T) {
 			if !strings.Contains(err.Error(), "at least "+tc.shortest.String()) {
 				t.Fatalf("TTL %v: %q does not name the shortest TTL %v", tc.ttl, err, tc.shortest)
 			}
-			if _, err := lease.NewManager(lease.NewMemoryBackend(), tc.shortest); err != nil {
+			if _, err := lease.NewManager(memlease.New(), tc.shortest); err != nil {
 				t.Fatalf("the TTL the error names, %v, is refused too: %v", tc.shortest, err)
 			}
-			if _, err := lease.NewManager(lease.NewMemoryBackend(), tc.shortest-time.Millisecond); err == nil {
+			if _, err := lease.NewManager(memlease.New(), tc.shortest-time.Millisecond); err == nil {
 				t.Fatalf("%v is not the shortest: %v works", tc.shortest, tc.shortest-time.Millisecond)
 			}
 		}

@@ -50,7 +50,7 @@ func NewManager(b Backend, ttl time.Duration, opts ...Option) (*Manager, error) 
 		return nil, err
 	}
 	m := &Manager{o: o}
-	m.e.init(b, limits, &m.o)
+	m.e.init(b, &m.o)
 	return m, nil
 }
 
@@ -224,16 +224,6 @@ func (m *Manager) Acquire(ctx context.Context, name string) (_ *Lease, err error
 	}
 }
 
-var (
-	// errAttemptAbandoned marks an attempt of a blocking Acquire that was
-	// cut short by the lease's validity.
-	errAttemptAbandoned = errors.New("attempt abandoned")
-	// errGivenBack marks an attempt whose grant the Manager gave back
-	// (late, lost before use, or breaking the contract): its owner is
-	// ended at the store.
-	errGivenBack = errors.New("given back")
-)
-
 // outcomeUnknown reports whether an attempt that failed with err may still
 // have been granted at the store: its request was cut short by a context
 // while in flight. A refusal, or an error the store answered, is not.
@@ -369,4 +359,34 @@ func defaultIdentity() string {
 		host = host[:64]
 	}
 	return fmt.Sprintf("%s/pid-%d", host, os.Getpid())
+}
+
+// The Manager's side of FIFO hand-off (Options.FIFO, the package doc's
+// "Waiting in line"): a blocked Acquire sends its attempts with
+// Request.Queue set, so that the store keeps its place in line, and tells
+// the store when it gives up (Backend.Abandon), so that the waiter behind
+// it is next at once. The line itself, its order and the hand-off are the
+// backend's (driver package doc, "Waiters in line").
+
+// waiterRequest is request for a blocked Acquire: with FIFO, each attempt
+// also keeps the owner's place in line.
+func (m *Manager) waiterRequest(name string) driver.Request {
+	req := m.request(name)
+	req.Queue = m.o.FIFO
+	return req
+}
+
+// leaveLine gives up req.Owner's place in line when a FIFO Acquire ends
+// with err: Abandon removes the place, so that the waiter behind is next
+// at once instead of after the place lapses (one TTL). It is bounded by
+// PollInterval (at least 50 ms, at most ReleaseTimeout) and runs even when
+// ctx is done; a failure is logged, and the place then lapses by itself.
+// A store not set up for leases (ErrSetup) holds no place.
+func (m *Manager) leaveLine(ctx context.Context, req driver.Request, err error) {
+	if err == nil || !req.Queue || errors.Is(err, ErrSetup) || errors.Is(err, ErrInvalidName) {
+		return
+	}
+	if aerr := m.e.abandon(ctx, req, m.o.PollInterval); aerr != nil {
+		m.o.Logger.Warn("lease: could not leave the line of waiters; the place lapses after its TTL", "name", req.Name, "owner", req.Owner, "err", aerr)
+	}
 }

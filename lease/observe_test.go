@@ -12,6 +12,7 @@ import (
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
+	"github.com/fencekit/fencekit/lease/memlease"
 )
 
 type ctxKey struct{}
@@ -67,7 +68,7 @@ func errName(err error) string {
 func TestObserverEventsCarryTheirContext(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		obs := &ctxObserver{}
-		b := &flakyRenew{MemoryBackend: lease.NewMemoryBackend()}
+		b := &flakyRenew{Backend: memlease.New()}
 		m, err := lease.NewManager(b, time.Second, lease.WithObserver(obs))
 		if err != nil {
 			t.Fatal(err)
@@ -110,7 +111,7 @@ func TestObserverEventsCarryTheirContext(t *testing.T) {
 func TestElectionObserverHearsEachTerm(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		obs := &ctxObserver{}
-		b := &flakyRenew{MemoryBackend: lease.NewMemoryBackend()}
+		b := &flakyRenew{Backend: memlease.New()}
 		m, err := lease.NewManager(b, time.Second, lease.WithObserver(obs))
 		if err != nil {
 			t.Fatal(err)
@@ -200,7 +201,7 @@ func errName2(ev string) string {
 // follower that does not campaign.
 func TestObserveReportsEachLeader(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := lease.NewMemoryBackend()
+		b := memlease.New()
 		mA, _ := lease.NewManager(b, time.Second, lease.WithIdentity("a"))
 		mB, _ := lease.NewManager(b, time.Second, lease.WithIdentity("b"))
 		mF, _ := lease.NewManager(b, time.Second, lease.WithIdentity("follower"))
@@ -260,7 +261,7 @@ func TestObserveReportsEachLeader(t *testing.T) {
 
 // A backend that cannot say who holds a lease is refused at once.
 func TestObserveNeedsAnInspector(t *testing.T) {
-	m, _ := lease.NewManager(struct{ lease.Backend }{lease.NewMemoryBackend()}, time.Second)
+	m, _ := lease.NewManager(struct{ lease.Backend }{memlease.New()}, time.Second)
 	e, _ := lease.NewElection(m, "leader")
 	err := e.Observe(context.Background(), func(lease.Holder) { t.Error("called") })
 	if !errors.Is(err, errors.ErrUnsupported) {
@@ -274,7 +275,7 @@ func TestObserveNeedsAnInspector(t *testing.T) {
 // flakyRenew is a memory store whose renewals fail while fail is set (the
 // store cannot be reached), so that a lease is lost at its deadline.
 type flakyRenew struct {
-	*lease.MemoryBackend
+	*memlease.Backend
 	fail atomic.Bool
 }
 
@@ -284,12 +285,12 @@ func (f *flakyRenew) Renew(ctx context.Context, g driver.Grant) error {
 	if f.fail.Load() {
 		return errUnreachable
 	}
-	return f.MemoryBackend.Renew(ctx, g)
+	return f.Backend.Renew(ctx, g)
 }
 
 func (f *flakyRenew) RenewBatch(ctx context.Context, gs []driver.Grant, done func(int, error)) {
 	if !f.fail.Load() {
-		f.MemoryBackend.RenewBatch(ctx, gs, done)
+		f.Backend.RenewBatch(ctx, gs, done)
 		return
 	}
 	for i := range gs {

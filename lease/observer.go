@@ -90,54 +90,11 @@ func (NopObserver) Renewed(RenewedEvent)   {}
 func (NopObserver) Lost(LostEvent)         {}
 func (NopObserver) Released(ReleasedEvent) {}
 
-// ElectionObserver is an Observer that also hears when this process's
-// leadership of an election starts and ends. An Election whose Manager's
-// Observer implements it reports every term: Elected when the term's lease
-// is granted (before OnElected and the leader's work), Deposed the moment
-// that lease's validity ends (it was lost, resigned or released), exactly
-// once per term: on the goroutine that ends it, before the lease's context
-// is cancelled, before the request that frees it at the store is sent, and
-// before OnDeposed.
-// Between the two this process leads. While the store keeps its contract
-// and every process runs on time, at most one process is between Elected
-// and Deposed at any instant: a term's Deposed comes at its lease's local
-// deadline, before the store may grant the lease again. A process paused
-// when its term ends (a GC, a suspended VM, a stalled observer) reports
-// Deposed only when it runs again, possibly after another process was
-// Elected. So a gauge that is 1 between the two (package leaseprom exports
-// fencekit_election_leader), summed across processes, can be above 1: for
-// a moment at a hand-off, also because each process is scraped at its own
-// moments, and for as long as a paused leader has not caught up. Alert
-// when the sum stays above 1 for longer than a scrape interval or two: two
-// processes believe they lead (fenced writes stay safe either way).
-type ElectionObserver interface {
-	Observer
-	Elected(ElectionEvent)
-	Deposed(ElectionEvent)
-}
-
-// ElectionEvent describes the start or the end of one term.
-type ElectionEvent struct {
-	// Ctx: for Elected, the context Run was called with; for Deposed, the
-	// same (its values; it may be done by then).
-	Ctx context.Context
-	// Election is the election's lease name.
-	Election string
-	// Token is the fencing token of the term's lease.
-	Token fence.Token
-	// Err, for Deposed, is why the term's lease ended: ErrReleased after
-	// Resign, a Release or the end of the leader's work, a *LostError when
-	// it was lost. Nil for Elected.
-	Err error
-}
-
 // Observers fans lease events out to several observers, in order (for
 // example Prometheus metrics and OpenTelemetry traces at once). It is an
 // ElectionObserver: election events go to those of its observers that are
 // ElectionObservers.
 type Observers []Observer
-
-var _ ElectionObserver = Observers(nil)
 
 // Acquired passes e to each observer.
 func (os Observers) Acquired(e AcquiredEvent) {
@@ -164,23 +121,5 @@ func (os Observers) Lost(e LostEvent) {
 func (os Observers) Released(e ReleasedEvent) {
 	for _, o := range os {
 		o.Released(e)
-	}
-}
-
-// Elected passes e to each observer that is an ElectionObserver.
-func (os Observers) Elected(e ElectionEvent) {
-	for _, o := range os {
-		if eo, ok := o.(ElectionObserver); ok {
-			eo.Elected(e)
-		}
-	}
-}
-
-// Deposed passes e to each observer that is an ElectionObserver.
-func (os Observers) Deposed(e ElectionEvent) {
-	for _, o := range os {
-		if eo, ok := o.(ElectionObserver); ok {
-			eo.Deposed(e)
-		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/memlease"
 )
 
 // memLedger is a Ledger kept in memory, with the fencing rule of a guard.
@@ -49,7 +50,7 @@ func (m *memLedger) MarkDone(_ context.Context, job, key string, t fence.Token) 
 // a failed run leaves the key to the next; another key runs again.
 func TestRunOnceRunsEachKeyOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := lease.NewMemoryBackend()
+		b := memlease.New()
 		led := &memLedger{newest: map[string]fence.Token{}, done: map[string]fence.Token{}}
 		var (
 			mu   sync.Mutex
@@ -104,7 +105,7 @@ func TestRunOnceRunsEachKeyOnce(t *testing.T) {
 }
 
 func TestRunOnceRefusesBadInput(t *testing.T) {
-	m, _ := lease.NewManager(lease.NewMemoryBackend(), time.Second)
+	m, _ := lease.NewManager(memlease.New(), time.Second)
 	fn := func(context.Context, *lease.Lease) error { t.Error("ran"); return nil }
 	led := &memLedger{}
 	if _, err := m.RunOnce(context.Background(), "n", "", led, fn); !errors.Is(err, lease.ErrInvalidKey) {
@@ -126,7 +127,7 @@ func TestRunOnceRefusesBadInput(t *testing.T) {
 // of their own.
 func TestRunOnceKeepsJobsApartInOneLedger(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		m, _ := lease.NewManager(lease.NewMemoryBackend(), time.Second)
+		m, _ := lease.NewManager(memlease.New(), time.Second)
 		led := &memLedger{newest: map[string]fence.Token{}, done: map[string]fence.Token{}}
 		runs := map[string]int{}
 		job := func(name string) func(context.Context, *lease.Lease) error {

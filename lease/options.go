@@ -30,8 +30,6 @@ type Options struct {
 
 	// DisableAutoRenew turns the background heartbeat off; the holder then
 	// calls Lease.Renew itself. The local deadline is enforced either way.
-	// Backends that keep grants alive themselves (Limits.SelfRenewing)
-	// never get heartbeats.
 	DisableAutoRenew bool
 
 	// SafetyMargin is subtracted from the TTL when computing a lease's
@@ -79,8 +77,8 @@ type Options struct {
 	FIFO bool
 
 	// ReleaseTimeout bounds every Release (including its wait for a renew
-	// request already in flight) and the give-back of a grant that arrived
-	// too late. Default 5 s; at least 10 ms.
+	// request, or a give-back, already in flight) and the give-back of a
+	// grant that arrived too late. Default 5 s; at least 10 ms.
 	ReleaseTimeout time.Duration
 
 	// Identity prefixes every owner this Manager creates, to tell holders
@@ -307,4 +305,22 @@ func shortestUsableTTL(given Options, lim driver.Limits) time.Duration {
 		}
 	}
 	return shortest
+}
+
+// validateFIFO reports why Options.FIFO cannot be served, each problem
+// matching ErrInvalidOptions.
+func (o Options) validateFIFO(b Backend, lim driver.Limits) []error {
+	if !o.FIFO || b == nil {
+		return nil
+	}
+	var errs []error
+	if !lim.Queues {
+		errs = append(errs, fmt.Errorf("%w: FIFO needs a backend that keeps waiters in line at the store (driver.Limits.Queues), and %T does not: %w",
+			ErrInvalidOptions, b, errors.ErrUnsupported))
+	}
+	if o.TTL > 0 && o.PollInterval > o.TTL/2 {
+		errs = append(errs, fmt.Errorf("%w: poll interval %v is too long for FIFO: a waiter keeps its place in line by asking again within its TTL, so it must be at most TTL/2 = %v",
+			ErrInvalidOptions, o.PollInterval, o.TTL/2))
+	}
+	return errs
 }

@@ -10,16 +10,23 @@ import (
 // scheduler is a Manager's one clock: a heap of every lease's local deadline
 // and one of every due heartbeat, served by a single timer. However many
 // leases a Manager holds, a tick costs one wake-up: it ends every lease whose
-// deadline has come (all of them marked lost before any is reported, in
-// deadline order) and sends every heartbeat due within RenewBatchWindow in
-// one batch where the backend can batch. No goroutine runs while nothing is
-// due.
-type scheduler struct {
-	e *engine
+// deadline has come (all of them taken off the heap before any is ended, in
+// deadline order) and hands over every heartbeat due within
+// RenewBatchWindow at once, so that they can share a request where the
+// backend can batch. No goroutine runs while nothing is due. It knows the
+// leases only as the values T of their entries, and acts on them only
+// through expire and renew.
+type scheduler[T any] struct {
+	maxLead time.Duration      // the most a group of deadlines is served early: half the safety margin
+	window  time.Duration      // RenewBatchWindow: heartbeats due this soon go out with the tick
+	grid    time.Duration      // the grid heartbeats are rounded up to: RenewBatchWindow when they are batched, else 0
+	epoch   time.Time          // origin of the grid
+	expire  func(T, time.Time) // ends one lease whose deadline has come (at the time given, or before)
+	renew   func([]T)          // sends the heartbeats that came due; it must not block
 
 	mu         sync.Mutex
-	deadlines  entryHeap
-	heartbeats entryHeap
+	deadlines  entryHeap[T]
+	heartbeats entryHeap[T]
 	timer      *time.Timer
 	armed      time.Time     // when timer fires; zero while it is not set
 	lead       time.Duration // how early the next group of deadlines is served (see groupLead)
@@ -45,8 +52,8 @@ const (
 
 // groupLead returns how early to serve the group of deadlines at the top of
 // the heap; mu must be held.
-func (s *scheduler) groupLead() time.Duration {
-	maxLead := s.e.o.SafetyMargin / 2
+func (s *scheduler[T]) groupLead() time.Duration {
+	maxLead := s.maxLead
 	if len(s.deadlines) == 0 || maxLead < minGroupLead {
 		return 0
 	}
@@ -63,7 +70,7 @@ func (s *scheduler) groupLead() time.Duration {
 }
 
 // countUntil counts the entries at or before t, visiting at most limit.
-func (h entryHeap) countUntil(t time.Time, limit int) int {
+func (h entryHeap[T]) countUntil(t time.Time, limit int) int {
 	n := 0
 	stack := []int{0}
 	for len(stack) > 0 && n < limit {
@@ -78,20 +85,23 @@ func (h entryHeap) countUntil(t time.Time, limit int) int {
 	return n
 }
 
-// entry is one scheduled instant of one lease. Each Lease embeds two.
-type entry struct {
-	l   *Lease
+// entry is one scheduled instant of one lease, v. Each lease has two: its
+// deadline and its next heartbeat.
+type entry[T any] struct {
+	v   T
 	at  time.Time
 	idx int // position in its heap; -1 when not queued
 }
 
-type entryHeap []*entry
+func newEntry[T any](v T) entry[T] { return entry[T]{v: v, idx: -1} }
 
-func (h entryHeap) Len() int           { return len(h) }
-func (h entryHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
-func (h entryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i]; h[i].idx = i; h[j].idx = j }
-func (h *entryHeap) Push(x any)        { e := x.(*entry); e.idx = len(*h); *h = append(*h, e) }
-func (h *entryHeap) Pop() any {
+type entryHeap[T any] []*entry[T]
+
+func (h entryHeap[T]) Len() int           { return len(h) }
+func (h entryHeap[T]) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h entryHeap[T]) Swap(i, j int)      { h[i], h[j] = h[j], h[i]; h[i].idx = i; h[j].idx = j }
+func (h *entryHeap[T]) Push(x any)        { e := x.(*entry[T]); e.idx = len(*h); *h = append(*h, e) }
+func (h *entryHeap[T]) Pop() any {
 	old := *h
 	e := old[len(old)-1]
 	old[len(old)-1] = nil
@@ -101,7 +111,7 @@ func (h *entryHeap) Pop() any {
 }
 
 // set (re)schedules e at at, in h.
-func (s *scheduler) set(h *entryHeap, e *entry, at time.Time) {
+func (s *scheduler[T]) set(h *entryHeap[T], e *entry[T], at time.Time) {
 	s.mu.Lock()
 	e.at = at
 	if e.idx < 0 {
@@ -113,7 +123,7 @@ func (s *scheduler) set(h *entryHeap, e *entry, at time.Time) {
 	s.mu.Unlock()
 }
 
-func (s *scheduler) setDeadline(e *entry, at time.Time) { s.set(&s.deadlines, e, at) }
+func (s *scheduler[T]) setDeadline(e *entry[T], at time.Time) { s.set(&s.deadlines, e, at) }
 
 // setHeartbeat schedules a heartbeat at at, rounded up to the Manager's
 // grid of RenewBatchWindow when heartbeats are batched: heartbeats that fall
@@ -121,9 +131,9 @@ func (s *scheduler) setDeadline(e *entry, at time.Time) { s.set(&s.deadlines, e,
 // whatever the phases their acquisitions gave them. Rounding up delays a
 // renewal by less than the window, which validation keeps below a quarter
 // of RenewInterval.
-func (s *scheduler) setHeartbeat(e *entry, at time.Time) {
-	if w := s.e.o.RenewBatchWindow; w > 0 && s.e.br != nil {
-		if r := s.e.since(at) % w; r != 0 {
+func (s *scheduler[T]) setHeartbeat(e *entry[T], at time.Time) {
+	if w := s.grid; w > 0 {
+		if r := at.Sub(s.epoch) % w; r != 0 {
 			at = at.Add(w - r)
 		}
 	}
@@ -131,20 +141,20 @@ func (s *scheduler) setHeartbeat(e *entry, at time.Time) {
 }
 
 // remove unschedules a lease's two entries.
-func (s *scheduler) remove(l *Lease) {
+func (s *scheduler[T]) remove(dl, hb *entry[T]) {
 	s.mu.Lock()
-	if l.dl.idx >= 0 {
-		heap.Remove(&s.deadlines, l.dl.idx)
+	if dl.idx >= 0 {
+		heap.Remove(&s.deadlines, dl.idx)
 	}
-	if l.hb.idx >= 0 {
-		heap.Remove(&s.heartbeats, l.hb.idx)
+	if hb.idx >= 0 {
+		heap.Remove(&s.heartbeats, hb.idx)
 	}
 	s.mu.Unlock()
 }
 
 // arm sets the timer for the earliest entry, if it is earlier than the
 // timer already set. mu must be held.
-func (s *scheduler) arm() {
+func (s *scheduler[T]) arm() {
 	var next time.Time
 	if len(s.deadlines) > 0 {
 		next = s.deadlines[0].at.Add(-s.lead)
@@ -165,11 +175,11 @@ func (s *scheduler) arm() {
 }
 
 // fire serves one tick.
-func (s *scheduler) fire() {
+func (s *scheduler[T]) fire() {
 	now := time.Now()
 	s.mu.Lock()
 	s.armed = time.Time{}
-	var expired, due []*Lease
+	var expired, due []T
 	var lead time.Duration
 	for {
 		s.lead = s.groupLead()
@@ -178,40 +188,35 @@ func (s *scheduler) fire() {
 		}
 		lead = max(lead, s.lead)
 		for len(s.deadlines) > 0 && !s.deadlines[0].at.After(now.Add(lead)) {
-			expired = append(expired, heap.Pop(&s.deadlines).(*entry).l)
+			expired = append(expired, heap.Pop(&s.deadlines).(*entry[T]).v)
 		}
 	}
 	// Heartbeats due before the next grid point go out now, together (a
 	// renewal sent early is valid from its own send time): the timer may
 	// fire late, and those due meanwhile join.
-	horizon := now.Add(s.e.o.RenewBatchWindow)
+	horizon := now.Add(s.window)
 	for len(s.heartbeats) > 0 && !s.heartbeats[0].at.After(horizon) {
-		due = append(due, heap.Pop(&s.heartbeats).(*entry).l)
+		due = append(due, heap.Pop(&s.heartbeats).(*entry[T]).v)
 	}
 	s.arm()
 	s.mu.Unlock()
 
 	if len(expired) > 0 {
-		s.expire(expired, now.Add(lead))
+		s.expireAll(expired, now.Add(lead))
 	}
-	if len(due) == 0 {
-		return
-	}
-	if s.e.br != nil {
-		go s.e.renewBatch(due)
-		return
-	}
-	for _, l := range due {
-		go s.e.heartbeat(l)
+	if len(due) > 0 {
+		s.renew(due)
 	}
 }
 
-// expire ends the leases whose deadline is at or before now (which may be
-// a little ahead of the clock: see groupLead), earliest deadline first, spread over up to GOMAXPROCS goroutines when there are many (each
-// end costs a lock and a context cancellation; thousands of leases renewed
-// in one batch share one deadline). Err does not wait for this: it reads
-// the clock itself.
-func (s *scheduler) expire(ls []*Lease, now time.Time) {
+// expireAll ends the leases whose deadline is at or before now (which may
+// be a little ahead of the clock: see groupLead), earliest deadline first,
+// spread over up to GOMAXPROCS goroutines when there are many (each end
+// costs a lock and a context cancellation; thousands of leases renewed in
+// one batch share one deadline). Err does not wait for this: it reads the
+// clock itself. A lease's heartbeat entry, if queued, is left to be
+// refused when it comes due.
+func (s *scheduler[T]) expireAll(ls []T, now time.Time) {
 	start := time.Now()
 	defer func() {
 		if len(ls) >= 16 {
@@ -228,7 +233,7 @@ func (s *scheduler) expire(ls []*Lease, now time.Time) {
 	workers := min(runtime.GOMAXPROCS(0), (len(ls)+expirePerWorker-1)/expirePerWorker)
 	if workers <= 1 {
 		for _, l := range ls {
-			s.expireOne(l, now)
+			s.expire(l, now)
 		}
 		return
 	}
@@ -238,26 +243,13 @@ func (s *scheduler) expire(ls []*Lease, now time.Time) {
 		go func() {
 			defer wg.Done()
 			for i := w; i < len(ls); i += workers {
-				s.expireOne(ls[i], now)
+				s.expire(ls[i], now)
 			}
 		}()
 	}
 	wg.Wait()
 }
 
-// expirePerWorker is how many expiries one goroutine takes before expire
-// spreads them over more.
+// expirePerWorker is how many expiries one goroutine takes before
+// expireAll spreads them over more.
 const expirePerWorker = 256
-
-// expireOne ends l if its deadline has passed at now. Its heartbeat entry,
-// if queued, is left to be refused when it comes due.
-func (s *scheduler) expireOne(l *Lease, now time.Time) {
-	l.mu.Lock()
-	eff := l.apply(event{kind: evDeadline, at: now})
-	if !eff.ended && l.st.phase.live() {
-		// A renewal moved the deadline after the entry was taken.
-		s.setDeadline(&l.dl, l.st.deadline)
-	}
-	l.mu.Unlock()
-	l.report(eff)
-}

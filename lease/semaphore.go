@@ -7,7 +7,6 @@ import (
 	mrand "math/rand/v2"
 	"reflect"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/fencekit/fencekit/lease/driver"
@@ -19,12 +18,6 @@ import (
 // its permits: beyond a few hundred, partition the work instead.
 const MaxPermits = 256
 
-// permitMarker joins a semaphore's name and a slot number in the slot's
-// lease name. Lease names that end in it followed by digits are reserved
-// (ValidateName refuses them), so a slot name is never a user's lease
-// name, and two semaphores never share a slot.
-const permitMarker = "#permit/"
-
 // SlotName returns the lease name of slot i of the semaphore name:
 // name + "#permit/" + i in decimal (for example "crawlers#permit/0").
 // Plain lease names cannot take this form (ValidateName refuses it), so a
@@ -32,13 +25,6 @@ const permitMarker = "#permit/"
 // unambiguous, so two semaphores never share a slot.
 func SlotName(name string, i int) string {
 	return name + permitMarker + strconv.Itoa(i)
-}
-
-// reservedName reports whether name ends in "#permit/" and one or more
-// digits: the form of a semaphore slot.
-func reservedName(name string) bool {
-	digits := strings.TrimRightFunc(name, func(r rune) bool { return r >= '0' && r <= '9' })
-	return len(digits) < len(name) && strings.HasSuffix(digits, permitMarker)
 }
 
 // Semaphore lets at most a fixed number of holders (its permits) hold it at

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/memlease"
 )
 
 // At most two exports at once, across every process that uses the same
@@ -15,7 +16,7 @@ import (
 // it by l.Name()), never a resource all permits share.
 func ExampleSemaphore() {
 	ctx := context.Background()
-	m, err := lease.NewManager(lease.NewMemoryBackend(), 10*time.Second) // any backend
+	m, err := lease.NewManager(memlease.New(), 10*time.Second) // any backend
 	if err != nil {
 		panic(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/fencekit/fencekit/fencecheck"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
+	"github.com/fencekit/fencekit/lease/memlease"
 )
 
 func newSemaphore(t *testing.T, m *lease.Manager, name string, permits int) *lease.Semaphore {
@@ -47,7 +48,7 @@ func TestSemaphoreBoundsHolders(t *testing.T) {
 	for _, tc := range []struct{ permits, workers, rounds int }{{1, 4, 6}, {3, 10, 8}, {5, 7, 5}} {
 		t.Run(fmt.Sprintf("permits=%d,workers=%d", tc.permits, tc.workers), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				b := lease.NewMemoryBackend()
+				b := memlease.New()
 				ms := []*lease.Manager{semaphoreManager(t, b, 10*time.Second), semaphoreManager(t, b, 10*time.Second)}
 				sems := []*lease.Semaphore{newSemaphore(t, ms[0], "crawl", tc.permits), newSemaphore(t, ms[1], "crawl", tc.permits)}
 				var (
@@ -122,7 +123,7 @@ func TestSemaphoreBoundsHolders(t *testing.T) {
 func TestSemaphoreCrashedHolderFreesSlotAfterTTL(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const ttl, permits = 4 * time.Second, 3
-		b := lease.NewMemoryBackend()
+		b := memlease.New()
 		crashed := semaphoreManager(t, b, ttl, lease.WithoutAutoRenew())
 		waiter := semaphoreManager(t, b, ttl, lease.WithPollInterval(200*time.Millisecond))
 		s := newSemaphore(t, crashed, "jobs", permits)
@@ -165,7 +166,7 @@ func TestSemaphoreCrashedHolderFreesSlotAfterTTL(t *testing.T) {
 // those are released a new waiter gets each slot.
 func TestSemaphoreAcquireHonoursContext(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := lease.NewMemoryBackend()
+		b := memlease.New()
 		m := semaphoreManager(t, b, 10*time.Second)
 		s := newSemaphore(t, m, "exports", 2)
 		var held []*lease.Lease
@@ -220,7 +221,7 @@ func TestSemaphoreAcquireHonoursContext(t *testing.T) {
 // its poll interval.
 func TestSemaphoreWaiterWokenByRelease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := lease.NewMemoryBackend()
+		b := memlease.New()
 		m := semaphoreManager(t, b, 20*time.Second, lease.WithPollInterval(10*time.Second))
 		s := newSemaphore(t, m, "render", 3)
 		var held []*lease.Lease
@@ -262,7 +263,7 @@ func TestSemaphoreWaiterWokenByRelease(t *testing.T) {
 // the other permit's writes go on.
 func TestSemaphoreStalePermitIsFencedPerSlot(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := lease.NewMemoryBackend()
+		b := memlease.New()
 		paused := semaphoreManager(t, b, 2*time.Second, lease.WithoutAutoRenew())
 		live := semaphoreManager(t, b, 2*time.Second)
 		ps, ls := newSemaphore(t, paused, "etl", 2), newSemaphore(t, live, "etl", 2)
@@ -309,7 +310,7 @@ func TestSemaphoreStalePermitIsFencedPerSlot(t *testing.T) {
 // TestNewSemaphoreRefusesBadInput: every problem is reported at once,
 // before any I/O, each matching its sentinel.
 func TestNewSemaphoreRefusesBadInput(t *testing.T) {
-	m := semaphoreManager(t, lease.NewMemoryBackend(), time.Second)
+	m := semaphoreManager(t, memlease.New(), time.Second)
 	long := strings.Repeat("n", driver.MaxNameLen-len("#permit/9"))
 	for _, tc := range []struct {
 		m       *lease.Manager
@@ -349,7 +350,7 @@ func TestNewSemaphoreRefusesBadInput(t *testing.T) {
 // lease of the Manager's own never counts against (or steals) a permit;
 // names merely like it stay valid, and Holder reads a slot.
 func TestSlotNamesAreReserved(t *testing.T) {
-	m := semaphoreManager(t, lease.NewMemoryBackend(), time.Second)
+	m := semaphoreManager(t, memlease.New(), time.Second)
 	ctx := context.Background()
 	for _, n := range []string{lease.SlotName("jobs", 0), "jobs#permit/17", "#permit/0"} {
 		if _, err := m.TryAcquire(ctx, n); !errors.Is(err, lease.ErrInvalidName) {
@@ -382,12 +383,12 @@ func TestSlotNamesAreReserved(t *testing.T) {
 // answers it with an error, as a store whose reply was lost: the caller
 // cannot know the slot was granted.
 type lostReplyBackend struct {
-	*lease.MemoryBackend
+	*memlease.Backend
 	once sync.Once
 }
 
 func (b *lostReplyBackend) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
-	g, err := b.MemoryBackend.Acquire(ctx, req)
+	g, err := b.Backend.Acquire(ctx, req)
 	lost := false
 	b.once.Do(func() { lost = err == nil })
 	if lost {
@@ -404,7 +405,7 @@ func TestSemaphoreAbandonsSlotsOfUnknownOutcome(t *testing.T) {
 	for _, try := range []bool{true, false} {
 		t.Run(fmt.Sprintf("try=%v", try), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				b := &lostReplyBackend{MemoryBackend: lease.NewMemoryBackend()}
+				b := &lostReplyBackend{Backend: memlease.New()}
 				m := semaphoreManager(t, b, time.Minute)
 				s := newSemaphore(t, m, "pool", 2)
 				ctx := context.Background()
@@ -440,7 +441,7 @@ func TestSemaphoreAbandonsSlotsOfUnknownOutcome(t *testing.T) {
 // also when the work fails; the work's error is returned.
 func TestSemaphoreRun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		m := semaphoreManager(t, lease.NewMemoryBackend(), 10*time.Second)
+		m := semaphoreManager(t, memlease.New(), 10*time.Second)
 		s := newSemaphore(t, m, "workers", 1)
 		ctx := context.Background()
 		boom := errors.New("boom")
@@ -470,14 +471,14 @@ func TestSemaphoreRun(t *testing.T) {
 }
 
 // setupFailingBackend refuses every acquire as a store that is not set up.
-type setupFailingBackend struct{ *lease.MemoryBackend }
+type setupFailingBackend struct{ *memlease.Backend }
 
 func (setupFailingBackend) Acquire(context.Context, driver.Request) (driver.Grant, error) {
 	return driver.Grant{}, &driver.SetupError{Fix: "run fencekit migrate up"}
 }
 
 // noWatchBackend's Watch always fails: waiters must poll.
-type noWatchBackend struct{ *lease.MemoryBackend }
+type noWatchBackend struct{ *memlease.Backend }
 
 func (noWatchBackend) Watch(context.Context, string) (<-chan struct{}, func(), error) {
 	return nil, nil, errors.New("pub/sub unavailable")
@@ -487,7 +488,7 @@ func (noWatchBackend) Watch(context.Context, string) (<-chan struct{}, func(), e
 // Acquire at once with ErrSetup, not at its context's end.
 func TestSemaphoreAcquireStopsOnSetupError(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		m := semaphoreManager(t, setupFailingBackend{lease.NewMemoryBackend()}, time.Second)
+		m := semaphoreManager(t, setupFailingBackend{memlease.New()}, time.Second)
 		s := newSemaphore(t, m, "jobs", 3)
 		start := time.Now()
 		if _, err := s.Acquire(context.Background()); !errors.Is(err, lease.ErrSetup) || time.Since(start) != 0 {
@@ -504,7 +505,7 @@ func TestSemaphoreAcquireStopsOnSetupError(t *testing.T) {
 func TestSemaphoreWaiterPollsWhenWatchFails(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const poll = 500 * time.Millisecond
-		m := semaphoreManager(t, noWatchBackend{lease.NewMemoryBackend()}, time.Minute, lease.WithPollInterval(poll))
+		m := semaphoreManager(t, noWatchBackend{memlease.New()}, time.Minute, lease.WithPollInterval(poll))
 		s := newSemaphore(t, m, "jobs", 2)
 		var held []*lease.Lease
 		for range 2 {

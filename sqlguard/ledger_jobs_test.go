@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/memlease"
 	"github.com/fencekit/fencekit/migrations"
 	"github.com/fencekit/fencekit/sqlguard"
 )
@@ -42,7 +43,7 @@ func TestRunOnceKeepsJobsApart(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			m, err := lease.NewManager(lease.NewMemoryBackend(), 10*time.Second)
+			m, err := lease.NewManager(memlease.New(), 10*time.Second)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -6,12 +6,13 @@ import (
 
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/memlease"
 )
 
 // Contend counts each contender's grants and records one wait per grant,
 // plus at most one per contender for the Acquire cut short by the end.
 func TestContendCounts(t *testing.T) {
-	be := lease.NewMemoryBackend()
+	be := memlease.New()
 	ms := make([]*lease.Manager, 3)
 	for i := range ms {
 		ms[i] = testkit.NewManager(t, be, time.Minute)

@@ -49,16 +49,15 @@
 //     EndedOwnerTTL: Release and Abandon record the owner, a Release of an
 //     owner already ended returns nil (a client that resent it), and
 //     Acquire refuses an ended owner.
-//  2. Choose who keeps grants alive. By default the Manager calls Renew
-//     every lease.Options.RenewInterval (implement BatchRenewer to renew many
+//  2. Keeping grants alive is the Manager's: it calls Renew every
+//     lease.Options.RenewInterval (implement BatchRenewer to renew many
 //     grants in one round trip, reporting each grant's outcome as soon as
-//     its node answers). A store whose client keeps grants alive by
-//     itself (a session, a keep-alive stream) sets Limits.SelfRenewing and
-//     reports each confirmation with Request.Notify.Confirmed, passing the
-//     send time of the request the store answered. Either way, a backend
-//     that learns of a loss on its own (a session expired or was replaced, a
-//     pinned connection broke) calls Request.Notify.Lost at once: the lease
-//     ends before its deadline.
+//     its node answers). A store whose client also confirms grants by
+//     itself (a session, a keep-alive stream) reports each confirmation
+//     with Request.Notify.Confirmed, passing the send time of the request
+//     the store answered. A backend that learns of a loss on its own (a
+//     session expired or was replaced, a pinned connection broke) calls
+//     Request.Notify.Lost at once: the lease ends before its deadline.
 //  3. Implement Watcher if the store can signal releases (pub/sub, a
 //     watch), so that blocked lease.Manager.Acquire calls wake at once.
 //  4. Decide and document what tokens do when the store loses its data
@@ -273,9 +272,8 @@ type Grant struct {
 	State any
 }
 
-// Limits are the TTLs a backend can honour, and how it keeps grants
-// (SelfRenewing) and waiters (Queues). NewManager rejects a TTL outside
-// them before any I/O.
+// Limits are the TTLs a backend can honour, and whether it keeps waiters
+// in line (Queues). NewManager rejects a TTL outside them before any I/O.
 type Limits struct {
 	// MinTTL is the shortest TTL the store can keep alive. 0 means 1
 	// millisecond.
@@ -285,15 +283,6 @@ type Limits struct {
 	// Resolution is the unit the store counts TTLs in: a TTL must be a
 	// whole multiple of it (Redis: 1 ms; etcd: 1 s). 0 means 1 ms.
 	Resolution time.Duration
-	// SelfRenewing is set by a backend whose store keeps each grant alive
-	// by itself (a session or a keep-alive stream). The Manager then sends
-	// no heartbeats: the backend reports each confirmation through
-	// Notifier.Confirmed, and a loss through Notifier.Lost. Lease.Renew
-	// still calls Backend.Renew, as an explicit check. The grant must still
-	// end at the store once it has not been confirmed for its TTL (a
-	// session that outlives its holder's lease must not keep the name), or
-	// the conformance suite's expiry check fails.
-	SelfRenewing bool
 	// Queues is set by a backend that keeps blocked acquires in line at the
 	// store and honours Request.Queue (see "Waiters in line" in the
 	// package doc). lease.NewManager refuses Options.FIFO without it.
@@ -325,8 +314,7 @@ type Notifier interface {
 // leasetest.
 //
 // The Manager owns time and the token rules: it computes local deadlines,
-// schedules heartbeats (unless the backend is SelfRenewing), and gives back
-// grants that arrive too late. A backend owns only the store's side.
+// schedules heartbeats, and gives back grants that arrive too late. A backend owns only the store's side.
 //
 // A Grant made by one Backend may be released (and, where the backend says
 // so, renewed) through another Backend of the same store and namespace: the

@@ -35,7 +35,7 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	if lim := b.Limits(); lim.MinTTL != 3*time.Second || lim.Resolution != time.Second || lim.MaxTTL != etcdlease.MaxTTL || lim.SelfRenewing {
+	if lim := b.Limits(); lim.MinTTL != 3*time.Second || lim.Resolution != time.Second || lim.MaxTTL != etcdlease.MaxTTL {
 		t.Fatalf("Limits = %+v", lim)
 	}
 	if b.Key("a/b") != "p/l/a/b" || b.EpochKey() != "p/epoch" {

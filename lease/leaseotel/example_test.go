@@ -11,6 +11,7 @@ import (
 
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/leaseotel"
+	"github.com/fencekit/fencekit/lease/memlease"
 )
 
 // The Observer goes to the Manager (lease events) and to the guards
@@ -28,7 +29,7 @@ func Example() {
 		panic(err)
 	}
 	// With Prometheus metrics as well: lease.Observers{obs, promObserver}.
-	m, err := lease.NewManager(lease.NewMemoryBackend(), 10*time.Second, lease.WithObserver(obs))
+	m, err := lease.NewManager(memlease.New(), 10*time.Second, lease.WithObserver(obs))
 	if err != nil {
 		panic(err)
 	}

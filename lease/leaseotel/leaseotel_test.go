@@ -17,6 +17,7 @@ import (
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/leaseotel"
+	"github.com/fencekit/fencekit/lease/memlease"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -54,7 +55,7 @@ func attrs(kv []attribute.KeyValue) map[attribute.Key]string {
 // lease name and the token as attributes, timed from the event.
 func TestSpansAndAttributes(t *testing.T) {
 	s := newSetup(t)
-	m, err := lease.NewManager(lease.NewMemoryBackend(), time.Second, lease.WithoutAutoRenew(), lease.WithObserver(s.obs))
+	m, err := lease.NewManager(memlease.New(), time.Second, lease.WithoutAutoRenew(), lease.WithObserver(s.obs))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +121,7 @@ func TestSpansAndAttributes(t *testing.T) {
 // The metrics mirror leaseprom's: leases held, leadership, guard outcomes.
 func TestMetrics(t *testing.T) {
 	s := newSetup(t)
-	m, err := lease.NewManager(lease.NewMemoryBackend(), time.Second, lease.WithObserver(s.obs))
+	m, err := lease.NewManager(memlease.New(), time.Second, lease.WithObserver(s.obs))
 	if err != nil {
 		t.Fatal(err)
 	}

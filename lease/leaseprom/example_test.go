@@ -9,6 +9,7 @@ import (
 
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/leaseprom"
+	"github.com/fencekit/fencekit/lease/memlease"
 )
 
 // One Observer for the Manager (and for the guards: sqlguard.WithObserver,
@@ -20,7 +21,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	m, err := lease.NewManager(lease.NewMemoryBackend(), 10*time.Second, lease.WithObserver(obs))
+	m, err := lease.NewManager(memlease.New(), 10*time.Second, lease.WithObserver(obs))
 	if err != nil {
 		panic(err)
 	}

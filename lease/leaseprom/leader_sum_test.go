@@ -17,6 +17,7 @@ import (
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/leaseprom"
+	"github.com/fencekit/fencekit/lease/memlease"
 )
 
 // failingRenewals is a lease store whose renewals fail once the leader's
@@ -55,7 +56,7 @@ func (p pausedAtDeposed) Deposed(lease.ElectionEvent) { <-p.resume }
 // stays above 1.
 func TestSummedLeaderGaugeCanExceedOne(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		mem := lease.NewMemoryBackend()
+		mem := memlease.New()
 		regA, regB := prometheus.NewRegistry(), prometheus.NewRegistry()
 		obsA, err := leaseprom.New(regA)
 		if err != nil {

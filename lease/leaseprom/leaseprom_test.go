@@ -15,6 +15,7 @@ import (
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/leaseprom"
+	"github.com/fencekit/fencekit/lease/memlease"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -25,7 +26,7 @@ func TestMetricsFollowLeaseEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := lease.NewManager(lease.NewMemoryBackend(), 100*time.Millisecond, lease.WithoutAutoRenew(), lease.WithObserver(obs))
+	m, err := lease.NewManager(memlease.New(), 100*time.Millisecond, lease.WithoutAutoRenew(), lease.WithObserver(obs))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +72,7 @@ func TestHeldAndLeaderGauges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := lease.NewManager(lease.NewMemoryBackend(), time.Second, lease.WithObserver(obs))
+	m, err := lease.NewManager(memlease.New(), time.Second, lease.WithObserver(obs))
 	if err != nil {
 		t.Fatal(err)
 	}

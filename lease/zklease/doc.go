@@ -164,9 +164,9 @@
 //     Choose a TTL equal to the session timeout unless the holders' work can
 //     hang.
 //
-// The Manager renews every lease (Limits.SelfRenewing is false): a live
-// session does not mean live work. Each renewal is a request of the
-// session, so it also keeps the session alive. A lease's local deadline is
+// The Manager renews every lease: a live session does not mean live
+// work. Each renewal is a request of the session, so it also keeps the
+// session alive. A lease's local deadline is
 // the send time of the last acquire or renew request the ensemble answered,
 // plus the TTL, minus the Manager's safety margin. The ensemble keeps the
 // session at least the session timeout after it handled that request, so

@@ -119,9 +119,9 @@ func New(servers []string, opts ...Option) (*Backend, error) {
 // Limits implements driver.Backend. A lease's TTL is enforced by the backend
 // (it deletes a grant that was not renewed within its TTL) and bounded by
 // the session: TTLs are whole milliseconds from MinTTL to
-// Options.SessionTimeout. The Manager renews the leases (SelfRenewing is
-// false): a session alive does not mean that the holder's work is. It
-// keeps waiters in line (Queues; see the package doc).
+// Options.SessionTimeout. The Manager renews the leases: a session alive
+// does not mean that the holder's work is. It keeps waiters in line
+// (Queues; see the package doc).
 func (b *Backend) Limits() driver.Limits {
 	return driver.Limits{MinTTL: MinTTL, MaxTTL: b.o.SessionTimeout, Resolution: time.Millisecond, Queues: true}
 }
