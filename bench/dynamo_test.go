@@ -196,7 +196,7 @@ func BenchmarkDynamoGuardPaired(b *testing.B) {
 	var guardT, plainT time.Duration
 	ops := 0
 	guarded := func() error {
-		return g.Put(ctx, 1, map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "guarded"}, "body": body})
+		return g.Put(ctx, map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "guarded"}, "body": body}, 1)
 	}
 	plain := func() error {
 		_, err := s.c.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(s.data),

@@ -60,7 +60,7 @@ func ExampleTable_Update() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	err = orders.Update(ctx, db, 1764582014351234, []any{42}, dbguard.Col("status", "paid"))
+	err = orders.Update(ctx, db, []any{42}, 1764582014351234, dbguard.Col("status", "paid"))
 	var stale *fence.StaleError
 	switch {
 	case errors.As(err, &stale):

@@ -191,7 +191,7 @@ func (t *Table) KeyColumns() []string { return slices.Clone(t.keys) }
 // autocommit off too: see the package doc) or a *sql.Tx (the row stays locked, and the write can still be rolled back,
 // until the transaction ends). Any other DBTX is taken to be a
 // transaction.
-func (t *Table) Update(ctx context.Context, db DBTX, token fence.Token, key []any, set ...Column) error {
+func (t *Table) Update(ctx context.Context, db DBTX, key []any, token fence.Token, set ...Column) error {
 	return t.write(ctx, kindUpdate, db, token, key, set)
 }
 
@@ -208,7 +208,7 @@ func (t *Table) Update(ctx context.Context, db DBTX, token fence.Token, key []an
 // unique index other than the key's; other errors as for Update.
 // The table needs a unique index on exactly the key columns
 // (ErrAmbiguousKey otherwise). ctx bounds the whole write.
-func (t *Table) Insert(ctx context.Context, db DBTX, token fence.Token, key []any, cols ...Column) error {
+func (t *Table) Insert(ctx context.Context, db DBTX, key []any, token fence.Token, cols ...Column) error {
 	return t.write(ctx, kindInsert, db, token, key, cols)
 }
 
@@ -223,7 +223,7 @@ func (t *Table) Insert(ctx context.Context, db DBTX, token fence.Token, key []an
 // looked for it, or on a deadlock or busy database; the database's error,
 // naming the index, when a new row collides with another on a unique
 // index other than the key's; other errors as for Update. The table needs a unique index on exactly the key columns.
-func (t *Table) Upsert(ctx context.Context, db DBTX, token fence.Token, key []any, cols ...Column) error {
+func (t *Table) Upsert(ctx context.Context, db DBTX, key []any, token fence.Token, cols ...Column) error {
 	return t.write(ctx, kindUpsert, db, token, key, cols)
 }
 
@@ -234,7 +234,7 @@ func (t *Table) Upsert(ctx context.Context, db DBTX, token fence.Token, key []an
 // same key with any token succeeds, including a stale holder's. Where
 // keys can be created again, fence the resource with a Guard as well, or
 // mark rows deleted (a fenced Update) instead of deleting them.
-func (t *Table) Delete(ctx context.Context, db DBTX, token fence.Token, key []any) error {
+func (t *Table) Delete(ctx context.Context, db DBTX, key []any, token fence.Token) error {
 	return t.write(ctx, kindDelete, db, token, key, nil)
 }
 

@@ -13,9 +13,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/fencekit/fencekit/dynamoguard"
+	"github.com/fencekit/fencekit/dynamoguard/dynamotest"
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/guardtest"
-	"github.com/fencekit/fencekit/dynamoguard/dynamotest"
 	"github.com/fencekit/fencekit/internal/testkit"
 )
 
@@ -84,12 +84,12 @@ func (r *confItem) Write(ctx context.Context, token fence.Token, value string) e
 	defer r.tr.heal()
 	switch r.mode {
 	case "Put":
-		return r.g.Put(ctx, token, item(r.pk, value))
+		return r.g.Put(ctx, item(r.pk, value), token)
 	case "Update":
-		return r.g.Update(ctx, token, key(r.pk), expression.Set(expression.Name("value"), expression.Value(value)))
+		return r.g.Update(ctx, key(r.pk), token, expression.Set(expression.Name("value"), expression.Value(value)))
 	default:
 		// The value lives in its own item; the fence is the item r.pk.
-		return r.g.Transact(ctx, token, key(r.pk), []types.TransactWriteItem{
+		return r.g.Transact(ctx, key(r.pk), token, []types.TransactWriteItem{
 			{Put: &types.Put{TableName: aws.String(r.table), Item: item(r.pk+"/value", value)}},
 		})
 	}

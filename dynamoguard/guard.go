@@ -252,7 +252,7 @@ func (g *Guard) Table() string { return g.table }
 // before any I/O for a bad token or item; a *SetupError for a missing
 // table; the probe's ErrConditionsIgnored; and the server's error
 // otherwise. ctx bounds the call, including the probe on first use.
-func (g *Guard) Put(ctx context.Context, token fence.Token, item map[string]types.AttributeValue) error {
+func (g *Guard) Put(ctx context.Context, item map[string]types.AttributeValue, token fence.Token) error {
 	if err := g.checkItem(token, item); err != nil {
 		return err
 	}
@@ -276,7 +276,7 @@ func (g *Guard) Put(ctx context.Context, token fence.Token, item map[string]type
 // let anyone create it again). Get and Update report ErrNotFound for a
 // tombstone; Put replaces it. Deleting a missing key writes a tombstone
 // too. Errors are as for Put.
-func (g *Guard) Delete(ctx context.Context, token fence.Token, key map[string]types.AttributeValue) error {
+func (g *Guard) Delete(ctx context.Context, key map[string]types.AttributeValue, token fence.Token) error {
 	if err := g.checkKeyInput(token, key); err != nil {
 		return err
 	}
@@ -343,7 +343,7 @@ func (g *Guard) put(ctx context.Context, token fence.Token, key, item map[string
 // for Put. update must not touch the guard's attributes (the server
 // refuses overlapping paths with a ValidationException). update is only
 // read: a builder may be reused, and shared between goroutines.
-func (g *Guard) Update(ctx context.Context, token fence.Token, key map[string]types.AttributeValue, update expression.UpdateBuilder) error {
+func (g *Guard) Update(ctx context.Context, key map[string]types.AttributeValue, token fence.Token, update expression.UpdateBuilder) error {
 	if err := g.checkKeyInput(token, key); err != nil {
 		return err
 	}
@@ -464,7 +464,7 @@ func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
 // ErrAmbiguous when the outcome is unknown (TransactionInProgressException
 // included); and ErrInvalidInput, a *SetupError, ErrConditionsIgnored or
 // the server's error as for Put.
-func (g *Guard) Transact(ctx context.Context, token fence.Token, fenceKey map[string]types.AttributeValue, items []types.TransactWriteItem) error {
+func (g *Guard) Transact(ctx context.Context, fenceKey map[string]types.AttributeValue, token fence.Token, items []types.TransactWriteItem) error {
 	var errs []error
 	if err := g.checkKeyInput(token, fenceKey); err != nil {
 		errs = append(errs, err)

@@ -14,10 +14,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/fencekit/fencekit/dynamoguard"
+	"github.com/fencekit/fencekit/dynamoguard/dynamotest"
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/integration/internal/holder"
 	"github.com/fencekit/fencekit/integration/internal/itest"
-	"github.com/fencekit/fencekit/dynamoguard/dynamotest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/dynamolease"
 )
@@ -71,9 +71,9 @@ func TestPausedHolderDynamoDB(t *testing.T) {
 		t.Fatal(err)
 	}
 	mine := fmt.Sprintf("new holder %d", l.Token())
-	if err := g.Put(ctx, l.Token(), map[string]types.AttributeValue{
+	if err := g.Put(ctx, map[string]types.AttributeValue{
 		"pk": &types.AttributeValueMemberS{Value: "invoice"}, "value": &types.AttributeValueMemberS{Value: mine},
-	}); err != nil {
+	}, l.Token()); err != nil {
 		t.Fatal(err)
 	}
 

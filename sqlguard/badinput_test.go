@@ -101,13 +101,13 @@ func TestWriteBadInput(t *testing.T) {
 				var err error
 				switch kind {
 				case "update":
-					err = tbl.Update(ctx, db, tc.token, tc.key, tc.cols...)
+					err = tbl.Update(ctx, db, tc.key, tc.token, tc.cols...)
 				case "insert":
-					err = tbl.Insert(ctx, db, tc.token, tc.key, tc.cols...)
+					err = tbl.Insert(ctx, db, tc.key, tc.token, tc.cols...)
 				case "upsert":
-					err = tbl.Upsert(ctx, db, tc.token, tc.key, tc.cols...)
+					err = tbl.Upsert(ctx, db, tc.key, tc.token, tc.cols...)
 				case "delete":
-					err = tbl.Delete(ctx, db, tc.token, tc.key)
+					err = tbl.Delete(ctx, db, tc.key, tc.token)
 				}
 				if !errors.Is(err, tc.wantErr) || !strings.Contains(err.Error(), tc.wantMsg) {
 					t.Errorf("%s: got %v, want %v mentioning %q", kind, err, tc.wantErr, tc.wantMsg)

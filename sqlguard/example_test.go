@@ -87,10 +87,10 @@ func ExampleTable_Update() {
 		log.Fatal(err)
 	}
 
-	err = orders.Update(ctx, pool, 7, []any{42}, sqlguard.Col("status", "paid"))
+	err = orders.Update(ctx, pool, []any{42}, 7, sqlguard.Col("status", "paid"))
 	fmt.Println("token 7:", err)
 
-	err = orders.Update(ctx, pool, 6, []any{42}, sqlguard.Col("status", "cancelled"))
+	err = orders.Update(ctx, pool, []any{42}, 6, sqlguard.Col("status", "cancelled"))
 	fmt.Println("token 6:", err)
 	if se, ok := fence.AsStale(err); ok {
 		fmt.Println("stale; the row was written with token", se.Current)

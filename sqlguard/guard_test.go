@@ -337,13 +337,13 @@ func TestGuardWithTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = g.BeginFunc(ctx, e.pool, "account/1", 5, func(tx pgx.Tx) error {
-		return tbl.Update(ctx, tx, 5, []any{1}, sqlguard.Col("balance", 1))
+		return tbl.Update(ctx, tx, []any{1}, 5, sqlguard.Col("balance", 1))
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	err = g.BeginFunc(ctx, e.pool, "account/1", 6, func(tx pgx.Tx) error {
-		if err := tbl.Update(ctx, tx, 6, []any{1}, sqlguard.Col("balance", 2)); err != nil {
+		if err := tbl.Update(ctx, tx, []any{1}, 6, sqlguard.Col("balance", 2)); err != nil {
 			return err
 		}
 		return errors.New("abort")

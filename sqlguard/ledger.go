@@ -218,7 +218,7 @@ func (lg *Ledger) Claim(ctx context.Context, job, key string, token fence.Token)
 	if err := lg.shape.Ensure(ctx, lg.checkShape); err != nil {
 		return false, err
 	}
-	if err := lg.table.Upsert(ctx, lg.db, token, []any{job, key}); err != nil {
+	if err := lg.table.Upsert(ctx, lg.db, []any{job, key}, token); err != nil {
 		return false, err
 	}
 	var done bool
@@ -284,5 +284,5 @@ func (lg *Ledger) markDone(ctx context.Context, db DBTX, job, key string, token 
 	if err := lg.shape.Ensure(ctx, lg.checkShape); err != nil {
 		return err
 	}
-	return lg.table.Update(ctx, db, token, []any{job, key}, Col(LedgerDoneColumn, time.Now().UTC()))
+	return lg.table.Update(ctx, db, []any{job, key}, token, Col(LedgerDoneColumn, time.Now().UTC()))
 }

@@ -35,10 +35,10 @@ func TestMissingLockVersionNamesTheCommand(t *testing.T) {
 			t.Errorf("%s: %v; want ErrNoLockVersion naming %q, with the PgError", what, err, want)
 		}
 	}
-	check("Update on a pool", tbl.Update(ctx, e.pool, 5, []any{1}, sqlguard.Col("note", "y")))
-	check("Insert on a pool", tbl.Insert(ctx, e.pool, 5, []any{2}, sqlguard.Col("note", "y")))
+	check("Update on a pool", tbl.Update(ctx, e.pool, []any{1}, 5, sqlguard.Col("note", "y")))
+	check("Insert on a pool", tbl.Insert(ctx, e.pool, []any{2}, 5, sqlguard.Col("note", "y")))
 	check("Upsert in a transaction", pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		return tbl.Upsert(ctx, tx, 5, []any{3}, sqlguard.Col("note", "y"))
+		return tbl.Upsert(ctx, tx, []any{3}, 5, sqlguard.Col("note", "y"))
 	}))
 
 	// A quoted, mixed-case name is spelled so that the command finds it.
@@ -47,26 +47,26 @@ func TestMissingLockVersionNamesTheCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = odd.Delete(ctx, e.pool, 5, []any{1})
+	err = odd.Delete(ctx, e.pool, []any{1}, 5)
 	if wantOdd := `--table '` + e.schema + `."Odd Name"' --apply`; !errors.Is(err, sqlguard.ErrNoLockVersion) || !strings.Contains(err.Error(), wantOdd) {
 		t.Errorf("Delete on %q: %v; want the command with %s", "Odd Name", err, wantOdd)
 	}
 
 	// The caller's own misspelt column is a plain database error.
 	e.exec(t, `ALTER TABLE plain ADD COLUMN lock_version bigint NOT NULL DEFAULT 0`)
-	err = tbl.Update(ctx, e.pool, 5, []any{1}, sqlguard.Col("nonexistent", "y"))
+	err = tbl.Update(ctx, e.pool, []any{1}, 5, sqlguard.Col("nonexistent", "y"))
 	var pgErr *pgconn.PgError
 	if errors.Is(err, sqlguard.ErrNoLockVersion) || !errors.As(err, &pgErr) || pgErr.Code != "42703" {
 		t.Errorf("Update of a missing column of the caller's: %v; want the plain 42703", err)
 	}
 
 	// Dropped after this pool's connections took the fast path.
-	if err := tbl.Update(ctx, e.pool, 5, []any{1}, sqlguard.Col("note", "z")); err != nil {
+	if err := tbl.Update(ctx, e.pool, []any{1}, 5, sqlguard.Col("note", "z")); err != nil {
 		t.Fatal(err)
 	}
 	e.exec(t, `ALTER TABLE plain DROP COLUMN lock_version`)
 	for range 8 { // every connection of the pool
-		if err := tbl.Update(ctx, e.pool, 6, []any{1}, sqlguard.Col("note", "w")); !errors.Is(err, sqlguard.ErrNoLockVersion) {
+		if err := tbl.Update(ctx, e.pool, []any{1}, 6, sqlguard.Col("note", "w")); !errors.Is(err, sqlguard.ErrNoLockVersion) {
 			t.Fatalf("Update after the column was dropped: %v; want ErrNoLockVersion", err)
 		}
 	}

@@ -226,7 +226,7 @@ func (k writeKind) String() string {
 // db may be a pool or connection (the write commits on its own) or a
 // pgx.Tx (the row stays locked, and the write can still be rolled back,
 // until the transaction ends).
-func (t *Table) Update(ctx context.Context, db DBTX, token fence.Token, key []any, set ...Column) error {
+func (t *Table) Update(ctx context.Context, db DBTX, key []any, token fence.Token, set ...Column) error {
 	return t.write(ctx, kindUpdate, db, token, key, set)
 }
 
@@ -241,7 +241,7 @@ func (t *Table) Update(ctx context.Context, db DBTX, token fence.Token, key []an
 // case it is), or on a serialization failure or deadlock; other errors as
 // for Update. The table needs a unique index on exactly the key columns.
 // ctx bounds the statement.
-func (t *Table) Insert(ctx context.Context, db DBTX, token fence.Token, key []any, cols ...Column) error {
+func (t *Table) Insert(ctx context.Context, db DBTX, key []any, token fence.Token, cols ...Column) error {
 	return t.write(ctx, kindInsert, db, token, key, cols)
 }
 
@@ -258,7 +258,7 @@ func (t *Table) Insert(ctx context.Context, db DBTX, token fence.Token, key []an
 // serialization failure or deadlock; other errors as for Update. The table
 // needs a unique index on exactly the key columns. ctx bounds the
 // statement.
-func (t *Table) Upsert(ctx context.Context, db DBTX, token fence.Token, key []any, cols ...Column) error {
+func (t *Table) Upsert(ctx context.Context, db DBTX, key []any, token fence.Token, cols ...Column) error {
 	return t.write(ctx, kindUpsert, db, token, key, cols)
 }
 
@@ -269,7 +269,7 @@ func (t *Table) Upsert(ctx context.Context, db DBTX, token fence.Token, key []an
 // Insert or Upsert of the same key is not rejected. Where a key can be
 // re-created, fence the whole resource with a Guard as well, or mark rows
 // deleted (a fenced Update) instead of deleting them.
-func (t *Table) Delete(ctx context.Context, db DBTX, token fence.Token, key []any) error {
+func (t *Table) Delete(ctx context.Context, db DBTX, key []any, token fence.Token) error {
 	return t.write(ctx, kindDelete, db, token, key, nil)
 }
 

@@ -90,7 +90,7 @@ func TestAmbiguousKeyChangesNothing(t *testing.T) {
 					}
 				}
 				update := func(ctx context.Context, p dbguard.DBTX) error {
-					return tbl.Update(ctx, p, 5, []any{sc.key}, dbguard.Col("value", "written"))
+					return tbl.Update(ctx, p, []any{sc.key}, 5, dbguard.Col("value", "written"))
 				}
 				writes := []struct {
 					name string
@@ -98,9 +98,9 @@ func TestAmbiguousKeyChangesNothing(t *testing.T) {
 				}{
 					{"update", update},
 					{"upsert", func(ctx context.Context, p dbguard.DBTX) error {
-						return tbl.Upsert(ctx, p, 5, []any{sc.key}, dbguard.Col("value", "written"))
+						return tbl.Upsert(ctx, p, []any{sc.key}, 5, dbguard.Col("value", "written"))
 					}},
-					{"delete", func(ctx context.Context, p dbguard.DBTX) error { return tbl.Delete(ctx, p, 5, []any{sc.key}) }},
+					{"delete", func(ctx context.Context, p dbguard.DBTX) error { return tbl.Delete(ctx, p, []any{sc.key}, 5) }},
 					{"update in a transaction", inTx(update)},
 				}
 				before := tableRows(t, db.SQL, "amb")

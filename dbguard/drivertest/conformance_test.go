@@ -148,7 +148,7 @@ type confRow struct {
 }
 
 func (r *confRow) Write(ctx context.Context, token fence.Token, value string) error {
-	return r.tbl.Update(ctx, r.pool, token, []any{r.id}, dbguard.Col("value", value))
+	return r.tbl.Update(ctx, r.pool, []any{r.id}, token, dbguard.Col("value", value))
 }
 
 func (r *confRow) Read(ctx context.Context) (string, fence.Token, error) {

@@ -69,10 +69,10 @@ import (
 
 	"github.com/fencekit/fencekit/blobguard"
 	"github.com/fencekit/fencekit/dynamoguard"
+	"github.com/fencekit/fencekit/dynamoguard/dynamotest"
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/integration/internal/guarded"
 	"github.com/fencekit/fencekit/integration/internal/holder"
-	"github.com/fencekit/fencekit/dynamoguard/dynamotest"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/dynamolease"
@@ -318,7 +318,7 @@ func writes(ctx context.Context, f flags, cl *closers) ([]write, error) {
 		}
 		ws = append(ws,
 			write{"pg-row", func(ctx context.Context, tok fence.Token, value string) error {
-				return table.Upsert(ctx, conn, tok, []any{f.row}, sqlguard.Col("v", value))
+				return table.Upsert(ctx, conn, []any{f.row}, tok, sqlguard.Col("v", value))
 			}},
 			write{"pg-ledger", func(ctx context.Context, tok fence.Token, value string) error {
 				return guard.BeginFunc(ctx, conn, f.name, tok, func(tx pgx.Tx) error {
@@ -357,10 +357,10 @@ func writes(ctx context.Context, f flags, cl *closers) ([]write, error) {
 			return nil, err
 		}
 		ws = append(ws, write{"dynamodb", func(ctx context.Context, tok fence.Token, _ string) error {
-			return g.Put(ctx, tok, map[string]types.AttributeValue{
+			return g.Put(ctx, map[string]types.AttributeValue{
 				"pk":    &types.AttributeValueMemberS{Value: f.item},
 				"value": &types.AttributeValueMemberS{Value: fmt.Sprintf("holder %d", tok)},
-			})
+			}, tok)
 		}})
 	}
 	return ws, nil
