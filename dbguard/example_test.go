@@ -65,7 +65,7 @@ func ExampleTable_Update() {
 	switch {
 	case errors.As(err, &stale):
 		log.Printf("rejected: the row holds token %d, newer than ours (%d)", stale.Current, stale.Presented)
-	case errors.Is(err, dbguard.ErrNotFound):
+	case errors.Is(err, fence.ErrNotFound):
 		log.Print("no order 42")
 	case err != nil:
 		log.Fatal(err)
@@ -76,12 +76,12 @@ func ExampleTable_Update() {
 func ExampleNewTable() {
 	_, err := dbguard.NewTable(dbguard.MySQL, "", "orders ", "lock_version")
 	fmt.Println(err)
-	fmt.Println(errors.Is(err, dbguard.ErrInvalid))
+	fmt.Println(errors.Is(err, fence.ErrInvalidArgument))
 	_, err = dbguard.NewTable(dbguard.SQLite, "", "orders", "id")
 	fmt.Println(err)
 	// Output:
-	// dbguard: invalid argument: table name "orders " ends with a space
-	// dbguard: invalid argument: lock_version cannot be a key column
+	// fence: invalid argument: table name "orders " ends with a space
+	// fence: invalid argument: lock_version cannot be a key column
 	// true
 	// <nil>
 }

@@ -90,13 +90,13 @@ func (g *Guard) advanceStmt(ctx context.Context, db *sql.DB) *sql.Stmt {
 }
 
 // New returns a Guard for dialect d configured by opts. It does no I/O. It
-// returns an error wrapping ErrInvalid, listing every problem, when the
+// returns an error wrapping fence.ErrInvalidArgument, listing every problem, when the
 // dialect is unknown, Database is not a valid identifier, or TxOptions is
 // read-only or has an isolation level the dialect does not have (SQLite:
 // only the default and serializable, which are the same there).
 func New(d Dialect, opts ...Option) (*Guard, error) {
 	if !d.valid() {
-		return nil, fmt.Errorf("%w: unknown dialect %v (use dbguard.MySQL or dbguard.SQLite)", ErrInvalid, d)
+		return nil, fmt.Errorf("%w: unknown dialect %v (use dbguard.MySQL or dbguard.SQLite)", fence.ErrInvalidArgument, d)
 	}
 	var o Options
 	for _, opt := range opts {
@@ -109,7 +109,7 @@ func New(d Dialect, opts ...Option) (*Guard, error) {
 		errs = append(errs, d.checkIdent("database", o.Database))
 	}
 	if o.TxOptions.ReadOnly {
-		errs = append(errs, fmt.Errorf("%w: read-only transactions cannot advance a token", ErrInvalid))
+		errs = append(errs, fmt.Errorf("%w: read-only transactions cannot advance a token", fence.ErrInvalidArgument))
 	}
 	switch iso := o.TxOptions.Isolation; {
 	case iso == sql.LevelDefault, iso == sql.LevelSerializable:
@@ -117,7 +117,7 @@ func New(d Dialect, opts ...Option) (*Guard, error) {
 	default:
 		// SQLite's transactions are serializable, and its drivers
 		// ignore any other level: refuse it rather than pretend.
-		errs = append(errs, fmt.Errorf("%w: isolation level %v is not one %s has", ErrInvalid, o.TxOptions.Isolation, d))
+		errs = append(errs, fmt.Errorf("%w: isolation level %v is not one %s has", fence.ErrInvalidArgument, o.TxOptions.Isolation, d))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
@@ -160,10 +160,10 @@ func (g *Guard) Dialect() Dialect { return g.d }
 //
 // It returns nil when the token was accepted; a *fence.StaleError
 // (matching fence.ErrStaleToken) with the stored token when that is newer
-// (roll tx back); an error matching ErrRetryable on a deadlock, lock wait
-// timeout or busy database; ErrNotMigrated when the toolkit's table is
+// (roll tx back); an error matching fence.ErrRetryable on a deadlock, lock wait
+// timeout or busy database; fence.ErrNotMigrated when the toolkit's table is
 // missing; other database errors wrapped. Bad arguments are reported
-// before any I/O (fence.ErrInvalidToken, ErrInvalid). ctx bounds the
+// before any I/O (fence.ErrInvalidToken, fence.ErrInvalidArgument). ctx bounds the
 // statements. It never returns fence.ErrOutcomeUnknown: what it did counts
 // only if tx commits.
 func (g *Guard) Advance(ctx context.Context, tx *sql.Tx, resource string, token fence.Token) error {
@@ -250,12 +250,12 @@ func (g *Guard) readBack(ctx context.Context, tx *sql.Tx, op, resource string, a
 // so the transaction takes the database's write lock at once (as BEGIN
 // IMMEDIATE would), waiting up to the connection's busy timeout: open the
 // database with one (modernc.org/sqlite: _pragma=busy_timeout(5000)), or a
-// second writer gets SQLITE_BUSY at once (ErrRetryable).
+// second writer gets SQLITE_BUSY at once (fence.ErrRetryable).
 //
-// Errors: a *fence.StaleError; an error matching ErrRetryable for a
+// Errors: a *fence.StaleError; an error matching fence.ErrRetryable for a
 // deadlock, lock wait timeout or busy database while beginning, advancing
 // or committing (retry the whole BeginFunc; IsRetryable also recognizes
-// them in fn's own errors); ErrNotMigrated; fn's error as returned; an
+// them in fn's own errors); fence.ErrNotMigrated; fn's error as returned; an
 // error matching fence.ErrOutcomeUnknown, joined with its cause, when ctx
 // ended or the connection broke after COMMIT was sent and before its
 // answer came (the transaction may have committed); other database errors
@@ -267,7 +267,7 @@ func (g *Guard) BeginFunc(ctx context.Context, db TxBeginner, resource string, t
 	op := "fenced transaction " + strconv.Quote(resource)
 	tok, err := g.check(db, resource, token)
 	if fn == nil {
-		err = errors.Join(err, fmt.Errorf("%w: nil function", ErrInvalid))
+		err = errors.Join(err, fmt.Errorf("%w: nil function", fence.ErrInvalidArgument))
 	}
 	if err != nil {
 		return fmt.Errorf("dbguard: %s: %w", op, err)
@@ -313,23 +313,23 @@ func (g *Guard) check(db any, resource string, token fence.Token) (any, error) {
 	tok, err := g.d.tokenArg(token)
 	errs := []error{err}
 	if isNil(db) {
-		errs = append(errs, fmt.Errorf("%w: nil database", ErrInvalid))
+		errs = append(errs, fmt.Errorf("%w: nil database", fence.ErrInvalidArgument))
 	}
 	switch {
 	case resource == "":
-		errs = append(errs, fmt.Errorf("%w: empty resource name", ErrInvalid))
+		errs = append(errs, fmt.Errorf("%w: empty resource name", fence.ErrInvalidArgument))
 	case len(resource) > MaxResourceLen:
-		errs = append(errs, fmt.Errorf("%w: resource name is %d bytes, more than %d", ErrInvalid, len(resource), MaxResourceLen))
+		errs = append(errs, fmt.Errorf("%w: resource name is %d bytes, more than %d", fence.ErrInvalidArgument, len(resource), MaxResourceLen))
 	case !utf8.ValidString(resource):
-		errs = append(errs, fmt.Errorf("%w: resource name %q is not valid UTF-8", ErrInvalid, resource))
+		errs = append(errs, fmt.Errorf("%w: resource name %q is not valid UTF-8", fence.ErrInvalidArgument, resource))
 	case strings.IndexByte(resource, 0) >= 0:
-		errs = append(errs, fmt.Errorf("%w: resource name %q contains a NUL byte", ErrInvalid, resource))
+		errs = append(errs, fmt.Errorf("%w: resource name %q contains a NUL byte", fence.ErrInvalidArgument, resource))
 	}
 	return tok, errors.Join(errs...)
 }
 
 // advanceErr maps an error of the advance: a missing table is
-// ErrNotMigrated.
+// fence.ErrNotMigrated.
 func (g *Guard) advanceErr(op string, err error) error {
 	missing := false
 	if n, ok := mysqlNumber(err); ok && g.d == MySQL {
@@ -339,14 +339,26 @@ func (g *Guard) advanceErr(op string, err error) error {
 		missing = c&0xff == sqliteError && strings.Contains(err.Error(), "no such table")
 	}
 	if missing {
-		where := "the connection's current database"
-		cmd := "fencekit migrate up --dialect " + g.d.String()
-		if g.opts.Database != "" {
-			where = fmt.Sprintf("database %q (Options.Database)", g.opts.Database)
-		}
-		return fmt.Errorf("dbguard: %s: %w (looked in %s; run `%s` there, or migrations.UpFor): %w", op, ErrNotMigrated, where, cmd, err)
+		return g.notMigrated(op, err)
 	}
 	return g.d.wrapDBErr(op, err)
+}
+
+// notMigrated is the error for a database without the toolkit's table:
+// err is the driver's error, or nil when a check found it.
+func (g *Guard) notMigrated(op string, err error) error {
+	where := "the connection's current database"
+	if g.d == SQLite {
+		where = "schema main"
+	}
+	if g.opts.Database != "" {
+		where = fmt.Sprintf("database %q (Options.Database)", g.opts.Database)
+	}
+	what := fmt.Errorf("dbguard: %s: %w: %s not found in %s", op, fence.ErrNotMigrated, ResourceTable, where)
+	if err != nil {
+		what = fmt.Errorf("%w: %w", what, err)
+	}
+	return &fence.SetupError{Err: what, Fix: "run `fencekit migrate up --dialect " + g.d.String() + "` there (or migrations.UpFor), or fix Options.Database"}
 }
 
 // unprepared runs query in tx with the shape of a prepared *sql.Stmt.

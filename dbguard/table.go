@@ -108,14 +108,14 @@ func (k writeKind) String() string {
 // It does no I/O: a table or column that does not exist is reported by the
 // first write.
 //
-// NewTable returns an error wrapping ErrInvalid, listing every problem,
+// NewTable returns an error wrapping fence.ErrInvalidArgument, listing every problem,
 // when the dialect is unknown, a name is empty, not UTF-8, contains a NUL
 // byte or is too long (MySQL: more than 64 characters, or ends with a
 // space), when there is no key column, or when a key column repeats or is
 // lock_version.
 func NewTable(d Dialect, database, name string, keyColumns ...string) (*Table, error) {
 	if !d.valid() {
-		return nil, fmt.Errorf("%w: unknown dialect %v (use dbguard.MySQL or dbguard.SQLite)", ErrInvalid, d)
+		return nil, fmt.Errorf("%w: unknown dialect %v (use dbguard.MySQL or dbguard.SQLite)", fence.ErrInvalidArgument, d)
 	}
 	var errs []error
 	if database != "" {
@@ -123,7 +123,7 @@ func NewTable(d Dialect, database, name string, keyColumns ...string) (*Table, e
 	}
 	errs = append(errs, d.checkIdent("table", name))
 	if len(keyColumns) == 0 {
-		errs = append(errs, fmt.Errorf("%w: no key columns", ErrInvalid))
+		errs = append(errs, fmt.Errorf("%w: no key columns", fence.ErrInvalidArgument))
 	}
 	seen := make(map[string]bool, len(keyColumns))
 	for _, k := range keyColumns {
@@ -132,10 +132,10 @@ func NewTable(d Dialect, database, name string, keyColumns ...string) (*Table, e
 			continue
 		}
 		if k == LockVersionColumn {
-			errs = append(errs, fmt.Errorf("%w: %s cannot be a key column", ErrInvalid, LockVersionColumn))
+			errs = append(errs, fmt.Errorf("%w: %s cannot be a key column", fence.ErrInvalidArgument, LockVersionColumn))
 		}
 		if seen[k] {
-			errs = append(errs, fmt.Errorf("%w: key column %q given twice", ErrInvalid, k))
+			errs = append(errs, fmt.Errorf("%w: key column %q given twice", fence.ErrInvalidArgument, k))
 		}
 		seen[k] = true
 	}
@@ -174,17 +174,17 @@ func (t *Table) KeyColumns() []string { return slices.Clone(t.keys) }
 //
 // It returns nil when the row was written; a *fence.StaleError (matching
 // fence.ErrStaleToken) carrying the row's lock_version when that is newer
-// than token; ErrNotFound when no row has the key; ErrAmbiguousKey when
-// several rows do; ErrLockVersionType when the table's lock_version cannot
-// hold every token (nothing written); ErrNoLockVersion when the table has
-// no lock_version column; ErrNoTable when there is no such table; an error
-// matching ErrRetryable for a deadlock, lock wait timeout or busy
+// than token; fence.ErrNotFound when no row has the key; fence.ErrAmbiguousKey when
+// several rows do; fence.ErrLockVersionType when the table's lock_version cannot
+// hold every token (nothing written); fence.ErrNoLockVersion when the table has
+// no lock_version column; fence.ErrNoTable when there is no such table; an error
+// matching fence.ErrRetryable for a deadlock, lock wait timeout or busy
 // database; an error matching fence.ErrOutcomeUnknown, joined with its
 // cause, when ctx ended or the connection broke after the write was sent
 // (it may have been applied: read the row again); any other database error
 // wrapped (errors.As finds the driver's error). Bad arguments are reported
 // before any I/O: a token that is 0, or above 2^63-1 on SQLite
-// (fence.ErrInvalidToken), or an ErrInvalid (among them a NULL key value).
+// (fence.ErrInvalidToken), or an fence.ErrInvalidArgument (among them a NULL key value).
 // ctx bounds the whole write.
 //
 // db may be a *sql.DB or *sql.Conn (the write commits on its own, with
@@ -200,14 +200,14 @@ func (t *Table) Update(ctx context.Context, db DBTX, key []any, token fence.Toke
 //
 // It returns nil when the row was inserted; a *fence.StaleError when a row
 // with the key exists and its lock_version is newer than token; an error
-// matching ErrExists when it exists with a lock_version <= token; an error
-// matching ErrRetryable when a row with the key was created by another
+// matching fence.ErrExists when it exists with a lock_version <= token; an error
+// matching fence.ErrRetryable when a row with the key was created by another
 // transaction while this one looked for it (try again to learn which case
 // it is), or on a deadlock or busy database; the database's error (not
 // retryable), naming the index, when the row collides with another on a
 // unique index other than the key's; other errors as for Update.
 // The table needs a unique index on exactly the key columns
-// (ErrAmbiguousKey otherwise). ctx bounds the whole write.
+// (fence.ErrAmbiguousKey otherwise). ctx bounds the whole write.
 func (t *Table) Insert(ctx context.Context, db DBTX, key []any, token fence.Token, cols ...Column) error {
 	return t.write(ctx, kindInsert, db, token, key, cols)
 }
@@ -219,7 +219,7 @@ func (t *Table) Insert(ctx context.Context, db DBTX, key []any, token fence.Toke
 //
 // It returns nil when the row was inserted or updated; a *fence.StaleError
 // when the row's lock_version is newer than token; an error matching
-// ErrRetryable when another transaction created the row while this one
+// fence.ErrRetryable when another transaction created the row while this one
 // looked for it, or on a deadlock or busy database; the database's error,
 // naming the index, when a new row collides with another on a unique
 // index other than the key's; other errors as for Update. The table needs a unique index on exactly the key columns.
@@ -328,7 +328,7 @@ func (w *rowWrite) run(ctx context.Context, db DBTX, conn *sql.Conn) error {
 	}
 	if !info.unique && (w.kind == kindInsert || w.kind == kindUpsert) {
 		return fmt.Errorf("dbguard: %s: %w: %s has no unique index on exactly (%s), which %s needs",
-			w.op, ErrAmbiguousKey, w.t.name, strings.Join(w.t.keys, ", "), w.kind)
+			w.op, fence.ErrAmbiguousKey, w.t.name, strings.Join(w.t.keys, ", "), w.kind)
 	}
 	if err := ctx.Err(); err != nil {
 		// Nothing is sent: a plain failure (sentErr would not know).
@@ -353,7 +353,7 @@ func (w *rowWrite) run(ctx context.Context, db DBTX, conn *sql.Conn) error {
 			// the key; at READ COMMITTED a row that the database matches
 			// with the key can be inserted between its count and its write.
 			return fmt.Errorf("dbguard: %s: %w: %s matched and wrote %d rows: a row the key matches was inserted while the statement ran",
-				w.op, ErrAmbiguousKey, w.resource(), n)
+				w.op, fence.ErrAmbiguousKey, w.resource(), n)
 		}
 	case w.kind == kindInsert && w.t.d.dupKey(err):
 		// A row with the key exists, or the row collides with another on
@@ -485,12 +485,12 @@ func (w *rowWrite) decide(ctx context.Context, db DBTX, own bool) error {
 	}
 	switch {
 	case row.n > 1:
-		return fmt.Errorf("dbguard: %s: %w: %s matches %d rows", w.op, ErrAmbiguousKey, w.resource(), row.n)
+		return fmt.Errorf("dbguard: %s: %w: %s matches %d rows", w.op, fence.ErrAmbiguousKey, w.resource(), row.n)
 	case !info.unique && (w.kind == kindInsert || w.kind == kindUpsert):
 		return fmt.Errorf("dbguard: %s: %w: %s has no unique index on exactly (%s), which %s needs",
-			w.op, ErrAmbiguousKey, w.t.name, strings.Join(w.t.keys, ", "), w.kind)
+			w.op, fence.ErrAmbiguousKey, w.t.name, strings.Join(w.t.keys, ", "), w.kind)
 	case row.n == 0 && (w.kind == kindUpdate || w.kind == kindDelete):
-		return fmt.Errorf("dbguard: %s: %w: %s", w.op, ErrNotFound, w.resource())
+		return fmt.Errorf("dbguard: %s: %w", w.op, &fence.NotFoundError{Resource: w.resource()})
 	case row.n == 0:
 		// Insert (MySQL; SQLite's INSERT above failed only on a unique
 		// index) or Upsert of a new row.
@@ -508,12 +508,12 @@ func (w *rowWrite) decide(ctx context.Context, db DBTX, own bool) error {
 	case !row.lv.Valid:
 		return fmt.Errorf("dbguard: %s: %s has a NULL lock_version (the column must be NOT NULL)", w.op, w.resource())
 	case badType:
-		return fmt.Errorf("dbguard: %s: %w: %s holds lock_version %q (stored as %s): want an integer",
-			w.op, ErrLockVersionType, w.resource(), row.lv.String, cmp(row.kind.String, "a non-integer"))
+		return w.t.lockVersionType(w.op, fmt.Sprintf("%s holds lock_version %q (stored as %s): want an integer",
+			w.resource(), row.lv.String, cmp(row.kind.String, "a non-integer")), nil)
 	case current > uint64(w.token):
 		return fence.Stale(w.resource(), w.token, fence.Token(current))
 	case w.kind == kindInsert:
-		return fmt.Errorf("dbguard: %s: %w: %s (lock_version %d)", w.op, ErrExists, w.resource(), current)
+		return fmt.Errorf("dbguard: %s: %w: %s (lock_version %d)", w.op, fence.ErrExists, w.resource(), current)
 	}
 	// The row is locked with lock_version <= token.
 	res, err := db.ExecContext(ctx, w.st.write[afterLock], w.writeArgs()...)
@@ -579,11 +579,11 @@ func (w *rowWrite) confirm(ctx context.Context, db DBTX) error {
 	}
 	switch {
 	case row.n > 1:
-		return fmt.Errorf("dbguard: %s: %w: %s matches %d rows", w.op, ErrAmbiguousKey, w.resource(), row.n)
+		return fmt.Errorf("dbguard: %s: %w: %s matches %d rows", w.op, fence.ErrAmbiguousKey, w.resource(), row.n)
 	case w.kind != kindDelete && row.n == 1 && row.lv.Valid && row.lv.String == strconv.FormatUint(uint64(w.token), 10):
 		return nil
 	}
-	return &RetryableError{Op: w.op, Err: fmt.Errorf("%s changed concurrently", w.resource())}
+	return &fence.RetryableError{Op: "dbguard: " + w.op, Err: fmt.Errorf("%s changed concurrently", w.resource())}
 }
 
 // dupErr reports a unique-constraint violation err of the INSERT of a row
@@ -599,7 +599,7 @@ func (w *rowWrite) dupErr(ctx context.Context, db DBTX, err error) error {
 		return fmt.Errorf("%w (after %w)", rerr, err)
 	}
 	if row.n > 0 {
-		return &RetryableError{Op: w.op, Err: fmt.Errorf("a row %s was created concurrently: %w", w.resource(), err)}
+		return &fence.RetryableError{Op: "dbguard: " + w.op, Err: fmt.Errorf("a row %s was created concurrently: %w", w.resource(), err)}
 	}
 	return fmt.Errorf("dbguard: %s: %s collides with another row on %s: %w", w.op, w.resource(), w.t.d.uniqueName(err), err)
 }
@@ -631,21 +631,21 @@ func (w *rowWrite) resource() string {
 func (t *Table) check(db DBTX, key []any) error {
 	var errs []error
 	if isNil(db) {
-		errs = append(errs, fmt.Errorf("%w: nil database", ErrInvalid))
+		errs = append(errs, fmt.Errorf("%w: nil database", fence.ErrInvalidArgument))
 	}
 	if len(key) != len(t.keys) {
-		errs = append(errs, fmt.Errorf("%w: %d key values for %d key columns", ErrInvalid, len(key), len(t.keys)))
+		errs = append(errs, fmt.Errorf("%w: %d key values for %d key columns", fence.ErrInvalidArgument, len(key), len(t.keys)))
 	}
 	for i, v := range key[:min(len(key), len(t.keys))] {
 		if isNull(v) {
-			errs = append(errs, fmt.Errorf("%w: key column %q is NULL (a NULL key matches no row and conflicts with none)", ErrInvalid, t.keys[i]))
+			errs = append(errs, fmt.Errorf("%w: key column %q is NULL (a NULL key matches no row and conflicts with none)", fence.ErrInvalidArgument, t.keys[i]))
 		}
 	}
 	return errors.Join(errs...)
 }
 
 // statementsFor returns the statements of a write of kind with cols, or an
-// error wrapping ErrInvalid when the columns cannot be written.
+// error wrapping fence.ErrInvalidArgument when the columns cannot be written.
 func (t *Table) statementsFor(kind writeKind, cols []Column) (*statements, error) {
 	if st := t.last[kind].Load(); st != nil && sameNames(st.cols, cols) {
 		return st, nil
@@ -687,11 +687,11 @@ func (t *Table) checkColumns(cols []Column) error {
 		}
 		switch {
 		case c.Name == LockVersionColumn:
-			errs = append(errs, fmt.Errorf("%w: column %s is written by the guard only", ErrInvalid, LockVersionColumn))
+			errs = append(errs, fmt.Errorf("%w: column %s is written by the guard only", fence.ErrInvalidArgument, LockVersionColumn))
 		case slices.Contains(t.keys, c.Name):
-			errs = append(errs, fmt.Errorf("%w: column %q is a key column; pass its value in key", ErrInvalid, c.Name))
+			errs = append(errs, fmt.Errorf("%w: column %q is a key column; pass its value in key", fence.ErrInvalidArgument, c.Name))
 		case slices.ContainsFunc(cols[:i], func(p Column) bool { return p.Name == c.Name }):
-			errs = append(errs, fmt.Errorf("%w: column %q given twice", ErrInvalid, c.Name))
+			errs = append(errs, fmt.Errorf("%w: column %q given twice", fence.ErrInvalidArgument, c.Name))
 		}
 	}
 	return errors.Join(errs...)
@@ -739,7 +739,7 @@ const (
 //     hold fails the statement; and an UPDATE stores 2^64-1 before the
 //     token (assignments run left to right), so that a column that cannot
 //     hold every token (INT, a signed BIGINT) fails it (1264,
-//     ErrLockVersionType) whatever the token.
+//     fence.ErrLockVersionType) whatever the token.
 //   - MySQL, on its own: autocommit is on, so that the statement has
 //     committed when it returns; with autocommit off it writes nothing,
 //     and the rejection path's transaction commits the write.

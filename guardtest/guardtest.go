@@ -360,14 +360,14 @@ func testLostReply(t *testing.T, cfg Config) {
 		t.Fatalf("after the write returned %v: read %q with token %d; want either the write (%q, 11) or the state before it (%q, 10)", err, got.value, got.token, v, prev.value)
 	}
 	switch outcome, _ := Classify(err); outcome {
-	case Accepted:
+	case fence.Accepted:
 		// The guard settled the outcome with the store (for example by
 		// finding its own write there): success must then be true.
 		if got != applied {
 			t.Fatalf("the write was reported as applied, but the store holds %q with token %d", got.value, got.token)
 		}
 		t.Logf("the guard learned that the write landed and reported success")
-	case Unknown:
+	case fence.Unknown:
 		t.Logf("reported as unknown (%v); the write was applied: %v", err, got == applied)
 	default:
 		t.Fatalf("a write whose reply was lost after the store applied it returned %v (%s); want an error matching fence.ErrOutcomeUnknown, or success if the guard learned that it landed", err, outcome)
@@ -403,10 +403,10 @@ func testConcurrent(t *testing.T, cfg Config) {
 				ret := time.Since(start)
 				outcome, cur := Classify(err)
 				ops[w] = append(ops[w], Op{Token: tok, Value: v, Call: call, Return: ret, Outcome: outcome, Current: cur})
-				if outcome == Failed && failures[w] == nil {
+				if outcome == fence.Failed && failures[w] == nil {
 					failures[w] = err
 				}
-				if outcome == Failed && ctx.Err() != nil {
+				if outcome == fence.Failed && ctx.Err() != nil {
 					return
 				}
 			}
@@ -415,7 +415,7 @@ func testConcurrent(t *testing.T, cfg Config) {
 	wg.Wait()
 	final := read(t, ctx, r)
 	h := History{Initial: init.token, InitialValue: init.value, Final: final.token, FinalValue: final.value}
-	counts := map[Outcome]int{}
+	counts := map[fence.Outcome]int{}
 	for _, o := range ops {
 		for _, op := range o {
 			counts[op.Outcome]++
@@ -423,11 +423,11 @@ func testConcurrent(t *testing.T, cfg Config) {
 		h.Ops = append(h.Ops, o...)
 	}
 	t.Logf("%d writes: %d accepted, %d stale, %d unknown, %d failed; final token %d",
-		len(h.Ops), counts[Accepted], counts[Stale], counts[Unknown], counts[Failed], final.token)
+		len(h.Ops), counts[fence.Accepted], counts[fence.Rejected], counts[fence.Unknown], counts[fence.Failed], final.token)
 	if err := CheckHistory(h); err != nil {
 		t.Errorf("the history is not linearizable:\n%v", err)
 	}
-	if counts[Accepted] == 0 {
+	if counts[fence.Accepted] == 0 {
 		t.Errorf("no write was accepted: the check proved nothing")
 	}
 	// A plain failure is allowed (a guard may give up under contention,

@@ -45,7 +45,7 @@ func TestConformanceTable(t *testing.T) {
 	cfg := guardtest.Config{
 		NewResource: func(t *testing.T) guardtest.Resource { return newRow(t, true) },
 		NewMissing:  func(t *testing.T) guardtest.Resource { return newRow(t, false) },
-		IsMissing:   func(err error) bool { return errors.Is(err, sqlguard.ErrNotFound) },
+		IsMissing:   func(err error) bool { return errors.Is(err, fence.ErrNotFound) },
 		CountIO:     func(r guardtest.Resource) int64 { return r.(*confRow).wire.requests.Load() },
 		LoseReply:   func(t *testing.T, r guardtest.Resource) { r.(*confRow).wire.arm() },
 	}

@@ -180,15 +180,15 @@ func ExampleIsRetryable() {
 			return "stale: stop, the lease is lost"
 		case sqlguard.IsRetryable(err):
 			return "retry the whole transaction"
-		case errors.Is(err, sqlguard.ErrNotFound):
+		case errors.Is(err, fence.ErrNotFound):
 			return "no such row"
 		default:
 			return "failed"
 		}
 	}
 	fmt.Println(classify(fence.Stale("orders(id=42)", 6, 7)))
-	fmt.Println(classify(&sqlguard.RetryableError{Op: "update", Err: errors.New("deadlock")}))
-	fmt.Println(classify(fmt.Errorf("update: %w", sqlguard.ErrNotFound)))
+	fmt.Println(classify(&fence.RetryableError{Op: "update", Err: errors.New("deadlock")}))
+	fmt.Println(classify(fmt.Errorf("update: %w", fence.ErrNotFound)))
 	// Output:
 	// stale: stop, the lease is lost
 	// retry the whole transaction

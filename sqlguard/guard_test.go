@@ -316,10 +316,10 @@ func TestGuardSchemaOption(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := bad.BeginFunc(ctx, plain, "s", 3, func(pgx.Tx) error { return nil }); !errors.Is(err, sqlguard.ErrNotMigrated) {
+		if err := bad.BeginFunc(ctx, plain, "s", 3, func(pgx.Tx) error { return nil }); !errors.Is(err, fence.ErrNotMigrated) {
 			t.Fatalf("%s: BeginFunc: want ErrNotMigrated, got %v", schema, err)
 		}
-		if err := advanceInTx(ctx, bad, plain, "s", 3); !errors.Is(err, sqlguard.ErrNotMigrated) {
+		if err := advanceInTx(ctx, bad, plain, "s", 3); !errors.Is(err, fence.ErrNotMigrated) {
 			t.Fatalf("%s: Advance: want ErrNotMigrated, got %v", schema, err)
 		}
 	}

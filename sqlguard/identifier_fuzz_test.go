@@ -48,7 +48,7 @@ func FuzzTableNamesAndKeys(f *testing.F) {
 		defer cancel()
 		tbl, err := sqlguard.NewTable("", table, keyCol)
 		if err != nil {
-			if !errors.Is(err, sqlguard.ErrInvalid) {
+			if !errors.Is(err, fence.ErrInvalidArgument) {
 				t.Fatalf("NewTable(%q, %q): %v; want ErrInvalid", table, keyCol, err)
 			}
 			return
@@ -79,7 +79,7 @@ func FuzzTableNamesAndKeys(f *testing.F) {
 
 		err = tbl.Insert(ctx, e.pool, []any{key}, 5, sqlguard.Col(valCol, value))
 		if !colsOK {
-			if !errors.Is(err, sqlguard.ErrInvalid) {
+			if !errors.Is(err, fence.ErrInvalidArgument) {
 				t.Fatalf("Insert with column %q (key column %q): %v; want ErrInvalid", valCol, keyCol, err)
 			}
 			return

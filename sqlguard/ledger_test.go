@@ -25,7 +25,7 @@ func TestLedger(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := lg.MarkDone(ctx, "nightly", "night-1", 5); !errors.Is(err, sqlguard.ErrNotFound) {
+	if err := lg.MarkDone(ctx, "nightly", "night-1", 5); !errors.Is(err, fence.ErrNotFound) {
 		t.Fatalf("MarkDone of an unclaimed run = %v, want ErrNotFound", err)
 	}
 	if done, err := lg.Claim(ctx, "nightly", "night-1", 5); done || err != nil {
@@ -64,7 +64,7 @@ func TestLedger(t *testing.T) {
 	if done, err := lg.Claim(ctx, "nightly", "night-1", 8); !done || err != nil {
 		t.Fatalf("claim after the record: done %v, err %v; want done", done, err)
 	}
-	if _, err := sqlguard.NewLedger(nil, "", "bad;name"); !errors.Is(err, sqlguard.ErrInvalid) {
+	if _, err := sqlguard.NewLedger(nil, "", "bad;name"); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Fatalf("NewLedger(nil, bad name) = %v, want ErrInvalid", err)
 	}
 }
@@ -94,7 +94,7 @@ func TestLedgerRefusesAnUnfitDoneColumn(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if done, err := lg.Claim(ctx, "nightly", "night-1", 5); !errors.Is(err, sqlguard.ErrLedgerColumn) || !errors.Is(err, lease.ErrSetup) || done {
+		if done, err := lg.Claim(ctx, "nightly", "night-1", 5); !errors.Is(err, fence.ErrLedgerTable) || !errors.Is(err, lease.ErrSetup) || done {
 			t.Errorf("%s: Claim = %v, %v; want ErrLedgerColumn and lease.ErrSetup", c.done, done, err)
 		}
 		if n := e.int64Query(t, `SELECT count(*) FROM `+name); n != 0 {
@@ -133,16 +133,16 @@ func TestLedgerRefusesBadArgumentsFirst(t *testing.T) {
 		token    fence.Token
 		want     error
 	}{
-		{"j", "", 5, sqlguard.ErrInvalid},
-		{"", "k", 5, sqlguard.ErrInvalid},
+		{"j", "", 5, fence.ErrInvalidArgument},
+		{"", "k", 5, fence.ErrInvalidArgument},
 		{"j", "k", 0, fence.ErrInvalidToken},
 		{"j", "k", 1 << 63, fence.ErrInvalidToken},
 	} {
 		var none *sqlguard.Ledger // a failed NewLedger's
-		if _, err := none.Claim(ctx, c.job, c.key, c.token); !errors.Is(err, sqlguard.ErrInvalid) {
+		if _, err := none.Claim(ctx, c.job, c.key, c.token); !errors.Is(err, fence.ErrInvalidArgument) {
 			t.Errorf("a nil Ledger's Claim = %v, want ErrInvalid", err)
 		}
-		if err := none.MarkDone(ctx, c.job, c.key, c.token); !errors.Is(err, sqlguard.ErrInvalid) {
+		if err := none.MarkDone(ctx, c.job, c.key, c.token); !errors.Is(err, fence.ErrInvalidArgument) {
 			t.Errorf("a nil Ledger's MarkDone = %v, want ErrInvalid", err)
 		}
 		if _, err := lg.Claim(ctx, c.job, c.key, c.token); !errors.Is(err, c.want) {
@@ -152,7 +152,7 @@ func TestLedgerRefusesBadArgumentsFirst(t *testing.T) {
 			t.Errorf("MarkDone(%q, %q, %d) = %v, want %v", c.job, c.key, c.token, err, c.want)
 		}
 	}
-	if err := lg.MarkDoneTx(ctx, nil, "j", "k", 5); !errors.Is(err, sqlguard.ErrInvalid) {
+	if err := lg.MarkDoneTx(ctx, nil, "j", "k", 5); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Errorf("MarkDoneTx with a nil transaction = %v, want ErrInvalid (never the Ledger's own database)", err)
 	}
 }

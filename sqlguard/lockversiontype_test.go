@@ -52,7 +52,7 @@ func TestTableRefusesLockVersionNotBigint(t *testing.T) {
 					}
 					continue
 				}
-				if !errors.Is(err, sqlguard.ErrLockVersionType) || !strings.Contains(err.Error(), "want bigint") {
+				if !errors.Is(err, fence.ErrLockVersionType) || !strings.Contains(err.Error(), "want bigint") {
 					t.Fatalf("%s: got %v, want ErrLockVersionType", w.kind, err)
 				}
 				if errors.Is(err, fence.ErrStaleToken) || sqlguard.IsRetryable(err) {
@@ -63,7 +63,7 @@ func TestTableRefusesLockVersionNotBigint(t *testing.T) {
 				// The check is not remembered: a column changed after
 				// the first writes is caught by the next one.
 				e.exec(t, `ALTER TABLE `+id+` ALTER lock_version TYPE real`)
-				if err := tbl.Update(ctx, e.pool, []any{2}, 16777218); !errors.Is(err, sqlguard.ErrLockVersionType) {
+				if err := tbl.Update(ctx, e.pool, []any{2}, 16777218); !errors.Is(err, fence.ErrLockVersionType) {
 					t.Fatalf("after ALTER TABLE: got %v, want ErrLockVersionType", err)
 				}
 				return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"github.com/fencekit/fencekit/fence"
 	"strings"
 	"testing"
 
@@ -47,12 +48,12 @@ func TestTableRefusesNullKeyValues(t *testing.T) {
 			} {
 				for range 2 {
 					err := write(e.pool)
-					if !errors.Is(err, sqlguard.ErrInvalid) || !strings.Contains(err.Error(), `key column "b" is NULL`) {
+					if !errors.Is(err, fence.ErrInvalidArgument) || !strings.Contains(err.Error(), `key column "b" is NULL`) {
 						t.Fatalf("%s: got %v, want ErrInvalid naming key column b", kind, err)
 					}
 				}
 				cdb := &countingDB{}
-				if err := write(cdb); !errors.Is(err, sqlguard.ErrInvalid) || cdb.calls.Load() != 0 {
+				if err := write(cdb); !errors.Is(err, fence.ErrInvalidArgument) || cdb.calls.Load() != 0 {
 					t.Fatalf("%s: %v after %d database calls; want ErrInvalid before any", kind, err, cdb.calls.Load())
 				}
 			}

@@ -54,7 +54,7 @@ func TestObserverSeesEveryWrite(t *testing.T) {
 	checkEvent(t, rec, "stale", "observed", "update", 4, err, fence.Rejected)
 	err = tbl.Delete(call("missing"), e.pool, []any{3}, 9)
 	checkEvent(t, rec, "missing", "observed", "delete", 9, err, fence.Failed)
-	if !errors.Is(err, sqlguard.ErrNotFound) {
+	if !errors.Is(err, fence.ErrNotFound) {
 		t.Fatalf("delete of a missing row: %v", err)
 	}
 	err = tbl.Insert(call("bad"), e.pool, []any{4}, fence.None)

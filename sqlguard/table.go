@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekit/fencekit/fence"
@@ -82,7 +83,7 @@ const (
 // case, so a table created as Orders is named "orders"). It does no I/O: a
 // table or column that does not exist is reported by the first write.
 //
-// NewTable returns an error wrapping ErrInvalid, listing every problem,
+// NewTable returns an error wrapping fence.ErrInvalidArgument, listing every problem,
 // when a name is empty, longer than 63 bytes, not UTF-8 or contains a NUL
 // byte, when there is no key column, when a key column repeats or is
 // lock_version.
@@ -93,10 +94,10 @@ func NewTable(schema, name string, keyColumns ...string) (*Table, error) {
 	}
 	errs = append(errs, checkIdent("table", name))
 	if schema == "" && (name == cteCur || name == cteWritten) {
-		errs = append(errs, fmt.Errorf("%w: table name %q is reserved by sqlguard unless schema-qualified", ErrInvalid, name))
+		errs = append(errs, fmt.Errorf("%w: table name %q is reserved by sqlguard unless schema-qualified", fence.ErrInvalidArgument, name))
 	}
 	if len(keyColumns) == 0 {
-		errs = append(errs, fmt.Errorf("%w: no key columns", ErrInvalid))
+		errs = append(errs, fmt.Errorf("%w: no key columns", fence.ErrInvalidArgument))
 	}
 	seen := make(map[string]bool, len(keyColumns))
 	for _, k := range keyColumns {
@@ -105,10 +106,10 @@ func NewTable(schema, name string, keyColumns ...string) (*Table, error) {
 			continue
 		}
 		if k == LockVersionColumn {
-			errs = append(errs, fmt.Errorf("%w: %s cannot be a key column", ErrInvalid, LockVersionColumn))
+			errs = append(errs, fmt.Errorf("%w: %s cannot be a key column", fence.ErrInvalidArgument, LockVersionColumn))
 		}
 		if seen[k] {
-			errs = append(errs, fmt.Errorf("%w: key column %q given twice", ErrInvalid, k))
+			errs = append(errs, fmt.Errorf("%w: key column %q given twice", fence.ErrInvalidArgument, k))
 		}
 		seen[k] = true
 	}
@@ -210,17 +211,17 @@ func (k writeKind) String() string {
 //
 // It returns nil when the row was written; a *fence.StaleError (matching
 // fence.ErrStaleToken) carrying the row's lock_version when that is newer
-// than token; ErrNotFound when no row has the key; ErrAmbiguousKey when
-// several rows do; ErrLockVersionType when the table's lock_version is not
-// bigint (nothing written); ErrNoLockVersion, naming the command that adds
-// it, when the table has no lock_version column; an error matching ErrRetryable for a
+// than token; fence.ErrNotFound when no row has the key; fence.ErrAmbiguousKey when
+// several rows do; fence.ErrLockVersionType when the table's lock_version is not
+// bigint (nothing written); fence.ErrNoLockVersion, naming the command that adds
+// it, when the table has no lock_version column; an error matching fence.ErrRetryable for a
 // serialization failure or deadlock; an error matching
 // fence.ErrOutcomeUnknown, joined with its cause, when ctx ended or the
 // connection broke after the statement was sent (the write may have been
 // applied, or may still be: see the package doc); any other database
 // error wrapped (errors.As finds the *pgconn.PgError). Bad arguments are
 // reported before any I/O: a token that is 0 or above the int64 range
-// (fence.ErrInvalidToken), or an ErrInvalid (among them a NULL key
+// (fence.ErrInvalidToken), or an fence.ErrInvalidArgument (among them a NULL key
 // value). ctx bounds the statement.
 //
 // db may be a pool or connection (the write commits on its own) or a
@@ -235,8 +236,8 @@ func (t *Table) Update(ctx context.Context, db DBTX, key []any, token fence.Toke
 //
 // It returns nil when the row was inserted; a *fence.StaleError when a row
 // with the key exists and its lock_version is newer than token; an error
-// matching ErrExists when it exists with a lock_version <= token; an error
-// matching ErrRetryable when a row with the key was committed by another
+// matching fence.ErrExists when it exists with a lock_version <= token; an error
+// matching fence.ErrRetryable when a row with the key was committed by another
 // transaction after this statement's snapshot (try again to learn which
 // case it is), or on a serialization failure or deadlock; other errors as
 // for Update. The table needs a unique index on exactly the key columns.
@@ -252,7 +253,7 @@ func (t *Table) Insert(ctx context.Context, db DBTX, key []any, token fence.Toke
 //
 // It returns nil when the row was inserted or updated; a *fence.StaleError
 // when the row's lock_version is newer than token; an error matching
-// ErrRetryable when a row with a newer lock_version was committed by
+// fence.ErrRetryable when a row with a newer lock_version was committed by
 // another transaction after this statement's snapshot (nothing was
 // written; try again to get the stale error with its version), or on a
 // serialization failure or deadlock; other errors as for Update. The table
@@ -336,8 +337,8 @@ func (t *Table) run(ctx context.Context, kind writeKind, op string, db DBTX, con
 		if fast {
 			tag, err := db.Exec(ctx, st.fast, args...)
 			if err != nil {
-				if nlv := noLockVersion(op, shellWord(t.cliName), st.fast, err); nlv != nil {
-					return nlv // dropped since this connection's first write
+				if serr := t.schemaErr(op, st.fast, err); serr != nil {
+					return serr // dropped since this connection's first write
 				}
 				return sentErr(op, err, conn)
 			}
@@ -346,7 +347,7 @@ func (t *Table) run(ctx context.Context, kind writeKind, op string, db DBTX, con
 				return nil
 			case n > 1:
 				return fmt.Errorf("sqlguard: %s: %w: %s matched and wrote %d rows: the unique index on the key columns that this connection found at its first write is gone",
-					op, ErrAmbiguousKey, t.resource(key), n)
+					op, fence.ErrAmbiguousKey, t.resource(key), n)
 			}
 		}
 	}
@@ -356,33 +357,65 @@ func (t *Table) run(ctx context.Context, kind writeKind, op string, db DBTX, con
 		badType    *string
 	)
 	if err := db.QueryRow(ctx, st.full, args...).Scan(&n, &current, &written, &badType); err != nil {
-		if nlv := noLockVersion(op, shellWord(t.cliName), st.full, err); nlv != nil {
-			return nlv
+		if serr := t.schemaErr(op, st.full, err); serr != nil {
+			return serr
 		}
 		return sentErr(op, err, conn)
 	}
 	tok := args[len(args)-1].(int64)
 	switch {
 	case badType != nil:
-		return fmt.Errorf("sqlguard: %s: %w: %s.%s is %s, want %s", op, ErrLockVersionType, t.name, LockVersionColumn, *badType, lockversion.Type)
+		return t.lockVersionType(op, *badType)
 	case n > 1:
-		return fmt.Errorf("sqlguard: %s: %w: %s matches %d rows", op, ErrAmbiguousKey, t.resource(key), n)
+		return fmt.Errorf("sqlguard: %s: %w: %s matches %d rows", op, fence.ErrAmbiguousKey, t.resource(key), n)
 	case written > 0:
 		return nil
 	case n == 0 && (kind == kindUpdate || kind == kindDelete):
-		return fmt.Errorf("sqlguard: %s: %w: %s", op, ErrNotFound, t.resource(key))
+		return fmt.Errorf("sqlguard: %s: %w", op, &fence.NotFoundError{Resource: t.resource(key)})
 	case n == 0:
-		return &RetryableError{Op: op, Err: fmt.Errorf("a row %s was committed concurrently, after this statement's snapshot", t.resource(key))}
+		return &fence.RetryableError{Op: "sqlguard: " + op, Err: fmt.Errorf("a row %s was committed concurrently, after this statement's snapshot", t.resource(key))}
 	case current == nil:
 		return fmt.Errorf("sqlguard: %s: %s has a NULL lock_version (the column must be NOT NULL)", op, t.resource(key))
 	case *current > tok:
 		return fence.Stale(t.resource(key), token, fence.Token(*current))
 	case kind == kindInsert:
-		return fmt.Errorf("sqlguard: %s: %w: %s (lock_version %d)", op, ErrExists, t.resource(key), *current)
+		return fmt.Errorf("sqlguard: %s: %w: %s (lock_version %d)", op, fence.ErrExists, t.resource(key), *current)
 	default:
 		// The row was locked with lock_version <= token and still not
 		// written: it changed in a way the statement could not follow.
-		return &RetryableError{Op: op, Err: fmt.Errorf("%s changed concurrently", t.resource(key))}
+		return &fence.RetryableError{Op: "sqlguard: " + op, Err: fmt.Errorf("%s changed concurrently", t.resource(key))}
+	}
+}
+
+// schemaErr returns the *fence.SetupError that a statement's failure err
+// says, or nil: the table has no lock_version (fence.ErrNoLockVersion), or
+// it (or its schema) does not exist (fence.ErrNoTable).
+func (t *Table) schemaErr(op, stmt string, err error) error {
+	if nlv := noLockVersion(op, shellWord(t.cliName), stmt, err); nlv != nil {
+		return nlv
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == codeUndefinedTable || pgErr.Code == codeInvalidSchemaName) {
+		return t.noTable(op, err)
+	}
+	return nil
+}
+
+// noTable is the error for a table that does not exist: err is the
+// database's, or nil when a check found it.
+func (t *Table) noTable(op string, err error) error {
+	what := fmt.Errorf("sqlguard: %s: %w: %s", op, fence.ErrNoTable, t.name)
+	if err != nil {
+		what = fmt.Errorf("%w: %w", what, err)
+	}
+	return &fence.SetupError{Err: what, Fix: "create the table, or give NewTable its schema and name as the database spells them (unquoted names fold to lower case)"}
+}
+
+// lockVersionType is the error for a lock_version column of type typ.
+func (t *Table) lockVersionType(op, typ string) error {
+	return &fence.SetupError{
+		Err: fmt.Errorf("sqlguard: %s: %w: %s.%s is %s, want %s", op, fence.ErrLockVersionType, t.name, LockVersionColumn, typ, lockversion.Type),
+		Fix: "change the column to bigint NOT NULL (migrations.ApplyLockVersion refuses to adopt a column of another type)",
 	}
 }
 
@@ -421,7 +454,7 @@ func (t *Table) fastPath(ctx context.Context, op string, db DBTX, conn *pgx.Conn
 }
 
 // statementsFor returns the statements of a write of kind with cols, or an
-// error wrapping ErrInvalid when the columns cannot be written. Columns
+// error wrapping fence.ErrInvalidArgument when the columns cannot be written. Columns
 // are checked when their statements are built: the same names again find
 // those statements, already checked.
 func (t *Table) statementsFor(kind writeKind, cols []Column) (*statements, error) {
@@ -456,14 +489,14 @@ func sameNames(names []string, cols []Column) bool {
 func (t *Table) check(db DBTX, key []any) error {
 	var errs []error
 	if isNil(db) {
-		errs = append(errs, fmt.Errorf("%w: nil database", ErrInvalid))
+		errs = append(errs, fmt.Errorf("%w: nil database", fence.ErrInvalidArgument))
 	}
 	if len(key) != len(t.keys) {
-		errs = append(errs, fmt.Errorf("%w: %d key values for %d key columns", ErrInvalid, len(key), len(t.keys)))
+		errs = append(errs, fmt.Errorf("%w: %d key values for %d key columns", fence.ErrInvalidArgument, len(key), len(t.keys)))
 	}
 	for i, v := range key[:min(len(key), len(t.keys))] {
 		if isNull(v) {
-			errs = append(errs, fmt.Errorf("%w: key column %q is NULL (a NULL key matches no row and conflicts with none)", ErrInvalid, t.keys[i]))
+			errs = append(errs, fmt.Errorf("%w: key column %q is NULL (a NULL key matches no row and conflicts with none)", fence.ErrInvalidArgument, t.keys[i]))
 		}
 	}
 	return errors.Join(errs...)
@@ -480,11 +513,11 @@ func (t *Table) checkColumns(cols []Column) error {
 		}
 		switch {
 		case c.Name == LockVersionColumn:
-			errs = append(errs, fmt.Errorf("%w: column %s is written by the guard only", ErrInvalid, LockVersionColumn))
+			errs = append(errs, fmt.Errorf("%w: column %s is written by the guard only", fence.ErrInvalidArgument, LockVersionColumn))
 		case t.isKey(c.Name):
-			errs = append(errs, fmt.Errorf("%w: column %q is a key column; pass its value in key", ErrInvalid, c.Name))
+			errs = append(errs, fmt.Errorf("%w: column %q is a key column; pass its value in key", fence.ErrInvalidArgument, c.Name))
 		case slices.ContainsFunc(cols[:i], func(p Column) bool { return p.Name == c.Name }):
-			errs = append(errs, fmt.Errorf("%w: column %q given twice", ErrInvalid, c.Name))
+			errs = append(errs, fmt.Errorf("%w: column %q given twice", fence.ErrInvalidArgument, c.Name))
 		}
 	}
 	return errors.Join(errs...)

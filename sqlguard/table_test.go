@@ -49,7 +49,7 @@ func checkOutcome(t *testing.T, err error, want outcome, presented, current fenc
 			t.Fatalf("stale error must not be retryable")
 		}
 	case notFound, exists, ambiguous:
-		target := map[outcome]error{notFound: sqlguard.ErrNotFound, exists: sqlguard.ErrExists, ambiguous: sqlguard.ErrAmbiguousKey}[want]
+		target := map[outcome]error{notFound: fence.ErrNotFound, exists: fence.ErrExists, ambiguous: fence.ErrAmbiguousKey}[want]
 		if !errors.Is(err, target) {
 			t.Fatalf("want %v, got %v", target, err)
 		}
@@ -313,7 +313,7 @@ func TestTableConcurrentInsert(t *testing.T) {
 				}
 				err = <-done
 				if opaque {
-					if !errors.Is(err, sqlguard.ErrRetryable) || !sqlguard.IsRetryable(err) || errors.Is(err, fence.ErrStaleToken) {
+					if !errors.Is(err, fence.ErrRetryable) || !sqlguard.IsRetryable(err) || errors.Is(err, fence.ErrStaleToken) {
 						t.Fatalf("B: want retryable, got %v", err)
 					}
 					err = write()
@@ -385,7 +385,7 @@ func TestTableDatabaseErrors(t *testing.T) {
 			if err == nil {
 				t.Fatal("want an error")
 			}
-			if errors.Is(err, fence.ErrStaleToken) || sqlguard.IsRetryable(err) || errors.Is(err, sqlguard.ErrNotFound) {
+			if errors.Is(err, fence.ErrStaleToken) || sqlguard.IsRetryable(err) || errors.Is(err, fence.ErrNotFound) {
 				t.Fatalf("%v: must be neither stale, retryable nor not found", err)
 			}
 			if tc.code == "" {
@@ -465,7 +465,7 @@ func TestTableRetryable(t *testing.T) {
 
 func checkRetryable(t *testing.T, err error, code string) {
 	t.Helper()
-	if !errors.Is(err, sqlguard.ErrRetryable) || !sqlguard.IsRetryable(err) {
+	if !errors.Is(err, fence.ErrRetryable) || !sqlguard.IsRetryable(err) {
 		t.Fatalf("want retryable, got %v", err)
 	}
 	if errors.Is(err, fence.ErrStaleToken) {
@@ -475,7 +475,7 @@ func checkRetryable(t *testing.T, err error, code string) {
 	if !errors.As(err, &pgErr) || pgErr.Code != code {
 		t.Fatalf("want PgError %s in %v", code, err)
 	}
-	var re *sqlguard.RetryableError
+	var re *fence.RetryableError
 	if !errors.As(err, &re) {
 		t.Fatalf("want *RetryableError in %v", err)
 	}

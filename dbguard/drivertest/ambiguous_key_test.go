@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"github.com/fencekit/fencekit/fence"
 	"slices"
 	"strings"
 	"testing"
@@ -106,7 +107,7 @@ func TestAmbiguousKeyChangesNothing(t *testing.T) {
 				before := tableRows(t, db.SQL, "amb")
 				for _, w := range writes {
 					err := w.run(ctx, db.SQL)
-					if !errors.Is(err, dbguard.ErrAmbiguousKey) {
+					if !errors.Is(err, fence.ErrAmbiguousKey) {
 						t.Errorf("%s of key %v = %v; want ErrAmbiguousKey", w.name, sc.key, err)
 					}
 					if after := tableRows(t, db.SQL, "amb"); !slices.Equal(after, before) {

@@ -56,7 +56,7 @@ func TestConformanceTable(t *testing.T) {
 			cfg := guardtest.Config{
 				NewResource: func(t *testing.T) guardtest.Resource { return newRow(t, true) },
 				NewMissing:  func(t *testing.T) guardtest.Resource { return newRow(t, false) },
-				IsMissing:   func(err error) bool { return errors.Is(err, dbguard.ErrNotFound) },
+				IsMissing:   func(err error) bool { return errors.Is(err, fence.ErrNotFound) },
 				CountIO:     func(r guardtest.Resource) int64 { return r.(*confRow).count() },
 			}
 			confLoseReply(d, &cfg, func(r guardtest.Resource) *confDB { return &r.(*confRow).confDB })

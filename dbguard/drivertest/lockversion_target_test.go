@@ -126,7 +126,7 @@ func TestLockVersionTypeWhereTheStatementRuns(t *testing.T) {
 				}
 				for _, name := range names {
 					err := writes[name]()
-					if !errors.Is(err, dbguard.ErrLockVersionType) {
+					if !errors.Is(err, fence.ErrLockVersionType) {
 						t.Errorf("%s with token %d over lock_version %s holding %s = %v; want ErrLockVersionType", name, tc.write, tc.typ, beforeLV, err)
 					}
 					v, lv, ok := rawRow(t, second.SQL, "rows_t", 1)

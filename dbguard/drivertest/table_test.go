@@ -113,7 +113,7 @@ func TestLockVersionType(t *testing.T) {
 					},
 					func() error { return tbl.Delete(testkit.Context(t), db.SQL, []any{1}, 1<<60) },
 				} {
-					if err := write(); !errors.Is(err, dbguard.ErrLockVersionType) {
+					if err := write(); !errors.Is(err, fence.ErrLockVersionType) {
 						t.Errorf("lock_version %s: write = %v; want ErrLockVersionType", typ, err)
 					}
 				}
@@ -130,7 +130,7 @@ func TestLockVersionType(t *testing.T) {
 		db, tbl := newRows(t, dbguard.SQLite)
 		db.Exec(t, `INSERT INTO rows_t (id, value, lock_version) VALUES (1, 'before', 7.5)`)
 		err := tbl.Update(testkit.Context(t), db.SQL, []any{1}, 100, dbguard.Col("value", "after"))
-		if !errors.Is(err, dbguard.ErrLockVersionType) {
+		if !errors.Is(err, fence.ErrLockVersionType) {
 			t.Fatalf("Update over a stored real = %v; want ErrLockVersionType", err)
 		}
 	})
@@ -202,7 +202,7 @@ func TestWriteKinds(t *testing.T) {
 				}
 			}
 			must("insert", tbl.Insert(ctx, p, []any{1}, 10, dbguard.Col("value", "a")))
-			if err := tbl.Insert(ctx, p, []any{1}, 10, dbguard.Col("value", "b")); !errors.Is(err, dbguard.ErrExists) {
+			if err := tbl.Insert(ctx, p, []any{1}, 10, dbguard.Col("value", "b")); !errors.Is(err, fence.ErrExists) {
 				t.Fatalf("insert over an equal lock_version = %v; want ErrExists", err)
 			}
 			if err := tbl.Insert(ctx, p, []any{1}, 9, dbguard.Col("value", "b")); !errors.Is(err, fence.ErrStaleToken) {
@@ -223,7 +223,7 @@ func TestWriteKinds(t *testing.T) {
 			if _, _, ok := rowState(t, db.SQL, "rows_t", 1); ok {
 				t.Fatal("row 1 still there")
 			}
-			if err := tbl.Delete(ctx, p, []any{1}, 11); !errors.Is(err, dbguard.ErrNotFound) {
+			if err := tbl.Delete(ctx, p, []any{1}, 11); !errors.Is(err, fence.ErrNotFound) {
 				t.Fatalf("delete of a missing row = %v; want ErrNotFound", err)
 			}
 			// In a caller's transaction: the write is part of it.
@@ -300,30 +300,30 @@ func TestSetupErrors(t *testing.T) {
 			db := Open(t, d)
 			ctx := testkit.Context(t)
 			nope, _ := dbguard.NewTable(d, "", "nope", "id")
-			if err := nope.Update(ctx, db.SQL, []any{1}, 1); !errors.Is(err, dbguard.ErrNoTable) {
+			if err := nope.Update(ctx, db.SQL, []any{1}, 1); !errors.Is(err, fence.ErrNoTable) {
 				t.Errorf("missing table = %v; want ErrNoTable", err)
 			}
 			db.Exec(t, `CREATE TABLE nolv (id BIGINT PRIMARY KEY, value TEXT)`)
 			nolv, _ := dbguard.NewTable(d, "", "nolv", "id")
-			if err := nolv.Update(ctx, db.SQL, []any{1}, 1); !errors.Is(err, dbguard.ErrNoLockVersion) ||
+			if err := nolv.Update(ctx, db.SQL, []any{1}, 1); !errors.Is(err, fence.ErrNoLockVersion) ||
 				!strings.Contains(err.Error(), "fencekit migrate add-lock-version --dialect "+d.String()+" --table nolv --apply") {
 				t.Errorf("no lock_version = %v; want ErrNoLockVersion naming the command", err)
 			}
 			db.Exec(t, `CREATE TABLE dup (id BIGINT, value `+valueColumn(d)+`, `+lockVersionColumn(d)+`)`)
 			db.Exec(t, `INSERT INTO dup (id) VALUES (1), (1), (2)`)
 			dup, _ := dbguard.NewTable(d, "", "dup", "id")
-			if err := dup.Update(ctx, db.SQL, []any{1}, 5, dbguard.Col("value", "x")); !errors.Is(err, dbguard.ErrAmbiguousKey) {
+			if err := dup.Update(ctx, db.SQL, []any{1}, 5, dbguard.Col("value", "x")); !errors.Is(err, fence.ErrAmbiguousKey) {
 				t.Errorf("update of a duplicated key = %v; want ErrAmbiguousKey", err)
 			}
 			if err := dup.Update(ctx, db.SQL, []any{2}, 5, dbguard.Col("value", "x")); err != nil {
 				t.Errorf("update of a unique key without a unique index = %v; want it written (exact path)", err)
 			}
-			if err := dup.Insert(ctx, db.SQL, []any{3}, 5); !errors.Is(err, dbguard.ErrAmbiguousKey) {
+			if err := dup.Insert(ctx, db.SQL, []any{3}, 5); !errors.Is(err, fence.ErrAmbiguousKey) {
 				t.Errorf("insert without a unique index = %v; want ErrAmbiguousKey", err)
 			}
 			g, _ := dbguard.New(d, dbguard.WithDatabase(map[dbguard.Dialect]string{dbguard.MySQL: "fk_no_such_db", dbguard.SQLite: "temp"}[d]))
 			err := g.BeginFunc(ctx, db.SQL, "r", 1, func(*sql.Tx) error { return nil })
-			if !errors.Is(err, dbguard.ErrNotMigrated) {
+			if !errors.Is(err, fence.ErrNotMigrated) {
 				t.Errorf("BeginFunc without the table = %v; want ErrNotMigrated", err)
 			}
 		})
@@ -338,31 +338,31 @@ func TestBadInputBeforeIO(t *testing.T) {
 	ctx := testkit.Context(t)
 	before := cc.Calls.Load()
 	err := tbl.Update(ctx, pool, []any{nil}, 0, dbguard.Col("lock_version", 1), dbguard.Col("id", 2), dbguard.Col("", 3))
-	for _, want := range []error{fence.ErrInvalidToken, dbguard.ErrInvalid} {
+	for _, want := range []error{fence.ErrInvalidToken, fence.ErrInvalidArgument} {
 		if !errors.Is(err, want) {
 			t.Errorf("bad update = %v; want it to match %v", err, want)
 		}
 	}
 	g, _ := dbguard.New(dbguard.SQLite)
-	if err := g.BeginFunc(ctx, pool, "", 1, nil); !errors.Is(err, dbguard.ErrInvalid) {
+	if err := g.BeginFunc(ctx, pool, "", 1, nil); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Errorf("BeginFunc with no name and no function = %v", err)
 	}
-	if err := g.BeginFunc(ctx, pool, "a\x00b", 1, func(*sql.Tx) error { return nil }); !errors.Is(err, dbguard.ErrInvalid) {
+	if err := g.BeginFunc(ctx, pool, "a\x00b", 1, func(*sql.Tx) error { return nil }); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Errorf("BeginFunc with a NUL in the name = %v", err)
 	}
 	if n := cc.Calls.Load() - before; n != 0 {
 		t.Fatalf("bad input ran %d statements", n)
 	}
-	if _, err := dbguard.NewTable(dbguard.Dialect(0), "", "t", "id"); !errors.Is(err, dbguard.ErrInvalid) {
+	if _, err := dbguard.NewTable(dbguard.Dialect(0), "", "t", "id"); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Errorf("unknown dialect = %v", err)
 	}
-	if _, err := dbguard.NewTable(dbguard.MySQL, "", "t ", "lock_version", "k", "k"); !errors.Is(err, dbguard.ErrInvalid) {
+	if _, err := dbguard.NewTable(dbguard.MySQL, "", "t ", "lock_version", "k", "k"); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Errorf("bad table = %v", err)
 	}
-	if _, err := dbguard.New(dbguard.MySQL, dbguard.WithTxOptions(sql.TxOptions{ReadOnly: true})); !errors.Is(err, dbguard.ErrInvalid) {
+	if _, err := dbguard.New(dbguard.MySQL, dbguard.WithTxOptions(sql.TxOptions{ReadOnly: true})); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Errorf("read-only tx options = %v", err)
 	}
-	if _, err := dbguard.New(dbguard.SQLite, dbguard.WithTxOptions(sql.TxOptions{Isolation: sql.LevelReadCommitted})); !errors.Is(err, dbguard.ErrInvalid) {
+	if _, err := dbguard.New(dbguard.SQLite, dbguard.WithTxOptions(sql.TxOptions{Isolation: sql.LevelReadCommitted})); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Errorf("READ COMMITTED on SQLite = %v; want ErrInvalid (SQLite is serializable)", err)
 	}
 	if _, err := dbguard.New(dbguard.MySQL, dbguard.WithTxOptions(sql.TxOptions{Isolation: sql.LevelReadCommitted})); err != nil {

@@ -53,9 +53,9 @@ func TestDuplicateOnAnotherIndexIsNotRetryable(t *testing.T) {
 					switch {
 					case err == nil:
 						t.Fatalf("%s of a duplicate email = nil", name)
-					case dbguard.IsRetryable(err) || errors.Is(err, dbguard.ErrRetryable):
+					case dbguard.IsRetryable(err) || errors.Is(err, fence.ErrRetryable):
 						t.Fatalf("%s of a duplicate email, try %d = %v: retryable, but it never clears", name, try, err)
-					case errors.Is(err, dbguard.ErrExists) || errors.Is(err, fence.ErrStaleToken) || errors.Is(err, fence.ErrOutcomeUnknown):
+					case errors.Is(err, fence.ErrExists) || errors.Is(err, fence.ErrStaleToken) || errors.Is(err, fence.ErrOutcomeUnknown):
 						t.Fatalf("%s of a duplicate email = %v; no row has the key 2", name, err)
 					case !strings.Contains(err.Error(), want):
 						t.Fatalf("%s of a duplicate email = %q; want it to name %s", name, err, want)
@@ -73,7 +73,7 @@ func TestDuplicateOnAnotherIndexIsNotRetryable(t *testing.T) {
 				}
 			}
 			// A duplicate of the key itself is still told as it is.
-			if err := tbl.Insert(ctx, db.SQL, []any{1}, 5, dbguard.Col("email", "b@example.com")); !errors.Is(err, dbguard.ErrExists) {
+			if err := tbl.Insert(ctx, db.SQL, []any{1}, 5, dbguard.Col("email", "b@example.com")); !errors.Is(err, fence.ErrExists) {
 				t.Fatalf("insert of an existing key = %v; want ErrExists", err)
 			}
 		})
@@ -147,7 +147,7 @@ func TestKeyCreatedConcurrentlyIsRetryable(t *testing.T) {
 	if hook.Load() != nil {
 		t.Fatal("the rejection path's read did not run")
 	}
-	if !errors.Is(err, dbguard.ErrRetryable) {
+	if !errors.Is(err, fence.ErrRetryable) {
 		t.Fatalf("upsert whose key was created concurrently = %v; want ErrRetryable", err)
 	}
 	// Tried again, it learns the truth: the row has a newer token.

@@ -21,11 +21,11 @@ import (
 // dbExtra maps dbguard's definite non-stale outcomes.
 func dbExtra(err error) (outcome, bool) {
 	switch {
-	case errors.Is(err, dbguard.ErrNotFound):
+	case errors.Is(err, fence.ErrNotFound):
 		return outNotFound, true
-	case errors.Is(err, dbguard.ErrExists):
+	case errors.Is(err, fence.ErrExists):
 		return outExists, true
-	case errors.Is(err, dbguard.ErrRetryable):
+	case errors.Is(err, fence.ErrRetryable):
 		return outNoChange, true
 	}
 	return 0, false

@@ -105,11 +105,11 @@ func pgChaos(ctx context.Context, t *testing.T, e *pgEnv, proxy *faultProxy, r *
 // sqlExtra maps sqlguard's definite non-stale outcomes.
 func sqlExtra(err error) (outcome, bool) {
 	switch {
-	case errors.Is(err, sqlguard.ErrNotFound):
+	case errors.Is(err, fence.ErrNotFound):
 		return outNotFound, true
-	case errors.Is(err, sqlguard.ErrExists):
+	case errors.Is(err, fence.ErrExists):
 		return outExists, true
-	case errors.Is(err, sqlguard.ErrRetryable):
+	case errors.Is(err, fence.ErrRetryable):
 		return outNoChange, true
 	}
 	return 0, false
