@@ -75,12 +75,11 @@ func (r *confObject) Write(ctx context.Context, token fence.Token, value string)
 	before := r.tr.requests.Load()
 	obj, err := r.g.Get(ctx, r.key)
 	r.readIO.Add(r.tr.requests.Load() - before)
-	var nf *blobguard.NotFoundError
 	switch {
 	case err == nil:
 		prev = obj.Version
-	case errors.As(err, &nf):
-		prev = nf.Tombstone
+	case errors.Is(err, fence.ErrNotFound):
+		prev, _ = blobguard.TombstoneOf(err)
 	default:
 		return err
 	}
@@ -90,7 +89,7 @@ func (r *confObject) Write(ctx context.Context, token fence.Token, value string)
 
 func (r *confObject) Read(ctx context.Context) (string, fence.Token, error) {
 	obj, err := r.g.Get(ctx, r.key)
-	if errors.Is(err, blobguard.ErrNotFound) {
+	if errors.Is(err, fence.ErrNotFound) {
 		return "", fence.None, nil
 	}
 	if err != nil {

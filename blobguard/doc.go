@@ -46,7 +46,7 @@
 // Trade-offs, chosen knowingly: other readers see the header (they must use
 // Guard.Get, or skip the first HeaderSize bytes); range reads are offset by
 // it; the ETag is not the MD5 of the caller's bytes; and the guard refuses
-// (ErrNotFenced) to read or replace an object without the header, since its
+// (fence.ErrNotFenced) to read or replace an object without the header, since its
 // token is unknown.
 //
 // # Ambiguous outcomes and the nonce
@@ -63,7 +63,7 @@
 // state never comes back). If the call ends while a write's outcome is
 // still unknown (the context ends, a newer token is found stored, PutIf's
 // version is gone, a request fails outright, or Options.MaxAttempts is
-// spent), it returns an error matching ErrAmbiguous and
+// spent), it returns an error matching fence.ErrOutcomeUnknown and
 // fence.ErrOutcomeUnknown (the sentinel both guards share, see package fence),
 // joined with the reason (ctx.Err(), the *fence.StaleError, ...): it is
 // never reported as success, nor as a clean rejection. A call that fails
@@ -77,7 +77,7 @@
 //
 // Delete does not call DeleteObject. It replaces the object with a
 // tombstone: a header-only object that keeps the deleter's token (and the
-// metadata fencekit-deleted: true). Get reports ErrNotFound; a holder with
+// metadata fencekit-deleted: true). Get reports fence.ErrNotFound; a holder with
 // an older token can neither delete a newer object nor bring the key back
 // afterwards, which an actual delete could not prevent (once the object is
 // gone its token is forgotten, and If-None-Match: * lets anyone create it

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/fencekit/fencekit/fence"
 	"io"
 	"net/http"
 	"os"
@@ -216,7 +217,7 @@ func observe(ctx context.Context, g *blobguard.Guard, key string) *observer {
 			switch {
 			case err == nil:
 				o.tokens = append(o.tokens, uint64(obj.Token()))
-			case !errors.Is(err, blobguard.ErrNotFound):
+			case !errors.Is(err, fence.ErrNotFound):
 				o.errs = append(o.errs, err)
 			}
 			o.mu.Unlock()

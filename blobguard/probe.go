@@ -8,6 +8,9 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/awsattempt"
 )
 
 // Probe checks that the store honours S3 conditional writes, writing under
@@ -47,6 +50,25 @@ func (g *Guard) probe(ctx context.Context) (bool, error) {
 	return true, err
 }
 
+// storeErr returns err as a *fence.SetupError naming the fix when the
+// store's answer says that it is not set up for the guard (the bucket is
+// missing, access or the credentials are refused), and err otherwise.
+func (g *Guard) storeErr(err error) error {
+	var fix string
+	switch awsattempt.APICode(err) {
+	case "NoSuchBucket":
+		fix = "create the bucket " + g.bucket + ", or pass the right name to blobguard.New"
+	case "AccessDenied", "AllAccessDisabled":
+		fix = "grant s3:GetObject and s3:PutObject on arn:aws:s3:::" + g.bucket + "/*, and s3:DeleteObject on " +
+			g.opts.ProbePrefix + "* (the probe's scratch objects; Options.ProbePrefix)"
+	case "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken":
+		fix = "give the S3 client valid credentials for the bucket's account (access key, secret key, session token)"
+	default:
+		return err
+	}
+	return &fence.SetupError{Err: err, Fix: fix}
+}
+
 type refusal struct{ error }
 
 func (r refusal) Unwrap() error { return r.error }
@@ -75,7 +97,10 @@ func (g *Guard) runProbe(ctx context.Context) (md5ETags bool, err error) {
 	}()
 
 	refuse := func(what string) error {
-		return refusal{fmt.Errorf("%w: s3://%s/%s: %s", ErrPreconditionsIgnored, g.bucket, key, what)}
+		return refusal{&fence.SetupError{
+			Err: fmt.Errorf("%w: s3://%s/%s: %s", ErrPreconditionsIgnored, g.bucket, key, what),
+			Fix: "use a store that honours If-None-Match and If-Match on PutObject atomically (AWS S3; versitygw v1.8.0 or later), or fix the proxy in front of it that drops them",
+		}}
 	}
 	put := func(k, body string, ifMatch, ifNoneMatch *string) (string, outcome, error) {
 		in := &s3.PutObjectInput{
@@ -84,13 +109,13 @@ func (g *Guard) runProbe(ctx context.Context) (md5ETags bool, err error) {
 			IfMatch: ifMatch, IfNoneMatch: ifNoneMatch,
 		}
 		for i := 0; ; i++ {
-			var tr attemptTracker
-			out, err := g.client.PutObject(ctx, in, tr.option)
+			var tr awsattempt.Tracker
+			out, err := g.client.PutObject(ctx, in, counted(&tr))
 			if err == nil {
 				return aws.ToString(out.ETag), written, nil
 			}
 			err = fmt.Errorf("blobguard: probe: %w", err)
-			status, code := httpStatus(err), apiCode(err)
+			status, code := awsattempt.HTTPStatus(err), awsattempt.APICode(err)
 			switch {
 			case status == 412 || code == "PreconditionFailed":
 				return "", preconditionFailed, err
@@ -103,7 +128,7 @@ func (g *Guard) runProbe(ctx context.Context) (md5ETags bool, err error) {
 				in.Body = bytes.NewReader([]byte(body))
 				continue
 			}
-			return "", failed, err
+			return "", failed, g.storeErr(err)
 		}
 	}
 	star := aws.String("*")

@@ -58,7 +58,7 @@ func TestConformance(t *testing.T) {
 			}
 			if mode == "Update" {
 				cfg.NewMissing = func(t *testing.T) guardtest.Resource { return newRes(t, false) }
-				cfg.IsMissing = func(err error) bool { return errors.Is(err, dynamoguard.ErrNotFound) }
+				cfg.IsMissing = func(err error) bool { return errors.Is(err, fence.ErrNotFound) }
 			} else {
 				cfg.Lacks = map[guardtest.Capability]string{
 					guardtest.Missing: mode + " creates a missing item: no target is missing",
@@ -99,7 +99,7 @@ func (r *confItem) Read(ctx context.Context) (string, fence.Token, error) {
 	switch r.mode {
 	case "Transact":
 		_, tok, err := r.g.Get(ctx, key(r.pk))
-		if errors.Is(err, dynamoguard.ErrNotFound) {
+		if errors.Is(err, fence.ErrNotFound) {
 			return "", fence.None, nil
 		}
 		if err != nil {
@@ -112,7 +112,7 @@ func (r *confItem) Read(ctx context.Context) (string, fence.Token, error) {
 		return v["value"].(*types.AttributeValueMemberS).Value, tok, nil
 	default:
 		v, tok, err := r.g.Get(ctx, key(r.pk))
-		if errors.Is(err, dynamoguard.ErrNotFound) {
+		if errors.Is(err, fence.ErrNotFound) {
 			return "", fence.None, nil
 		}
 		if err != nil {

@@ -47,7 +47,7 @@ func ExampleGuard_Update() {
 	var g *dynamoguard.Guard // dynamoguard.New(client, "invoices")
 	err := g.Update(ctx, map[string]types.AttributeValue{"id": &types.AttributeValueMemberS{Value: "inv-7"}}, 42,
 		expression.Set(expression.Name("status"), expression.Value("sent")).Add(expression.Name("attempts"), expression.Value(1)))
-	if errors.Is(err, dynamoguard.ErrNotFound) {
+	if errors.Is(err, fence.ErrNotFound) {
 		fmt.Println("no such invoice")
 	}
 }

@@ -127,11 +127,11 @@ func TestDeleteLeavesTombstone(t *testing.T) {
 	if err := g.Put(ctx, item("k", "back"), 5); !errors.As(err, &se) || se.Current != 6 || se.Presented != 5 {
 		t.Fatalf("Put with token 5 over a tombstone of 6 = %v, want a StaleError naming 5 and 6", err)
 	}
-	var nf *dynamoguard.NotFoundError
+	var nf *fence.NotFoundError
 	if _, _, err := g.Get(ctx, key("k")); !errors.As(err, &nf) || nf.Tombstone != 6 {
 		t.Fatalf("Get of a tombstone = %v, want a NotFoundError with Tombstone 6", err)
 	}
-	if err := g.Update(ctx, key("k"), 7, expression.Set(expression.Name("value"), expression.Value("x"))); !errors.Is(err, dynamoguard.ErrNotFound) || errors.Is(err, fence.ErrStaleToken) {
+	if err := g.Update(ctx, key("k"), 7, expression.Set(expression.Name("value"), expression.Value("x"))); !errors.Is(err, fence.ErrNotFound) || errors.Is(err, fence.ErrStaleToken) {
 		t.Fatalf("Update of a tombstone with a newer token = %v, want ErrNotFound", err)
 	}
 	if err := g.Update(ctx, key("k"), 5, expression.Set(expression.Name("value"), expression.Value("x"))); !errors.Is(err, fence.ErrStaleToken) {
@@ -211,7 +211,7 @@ func TestBadInputBeforeIO(t *testing.T) {
 		"too many items":     g.Transact(ctx, key("f"), 1, make([]types.TransactWriteItem, 100)),
 	}
 	for name, err := range cases {
-		if !errors.Is(err, dynamoguard.ErrInvalidInput) {
+		if !errors.Is(err, fence.ErrInvalidArgument) {
 			t.Errorf("%s: %v, want ErrInvalidInput", name, err)
 		}
 	}
@@ -235,9 +235,9 @@ func TestMissingTableIsSetupError(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = g.Put(testkit.Context(t), item("k", "v"), 1)
-	var se *dynamoguard.SetupError
-	if !errors.Is(err, dynamoguard.ErrTableNotFound) || !errors.As(err, &se) || se.Fix == "" {
-		t.Fatalf("Put on a missing table = %v, want a SetupError matching ErrTableNotFound", err)
+	var se *fence.SetupError
+	if !errors.Is(err, fence.ErrNoTable) || !errors.Is(err, fence.ErrSetup) || !errors.As(err, &se) || se.Fix == "" {
+		t.Fatalf("Put on a missing table = %v, want a *fence.SetupError matching fence.ErrNoTable", err)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"github.com/fencekit/fencekit/fence"
 	"math/big"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -45,11 +46,11 @@ func (g *Guard) keyOf(item map[string]types.AttributeValue) (map[string]types.At
 	for _, a := range g.keySchema().attrs() {
 		av, ok := item[a.name]
 		if !ok {
-			errs = append(errs, fmt.Errorf("%w: the key attribute %q of table %s is missing", ErrInvalidInput, a.name, g.table))
+			errs = append(errs, fmt.Errorf("%w: the key attribute %q of table %s is missing", fence.ErrInvalidArgument, a.name, g.table))
 			continue
 		}
 		if !hasType(av, a.typ) {
-			errs = append(errs, fmt.Errorf("%w: the key attribute %q of table %s must be of type %s, not %T", ErrInvalidInput, a.name, g.table, a.typ, av))
+			errs = append(errs, fmt.Errorf("%w: the key attribute %q of table %s must be of type %s, not %T", fence.ErrInvalidArgument, a.name, g.table, a.typ, av))
 			continue
 		}
 		key[a.name] = av
@@ -87,7 +88,7 @@ func hasType(av types.AttributeValue, t types.ScalarAttributeType) bool {
 // then deletes its scratch items. It returns an error wrapping
 // ErrConditionsIgnored if the server fails any check; the guard then
 // refuses every call with that error until a later Probe succeeds. A
-// missing table gives a *SetupError (ErrTableNotFound). Other errors (the
+// missing table gives a *fence.SetupError (fence.ErrNoTable). Other errors (the
 // server cannot be reached, access denied) are returned as they are and
 // the guard probes again on its next call. Every call probes on first use;
 // call Probe to check a server up front. ctx bounds the probe.
@@ -141,7 +142,7 @@ func (g *Guard) describe(ctx context.Context) (keySchema, error) {
 	for _, a := range s.attrs() {
 		switch a.name {
 		case g.opts.VersionAttribute, g.opts.NonceAttribute, g.opts.DeletedAttribute:
-			return keySchema{}, fmt.Errorf("%w: table %s uses %q, one of the guard's attributes, as a key", ErrInvalidInput, g.table, a.name)
+			return keySchema{}, fmt.Errorf("%w: table %s uses %q, one of the guard's attributes, as a key", fence.ErrInvalidArgument, g.table, a.name)
 		}
 	}
 	return s, nil
@@ -184,7 +185,7 @@ func (g *Guard) runProbe(ctx context.Context, s keySchema) error {
 	}()
 	res := g.resource(k1)
 	refuse := func(what string) error {
-		return refusal{fmt.Errorf("%w: %s: %s", ErrConditionsIgnored, res, what)}
+		return refusal{conditionsIgnored("%s: %s", res, what)}
 	}
 	lv := g.opts.VersionAttribute
 	names := map[string]string{"#lv": lv}

@@ -50,10 +50,10 @@ func TestCompositeKeyAndOwnAttributes(t *testing.T) {
 	if _, ok := out["lock_version"]; ok {
 		t.Fatalf("the default attribute name was used: %v", out)
 	}
-	if err := g.Delete(ctx, map[string]types.AttributeValue{"tenant": k["tenant"]}, 12); !errors.Is(err, dynamoguard.ErrInvalidInput) {
+	if err := g.Delete(ctx, map[string]types.AttributeValue{"tenant": k["tenant"]}, 12); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Fatalf("Delete without the sort key = %v, want ErrInvalidInput", err)
 	}
-	if err := g.Put(ctx, map[string]types.AttributeValue{"tenant": k["tenant"], "doc": k["doc"], "ver": &types.AttributeValueMemberN{Value: "99"}}, 12); !errors.Is(err, dynamoguard.ErrInvalidInput) {
+	if err := g.Put(ctx, map[string]types.AttributeValue{"tenant": k["tenant"], "doc": k["doc"], "ver": &types.AttributeValueMemberN{Value: "99"}}, 12); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Fatalf("Put setting the renamed version = %v, want ErrInvalidInput", err)
 	}
 }

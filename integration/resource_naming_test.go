@@ -11,9 +11,9 @@ import (
 	"github.com/fencekit/fencekit/fencecheck"
 	"github.com/fencekit/fencekit/fencehttp"
 	"github.com/fencekit/fencekit/fencewire"
-	"github.com/fencekit/fencekit/lease/redislease/redistest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/redislease"
+	"github.com/fencekit/fencekit/lease/redislease/redistest"
 )
 
 // TestHTTPResourceNamedByTheJob: two replicas of the "settle-orders" job

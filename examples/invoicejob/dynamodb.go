@@ -188,7 +188,7 @@ func (d *dynamoRows) read(ctx context.Context) (stored, error) {
 		return s, err
 	}
 	_, s.resource, err = d.guard.Get(ctx, d.fenceKey())
-	var nf *dynamoguard.NotFoundError
+	var nf *fence.NotFoundError
 	if errors.As(err, &nf) && nf.Tombstone == fence.None {
 		err = nil // nobody wrote
 	}

@@ -4,9 +4,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencekit/fencekit/lease/etcdlease/etcdtest"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease/etcdlease"
+	"github.com/fencekit/fencekit/lease/etcdlease/etcdtest"
 )
 
 // The etcd tests' helpers, as lease/etcdlease's tests have them.

@@ -24,8 +24,8 @@ import (
 	"github.com/fencekit/fencekit/fence"
 	holderout "github.com/fencekit/fencekit/integration/internal/holder"
 	"github.com/fencekit/fencekit/integration/internal/itest"
-	"github.com/fencekit/fencekit/lease/redislease/redistest"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
+	"github.com/fencekit/fencekit/lease/redislease/redistest"
 )
 
 // writerEvent is one line of the holder program's output (-do rounds).
