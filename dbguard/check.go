@@ -52,12 +52,12 @@ const mysqlSchema = "TABLE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND TABL
 // type, and whether a unique index has exactly the key columns (compared
 // by the catalog, as MySQL compares column names: without case).
 func (t *Table) checkMySQL(ctx context.Context, op string, db DBTX) (*tableInfo, error) {
-	keys := strings.TrimSuffix(strings.Repeat("?, ", len(t.keys)), ", ")
-	args := []any{t.database, t.table, len(t.keys)}
-	for _, k := range t.keys {
+	keys := strings.TrimSuffix(strings.Repeat("?, ", len(t.spec.Keys)), ", ")
+	args := []any{t.database, t.table, len(t.spec.Keys)}
+	for _, k := range t.spec.Keys {
 		args = append(args, k)
 	}
-	args = append(args, len(t.keys), t.database, t.table)
+	args = append(args, len(t.spec.Keys), t.database, t.table)
 	var ncols int
 	var dataType, colType string
 	var unique bool
@@ -119,7 +119,7 @@ func (t *Table) checkSQLite(ctx context.Context, op string, db DBTX) (*tableInfo
 	if err := t.checkColumn(op, ncols, lvType, strings.Contains(strings.ToUpper(lvType), "INT"), "INTEGER"); err != nil {
 		return nil, err
 	}
-	if sameSet(pk, t.keys) {
+	if sameSet(pk, t.spec.Keys) {
 		return &tableInfo{unique: true}, nil
 	}
 	rows, err = db.QueryContext(ctx, `SELECT il.name, ii.name FROM pragma_index_list(?, ?) AS il, pragma_index_info(il.name, ?) AS ii
@@ -139,7 +139,7 @@ func (t *Table) checkColumn(op string, ncols int, colType string, ok bool, want 
 	case colType == "":
 		return t.noLockVersion(op, nil)
 	case !ok:
-		return t.lockVersionType(op, fmt.Sprintf("%s.%s is %s, want %s", t.name, LockVersionColumn, colType, want), nil)
+		return t.lockVersionType(op, fmt.Sprintf("%s.%s is %s, want %s", t.spec.Name, LockVersionColumn, colType, want), nil)
 	}
 	return nil
 }
@@ -148,13 +148,13 @@ func (t *Table) checkColumn(op string, ncols int, colType string, ok bool, want 
 // errors; err is the driver's error, or nil when a check found the
 // problem.
 func (t *Table) noTable(op string, err error) error {
-	return &fence.SetupError{Err: withCause(fmt.Errorf("dbguard: %s: %w: %s", op, fence.ErrNoTable, t.name), err),
+	return &fence.SetupError{Err: withCause(fmt.Errorf("dbguard: %s: %w: %s", op, fence.ErrNoTable, t.spec.Name), err),
 		Fix: "create the table, or give NewTable its database and name as the server spells them"}
 }
 
 func (t *Table) noLockVersion(op string, err error) error {
-	return &fence.SetupError{Err: withCause(fmt.Errorf("dbguard: %s: %w: %s", op, fence.ErrNoLockVersion, t.name), err),
-		Fix: fmt.Sprintf("add it with `fencekit migrate add-lock-version --dialect %s --table %s --apply` (or migrations.ApplyLockVersionFor)", t.d, t.name)}
+	return &fence.SetupError{Err: withCause(fmt.Errorf("dbguard: %s: %w: %s", op, fence.ErrNoLockVersion, t.spec.Name), err),
+		Fix: fmt.Sprintf("add it with `fencekit migrate add-lock-version --dialect %s --table %s --apply` (or migrations.ApplyLockVersionFor)", t.d, t.spec.Name)}
 }
 
 func (t *Table) lockVersionType(op, what string, err error) error {
@@ -163,7 +163,7 @@ func (t *Table) lockVersionType(op, what string, err error) error {
 		want = "INTEGER NOT NULL, holding integers only"
 	}
 	return &fence.SetupError{Err: withCause(fmt.Errorf("dbguard: %s: %w: %s", op, fence.ErrLockVersionType, what), err),
-		Fix: "make " + t.name + "." + LockVersionColumn + " " + want}
+		Fix: "make " + t.spec.Name + "." + LockVersionColumn + " " + want}
 }
 
 // withCause joins the driver's error err (if any) to what.
@@ -195,7 +195,7 @@ func (t *Table) uniqueFrom(op string, rows interface {
 		return nil, t.d.wrapDBErr(op+": check the table's indexes", err)
 	}
 	for _, cols := range idx {
-		if sameSet(cols, t.keys) {
+		if sameSet(cols, t.spec.Keys) {
 			return &tableInfo{unique: true}, nil
 		}
 	}
@@ -239,7 +239,7 @@ func (t *Table) schemaErr(op string, err error) error {
 		t.checked.Store(nil)
 		return t.noLockVersion(op, err)
 	case outOfRange:
-		return t.lockVersionType(op, fmt.Sprintf("%s.%s cannot hold the token", t.name, LockVersionColumn), err)
+		return t.lockVersionType(op, fmt.Sprintf("%s.%s cannot hold the token", t.spec.Name, LockVersionColumn), err)
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/rowguard"
 )
 
 // Dialect selects the SQL a guard speaks. The guard imports no driver:
@@ -71,6 +72,14 @@ var (
 	_ TxBeginner = (*sql.Conn)(nil)
 )
 
+// Column is one column of a row and the value to write to it: Name, and
+// Value, passed to the driver as a bind parameter, never formatted into
+// SQL. It is the same type as sqlguard.Column.
+type Column = rowguard.Column
+
+// Col returns Column{Name: name, Value: value}.
+func Col(name string, value any) Column { return Column{Name: name, Value: value} }
+
 // Names of the toolkit's objects, created by package migrations.
 const (
 	// ResourceTable holds the newest token of each resource fenced with a
@@ -97,13 +106,11 @@ const (
 // is a MySQL deadlock or lock wait timeout or SQLite's SQLITE_BUSY or
 // SQLITE_LOCKED (for example one returned by your own statements inside
 // Guard.BeginFunc). A stale token is never retryable.
-func IsRetryable(err error) bool {
-	if err == nil || errors.Is(err, fence.ErrStaleToken) {
-		return false
-	}
-	if errors.Is(err, fence.ErrRetryable) {
-		return true
-	}
+func IsRetryable(err error) bool { return rowguard.Retryable(err, driverRetryable) }
+
+// driverRetryable reports whether err carries a MySQL deadlock or lock wait
+// timeout, or SQLite's SQLITE_BUSY or SQLITE_LOCKED.
+func driverRetryable(err error) bool {
 	if n, ok := mysqlNumber(err); ok {
 		return n == myDeadlock || n == myLockWaitTimeout
 	}
@@ -164,7 +171,7 @@ func mysqlNumber(err error) (int, bool) {
 // an error with a Code() int method (modernc.org/sqlite's *sqlite.Error).
 func sqliteCode(err error) (int, bool) {
 	var c interface{ Code() int }
-	if errors.As(err, &c) && !isNil(c) {
+	if errors.As(err, &c) && !rowguard.IsNil(c) {
 		return c.Code(), true
 	}
 	return 0, false
@@ -210,7 +217,7 @@ func (d Dialect) storeErr(err error) bool {
 // retryable reports whether err is a driver's deadlock, lock timeout or
 // busy database.
 func (d Dialect) retryable(err error) bool {
-	return !errors.Is(err, fence.ErrRetryable) && IsRetryable(err)
+	return !errors.Is(err, fence.ErrRetryable) && !errors.Is(err, fence.ErrStaleToken) && driverRetryable(err)
 }
 
 // dupKey reports whether err is a unique-constraint violation.
@@ -389,30 +396,4 @@ func (d Dialect) qualified(db, name string) string {
 		return d.quote(name)
 	}
 	return d.quote(db) + "." + d.quote(name)
-}
-
-// isNull reports whether database/sql would send v as NULL: v is nil, a
-// nil pointer, map or slice, or a driver.Valuer (sql.NullString and
-// friends) whose Value is nil.
-func isNull(v any) bool {
-	if isNil(v) {
-		return true
-	}
-	if vr, ok := v.(driver.Valuer); ok {
-		dv, err := vr.Value()
-		return err == nil && dv == nil
-	}
-	return false
-}
-
-func isNil(v any) bool {
-	if v == nil {
-		return true
-	}
-	rv := reflect.ValueOf(v)
-	switch rv.Kind() {
-	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
-		return rv.IsNil()
-	}
-	return false
 }

@@ -8,9 +8,10 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"unicode/utf8"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/options"
+	"github.com/fencekit/fencekit/internal/rowguard"
 )
 
 // MaxResourceLen is the longest resource name a Guard accepts, in bytes
@@ -98,12 +99,7 @@ func New(d Dialect, opts ...Option) (*Guard, error) {
 	if !d.valid() {
 		return nil, fmt.Errorf("%w: unknown dialect %v (use dbguard.MySQL or dbguard.SQLite)", fence.ErrInvalidArgument, d)
 	}
-	var o Options
-	for _, opt := range opts {
-		if opt != nil {
-			opt(&o)
-		}
-	}
+	o := options.Apply(opts)
 	var errs []error
 	if o.Database != "" {
 		errs = append(errs, d.checkIdent("database", o.Database))
@@ -168,7 +164,7 @@ func (g *Guard) Dialect() Dialect { return g.d }
 // only if tx commits.
 func (g *Guard) Advance(ctx context.Context, tx *sql.Tx, resource string, token fence.Token) error {
 	op := "advance " + strconv.Quote(resource)
-	tok, err := g.check(tx, resource, token)
+	tok, err := g.check(tx, resource, token, true)
 	if err != nil {
 		return fmt.Errorf("dbguard: %s: %w", op, err)
 	}
@@ -265,10 +261,7 @@ func (g *Guard) readBack(ctx context.Context, tx *sql.Tx, op, resource string, a
 // transaction, including fn's statements if fn uses it.
 func (g *Guard) BeginFunc(ctx context.Context, db TxBeginner, resource string, token fence.Token, fn func(*sql.Tx) error) error {
 	op := "fenced transaction " + strconv.Quote(resource)
-	tok, err := g.check(db, resource, token)
-	if fn == nil {
-		err = errors.Join(err, fmt.Errorf("%w: nil function", fence.ErrInvalidArgument))
-	}
+	tok, err := g.check(db, resource, token, fn != nil)
 	if err != nil {
 		return fmt.Errorf("dbguard: %s: %w", op, err)
 	}
@@ -308,24 +301,11 @@ func (g *Guard) BeginFunc(ctx context.Context, db TxBeginner, resource string, t
 	return nil
 }
 
-// check validates the arguments shared by Advance and BeginFunc.
-func (g *Guard) check(db any, resource string, token fence.Token) (any, error) {
+// check validates the arguments of Advance and BeginFunc (fn: BeginFunc's
+// function is not nil; true for Advance).
+func (g *Guard) check(db any, resource string, token fence.Token, fn bool) (any, error) {
 	tok, err := g.d.tokenArg(token)
-	errs := []error{err}
-	if isNil(db) {
-		errs = append(errs, fmt.Errorf("%w: nil database", fence.ErrInvalidArgument))
-	}
-	switch {
-	case resource == "":
-		errs = append(errs, fmt.Errorf("%w: empty resource name", fence.ErrInvalidArgument))
-	case len(resource) > MaxResourceLen:
-		errs = append(errs, fmt.Errorf("%w: resource name is %d bytes, more than %d", fence.ErrInvalidArgument, len(resource), MaxResourceLen))
-	case !utf8.ValidString(resource):
-		errs = append(errs, fmt.Errorf("%w: resource name %q is not valid UTF-8", fence.ErrInvalidArgument, resource))
-	case strings.IndexByte(resource, 0) >= 0:
-		errs = append(errs, fmt.Errorf("%w: resource name %q contains a NUL byte", fence.ErrInvalidArgument, resource))
-	}
-	return tok, errors.Join(errs...)
+	return tok, rowguard.CheckFenced(err, db, resource, MaxResourceLen, fn)
 }
 
 // advanceErr maps an error of the advance: a missing table is

@@ -11,17 +11,8 @@ import (
 	"sync/atomic"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/rowguard"
 )
-
-// Column is one column of a row and the value to write to it. Value is
-// passed to the driver as a bind parameter, never formatted into SQL.
-type Column struct {
-	Name  string
-	Value any
-}
-
-// Col returns Column{Name: name, Value: value}.
-func Col(name string, value any) Column { return Column{Name: name, Value: value} }
 
 // Table is a user table fenced row by row. It must have a column
 //
@@ -41,19 +32,19 @@ func Col(name string, value any) Column { return Column{Name: name, Value: value
 // several databases.
 type Table struct {
 	d        Dialect
-	name     string // for messages: db.table or table
+	spec     *rowguard.Spec // the name for messages (db.table or table) and the key columns
 	database string
 	table    string
-	ident    string // quoted, qualified
-	keys     []string
+	ident    string    // quoted, qualified
 	where    string    // `k1` = ? AND `k2` = ?
 	ops      [4]string // "update `t`" and so on, for errors
 
-	// checked is what the first successful check of the table found.
-	checked atomic.Pointer[tableInfo]
-	// last holds, per write kind, the statements built for the most
-	// recent list of columns.
-	last [4]atomic.Pointer[statements]
+	// checked is what the first successful check of the table found
+	// (shared by the copies WithObserver makes).
+	checked *atomic.Pointer[tableInfo]
+	// stmts holds the statements built for the most recent list of
+	// columns of each write kind.
+	stmts *rowguard.Statements[*statements]
 }
 
 // tableInfo is what a check of the table's catalog found.
@@ -65,7 +56,6 @@ type tableInfo struct {
 
 // statements are the statements of one write kind and column list.
 type statements struct {
-	cols []string
 	// write is the conditional write (Update, Upsert, Delete) or the
 	// INSERT, in each form (see writeSQL).
 	write [3]string
@@ -87,19 +77,6 @@ const (
 	afterLock
 )
 
-type writeKind int
-
-const (
-	kindUpdate writeKind = iota
-	kindInsert
-	kindUpsert
-	kindDelete
-)
-
-func (k writeKind) String() string {
-	return [...]string{"update", "insert", "upsert", "delete"}[k]
-}
-
 // NewTable describes the table name in database (MySQL: a database; SQLite:
 // an attached schema such as "main"; empty: the connection's current
 // database, or SQLite's main) with the given key columns, in the order in
@@ -117,55 +94,32 @@ func NewTable(d Dialect, database, name string, keyColumns ...string) (*Table, e
 	if !d.valid() {
 		return nil, fmt.Errorf("%w: unknown dialect %v (use dbguard.MySQL or dbguard.SQLite)", fence.ErrInvalidArgument, d)
 	}
-	var errs []error
-	if database != "" {
-		errs = append(errs, d.checkIdent("database", database))
-	}
-	errs = append(errs, d.checkIdent("table", name))
-	if len(keyColumns) == 0 {
-		errs = append(errs, fmt.Errorf("%w: no key columns", fence.ErrInvalidArgument))
-	}
-	seen := make(map[string]bool, len(keyColumns))
-	for _, k := range keyColumns {
-		if err := d.checkIdent("key column", k); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if k == LockVersionColumn {
-			errs = append(errs, fmt.Errorf("%w: %s cannot be a key column", fence.ErrInvalidArgument, LockVersionColumn))
-		}
-		if seen[k] {
-			errs = append(errs, fmt.Errorf("%w: key column %q given twice", fence.ErrInvalidArgument, k))
-		}
-		seen[k] = true
-	}
-	if err := errors.Join(errs...); err != nil {
+	spec, err := rowguard.NewSpec("dbguard", d.checkIdent, database, name, keyColumns)
+	if err != nil {
 		return nil, err
 	}
-	t := &Table{d: d, name: name, database: database, table: name, ident: d.qualified(database, name), keys: slices.Clone(keyColumns)}
-	if database != "" {
-		t.name = database + "." + name
-	}
+	t := &Table{d: d, spec: spec, database: database, table: name, ident: d.qualified(database, name),
+		checked: &atomic.Pointer[tableInfo]{}, stmts: &rowguard.Statements[*statements]{}}
 	conds := make([]string, len(keyColumns))
 	for i, k := range keyColumns {
 		conds[i] = d.quote(k) + " = ?"
 	}
 	t.where = strings.Join(conds, " AND ")
 	for k := range t.ops {
-		t.ops[k] = writeKind(k).String() + " " + t.ident
+		t.ops[k] = rowguard.Kind(k).String() + " " + t.ident
 	}
 	return t, nil
 }
 
 // Name returns the table's name as given to NewTable (database.table or
 // table), unquoted.
-func (t *Table) Name() string { return t.name }
+func (t *Table) Name() string { return t.spec.Name }
 
 // Dialect returns the table's dialect.
 func (t *Table) Dialect() Dialect { return t.d }
 
 // KeyColumns returns a copy of the key column names.
-func (t *Table) KeyColumns() []string { return slices.Clone(t.keys) }
+func (t *Table) KeyColumns() []string { return slices.Clone(t.spec.Keys) }
 
 // Update sets the given columns of the row whose key columns equal key (in
 // NewTable's order; none may be NULL), and sets its lock_version to token,
@@ -192,7 +146,7 @@ func (t *Table) KeyColumns() []string { return slices.Clone(t.keys) }
 // until the transaction ends). Any other DBTX is taken to be a
 // transaction.
 func (t *Table) Update(ctx context.Context, db DBTX, key []any, token fence.Token, set ...Column) error {
-	return t.write(ctx, kindUpdate, db, token, key, set)
+	return t.write(ctx, db, &rowWrite{t: t, kind: rowguard.Update, key: key, token: token, cols: set})
 }
 
 // Insert inserts a row with the key columns set to key, the given columns,
@@ -209,7 +163,7 @@ func (t *Table) Update(ctx context.Context, db DBTX, key []any, token fence.Toke
 // The table needs a unique index on exactly the key columns
 // (fence.ErrAmbiguousKey otherwise). ctx bounds the whole write.
 func (t *Table) Insert(ctx context.Context, db DBTX, key []any, token fence.Token, cols ...Column) error {
-	return t.write(ctx, kindInsert, db, token, key, cols)
+	return t.write(ctx, db, &rowWrite{t: t, kind: rowguard.Insert, key: key, token: token, cols: cols})
 }
 
 // Upsert inserts the row, or, when a row with the key exists and its
@@ -224,7 +178,7 @@ func (t *Table) Insert(ctx context.Context, db DBTX, key []any, token fence.Toke
 // naming the index, when a new row collides with another on a unique
 // index other than the key's; other errors as for Update. The table needs a unique index on exactly the key columns.
 func (t *Table) Upsert(ctx context.Context, db DBTX, key []any, token fence.Token, cols ...Column) error {
-	return t.write(ctx, kindUpsert, db, token, key, cols)
+	return t.write(ctx, db, &rowWrite{t: t, kind: rowguard.Upsert, key: key, token: token, cols: cols})
 }
 
 // Delete deletes the row whose key columns equal key if its lock_version
@@ -235,21 +189,24 @@ func (t *Table) Upsert(ctx context.Context, db DBTX, key []any, token fence.Toke
 // keys can be created again, fence the resource with a Guard as well, or
 // mark rows deleted (a fenced Update) instead of deleting them.
 func (t *Table) Delete(ctx context.Context, db DBTX, key []any, token fence.Token) error {
-	return t.write(ctx, kindDelete, db, token, key, nil)
+	return t.write(ctx, db, &rowWrite{t: t, kind: rowguard.Delete, key: key, token: token})
 }
 
-func (t *Table) write(ctx context.Context, kind writeKind, db DBTX, token fence.Token, key []any, cols []Column) error {
-	op := t.ops[kind]
-	tok, tokErr := t.d.tokenArg(token)
-	st, colErr := t.statementsFor(kind, cols)
-	if err := errors.Join(tokErr, t.check(db, key), colErr); err != nil {
-		return fmt.Errorf("dbguard: %s: %w", op, err)
+// write checks w (a write's kind, key, token and columns) and runs it
+// through db.
+func (t *Table) write(ctx context.Context, db DBTX, w *rowWrite) error {
+	w.op = t.ops[w.kind]
+	var tokErr, colErr error
+	w.tok, tokErr = t.d.tokenArg(w.token)
+	w.st, colErr = t.statementsFor(w.kind, w.cols)
+	if err := errors.Join(tokErr, t.spec.CheckWrite(db, w.key), colErr); err != nil {
+		return fmt.Errorf("dbguard: %s: %w", w.op, err)
 	}
 	if err := ctx.Err(); err != nil {
 		// Nothing sent: a plain failure, even inside a transaction.
-		return fmt.Errorf("dbguard: %s: %w", op, err)
+		return fmt.Errorf("dbguard: %s: %w", w.op, err)
 	}
-	w := &rowWrite{t: t, kind: kind, op: op, st: st, token: token, tok: tok, key: key, cols: cols}
+	op := w.op
 	switch d := db.(type) {
 	case *sql.DB:
 		// A connection of its own, so that a failure to get one (nothing
@@ -270,7 +227,7 @@ func (t *Table) write(ctx context.Context, kind writeKind, db DBTX, token fence.
 // rowWrite is one call of a Table write.
 type rowWrite struct {
 	t     *Table
-	kind  writeKind
+	kind  rowguard.Kind
 	op    string
 	st    *statements
 	token fence.Token
@@ -283,13 +240,13 @@ type rowWrite struct {
 func (w *rowWrite) writeArgs() []any {
 	args := make([]any, 0, 2*len(w.key)+len(w.cols)+2)
 	switch w.kind {
-	case kindInsert:
+	case rowguard.Insert:
 		args = append(args, w.key...)
 		for _, c := range w.cols {
 			args = append(args, c.Value)
 		}
 		return append(args, w.tok)
-	case kindDelete:
+	case rowguard.Delete:
 		// The key, the token, and the key again for the row count.
 		args = append(append(args, w.key...), w.tok)
 		return append(args, w.key...)
@@ -326,9 +283,8 @@ func (w *rowWrite) run(ctx context.Context, db DBTX, conn *sql.Conn) error {
 	if err != nil {
 		return err
 	}
-	if !info.unique && (w.kind == kindInsert || w.kind == kindUpsert) {
-		return fmt.Errorf("dbguard: %s: %w: %s has no unique index on exactly (%s), which %s needs",
-			w.op, fence.ErrAmbiguousKey, w.t.name, strings.Join(w.t.keys, ", "), w.kind)
+	if !info.unique && w.kind.Creates() {
+		return w.t.spec.NoUniqueKey(w.op, w.kind)
 	}
 	if err := ctx.Err(); err != nil {
 		// Nothing is sent: a plain failure (sentErr would not know).
@@ -355,7 +311,7 @@ func (w *rowWrite) run(ctx context.Context, db DBTX, conn *sql.Conn) error {
 			return fmt.Errorf("dbguard: %s: %w: %s matched and wrote %d rows: a row the key matches was inserted while the statement ran",
 				w.op, fence.ErrAmbiguousKey, w.resource(), n)
 		}
-	case w.kind == kindInsert && w.t.d.dupKey(err):
+	case w.kind == rowguard.Insert && w.t.d.dupKey(err):
 		// A row with the key exists, or the row collides with another on
 		// another unique index: the exact path says which.
 	default:
@@ -458,7 +414,7 @@ func (w *rowWrite) decide(ctx context.Context, db DBTX, own bool) error {
 			if n, _ := res.RowsAffected(); n == 1 {
 				return nil
 			}
-		case w.kind == kindInsert && d.dupKey(err):
+		case w.kind == rowguard.Insert && d.dupKey(err):
 		default:
 			return stmtErr(w.op, err)
 		}
@@ -483,19 +439,18 @@ func (w *rowWrite) decide(ctx context.Context, db DBTX, own bool) error {
 			badType = true
 		}
 	}
+	f := rowguard.Found{Rows: row.n, Current: current, HasCurrent: row.lv.Valid}
+	v := rowguard.Judge(w.kind, f, w.token)
 	switch {
-	case row.n > 1:
-		return fmt.Errorf("dbguard: %s: %w: %s matches %d rows", w.op, fence.ErrAmbiguousKey, w.resource(), row.n)
-	case !info.unique && (w.kind == kindInsert || w.kind == kindUpsert):
-		return fmt.Errorf("dbguard: %s: %w: %s has no unique index on exactly (%s), which %s needs",
-			w.op, fence.ErrAmbiguousKey, w.t.name, strings.Join(w.t.keys, ", "), w.kind)
-	case row.n == 0 && (w.kind == kindUpdate || w.kind == kindDelete):
-		return fmt.Errorf("dbguard: %s: %w", w.op, &fence.NotFoundError{Resource: w.resource()})
-	case row.n == 0:
+	case v == rowguard.Ambiguous:
+		return w.t.spec.Refusal(v, w.op, w.key, w.token, f)
+	case !info.unique && w.kind.Creates():
+		return w.t.spec.NoUniqueKey(w.op, w.kind)
+	case v == rowguard.Create:
 		// Insert (MySQL; SQLite's INSERT above failed only on a unique
 		// index) or Upsert of a new row.
 		stmt, args := w.st.write[afterLock], w.writeArgs()
-		if w.kind == kindUpsert {
+		if w.kind == rowguard.Upsert {
 			stmt, args = w.t.insertSQL(w.cols), w.insertArgs()
 		}
 		if _, err := db.ExecContext(ctx, stmt, args...); err != nil {
@@ -505,15 +460,11 @@ func (w *rowWrite) decide(ctx context.Context, db DBTX, own bool) error {
 			return stmtErr(w.op, err)
 		}
 		return nil
-	case !row.lv.Valid:
-		return fmt.Errorf("dbguard: %s: %s has a NULL lock_version (the column must be NOT NULL)", w.op, w.resource())
-	case badType:
+	case row.n == 1 && row.lv.Valid && badType:
 		return w.t.lockVersionType(w.op, fmt.Sprintf("%s holds lock_version %q (stored as %s): want an integer",
 			w.resource(), row.lv.String, cmp(row.kind.String, "a non-integer")), nil)
-	case current > uint64(w.token):
-		return fence.Stale(w.resource(), w.token, fence.Token(current))
-	case w.kind == kindInsert:
-		return fmt.Errorf("dbguard: %s: %w: %s (lock_version %d)", w.op, fence.ErrExists, w.resource(), current)
+	case v != rowguard.Write:
+		return w.t.spec.Refusal(v, w.op, w.key, w.token, f)
 	}
 	// The row is locked with lock_version <= token.
 	res, err := db.ExecContext(ctx, w.st.write[afterLock], w.writeArgs()...)
@@ -579,11 +530,11 @@ func (w *rowWrite) confirm(ctx context.Context, db DBTX) error {
 	}
 	switch {
 	case row.n > 1:
-		return fmt.Errorf("dbguard: %s: %w: %s matches %d rows", w.op, fence.ErrAmbiguousKey, w.resource(), row.n)
-	case w.kind != kindDelete && row.n == 1 && row.lv.Valid && row.lv.String == strconv.FormatUint(uint64(w.token), 10):
+		return w.t.spec.Refusal(rowguard.Ambiguous, w.op, w.key, w.token, rowguard.Found{Rows: row.n})
+	case w.kind != rowguard.Delete && row.n == 1 && row.lv.Valid && row.lv.String == strconv.FormatUint(uint64(w.token), 10):
 		return nil
 	}
-	return &fence.RetryableError{Op: "dbguard: " + w.op, Err: fmt.Errorf("%s changed concurrently", w.resource())}
+	return w.t.spec.Changed(w.op, w.key)
 }
 
 // dupErr reports a unique-constraint violation err of the INSERT of a row
@@ -611,90 +562,23 @@ func cmp(s, alt string) string {
 	return s
 }
 
-// resource describes one row for errors: db.table(k1=v1, k2=v2).
-func (w *rowWrite) resource() string {
-	var b strings.Builder
-	b.WriteString(w.t.name)
-	b.WriteByte('(')
-	for i, k := range w.t.keys {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		fmt.Fprintf(&b, "%s=%v", k, w.key[i])
-	}
-	b.WriteByte(')')
-	return b.String()
-}
-
-// check validates a write's database and key, reporting every problem at
-// once. The columns are checked by statementsFor.
-func (t *Table) check(db DBTX, key []any) error {
-	var errs []error
-	if isNil(db) {
-		errs = append(errs, fmt.Errorf("%w: nil database", fence.ErrInvalidArgument))
-	}
-	if len(key) != len(t.keys) {
-		errs = append(errs, fmt.Errorf("%w: %d key values for %d key columns", fence.ErrInvalidArgument, len(key), len(t.keys)))
-	}
-	for i, v := range key[:min(len(key), len(t.keys))] {
-		if isNull(v) {
-			errs = append(errs, fmt.Errorf("%w: key column %q is NULL (a NULL key matches no row and conflicts with none)", fence.ErrInvalidArgument, t.keys[i]))
-		}
-	}
-	return errors.Join(errs...)
-}
+// resource describes the row for errors: db.table(k1=v1, k2=v2).
+func (w *rowWrite) resource() string { return w.t.spec.Resource(w.key) }
 
 // statementsFor returns the statements of a write of kind with cols, or an
-// error wrapping fence.ErrInvalidArgument when the columns cannot be written.
-func (t *Table) statementsFor(kind writeKind, cols []Column) (*statements, error) {
-	if st := t.last[kind].Load(); st != nil && sameNames(st.cols, cols) {
+// error wrapping fence.ErrInvalidArgument when the columns cannot be
+// written.
+func (t *Table) statementsFor(kind rowguard.Kind, cols []Column) (*statements, error) {
+	return t.stmts.For(kind, cols, func() (*statements, error) {
+		if err := t.spec.CheckColumns(t.d.checkIdent, cols); err != nil {
+			return nil, err
+		}
+		st := &statements{sel: t.selectSQL()}
+		for f := range st.write {
+			st.write[f] = t.writeSQL(kind, cols, form(f))
+		}
 		return st, nil
-	}
-	if err := t.checkColumns(cols); err != nil {
-		return nil, err
-	}
-	st := &statements{cols: make([]string, len(cols)), sel: t.selectSQL()}
-	for f := range st.write {
-		st.write[f] = t.writeSQL(kind, cols, form(f))
-	}
-	for i, c := range cols {
-		st.cols[i] = c.Name
-	}
-	t.last[kind].Store(st)
-	return st, nil
-}
-
-func sameNames(names []string, cols []Column) bool {
-	if len(names) != len(cols) {
-		return false
-	}
-	for i, c := range cols {
-		if names[i] != c.Name {
-			return false
-		}
-	}
-	return true
-}
-
-// checkColumns validates the columns of a write, reporting every problem
-// at once.
-func (t *Table) checkColumns(cols []Column) error {
-	var errs []error
-	for i, c := range cols {
-		if err := t.d.checkIdent("column", c.Name); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		switch {
-		case c.Name == LockVersionColumn:
-			errs = append(errs, fmt.Errorf("%w: column %s is written by the guard only", fence.ErrInvalidArgument, LockVersionColumn))
-		case slices.Contains(t.keys, c.Name):
-			errs = append(errs, fmt.Errorf("%w: column %q is a key column; pass its value in key", fence.ErrInvalidArgument, c.Name))
-		case slices.ContainsFunc(cols[:i], func(p Column) bool { return p.Name == c.Name }):
-			errs = append(errs, fmt.Errorf("%w: column %q given twice", fence.ErrInvalidArgument, c.Name))
-		}
-	}
-	return errors.Join(errs...)
+	})
 }
 
 // Parts of the statements' own checks (see writeSQL).
@@ -747,10 +631,10 @@ const (
 // An INSERT has no row to check. On MySQL, outside the rejection path, it
 // is an INSERT ... SELECT whose condition is the session's strictness and,
 // on its own, autocommit. Elsewhere, it is the plain INSERT.
-func (t *Table) writeSQL(kind writeKind, cols []Column, f form) string {
+func (t *Table) writeSQL(kind rowguard.Kind, cols []Column, f form) string {
 	mysql := t.d == MySQL
 	checked := mysql && f != afterLock // the exact-number, strictness and range checks
-	if kind == kindInsert {
+	if kind == rowguard.Insert {
 		into, values := t.insertParts(cols)
 		if !checked {
 			return into + " VALUES (" + values + ")"
@@ -774,7 +658,7 @@ func (t *Table) writeSQL(kind writeKind, cols []Column, f form) string {
 	} else {
 		cond += " AND typeof(" + lv + ") = 'integer' AND NOT EXISTS (SELECT 1 FROM " + t.ident + " WHERE " + t.where + " LIMIT 1 OFFSET 1)"
 	}
-	if kind == kindDelete {
+	if kind == rowguard.Delete {
 		return "DELETE FROM " + t.ident + cond
 	}
 	var b strings.Builder
@@ -798,8 +682,8 @@ func (t *Table) insertSQL(cols []Column) string {
 // insertParts returns "INSERT INTO t (keys..., cols..., lock_version)" and
 // its placeholders, "?, ?, ...".
 func (t *Table) insertParts(cols []Column) (into, values string) {
-	names := make([]string, 0, len(t.keys)+len(cols)+1)
-	for _, k := range t.keys {
+	names := make([]string, 0, len(t.spec.Keys)+len(cols)+1)
+	for _, k := range t.spec.Keys {
 		names = append(names, t.d.quote(k))
 	}
 	for _, c := range cols {

@@ -18,80 +18,9 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/awsattempt"
+	"github.com/fencekit/fencekit/internal/options"
 	"github.com/fencekit/fencekit/internal/probeonce"
 )
-
-// Client is the part of *dynamodb.Client a Guard uses: only the operations
-// it calls, with the SDK's per-call option functions. *dynamodb.Client
-// satisfies it, and so can a wrapper that injects faults or counts calls.
-// A Guard passes option functions that must be applied (as
-// *dynamodb.Client does) for it to tell a request that was never sent from
-// one whose outcome is unknown; if they are ignored, every transport error
-// is treated as an unknown outcome. DescribeTable is called by the probe
-// only, and DeleteItem only to remove the probe's scratch items.
-type Client interface {
-	PutItem(ctx context.Context, in *dynamodb.PutItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.PutItemOutput, error)
-	UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error)
-	GetItem(ctx context.Context, in *dynamodb.GetItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.GetItemOutput, error)
-	DeleteItem(ctx context.Context, in *dynamodb.DeleteItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.DeleteItemOutput, error)
-	TransactWriteItems(ctx context.Context, in *dynamodb.TransactWriteItemsInput, optFns ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error)
-	DescribeTable(ctx context.Context, in *dynamodb.DescribeTableInput, optFns ...func(*dynamodb.Options)) (*dynamodb.DescribeTableOutput, error)
-}
-
-var _ Client = (*dynamodb.Client)(nil)
-
-// The guard's errors are fence's, shared by every guard, and two of its
-// own below. Bad input is fence.ErrInvalidArgument, refused before any
-// I/O: a nil client, an empty table name, the zero token or one above
-// 2^63-1 (which also match fence.ErrInvalidToken), a nil item or key, an
-// item that sets one of the guard's own attributes, a key that does not
-// name exactly the table's key attributes (checked after the probe
-// learned them), a transaction of more than 99 items, invalid Options. A
-// missing item or a tombstone is a *fence.NotFoundError (its Tombstone is
-// the tombstone's token). An item whose version attribute holds something
-// other than a number in [1, 2^63-1] is fence.ErrNotFenced: no Guard
-// wrote it, so its token is unknown. A table that is not set up (missing,
-// access or credentials refused, a server that ignores conditions) is a
-// *fence.SetupError that names the fix (fence.ErrNoTable for a missing
-// table).
-//
-// A write's outcome is unknown (fence.ErrOutcomeUnknown) when its request
-// was sent and its outcome could not be learned: the context ended or the
-// connection broke while it was in flight, the server answered 5xx, a
-// transaction was still in progress, or the SDK retried the request and
-// the retry failed in a way that does not show which try landed (a stale
-// rejection after a retry is returned joined with it: the first try may
-// have landed and been replaced). The write may or may not have been
-// applied, now or later; it is never reported as success. Read the item
-// to learn what is stored.
-var (
-	// ErrConditionsIgnored is matched (inside a *fence.SetupError, so
-	// that it matches fence.ErrSetup and lease.ErrSetup too) by the error
-	// of Check, and of every call of a Guard whose probe failed this way,
-	// when the server does not honour what the fence rests on: it applied
-	// a write whose ConditionExpression was false, did not return the item
-	// with a failed condition (ReturnValuesOnConditionCheckFailure), or
-	// committed a transaction one of whose conditions was false. Fencing
-	// is impossible on such a server, so the guard refuses to run (fail
-	// closed).
-	ErrConditionsIgnored = errors.New("dynamoguard: server does not honour conditional writes")
-
-	// ErrCanceled is returned (wrapping the SDK's
-	// *types.TransactionCanceledException) when a fenced transaction was
-	// canceled for a reason other than the fence: one of the caller's own
-	// conditions failed, a conflict with another transaction, a
-	// validation error. Nothing was written. errors.As gives the
-	// exception and its CancellationReasons, in the order of the items
-	// passed (the fence's reason is last).
-	ErrCanceled = errors.New("dynamoguard: transaction canceled")
-)
-
-// conditionsIgnored is the error of a server that does not honour the
-// conditions the fence rests on.
-func conditionsIgnored(format string, args ...any) error {
-	return &fence.SetupError{Err: fmt.Errorf("%w: "+format, append([]any{ErrConditionsIgnored}, args...)...),
-		Fix: "use a server that honours condition expressions, ReturnValuesOnConditionCheckFailure and TransactWriteItems (DynamoDB, DynamoDB Local; not dynalite)"}
-}
 
 // Options configure a Guard; set them with Option values passed to New.
 // The zero value of each field means its default.
@@ -160,13 +89,13 @@ func (o *Options) validate() error {
 // Guard makes fenced writes to the items of one DynamoDB table. It is safe
 // for concurrent use. Create it with New.
 type Guard struct {
-	client Client
 	table  string
+	client Client
 	opts   Options
 
-	gate   probeonce.Gate // the probe's verdict
 	mu     sync.Mutex     // guards schema
 	schema keySchema      // the table's key attributes, learned by the probe
+	gate   probeonce.Gate // the probe's verdict
 }
 
 // New returns a Guard for table over client. It does no I/O: the server is
@@ -174,12 +103,7 @@ type Guard struct {
 // fence.ErrInvalidArgument for a nil client, an empty table name or invalid
 // options, reporting every problem at once.
 func New(client Client, table string, opts ...Option) (*Guard, error) {
-	var o Options
-	for _, opt := range opts {
-		if opt != nil {
-			opt(&o)
-		}
-	}
+	o := options.Apply(opts)
 	o.setDefaults()
 	var errs []error
 	if client == nil {
@@ -767,10 +691,4 @@ func newNonce() (string, error) {
 		return "", fmt.Errorf("dynamoguard: nonce: %w", err)
 	}
 	return hex.EncodeToString(b[:]), nil
-}
-
-// counted returns the per-call option function that makes tr count the
-// call's HTTP attempts (package awsattempt).
-func counted(tr *awsattempt.Tracker) func(*dynamodb.Options) {
-	return func(o *dynamodb.Options) { tr.Add(&o.APIOptions) }
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/fencecheck"
+	"github.com/fencekit/fencekit/internal/rowguard"
 )
 
 // Checker is a fencecheck.Checker on PostgreSQL, for a service that
@@ -50,7 +51,7 @@ const MaxCheckerToken = fence.Token(math.MaxInt64)
 // listing every problem, for a nil db or invalid options.
 func NewChecker(db DBTX, opts ...Option) (*Checker, error) {
 	g, err := New(opts...)
-	if isNil(db) {
+	if rowguard.IsNil(db) {
 		err = errors.Join(err, fmt.Errorf("%w: nil database", fence.ErrInvalidArgument))
 	}
 	if err != nil {
@@ -124,7 +125,7 @@ func (c *Checker) args(resource string, token fence.Token) (int64, error) {
 			err = fmt.Errorf("%w: token %d is above the PostgreSQL bigint range (max %d)", fencecheck.ErrTokenRange, uint64(token), int64(math.MaxInt64))
 		}
 	}
-	if rerr := checkResource(resource); rerr != nil {
+	if rerr := rowguard.CheckResource(resource, MaxResourceLen); rerr != nil {
 		err = errors.Join(err, fmt.Errorf("%w: %w", fencecheck.ErrInvalidResource, rerr))
 	}
 	return tok, err
@@ -136,7 +137,7 @@ func (c *Checker) args(resource string, token fence.Token) (int64, error) {
 // bad name, other database errors wrapped. ctx bounds the query.
 func (c *Checker) Current(ctx context.Context, resource string) (fence.Token, error) {
 	op := "current token of " + strconv.Quote(resource)
-	if err := checkResource(resource); err != nil {
+	if err := rowguard.CheckResource(resource, MaxResourceLen); err != nil {
 		return fence.None, fmt.Errorf("sqlguard: %s: %w: %w", op, fencecheck.ErrInvalidResource, err)
 	}
 	var tok int64

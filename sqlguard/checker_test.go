@@ -179,7 +179,7 @@ func TestCheckerLostReplyIsUnknown(t *testing.T) {
 	if err := c.Check(ctx, name, 3); err != nil {
 		t.Fatal(err)
 	}
-	db.wire.arm()
+	db.wire.Arm()
 	err = c.Check(ctx, name, 4)
 	if !errors.Is(err, fence.ErrOutcomeUnknown) || errors.Is(err, fence.ErrStaleToken) {
 		t.Fatalf("Check with its reply lost = %v; want fence.ErrOutcomeUnknown", err)

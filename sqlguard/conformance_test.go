@@ -6,9 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,6 +16,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/guardtest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/sqlguard"
 )
 
@@ -46,8 +45,8 @@ func TestConformanceTable(t *testing.T) {
 		NewResource: func(t *testing.T) guardtest.Resource { return newRow(t, true) },
 		NewMissing:  func(t *testing.T) guardtest.Resource { return newRow(t, false) },
 		IsMissing:   func(err error) bool { return errors.Is(err, fence.ErrNotFound) },
-		CountIO:     func(r guardtest.Resource) int64 { return r.(*confRow).wire.requests.Load() },
-		LoseReply:   func(t *testing.T, r guardtest.Resource) { r.(*confRow).wire.arm() },
+		CountIO:     func(r guardtest.Resource) int64 { return r.(*confRow).wire.Requests.Load() },
+		LoseReply:   func(t *testing.T, r guardtest.Resource) { r.(*confRow).wire.Arm() },
 	}
 	confLacks(e, &cfg)
 	guardtest.Run(t, cfg)
@@ -71,8 +70,8 @@ func TestConformanceBeginFunc(t *testing.T) {
 		NewResource: func(t *testing.T) guardtest.Resource {
 			return &confTx{confDB: newConfDB(t, e, "COMMIT"), g: g, name: fmt.Sprintf("conf/%d 'x'", n.Add(1))}
 		},
-		CountIO:   func(r guardtest.Resource) int64 { return r.(*confTx).wire.requests.Load() },
-		LoseReply: func(t *testing.T, r guardtest.Resource) { r.(*confTx).wire.arm() },
+		CountIO:   func(r guardtest.Resource) int64 { return r.(*confTx).wire.Requests.Load() },
+		LoseReply: func(t *testing.T, r guardtest.Resource) { r.(*confTx).wire.Arm() },
 		Lacks: map[guardtest.Capability]string{
 			guardtest.Missing: "BeginFunc creates a resource's token row at its first advance: no resource name is missing",
 		},
@@ -96,22 +95,22 @@ func confLacks(e *env, cfg *guardtest.Config) {
 }
 
 // confDB is a resource's own pool (four connections, so that concurrent
-// writers use several), dialled through a confWire.
+// writers use several), dialled through a pgWire.
 type confDB struct {
 	e    *env
-	wire *confWire
+	wire *testkit.Wire
 	pool *pgxpool.Pool
 }
 
 func newConfDB(t *testing.T, e *env, cutTag string) confDB {
 	t.Helper()
-	w := &confWire{cutTag: cutTag}
+	w := pgWire(cutTag)
 	cfg, err := pgxpool.ParseConfig(e.url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = e.schema
-	cfg.ConnConfig.DialFunc = w.dial
+	cfg.ConnConfig.DialFunc = w.Dial
 	cfg.MaxConns = 4
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -165,70 +164,24 @@ func (r *confTx) Read(ctx context.Context) (string, fence.Token, error) {
 	return v, fence.Token(tok), err
 }
 
-// confWire wraps the TCP connections of a pool: it counts the writes the
-// client sends (anything that reaches the server), and, once armed, loses
-// the reply to the first statement the server completes with cutTag
-// ("UPDATE 1": a row written; "COMMIT": a transaction committed): it
-// reads that reply to its ReadyForQuery (by then the server has committed
-// it), never passes it on, and closes the connection, as a network that
-// failed at that moment would.
-type confWire struct {
-	cutTag   string
-	requests atomic.Int64
-	armed    atomic.Bool
-}
-
-func (w *confWire) arm() { w.armed.Store(true) }
-
-func (w *confWire) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	c, err := (&net.Dialer{KeepAlive: 5 * time.Minute}).DialContext(ctx, network, addr)
-	if err != nil {
-		return nil, err
-	}
-	return &confConn{Conn: c, w: w}, nil
-}
-
-type confConn struct {
-	net.Conn
-	w       *confWire
-	mu      sync.Mutex
-	pending []byte // the rest of the last server message read
-}
-
-var errReplyLost = errors.New("confWire: the reply was lost (injected by the test)")
-
-func (c *confConn) Write(p []byte) (int, error) {
-	c.w.requests.Add(1)
-	return c.Conn.Write(p)
-}
-
-// Read passes the server's messages on whole, looking at each.
-func (c *confConn) Read(p []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.pending) == 0 {
-		msg, err := readPGMessage(c.Conn)
-		if err != nil {
-			return 0, err
+// pgWire returns a testkit.Wire for a pool that, once armed, loses the
+// reply to the first statement the server completes with cutTag ("UPDATE
+// 1": a row written; "COMMIT": a transaction committed): it reads that
+// reply to its ReadyForQuery (by then the server has committed it, the
+// commit of an implicit transaction included) and loses it all.
+func pgWire(cutTag string) *testkit.Wire {
+	return &testkit.Wire{Message: readPGMessage, Cut: func(msg, _ []byte, r io.Reader) (bool, error) {
+		if msg[0] != 'C' || strings.TrimRight(string(msg[5:]), "\x00") != cutTag {
+			return false, nil
 		}
-		if msg[0] == 'C' && c.w.armed.Load() && strings.TrimRight(string(msg[5:]), "\x00") == c.w.cutTag {
-			// Applied: read on to ReadyForQuery (the commit of an
-			// implicit transaction happens before it), then lose it all.
-			for msg[0] != 'Z' {
-				if msg, err = readPGMessage(c.Conn); err != nil {
-					return 0, err
-				}
-			}
-			if c.w.armed.Swap(false) {
-				c.Conn.Close()
-				return 0, errReplyLost
+		for msg[0] != 'Z' {
+			var err error
+			if msg, err = readPGMessage(r); err != nil {
+				return false, err
 			}
 		}
-		c.pending = msg
-	}
-	n := copy(p, c.pending)
-	c.pending = c.pending[n:]
-	return n, nil
+		return true, nil
+	}}
 }
 
 // readPGMessage reads one backend message: a type byte, a length that
@@ -240,7 +193,7 @@ func readPGMessage(r io.Reader) ([]byte, error) {
 	}
 	n := int(binary.BigEndian.Uint32(head[1:]))
 	if n < 4 {
-		return nil, fmt.Errorf("confWire: bad message length %d", n)
+		return nil, fmt.Errorf("pgWire: bad message length %d", n)
 	}
 	msg := make([]byte, 1+n)
 	copy(msg, head)

@@ -5,15 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/options"
+	"github.com/fencekit/fencekit/internal/rowguard"
 )
 
 // MaxResourceLen is the longest resource name a Guard accepts, in bytes.
@@ -70,12 +70,7 @@ type Guard struct {
 // error wrapping fence.ErrInvalidArgument, listing every problem, when Schema is not a
 // valid identifier or TxOptions has an unknown value or is read-only.
 func New(opts ...Option) (*Guard, error) {
-	var o Options
-	for _, opt := range opts {
-		if opt != nil {
-			opt(&o)
-		}
-	}
+	o := options.Apply(opts)
 	var errs []error
 	if o.Schema != "" {
 		errs = append(errs, checkIdent("schema", o.Schema))
@@ -149,7 +144,7 @@ func (g *Guard) Advance(ctx context.Context, tx pgx.Tx, resource string, token f
 
 func (g *Guard) advanceTx(ctx context.Context, tx pgx.Tx, resource string, token fence.Token) error {
 	op := "advance " + strconv.Quote(resource)
-	tok, err := g.check(tx, resource, token)
+	tok, err := g.check(tx, resource, token, true)
 	if err != nil {
 		return fmt.Errorf("sqlguard: %s: %w", op, err)
 	}
@@ -202,10 +197,7 @@ func (g *Guard) BeginFunc(ctx context.Context, db Beginner, resource string, tok
 
 func (g *Guard) beginFunc(ctx context.Context, db Beginner, resource string, token fence.Token, fn func(pgx.Tx) error) error {
 	op := "fenced transaction " + strconv.Quote(resource)
-	tok, err := g.check(db, resource, token)
-	if fn == nil {
-		err = errors.Join(err, fmt.Errorf("%w: nil function", fence.ErrInvalidArgument))
-	}
+	tok, err := g.check(db, resource, token, fn != nil)
 	if err != nil {
 		return fmt.Errorf("sqlguard: %s: %w", op, err)
 	}
@@ -305,30 +297,11 @@ func (g *Guard) beginGeneric(ctx context.Context, db Beginner, op, resource stri
 	return tx, nil
 }
 
-// check validates the arguments shared by Advance and BeginFunc.
-func (g *Guard) check(db any, resource string, token fence.Token) (int64, error) {
+// check validates the arguments of Advance and BeginFunc (fn: BeginFunc's
+// function is not nil; true for Advance).
+func (g *Guard) check(db any, resource string, token fence.Token, fn bool) (int64, error) {
 	tok, err := tokenArg(token)
-	var errs []error
-	errs = append(errs, err)
-	if isNil(db) {
-		errs = append(errs, fmt.Errorf("%w: nil database", fence.ErrInvalidArgument))
-	}
-	errs = append(errs, checkResource(resource))
-	return tok, errors.Join(errs...)
-}
-
-func checkResource(resource string) error {
-	switch {
-	case resource == "":
-		return fmt.Errorf("%w: empty resource name", fence.ErrInvalidArgument)
-	case len(resource) > MaxResourceLen:
-		return fmt.Errorf("%w: resource name is %d bytes, more than %d", fence.ErrInvalidArgument, len(resource), MaxResourceLen)
-	case !utf8.ValidString(resource):
-		return fmt.Errorf("%w: resource name %q is not valid UTF-8", fence.ErrInvalidArgument, resource)
-	case strings.IndexByte(resource, 0) >= 0:
-		return fmt.Errorf("%w: resource name %q contains a NUL byte", fence.ErrInvalidArgument, resource)
-	}
-	return nil
+	return tok, rowguard.CheckFenced(err, db, resource, MaxResourceLen, fn)
 }
 
 // advanceErr maps an error from the advance statement. A rejection

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/probeonce"
+	"github.com/fencekit/fencekit/internal/rowguard"
 )
 
 // The toolkit's ledger table and the columns of a ledger table: the job,
@@ -91,7 +92,7 @@ func (lg *Ledger) checkShape(ctx context.Context) (verdict bool, err error) {
 	)
 	if err := lg.db.QueryRow(ctx, ledgerShapeSQL, lg.table.ident, LedgerDoneColumn, LedgerJobColumn, LedgerKeyColumn).
 		Scan(&table, &column, &typ, &hasDefault, &notNull, &job, &keyed, &unjobbed); err != nil {
-		return false, fmt.Errorf("sqlguard: ledger %s: check the table: %w", lg.table.name, err)
+		return false, fmt.Errorf("sqlguard: ledger %s: check the table: %w", lg.table.spec.Name, err)
 	}
 	if !table {
 		return false, lg.setupErr(ledgerMissing)
@@ -125,7 +126,7 @@ func (lg *Ledger) checkShape(ctx context.Context) (verdict bool, err error) {
 	}
 	if len(why) > 0 {
 		return false, &fence.SetupError{
-			Err: fmt.Errorf("sqlguard: ledger: %w: %s.%s cannot record runs: %s", fence.ErrLedgerTable, lg.table.name, LedgerDoneColumn, strings.Join(why, "; ")),
+			Err: fmt.Errorf("sqlguard: ledger: %w: %s.%s cannot record runs: %s", fence.ErrLedgerTable, lg.table.spec.Name, LedgerDoneColumn, strings.Join(why, "; ")),
 			Fix: "make " + LedgerDoneColumn + " a nullable timestamptz without a default, or use " + LedgerTable + " (`fencekit migrate up`)",
 		}
 	}
@@ -143,14 +144,14 @@ func (lg *Ledger) setupErr(problem string) error {
 	}
 	migrate := fmt.Sprintf("run `%s`: migration %05d creates %s, keyed by %s and %s",
 		cmd, ledgerMigration, LedgerTable, LedgerJobColumn, LedgerKeyColumn)
-	err := fmt.Errorf("sqlguard: ledger: %w: %s: %s", fence.ErrLedgerTable, lg.table.name, problem)
+	err := fmt.Errorf("sqlguard: ledger: %w: %s: %s", fence.ErrLedgerTable, lg.table.spec.Name, problem)
 	if lg.tname == LedgerTable {
 		if problem == ledgerMissing {
-			err = fmt.Errorf("sqlguard: ledger: %w: %s: %s (%w)", fence.ErrLedgerTable, lg.table.name, problem, fence.ErrNotMigrated)
+			err = fmt.Errorf("sqlguard: ledger: %w: %s: %s (%w)", fence.ErrLedgerTable, lg.table.spec.Name, problem, fence.ErrNotMigrated)
 		}
 		return &fence.SetupError{Err: err, Fix: migrate}
 	}
-	return &fence.SetupError{Err: err, Fix: migrate + "; pass sqlguard.LedgerTable to NewLedger. Or give " + lg.table.name +
+	return &fence.SetupError{Err: err, Fix: migrate + "; pass sqlguard.LedgerTable to NewLedger. Or give " + lg.table.spec.Name +
 		" a " + LedgerJobColumn + " text NOT NULL column, set on each row to the job (lease name) that wrote it, and make " +
 		LedgerJobColumn + ", " + LedgerKeyColumn + " its primary key, with no unique key without " + LedgerJobColumn}
 }
@@ -169,7 +170,7 @@ const ledgerMigration = 6
 // nil.
 func NewLedger(db DBTX, schema, name string) (*Ledger, error) {
 	t, err := NewTable(schema, name, LedgerJobColumn, LedgerKeyColumn)
-	if isNil(db) {
+	if rowguard.IsNil(db) {
 		err = errors.Join(err, fmt.Errorf("%w: ledger: nil database", fence.ErrInvalidArgument))
 	}
 	if err != nil {
@@ -202,7 +203,7 @@ func (lg *Ledger) Claim(ctx context.Context, job, key string, token fence.Token)
 	}
 	var done bool
 	if err := lg.db.QueryRow(ctx, lg.done, job, key).Scan(&done); err != nil {
-		return false, fmt.Errorf("sqlguard: ledger %s: read %q of job %q: %w", lg.table.name, key, job, err)
+		return false, fmt.Errorf("sqlguard: ledger %s: read %q of job %q: %w", lg.table.spec.Name, key, job, err)
 	}
 	return done, nil
 }
@@ -221,7 +222,7 @@ func (lg *Ledger) checkArgs(op, job, key string, token fence.Token) error {
 		err = errors.Join(err, fmt.Errorf("%w: the run key is empty", fence.ErrInvalidArgument))
 	}
 	if err != nil {
-		return fmt.Errorf("sqlguard: ledger %s: %s %q of job %q: %w", lg.table.name, op, key, job, err)
+		return fmt.Errorf("sqlguard: ledger %s: %s %q of job %q: %w", lg.table.spec.Name, op, key, job, err)
 	}
 	return nil
 }
@@ -246,12 +247,12 @@ func (lg *Ledger) MarkDone(ctx context.Context, job, key string, token fence.Tok
 // refused (fence.ErrInvalidArgument), never replaced by the Ledger's own database: the
 // record would commit without the job's writes.
 func (lg *Ledger) MarkDoneTx(ctx context.Context, db DBTX, job, key string, token fence.Token) error {
-	if isNil(db) {
+	if rowguard.IsNil(db) {
 		err := fmt.Errorf("%w: nil transaction", fence.ErrInvalidArgument)
 		if cerr := lg.checkArgs("mark done", job, key, token); cerr != nil {
 			return errors.Join(cerr, err)
 		}
-		return fmt.Errorf("sqlguard: ledger %s: mark done %q of job %q: %w", lg.table.name, key, job, err)
+		return fmt.Errorf("sqlguard: ledger %s: mark done %q of job %q: %w", lg.table.spec.Name, key, job, err)
 	}
 	return lg.markDone(ctx, db, job, key, token)
 }

@@ -2,11 +2,9 @@ package sqlguard
 
 import (
 	"context"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"math"
-	"reflect"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/pgident"
+	"github.com/fencekit/fencekit/internal/rowguard"
 )
 
 // DBTX is what the guard needs to run a statement: the shape that
@@ -93,14 +92,10 @@ const (
 // (deadlock_detected), for example one returned by your own statements
 // inside Guard.BeginFunc. A stale token is never retryable.
 func IsRetryable(err error) bool {
-	if err == nil || errors.Is(err, fence.ErrStaleToken) {
-		return false
-	}
-	if errors.Is(err, fence.ErrRetryable) {
-		return true
-	}
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && isRetryableCode(pgErr.Code)
+	return rowguard.Retryable(err, func(err error) bool {
+		var pgErr *pgconn.PgError
+		return errors.As(err, &pgErr) && isRetryableCode(pgErr.Code)
+	})
 }
 
 func isRetryableCode(code string) bool {
@@ -206,31 +201,3 @@ func tokenArg(t fence.Token) (int64, error) {
 
 // checkIdent validates one identifier (see pgident.Check).
 func checkIdent(kind, s string) error { return pgident.Check(fence.ErrInvalidArgument, kind, s) }
-
-// isNull reports whether pgx would send v as SQL NULL: v is nil, a nil
-// pointer, map or slice, or a driver.Valuer (the pgtype types,
-// database/sql's Null types) whose Value is nil.
-func isNull(v any) bool {
-	if isNil(v) {
-		return true
-	}
-	if vr, ok := v.(driver.Valuer); ok {
-		dv, err := vr.Value()
-		return err == nil && dv == nil
-	}
-	return false
-}
-
-// isNil reports whether v is nil or a typed nil pointer (or other nilable
-// value) inside an interface.
-func isNil(v any) bool {
-	if v == nil {
-		return true
-	}
-	rv := reflect.ValueOf(v)
-	switch rv.Kind() {
-	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
-		return rv.IsNil()
-	}
-	return false
-}

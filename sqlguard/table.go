@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,14 +15,13 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/lockversion"
+	"github.com/fencekit/fencekit/internal/rowguard"
 )
 
-// Column is one column of a row and the value to write to it. Value is
-// passed to pgx as a query argument, never formatted into SQL.
-type Column struct {
-	Name  string
-	Value any
-}
+// Column is one column of a row and the value to write to it: Name, and
+// Value, passed to pgx as a query argument, never formatted into SQL. It is
+// the same type as dbguard.Column.
+type Column = rowguard.Column
 
 // Col returns Column{Name: name, Value: value}.
 func Col(name string, value any) Column { return Column{Name: name, Value: value} }
@@ -45,10 +43,9 @@ func Col(name string, value any) Column { return Column{Name: name, Value: value
 // connections and transactions (each connection checks the table once,
 // at its first write to it).
 type Table struct {
-	name      string // for messages: schema.table or table
-	cliName   string // as fencekit migrate add-lock-version --table takes it
-	ident     string // quoted, qualified
-	keys      []string
+	spec      *rowguard.Spec // the name for messages (schema.table or table) and the key columns
+	cliName   string         // as fencekit migrate add-lock-version --table takes it
+	ident     string         // quoted, qualified
 	keyIdents []string
 	keyList   string    // "k1", "k2"
 	where     string    // "k1" = $1 AND "k2" = $2
@@ -56,17 +53,15 @@ type Table struct {
 	ops       [4]string // "update \"t\"" and so on, for errors
 	obs       fence.WriteObserver
 
-	// last holds, per write kind, the statements built for the most
-	// recent list of columns: callers mostly write the same columns
-	// again, and then nothing is built.
-	last [4]atomic.Pointer[statements]
+	// stmts holds the statements built for the most recent list of
+	// columns of each write kind.
+	stmts *rowguard.Statements[*statements]
 }
 
 // statements are the two statements of one write kind and column list.
 type statements struct {
-	cols []string // the columns' names, in order
-	fast string   // the success path: writes, or changes nothing
-	full string   // the exact statement: locks the row, reports why not
+	fast string // the success path: writes, or changes nothing
+	full string // the exact statement: locks the row, reports why not
 }
 
 // CTE names used in the statements; an unqualified table with one of these
@@ -88,38 +83,16 @@ const (
 // byte, when there is no key column, when a key column repeats or is
 // lock_version.
 func NewTable(schema, name string, keyColumns ...string) (*Table, error) {
-	var errs []error
-	if schema != "" {
-		errs = append(errs, checkIdent("schema", schema))
-	}
-	errs = append(errs, checkIdent("table", name))
+	spec, err := rowguard.NewSpec("sqlguard", checkIdent, schema, name, keyColumns)
 	if schema == "" && (name == cteCur || name == cteWritten) {
-		errs = append(errs, fmt.Errorf("%w: table name %q is reserved by sqlguard unless schema-qualified", fence.ErrInvalidArgument, name))
+		err = errors.Join(err, fmt.Errorf("%w: table name %q is reserved by sqlguard unless schema-qualified", fence.ErrInvalidArgument, name))
 	}
-	if len(keyColumns) == 0 {
-		errs = append(errs, fmt.Errorf("%w: no key columns", fence.ErrInvalidArgument))
-	}
-	seen := make(map[string]bool, len(keyColumns))
-	for _, k := range keyColumns {
-		if err := checkIdent("key column", k); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if k == LockVersionColumn {
-			errs = append(errs, fmt.Errorf("%w: %s cannot be a key column", fence.ErrInvalidArgument, LockVersionColumn))
-		}
-		if seen[k] {
-			errs = append(errs, fmt.Errorf("%w: key column %q given twice", fence.ErrInvalidArgument, k))
-		}
-		seen[k] = true
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err != nil {
 		return nil, err
 	}
 
-	t := &Table{name: name, keys: append([]string(nil), keyColumns...)}
+	t := &Table{spec: spec, stmts: &rowguard.Statements[*statements]{}}
 	if schema != "" {
-		t.name = schema + "." + name
 		t.ident = pgx.Identifier{schema, name}.Sanitize()
 		t.cliName = cliIdent(schema) + "." + cliIdent(name)
 	} else {
@@ -136,7 +109,7 @@ func NewTable(schema, name string, keyColumns ...string) (*Table, error) {
 	t.where = strings.Join(conds, " AND ")
 	t.probeKey = "fencekit/sqlguard: fast path for " + t.ident + " (" + t.keyList + ")"
 	for k := range t.ops {
-		t.ops[k] = writeKind(k).String() + " " + t.ident
+		t.ops[k] = rowguard.Kind(k).String() + " " + t.ident
 	}
 	return t, nil
 }
@@ -173,35 +146,20 @@ func shellWord(s string) string {
 
 // Name returns the table's name as given to NewTable (schema.table or
 // table), unquoted.
-func (t *Table) Name() string { return t.name }
+func (t *Table) Name() string { return t.spec.Name }
 
 // WithObserver returns a Table like t whose writes report a
 // fence.WriteEvent to o (Guard "sqlguard", Class the table's Name, Op
 // "update", "insert", "upsert" or "delete"), after each write's outcome is
 // known. t itself is unchanged. o nil: no events.
 func (t *Table) WithObserver(o fence.WriteObserver) *Table {
-	c := &Table{
-		name: t.name, cliName: t.cliName, ident: t.ident, keys: t.keys, keyIdents: t.keyIdents,
-		keyList: t.keyList, where: t.where, probeKey: t.probeKey, ops: t.ops, obs: o,
-	}
-	return c
+	c := *t
+	c.obs = o
+	return &c
 }
 
 // KeyColumns returns a copy of the key column names.
-func (t *Table) KeyColumns() []string { return append([]string(nil), t.keys...) }
-
-type writeKind int
-
-const (
-	kindUpdate writeKind = iota
-	kindInsert
-	kindUpsert
-	kindDelete
-)
-
-func (k writeKind) String() string {
-	return [...]string{"update", "insert", "upsert", "delete"}[k]
-}
+func (t *Table) KeyColumns() []string { return slices.Clone(t.spec.Keys) }
 
 // Update sets the given columns of the row whose key columns equal key (in
 // NewTable's order; none may be NULL), and sets its lock_version to token,
@@ -228,7 +186,7 @@ func (k writeKind) String() string {
 // pgx.Tx (the row stays locked, and the write can still be rolled back,
 // until the transaction ends).
 func (t *Table) Update(ctx context.Context, db DBTX, key []any, token fence.Token, set ...Column) error {
-	return t.write(ctx, kindUpdate, db, token, key, set)
+	return t.write(ctx, rowguard.Update, db, token, key, set)
 }
 
 // Insert inserts a row with the key columns set to key, the given columns,
@@ -243,7 +201,7 @@ func (t *Table) Update(ctx context.Context, db DBTX, key []any, token fence.Toke
 // for Update. The table needs a unique index on exactly the key columns.
 // ctx bounds the statement.
 func (t *Table) Insert(ctx context.Context, db DBTX, key []any, token fence.Token, cols ...Column) error {
-	return t.write(ctx, kindInsert, db, token, key, cols)
+	return t.write(ctx, rowguard.Insert, db, token, key, cols)
 }
 
 // Upsert inserts the row, or, when a row with the key exists and its
@@ -260,7 +218,7 @@ func (t *Table) Insert(ctx context.Context, db DBTX, key []any, token fence.Toke
 // needs a unique index on exactly the key columns. ctx bounds the
 // statement.
 func (t *Table) Upsert(ctx context.Context, db DBTX, key []any, token fence.Token, cols ...Column) error {
-	return t.write(ctx, kindUpsert, db, token, key, cols)
+	return t.write(ctx, rowguard.Upsert, db, token, key, cols)
 }
 
 // Delete deletes the row with the key if its lock_version is <= token. It
@@ -271,28 +229,25 @@ func (t *Table) Upsert(ctx context.Context, db DBTX, key []any, token fence.Toke
 // re-created, fence the whole resource with a Guard as well, or mark rows
 // deleted (a fenced Update) instead of deleting them.
 func (t *Table) Delete(ctx context.Context, db DBTX, key []any, token fence.Token) error {
-	return t.write(ctx, kindDelete, db, token, key, nil)
+	return t.write(ctx, rowguard.Delete, db, token, key, nil)
 }
 
-func (t *Table) write(ctx context.Context, kind writeKind, db DBTX, token fence.Token, key []any, cols []Column) error {
+func (t *Table) write(ctx context.Context, kind rowguard.Kind, db DBTX, token fence.Token, key []any, cols []Column) error {
 	if t.obs == nil {
 		return t.writeRow(ctx, kind, db, token, key, cols)
 	}
-	e := fence.WriteEvent{Ctx: ctx, Guard: "sqlguard", Class: t.name, Op: kind.String(), Token: token, Start: time.Now()}
-	if len(key) == len(t.keys) {
-		e.Resource = t.resource(key)
-	}
+	e := fence.WriteEvent{Ctx: ctx, Guard: "sqlguard", Class: t.spec.Name, Op: kind.String(), Resource: t.spec.Resource(key), Token: token, Start: time.Now()}
 	return fence.ObserveWrite(t.obs, e, t.writeRow(ctx, kind, db, token, key, cols))
 }
 
-func (t *Table) writeRow(ctx context.Context, kind writeKind, db DBTX, token fence.Token, key []any, cols []Column) error {
+func (t *Table) writeRow(ctx context.Context, kind rowguard.Kind, db DBTX, token fence.Token, key []any, cols []Column) error {
 	op := t.ops[kind]
 	tok, err := tokenArg(token)
 	if err != nil {
 		return fmt.Errorf("sqlguard: %s: %w", op, err)
 	}
 	st, colErr := t.statementsFor(kind, cols)
-	if err := errors.Join(t.check(db, key), colErr); err != nil {
+	if err := errors.Join(t.spec.CheckWrite(db, key), colErr); err != nil {
 		return fmt.Errorf("sqlguard: %s: %w", op, err)
 	}
 	args := make([]any, 0, len(key)+len(cols)+1)
@@ -328,7 +283,7 @@ func (t *Table) writeRow(ctx context.Context, kind writeKind, db DBTX, token fen
 // only): it locks the row, writes if it now may, or says exactly why not.
 // Without a known connection, or without those properties, the exact
 // statement runs alone.
-func (t *Table) run(ctx context.Context, kind writeKind, op string, db DBTX, conn *pgx.Conn, st *statements, args []any, token fence.Token, key []any) error {
+func (t *Table) run(ctx context.Context, kind rowguard.Kind, op string, db DBTX, conn *pgx.Conn, st *statements, args []any, token fence.Token, key []any) error {
 	if conn != nil {
 		fast, err := t.fastPath(ctx, op, db, conn)
 		if err != nil {
@@ -347,7 +302,7 @@ func (t *Table) run(ctx context.Context, kind writeKind, op string, db DBTX, con
 				return nil
 			case n > 1:
 				return fmt.Errorf("sqlguard: %s: %w: %s matched and wrote %d rows: the unique index on the key columns that this connection found at its first write is gone",
-					op, fence.ErrAmbiguousKey, t.resource(key), n)
+					op, fence.ErrAmbiguousKey, t.spec.Resource(key), n)
 			}
 		}
 	}
@@ -362,28 +317,26 @@ func (t *Table) run(ctx context.Context, kind writeKind, op string, db DBTX, con
 		}
 		return sentErr(op, err, conn)
 	}
-	tok := args[len(args)-1].(int64)
-	switch {
-	case badType != nil:
+	if badType != nil {
 		return t.lockVersionType(op, *badType)
-	case n > 1:
-		return fmt.Errorf("sqlguard: %s: %w: %s matches %d rows", op, fence.ErrAmbiguousKey, t.resource(key), n)
+	}
+	f := rowguard.Found{Rows: int(n), HasCurrent: current != nil}
+	if current != nil {
+		f.Current = uint64(*current) // the CHECK keeps it >= 0
+	}
+	switch v := rowguard.Judge(kind, f, token); {
+	case v == rowguard.Ambiguous:
+		return t.spec.Refusal(v, op, key, token, f)
 	case written > 0:
 		return nil
-	case n == 0 && (kind == kindUpdate || kind == kindDelete):
-		return fmt.Errorf("sqlguard: %s: %w", op, &fence.NotFoundError{Resource: t.resource(key)})
-	case n == 0:
-		return &fence.RetryableError{Op: "sqlguard: " + op, Err: fmt.Errorf("a row %s was committed concurrently, after this statement's snapshot", t.resource(key))}
-	case current == nil:
-		return fmt.Errorf("sqlguard: %s: %s has a NULL lock_version (the column must be NOT NULL)", op, t.resource(key))
-	case *current > tok:
-		return fence.Stale(t.resource(key), token, fence.Token(*current))
-	case kind == kindInsert:
-		return fmt.Errorf("sqlguard: %s: %w: %s (lock_version %d)", op, fence.ErrExists, t.resource(key), *current)
-	default:
+	case v == rowguard.Create:
+		return &fence.RetryableError{Op: "sqlguard: " + op, Err: fmt.Errorf("a row %s was committed concurrently, after this statement's snapshot", t.spec.Resource(key))}
+	case v == rowguard.Write:
 		// The row was locked with lock_version <= token and still not
 		// written: it changed in a way the statement could not follow.
-		return &fence.RetryableError{Op: "sqlguard: " + op, Err: fmt.Errorf("%s changed concurrently", t.resource(key))}
+		return t.spec.Changed(op, key)
+	default:
+		return t.spec.Refusal(v, op, key, token, f)
 	}
 }
 
@@ -404,7 +357,7 @@ func (t *Table) schemaErr(op, stmt string, err error) error {
 // noTable is the error for a table that does not exist: err is the
 // database's, or nil when a check found it.
 func (t *Table) noTable(op string, err error) error {
-	what := fmt.Errorf("sqlguard: %s: %w: %s", op, fence.ErrNoTable, t.name)
+	what := fmt.Errorf("sqlguard: %s: %w: %s", op, fence.ErrNoTable, t.spec.Name)
 	if err != nil {
 		what = fmt.Errorf("%w: %w", what, err)
 	}
@@ -414,7 +367,7 @@ func (t *Table) noTable(op string, err error) error {
 // lockVersionType is the error for a lock_version column of type typ.
 func (t *Table) lockVersionType(op, typ string) error {
 	return &fence.SetupError{
-		Err: fmt.Errorf("sqlguard: %s: %w: %s.%s is %s, want %s", op, fence.ErrLockVersionType, t.name, LockVersionColumn, typ, lockversion.Type),
+		Err: fmt.Errorf("sqlguard: %s: %w: %s.%s is %s, want %s", op, fence.ErrLockVersionType, t.spec.Name, LockVersionColumn, typ, lockversion.Type),
 		Fix: "change the column to bigint NOT NULL (migrations.ApplyLockVersion refuses to adopt a column of another type)",
 	}
 }
@@ -445,7 +398,7 @@ func (t *Table) fastPath(ctx context.Context, op string, db DBTX, conn *pgx.Conn
 		return ok, nil
 	}
 	var ok bool
-	if err := db.QueryRow(ctx, probeSQL, t.ident, t.keys).Scan(&ok); err != nil {
+	if err := db.QueryRow(ctx, probeSQL, t.ident, t.spec.Keys).Scan(&ok); err != nil {
 		// Nothing of the write was sent.
 		return false, wrapDBErr(op+": check the table", err)
 	}
@@ -454,97 +407,16 @@ func (t *Table) fastPath(ctx context.Context, op string, db DBTX, conn *pgx.Conn
 }
 
 // statementsFor returns the statements of a write of kind with cols, or an
-// error wrapping fence.ErrInvalidArgument when the columns cannot be written. Columns
-// are checked when their statements are built: the same names again find
-// those statements, already checked.
-func (t *Table) statementsFor(kind writeKind, cols []Column) (*statements, error) {
-	if st := t.last[kind].Load(); st != nil && sameNames(st.cols, cols) {
-		return st, nil
-	}
-	if err := t.checkColumns(cols); err != nil {
-		return nil, err
-	}
-	st := &statements{cols: make([]string, len(cols)), fast: t.fastStatement(kind, cols), full: t.statement(kind, cols)}
-	for i, c := range cols {
-		st.cols[i] = c.Name
-	}
-	t.last[kind].Store(st)
-	return st, nil
-}
-
-func sameNames(names []string, cols []Column) bool {
-	if len(names) != len(cols) {
-		return false
-	}
-	for i, c := range cols {
-		if names[i] != c.Name {
-			return false
+// error wrapping fence.ErrInvalidArgument when the columns cannot be
+// written. Columns are checked when their statements are built: the same
+// names again find those statements, already checked.
+func (t *Table) statementsFor(kind rowguard.Kind, cols []Column) (*statements, error) {
+	return t.stmts.For(kind, cols, func() (*statements, error) {
+		if err := t.spec.CheckColumns(checkIdent, cols); err != nil {
+			return nil, err
 		}
-	}
-	return true
-}
-
-// check validates a write's database and key, reporting every problem
-// at once. The columns are checked by statementsFor.
-func (t *Table) check(db DBTX, key []any) error {
-	var errs []error
-	if isNil(db) {
-		errs = append(errs, fmt.Errorf("%w: nil database", fence.ErrInvalidArgument))
-	}
-	if len(key) != len(t.keys) {
-		errs = append(errs, fmt.Errorf("%w: %d key values for %d key columns", fence.ErrInvalidArgument, len(key), len(t.keys)))
-	}
-	for i, v := range key[:min(len(key), len(t.keys))] {
-		if isNull(v) {
-			errs = append(errs, fmt.Errorf("%w: key column %q is NULL (a NULL key matches no row and conflicts with none)", fence.ErrInvalidArgument, t.keys[i]))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// checkColumns validates the columns of a write, reporting every problem
-// at once.
-func (t *Table) checkColumns(cols []Column) error {
-	var errs []error
-	for i, c := range cols {
-		if err := checkIdent("column", c.Name); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		switch {
-		case c.Name == LockVersionColumn:
-			errs = append(errs, fmt.Errorf("%w: column %s is written by the guard only", fence.ErrInvalidArgument, LockVersionColumn))
-		case t.isKey(c.Name):
-			errs = append(errs, fmt.Errorf("%w: column %q is a key column; pass its value in key", fence.ErrInvalidArgument, c.Name))
-		case slices.ContainsFunc(cols[:i], func(p Column) bool { return p.Name == c.Name }):
-			errs = append(errs, fmt.Errorf("%w: column %q given twice", fence.ErrInvalidArgument, c.Name))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-func (t *Table) isKey(name string) bool {
-	for _, k := range t.keys {
-		if k == name {
-			return true
-		}
-	}
-	return false
-}
-
-// resource describes one row for errors: schema.table(k1=v1, k2=v2).
-func (t *Table) resource(key []any) string {
-	var b strings.Builder
-	b.WriteString(t.name)
-	b.WriteByte('(')
-	for i, k := range t.keys {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		fmt.Fprintf(&b, "%s=%v", k, key[i])
-	}
-	b.WriteByte(')')
-	return b.String()
+		return &statements{fast: t.fastStatement(kind, cols), full: t.statement(kind, cols)}, nil
+	})
 }
 
 // fastStatement builds the success path's statement, with the parameters
@@ -554,22 +426,22 @@ func (t *Table) resource(key []any) string {
 // statement is asked next. RowTypeIsBigint re-checks, at no cost, the
 // type checked at the connection's first write, so that a column altered
 // since then is not trusted.
-func (t *Table) fastStatement(kind writeKind, cols []Column) string {
-	nk := len(t.keys)
+func (t *Table) fastStatement(kind rowguard.Kind, cols []Column) string {
+	nk := len(t.spec.Keys)
 	tokParam := "$" + strconv.Itoa(nk+len(cols)+1)
 	lv := pgx.Identifier{LockVersionColumn}.Sanitize()
 	isBigint := lockversion.RowTypeIsBigint(t.ident)
 	var b strings.Builder
 	switch kind {
-	case kindUpdate:
+	case rowguard.Update:
 		b.WriteString("UPDATE " + t.ident + " SET ")
 		for i, c := range cols {
 			b.WriteString(pgx.Identifier{c.Name}.Sanitize() + " = $" + strconv.Itoa(nk+i+1) + ", ")
 		}
 		b.WriteString(lv + " = " + tokParam + " WHERE " + t.where + " AND " + lv + " <= " + tokParam + " AND " + isBigint)
-	case kindDelete:
+	case rowguard.Delete:
 		b.WriteString("DELETE FROM " + t.ident + " WHERE " + t.where + " AND " + lv + " <= " + tokParam + " AND " + isBigint)
-	case kindInsert, kindUpsert:
+	case rowguard.Insert, rowguard.Upsert:
 		targets := append([]string(nil), t.keyIdents...)
 		params := make([]string, 0, nk+len(cols)+1)
 		for i := 1; i <= nk+len(cols)+1; i++ {
@@ -581,7 +453,7 @@ func (t *Table) fastStatement(kind writeKind, cols []Column) string {
 		targets = append(targets, lv)
 		b.WriteString("INSERT INTO " + t.ident + " AS fencekit_t (" + strings.Join(targets, ", ") + ") SELECT " +
 			strings.Join(params, ", ") + " WHERE " + isBigint + " ON CONFLICT (" + t.keyList + ") DO ")
-		if kind == kindInsert {
+		if kind == rowguard.Insert {
 			b.WriteString("NOTHING")
 		} else {
 			b.WriteString("UPDATE SET ")
@@ -611,8 +483,8 @@ func (t *Table) fastStatement(kind writeKind, cols []Column) string {
 // written, and the column is read through a cast only when it is bigint, so
 // the statement parses, the token is passed as a bigint and nothing fails
 // before the check, whatever the type (real, numeric, integer, text...).
-func (t *Table) statement(kind writeKind, cols []Column) string {
-	nk := len(t.keys)
+func (t *Table) statement(kind rowguard.Kind, cols []Column) string {
+	nk := len(t.spec.Keys)
 	tokParam := "$" + strconv.Itoa(nk+len(cols)+1) + "::bigint"
 	// What is stored: a subquery, so that a custom plan cannot fold the
 	// assignment cast to a column of another type (which would fail at
@@ -631,7 +503,7 @@ func (t *Table) statement(kind writeKind, cols []Column) string {
 	// The lock a plain UPDATE or DELETE of the row would take: FOR NO KEY
 	// UPDATE does not block foreign-key checks of referencing rows.
 	lock := " FOR NO KEY UPDATE"
-	if kind == kindDelete {
+	if kind == rowguard.Delete {
 		lock = " FOR UPDATE"
 	}
 	var b strings.Builder
@@ -639,15 +511,15 @@ func (t *Table) statement(kind writeKind, cols []Column) string {
 		t.ident + " WHERE " + t.where + lock + "), ")
 	b.WriteString(cteWritten + " AS (")
 	switch kind {
-	case kindUpdate:
+	case rowguard.Update:
 		b.WriteString("UPDATE " + t.ident + " SET ")
 		for i := range cols {
 			b.WriteString(colIdents[i] + " = " + colParams[i] + ", ")
 		}
 		b.WriteString(lv + " = " + tokValue + " WHERE " + t.where + " AND " + guard)
-	case kindDelete:
+	case rowguard.Delete:
 		b.WriteString("DELETE FROM " + t.ident + " WHERE " + t.where + " AND " + guard)
-	case kindInsert, kindUpsert:
+	case rowguard.Insert, rowguard.Upsert:
 		targets := append(append(append([]string(nil), t.keyIdents...), colIdents...), lv)
 		params := make([]string, 0, len(targets))
 		for i := 1; i <= nk; i++ {
@@ -656,7 +528,7 @@ func (t *Table) statement(kind writeKind, cols []Column) string {
 		params = append(append(params, colParams...), tokValue)
 		b.WriteString("INSERT INTO " + t.ident + " AS fencekit_t (" + strings.Join(targets, ", ") + ") ")
 		b.WriteString("SELECT " + strings.Join(params, ", ") + " WHERE " + isBigint)
-		if kind == kindInsert {
+		if kind == rowguard.Insert {
 			b.WriteString(" AND NOT EXISTS (SELECT 1 FROM " + cteCur + ")")
 			b.WriteString(" ON CONFLICT (" + t.keyList + ") DO NOTHING")
 		} else {

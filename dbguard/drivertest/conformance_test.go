@@ -12,6 +12,7 @@ import (
 	"github.com/fencekit/fencekit/dbguard"
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/guardtest"
+	"github.com/fencekit/fencekit/internal/testkit"
 )
 
 var dialects = []dbguard.Dialect{dbguard.MySQL, dbguard.SQLite}
@@ -117,7 +118,7 @@ func confLoseReply(d dbguard.Dialect, cfg *guardtest.Config, of func(guardtest.R
 type confDB struct {
 	db      *DB
 	pool    *sql.DB
-	wire    *Wire
+	wire    *testkit.Wire
 	counter *CountingConnector
 }
 
@@ -125,7 +126,7 @@ func newConfDB(t *testing.T, db *DB, cut string) confDB {
 	t.Helper()
 	c := confDB{db: db}
 	if db.Dialect == dbguard.MySQL {
-		c.wire = &Wire{Cut: cut}
+		c.wire = MySQLWire(cut)
 		c.pool = db.OpenWith(t, nil, c.wire.Dial)
 	} else {
 		c.pool, c.counter = db.OpenCounting(t)

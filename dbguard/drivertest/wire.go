@@ -7,48 +7,22 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"strings"
-	"sync"
 	"sync/atomic"
-	"time"
+
+	"github.com/fencekit/fencekit/internal/testkit"
 )
 
-// Wire wraps the TCP connections of a MySQL pool (as the driver's
-// DialFunc): it counts the requests the client sends, and, once armed,
-// loses the reply to the first statement the server completes that
-// matches its cut: "write" (an executed statement that changed rows: the
-// server has committed it when it answers, in autocommit) or "commit" (a
-// COMMIT). It reads that OK packet (the server has applied the statement
-// by then), never passes it on, and closes the connection, as a network
-// that failed at that moment would.
-type Wire struct {
-	Cut      string // "write" or "commit"
-	Requests atomic.Int64
-	armed    atomic.Bool
-}
-
-// Arm makes the wire lose the next matching reply.
-func (w *Wire) Arm() { w.armed.Store(true) }
-
-// Dial is a DialFunc for mysql.Config.
-func (w *Wire) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	c, err := (&net.Dialer{KeepAlive: 5 * time.Minute}).DialContext(ctx, network, addr)
-	if err != nil {
-		return nil, err
-	}
-	return &wireConn{Conn: c, w: w}, nil
-}
-
-// ErrReplyLost is the error a Wire's connection returns when it lost a reply.
-var ErrReplyLost = errors.New("drivertest: the reply was lost (injected by the test)")
-
-type wireConn struct {
-	net.Conn
-	w       *Wire
-	mu      sync.Mutex
-	lastCmd atomic.Value // string: the command byte and, for COM_QUERY, the query
-	pending []byte
+// MySQLWire returns a testkit.Wire for a MySQL pool (its Dial is the
+// driver's DialFunc) that, once armed, loses the reply to the first
+// statement the server completes that matches cut: "write" (an executed
+// statement that changed rows: the server has committed it when it
+// answers, in autocommit) or "commit" (a COMMIT). It loses the OK packet:
+// the server has applied the statement by then.
+func MySQLWire(cut string) *testkit.Wire {
+	return &testkit.Wire{Message: readPacket, Cut: func(pkt, last []byte, _ io.Reader) (bool, error) {
+		return mysqlCut(cut, pkt, last), nil
+	}}
 }
 
 const (
@@ -56,49 +30,18 @@ const (
 	comStmtExecute = 0x17
 )
 
-func (c *wireConn) Write(p []byte) (int, error) {
-	c.w.Requests.Add(1)
-	if len(p) >= 5 {
-		cmd := string(p[4:5])
-		if p[4] == comQuery {
-			cmd += strings.ToUpper(strings.TrimSpace(string(p[5:])))
-		}
-		c.lastCmd.Store(cmd)
-	}
-	return c.Conn.Write(p)
-}
-
-func (c *wireConn) Read(p []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.pending) == 0 {
-		pkt, err := readPacket(c.Conn)
-		if err != nil {
-			return 0, err
-		}
-		if c.w.armed.Load() && c.cut(pkt) && c.w.armed.Swap(false) {
-			c.Conn.Close()
-			return 0, ErrReplyLost
-		}
-		c.pending = pkt
-	}
-	n := copy(p, c.pending)
-	c.pending = c.pending[n:]
-	return n, nil
-}
-
-// cut reports whether pkt (header included) is the OK packet to lose.
-func (c *wireConn) cut(pkt []byte) bool {
-	if len(pkt) < 7 || pkt[4] != 0x00 || pkt[3] != 1 {
+// mysqlCut reports whether pkt (header included) is the OK packet to lose
+// after the request last.
+func mysqlCut(cut string, pkt, last []byte) bool {
+	if len(pkt) < 7 || pkt[4] != 0x00 || pkt[3] != 1 || len(last) < 5 {
 		return false // not the first packet of a reply, or not OK
 	}
-	last, _ := c.lastCmd.Load().(string)
-	switch c.w.Cut {
+	switch cut {
 	case "write":
 		affected, _ := lenenc(pkt[5:])
-		return strings.HasPrefix(last, string([]byte{comStmtExecute})) && affected >= 1
+		return last[4] == comStmtExecute && affected >= 1
 	case "commit":
-		return last == string([]byte{comQuery})+"COMMIT"
+		return last[4] == comQuery && strings.ToUpper(strings.TrimSpace(string(last[5:]))) == "COMMIT"
 	}
 	return false
 }
