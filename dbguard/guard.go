@@ -31,6 +31,12 @@ type Options struct {
 	// MySQL and MariaDB; SQLite's transactions are serializable). ReadOnly
 	// is refused: the guard writes.
 	TxOptions sql.TxOptions
+
+	// Observer, when set, receives a fence.WriteEvent for every Advance
+	// and BeginFunc (Guard "dbguard", Class "transaction", Op "advance"
+	// or "transaction"), after its outcome is known. Default: none.
+	// Table.WithObserver reports a Table's writes.
+	Observer fence.WriteObserver
 }
 
 // Option changes Options.
@@ -38,6 +44,9 @@ type Option func(*Options)
 
 // WithDatabase sets Options.Database.
 func WithDatabase(name string) Option { return func(o *Options) { o.Database = name } }
+
+// WithObserver sets Options.Observer.
+func WithObserver(o fence.WriteObserver) Option { return func(opts *Options) { opts.Observer = o } }
 
 // WithTxOptions sets Options.TxOptions.
 func WithTxOptions(txOptions sql.TxOptions) Option {
@@ -163,6 +172,11 @@ func (g *Guard) Dialect() Dialect { return g.d }
 // statements. It never returns fence.ErrOutcomeUnknown: what it did counts
 // only if tx commits.
 func (g *Guard) Advance(ctx context.Context, tx *sql.Tx, resource string, token fence.Token) error {
+	e := fence.WriteEvent{Ctx: ctx, Guard: "dbguard", Class: "transaction", Op: "advance", Resource: resource, Token: token}
+	return fence.Observe(g.opts.Observer, e, func() error { return g.advanceTx(ctx, tx, resource, token) })
+}
+
+func (g *Guard) advanceTx(ctx context.Context, tx *sql.Tx, resource string, token fence.Token) error {
 	op := "advance " + strconv.Quote(resource)
 	tok, err := g.check(tx, resource, token, true)
 	if err != nil {
@@ -260,6 +274,11 @@ func (g *Guard) readBack(ctx context.Context, tx *sql.Tx, op, resource string, a
 // error. Bad arguments are reported before any I/O. ctx bounds the whole
 // transaction, including fn's statements if fn uses it.
 func (g *Guard) BeginFunc(ctx context.Context, db TxBeginner, resource string, token fence.Token, fn func(*sql.Tx) error) error {
+	e := fence.WriteEvent{Ctx: ctx, Guard: "dbguard", Class: "transaction", Op: "transaction", Resource: resource, Token: token}
+	return fence.Observe(g.opts.Observer, e, func() error { return g.beginFunc(ctx, db, resource, token, fn) })
+}
+
+func (g *Guard) beginFunc(ctx context.Context, db TxBeginner, resource string, token fence.Token, fn func(*sql.Tx) error) error {
 	op := "fenced transaction " + strconv.Quote(resource)
 	tok, err := g.check(db, resource, token, fn != nil)
 	if err != nil {

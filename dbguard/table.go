@@ -38,6 +38,7 @@ type Table struct {
 	ident    string    // quoted, qualified
 	where    string    // `k1` = ? AND `k2` = ?
 	ops      [4]string // "update `t`" and so on, for errors
+	obs      fence.WriteObserver
 
 	// checked is what the first successful check of the table found
 	// (shared by the copies WithObserver makes).
@@ -115,11 +116,21 @@ func NewTable(d Dialect, database, name string, keyColumns ...string) (*Table, e
 // table), unquoted.
 func (t *Table) Name() string { return t.spec.Name }
 
-// Dialect returns the table's dialect.
-func (t *Table) Dialect() Dialect { return t.d }
-
 // KeyColumns returns a copy of the key column names.
 func (t *Table) KeyColumns() []string { return slices.Clone(t.spec.Keys) }
+
+// WithObserver returns a Table like t whose writes report a
+// fence.WriteEvent to o (Guard "dbguard", Class the table's Name, Op
+// "update", "insert", "upsert" or "delete"), after each write's outcome is
+// known. t itself is unchanged. o nil: no events.
+func (t *Table) WithObserver(o fence.WriteObserver) *Table {
+	c := *t
+	c.obs = o
+	return &c
+}
+
+// Dialect returns the table's dialect.
+func (t *Table) Dialect() Dialect { return t.d }
 
 // Update sets the given columns of the row whose key columns equal key (in
 // NewTable's order; none may be NULL), and sets its lock_version to token,
@@ -193,8 +204,16 @@ func (t *Table) Delete(ctx context.Context, db DBTX, key []any, token fence.Toke
 }
 
 // write checks w (a write's kind, key, token and columns) and runs it
-// through db.
+// through db, reporting it to the Table's observer.
 func (t *Table) write(ctx context.Context, db DBTX, w *rowWrite) error {
+	if t.obs == nil {
+		return t.writeRow(ctx, db, w)
+	}
+	e := fence.WriteEvent{Ctx: ctx, Guard: "dbguard", Class: t.spec.Name, Op: w.kind.String(), Resource: t.spec.Resource(w.key), Token: w.token}
+	return fence.Observe(t.obs, e, func() error { return t.writeRow(ctx, db, w) })
+}
+
+func (t *Table) writeRow(ctx context.Context, db DBTX, w *rowWrite) error {
 	w.op = t.ops[w.kind]
 	var tokErr, colErr error
 	w.tok, tokErr = t.d.tokenArg(w.token)

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
@@ -35,6 +36,12 @@ type Options struct {
 	// DeletedAttribute marks a tombstone written by Delete (a boolean
 	// true). Default "lock_deleted".
 	DeletedAttribute string
+
+	// Observer, when set, receives a fence.WriteEvent for every Put,
+	// Update, Delete and Transact (Guard "dynamoguard", Class the table,
+	// Op "put", "update", "delete" or "transaction"), after its outcome is
+	// known. Default: none.
+	Observer fence.WriteObserver
 }
 
 // Option changes Options.
@@ -47,6 +54,9 @@ func WithAttributes(version, nonce, deleted string) Option {
 		o.VersionAttribute, o.NonceAttribute, o.DeletedAttribute = version, nonce, deleted
 	}
 }
+
+// WithObserver sets Options.Observer.
+func WithObserver(o fence.WriteObserver) Option { return func(opts *Options) { opts.Observer = o } }
 
 // Defaults of Options.
 const (
@@ -151,6 +161,10 @@ func (g *Guard) Table() string { return g.table }
 // table; the probe's ErrConditionsIgnored; and the server's error
 // otherwise. ctx bounds the call, including the probe on first use.
 func (g *Guard) Put(ctx context.Context, item map[string]types.AttributeValue, token fence.Token) error {
+	return g.observe(ctx, "put", item, token, func() error { return g.putItem(ctx, item, token) })
+}
+
+func (g *Guard) putItem(ctx context.Context, item map[string]types.AttributeValue, token fence.Token) error {
 	if err := g.checkItem(token, item); err != nil {
 		return err
 	}
@@ -175,6 +189,10 @@ func (g *Guard) Put(ctx context.Context, item map[string]types.AttributeValue, t
 // tombstone; Put replaces it. Deleting a missing key writes a tombstone
 // too. Errors are as for Put.
 func (g *Guard) Delete(ctx context.Context, key map[string]types.AttributeValue, token fence.Token) error {
+	return g.observe(ctx, "delete", key, token, func() error { return g.deleteItem(ctx, key, token) })
+}
+
+func (g *Guard) deleteItem(ctx context.Context, key map[string]types.AttributeValue, token fence.Token) error {
 	if err := g.checkKeyInput(token, key); err != nil {
 		return err
 	}
@@ -242,6 +260,10 @@ func (g *Guard) put(ctx context.Context, token fence.Token, key, item map[string
 // refuses overlapping paths with a ValidationException). update is only
 // read: a builder may be reused, and shared between goroutines.
 func (g *Guard) Update(ctx context.Context, key map[string]types.AttributeValue, token fence.Token, update expression.UpdateBuilder) error {
+	return g.observe(ctx, "update", key, token, func() error { return g.updateItem(ctx, key, token, update) })
+}
+
+func (g *Guard) updateItem(ctx context.Context, key map[string]types.AttributeValue, token fence.Token, update expression.UpdateBuilder) error {
 	if err := g.checkKeyInput(token, key); err != nil {
 		return err
 	}
@@ -343,6 +365,10 @@ func (g *Guard) Get(ctx context.Context, key map[string]types.AttributeValue) (m
 // included); and fence.ErrInvalidArgument, a *fence.SetupError (ErrConditionsIgnored among them) or
 // the server's error as for Put.
 func (g *Guard) Transact(ctx context.Context, fenceKey map[string]types.AttributeValue, token fence.Token, items []types.TransactWriteItem) error {
+	return g.observe(ctx, "transaction", fenceKey, token, func() error { return g.transact(ctx, fenceKey, token, items) })
+}
+
+func (g *Guard) transact(ctx context.Context, fenceKey map[string]types.AttributeValue, token fence.Token, items []types.TransactWriteItem) error {
 	var errs []error
 	if err := g.checkKeyInput(token, fenceKey); err != nil {
 		errs = append(errs, err)
@@ -691,4 +717,16 @@ func newNonce() (string, error) {
 		return "", fmt.Errorf("dynamoguard: nonce: %w", err)
 	}
 	return hex.EncodeToString(b[:]), nil
+}
+
+// observe runs write and reports it to the Observer, if there is one, with
+// the resource named once the probe has learned the key schema.
+func (g *Guard) observe(ctx context.Context, op string, key map[string]types.AttributeValue, token fence.Token, write func() error) error {
+	if g.opts.Observer == nil {
+		return write()
+	}
+	e := fence.WriteEvent{Ctx: ctx, Guard: "dynamoguard", Class: g.table, Op: op, Token: token, Start: time.Now()}
+	err := write()
+	e.Resource = g.resource(key)
+	return fence.ObserveWrite(g.opts.Observer, e, err)
 }

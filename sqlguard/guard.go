@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -135,11 +134,8 @@ func (g *Guard) Options() Options { return g.opts }
 // statement leaves tx unable to (pgx closes its connection, or the server
 // aborts the transaction when a cancel request reaches it).
 func (g *Guard) Advance(ctx context.Context, tx pgx.Tx, resource string, token fence.Token) error {
-	if g.opts.Observer == nil {
-		return g.advanceTx(ctx, tx, resource, token)
-	}
-	e := fence.WriteEvent{Ctx: ctx, Guard: "sqlguard", Class: "transaction", Op: "advance", Resource: resource, Token: token, Start: time.Now()}
-	return fence.ObserveWrite(g.opts.Observer, e, g.advanceTx(ctx, tx, resource, token))
+	e := fence.WriteEvent{Ctx: ctx, Guard: "sqlguard", Class: "transaction", Op: "advance", Resource: resource, Token: token}
+	return fence.Observe(g.opts.Observer, e, func() error { return g.advanceTx(ctx, tx, resource, token) })
 }
 
 func (g *Guard) advanceTx(ctx context.Context, tx pgx.Tx, resource string, token fence.Token) error {
@@ -188,11 +184,8 @@ func (g *Guard) advanceTx(ctx context.Context, tx pgx.Tx, resource string, token
 // plain error. Bad arguments are reported before any I/O. ctx bounds the
 // whole transaction, including fn's statements if fn uses it.
 func (g *Guard) BeginFunc(ctx context.Context, db Beginner, resource string, token fence.Token, fn func(pgx.Tx) error) error {
-	if g.opts.Observer == nil {
-		return g.beginFunc(ctx, db, resource, token, fn)
-	}
-	e := fence.WriteEvent{Ctx: ctx, Guard: "sqlguard", Class: "transaction", Op: "transaction", Resource: resource, Token: token, Start: time.Now()}
-	return fence.ObserveWrite(g.opts.Observer, e, g.beginFunc(ctx, db, resource, token, fn))
+	e := fence.WriteEvent{Ctx: ctx, Guard: "sqlguard", Class: "transaction", Op: "transaction", Resource: resource, Token: token}
+	return fence.Observe(g.opts.Observer, e, func() error { return g.beginFunc(ctx, db, resource, token, fn) })
 }
 
 func (g *Guard) beginFunc(ctx context.Context, db Beginner, resource string, token fence.Token, fn func(pgx.Tx) error) error {

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -236,8 +235,8 @@ func (t *Table) write(ctx context.Context, kind rowguard.Kind, db DBTX, token fe
 	if t.obs == nil {
 		return t.writeRow(ctx, kind, db, token, key, cols)
 	}
-	e := fence.WriteEvent{Ctx: ctx, Guard: "sqlguard", Class: t.spec.Name, Op: kind.String(), Resource: t.spec.Resource(key), Token: token, Start: time.Now()}
-	return fence.ObserveWrite(t.obs, e, t.writeRow(ctx, kind, db, token, key, cols))
+	e := fence.WriteEvent{Ctx: ctx, Guard: "sqlguard", Class: t.spec.Name, Op: kind.String(), Resource: t.spec.Resource(key), Token: token}
+	return fence.Observe(t.obs, e, func() error { return t.writeRow(ctx, kind, db, token, key, cols) })
 }
 
 func (t *Table) writeRow(ctx context.Context, kind rowguard.Kind, db DBTX, token fence.Token, key []any, cols []Column) error {
