@@ -90,7 +90,7 @@
 // # Fail closed
 //
 // Some S3-compatible stores accept If-Match and If-None-Match and ignore
-// them. Before its first call a Guard probes the store (see Probe) and, if
+// them. Before its first call a Guard probes the store (see Check) and, if
 // the store accepts a write whose precondition fails, refuses every call
 // with ErrPreconditionsIgnored. The probe also learns whether the store's
 // ETags are the MD5 of the stored bytes.

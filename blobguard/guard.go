@@ -96,7 +96,7 @@ type Options struct {
 	// header, with a ranged GetObject, to learn its token and ETag, so
 	// that a write costs the same whatever the size of the object it
 	// replaces. Default false: they read the whole object and, on a store
-	// whose ETags are MD5 (see Probe), check the ETag against the bytes,
+	// whose ETags are MD5 (see Check), check the ETag against the bytes,
 	// reading again on a mismatch.
 	//
 	// Set it only for a store whose GetObject never returns the ETag of a
@@ -228,7 +228,7 @@ type Guard struct {
 
 // New returns a Guard for bucket over client, configured by opts (applied
 // in order; a nil Option is skipped). It does no I/O: the store is probed
-// (see Probe) before the first Get, Put, PutIf or Delete. It returns an
+// (see Check) before the first Get, Put, PutIf or Delete. It returns an
 // error wrapping fence.ErrInvalidArgument for a nil client, a malformed bucket name
 // or invalid options, reporting every problem at once.
 func New(client Client, bucket string, opts ...Option) (*Guard, error) {

@@ -112,8 +112,8 @@ func newGuard(t testing.TB, client blobguard.Client, opts ...blobguard.Option) *
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	if err := g.Probe(t.Context()); err != nil {
-		t.Fatalf("Probe: %v", err)
+	if err := g.Check(t.Context()); err != nil {
+		t.Fatalf("Check: %v", err)
 	}
 	return g
 }

@@ -70,6 +70,11 @@ func (t *Table) checkMySQL(ctx context.Context, op string, db DBTX) (*tableInfo,
 	if err != nil {
 		return nil, t.d.wrapDBErr(op+": check the table", err)
 	}
+	if colType == "" {
+		if err := t.d.hidden(ctx, db, t.ident, LockVersionColumn); err != nil {
+			return nil, err
+		}
+	}
 	if err := t.checkColumn(op, ncols, colType, strings.EqualFold(dataType, "bigint") && strings.Contains(strings.ToLower(colType), "unsigned"), "BIGINT UNSIGNED"); err != nil {
 		return nil, err
 	}

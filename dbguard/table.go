@@ -1,6 +1,7 @@
 package dbguard
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -481,7 +482,7 @@ func (w *rowWrite) decide(ctx context.Context, db DBTX, own bool) error {
 		return nil
 	case row.n == 1 && row.lv.Valid && badType:
 		return w.t.lockVersionType(w.op, fmt.Sprintf("%s holds lock_version %q (stored as %s): want an integer",
-			w.resource(), row.lv.String, cmp(row.kind.String, "a non-integer")), nil)
+			w.resource(), row.lv.String, cmp.Or(row.kind.String, "a non-integer")), nil)
 	case v != rowguard.Write:
 		return w.t.spec.Refusal(v, w.op, w.key, w.token, f)
 	}
@@ -572,13 +573,6 @@ func (w *rowWrite) dupErr(ctx context.Context, db DBTX, err error) error {
 		return &fence.RetryableError{Op: "dbguard: " + w.op, Err: fmt.Errorf("a row %s was created concurrently: %w", w.resource(), err)}
 	}
 	return fmt.Errorf("dbguard: %s: %s collides with another row on %s: %w", w.op, w.resource(), w.t.d.uniqueName(err), err)
-}
-
-func cmp(s, alt string) string {
-	if s == "" {
-		return alt
-	}
-	return s
 }
 
 // resource describes the row for errors: db.table(k1=v1, k2=v2).

@@ -72,7 +72,7 @@
 //
 // # Fail closed
 //
-// Before its first call a Guard probes the server (see Probe): a write
+// Before its first call a Guard probes the server (see Check): a write
 // whose condition is false must be refused and the item returned with it,
 // and a transaction with a false condition must commit nothing. A server
 // that fails (dynalite, for one, ignores ReturnValuesOnConditionCheckFailure

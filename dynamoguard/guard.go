@@ -109,7 +109,7 @@ type Guard struct {
 }
 
 // New returns a Guard for table over client. It does no I/O: the server is
-// probed (see Probe) before the first call. It returns an error wrapping
+// checked (see Check) before the first call. It returns an error wrapping
 // fence.ErrInvalidArgument for a nil client, an empty table name or invalid
 // options, reporting every problem at once.
 func New(client Client, table string, opts ...Option) (*Guard, error) {

@@ -234,8 +234,14 @@ func TestMissingTableIsSetupError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = g.Put(testkit.Context(t), item("k", "v"), 1)
 	var se *fence.SetupError
+	if err := g.Check(testkit.Context(t)); !errors.Is(err, fence.ErrNoTable) || !errors.As(err, &se) || !strings.Contains(se.Fix, "create the table") {
+		t.Fatalf("Check on a missing table = %v, want a *fence.SetupError matching fence.ErrNoTable", err)
+	}
+	if err := newGuard(t, dynamotest.Client(t), newTable(t)).Check(testkit.Context(t)); err != nil {
+		t.Fatalf("Check on a table set up = %v", err)
+	}
+	err = g.Put(testkit.Context(t), item("k", "v"), 1)
 	if !errors.Is(err, fence.ErrNoTable) || !errors.Is(err, fence.ErrSetup) || !errors.As(err, &se) || se.Fix == "" {
 		t.Fatalf("Put on a missing table = %v, want a *fence.SetupError matching fence.ErrNoTable", err)
 	}

@@ -70,10 +70,11 @@ func hasType(av types.AttributeValue, t types.ScalarAttributeType) bool {
 	return false
 }
 
-// Probe checks that the server honours what the fence rests on, in the
-// guard's table (it needs DescribeTable, PutItem, GetItem, DeleteItem and
-// TransactWriteItems there). It reads the table's key schema, then, on a
-// fresh scratch key:
+// Check is the Guard's start-up check, as lease.Manager.Check is a lease
+// backend's: it checks that the table exists and may be used, reads its
+// key schema, and checks that the server honours what the fence rests on,
+// in the guard's table (it needs DescribeTable, PutItem, GetItem,
+// DeleteItem and TransactWriteItems there). On a fresh scratch key:
 //
 //  1. a PutItem conditional on attribute_not_exists(lock_version), which
 //     must succeed (it stores token 5);
@@ -85,14 +86,18 @@ func hasType(av types.AttributeValue, t types.ScalarAttributeType) bool {
 //     canceled with the reason ConditionalCheckFailed and the stored item,
 //     and must leave the second key absent (read back consistently);
 //
-// then deletes its scratch items. It returns an error wrapping
-// ErrConditionsIgnored if the server fails any check; the guard then
-// refuses every call with that error until a later Probe succeeds. A
-// missing table gives a *fence.SetupError (fence.ErrNoTable). Other errors (the
-// server cannot be reached, access denied) are returned as they are and
-// the guard probes again on its next call. Every call probes on first use;
-// call Probe to check a server up front. ctx bounds the probe.
-func (g *Guard) Probe(ctx context.Context) error { return g.gate.Probe(ctx, g.probe) }
+// then deletes its scratch items. It returns nil when the table is fit; a
+// *fence.SetupError naming the fix (matching fence.ErrSetup, and so
+// lease.ErrSetup) when it is not: one wrapping ErrConditionsIgnored when
+// the server fails a check (the guard then refuses every call with that
+// error until a later Check succeeds: fail closed), one matching
+// fence.ErrNoTable for a missing table, one carrying the server's error
+// for refused access or credentials, or for a key attribute named as one
+// of the guard's; and other errors (the server cannot be reached) as they
+// are. Every call runs it on first use, and again after an error that is
+// not a verdict; call Check when the program starts to learn of a setup
+// problem then. ctx bounds the check.
+func (g *Guard) Check(ctx context.Context) error { return g.gate.Probe(ctx, g.probe) }
 
 func (g *Guard) ensureProbed(ctx context.Context) error { return g.gate.Ensure(ctx, g.probe) }
 
@@ -142,7 +147,8 @@ func (g *Guard) describe(ctx context.Context) (keySchema, error) {
 	for _, a := range s.attrs() {
 		switch a.name {
 		case g.opts.VersionAttribute, g.opts.NonceAttribute, g.opts.DeletedAttribute:
-			return keySchema{}, fmt.Errorf("%w: table %s uses %q, one of the guard's attributes, as a key", fence.ErrInvalidArgument, g.table, a.name)
+			return keySchema{}, fence.Setup("name the guard's attributes otherwise (WithAttributes), or use a table keyed by other attributes",
+				"dynamoguard: table %s uses %q, one of the guard's attributes, as a key", g.table, a.name)
 		}
 	}
 	return s, nil

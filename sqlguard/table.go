@@ -375,7 +375,13 @@ func (t *Table) lockVersionType(op, typ string) error {
 // or column, whether the table named $1 (quoted) has a bigint lock_version
 // and a unique index (valid, not deferrable, not partial, on columns only)
 // whose key columns are exactly the names in $2.
-var probeSQL = `SELECT ` + lockversion.InCatalog("r.oid") + ` AND EXISTS (
+var probeSQL = `SELECT ` + lockversion.InCatalog("r.oid") + ` AND ` + uniqueOnKeysSQL + `
+FROM (SELECT pg_catalog.to_regclass($1) AS oid) AS r`
+
+// uniqueOnKeysSQL is true when the relation r.oid has a unique index
+// (valid, not deferrable, not partial, on columns only) whose key columns
+// are exactly the names in $2.
+const uniqueOnKeysSQL = `EXISTS (
 	SELECT 1 FROM pg_catalog.pg_index i
 	WHERE i.indrelid = r.oid AND i.indisunique AND i.indimmediate AND i.indisvalid
 	  AND i.indpred IS NULL AND i.indexprs IS NULL AND i.indnkeyatts = pg_catalog.cardinality($2::text[])
@@ -383,8 +389,7 @@ var probeSQL = `SELECT ` + lockversion.InCatalog("r.oid") + ` AND EXISTS (
 	       FROM pg_catalog.unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, n)
 	       JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
 	       WHERE k.n <= i.indnkeyatts)
-	    = (SELECT pg_catalog.array_agg(c ORDER BY c) FROM pg_catalog.unnest($2::text[]) AS c))
-FROM (SELECT pg_catalog.to_regclass($1) AS oid) AS r`
+	    = (SELECT pg_catalog.array_agg(c ORDER BY c) FROM pg_catalog.unnest($2::text[]) AS c))`
 
 // fastPath reports whether conn may take the success path for t. It asks
 // the database once per connection and table (one round trip, at the

@@ -134,7 +134,7 @@ func newFencedStores(t *testing.T) *fencedStores {
 	if f.blobs, err = blobguard.New(client, s3env.Bucket); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.blobs.Probe(ctx); err != nil {
+	if err := f.blobs.Check(ctx); err != nil {
 		t.Fatalf("blobguard probe of %s: %v", s3env.Endpoint, err)
 	}
 	t.Cleanup(func() {

@@ -192,8 +192,8 @@ func TestBlobHistoryLinearizable(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, g := range []*blobguard.Guard{gA, gB} {
-		if err := g.Probe(t.Context()); err != nil {
-			t.Fatalf("Probe: %v", err)
+		if err := g.Check(t.Context()); err != nil {
+			t.Fatalf("Check: %v", err)
 		}
 	}
 	t.Cleanup(func() {

@@ -313,7 +313,7 @@ func writes(ctx context.Context, f flags, cl *closers) ([]write, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := blobs.Probe(ctx); err != nil {
+		if err := blobs.Check(ctx); err != nil {
 			return nil, fmt.Errorf("S3 probe: %w", err)
 		}
 		ws = append(ws,
