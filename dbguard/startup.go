@@ -30,21 +30,27 @@ const versionTable = "fencekit_goose_version"
 
 // column is one column of a table, as the catalog says.
 type column struct {
-	typ     string // declared type (MySQL: COLUMN_TYPE)
-	notNull bool
+	typ        string // declared type (MySQL: COLUMN_TYPE)
+	notNull    bool
+	hasDefault bool // a default other than NULL, or a generated column
 }
 
 // columns reads the columns of table in database (""; the connection's
 // current database, SQLite's main), keyed by name (MySQL: lower-cased, as
 // it compares column names). No column: the table does not exist.
 func (d Dialect) columns(ctx context.Context, db DBTX, database, table string) (map[string]column, error) {
-	q := `SELECT COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE = 'NO' FROM information_schema.COLUMNS WHERE ` + mysqlSchema
+	// MariaDB shows a default of NULL as the text 'NULL'.
+	q := `SELECT COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE = 'NO',
+		(COLUMN_DEFAULT IS NOT NULL AND COLUMN_DEFAULT <> 'NULL') OR EXTRA LIKE '%GENERATED%'
+		FROM information_schema.COLUMNS WHERE ` + mysqlSchema
 	args := []any{database, table}
 	if d == SQLite {
 		if database == "" {
 			database = "main"
 		}
-		q, args = `SELECT name, type, "notnull" FROM pragma_table_info(?, ?)`, []any{table, database}
+		// hidden: 1 a virtual table's hidden column, 2 and 3 generated.
+		q, args = `SELECT name, type, "notnull", dflt_value IS NOT NULL OR hidden IN (2, 3)
+			FROM pragma_table_xinfo(?, ?) WHERE hidden <> 1`, []any{table, database}
 	}
 	rows, err := db.QueryContext(ctx, q, args...)
 	if err != nil {
@@ -54,7 +60,7 @@ func (d Dialect) columns(ctx context.Context, db DBTX, database, table string) (
 	for rows.Next() {
 		var name string
 		var c column
-		if err := rows.Scan(&name, &c.typ, &c.notNull); err != nil {
+		if err := rows.Scan(&name, &c.typ, &c.notNull, &c.hasDefault); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("dbguard: check %s: %w", table, err)
 		}
@@ -67,6 +73,46 @@ func (d Dialect) columns(ctx context.Context, db DBTX, database, table string) (
 		return nil, d.wrapDBErr("check "+table, err)
 	}
 	return cols, nil
+}
+
+// uniqueIndexes returns the columns of each unique index of table (the
+// primary key among them), in index order; partial indexes (SQLite) are
+// left out.
+func (d Dialect) uniqueIndexes(ctx context.Context, db DBTX, database, table string) ([][]string, error) {
+	q := `SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS WHERE ` + mysqlSchema +
+		` AND NON_UNIQUE = 0 ORDER BY INDEX_NAME, SEQ_IN_INDEX`
+	args := []any{database, table}
+	if d == SQLite {
+		if database == "" {
+			database = "main"
+		}
+		q = `SELECT '', name FROM pragma_table_info(?1, ?2) WHERE pk > 0
+			UNION ALL SELECT * FROM (SELECT 'i' || il.name, ii.name FROM pragma_index_list(?1, ?2) AS il, pragma_index_info(il.name, ?2) AS ii
+				WHERE il."unique" = 1 AND il.partial = 0 AND il.origin <> 'pk' ORDER BY il.name, ii.seqno)`
+		args = []any{table, database}
+	}
+	rows, err := db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, d.wrapDBErr("check the indexes of "+table, err)
+	}
+	var idx [][]string
+	last := "\x00"
+	for rows.Next() {
+		var name, col string
+		if err := rows.Scan(&name, &col); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("dbguard: check the indexes of %s: %w", table, err)
+		}
+		if name != last {
+			idx = append(idx, nil)
+			last = name
+		}
+		idx[len(idx)-1] = append(idx[len(idx)-1], col)
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return nil, d.wrapDBErr("check the indexes of "+table, err)
+	}
+	return idx, nil
 }
 
 // col returns the column name of cols, found as the dialect compares

@@ -264,16 +264,26 @@ func (g *Guard) Update(ctx context.Context, key map[string]types.AttributeValue,
 }
 
 func (g *Guard) updateItem(ctx context.Context, key map[string]types.AttributeValue, token fence.Token, update expression.UpdateBuilder) error {
+	_, _, err := g.update(ctx, key, token, update, true)
+	return err
+}
+
+// update applies update with token to the item at key, as Update does when
+// mustExist is set; otherwise it creates the item when it is missing (a
+// ledger's claim of a run). It returns the item as it was before the
+// update (nil when there was none), and whether that is known: it is not
+// when an SDK retry found that an earlier try had landed.
+func (g *Guard) update(ctx context.Context, key map[string]types.AttributeValue, token fence.Token, update expression.UpdateBuilder, mustExist bool) (before map[string]types.AttributeValue, known bool, err error) {
 	if err := g.checkKeyInput(token, key); err != nil {
-		return err
+		return nil, false, err
 	}
 	k, nonce, err := g.prepare(ctx, key)
 	if err != nil {
-		return err
+		return nil, false, err
 	}
-	expr, err := g.updateExpression(update, token, nonce)
+	expr, err := g.updateExpression(update, token, nonce, mustExist)
 	if err != nil {
-		return err
+		return nil, false, err
 	}
 	var tr awsattempt.Tracker
 	out, err := g.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
@@ -283,16 +293,24 @@ func (g *Guard) updateItem(ctx context.Context, key map[string]types.AttributeVa
 		ConditionExpression:                 aws.String(expr.condition),
 		ExpressionAttributeNames:            expr.names,
 		ExpressionAttributeValues:           expr.values,
-		ReturnValues:                        types.ReturnValueUpdatedOld,
+		ReturnValues:                        types.ReturnValueAllOld,
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	}, counted(&tr))
 	if err == nil && tr.Sent() > 1 && g.sameTokenBefore(out.Attributes, token, nonce) {
-		return fmt.Errorf("%w: update %s: the SDK retried it and the retry was applied over a write with the same token that is not this update's: an earlier try may have been applied too", fence.ErrOutcomeUnknown, g.resource(k))
+		return nil, false, fmt.Errorf("%w: update %s: the SDK retried it and the retry was applied over a write with the same token that is not this update's: an earlier try may have been applied too", fence.ErrOutcomeUnknown, g.resource(k))
 	}
-	return g.outcome(err, &tr, write{key: k, token: token, nonce: nonce, mustExist: true})
+	if err := g.outcome(err, &tr, write{key: k, token: token, nonce: nonce, mustExist: mustExist}); err != nil {
+		return nil, false, err
+	}
+	if out == nil {
+		// An earlier try landed (an SDK retry found its own nonce): the
+		// item before it is not known.
+		return nil, false, nil
+	}
+	return out.Attributes, true, nil
 }
 
-// sameTokenBefore reports whether old (an applied write's UPDATED_OLD)
+// sameTokenBefore reports whether old (an applied write's ALL_OLD)
 // shows the item held token with a nonce other than nonce: a write of the
 // same holder, or an earlier try of this one that it replaced.
 func (g *Guard) sameTokenBefore(old map[string]types.AttributeValue, token fence.Token, nonce string) bool {
@@ -369,6 +387,14 @@ func (g *Guard) Transact(ctx context.Context, fenceKey map[string]types.Attribut
 }
 
 func (g *Guard) transact(ctx context.Context, fenceKey map[string]types.AttributeValue, token fence.Token, items []types.TransactWriteItem) error {
+	return g.transactWith(ctx, fenceKey, token, items, nil, false)
+}
+
+// transactWith is Transact whose fence update also sets the attributes of
+// set (a ledger's done mark), and, with mustExist, requires the fence
+// item to exist (fence.ErrNotFound otherwise).
+func (g *Guard) transactWith(ctx context.Context, fenceKey map[string]types.AttributeValue, token fence.Token, items []types.TransactWriteItem,
+	set map[string]types.AttributeValue, mustExist bool) error {
 	var errs []error
 	if err := g.checkKeyInput(token, fenceKey); err != nil {
 		errs = append(errs, err)
@@ -383,10 +409,16 @@ func (g *Guard) transact(ctx context.Context, fenceKey map[string]types.Attribut
 	if err != nil {
 		return err
 	}
-	expr, err := expression.NewBuilder().
-		WithUpdate(expression.Set(expression.Name(g.opts.VersionAttribute), expression.Value(tokenValue(token))).
-			Set(expression.Name(g.opts.NonceAttribute), expression.Value(nonce))).
-		WithCondition(g.tokenCondition(token)).Build()
+	upd := expression.Set(expression.Name(g.opts.VersionAttribute), expression.Value(tokenValue(token))).
+		Set(expression.Name(g.opts.NonceAttribute), expression.Value(nonce))
+	for name, v := range set {
+		upd = upd.Set(expression.Name(name), expression.Value(v))
+	}
+	cond := g.tokenCondition(token)
+	if mustExist {
+		cond = expression.AttributeExists(expression.Name(g.keySchema().partition.name)).And(cond)
+	}
+	expr, err := expression.NewBuilder().WithUpdate(upd).WithCondition(cond).Build()
 	if err != nil {
 		return fmt.Errorf("dynamoguard: build fence: %w", err)
 	}
@@ -415,6 +447,9 @@ func (g *Guard) transact(ctx context.Context, fenceKey map[string]types.Attribut
 		reasons := tce.CancellationReasons
 		if len(reasons) == len(all) && aws.ToString(reasons[len(all)-1].Code) == "ConditionalCheckFailed" {
 			fenceItem := reasons[len(all)-1].Item
+			if fenceItem == nil && mustExist {
+				return fmt.Errorf("dynamoguard: transact: %w", &fence.NotFoundError{Resource: res})
+			}
 			if fenceItem == nil {
 				return conditionsIgnored("%s: a canceled transaction did not return the fence item (ReturnValuesOnConditionCheckFailure)", res)
 			}
@@ -451,15 +486,20 @@ type updateExpr struct {
 // starting with its keyword (ADD, DELETE, REMOVE, SET), and no caller text
 // (names and values are placeholders): the guard's actions join the SET
 // line, or make one.
-func (g *Guard) updateExpression(update expression.UpdateBuilder, token fence.Token, nonce string) (updateExpr, error) {
+func (g *Guard) updateExpression(update expression.UpdateBuilder, token fence.Token, nonce string, mustExist bool) (updateExpr, error) {
 	e := updateExpr{
 		names: map[string]string{
 			"#fkv": g.opts.VersionAttribute, "#fkn": g.opts.NonceAttribute,
 			"#fkd": g.opts.DeletedAttribute, "#fkk": g.keySchema().partition.name,
 		},
 		values: map[string]types.AttributeValue{":fkt": tokenValue(token), ":fkn": &types.AttributeValueMemberS{Value: nonce}},
-		condition: "attribute_exists(#fkk) AND attribute_not_exists(#fkd)" +
+		condition: "attribute_not_exists(#fkd)" +
 			" AND (attribute_not_exists(#fkv) OR #fkv <= :fkt) AND (attribute_not_exists(#fkn) OR #fkn <> :fkn)",
+	}
+	if mustExist {
+		e.condition = "attribute_exists(#fkk) AND " + e.condition
+	} else {
+		delete(e.names, "#fkk")
 	}
 	const ours = "#fkv = :fkt, #fkn = :fkn"
 	built, err := expression.NewBuilder().WithUpdate(update).Build()

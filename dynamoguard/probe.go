@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"github.com/fencekit/fencekit/fence"
 	"math/big"
+	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -22,6 +23,18 @@ type keyAttr struct {
 // keySchema is the table's partition key and optional sort key.
 type keySchema struct {
 	partition, sort keyAttr // sort.name == "" without a sort key
+}
+
+// String names the key attributes with their types: "pk (S), sk (N)".
+func (s keySchema) String() string {
+	var b strings.Builder
+	for i, a := range s.attrs() {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s (%s)", a.name, a.typ)
+	}
+	return b.String()
 }
 
 func (s keySchema) attrs() []keyAttr {

@@ -215,13 +215,7 @@ func (lg *Ledger) checkArgs(op, job, key string, token fence.Token) error {
 		return fmt.Errorf("sqlguard: ledger: %s %q of job %q: %w: nil *Ledger (from a failed NewLedger?)", op, key, job, fence.ErrInvalidArgument)
 	}
 	_, err := tokenArg(token)
-	if job == "" {
-		err = errors.Join(err, fmt.Errorf("%w: the job name is empty", fence.ErrInvalidArgument))
-	}
-	if key == "" {
-		err = errors.Join(err, fmt.Errorf("%w: the run key is empty", fence.ErrInvalidArgument))
-	}
-	if err != nil {
+	if err := rowguard.CheckRun(err, job, key); err != nil {
 		return fmt.Errorf("sqlguard: ledger %s: %s %q of job %q: %w", lg.table.spec.Name, op, key, job, err)
 	}
 	return nil

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/guardtest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/sqlguard"
 )
@@ -155,4 +156,42 @@ func TestLedgerRefusesBadArgumentsFirst(t *testing.T) {
 	if err := lg.MarkDoneTx(ctx, nil, "j", "k", 5); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Errorf("MarkDoneTx with a nil transaction = %v, want ErrInvalid (never the Ledger's own database)", err)
 	}
+}
+
+// The ledger passes the ledger suite on PostgreSQL, each check with a
+// schema of its own; the done mark commits with the job's transaction.
+func TestLedgerConformance(t *testing.T) {
+	t.Parallel()
+	guardtest.RunLedger(t, guardtest.LedgerConfig{
+		NewLedger: func(t *testing.T) guardtest.Ledger {
+			e := newEnv(t)
+			lg, err := sqlguard.NewLedger(e.pool, "", sqlguard.LedgerTable)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ledgerIn{lg, e}
+		},
+		MarkDoneWithJob: func(t *testing.T, ctx context.Context, l guardtest.Ledger, job, key string, token fence.Token, fail bool) error {
+			in := l.(ledgerIn)
+			in.e.exec(t, `CREATE TABLE IF NOT EXISTS job_effects (run text PRIMARY KEY)`)
+			return pgx.BeginFunc(ctx, in.e.pool, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, `INSERT INTO job_effects VALUES ($1)`, key+"/"+fmt.Sprint(fail)); err != nil {
+					return err
+				}
+				if err := in.MarkDoneTx(ctx, tx, job, key, token); err != nil {
+					return err
+				}
+				if fail {
+					return errors.New("the job failed after its record")
+				}
+				return nil
+			})
+		},
+	})
+}
+
+// ledgerIn is a ledger with the env it writes to.
+type ledgerIn struct {
+	*sqlguard.Ledger
+	e *env
 }

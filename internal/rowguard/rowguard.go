@@ -24,6 +24,14 @@ import (
 // LockVersion is the column row-level fencing reads and writes.
 const LockVersion = "lock_version"
 
+// The columns of a ledger's table (sqlguard.Ledger, dbguard.Ledger): the
+// job, the run's key, and when the run was marked done (NULL until then).
+const (
+	JobColumn  = "job"
+	KeyColumn  = "run_key"
+	DoneColumn = "done_at"
+)
+
 // Column is one column of a row and the value to write to it. Value is
 // passed to the driver as a bind parameter, never formatted into SQL.
 type Column struct {
@@ -304,6 +312,20 @@ func CheckFenced(tokErr error, db any, resource string, max int, fn bool) error 
 	}
 	if !fn {
 		errs = append(errs, fmt.Errorf("%w: nil function", fence.ErrInvalidArgument))
+	}
+	return errors.Join(errs...)
+}
+
+// CheckRun checks the arguments of a ledger's call (Claim, MarkDone),
+// reporting every problem at once: tokErr (the token's, from the guard's
+// own conversion), an empty job, an empty run key.
+func CheckRun(tokErr error, job, key string) error {
+	errs := []error{tokErr}
+	if job == "" {
+		errs = append(errs, fmt.Errorf("%w: the job name is empty", fence.ErrInvalidArgument))
+	}
+	if key == "" {
+		errs = append(errs, fmt.Errorf("%w: the run key is empty", fence.ErrInvalidArgument))
 	}
 	return errors.Join(errs...)
 }
