@@ -55,6 +55,23 @@ func TestConformance(t *testing.T) {
 					c.tr.partition.Store(true)
 					c.tr.loseNext.Store(true)
 				},
+				Observe: func(t *testing.T, r guardtest.Resource, o fence.WriteObserver) guardtest.Want {
+					c := r.(*confItem)
+					c.g = newGuard(t, c.client, table, dynamoguard.WithObserver(o))
+					op := map[string]string{"Put": "put", "Update": "update", "Transact": "transaction"}[mode]
+					return guardtest.Want{Guard: "dynamoguard", Class: table, Op: op, Resource: "dynamodb://" + table + "/" + c.pk}
+				},
+				Check: func(ctx context.Context, r guardtest.Resource) error { return r.(*confItem).g.Check(ctx) },
+				// A guard of a table that does not exist.
+				NewBroken: func(t *testing.T) guardtest.Resource {
+					r := &confItem{mode: mode, pk: fmt.Sprintf("%s-%d", mode, seq.Add(1)), tr: newFaultTransport(t), table: dynamotest.TableName(t, "absent")}
+					r.client = r.tr.client(t)
+					var err error
+					if r.g, err = dynamoguard.New(r.client, r.table); err != nil {
+						t.Fatal(err)
+					}
+					return r
+				},
 			}
 			if mode == "Update" {
 				cfg.NewMissing = func(t *testing.T) guardtest.Resource { return newRes(t, false) }

@@ -37,6 +37,17 @@
 //   - ConcurrentWritersAreLinearizable: several goroutines write random
 //     tokens to one resource; the history of calls, answers and the final
 //     read must pass CheckHistory.
+//   - ObserverSeesEachWrite: a guard given a fence.WriteObserver reports
+//     one event per write, after it returned, with the guard's name, the
+//     resource's class and the write's op (so that leaseprom and leaseotel
+//     label every guard's writes alike), the token presented, the error
+//     the caller got, its outcome (accepted, stale, failed) and the
+//     caller's context (capability Observer).
+//   - SetupErrorsNameTheFix: the guard's start-up check passes on a store
+//     set up for it; on one that is not (a table without lock_version, a
+//     missing bucket), the check and a write both fail with an error
+//     matching fence.ErrSetup, which is lease.ErrSetup, and carrying a
+//     *fence.SetupError that names the fix (capability Setup).
 //
 // Every check writes values containing quotes, a semicolon, a backslash
 // and non-ASCII text, and reads them back byte for byte: values travel as
@@ -96,6 +107,12 @@ const (
 	// CountIO: Config.CountIO is set, so the suite can check that bad
 	// input is refused before anything is sent (DESIGN.md invariant 7).
 	CountIO Capability = "count-io"
+	// Observer: Config.Observe is set, so the suite can check the events
+	// a guard reports to its fence.WriteObserver.
+	Observer Capability = "observer"
+	// Setup: Config.Check and Config.NewBroken are set, so the suite can
+	// check the guard's start-up check and its setup errors.
+	Setup Capability = "setup"
 )
 
 // Config describes the guard under test.
@@ -126,6 +143,21 @@ type Config struct {
 	// so far (messages, HTTP requests: anything that leaves the process).
 	// Nil unless Lacks names CountIO.
 	CountIO func(r Resource) int64
+
+	// Observe makes r's guard report every write of r to o from now on
+	// (the guard made again with its observer option, a Table's
+	// WithObserver), and returns what each write's event must say besides
+	// its token and outcome: Guard, Class, Op, and Resource ("" leaves it
+	// unchecked). Nil unless Lacks names Observer.
+	Observe func(t *testing.T, r Resource, o fence.WriteObserver) Want
+
+	// Check runs the guard's start-up check (Guard.Check, Table.Check)
+	// for r's store. NewBroken returns a resource whose store is not set
+	// up for the guard in a way the check finds: a table without
+	// lock_version, a schema not migrated, a bucket or table that does not
+	// exist. Both nil unless Lacks names Setup.
+	Check     func(ctx context.Context, r Resource) error
+	NewBroken func(t *testing.T) Resource
 
 	// Writers and WritesPerWriter size ConcurrentWritersAreLinearizable.
 	// Defaults 4 and 25.
@@ -169,6 +201,8 @@ func Run(t *testing.T, cfg Config) {
 		{"ZeroTokenIsRefusedBeforeIO", testZeroBeforeIO},
 		{"LostReplyIsReportedAsUnknown", testLostReply},
 		{"ConcurrentWritersAreLinearizable", testConcurrent},
+		{"ObserverSeesEachWrite", testObserver},
+		{"SetupErrorsNameTheFix", testSetup},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -437,4 +471,50 @@ func testConcurrent(t *testing.T, cfg Config) {
 			t.Logf("writer %d: a write failed (taken as not applied): %v", w, err)
 		}
 	}
+}
+
+type writeKey struct{}
+
+func testObserver(t *testing.T, cfg Config) {
+	need(t, cfg, Observer, cfg.Observe != nil)
+	ctx := ctxT(t, cfg)
+	r := cfg.NewResource(t)
+	rec := &Recorder{}
+	want := cfg.Observe(t, r, rec)
+	if want.Guard == "" || want.Class == "" || want.Op == "" {
+		t.Fatalf("Config.Observe says the events carry guard %q, class %q, op %q: each must be set (metric labels)", want.Guard, want.Class, want.Op)
+	}
+	for i, w := range []struct {
+		token fence.Token
+		want  fence.Outcome
+	}{
+		{5, fence.Accepted},
+		{5, fence.Accepted}, // the same holder again
+		{3, fence.Rejected},
+		{fence.None, fence.Failed},
+		{6, fence.Accepted},
+	} {
+		call := context.WithValue(ctx, writeKey{}, i)
+		err := r.Write(call, w.token, value("observed"))
+		if got := fence.OutcomeOf(err); got != w.want {
+			t.Fatalf("Write(token %d) = %v (%s); want %s", w.token, err, got, w.want)
+		}
+		ev := want
+		ev.Token, ev.Outcome = w.token, w.want
+		e := rec.One(t, ev, err)
+		if e.Ctx.Value(writeKey{}) != i {
+			t.Fatalf("Write(token %d): the event does not carry the write's context", w.token)
+		}
+	}
+}
+
+func testSetup(t *testing.T, cfg Config) {
+	need(t, cfg, Setup, cfg.Check != nil && cfg.NewBroken != nil)
+	ctx := ctxT(t, cfg)
+	if err := cfg.Check(ctx, cfg.NewResource(t)); err != nil {
+		t.Fatalf("the start-up check of a store set up for the guard = %v; want nil", err)
+	}
+	r := cfg.NewBroken(t)
+	WantSetup(t, "the start-up check of a store not set up", cfg.Check(ctx, r), nil)
+	WantSetup(t, "a write to a store not set up", r.Write(ctx, 5, value("broken")), nil)
 }

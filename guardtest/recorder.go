@@ -1,6 +1,7 @@
 package guardtest
 
 import (
+	"errors"
 	"sync"
 	"testing"
 
@@ -41,7 +42,8 @@ type Want struct {
 }
 
 // One fails t unless exactly one event was recorded since the last Take
-// and it is w, with err (the error the caller got) as its Err, the
+// and it is w, with err (the error the caller got, or one wrapping the
+// event's) as its Err, the
 // outcome fence.OutcomeOf(err), a start time and a positive duration. It
 // returns the event.
 func (r *Recorder) One(t testing.TB, w Want, err error) fence.WriteEvent {
@@ -58,7 +60,9 @@ func (r *Recorder) One(t testing.TB, w Want, err error) fence.WriteEvent {
 	if got != w {
 		t.Fatalf("event %+v; want %+v", got, w)
 	}
-	if e.Err != err || fence.OutcomeOf(err) != w.Outcome {
+	// The caller's error is the event's, or wraps it (http.Client wraps
+	// its Transport's error in a *url.Error).
+	if (e.Err == nil) != (err == nil) || e.Err != nil && e.Err != err && !errors.Is(err, e.Err) || fence.OutcomeOf(err) != w.Outcome {
 		t.Fatalf("%s %s: the event's error is %v, the caller got %v (outcome %q)", w.Guard, w.Op, e.Err, err, fence.OutcomeOf(err))
 	}
 	if e.Ctx == nil || e.Start.IsZero() || e.Duration <= 0 {

@@ -2,11 +2,8 @@ package sqlguard_test
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -47,6 +44,24 @@ func TestConformanceTable(t *testing.T) {
 		IsMissing:   func(err error) bool { return errors.Is(err, fence.ErrNotFound) },
 		CountIO:     func(r guardtest.Resource) int64 { return r.(*confRow).wire.Requests.Load() },
 		LoseReply:   func(t *testing.T, r guardtest.Resource) { r.(*confRow).wire.Arm() },
+		Observe: func(t *testing.T, r guardtest.Resource, o fence.WriteObserver) guardtest.Want {
+			c := r.(*confRow)
+			c.tbl = c.tbl.WithObserver(o)
+			return guardtest.Want{Guard: "sqlguard", Class: "conf_rows", Op: "update", Resource: fmt.Sprintf("conf_rows(id=%d)", c.id)}
+		},
+		Check: func(ctx context.Context, r guardtest.Resource) error {
+			c := r.(*confRow)
+			return c.tbl.Check(ctx, c.pool)
+		},
+		// A row of a table without lock_version.
+		NewBroken: func(t *testing.T) guardtest.Resource {
+			e.exec(t, `CREATE TABLE IF NOT EXISTS conf_plain (id bigint PRIMARY KEY, value text NOT NULL DEFAULT '')`)
+			plain, err := sqlguard.NewTable("", "conf_plain", "id")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return &confRow{confDB: newConfDB(t, e, "UPDATE 1"), tbl: plain, id: ids.Add(1)}
+		},
 	}
 	confLacks(e, &cfg)
 	guardtest.Run(t, cfg)
@@ -72,6 +87,26 @@ func TestConformanceBeginFunc(t *testing.T) {
 		},
 		CountIO:   func(r guardtest.Resource) int64 { return r.(*confTx).wire.Requests.Load() },
 		LoseReply: func(t *testing.T, r guardtest.Resource) { r.(*confTx).wire.Arm() },
+		Observe: func(t *testing.T, r guardtest.Resource, o fence.WriteObserver) guardtest.Want {
+			c := r.(*confTx)
+			var err error
+			if c.g, err = sqlguard.New(sqlguard.WithObserver(o)); err != nil {
+				t.Fatal(err)
+			}
+			return guardtest.Want{Guard: "sqlguard", Class: "transaction", Op: "transaction", Resource: c.name}
+		},
+		Check: func(ctx context.Context, r guardtest.Resource) error { c := r.(*confTx); return c.g.Check(ctx, c.pool) },
+		// A Guard that looks in a schema where the migrations did not run.
+		NewBroken: func(t *testing.T) guardtest.Resource {
+			bare := e.schema + "_bare"
+			e.exec(t, `CREATE SCHEMA IF NOT EXISTS `+pgx.Identifier{bare}.Sanitize())
+			t.Cleanup(func() { e.exec(t, `DROP SCHEMA IF EXISTS `+pgx.Identifier{bare}.Sanitize()+` CASCADE`) })
+			g, err := sqlguard.New(sqlguard.WithSchema(bare))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return &confTx{confDB: newConfDB(t, e, "COMMIT"), g: g, name: fmt.Sprintf("conf/%d 'x'", n.Add(1))}
+		},
 		Lacks: map[guardtest.Capability]string{
 			guardtest.Missing: "BeginFunc creates a resource's token row at its first advance: no resource name is missing",
 		},
@@ -95,7 +130,7 @@ func confLacks(e *env, cfg *guardtest.Config) {
 }
 
 // confDB is a resource's own pool (four connections, so that concurrent
-// writers use several), dialled through a pgWire.
+// writers use several), dialled through a testkit.PGWire.
 type confDB struct {
 	e    *env
 	wire *testkit.Wire
@@ -104,7 +139,7 @@ type confDB struct {
 
 func newConfDB(t *testing.T, e *env, cutTag string) confDB {
 	t.Helper()
-	w := pgWire(cutTag)
+	w := testkit.PGWire(cutTag)
 	cfg, err := pgxpool.ParseConfig(e.url)
 	if err != nil {
 		t.Fatal(err)
@@ -162,43 +197,4 @@ func (r *confTx) Read(ctx context.Context) (string, fence.Token, error) {
 		coalesce((SELECT value FROM conf_values WHERE resource = $1), ''),
 		coalesce((SELECT token FROM fencekit_resource_tokens WHERE resource = $1), 0)`, r.name).Scan(&v, &tok)
 	return v, fence.Token(tok), err
-}
-
-// pgWire returns a testkit.Wire for a pool that, once armed, loses the
-// reply to the first statement the server completes with cutTag ("UPDATE
-// 1": a row written; "COMMIT": a transaction committed): it reads that
-// reply to its ReadyForQuery (by then the server has committed it, the
-// commit of an implicit transaction included) and loses it all.
-func pgWire(cutTag string) *testkit.Wire {
-	return &testkit.Wire{Message: readPGMessage, Cut: func(msg, _ []byte, r io.Reader) (bool, error) {
-		if msg[0] != 'C' || strings.TrimRight(string(msg[5:]), "\x00") != cutTag {
-			return false, nil
-		}
-		for msg[0] != 'Z' {
-			var err error
-			if msg, err = readPGMessage(r); err != nil {
-				return false, err
-			}
-		}
-		return true, nil
-	}}
-}
-
-// readPGMessage reads one backend message: a type byte, a length that
-// counts itself, and the body.
-func readPGMessage(r io.Reader) ([]byte, error) {
-	head := make([]byte, 5)
-	if _, err := io.ReadFull(r, head); err != nil {
-		return nil, err
-	}
-	n := int(binary.BigEndian.Uint32(head[1:]))
-	if n < 4 {
-		return nil, fmt.Errorf("pgWire: bad message length %d", n)
-	}
-	msg := make([]byte, 1+n)
-	copy(msg, head)
-	if _, err := io.ReadFull(r, msg[5:]); err != nil {
-		return nil, err
-	}
-	return msg, nil
 }

@@ -59,6 +59,24 @@ func TestConformanceTable(t *testing.T) {
 				NewMissing:  func(t *testing.T) guardtest.Resource { return newRow(t, false) },
 				IsMissing:   func(err error) bool { return errors.Is(err, fence.ErrNotFound) },
 				CountIO:     func(r guardtest.Resource) int64 { return r.(*confRow).count() },
+				Observe: func(t *testing.T, r guardtest.Resource, o fence.WriteObserver) guardtest.Want {
+					c := r.(*confRow)
+					c.tbl = c.tbl.WithObserver(o)
+					return guardtest.Want{Guard: "dbguard", Class: "conf_rows", Op: "update", Resource: fmt.Sprintf("conf_rows(id=%d)", c.id)}
+				},
+				Check: func(ctx context.Context, r guardtest.Resource) error {
+					c := r.(*confRow)
+					return c.tbl.Check(ctx, c.pool)
+				},
+				// A row of a table without lock_version.
+				NewBroken: func(t *testing.T) guardtest.Resource {
+					db.Exec(t, `CREATE TABLE IF NOT EXISTS conf_plain (id BIGINT PRIMARY KEY, value `+valueColumn(d)+`)`)
+					plain, err := dbguard.NewTable(d, "", "conf_plain", "id")
+					if err != nil {
+						t.Fatal(err)
+					}
+					return &confRow{confDB: newConfDB(t, db, "write"), tbl: plain, id: ids.Add(1)}
+				},
 			}
 			confLoseReply(d, &cfg, func(r guardtest.Resource) *confDB { return &r.(*confRow).confDB })
 			guardtest.Run(t, cfg)
@@ -89,6 +107,21 @@ func TestConformanceBeginFunc(t *testing.T) {
 					return &confTx{confDB: newConfDB(t, db, "commit"), g: g, name: fmt.Sprintf("conf/%d 'x` \"y\"", n.Add(1))}
 				},
 				CountIO: func(r guardtest.Resource) int64 { return r.(*confTx).count() },
+				Observe: func(t *testing.T, r guardtest.Resource, o fence.WriteObserver) guardtest.Want {
+					c := r.(*confTx)
+					var err error
+					if c.g, err = dbguard.New(d, dbguard.WithObserver(o)); err != nil {
+						t.Fatal(err)
+					}
+					return guardtest.Want{Guard: "dbguard", Class: "transaction", Op: "transaction", Resource: c.name}
+				},
+				Check: func(ctx context.Context, r guardtest.Resource) error { c := r.(*confTx); return c.g.Check(ctx, c.pool) },
+				// A database whose toolkit table is gone.
+				NewBroken: func(t *testing.T) guardtest.Resource {
+					bare := Open(t, d)
+					bare.Exec(t, `DROP TABLE fencekit_resource_tokens`)
+					return &confTx{confDB: newConfDB(t, bare, "commit"), g: g, name: "conf/broken"}
+				},
 				Lacks: map[guardtest.Capability]string{
 					guardtest.Missing: "BeginFunc creates a resource's token row at its first advance: no resource name is missing",
 				},
@@ -126,7 +159,7 @@ func newConfDB(t *testing.T, db *DB, cut string) confDB {
 	t.Helper()
 	c := confDB{db: db}
 	if db.Dialect == dbguard.MySQL {
-		c.wire = MySQLWire(cut)
+		c.wire = testkit.MySQLWire(cut)
 		c.pool = db.OpenWith(t, nil, c.wire.Dial)
 	} else {
 		c.pool, c.counter = db.OpenCounting(t)
