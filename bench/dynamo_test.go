@@ -189,7 +189,7 @@ func BenchmarkDynamoGuardPaired(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := g.Probe(ctx); err != nil {
+	if err := g.Check(ctx); err != nil {
 		b.Fatal(err)
 	}
 	body := &types.AttributeValueMemberS{Value: string(make([]byte, 1024))}

@@ -90,10 +90,22 @@
 // # Fail closed
 //
 // Some S3-compatible stores accept If-Match and If-None-Match and ignore
-// them. Before its first call a Guard probes the store (see Check) and, if
-// the store accepts a write whose precondition fails, refuses every call
-// with ErrPreconditionsIgnored. The probe also learns whether the store's
-// ETags are the MD5 of the stored bytes.
+// them. Before its first call a Guard checks the store (Check, the
+// start-up check to run when the program starts) and, if the store
+// accepts a write whose precondition fails, refuses every call with
+// ErrPreconditionsIgnored. The check also finds a missing bucket and
+// refused access or credentials, and learns whether the store's ETags are
+// the MD5 of the stored bytes. Each problem is a *fence.SetupError naming
+// the fix, which matches lease.ErrSetup (it is fence.ErrSetup).
+//
+// # Errors and metrics
+//
+// The errors are package fence's, the same for every guard (a
+// *fence.StaleError, fence.ErrOutcomeUnknown, a *fence.NotFoundError,
+// fence.ErrNotFenced, fence.ErrInvalidArgument, a *fence.SetupError), and
+// blobguard's own ErrConflict, ErrContention, ErrETagMismatch and
+// ErrPreconditionsIgnored. WithObserver reports each Put, PutIf and Delete
+// as a fence.WriteEvent, the input of packages leaseprom and leaseotel.
 //
 // # Torn reads
 //

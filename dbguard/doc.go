@@ -49,13 +49,19 @@
 //
 // # Outcomes and errors
 //
-// Each call returns nil (written), a *fence.StaleError (matching
+// The errors are package fence's, the same for every guard. Each call
+// returns nil (written), a *fence.StaleError (matching
 // fence.ErrStaleToken) carrying the presented token and the newest
-// accepted one, or an error: fence.ErrNotFound, fence.ErrExists, fence.ErrAmbiguousKey,
-// fence.ErrLockVersionType, fence.ErrNoLockVersion, fence.ErrNoTable, fence.ErrNotMigrated, an
-// error matching fence.ErrRetryable (see IsRetryable), an error matching
-// fence.ErrOutcomeUnknown (below), or a database error wrapped with %w so
-// that errors.As finds the driver's error. A rejected write changed
+// accepted one, or an error: a *fence.NotFoundError (fence.ErrNotFound),
+// fence.ErrExists, fence.ErrAmbiguousKey, a *fence.RetryableError (see
+// IsRetryable), an error matching fence.ErrOutcomeUnknown (below), a
+// *fence.SetupError naming the fix for a database not set up for the
+// guard (fence.ErrNotMigrated, fence.ErrNoTable, fence.ErrNoLockVersion,
+// fence.ErrLockVersionType, fence.ErrLedgerTable, a privilege refused, a
+// read-only server or file), or a database error wrapped with %w so that
+// errors.As finds the driver's error. Every *fence.SetupError matches
+// lease.ErrSetup (it is fence.ErrSetup), so that a loop retrying a
+// lease's work stops at once. A rejected write changed
 // nothing. An Insert or Upsert whose row collides with another on a unique
 // index other than the key's (an email column, say) gets the database's
 // error, naming the index (MySQL) or the constraint's columns (SQLite):
@@ -68,6 +74,18 @@
 // NULL key value match fence.ErrInvalidArgument. Identifiers are always quoted (MySQL:
 // backquotes, SQLite: double quotes, the quote character doubled), and
 // values are always bind parameters.
+//
+// # Start-up checks, metrics, ledger
+//
+// Guard.Check, Table.Check and Ledger.Check, run when the program starts,
+// report every setup problem with its fix (the toolkit's table and its
+// migration, a table's lock_version and unique key, privileges, a
+// read-only server or file), before the first write. WithObserver (for a
+// Guard) and Table.WithObserver report each write as a fence.WriteEvent,
+// the input of packages leaseprom and leaseotel. Ledger is a lease.Ledger
+// for lease.Manager.RunOnce, in fencekit_job_runs (`fencekit migrate up
+// --dialect mysql|sqlite`); its MarkDoneTx records a run done in the job's
+// own transaction.
 //
 // # Outcomes that cannot be known
 //

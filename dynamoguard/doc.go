@@ -72,11 +72,27 @@
 //
 // # Fail closed
 //
-// Before its first call a Guard probes the server (see Check): a write
-// whose condition is false must be refused and the item returned with it,
-// and a transaction with a false condition must commit nothing. A server
-// that fails (dynalite, for one, ignores ReturnValuesOnConditionCheckFailure
-// and has no TransactWriteItems) is refused with ErrConditionsIgnored.
+// Before its first call a Guard checks the server (Check, the start-up
+// check to run when the program starts): a write whose condition is false
+// must be refused and the item returned with it, and a transaction with a
+// false condition must commit nothing. A server that fails (dynalite, for
+// one, ignores ReturnValuesOnConditionCheckFailure and has no
+// TransactWriteItems) is refused with ErrConditionsIgnored. The check also
+// finds a missing table and refused access or credentials. Each problem is
+// a *fence.SetupError naming the fix, which matches lease.ErrSetup (it is
+// fence.ErrSetup).
+//
+// # Errors, metrics, ledger
+//
+// The errors are package fence's, the same for every guard (a
+// *fence.StaleError, fence.ErrOutcomeUnknown, a *fence.NotFoundError,
+// fence.ErrNotFenced, fence.ErrInvalidArgument, a *fence.SetupError), and
+// dynamoguard's own ErrCanceled and ErrConditionsIgnored. WithObserver
+// reports each Put, Update, Delete and Transact as a fence.WriteEvent, the
+// input of packages leaseprom and leaseotel. Ledger is a lease.Ledger for
+// lease.Manager.RunOnce in a table keyed by job and run_key
+// (LedgerTableInput); its MarkDoneTransact records a run done in one
+// transaction with the job's own items.
 //
 // # The guarantee
 //

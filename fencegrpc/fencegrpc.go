@@ -37,6 +37,11 @@
 // rejected for the system's state, which the client should not retry until
 // that state changes: a stale holder must not retry at all.
 //
+// Client.Observer and Server.Observer report each call that carries a
+// token (and each refusal) as a fence.WriteEvent, with the labels every
+// guard's writes have (class: the call's service), for packages leaseprom
+// and leaseotel.
+//
 // A fencing token is not a credential; see fencehttp's package doc and the
 // specification's "Not authentication" section.
 package fencegrpc

@@ -24,6 +24,10 @@
 // own guarded writes (sqlguard, blobguard) present it unchanged. WriteError
 // answers a handler's own stale write the same way.
 //
+// Transport.Observer and Handler.Observer report each call that carries a
+// token (and each refusal) as a fence.WriteEvent, with the labels every
+// guard's writes have, for packages leaseprom and leaseotel.
+//
 // A fencing token orders writers; it does not say who may write. Anyone who
 // can reach the service can send any token, including one far in the future
 // that locks every holder out. Authenticate callers (mTLS, signed tokens,

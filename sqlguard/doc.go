@@ -45,14 +45,19 @@
 //
 // # Outcomes and errors
 //
-// Each call returns nil (written), a *fence.StaleError (matching
+// The errors are package fence's, the same for every guard. Each call
+// returns nil (written), a *fence.StaleError (matching
 // fence.ErrStaleToken) carrying the presented token and the newest
-// accepted one, or an error: fence.ErrNotFound, fence.ErrExists, fence.ErrAmbiguousKey,
-// fence.ErrLockVersionType, fence.ErrNoLockVersion, fence.ErrNotMigrated (both name the
-// fencekit command that fixes them), an error matching fence.ErrRetryable (see
-// IsRetryable), an error matching fence.ErrOutcomeUnknown (below), or a
-// database error wrapped with %w so that errors.As finds the
-// *pgconn.PgError. A rejected write changed nothing. A rejection always
+// accepted one, or an error: a *fence.NotFoundError (fence.ErrNotFound),
+// fence.ErrExists, fence.ErrAmbiguousKey, a *fence.RetryableError (see
+// IsRetryable), an error matching fence.ErrOutcomeUnknown (below), a
+// *fence.SetupError naming the fix for a database not set up for the
+// guard (fence.ErrNotMigrated, fence.ErrNoTable, fence.ErrNoLockVersion,
+// fence.ErrLockVersionType, fence.ErrLedgerTable, or a privilege
+// refused), or a database error wrapped with %w so that errors.As finds
+// the *pgconn.PgError. Every *fence.SetupError matches lease.ErrSetup (it
+// is fence.ErrSetup), so that a loop retrying a lease's work stops at
+// once. A rejected write changed nothing. A rejection always
 // matches fence.ErrStaleToken; in the one case where the guard cannot
 // read the current token (a Guard's rejection whose DETAIL is not a
 // number, which fencekit's own function never sends), the
@@ -71,6 +76,17 @@
 // SQL text, so names containing quotes or semicolons cannot inject SQL,
 // whatever the session's client_encoding (a resource name is sent as its
 // UTF-8 bytes and decoded by the server).
+//
+// # Start-up checks, metrics, ledger
+//
+// Guard.Check, Table.Check and Ledger.Check, run when the program starts,
+// read the catalog and report every setup problem with its fix (tables,
+// columns and their types, unique keys, migrations applied, privileges, a
+// standby), before the first write. WithObserver (for a Guard) and
+// Table.WithObserver report each write as a fence.WriteEvent, the input of
+// packages leaseprom and leaseotel. Ledger is a lease.Ledger for
+// lease.Manager.RunOnce; its MarkDoneTx records a run done in the job's
+// own transaction.
 //
 // # Outcomes that cannot be known
 //
