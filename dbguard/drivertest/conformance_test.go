@@ -59,15 +59,10 @@ func TestConformanceTable(t *testing.T) {
 				NewMissing:  func(t *testing.T) guardtest.Resource { return newRow(t, false) },
 				IsMissing:   func(err error) bool { return errors.Is(err, fence.ErrNotFound) },
 				CountIO:     func(r guardtest.Resource) int64 { return r.(*confRow).count() },
-				Observe: func(t *testing.T, r guardtest.Resource, o fence.WriteObserver) guardtest.Want {
-					c := r.(*confRow)
-					c.tbl = c.tbl.WithObserver(o)
-					return guardtest.Want{Guard: "dbguard", Class: "conf_rows", Op: "update", Resource: fmt.Sprintf("conf_rows(id=%d)", c.id)}
+				Observe: func(_ *testing.T, r guardtest.Resource, o fence.WriteObserver) guardtest.Want {
+					return r.(*confRow).observe(o)
 				},
-				Check: func(ctx context.Context, r guardtest.Resource) error {
-					c := r.(*confRow)
-					return c.tbl.Check(ctx, c.pool)
-				},
+				Check: func(ctx context.Context, r guardtest.Resource) error { return r.(*confRow).check(ctx) },
 				// A row of a table without lock_version.
 				NewBroken: func(t *testing.T) guardtest.Resource {
 					db.Exec(t, `CREATE TABLE IF NOT EXISTS conf_plain (id BIGINT PRIMARY KEY, value `+valueColumn(d)+`)`)
@@ -180,6 +175,16 @@ type confRow struct {
 	tbl *dbguard.Table
 	id  int64
 }
+
+// observe makes the row's Table report to o, and says what its events
+// carry.
+func (r *confRow) observe(o fence.WriteObserver) guardtest.Want {
+	r.tbl = r.tbl.WithObserver(o)
+	return guardtest.Want{Guard: "dbguard", Class: "conf_rows", Op: "update", Resource: fmt.Sprintf("conf_rows(id=%d)", r.id)}
+}
+
+// check is the Table's start-up check through the row's pool.
+func (r *confRow) check(ctx context.Context) error { return r.tbl.Check(ctx, r.pool) }
 
 func (r *confRow) Write(ctx context.Context, token fence.Token, value string) error {
 	return r.tbl.Update(ctx, r.pool, []any{r.id}, token, dbguard.Col("value", value))
