@@ -189,14 +189,14 @@ func BenchmarkDynamoGuardPaired(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := g.Probe(ctx); err != nil {
+	if err := g.Check(ctx); err != nil {
 		b.Fatal(err)
 	}
 	body := &types.AttributeValueMemberS{Value: string(make([]byte, 1024))}
 	var guardT, plainT time.Duration
 	ops := 0
 	guarded := func() error {
-		return g.Put(ctx, 1, map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "guarded"}, "body": body})
+		return g.Put(ctx, map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "guarded"}, "body": body}, 1)
 	}
 	plain := func() error {
 		_, err := s.c.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(s.data),

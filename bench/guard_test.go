@@ -96,14 +96,14 @@ func BenchmarkGuardPaired(b *testing.B) {
 	}{
 		{"update", plainUpdate, func(i int) error {
 			tok++
-			return tbl.Update(ctx, pool, tok, []any{1}, sqlguard.Col("balance", int64(i)))
+			return tbl.Update(ctx, pool, []any{1}, tok, sqlguard.Col("balance", int64(i)))
 		}},
 		{"update-async", func(i int) error {
 			_, err := async.Exec(ctx, update, int64(i))
 			return err
 		}, func(i int) error {
 			tok++
-			return tbl.Update(ctx, async, tok, []any{1}, sqlguard.Col("balance", int64(i)))
+			return tbl.Update(ctx, async, []any{1}, tok, sqlguard.Col("balance", int64(i)))
 		}},
 		{"tx", func(i int) error { return pgx.BeginFunc(ctx, pool, inTx(i)) }, fencedTx},
 		{"tx-2rows", func(i int) error {

@@ -2,6 +2,7 @@ package blobguard
 
 import (
 	"fmt"
+	"github.com/fencekit/fencekit/fence"
 	"io"
 	"sync"
 )
@@ -40,7 +41,7 @@ func putBuf(b []byte) {
 }
 
 // readAll reads r to its end. size is the expected length (-1 if unknown),
-// limit the most bytes accepted (more is an error wrapping ErrInvalidInput),
+// limit the most bytes accepted (more is an error wrapping fence.ErrInvalidArgument),
 // and pooled says whether the buffer may come from the pool.
 func readAll(r io.Reader, size, limit int64, pooled bool) ([]byte, error) {
 	if size < 0 || size > limit {
@@ -59,7 +60,7 @@ func readAll(r io.Reader, size, limit int64, pooled bool) ([]byte, error) {
 		n, err := r.Read(b[len(b):cap(b)])
 		b = b[:len(b)+n]
 		if int64(len(b)) > limit {
-			return nil, fmt.Errorf("%w: more than %d bytes", ErrInvalidInput, limit)
+			return nil, fmt.Errorf("%w: more than %d bytes", fence.ErrInvalidArgument, limit)
 		}
 		if err == io.EOF {
 			return b, nil

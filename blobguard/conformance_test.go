@@ -41,6 +41,25 @@ func TestConformance(t *testing.T) {
 				},
 				CountIO:   func(r guardtest.Resource) int64 { return r.(*confObject).guardIO() },
 				LoseReply: func(t *testing.T, r guardtest.Resource) { r.(*confObject).tr.armed.Store(true) },
+				Observe: func(t *testing.T, r guardtest.Resource, o fence.WriteObserver) guardtest.Want {
+					c := r.(*confObject)
+					c.g = newGuard(t, rawClient(c.tr), append(variant.opts, blobguard.WithObserver(o))...)
+					op := "put"
+					if c.putIf {
+						op = "put-if"
+					}
+					return guardtest.Want{Guard: "blobguard", Class: s3env.Bucket, Op: op, Resource: "s3://" + s3env.Bucket + "/" + c.key}
+				},
+				Check: func(ctx context.Context, r guardtest.Resource) error { return r.(*confObject).g.Check(ctx) },
+				// A guard of a bucket that does not exist.
+				NewBroken: func(t *testing.T) guardtest.Resource {
+					r := &confObject{key: uniqueKey(t, "conf"), putIf: variant.putIf, tr: &confTransport{next: newTransport(t)}}
+					var err error
+					if r.g, err = blobguard.New(rawClient(r.tr), "fencekit-missing-bucket", variant.opts...); err != nil {
+						t.Fatal(err)
+					}
+					return r
+				},
 				Lacks: map[guardtest.Capability]string{
 					guardtest.Missing: "Put and PutIf create a key that holds nothing: no key is missing",
 				},
@@ -75,12 +94,11 @@ func (r *confObject) Write(ctx context.Context, token fence.Token, value string)
 	before := r.tr.requests.Load()
 	obj, err := r.g.Get(ctx, r.key)
 	r.readIO.Add(r.tr.requests.Load() - before)
-	var nf *blobguard.NotFoundError
 	switch {
 	case err == nil:
 		prev = obj.Version
-	case errors.As(err, &nf):
-		prev = nf.Tombstone
+	case errors.Is(err, fence.ErrNotFound):
+		prev, _ = blobguard.TombstoneOf(err)
 	default:
 		return err
 	}
@@ -90,7 +108,7 @@ func (r *confObject) Write(ctx context.Context, token fence.Token, value string)
 
 func (r *confObject) Read(ctx context.Context) (string, fence.Token, error) {
 	obj, err := r.g.Get(ctx, r.key)
-	if errors.Is(err, blobguard.ErrNotFound) {
+	if errors.Is(err, fence.ErrNotFound) {
 		return "", fence.None, nil
 	}
 	if err != nil {

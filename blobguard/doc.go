@@ -46,7 +46,7 @@
 // Trade-offs, chosen knowingly: other readers see the header (they must use
 // Guard.Get, or skip the first HeaderSize bytes); range reads are offset by
 // it; the ETag is not the MD5 of the caller's bytes; and the guard refuses
-// (ErrNotFenced) to read or replace an object without the header, since its
+// (fence.ErrNotFenced) to read or replace an object without the header, since its
 // token is unknown.
 //
 // # Ambiguous outcomes and the nonce
@@ -63,7 +63,7 @@
 // state never comes back). If the call ends while a write's outcome is
 // still unknown (the context ends, a newer token is found stored, PutIf's
 // version is gone, a request fails outright, or Options.MaxAttempts is
-// spent), it returns an error matching ErrAmbiguous and
+// spent), it returns an error matching fence.ErrOutcomeUnknown and
 // fence.ErrOutcomeUnknown (the sentinel both guards share, see package fence),
 // joined with the reason (ctx.Err(), the *fence.StaleError, ...): it is
 // never reported as success, nor as a clean rejection. A call that fails
@@ -77,7 +77,7 @@
 //
 // Delete does not call DeleteObject. It replaces the object with a
 // tombstone: a header-only object that keeps the deleter's token (and the
-// metadata fencekit-deleted: true). Get reports ErrNotFound; a holder with
+// metadata fencekit-deleted: true). Get reports fence.ErrNotFound; a holder with
 // an older token can neither delete a newer object nor bring the key back
 // afterwards, which an actual delete could not prevent (once the object is
 // gone its token is forgotten, and If-None-Match: * lets anyone create it
@@ -90,10 +90,22 @@
 // # Fail closed
 //
 // Some S3-compatible stores accept If-Match and If-None-Match and ignore
-// them. Before its first call a Guard probes the store (see Probe) and, if
-// the store accepts a write whose precondition fails, refuses every call
-// with ErrPreconditionsIgnored. The probe also learns whether the store's
-// ETags are the MD5 of the stored bytes.
+// them. Before its first call a Guard checks the store (Check, the
+// start-up check to run when the program starts) and, if the store
+// accepts a write whose precondition fails, refuses every call with
+// ErrPreconditionsIgnored. The check also finds a missing bucket and
+// refused access or credentials, and learns whether the store's ETags are
+// the MD5 of the stored bytes. Each problem is a *fence.SetupError naming
+// the fix, which matches lease.ErrSetup (it is fence.ErrSetup).
+//
+// # Errors and metrics
+//
+// The errors are package fence's, the same for every guard (a
+// *fence.StaleError, fence.ErrOutcomeUnknown, a *fence.NotFoundError,
+// fence.ErrNotFenced, fence.ErrInvalidArgument, a *fence.SetupError), and
+// blobguard's own ErrConflict, ErrContention, ErrETagMismatch and
+// ErrPreconditionsIgnored. WithObserver reports each Put, PutIf and Delete
+// as a fence.WriteEvent, the input of packages leaseprom and leaseotel.
 //
 // # Torn reads
 //

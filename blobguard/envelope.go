@@ -78,27 +78,27 @@ func putHeader(b []byte, h header) {
 }
 
 // parseEnvelope splits stored bytes into header and payload. Bytes that were
-// not written by a guard give an error wrapping ErrNotFenced.
+// not written by a guard give an error wrapping fence.ErrNotFenced.
 func parseEnvelope(b []byte) (header, []byte, error) {
 	var h header
 	if len(b) < headerLen || string(b[0:4]) != envMagic {
-		return h, nil, fmt.Errorf("%w: no blobguard header", ErrNotFenced)
+		return h, nil, fmt.Errorf("%w: no blobguard header", fence.ErrNotFenced)
 	}
 	if b[4] != envVersion {
-		return h, nil, fmt.Errorf("%w: unsupported header version %d", ErrNotFenced, b[4])
+		return h, nil, fmt.Errorf("%w: unsupported header version %d", fence.ErrNotFenced, b[4])
 	}
 	if b[5]&^flagDeleted != 0 {
-		return h, nil, fmt.Errorf("%w: unknown header flags %#x", ErrNotFenced, b[5])
+		return h, nil, fmt.Errorf("%w: unknown header flags %#x", fence.ErrNotFenced, b[5])
 	}
 	h.deleted = b[5]&flagDeleted != 0
 	h.token = fence.Token(binary.BigEndian.Uint64(b[6:14]))
 	copy(h.nonce[:], b[14:30])
 	if h.token == fence.None {
-		return h, nil, fmt.Errorf("%w: header carries token 0", ErrNotFenced)
+		return h, nil, fmt.Errorf("%w: header carries token 0", fence.ErrNotFenced)
 	}
 	payload := b[headerLen:]
 	if h.deleted && len(payload) != 0 {
-		return h, nil, fmt.Errorf("%w: tombstone with a body", ErrNotFenced)
+		return h, nil, fmt.Errorf("%w: tombstone with a body", fence.ErrNotFenced)
 	}
 	return h, payload, nil
 }

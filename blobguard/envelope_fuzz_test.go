@@ -13,7 +13,7 @@ import (
 )
 
 // FuzzParseEnvelope: parsing the stored bytes of an object never panics,
-// refuses with ErrNotFenced whatever is not a header the guard writes, and
+// refuses with fence.ErrNotFenced whatever is not a header the guard writes, and
 // accepts every header it does write. An accepted header is exactly the
 // one putHeader writes for what was parsed, so no garbage (a stray flag
 // bit, another version, token 0, a tombstone with a body) passes as a
@@ -48,8 +48,8 @@ func FuzzParseEnvelope(f *testing.F) {
 		valid := len(b) >= HeaderSize && string(b[:4]) == "FKBG" && b[4] == 1 && b[5]&^1 == 0 &&
 			binary.BigEndian.Uint64(b[6:14]) != 0 && (b[5] == 0 || len(b) == HeaderSize)
 		if err != nil {
-			if !errors.Is(err, ErrNotFenced) {
-				t.Fatalf("error %v does not match ErrNotFenced", err)
+			if !errors.Is(err, fence.ErrNotFenced) {
+				t.Fatalf("error %v does not match fence.ErrNotFenced", err)
 			}
 			if valid {
 				t.Fatalf("a header the guard writes was refused: %v", err)
@@ -67,7 +67,7 @@ func FuzzParseEnvelope(f *testing.F) {
 	})
 }
 
-// FuzzValidateKey: a key is refused (ErrInvalidInput, no panic) or it is
+// FuzzValidateKey: a key is refused (fence.ErrInvalidArgument, no panic) or it is
 // one S3 and path-based stores keep as it is: 1 to 1024 bytes of UTF-8
 // without control characters, whose path segments no store rewrites
 // (cleaning it as a path changes nothing).
@@ -79,8 +79,8 @@ func FuzzValidateKey(f *testing.F) {
 	f.Fuzz(func(t *testing.T, key string) {
 		err := validateKey(key)
 		if err != nil {
-			if !errors.Is(err, ErrInvalidInput) {
-				t.Fatalf("error %v does not match ErrInvalidInput", err)
+			if !errors.Is(err, fence.ErrInvalidArgument) {
+				t.Fatalf("error %v does not match fence.ErrInvalidArgument", err)
 			}
 			return
 		}

@@ -62,7 +62,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	_, err = guard.Get(ctx, key)
-	fmt.Println("after 42 deleted it:", errors.Is(err, blobguard.ErrNotFound))
+	fmt.Println("after 42 deleted it:", errors.Is(err, fence.ErrNotFound))
 	// Output:
 	// 41 wrote, stored token 41
 	// 42 read token 41 and wrote {"rows":2}

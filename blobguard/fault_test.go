@@ -84,7 +84,7 @@ func Test409Exhausted(t *testing.T) {
 	if puts.Load() != 3 {
 		t.Fatalf("%d PUTs; want 3", puts.Load())
 	}
-	if _, err := g.Get(t.Context(), key); !errors.Is(err, blobguard.ErrNotFound) {
+	if _, err := g.Get(t.Context(), key); !errors.Is(err, fence.ErrNotFound) {
 		t.Fatalf("Get: %v; want ErrNotFound", err)
 	}
 }

@@ -7,6 +7,7 @@ require (
 	github.com/aws/aws-sdk-go-v2/service/s3 v1.114.10
 	github.com/aws/smithy-go v1.28.9
 	github.com/fencekit/fencekit v0.1.0
+	github.com/fencekit/fencekit/internal/awsattempt v0.1.0
 	go.uber.org/goleak v1.3.0
 )
 

@@ -15,9 +15,10 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
-	"github.com/aws/smithy-go"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/awsattempt"
+	"github.com/fencekit/fencekit/internal/options"
 	"github.com/fencekit/fencekit/internal/probeonce"
 )
 
@@ -36,109 +37,11 @@ type Client interface {
 
 var _ Client = (*s3.Client)(nil)
 
-var (
-	// ErrInvalidInput is returned before any I/O for arguments that cannot
-	// work: a nil client or body, an empty or malformed bucket name or key,
-	// the zero token (the error then also matches fence.ErrInvalidToken),
-	// a body over Options.MaxObjectSize, or invalid Options.
-	ErrInvalidInput = errors.New("blobguard: invalid input")
-
-	// ErrPreconditionsIgnored is returned by Probe, and by every call of a
-	// Guard whose probe failed this way, when the store does not honour
-	// S3 conditional writes: it accepted a conditional create of an
-	// existing key, a write with a wrong If-Match, or an If-Match on a
-	// missing key, or it refused a write whose If-Match held. Fencing is
-	// impossible on such a store, so the guard refuses to run (fail closed).
-	ErrPreconditionsIgnored = errors.New("blobguard: store does not honour conditional writes")
-
-	// ErrAmbiguous is blobguard's name for fence.ErrOutcomeUnknown, the
-	// sentinel both guards share: every error that matches it with
-	// errors.Is also matches fence.ErrOutcomeUnknown. Put, PutIf and
-	// Delete return it when they sent a conditional PutObject whose outcome
-	// they could not learn before the call ended. A write's outcome is
-	// unknown when the context ended or the connection broke while it was
-	// in flight, when the store answered 5xx or acknowledged it without an
-	// ETag, or when the SDK retried it and the retry failed in any way (412,
-	// 409, 404, 403...: the first try may have been applied). The guard
-	// then reads the object again (except after a retry that failed with
-	// an error it cannot retry, which it returns as it is, joined with
-	// ErrAmbiguous):
-	// finding the write's nonce makes the call a success, and finding the
-	// object changed to a state the write was not conditional on shows
-	// that it did not land and never can. If the call ends first, the
-	// error matches ErrAmbiguous, joined with the reason: ctx.Err() when
-	// the context ended; the *fence.StaleError when a newer token was
-	// found stored (the write may have landed and been replaced); ErrConflict
-	// when PutIf found another version; the error of a read or write that
-	// failed outright; or nothing more when Options.MaxAttempts was spent
-	// (in place of ErrContention). The write may or may not have been
-	// applied, now or later; it is never reported as success. Read the
-	// object (Get) to learn what is stored.
-	ErrAmbiguous error = outcomeUnknown{}
-
-	// ErrNotFound is returned (inside a *NotFoundError) by Get when the key
-	// holds no object or holds a tombstone written by Delete.
-	ErrNotFound = errors.New("blobguard: object not found")
-
-	// ErrNotFenced is returned when the key holds an object that was not
-	// written by a Guard (no blobguard header), or one whose header this
-	// version cannot read. The guard neither returns nor overwrites it:
-	// its token is unknown. Remove it by other means to use the key.
-	ErrNotFenced = errors.New("blobguard: object not written by blobguard")
-
-	// ErrConflict is returned by PutIf when the object is no longer the
-	// version the caller read, and no newer token is stored: someone with
-	// an older or equal token wrote in between. Read it again and retry.
-	ErrConflict = errors.New("blobguard: object changed since it was read")
-
-	// ErrContention is returned when Options.MaxAttempts conditional writes
-	// all lost to competing writers with older or equal tokens, or met
-	// 409 ConditionalRequestConflict. Nothing was written by this call.
-	ErrContention = errors.New("blobguard: too many conflicting writes")
-
-	// ErrETagMismatch is returned when the store keeps MD5 ETags (found by
-	// the probe) but returned an ETag that is not the MD5 of the bytes it
-	// returned with it, again on every re-read: a torn or corrupt read.
-	ErrETagMismatch = errors.New("blobguard: store returned an ETag that does not match the object")
-)
-
-// outcomeUnknown is ErrAmbiguous: a sentinel that keeps blobguard's
-// prefix and also matches fence.ErrOutcomeUnknown.
-type outcomeUnknown struct{}
-
-func (outcomeUnknown) Error() string { return "blobguard: write outcome unknown" }
-
-// Is reports whether target is fence.ErrOutcomeUnknown (errors.Is matches
-// ErrAmbiguous itself by equality).
-func (outcomeUnknown) Is(target error) bool { return target == fence.ErrOutcomeUnknown }
-
-// NotFoundError is returned by Get when there is no live object at Key. It
-// matches ErrNotFound with errors.Is.
-type NotFoundError struct {
-	// Bucket and Key name the object.
-	Bucket, Key string
-	// Tombstone is the version of the tombstone Delete left at Key, or the
-	// zero Version if the key holds nothing at all. Either can be passed
-	// to PutIf as prev to create the object in one request.
-	Tombstone Version
-}
-
-// Error says which object was not found.
-func (e *NotFoundError) Error() string {
-	if !e.Tombstone.IsZero() {
-		return fmt.Sprintf("blobguard: object not found: s3://%s/%s (deleted with token %d)", e.Bucket, e.Key, e.Tombstone.token)
-	}
-	return fmt.Sprintf("blobguard: object not found: s3://%s/%s", e.Bucket, e.Key)
-}
-
-// Is reports whether target is ErrNotFound.
-func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
-
 // Version identifies one stored write of one object: its ETag and the
 // fencing token it carries. PutIf trusts a Version's token without reading
 // the object, so only a Guard makes one, from a write the store
 // acknowledged or from a read it checked: Get, Put, PutIf and Delete
-// return them, and a NotFoundError carries a tombstone's. Its fields are
+// return them, and TombstoneOf gives a tombstone's. Its fields are
 // unexported, so a caller cannot pair an ETag it learned elsewhere (a
 // plain HeadObject, a listing) with a token of its choosing. The zero
 // Version names no write: passed to PutIf it means "no live object".
@@ -193,7 +96,7 @@ type Options struct {
 	// header, with a ranged GetObject, to learn its token and ETag, so
 	// that a write costs the same whatever the size of the object it
 	// replaces. Default false: they read the whole object and, on a store
-	// whose ETags are MD5 (see Probe), check the ETag against the bytes,
+	// whose ETags are MD5 (see Check), check the ETag against the bytes,
 	// reading again on a mismatch.
 	//
 	// Set it only for a store whose GetObject never returns the ETag of a
@@ -293,16 +196,16 @@ func (o *Options) setDefaults() {
 func (o *Options) validate() error {
 	var errs []error
 	if o.MaxAttempts < 1 {
-		errs = append(errs, fmt.Errorf("%w: MaxAttempts %d < 1", ErrInvalidInput, o.MaxAttempts))
+		errs = append(errs, fmt.Errorf("%w: MaxAttempts %d < 1", fence.ErrInvalidArgument, o.MaxAttempts))
 	}
 	if o.MinBackoff < 0 {
-		errs = append(errs, fmt.Errorf("%w: MinBackoff %v < 0", ErrInvalidInput, o.MinBackoff))
+		errs = append(errs, fmt.Errorf("%w: MinBackoff %v < 0", fence.ErrInvalidArgument, o.MinBackoff))
 	}
 	if o.MaxBackoff < o.MinBackoff {
-		errs = append(errs, fmt.Errorf("%w: MaxBackoff %v < MinBackoff %v", ErrInvalidInput, o.MaxBackoff, o.MinBackoff))
+		errs = append(errs, fmt.Errorf("%w: MaxBackoff %v < MinBackoff %v", fence.ErrInvalidArgument, o.MaxBackoff, o.MinBackoff))
 	}
 	if o.MaxObjectSize < 0 || o.MaxObjectSize > maxPutSize {
-		errs = append(errs, fmt.Errorf("%w: MaxObjectSize %d not in [0, %d]", ErrInvalidInput, o.MaxObjectSize, int64(maxPutSize)))
+		errs = append(errs, fmt.Errorf("%w: MaxObjectSize %d not in [0, %d]", fence.ErrInvalidArgument, o.MaxObjectSize, int64(maxPutSize)))
 	}
 	// The probe appends 32 hex digits to the prefix.
 	if err := validateKey(o.ProbePrefix + "0123456789abcdef0123456789abcdef"); err != nil {
@@ -325,20 +228,15 @@ type Guard struct {
 
 // New returns a Guard for bucket over client, configured by opts (applied
 // in order; a nil Option is skipped). It does no I/O: the store is probed
-// (see Probe) before the first Get, Put, PutIf or Delete. It returns an
-// error wrapping ErrInvalidInput for a nil client, a malformed bucket name
+// (see Check) before the first Get, Put, PutIf or Delete. It returns an
+// error wrapping fence.ErrInvalidArgument for a nil client, a malformed bucket name
 // or invalid options, reporting every problem at once.
 func New(client Client, bucket string, opts ...Option) (*Guard, error) {
-	var o Options
-	for _, opt := range opts {
-		if opt != nil {
-			opt(&o)
-		}
-	}
+	o := options.Apply(opts)
 	o.setDefaults()
 	var errs []error
 	if client == nil || isNilS3Client(client) {
-		errs = append(errs, fmt.Errorf("%w: nil client", ErrInvalidInput))
+		errs = append(errs, fmt.Errorf("%w: nil client", fence.ErrInvalidArgument))
 	}
 	if err := validateBucket(bucket); err != nil {
 		errs = append(errs, err)
@@ -374,8 +272,8 @@ func (g *Guard) version(key, etag string, token fence.Token) Version {
 
 // Get reads the object at key: its bytes, its token and its ETag. ctx
 // bounds the whole call (including the probe on first use). It returns a
-// *NotFoundError (matching ErrNotFound) when there is no object or a
-// tombstone, and an error wrapping ErrNotFenced for an object that was not
+// *fence.NotFoundError (matching fence.ErrNotFound) when there is no object or a
+// tombstone (TombstoneOf gives its Version), and an error wrapping fence.ErrNotFenced for an object that was not
 // written by a Guard.
 func (g *Guard) Get(ctx context.Context, key string) (*Object, error) {
 	if err := validateKey(key); err != nil {
@@ -389,11 +287,12 @@ func (g *Guard) Get(ctx context.Context, key string) (*Object, error) {
 		return nil, err
 	}
 	if !cur.exists || cur.deleted {
-		nf := &NotFoundError{Bucket: g.bucket, Key: key}
+		nf := &fence.NotFoundError{Resource: g.resource(key)}
 		if cur.exists {
-			nf.Tombstone = g.version(key, cur.etag, cur.header.token)
+			v := g.version(key, cur.etag, cur.header.token)
+			nf.Tombstone, nf.Version = v.token, v
 		}
-		return nil, nf
+		return nil, fmt.Errorf("blobguard: get: %w", nf)
 	}
 	return &Object{Version: g.version(key, cur.etag, cur.header.token), Body: cur.payload}, nil
 }
@@ -409,11 +308,11 @@ func (g *Guard) Get(ctx context.Context, key string) (*Object, error) {
 //
 // It returns the new Version on success; a *fence.StaleError (matching
 // fence.ErrStaleToken) with the stored token when a newer token is stored,
-// in which case nothing was written; an error matching ErrAmbiguous and
+// in which case nothing was written; an error matching fence.ErrOutcomeUnknown and
 // fence.ErrOutcomeUnknown when a write's outcome could not be learned;
-// ErrContention when every attempt lost; ErrNotFenced when the key holds
+// ErrContention when every attempt lost; fence.ErrNotFenced when the key holds
 // an object no Guard wrote; ErrETagMismatch when whole-object reads kept
-// returning an ETag that does not match their bytes; ErrInvalidInput,
+// returning an ETag that does not match their bytes; fence.ErrInvalidArgument,
 // before any I/O, for a bad key, token or body (and, reading whole
 // objects, for a stored object larger than Options.MaxObjectSize); and the
 // probe's ErrPreconditionsIgnored. body is read to its end before any I/O
@@ -444,11 +343,11 @@ func (g *Guard) put(ctx context.Context, key string, token fence.Token, body io.
 // PutIf is a compare-and-swap for read-modify-write: it writes body to key
 // with token only if the object is still the version prev (a Version of
 // this key from Get, Put, PutIf or Delete, of this or another Guard of the
-// same bucket; the zero Version, or a NotFoundError's Tombstone, means "no
+// same bucket; the zero Version, or a tombstone's (TombstoneOf), means "no
 // live object"). In the common case it sends one request and no read: it
 // writes If-Match on prev's ETag, and the token it checks is the one the
 // guard recorded in prev when it made it, never one the caller supplies.
-// It returns an error wrapping ErrInvalidInput, before any I/O, if prev is
+// It returns an error wrapping fence.ErrInvalidArgument, before any I/O, if prev is
 // a version of another bucket or key; a *fence.StaleError without any I/O
 // if prev.Token() is newer than token; and after a failed condition either
 // a *fence.StaleError (a newer token is stored) or ErrConflict (the object
@@ -468,7 +367,7 @@ func (g *Guard) putIf(ctx context.Context, key string, token fence.Token, body i
 		return Version{}, err
 	}
 	if !prev.IsZero() && (prev.bucket != g.bucket || prev.key != key) {
-		return Version{}, fmt.Errorf("%w: prev is a version of s3://%s/%s, not of %s", ErrInvalidInput, prev.bucket, prev.key, g.resource(key))
+		return Version{}, fmt.Errorf("%w: prev is a version of s3://%s/%s, not of %s", fence.ErrInvalidArgument, prev.bucket, prev.key, g.resource(key))
 	}
 	if prev.token > token {
 		return Version{}, fence.Stale(g.resource(key), token, prev.token)
@@ -479,7 +378,7 @@ func (g *Guard) putIf(ctx context.Context, key string, token fence.Token, body i
 // Delete removes the object at key on behalf of token, unless a newer token
 // is stored there: it replaces the object with a tombstone (a header-only
 // object, HeaderSize bytes, with metadata fencekit-deleted: true) that
-// keeps the token, so that Get reports ErrNotFound and a stale holder can
+// keeps the token, so that Get reports fence.ErrNotFound and a stale holder can
 // neither delete a newer object nor bring the key back with an older token
 // afterwards. Deleting a missing key writes a tombstone too. It works and
 // fails like Put and returns the tombstone's Version. The store's
@@ -511,7 +410,7 @@ func (g *Guard) checkWrite(key string, token fence.Token, body io.Reader) ([]byt
 		return nil, err
 	}
 	if body == nil {
-		return nil, fmt.Errorf("%w: nil body", ErrInvalidInput)
+		return nil, fmt.Errorf("%w: nil body", fence.ErrInvalidArgument)
 	}
 	return readEnvelope(body, g.opts.MaxObjectSize)
 }
@@ -525,8 +424,8 @@ func readEnvelope(body io.Reader, max int64) ([]byte, error) {
 		size = int64(l.Len()) + headerLen
 	}
 	env, err := readAll(io.MultiReader(bytes.NewReader(make([]byte, headerLen)), body), size, max+headerLen, true)
-	if errors.Is(err, ErrInvalidInput) {
-		return nil, fmt.Errorf("%w: body larger than MaxObjectSize (%d bytes)", ErrInvalidInput, max)
+	if errors.Is(err, fence.ErrInvalidArgument) {
+		return nil, fmt.Errorf("%w: body larger than MaxObjectSize (%d bytes)", fence.ErrInvalidArgument, max)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("blobguard: read body: %w", err)
@@ -638,7 +537,7 @@ func (g *Guard) write(ctx context.Context, w writeReq) (Version, error) {
 		case retriedPreconditionFailed:
 			// The SDK retried: the first try may have been applied and
 			// the retry then failed on our own write. The re-read tells.
-			ambiguous = fmt.Errorf("%w: write %s: %w", ErrAmbiguous, res, err)
+			ambiguous = fmt.Errorf("%w: write %s: %w", fence.ErrOutcomeUnknown, res, err)
 			pending = append(pending, stateKey(cur))
 			contended = err
 		case preconditionFailed, vanished:
@@ -650,7 +549,7 @@ func (g *Guard) write(ctx context.Context, w writeReq) (Version, error) {
 				return Version{}, withAmbiguous(ambiguous, fmt.Errorf("blobguard: write %s: %w: %w", res, contended, err))
 			}
 		case unknown:
-			ambiguous = fmt.Errorf("%w: write %s: %w", ErrAmbiguous, res, err)
+			ambiguous = fmt.Errorf("%w: write %s: %w", fence.ErrOutcomeUnknown, res, err)
 			pending = append(pending, stateKey(cur))
 			if err := ctx.Err(); err != nil {
 				return Version{}, errors.Join(ambiguous, err)
@@ -739,8 +638,8 @@ func (g *Guard) putOnce(ctx context.Context, key string, env []byte, h header, c
 	} else {
 		in.IfNoneMatch = aws.String("*")
 	}
-	var tr attemptTracker
-	out, err := g.client.PutObject(ctx, in, tr.option)
+	var tr awsattempt.Tracker
+	out, err := g.client.PutObject(ctx, in, counted(&tr))
 	if err == nil {
 		etag := aws.ToString(out.ETag)
 		if etag == "" {
@@ -751,11 +650,11 @@ func (g *Guard) putOnce(ctx context.Context, key string, env []byte, h header, c
 		return etag, written, nil
 	}
 	err = fmt.Errorf("blobguard: put s3://%s/%s: %w", g.bucket, key, err)
-	status, code := httpStatus(err), apiCode(err)
+	status, code := awsattempt.HTTPStatus(err), awsattempt.APICode(err)
 	// After an SDK retry (or when the attempts cannot be counted) an
 	// earlier try of this request may have been applied, whatever the
 	// last one was told: no answer then says the write did not land.
-	retried := tr.sent() > 1 || !tr.applied
+	retried := tr.Retried()
 	switch {
 	case status == 412 || code == "PreconditionFailed":
 		if retried {
@@ -776,10 +675,10 @@ func (g *Guard) putOnce(ctx context.Context, key string, env []byte, h header, c
 		return "", unknown, err
 	case status != 0:
 		if retried {
-			return "", failed, fmt.Errorf("%w: %w", ErrAmbiguous, err)
+			return "", failed, fmt.Errorf("%w: %w", fence.ErrOutcomeUnknown, err)
 		}
-		return "", failed, err
-	case tr.applied && tr.sent() == 0:
+		return "", failed, g.storeErr(err)
+	case tr.NeverSent():
 		// No response, and the request never got past signing.
 		return "", failed, err
 	default:
@@ -807,18 +706,8 @@ func (g *Guard) sleep(ctx context.Context, n int) error {
 	}
 }
 
-func httpStatus(err error) int {
-	var re interface{ HTTPStatusCode() int }
-	if errors.As(err, &re) {
-		return re.HTTPStatusCode()
-	}
-	return 0
-}
-
-func apiCode(err error) string {
-	var ae smithy.APIError
-	if errors.As(err, &ae) {
-		return ae.ErrorCode()
-	}
-	return ""
+// counted returns the per-call option function that makes tr count the
+// call's HTTP attempts (package awsattempt).
+func counted(tr *awsattempt.Tracker) func(*s3.Options) {
+	return func(o *s3.Options) { tr.Add(&o.APIOptions) }
 }

@@ -50,7 +50,7 @@ func testOutcomes(t *testing.T, mode blobguard.Option) {
 	g := newGuard(t, rawClient(baseTransport), mode)
 	key := uniqueKey(t, "obj")
 
-	if _, err := g.Get(ctx, key); !errors.Is(err, blobguard.ErrNotFound) {
+	if _, err := g.Get(ctx, key); !errors.Is(err, fence.ErrNotFound) {
 		t.Fatalf("Get of a new key: %v; want ErrNotFound", err)
 	}
 
@@ -93,9 +93,10 @@ func testOutcomes(t *testing.T, mode blobguard.Option) {
 		t.Fatalf("delete: %v", err)
 	}
 	_, err = g.Get(ctx, key)
-	var nf *blobguard.NotFoundError
-	if !errors.As(err, &nf) || !errors.Is(err, blobguard.ErrNotFound) || nf.Tombstone != tomb || nf.Tombstone.Token() != 13 {
-		t.Fatalf("Get after delete: %v (%+v); want NotFoundError with tombstone %+v", err, nf, tomb)
+	var nf *fence.NotFoundError
+	got, ok := blobguard.TombstoneOf(err)
+	if !errors.As(err, &nf) || !errors.Is(err, fence.ErrNotFound) || !ok || got != tomb || nf.Tombstone != 13 || nf.Resource != "s3://"+g.Bucket()+"/"+key {
+		t.Fatalf("Get after delete: %v (%+v); want a NotFoundError with tombstone %+v", err, nf, tomb)
 	}
 
 	// A stale holder can neither bring it back nor delete the tombstone.
@@ -179,13 +180,13 @@ func testNotFenced(t *testing.T, mode blobguard.Option) {
 		if _, err := raw.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(s3env.Bucket), Key: aws.String(key), Body: strings.NewReader(tc.body)}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := g.Get(ctx, key); !errors.Is(err, blobguard.ErrNotFenced) {
+		if _, err := g.Get(ctx, key); !errors.Is(err, fence.ErrNotFenced) {
 			t.Errorf("%s: Get: %v; want ErrNotFenced", tc.name, err)
 		}
-		if _, err := g.Put(ctx, key, 1, strings.NewReader("x")); !errors.Is(err, blobguard.ErrNotFenced) {
+		if _, err := g.Put(ctx, key, 1, strings.NewReader("x")); !errors.Is(err, fence.ErrNotFenced) {
 			t.Errorf("%s: Put: %v; want ErrNotFenced", tc.name, err)
 		}
-		if _, err := g.Delete(ctx, key, 1); !errors.Is(err, blobguard.ErrNotFenced) {
+		if _, err := g.Delete(ctx, key, 1); !errors.Is(err, fence.ErrNotFenced) {
 			t.Errorf("%s: Delete: %v; want ErrNotFenced", tc.name, err)
 		}
 		out, err := raw.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(s3env.Bucket), Key: aws.String(key)})
@@ -287,12 +288,12 @@ func testReadModifyWrite(t *testing.T, mode blobguard.Option) {
 		t.Fatal(err)
 	}
 	_, err = g.Get(ctx, key)
-	var nf *blobguard.NotFoundError
-	if !errors.As(err, &nf) {
+	tomb, ok := blobguard.TombstoneOf(err)
+	if !ok {
 		t.Fatalf("Get after delete: %v", err)
 	}
 	ct.reset()
-	if _, err := g.PutIf(ctx, key, 10, strings.NewReader("reborn"), nf.Tombstone); err != nil || ct.all.Load() != 1 {
+	if _, err := g.PutIf(ctx, key, 10, strings.NewReader("reborn"), tomb); err != nil || ct.all.Load() != 1 {
 		t.Fatalf("PutIf over the tombstone: %v, %d requests; want nil, 1", err, ct.all.Load())
 	}
 	wantStored(t, g, key, 10, "reborn")

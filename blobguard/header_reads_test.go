@@ -231,8 +231,7 @@ func TestHeaderReadsCost(t *testing.T) {
 				}
 			}
 			_, err := g.Get(ctx, key)
-			var nf *blobguard.NotFoundError
-			if !errors.As(err, &nf) || nf.Tombstone.Token() != 3 {
+			if tomb, ok := blobguard.TombstoneOf(err); !ok || tomb.Token() != 3 {
 				t.Fatalf("Get after Delete: %v; want the tombstone of token 3", err)
 			}
 		})
@@ -259,7 +258,7 @@ func TestHeaderReadsLargeStoredObject(t *testing.T) {
 				t.Fatalf("%s reads: Put over a 4 KiB object: %v; want success", m.name, err)
 			}
 		default:
-			if !errors.Is(err, blobguard.ErrInvalidInput) {
+			if !errors.Is(err, fence.ErrInvalidArgument) {
 				t.Fatalf("%s reads: Put over a 4 KiB object: %v; want ErrInvalidInput (over MaxObjectSize)", m.name, err)
 			}
 		}

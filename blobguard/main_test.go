@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/fencekit/fencekit/fence"
 	"io"
 	"net/http"
 	"os"
@@ -111,8 +112,8 @@ func newGuard(t testing.TB, client blobguard.Client, opts ...blobguard.Option) *
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	if err := g.Probe(t.Context()); err != nil {
-		t.Fatalf("Probe: %v", err)
+	if err := g.Check(t.Context()); err != nil {
+		t.Fatalf("Check: %v", err)
 	}
 	return g
 }
@@ -216,7 +217,7 @@ func observe(ctx context.Context, g *blobguard.Guard, key string) *observer {
 			switch {
 			case err == nil:
 				o.tokens = append(o.tokens, uint64(obj.Token()))
-			case !errors.Is(err, blobguard.ErrNotFound):
+			case !errors.Is(err, fence.ErrNotFound):
 				o.errs = append(o.errs, err)
 			}
 			o.mu.Unlock()

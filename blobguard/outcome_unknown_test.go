@@ -14,39 +14,20 @@ import (
 	"github.com/fencekit/fencekit/fence"
 )
 
-// wantOutcomeUnknown checks that err says a write's outcome is unknown by
-// both of its names: blobguard.ErrAmbiguous and the shared
-// fence.ErrOutcomeUnknown.
+// wantOutcomeUnknown checks that err says a write's outcome is unknown.
 func wantOutcomeUnknown(t *testing.T, err error) {
 	t.Helper()
-	if !errors.Is(err, blobguard.ErrAmbiguous) || !errors.Is(err, fence.ErrOutcomeUnknown) {
-		t.Fatalf("err = %v; want it to match blobguard.ErrAmbiguous (%v) and fence.ErrOutcomeUnknown (%v)",
-			err, errors.Is(err, blobguard.ErrAmbiguous), errors.Is(err, fence.ErrOutcomeUnknown))
+	if !errors.Is(err, fence.ErrOutcomeUnknown) {
+		t.Fatalf("err = %v; want it to match fence.ErrOutcomeUnknown", err)
 	}
 }
 
-// wantOutcomeKnown checks that err matches neither name of an unknown
-// outcome.
+// wantOutcomeKnown checks that err does not say that the outcome is
+// unknown.
 func wantOutcomeKnown(t *testing.T, err error) {
 	t.Helper()
-	if errors.Is(err, blobguard.ErrAmbiguous) || errors.Is(err, fence.ErrOutcomeUnknown) {
-		t.Fatalf("err = %v; want a known outcome (neither blobguard.ErrAmbiguous nor fence.ErrOutcomeUnknown)", err)
-	}
-}
-
-// TestErrAmbiguousIsOutcomeUnknown: the sentinel itself matches the shared
-// one and keeps the package prefix; the shared one does not match the
-// other way (a sqlguard error is not a blobguard error).
-func TestErrAmbiguousIsOutcomeUnknown(t *testing.T) {
-	t.Parallel()
-	if !errors.Is(blobguard.ErrAmbiguous, fence.ErrOutcomeUnknown) {
-		t.Error("ErrAmbiguous does not match fence.ErrOutcomeUnknown")
-	}
-	if !strings.HasPrefix(blobguard.ErrAmbiguous.Error(), "blobguard: ") {
-		t.Errorf("ErrAmbiguous says %q; want the blobguard: prefix", blobguard.ErrAmbiguous)
-	}
-	if errors.Is(fence.ErrOutcomeUnknown, blobguard.ErrAmbiguous) {
-		t.Error("fence.ErrOutcomeUnknown matches blobguard.ErrAmbiguous")
+	if errors.Is(err, fence.ErrOutcomeUnknown) {
+		t.Fatalf("err = %v; want a known outcome (not fence.ErrOutcomeUnknown)", err)
 	}
 }
 
@@ -77,7 +58,7 @@ func TestUnknownOutcomesExhausted(t *testing.T) {
 	if puts.Load() != 3 {
 		t.Fatalf("%d PUTs; want MaxAttempts = 3", puts.Load())
 	}
-	if _, err := g.Get(t.Context(), key); !errors.Is(err, blobguard.ErrNotFound) {
+	if _, err := g.Get(t.Context(), key); !errors.Is(err, fence.ErrNotFound) {
 		t.Fatalf("Get: %v; want ErrNotFound", err)
 	}
 }

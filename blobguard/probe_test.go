@@ -15,6 +15,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/fencekit/fencekit/blobguard"
+	"github.com/fencekit/fencekit/fence"
 )
 
 // laxStore is a tiny in-memory S3 that honours only the conditions it is
@@ -105,13 +106,13 @@ func TestProbeRefusesLaxStore(t *testing.T) {
 				t.Fatal(err)
 			}
 			ctx := t.Context()
-			err = g.Probe(ctx)
-			if got := errors.Is(err, blobguard.ErrPreconditionsIgnored); got != tc.wantRefused {
-				t.Fatalf("Probe: %v; refused %v, want %v", err, got, tc.wantRefused)
+			err = g.Check(ctx)
+			if got := errors.Is(err, blobguard.ErrPreconditionsIgnored) && errors.Is(err, fence.ErrSetup); got != tc.wantRefused {
+				t.Fatalf("Check: %v; refused %v, want %v", err, got, tc.wantRefused)
 			}
 			if !tc.wantRefused {
 				if err != nil {
-					t.Fatalf("Probe: %v", err)
+					t.Fatalf("Check: %v", err)
 				}
 				return
 			}
@@ -167,8 +168,8 @@ func TestProbeRealServer(t *testing.T) {
 	if _, err := g.Put(ctx, key, 1, strings.NewReader("y")); err != nil || ct.all.Load() != 2 {
 		t.Fatalf("second Put: %v, %d requests; want nil, 2 (no second probe)", err, ct.all.Load())
 	}
-	if err := g.Probe(ctx); err != nil {
-		t.Fatalf("Probe: %v", err)
+	if err := g.Check(ctx); err != nil {
+		t.Fatalf("Check: %v", err)
 	}
 	out, err := rawClient(baseTransport).ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: aws.String(s3env.Bucket), Prefix: aws.String(prefix)})
 	if err != nil {

@@ -209,7 +209,7 @@ func testRaceIdenticalBytes(t *testing.T, mode blobguard.Option) {
 		switch obj, err := gs[0].Get(t.Context(), key); {
 		case err == nil:
 			prev = obj.Version
-		case !errors.Is(err, blobguard.ErrNotFound):
+		case !errors.Is(err, fence.ErrNotFound):
 			t.Fatal(err)
 		}
 		res := runRound(roundTokens(r), func(i int, tok fence.Token) error {

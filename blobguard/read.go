@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/awsattempt"
 	"io"
 	"strconv"
 	"strings"
@@ -62,15 +64,15 @@ func (g *Guard) read(ctx context.Context, key string, pooled bool) (stored, erro
 func (g *Guard) readOnce(ctx context.Context, key string, pooled bool) (stored, error) {
 	out, err := g.client.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(g.bucket), Key: aws.String(key)})
 	if err != nil {
-		if apiCode(err) == "NoSuchKey" {
+		if awsattempt.APICode(err) == "NoSuchKey" {
 			return stored{}, nil
 		}
-		return stored{}, fmt.Errorf("blobguard: get s3://%s/%s: %w", g.bucket, key, err)
+		return stored{}, g.storeErr(fmt.Errorf("blobguard: get s3://%s/%s: %w", g.bucket, key, err))
 	}
 	defer out.Body.Close()
 	raw, err := readAll(out.Body, aws.ToInt64(out.ContentLength), g.opts.MaxObjectSize+headerLen, pooled)
-	if errors.Is(err, ErrInvalidInput) {
-		return stored{}, fmt.Errorf("%w: s3://%s/%s is larger than MaxObjectSize (%d bytes)", ErrInvalidInput, g.bucket, key, g.opts.MaxObjectSize)
+	if errors.Is(err, fence.ErrInvalidArgument) {
+		return stored{}, fmt.Errorf("%w: s3://%s/%s is larger than MaxObjectSize (%d bytes)", fence.ErrInvalidArgument, g.bucket, key, g.opts.MaxObjectSize)
 	}
 	if err != nil {
 		return stored{}, fmt.Errorf("blobguard: read s3://%s/%s: %w", g.bucket, key, err)
@@ -120,13 +122,13 @@ func (g *Guard) readHeader(ctx context.Context, key string) (stored, error) {
 	})
 	if err != nil {
 		switch {
-		case apiCode(err) == "NoSuchKey":
+		case awsattempt.APICode(err) == "NoSuchKey":
 			return stored{}, nil
-		case httpStatus(err) == 416 || apiCode(err) == "InvalidRange":
+		case awsattempt.HTTPStatus(err) == 416 || awsattempt.APICode(err) == "InvalidRange":
 			// Only an empty object has no first byte.
-			return stored{}, fmt.Errorf("s3://%s/%s: %w: empty object", g.bucket, key, ErrNotFenced)
+			return stored{}, fmt.Errorf("s3://%s/%s: %w: empty object", g.bucket, key, fence.ErrNotFenced)
 		}
-		return stored{}, fmt.Errorf("blobguard: get s3://%s/%s: %w", g.bucket, key, err)
+		return stored{}, g.storeErr(fmt.Errorf("blobguard: get s3://%s/%s: %w", g.bucket, key, err))
 	}
 	defer out.Body.Close()
 	var b [headerLen]byte
@@ -151,7 +153,7 @@ func (g *Guard) readHeader(ctx context.Context, key string) (stored, error) {
 		return stored{}, fmt.Errorf("s3://%s/%s: %w", g.bucket, key, err)
 	}
 	if size, ok := objectSize(out); s.header.deleted && ok && size != headerLen {
-		return stored{}, fmt.Errorf("s3://%s/%s: %w: tombstone with a body", g.bucket, key, ErrNotFenced)
+		return stored{}, fmt.Errorf("s3://%s/%s: %w: tombstone with a body", g.bucket, key, fence.ErrNotFenced)
 	}
 	s.exists, s.deleted = true, s.header.deleted
 	return s, nil

@@ -21,23 +21,23 @@ const maxKeyLen = 1024
 func validateKey(key string) error {
 	switch {
 	case key == "":
-		return fmt.Errorf("%w: empty key", ErrInvalidInput)
+		return fmt.Errorf("%w: empty key", fence.ErrInvalidArgument)
 	case len(key) > maxKeyLen:
-		return fmt.Errorf("%w: key is %d bytes, S3 allows at most %d", ErrInvalidInput, len(key), maxKeyLen)
+		return fmt.Errorf("%w: key is %d bytes, S3 allows at most %d", fence.ErrInvalidArgument, len(key), maxKeyLen)
 	case !utf8.ValidString(key):
-		return fmt.Errorf("%w: key %q is not valid UTF-8", ErrInvalidInput, key)
+		return fmt.Errorf("%w: key %q is not valid UTF-8", fence.ErrInvalidArgument, key)
 	}
 	for _, r := range key {
 		if r < 0x20 || r == 0x7f {
-			return fmt.Errorf("%w: key %q contains control character %U", ErrInvalidInput, key, r)
+			return fmt.Errorf("%w: key %q contains control character %U", fence.ErrInvalidArgument, key, r)
 		}
 	}
 	for _, seg := range strings.Split(key, "/") {
 		switch seg {
 		case "":
-			return fmt.Errorf("%w: key %q has an empty path segment (leading, trailing or double \"/\")", ErrInvalidInput, key)
+			return fmt.Errorf("%w: key %q has an empty path segment (leading, trailing or double \"/\")", fence.ErrInvalidArgument, key)
 		case ".", "..":
-			return fmt.Errorf("%w: key %q has a %q path segment", ErrInvalidInput, key, seg)
+			return fmt.Errorf("%w: key %q has a %q path segment", fence.ErrInvalidArgument, key, seg)
 		}
 	}
 	return nil
@@ -48,19 +48,19 @@ func validateKey(key string) error {
 // with a letter or digit.
 func validateBucket(bucket string) error {
 	if bucket == "" {
-		return fmt.Errorf("%w: empty bucket name", ErrInvalidInput)
+		return fmt.Errorf("%w: empty bucket name", fence.ErrInvalidArgument)
 	}
 	if len(bucket) < 3 || len(bucket) > 63 {
-		return fmt.Errorf("%w: bucket name %q must be 3 to 63 characters", ErrInvalidInput, bucket)
+		return fmt.Errorf("%w: bucket name %q must be 3 to 63 characters", fence.ErrInvalidArgument, bucket)
 	}
 	for i := 0; i < len(bucket); i++ {
 		c := bucket[i]
 		alnum := c >= 'a' && c <= 'z' || c >= '0' && c <= '9'
 		if !alnum && c != '.' && c != '-' {
-			return fmt.Errorf("%w: bucket name %q: character %q not allowed", ErrInvalidInput, bucket, c)
+			return fmt.Errorf("%w: bucket name %q: character %q not allowed", fence.ErrInvalidArgument, bucket, c)
 		}
 		if !alnum && (i == 0 || i == len(bucket)-1) {
-			return fmt.Errorf("%w: bucket name %q must start and end with a letter or digit", ErrInvalidInput, bucket)
+			return fmt.Errorf("%w: bucket name %q must start and end with a letter or digit", fence.ErrInvalidArgument, bucket)
 		}
 	}
 	return nil
@@ -68,7 +68,7 @@ func validateBucket(bucket string) error {
 
 func validateToken(t fence.Token) error {
 	if err := t.Validate(); err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalidInput, err)
+		return fmt.Errorf("blobguard: %w", err)
 	}
 	return nil
 }

@@ -65,7 +65,7 @@ func TestNewBadInput(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			g, err := blobguard.New(tc.client, tc.bucket, tc.opts)
-			if g != nil || !errors.Is(err, blobguard.ErrInvalidInput) {
+			if g != nil || !errors.Is(err, fence.ErrInvalidArgument) {
 				t.Fatalf("New: %v, %v; want nil and ErrInvalidInput", g, err)
 			}
 			for _, w := range tc.want {
@@ -116,7 +116,7 @@ func TestOptions(t *testing.T) {
 	_, err = blobguard.New(&noIOClient{}, "bucket",
 		blobguard.WithMaxAttempts(-1), blobguard.WithBackoff(-1, -2),
 		blobguard.WithMaxObjectSize(-1), blobguard.WithProbePrefix("//"))
-	if !errors.Is(err, blobguard.ErrInvalidInput) {
+	if !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Fatalf("New with bad options: %v; want ErrInvalidInput", err)
 	}
 	for _, w := range []string{"MaxAttempts", "MinBackoff", "MaxBackoff", "MaxObjectSize", "ProbePrefix"} {
@@ -169,7 +169,7 @@ func TestCallBadInput(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.call(t.Context())
-			if !errors.Is(err, blobguard.ErrInvalidInput) {
+			if !errors.Is(err, fence.ErrInvalidArgument) {
 				t.Fatalf("err = %v; want ErrInvalidInput", err)
 			}
 			if tc.wantToken && !errors.Is(err, fence.ErrInvalidToken) {
@@ -182,7 +182,7 @@ func TestCallBadInput(t *testing.T) {
 	}
 	// Keys S3 accepts pass: 1024 bytes, any UTF-8, spaces and punctuation.
 	for _, key := range []string{strings.Repeat("k", 1024), "日本/データ.json", "a b/c+d=e&f", "...a/.b/c."} {
-		if _, err := g.Put(t.Context(), key, 1, body()); errors.Is(err, blobguard.ErrInvalidInput) {
+		if _, err := g.Put(t.Context(), key, 1, body()); errors.Is(err, fence.ErrInvalidArgument) {
 			t.Errorf("Put(%q): %v; want the key accepted", key, err)
 		}
 	}

@@ -175,7 +175,7 @@ func TestPutIfVersionOfAnotherObject(t *testing.T) {
 		{"another bucket", elsewhere},
 	} {
 		_, err := counted.PutIf(ctx, dst, 5, strings.NewReader("stale"), tc.prev)
-		if !errors.Is(err, blobguard.ErrInvalidInput) {
+		if !errors.Is(err, fence.ErrInvalidArgument) {
 			t.Errorf("PutIf with a Version of %s: %v; want ErrInvalidInput", tc.name, err)
 		}
 	}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/fencekit/fencekit/fence"
 )
 
 // info returns what the table's first check found, checking it now if no
@@ -32,8 +34,8 @@ func (t *Table) info(ctx context.Context, op string, db DBTX) (*tableInfo, error
 	return ti, nil
 }
 
-// readCatalog reads the catalog of the table that db reaches now: ErrNoTable,
-// ErrNoLockVersion or ErrLockVersionType when it is not fit, and whether a
+// readCatalog reads the catalog of the table that db reaches now: fence.ErrNoTable,
+// fence.ErrNoLockVersion or fence.ErrLockVersionType when it is not fit, and whether a
 // unique index has exactly the key columns.
 func (t *Table) readCatalog(ctx context.Context, op string, db DBTX) (*tableInfo, error) {
 	if t.d == MySQL {
@@ -50,12 +52,12 @@ const mysqlSchema = "TABLE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND TABL
 // type, and whether a unique index has exactly the key columns (compared
 // by the catalog, as MySQL compares column names: without case).
 func (t *Table) checkMySQL(ctx context.Context, op string, db DBTX) (*tableInfo, error) {
-	keys := strings.TrimSuffix(strings.Repeat("?, ", len(t.keys)), ", ")
-	args := []any{t.database, t.table, len(t.keys)}
-	for _, k := range t.keys {
+	keys := strings.TrimSuffix(strings.Repeat("?, ", len(t.spec.Keys)), ", ")
+	args := []any{t.database, t.table, len(t.spec.Keys)}
+	for _, k := range t.spec.Keys {
 		args = append(args, k)
 	}
-	args = append(args, len(t.keys), t.database, t.table)
+	args = append(args, len(t.spec.Keys), t.database, t.table)
 	var ncols int
 	var dataType, colType string
 	var unique bool
@@ -67,6 +69,11 @@ func (t *Table) checkMySQL(ctx context.Context, op string, db DBTX) (*tableInfo,
 		FROM information_schema.COLUMNS WHERE `+mysqlSchema, args...).Scan(&ncols, &dataType, &colType, &unique)
 	if err != nil {
 		return nil, t.d.wrapDBErr(op+": check the table", err)
+	}
+	if colType == "" {
+		if err := t.d.hidden(ctx, db, t.ident, LockVersionColumn); err != nil {
+			return nil, err
+		}
 	}
 	if err := t.checkColumn(op, ncols, colType, strings.EqualFold(dataType, "bigint") && strings.Contains(strings.ToLower(colType), "unsigned"), "BIGINT UNSIGNED"); err != nil {
 		return nil, err
@@ -117,7 +124,7 @@ func (t *Table) checkSQLite(ctx context.Context, op string, db DBTX) (*tableInfo
 	if err := t.checkColumn(op, ncols, lvType, strings.Contains(strings.ToUpper(lvType), "INT"), "INTEGER"); err != nil {
 		return nil, err
 	}
-	if sameSet(pk, t.keys) {
+	if sameSet(pk, t.spec.Keys) {
 		return &tableInfo{unique: true}, nil
 	}
 	rows, err = db.QueryContext(ctx, `SELECT il.name, ii.name FROM pragma_index_list(?, ?) AS il, pragma_index_info(il.name, ?) AS ii
@@ -133,14 +140,43 @@ func (t *Table) checkSQLite(ctx context.Context, op string, db DBTX) (*tableInfo
 func (t *Table) checkColumn(op string, ncols int, colType string, ok bool, want string) error {
 	switch {
 	case ncols == 0:
-		return fmt.Errorf("dbguard: %s: %w: %s", op, ErrNoTable, t.name)
+		return t.noTable(op, nil)
 	case colType == "":
-		return fmt.Errorf("dbguard: %s: %w: add it to %s with `fencekit migrate add-lock-version --dialect %s --table %s --apply` (or migrations.ApplyLockVersionFor)",
-			op, ErrNoLockVersion, t.name, t.d, t.name)
+		return t.noLockVersion(op, nil)
 	case !ok:
-		return fmt.Errorf("dbguard: %s: %w: %s.%s is %s, want %s", op, ErrLockVersionType, t.name, LockVersionColumn, colType, want)
+		return t.lockVersionType(op, fmt.Sprintf("%s.%s is %s, want %s", t.spec.Name, LockVersionColumn, colType, want), nil)
 	}
 	return nil
+}
+
+// noTable, noLockVersion and lockVersionType are the table's setup
+// errors; err is the driver's error, or nil when a check found the
+// problem.
+func (t *Table) noTable(op string, err error) error {
+	return &fence.SetupError{Err: withCause(fmt.Errorf("dbguard: %s: %w: %s", op, fence.ErrNoTable, t.spec.Name), err),
+		Fix: "create the table, or give NewTable its database and name as the server spells them"}
+}
+
+func (t *Table) noLockVersion(op string, err error) error {
+	return &fence.SetupError{Err: withCause(fmt.Errorf("dbguard: %s: %w: %s", op, fence.ErrNoLockVersion, t.spec.Name), err),
+		Fix: fmt.Sprintf("add it with `fencekit migrate add-lock-version --dialect %s --table %s --apply` (or migrations.ApplyLockVersionFor)", t.d, t.spec.Name)}
+}
+
+func (t *Table) lockVersionType(op, what string, err error) error {
+	want := "BIGINT UNSIGNED NOT NULL"
+	if t.d == SQLite {
+		want = "INTEGER NOT NULL, holding integers only"
+	}
+	return &fence.SetupError{Err: withCause(fmt.Errorf("dbguard: %s: %w: %s", op, fence.ErrLockVersionType, what), err),
+		Fix: "make " + t.spec.Name + "." + LockVersionColumn + " " + want}
+}
+
+// withCause joins the driver's error err (if any) to what.
+func withCause(what, err error) error {
+	if err == nil {
+		return what
+	}
+	return fmt.Errorf("%w: %w", what, err)
 }
 
 // uniqueFrom reads (index, column) rows of the table's unique indexes and
@@ -164,7 +200,7 @@ func (t *Table) uniqueFrom(op string, rows interface {
 		return nil, t.d.wrapDBErr(op+": check the table's indexes", err)
 	}
 	for _, cols := range idx {
-		if sameSet(cols, t.keys) {
+		if sameSet(cols, t.spec.Keys) {
 			return &tableInfo{unique: true}, nil
 		}
 	}
@@ -182,10 +218,10 @@ func sameSet(a, b []string) bool {
 }
 
 // schemaErr returns the error of the Table's setup that a statement's
-// failure err says, or nil: the table is missing (ErrNoTable), or its
-// lock_version column (ErrNoLockVersion: dropped after the table's first
+// failure err says, or nil: the table is missing (fence.ErrNoTable), or its
+// lock_version column (fence.ErrNoLockVersion: dropped after the table's first
 // check, or never there in the database this statement reached), or the
-// column cannot hold the token (ErrLockVersionType: MySQL's "out of range"
+// column cannot hold the token (fence.ErrLockVersionType: MySQL's "out of range"
 // in strict mode; nothing was written). What the first check learned is
 // dropped when the table or column is missing, so that the next write
 // checks again.
@@ -203,14 +239,12 @@ func (t *Table) schemaErr(op string, err error) error {
 	switch {
 	case noTable:
 		t.checked.Store(nil)
-		return fmt.Errorf("dbguard: %s: %w: %s: %w", op, ErrNoTable, t.name, err)
+		return t.noTable(op, err)
 	case noColumn:
 		t.checked.Store(nil)
-		return fmt.Errorf("dbguard: %s: %w: add it to %s with `fencekit migrate add-lock-version --dialect %s --table %s --apply`: %w",
-			op, ErrNoLockVersion, t.name, t.d, t.name, err)
+		return t.noLockVersion(op, err)
 	case outOfRange:
-		return fmt.Errorf("dbguard: %s: %w: %s.%s cannot hold the token (want BIGINT UNSIGNED): %w",
-			op, ErrLockVersionType, t.name, LockVersionColumn, err)
+		return t.lockVersionType(op, fmt.Sprintf("%s.%s cannot hold the token", t.spec.Name, LockVersionColumn), err)
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/rowguard"
 )
 
 // Dialect selects the SQL a guard speaks. The guard imports no driver:
@@ -71,6 +72,14 @@ var (
 	_ TxBeginner = (*sql.Conn)(nil)
 )
 
+// Column is one column of a row and the value to write to it: Name, and
+// Value, passed to the driver as a bind parameter, never formatted into
+// SQL. It is the same type as sqlguard.Column.
+type Column = rowguard.Column
+
+// Col returns Column{Name: name, Value: value}.
+func Col(name string, value any) Column { return Column{Name: name, Value: value} }
+
 // Names of the toolkit's objects, created by package migrations.
 const (
 	// ResourceTable holds the newest token of each resource fenced with a
@@ -82,103 +91,26 @@ const (
 	LockVersionColumn = "lock_version"
 )
 
-// ErrNotFound is returned by Table.Update and Table.Delete when no row has
-// the given key. Nothing was written.
-var ErrNotFound = errors.New("dbguard: row not found")
-
-// ErrExists is returned by Table.Insert when a row with the key already
-// exists and its lock_version is not newer than the presented token (when
-// it is newer, the error is a *fence.StaleError instead). Nothing was
-// written.
-var ErrExists = errors.New("dbguard: row already exists")
-
-// ErrAmbiguousKey is returned by a Table write when the key matches more
-// than one row: the key columns are not the primary key or a unique key,
-// or the database matches the key's value against several rows (MySQL
-// compares a number with a VARCHAR key as numbers; SQLite compares with
-// the key column's collation, which may be coarser than the unique
-// index's); and by Insert and Upsert when no unique index has exactly the
-// key columns. Nothing was written, except in one case the error then
-// says: at READ COMMITTED, a row the key matches inserted while the
-// success path's statement ran.
-var ErrAmbiguousKey = errors.New("dbguard: key matches more than one row")
-
-// ErrRetryable is matched (through a *RetryableError) by failures that say
-// nothing about the token and may succeed when the whole transaction is
-// tried again: a deadlock (MySQL 1213), a lock wait timeout (MySQL 1205),
-// SQLite's SQLITE_BUSY and SQLITE_LOCKED (another writer held the
-// database longer than the busy timeout), and a row with the key created
-// by another transaction while this write looked for it. Never returned
-// for a stale token, nor for a row that collides with another on a unique
-// index other than the key's (that never clears: the database's error is
-// returned, naming the index). Use IsRetryable to test any error.
-var ErrRetryable = errors.New("dbguard: retryable conflict")
-
-// ErrInvalid is returned, before any I/O, for an argument that cannot be
-// used: an unknown dialect, a nil database or function, an empty,
-// over-long or malformed identifier, a duplicate or ambiguous column, the
-// wrong number of key values, a NULL key value, an empty resource name.
-// Bad tokens match fence.ErrInvalidToken instead.
-var ErrInvalid = errors.New("dbguard: invalid argument")
-
-// ErrLockVersionType is returned by a Table write, and nothing is written,
-// when the table's lock_version column cannot hold every token exactly:
-// on MySQL anything but BIGINT UNSIGNED (a DOUBLE rounds two tokens above
-// 2^53 to one value, so a stale token would compare equal to a newer one;
-// INT overflows; a signed BIGINT cannot hold tokens above 2^63-1); on
-// SQLite a column whose declared type has no INTEGER affinity, or a row
-// whose lock_version is not stored as an integer. The table checked is the
-// one the write reaches (see the package doc, "One statement on the
-// success path").
-var ErrLockVersionType = errors.New("dbguard: lock_version column cannot hold every token")
-
-// ErrNoLockVersion is returned by a Table write when the table has no
-// lock_version column: add it with `fencekit migrate add-lock-version`,
-// or migrations.ApplyLockVersionFor. Nothing was written.
-var ErrNoLockVersion = errors.New("dbguard: table has no lock_version column")
-
-// ErrNoTable is returned by a Table write when the table does not exist.
-var ErrNoTable = errors.New("dbguard: table not found")
-
-// ErrNotMigrated is returned by a Guard when the toolkit's table does not
-// exist where it looks: run `fencekit migrate up --dialect mysql|sqlite`
-// (or migrations.UpFor)
-// there, or fix Options.Database.
-var ErrNotMigrated = errors.New("dbguard: fencekit's table not found: run `fencekit migrate up` first")
-
-// RetryableError is the rich form of ErrRetryable. Err is the cause; for a
-// deadlock or busy database it wraps the driver's error, so errors.As
-// still finds it.
-type RetryableError struct {
-	// Op says what was being done, for example "update `orders`".
-	Op string
-	// Err is the cause.
-	Err error
-}
-
-// Error describes the operation and its cause.
-func (e *RetryableError) Error() string {
-	return fmt.Sprintf("dbguard: %s: retryable: %v", e.Op, e.Err)
-}
-
-// Unwrap returns the cause.
-func (e *RetryableError) Unwrap() error { return e.Err }
-
-// Is reports whether target is ErrRetryable.
-func (e *RetryableError) Is(target error) bool { return target == ErrRetryable }
+// The guard's errors are fence's, shared by every guard (see the package
+// doc, "Outcomes and errors"): a missing row is a *fence.NotFoundError, a
+// row that exists already fence.ErrExists, a key matching several rows
+// fence.ErrAmbiguousKey, a conflict worth retrying a *fence.RetryableError,
+// bad input fence.ErrInvalidArgument, and a database not set up for the
+// guard a *fence.SetupError that names the fix (fence.ErrNotMigrated,
+// fence.ErrNoTable, fence.ErrNoLockVersion, fence.ErrLockVersionType,
+// fence.ErrLedgerTable; lease.ErrSetup is the same sentinel as
+// fence.ErrSetup).
 
 // IsRetryable reports whether err is worth retrying as a whole
-// transaction: it matches ErrRetryable, or it carries a driver error that
+// transaction: it matches fence.ErrRetryable, or it carries a driver error that
 // is a MySQL deadlock or lock wait timeout or SQLite's SQLITE_BUSY or
 // SQLITE_LOCKED (for example one returned by your own statements inside
 // Guard.BeginFunc). A stale token is never retryable.
-func IsRetryable(err error) bool {
-	if err == nil || errors.Is(err, fence.ErrStaleToken) {
-		return false
-	}
-	if errors.Is(err, ErrRetryable) {
-		return true
-	}
+func IsRetryable(err error) bool { return rowguard.Retryable(err, driverRetryable) }
+
+// driverRetryable reports whether err carries a MySQL deadlock or lock wait
+// timeout, or SQLite's SQLITE_BUSY or SQLITE_LOCKED.
+func driverRetryable(err error) bool {
 	if n, ok := mysqlNumber(err); ok {
 		return n == myDeadlock || n == myLockWaitTimeout
 	}
@@ -197,11 +129,18 @@ const (
 	myBadField        = 1054 // ER_BAD_FIELD_ERROR
 	myOutOfRange      = 1264 // ER_WARN_DATA_OUT_OF_RANGE, an error in strict mode
 	myTxInProgress    = 1568 // ER_CANT_CHANGE_TX_CHARACTERISTICS
+	myDBAccessDenied  = 1044 // ER_DBACCESS_DENIED_ERROR
+	myTableDenied     = 1142 // ER_TABLEACCESS_DENIED_ERROR
+	myColumnDenied    = 1143 // ER_COLUMNACCESS_DENIED_ERROR
+	myReadOnly        = 1290 // ER_OPTION_PREVENTS_STATEMENT (read_only)
+	myReadOnlyTx      = 1792 // ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION
 
 	sqliteError      = 1
 	sqliteBusy       = 5
 	sqliteLocked     = 6
 	sqliteConstraint = 19
+	sqliteReadOnly   = 8
+	sqliteAuth       = 23
 )
 
 // mysqlNumber returns the error number of a *mysql.MySQLError
@@ -232,7 +171,7 @@ func mysqlNumber(err error) (int, bool) {
 // an error with a Code() int method (modernc.org/sqlite's *sqlite.Error).
 func sqliteCode(err error) (int, bool) {
 	var c interface{ Code() int }
-	if errors.As(err, &c) && !isNil(c) {
+	if errors.As(err, &c) && !rowguard.IsNil(c) {
 		return c.Code(), true
 	}
 	return 0, false
@@ -278,7 +217,7 @@ func (d Dialect) storeErr(err error) bool {
 // retryable reports whether err is a driver's deadlock, lock timeout or
 // busy database.
 func (d Dialect) retryable(err error) bool {
-	return !errors.Is(err, ErrRetryable) && IsRetryable(err)
+	return !errors.Is(err, fence.ErrRetryable) && !errors.Is(err, fence.ErrStaleToken) && driverRetryable(err)
 }
 
 // dupKey reports whether err is a unique-constraint violation.
@@ -320,13 +259,39 @@ func (d Dialect) uniqueName(err error) string {
 }
 
 // wrapDBErr wraps a database error from op, turning deadlocks, lock
-// timeouts and busy databases into a *RetryableError. The driver's error
-// stays in the chain.
+// timeouts and busy databases into a *fence.RetryableError, and a refused
+// privilege or a read-only database into a *fence.SetupError naming the
+// fix. The driver's error stays in the chain.
 func (d Dialect) wrapDBErr(op string, err error) error {
 	if d.retryable(err) {
-		return &RetryableError{Op: op, Err: err}
+		return &fence.RetryableError{Op: "dbguard: " + op, Err: err}
+	}
+	if fix := d.setupFix(err); fix != "" {
+		return &fence.SetupError{Err: fmt.Errorf("dbguard: %s: %w", op, err), Fix: fix}
 	}
 	return fmt.Errorf("dbguard: %s: %w", op, err)
+}
+
+// setupFix returns the fix for a driver error that retrying cannot fix (a
+// privilege refused, a read-only server or file), or "".
+func (d Dialect) setupFix(err error) string {
+	if n, ok := mysqlNumber(err); ok && d == MySQL {
+		switch n {
+		case myDBAccessDenied, myTableDenied, myColumnDenied:
+			return "grant the database user what the guard needs: SELECT, INSERT, UPDATE, DELETE on the fenced tables, fencekit_resource_tokens and fencekit_job_runs (Guard.Check and Table.Check name what is missing)"
+		case myReadOnly, myReadOnlyTx:
+			return "connect to a server that takes writes (the primary, with read_only off), outside a read-only transaction"
+		}
+	}
+	if c, ok := sqliteCode(err); ok && d == SQLite {
+		switch c & 0xff {
+		case sqliteReadOnly:
+			return "open the database file read-write (file permissions, mode=ro in the DSN)"
+		case sqliteAuth:
+			return "allow the statement in the connection's authorizer"
+		}
+	}
+	return ""
 }
 
 // sentErr maps the error of a statement that may have reached the
@@ -399,18 +364,18 @@ func (d Dialect) maxIdentLen() int {
 func (d Dialect) checkIdent(kind, s string) error {
 	switch {
 	case s == "":
-		return fmt.Errorf("%w: empty %s name", ErrInvalid, kind)
+		return fmt.Errorf("%w: empty %s name", fence.ErrInvalidArgument, kind)
 	case !utf8.ValidString(s):
-		return fmt.Errorf("%w: %s name %q is not valid UTF-8", ErrInvalid, kind, s)
+		return fmt.Errorf("%w: %s name %q is not valid UTF-8", fence.ErrInvalidArgument, kind, s)
 	case strings.IndexByte(s, 0) >= 0:
-		return fmt.Errorf("%w: %s name %q contains a NUL byte", ErrInvalid, kind, s)
+		return fmt.Errorf("%w: %s name %q contains a NUL byte", fence.ErrInvalidArgument, kind, s)
 	case d == MySQL && utf8.RuneCountInString(s) > d.maxIdentLen():
-		return fmt.Errorf("%w: %s name %q is longer than %d characters", ErrInvalid, kind, s, d.maxIdentLen())
+		return fmt.Errorf("%w: %s name %q is longer than %d characters", fence.ErrInvalidArgument, kind, s, d.maxIdentLen())
 	case d == SQLite && len(s) > d.maxIdentLen():
-		return fmt.Errorf("%w: %s name %q is longer than %d bytes", ErrInvalid, kind, s, d.maxIdentLen())
+		return fmt.Errorf("%w: %s name %q is longer than %d bytes", fence.ErrInvalidArgument, kind, s, d.maxIdentLen())
 	case d == MySQL && strings.HasSuffix(s, " "):
 		// MySQL refuses names that end with a space.
-		return fmt.Errorf("%w: %s name %q ends with a space", ErrInvalid, kind, s)
+		return fmt.Errorf("%w: %s name %q ends with a space", fence.ErrInvalidArgument, kind, s)
 	}
 	return nil
 }
@@ -431,30 +396,4 @@ func (d Dialect) qualified(db, name string) string {
 		return d.quote(name)
 	}
 	return d.quote(db) + "." + d.quote(name)
-}
-
-// isNull reports whether database/sql would send v as NULL: v is nil, a
-// nil pointer, map or slice, or a driver.Valuer (sql.NullString and
-// friends) whose Value is nil.
-func isNull(v any) bool {
-	if isNil(v) {
-		return true
-	}
-	if vr, ok := v.(driver.Valuer); ok {
-		dv, err := vr.Value()
-		return err == nil && dv == nil
-	}
-	return false
-}
-
-func isNil(v any) bool {
-	if v == nil {
-		return true
-	}
-	rv := reflect.ValueOf(v)
-	switch rv.Kind() {
-	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
-		return rv.IsNil()
-	}
-	return false
 }

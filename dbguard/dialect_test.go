@@ -67,7 +67,7 @@ func TestCheckIdent(t *testing.T) {
 		{MySQL, long[2:], true}, // 64 characters, 128 bytes
 		{SQLite, long, true},
 	} {
-		if err := tc.d.checkIdent("table", tc.s); (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrInvalid)) {
+		if err := tc.d.checkIdent("table", tc.s); (err == nil) != tc.ok || (err != nil && !errors.Is(err, fence.ErrInvalidArgument)) {
 			t.Errorf("%v.checkIdent(%q) = %v; want ok %v", tc.d, tc.s, err, tc.ok)
 		}
 	}

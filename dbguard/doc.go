@@ -49,25 +49,43 @@
 //
 // # Outcomes and errors
 //
-// Each call returns nil (written), a *fence.StaleError (matching
+// The errors are package fence's, the same for every guard. Each call
+// returns nil (written), a *fence.StaleError (matching
 // fence.ErrStaleToken) carrying the presented token and the newest
-// accepted one, or an error: ErrNotFound, ErrExists, ErrAmbiguousKey,
-// ErrLockVersionType, ErrNoLockVersion, ErrNoTable, ErrNotMigrated, an
-// error matching ErrRetryable (see IsRetryable), an error matching
-// fence.ErrOutcomeUnknown (below), or a database error wrapped with %w so
-// that errors.As finds the driver's error. A rejected write changed
+// accepted one, or an error: a *fence.NotFoundError (fence.ErrNotFound),
+// fence.ErrExists, fence.ErrAmbiguousKey, a *fence.RetryableError (see
+// IsRetryable), an error matching fence.ErrOutcomeUnknown (below), a
+// *fence.SetupError naming the fix for a database not set up for the
+// guard (fence.ErrNotMigrated, fence.ErrNoTable, fence.ErrNoLockVersion,
+// fence.ErrLockVersionType, fence.ErrLedgerTable, a privilege refused, a
+// read-only server or file), or a database error wrapped with %w so that
+// errors.As finds the driver's error. Every *fence.SetupError matches
+// lease.ErrSetup (it is fence.ErrSetup), so that a loop retrying a
+// lease's work stops at once. A rejected write changed
 // nothing. An Insert or Upsert whose row collides with another on a unique
 // index other than the key's (an email column, say) gets the database's
 // error, naming the index (MySQL) or the constraint's columns (SQLite):
-// never ErrRetryable, which is kept for a row with the key created by
+// never fence.ErrRetryable, which is kept for a row with the key created by
 // another transaction at the same time. Bad input is refused before any I/O: a token that is 0, or
 // above 2^63-1 on SQLite (its integers are signed 64-bit), matches
 // fence.ErrInvalidToken; an unknown dialect, a nil database, an empty,
 // over-long or NUL-containing identifier, a column given twice, a key
 // column among the written columns, lock_version among your columns, or a
-// NULL key value match ErrInvalid. Identifiers are always quoted (MySQL:
+// NULL key value match fence.ErrInvalidArgument. Identifiers are always quoted (MySQL:
 // backquotes, SQLite: double quotes, the quote character doubled), and
 // values are always bind parameters.
+//
+// # Start-up checks, metrics, ledger
+//
+// Guard.Check, Table.Check and Ledger.Check, run when the program starts,
+// report every setup problem with its fix (the toolkit's table and its
+// migration, a table's lock_version and unique key, privileges, a
+// read-only server or file), before the first write. WithObserver (for a
+// Guard) and Table.WithObserver report each write as a fence.WriteEvent,
+// the input of packages leaseprom and leaseotel. Ledger is a lease.Ledger
+// for lease.Manager.RunOnce, in fencekit_job_runs (`fencekit migrate up
+// --dialect mysql|sqlite`); its MarkDoneTx records a run done in the job's
+// own transaction.
 //
 // # Outcomes that cannot be known
 //
@@ -123,7 +141,7 @@
 //   - MySQL: the session is strict (sql_mode has STRICT_TRANS_TABLES or
 //     STRICT_ALL_TABLES), and an UPDATE stores 2^64-1 before the token, so
 //     that a column that cannot hold every token (INT, a signed BIGINT)
-//     fails the statement: ErrLockVersionType, nothing written (in a
+//     fails the statement: fence.ErrLockVersionType, nothing written (in a
 //     session that is not strict, every write takes the rejection path);
 //   - MySQL, through a *sql.DB or *sql.Conn: autocommit is on, so that the
 //     statement has committed when it returns.
@@ -180,7 +198,7 @@
 // INT overflows, a signed BIGINT cannot hold tokens above 2^63-1 and
 // DECIMAL or text compare in ways the guard does not read back. On SQLite
 // its declared type must have INTEGER affinity (it contains "INT",
-// https://sqlite.org/datatype3.html). Any other type: ErrLockVersionType,
+// https://sqlite.org/datatype3.html). Any other type: fence.ErrLockVersionType,
 // nothing written, from the first write's check, from a statement's own
 // checks, or from the rejection path's catalog read. Two gaps are left
 // where the type is not one of these and no check sees it in time: a
@@ -201,14 +219,14 @@
 // advance of a new resource by several transactions at once may deadlock
 // under REPEATABLE READ (InnoDB's next-key locks on the duplicate key):
 // MySQL rolls one back with error 1213, which dbguard reports as
-// ErrRetryable. Lock wait timeouts (1205, after innodb_lock_wait_timeout)
+// fence.ErrRetryable. Lock wait timeouts (1205, after innodb_lock_wait_timeout)
 // are retryable too. dbguard never retries on its own.
 //
 // SQLite has one writer at a time. BeginFunc's advance is its first
 // statement and a write, so the transaction takes the write lock at once
 // (as BEGIN IMMEDIATE would) and keeps it until it ends. A second writer
 // waits up to the connection's busy timeout, then gets SQLITE_BUSY
-// (ErrRetryable): open the database with one (modernc.org/sqlite:
+// (fence.ErrRetryable): open the database with one (modernc.org/sqlite:
 // _pragma=busy_timeout(5000)); without it, concurrent writers fail at
 // once. WAL mode (_pragma=journal_mode(WAL)) lets readers run beside the
 // writer.

@@ -60,12 +60,12 @@ func ExampleTable_Update() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	err = orders.Update(ctx, db, 1764582014351234, []any{42}, dbguard.Col("status", "paid"))
+	err = orders.Update(ctx, db, []any{42}, 1764582014351234, dbguard.Col("status", "paid"))
 	var stale *fence.StaleError
 	switch {
 	case errors.As(err, &stale):
 		log.Printf("rejected: the row holds token %d, newer than ours (%d)", stale.Current, stale.Presented)
-	case errors.Is(err, dbguard.ErrNotFound):
+	case errors.Is(err, fence.ErrNotFound):
 		log.Print("no order 42")
 	case err != nil:
 		log.Fatal(err)
@@ -76,12 +76,12 @@ func ExampleTable_Update() {
 func ExampleNewTable() {
 	_, err := dbguard.NewTable(dbguard.MySQL, "", "orders ", "lock_version")
 	fmt.Println(err)
-	fmt.Println(errors.Is(err, dbguard.ErrInvalid))
+	fmt.Println(errors.Is(err, fence.ErrInvalidArgument))
 	_, err = dbguard.NewTable(dbguard.SQLite, "", "orders", "id")
 	fmt.Println(err)
 	// Output:
-	// dbguard: invalid argument: table name "orders " ends with a space
-	// dbguard: invalid argument: lock_version cannot be a key column
+	// fence: invalid argument: table name "orders " ends with a space
+	// fence: invalid argument: lock_version cannot be a key column
 	// true
 	// <nil>
 }

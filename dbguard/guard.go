@@ -8,9 +8,10 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"unicode/utf8"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/options"
+	"github.com/fencekit/fencekit/internal/rowguard"
 )
 
 // MaxResourceLen is the longest resource name a Guard accepts, in bytes
@@ -30,6 +31,12 @@ type Options struct {
 	// MySQL and MariaDB; SQLite's transactions are serializable). ReadOnly
 	// is refused: the guard writes.
 	TxOptions sql.TxOptions
+
+	// Observer, when set, receives a fence.WriteEvent for every Advance
+	// and BeginFunc (Guard "dbguard", Class "transaction", Op "advance"
+	// or "transaction"), after its outcome is known. Default: none.
+	// Table.WithObserver reports a Table's writes.
+	Observer fence.WriteObserver
 }
 
 // Option changes Options.
@@ -37,6 +44,9 @@ type Option func(*Options)
 
 // WithDatabase sets Options.Database.
 func WithDatabase(name string) Option { return func(o *Options) { o.Database = name } }
+
+// WithObserver sets Options.Observer.
+func WithObserver(o fence.WriteObserver) Option { return func(opts *Options) { opts.Observer = o } }
 
 // WithTxOptions sets Options.TxOptions.
 func WithTxOptions(txOptions sql.TxOptions) Option {
@@ -90,26 +100,21 @@ func (g *Guard) advanceStmt(ctx context.Context, db *sql.DB) *sql.Stmt {
 }
 
 // New returns a Guard for dialect d configured by opts. It does no I/O. It
-// returns an error wrapping ErrInvalid, listing every problem, when the
+// returns an error wrapping fence.ErrInvalidArgument, listing every problem, when the
 // dialect is unknown, Database is not a valid identifier, or TxOptions is
 // read-only or has an isolation level the dialect does not have (SQLite:
 // only the default and serializable, which are the same there).
 func New(d Dialect, opts ...Option) (*Guard, error) {
 	if !d.valid() {
-		return nil, fmt.Errorf("%w: unknown dialect %v (use dbguard.MySQL or dbguard.SQLite)", ErrInvalid, d)
+		return nil, fmt.Errorf("%w: unknown dialect %v (use dbguard.MySQL or dbguard.SQLite)", fence.ErrInvalidArgument, d)
 	}
-	var o Options
-	for _, opt := range opts {
-		if opt != nil {
-			opt(&o)
-		}
-	}
+	o := options.Apply(opts)
 	var errs []error
 	if o.Database != "" {
 		errs = append(errs, d.checkIdent("database", o.Database))
 	}
 	if o.TxOptions.ReadOnly {
-		errs = append(errs, fmt.Errorf("%w: read-only transactions cannot advance a token", ErrInvalid))
+		errs = append(errs, fmt.Errorf("%w: read-only transactions cannot advance a token", fence.ErrInvalidArgument))
 	}
 	switch iso := o.TxOptions.Isolation; {
 	case iso == sql.LevelDefault, iso == sql.LevelSerializable:
@@ -117,7 +122,7 @@ func New(d Dialect, opts ...Option) (*Guard, error) {
 	default:
 		// SQLite's transactions are serializable, and its drivers
 		// ignore any other level: refuse it rather than pretend.
-		errs = append(errs, fmt.Errorf("%w: isolation level %v is not one %s has", ErrInvalid, o.TxOptions.Isolation, d))
+		errs = append(errs, fmt.Errorf("%w: isolation level %v is not one %s has", fence.ErrInvalidArgument, o.TxOptions.Isolation, d))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
@@ -160,15 +165,20 @@ func (g *Guard) Dialect() Dialect { return g.d }
 //
 // It returns nil when the token was accepted; a *fence.StaleError
 // (matching fence.ErrStaleToken) with the stored token when that is newer
-// (roll tx back); an error matching ErrRetryable on a deadlock, lock wait
-// timeout or busy database; ErrNotMigrated when the toolkit's table is
+// (roll tx back); an error matching fence.ErrRetryable on a deadlock, lock wait
+// timeout or busy database; fence.ErrNotMigrated when the toolkit's table is
 // missing; other database errors wrapped. Bad arguments are reported
-// before any I/O (fence.ErrInvalidToken, ErrInvalid). ctx bounds the
+// before any I/O (fence.ErrInvalidToken, fence.ErrInvalidArgument). ctx bounds the
 // statements. It never returns fence.ErrOutcomeUnknown: what it did counts
 // only if tx commits.
 func (g *Guard) Advance(ctx context.Context, tx *sql.Tx, resource string, token fence.Token) error {
+	e := fence.WriteEvent{Ctx: ctx, Guard: "dbguard", Class: "transaction", Op: "advance", Resource: resource, Token: token}
+	return fence.Observe(g.opts.Observer, e, func() error { return g.advanceTx(ctx, tx, resource, token) })
+}
+
+func (g *Guard) advanceTx(ctx context.Context, tx *sql.Tx, resource string, token fence.Token) error {
 	op := "advance " + strconv.Quote(resource)
-	tok, err := g.check(tx, resource, token)
+	tok, err := g.check(tx, resource, token, true)
 	if err != nil {
 		return fmt.Errorf("dbguard: %s: %w", op, err)
 	}
@@ -250,12 +260,12 @@ func (g *Guard) readBack(ctx context.Context, tx *sql.Tx, op, resource string, a
 // so the transaction takes the database's write lock at once (as BEGIN
 // IMMEDIATE would), waiting up to the connection's busy timeout: open the
 // database with one (modernc.org/sqlite: _pragma=busy_timeout(5000)), or a
-// second writer gets SQLITE_BUSY at once (ErrRetryable).
+// second writer gets SQLITE_BUSY at once (fence.ErrRetryable).
 //
-// Errors: a *fence.StaleError; an error matching ErrRetryable for a
+// Errors: a *fence.StaleError; an error matching fence.ErrRetryable for a
 // deadlock, lock wait timeout or busy database while beginning, advancing
 // or committing (retry the whole BeginFunc; IsRetryable also recognizes
-// them in fn's own errors); ErrNotMigrated; fn's error as returned; an
+// them in fn's own errors); fence.ErrNotMigrated; fn's error as returned; an
 // error matching fence.ErrOutcomeUnknown, joined with its cause, when ctx
 // ended or the connection broke after COMMIT was sent and before its
 // answer came (the transaction may have committed); other database errors
@@ -264,11 +274,13 @@ func (g *Guard) readBack(ctx context.Context, tx *sql.Tx, op, resource string, a
 // error. Bad arguments are reported before any I/O. ctx bounds the whole
 // transaction, including fn's statements if fn uses it.
 func (g *Guard) BeginFunc(ctx context.Context, db TxBeginner, resource string, token fence.Token, fn func(*sql.Tx) error) error {
+	e := fence.WriteEvent{Ctx: ctx, Guard: "dbguard", Class: "transaction", Op: "transaction", Resource: resource, Token: token}
+	return fence.Observe(g.opts.Observer, e, func() error { return g.beginFunc(ctx, db, resource, token, fn) })
+}
+
+func (g *Guard) beginFunc(ctx context.Context, db TxBeginner, resource string, token fence.Token, fn func(*sql.Tx) error) error {
 	op := "fenced transaction " + strconv.Quote(resource)
-	tok, err := g.check(db, resource, token)
-	if fn == nil {
-		err = errors.Join(err, fmt.Errorf("%w: nil function", ErrInvalid))
-	}
+	tok, err := g.check(db, resource, token, fn != nil)
 	if err != nil {
 		return fmt.Errorf("dbguard: %s: %w", op, err)
 	}
@@ -308,28 +320,15 @@ func (g *Guard) BeginFunc(ctx context.Context, db TxBeginner, resource string, t
 	return nil
 }
 
-// check validates the arguments shared by Advance and BeginFunc.
-func (g *Guard) check(db any, resource string, token fence.Token) (any, error) {
+// check validates the arguments of Advance and BeginFunc (fn: BeginFunc's
+// function is not nil; true for Advance).
+func (g *Guard) check(db any, resource string, token fence.Token, fn bool) (any, error) {
 	tok, err := g.d.tokenArg(token)
-	errs := []error{err}
-	if isNil(db) {
-		errs = append(errs, fmt.Errorf("%w: nil database", ErrInvalid))
-	}
-	switch {
-	case resource == "":
-		errs = append(errs, fmt.Errorf("%w: empty resource name", ErrInvalid))
-	case len(resource) > MaxResourceLen:
-		errs = append(errs, fmt.Errorf("%w: resource name is %d bytes, more than %d", ErrInvalid, len(resource), MaxResourceLen))
-	case !utf8.ValidString(resource):
-		errs = append(errs, fmt.Errorf("%w: resource name %q is not valid UTF-8", ErrInvalid, resource))
-	case strings.IndexByte(resource, 0) >= 0:
-		errs = append(errs, fmt.Errorf("%w: resource name %q contains a NUL byte", ErrInvalid, resource))
-	}
-	return tok, errors.Join(errs...)
+	return tok, rowguard.CheckFenced(err, db, resource, MaxResourceLen, fn)
 }
 
 // advanceErr maps an error of the advance: a missing table is
-// ErrNotMigrated.
+// fence.ErrNotMigrated.
 func (g *Guard) advanceErr(op string, err error) error {
 	missing := false
 	if n, ok := mysqlNumber(err); ok && g.d == MySQL {
@@ -339,14 +338,26 @@ func (g *Guard) advanceErr(op string, err error) error {
 		missing = c&0xff == sqliteError && strings.Contains(err.Error(), "no such table")
 	}
 	if missing {
-		where := "the connection's current database"
-		cmd := "fencekit migrate up --dialect " + g.d.String()
-		if g.opts.Database != "" {
-			where = fmt.Sprintf("database %q (Options.Database)", g.opts.Database)
-		}
-		return fmt.Errorf("dbguard: %s: %w (looked in %s; run `%s` there, or migrations.UpFor): %w", op, ErrNotMigrated, where, cmd, err)
+		return g.notMigrated(op, err)
 	}
 	return g.d.wrapDBErr(op, err)
+}
+
+// notMigrated is the error for a database without the toolkit's table:
+// err is the driver's error, or nil when a check found it.
+func (g *Guard) notMigrated(op string, err error) error {
+	where := "the connection's current database"
+	if g.d == SQLite {
+		where = "schema main"
+	}
+	if g.opts.Database != "" {
+		where = fmt.Sprintf("database %q (Options.Database)", g.opts.Database)
+	}
+	what := fmt.Errorf("dbguard: %s: %w: %s not found in %s", op, fence.ErrNotMigrated, ResourceTable, where)
+	if err != nil {
+		what = fmt.Errorf("%w: %w", what, err)
+	}
+	return &fence.SetupError{Err: what, Fix: "run `fencekit migrate up --dialect " + g.d.String() + "` there (or migrations.UpFor), or fix Options.Database"}
 }
 
 // unprepared runs query in tx with the shape of a prepared *sql.Stmt.

@@ -1,6 +1,7 @@
 package dbguard
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -11,17 +12,8 @@ import (
 	"sync/atomic"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/rowguard"
 )
-
-// Column is one column of a row and the value to write to it. Value is
-// passed to the driver as a bind parameter, never formatted into SQL.
-type Column struct {
-	Name  string
-	Value any
-}
-
-// Col returns Column{Name: name, Value: value}.
-func Col(name string, value any) Column { return Column{Name: name, Value: value} }
 
 // Table is a user table fenced row by row. It must have a column
 //
@@ -41,19 +33,20 @@ func Col(name string, value any) Column { return Column{Name: name, Value: value
 // several databases.
 type Table struct {
 	d        Dialect
-	name     string // for messages: db.table or table
+	spec     *rowguard.Spec // the name for messages (db.table or table) and the key columns
 	database string
 	table    string
-	ident    string // quoted, qualified
-	keys     []string
+	ident    string    // quoted, qualified
 	where    string    // `k1` = ? AND `k2` = ?
 	ops      [4]string // "update `t`" and so on, for errors
+	obs      fence.WriteObserver
 
-	// checked is what the first successful check of the table found.
-	checked atomic.Pointer[tableInfo]
-	// last holds, per write kind, the statements built for the most
-	// recent list of columns.
-	last [4]atomic.Pointer[statements]
+	// checked is what the first successful check of the table found
+	// (shared by the copies WithObserver makes).
+	checked *atomic.Pointer[tableInfo]
+	// stmts holds the statements built for the most recent list of
+	// columns of each write kind.
+	stmts *rowguard.Statements[*statements]
 }
 
 // tableInfo is what a check of the table's catalog found.
@@ -65,7 +58,6 @@ type tableInfo struct {
 
 // statements are the statements of one write kind and column list.
 type statements struct {
-	cols []string
 	// write is the conditional write (Update, Upsert, Delete) or the
 	// INSERT, in each form (see writeSQL).
 	write [3]string
@@ -87,19 +79,6 @@ const (
 	afterLock
 )
 
-type writeKind int
-
-const (
-	kindUpdate writeKind = iota
-	kindInsert
-	kindUpsert
-	kindDelete
-)
-
-func (k writeKind) String() string {
-	return [...]string{"update", "insert", "upsert", "delete"}[k]
-}
-
 // NewTable describes the table name in database (MySQL: a database; SQLite:
 // an attached schema such as "main"; empty: the connection's current
 // database, or SQLite's main) with the given key columns, in the order in
@@ -108,64 +87,51 @@ func (k writeKind) String() string {
 // It does no I/O: a table or column that does not exist is reported by the
 // first write.
 //
-// NewTable returns an error wrapping ErrInvalid, listing every problem,
+// NewTable returns an error wrapping fence.ErrInvalidArgument, listing every problem,
 // when the dialect is unknown, a name is empty, not UTF-8, contains a NUL
 // byte or is too long (MySQL: more than 64 characters, or ends with a
 // space), when there is no key column, or when a key column repeats or is
 // lock_version.
 func NewTable(d Dialect, database, name string, keyColumns ...string) (*Table, error) {
 	if !d.valid() {
-		return nil, fmt.Errorf("%w: unknown dialect %v (use dbguard.MySQL or dbguard.SQLite)", ErrInvalid, d)
+		return nil, fmt.Errorf("%w: unknown dialect %v (use dbguard.MySQL or dbguard.SQLite)", fence.ErrInvalidArgument, d)
 	}
-	var errs []error
-	if database != "" {
-		errs = append(errs, d.checkIdent("database", database))
-	}
-	errs = append(errs, d.checkIdent("table", name))
-	if len(keyColumns) == 0 {
-		errs = append(errs, fmt.Errorf("%w: no key columns", ErrInvalid))
-	}
-	seen := make(map[string]bool, len(keyColumns))
-	for _, k := range keyColumns {
-		if err := d.checkIdent("key column", k); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if k == LockVersionColumn {
-			errs = append(errs, fmt.Errorf("%w: %s cannot be a key column", ErrInvalid, LockVersionColumn))
-		}
-		if seen[k] {
-			errs = append(errs, fmt.Errorf("%w: key column %q given twice", ErrInvalid, k))
-		}
-		seen[k] = true
-	}
-	if err := errors.Join(errs...); err != nil {
+	spec, err := rowguard.NewSpec("dbguard", d.checkIdent, database, name, keyColumns)
+	if err != nil {
 		return nil, err
 	}
-	t := &Table{d: d, name: name, database: database, table: name, ident: d.qualified(database, name), keys: slices.Clone(keyColumns)}
-	if database != "" {
-		t.name = database + "." + name
-	}
+	t := &Table{d: d, spec: spec, database: database, table: name, ident: d.qualified(database, name),
+		checked: &atomic.Pointer[tableInfo]{}, stmts: &rowguard.Statements[*statements]{}}
 	conds := make([]string, len(keyColumns))
 	for i, k := range keyColumns {
 		conds[i] = d.quote(k) + " = ?"
 	}
 	t.where = strings.Join(conds, " AND ")
 	for k := range t.ops {
-		t.ops[k] = writeKind(k).String() + " " + t.ident
+		t.ops[k] = rowguard.Kind(k).String() + " " + t.ident
 	}
 	return t, nil
 }
 
 // Name returns the table's name as given to NewTable (database.table or
 // table), unquoted.
-func (t *Table) Name() string { return t.name }
+func (t *Table) Name() string { return t.spec.Name }
+
+// KeyColumns returns a copy of the key column names.
+func (t *Table) KeyColumns() []string { return slices.Clone(t.spec.Keys) }
+
+// WithObserver returns a Table like t whose writes report a
+// fence.WriteEvent to o (Guard "dbguard", Class the table's Name, Op
+// "update", "insert", "upsert" or "delete"), after each write's outcome is
+// known. t itself is unchanged. o nil: no events.
+func (t *Table) WithObserver(o fence.WriteObserver) *Table {
+	c := *t
+	c.obs = o
+	return &c
+}
 
 // Dialect returns the table's dialect.
 func (t *Table) Dialect() Dialect { return t.d }
-
-// KeyColumns returns a copy of the key column names.
-func (t *Table) KeyColumns() []string { return slices.Clone(t.keys) }
 
 // Update sets the given columns of the row whose key columns equal key (in
 // NewTable's order; none may be NULL), and sets its lock_version to token,
@@ -174,25 +140,25 @@ func (t *Table) KeyColumns() []string { return slices.Clone(t.keys) }
 //
 // It returns nil when the row was written; a *fence.StaleError (matching
 // fence.ErrStaleToken) carrying the row's lock_version when that is newer
-// than token; ErrNotFound when no row has the key; ErrAmbiguousKey when
-// several rows do; ErrLockVersionType when the table's lock_version cannot
-// hold every token (nothing written); ErrNoLockVersion when the table has
-// no lock_version column; ErrNoTable when there is no such table; an error
-// matching ErrRetryable for a deadlock, lock wait timeout or busy
+// than token; fence.ErrNotFound when no row has the key; fence.ErrAmbiguousKey when
+// several rows do; fence.ErrLockVersionType when the table's lock_version cannot
+// hold every token (nothing written); fence.ErrNoLockVersion when the table has
+// no lock_version column; fence.ErrNoTable when there is no such table; an error
+// matching fence.ErrRetryable for a deadlock, lock wait timeout or busy
 // database; an error matching fence.ErrOutcomeUnknown, joined with its
 // cause, when ctx ended or the connection broke after the write was sent
 // (it may have been applied: read the row again); any other database error
 // wrapped (errors.As finds the driver's error). Bad arguments are reported
 // before any I/O: a token that is 0, or above 2^63-1 on SQLite
-// (fence.ErrInvalidToken), or an ErrInvalid (among them a NULL key value).
+// (fence.ErrInvalidToken), or an fence.ErrInvalidArgument (among them a NULL key value).
 // ctx bounds the whole write.
 //
 // db may be a *sql.DB or *sql.Conn (the write commits on its own, with
 // autocommit off too: see the package doc) or a *sql.Tx (the row stays locked, and the write can still be rolled back,
 // until the transaction ends). Any other DBTX is taken to be a
 // transaction.
-func (t *Table) Update(ctx context.Context, db DBTX, token fence.Token, key []any, set ...Column) error {
-	return t.write(ctx, kindUpdate, db, token, key, set)
+func (t *Table) Update(ctx context.Context, db DBTX, key []any, token fence.Token, set ...Column) error {
+	return t.write(ctx, db, &rowWrite{t: t, kind: rowguard.Update, key: key, token: token, cols: set})
 }
 
 // Insert inserts a row with the key columns set to key, the given columns,
@@ -200,16 +166,16 @@ func (t *Table) Update(ctx context.Context, db DBTX, token fence.Token, key []an
 //
 // It returns nil when the row was inserted; a *fence.StaleError when a row
 // with the key exists and its lock_version is newer than token; an error
-// matching ErrExists when it exists with a lock_version <= token; an error
-// matching ErrRetryable when a row with the key was created by another
+// matching fence.ErrExists when it exists with a lock_version <= token; an error
+// matching fence.ErrRetryable when a row with the key was created by another
 // transaction while this one looked for it (try again to learn which case
 // it is), or on a deadlock or busy database; the database's error (not
 // retryable), naming the index, when the row collides with another on a
 // unique index other than the key's; other errors as for Update.
 // The table needs a unique index on exactly the key columns
-// (ErrAmbiguousKey otherwise). ctx bounds the whole write.
-func (t *Table) Insert(ctx context.Context, db DBTX, token fence.Token, key []any, cols ...Column) error {
-	return t.write(ctx, kindInsert, db, token, key, cols)
+// (fence.ErrAmbiguousKey otherwise). ctx bounds the whole write.
+func (t *Table) Insert(ctx context.Context, db DBTX, key []any, token fence.Token, cols ...Column) error {
+	return t.write(ctx, db, &rowWrite{t: t, kind: rowguard.Insert, key: key, token: token, cols: cols})
 }
 
 // Upsert inserts the row, or, when a row with the key exists and its
@@ -219,12 +185,12 @@ func (t *Table) Insert(ctx context.Context, db DBTX, token fence.Token, key []an
 //
 // It returns nil when the row was inserted or updated; a *fence.StaleError
 // when the row's lock_version is newer than token; an error matching
-// ErrRetryable when another transaction created the row while this one
+// fence.ErrRetryable when another transaction created the row while this one
 // looked for it, or on a deadlock or busy database; the database's error,
 // naming the index, when a new row collides with another on a unique
 // index other than the key's; other errors as for Update. The table needs a unique index on exactly the key columns.
-func (t *Table) Upsert(ctx context.Context, db DBTX, token fence.Token, key []any, cols ...Column) error {
-	return t.write(ctx, kindUpsert, db, token, key, cols)
+func (t *Table) Upsert(ctx context.Context, db DBTX, key []any, token fence.Token, cols ...Column) error {
+	return t.write(ctx, db, &rowWrite{t: t, kind: rowguard.Upsert, key: key, token: token, cols: cols})
 }
 
 // Delete deletes the row whose key columns equal key if its lock_version
@@ -234,22 +200,33 @@ func (t *Table) Upsert(ctx context.Context, db DBTX, token fence.Token, key []an
 // same key with any token succeeds, including a stale holder's. Where
 // keys can be created again, fence the resource with a Guard as well, or
 // mark rows deleted (a fenced Update) instead of deleting them.
-func (t *Table) Delete(ctx context.Context, db DBTX, token fence.Token, key []any) error {
-	return t.write(ctx, kindDelete, db, token, key, nil)
+func (t *Table) Delete(ctx context.Context, db DBTX, key []any, token fence.Token) error {
+	return t.write(ctx, db, &rowWrite{t: t, kind: rowguard.Delete, key: key, token: token})
 }
 
-func (t *Table) write(ctx context.Context, kind writeKind, db DBTX, token fence.Token, key []any, cols []Column) error {
-	op := t.ops[kind]
-	tok, tokErr := t.d.tokenArg(token)
-	st, colErr := t.statementsFor(kind, cols)
-	if err := errors.Join(tokErr, t.check(db, key), colErr); err != nil {
-		return fmt.Errorf("dbguard: %s: %w", op, err)
+// write checks w (a write's kind, key, token and columns) and runs it
+// through db, reporting it to the Table's observer.
+func (t *Table) write(ctx context.Context, db DBTX, w *rowWrite) error {
+	if t.obs == nil {
+		return t.writeRow(ctx, db, w)
+	}
+	e := fence.WriteEvent{Ctx: ctx, Guard: "dbguard", Class: t.spec.Name, Op: w.kind.String(), Resource: t.spec.Resource(w.key), Token: w.token}
+	return fence.Observe(t.obs, e, func() error { return t.writeRow(ctx, db, w) })
+}
+
+func (t *Table) writeRow(ctx context.Context, db DBTX, w *rowWrite) error {
+	w.op = t.ops[w.kind]
+	var tokErr, colErr error
+	w.tok, tokErr = t.d.tokenArg(w.token)
+	w.st, colErr = t.statementsFor(w.kind, w.cols)
+	if err := errors.Join(tokErr, t.spec.CheckWrite(db, w.key), colErr); err != nil {
+		return fmt.Errorf("dbguard: %s: %w", w.op, err)
 	}
 	if err := ctx.Err(); err != nil {
 		// Nothing sent: a plain failure, even inside a transaction.
-		return fmt.Errorf("dbguard: %s: %w", op, err)
+		return fmt.Errorf("dbguard: %s: %w", w.op, err)
 	}
-	w := &rowWrite{t: t, kind: kind, op: op, st: st, token: token, tok: tok, key: key, cols: cols}
+	op := w.op
 	switch d := db.(type) {
 	case *sql.DB:
 		// A connection of its own, so that a failure to get one (nothing
@@ -270,7 +247,7 @@ func (t *Table) write(ctx context.Context, kind writeKind, db DBTX, token fence.
 // rowWrite is one call of a Table write.
 type rowWrite struct {
 	t     *Table
-	kind  writeKind
+	kind  rowguard.Kind
 	op    string
 	st    *statements
 	token fence.Token
@@ -283,13 +260,13 @@ type rowWrite struct {
 func (w *rowWrite) writeArgs() []any {
 	args := make([]any, 0, 2*len(w.key)+len(w.cols)+2)
 	switch w.kind {
-	case kindInsert:
+	case rowguard.Insert:
 		args = append(args, w.key...)
 		for _, c := range w.cols {
 			args = append(args, c.Value)
 		}
 		return append(args, w.tok)
-	case kindDelete:
+	case rowguard.Delete:
 		// The key, the token, and the key again for the row count.
 		args = append(append(args, w.key...), w.tok)
 		return append(args, w.key...)
@@ -326,9 +303,8 @@ func (w *rowWrite) run(ctx context.Context, db DBTX, conn *sql.Conn) error {
 	if err != nil {
 		return err
 	}
-	if !info.unique && (w.kind == kindInsert || w.kind == kindUpsert) {
-		return fmt.Errorf("dbguard: %s: %w: %s has no unique index on exactly (%s), which %s needs",
-			w.op, ErrAmbiguousKey, w.t.name, strings.Join(w.t.keys, ", "), w.kind)
+	if !info.unique && w.kind.Creates() {
+		return w.t.spec.NoUniqueKey(w.op, w.kind)
 	}
 	if err := ctx.Err(); err != nil {
 		// Nothing is sent: a plain failure (sentErr would not know).
@@ -353,9 +329,9 @@ func (w *rowWrite) run(ctx context.Context, db DBTX, conn *sql.Conn) error {
 			// the key; at READ COMMITTED a row that the database matches
 			// with the key can be inserted between its count and its write.
 			return fmt.Errorf("dbguard: %s: %w: %s matched and wrote %d rows: a row the key matches was inserted while the statement ran",
-				w.op, ErrAmbiguousKey, w.resource(), n)
+				w.op, fence.ErrAmbiguousKey, w.resource(), n)
 		}
-	case w.kind == kindInsert && w.t.d.dupKey(err):
+	case w.kind == rowguard.Insert && w.t.d.dupKey(err):
 		// A row with the key exists, or the row collides with another on
 		// another unique index: the exact path says which.
 	default:
@@ -458,7 +434,7 @@ func (w *rowWrite) decide(ctx context.Context, db DBTX, own bool) error {
 			if n, _ := res.RowsAffected(); n == 1 {
 				return nil
 			}
-		case w.kind == kindInsert && d.dupKey(err):
+		case w.kind == rowguard.Insert && d.dupKey(err):
 		default:
 			return stmtErr(w.op, err)
 		}
@@ -483,19 +459,18 @@ func (w *rowWrite) decide(ctx context.Context, db DBTX, own bool) error {
 			badType = true
 		}
 	}
+	f := rowguard.Found{Rows: row.n, Current: current, HasCurrent: row.lv.Valid}
+	v := rowguard.Judge(w.kind, f, w.token)
 	switch {
-	case row.n > 1:
-		return fmt.Errorf("dbguard: %s: %w: %s matches %d rows", w.op, ErrAmbiguousKey, w.resource(), row.n)
-	case !info.unique && (w.kind == kindInsert || w.kind == kindUpsert):
-		return fmt.Errorf("dbguard: %s: %w: %s has no unique index on exactly (%s), which %s needs",
-			w.op, ErrAmbiguousKey, w.t.name, strings.Join(w.t.keys, ", "), w.kind)
-	case row.n == 0 && (w.kind == kindUpdate || w.kind == kindDelete):
-		return fmt.Errorf("dbguard: %s: %w: %s", w.op, ErrNotFound, w.resource())
-	case row.n == 0:
+	case v == rowguard.Ambiguous:
+		return w.t.spec.Refusal(v, w.op, w.key, w.token, f)
+	case !info.unique && w.kind.Creates():
+		return w.t.spec.NoUniqueKey(w.op, w.kind)
+	case v == rowguard.Create:
 		// Insert (MySQL; SQLite's INSERT above failed only on a unique
 		// index) or Upsert of a new row.
 		stmt, args := w.st.write[afterLock], w.writeArgs()
-		if w.kind == kindUpsert {
+		if w.kind == rowguard.Upsert {
 			stmt, args = w.t.insertSQL(w.cols), w.insertArgs()
 		}
 		if _, err := db.ExecContext(ctx, stmt, args...); err != nil {
@@ -505,15 +480,11 @@ func (w *rowWrite) decide(ctx context.Context, db DBTX, own bool) error {
 			return stmtErr(w.op, err)
 		}
 		return nil
-	case !row.lv.Valid:
-		return fmt.Errorf("dbguard: %s: %s has a NULL lock_version (the column must be NOT NULL)", w.op, w.resource())
-	case badType:
-		return fmt.Errorf("dbguard: %s: %w: %s holds lock_version %q (stored as %s): want an integer",
-			w.op, ErrLockVersionType, w.resource(), row.lv.String, cmp(row.kind.String, "a non-integer"))
-	case current > uint64(w.token):
-		return fence.Stale(w.resource(), w.token, fence.Token(current))
-	case w.kind == kindInsert:
-		return fmt.Errorf("dbguard: %s: %w: %s (lock_version %d)", w.op, ErrExists, w.resource(), current)
+	case row.n == 1 && row.lv.Valid && badType:
+		return w.t.lockVersionType(w.op, fmt.Sprintf("%s holds lock_version %q (stored as %s): want an integer",
+			w.resource(), row.lv.String, cmp.Or(row.kind.String, "a non-integer")), nil)
+	case v != rowguard.Write:
+		return w.t.spec.Refusal(v, w.op, w.key, w.token, f)
 	}
 	// The row is locked with lock_version <= token.
 	res, err := db.ExecContext(ctx, w.st.write[afterLock], w.writeArgs()...)
@@ -579,11 +550,11 @@ func (w *rowWrite) confirm(ctx context.Context, db DBTX) error {
 	}
 	switch {
 	case row.n > 1:
-		return fmt.Errorf("dbguard: %s: %w: %s matches %d rows", w.op, ErrAmbiguousKey, w.resource(), row.n)
-	case w.kind != kindDelete && row.n == 1 && row.lv.Valid && row.lv.String == strconv.FormatUint(uint64(w.token), 10):
+		return w.t.spec.Refusal(rowguard.Ambiguous, w.op, w.key, w.token, rowguard.Found{Rows: row.n})
+	case w.kind != rowguard.Delete && row.n == 1 && row.lv.Valid && row.lv.String == strconv.FormatUint(uint64(w.token), 10):
 		return nil
 	}
-	return &RetryableError{Op: w.op, Err: fmt.Errorf("%s changed concurrently", w.resource())}
+	return w.t.spec.Changed(w.op, w.key)
 }
 
 // dupErr reports a unique-constraint violation err of the INSERT of a row
@@ -599,102 +570,28 @@ func (w *rowWrite) dupErr(ctx context.Context, db DBTX, err error) error {
 		return fmt.Errorf("%w (after %w)", rerr, err)
 	}
 	if row.n > 0 {
-		return &RetryableError{Op: w.op, Err: fmt.Errorf("a row %s was created concurrently: %w", w.resource(), err)}
+		return &fence.RetryableError{Op: "dbguard: " + w.op, Err: fmt.Errorf("a row %s was created concurrently: %w", w.resource(), err)}
 	}
 	return fmt.Errorf("dbguard: %s: %s collides with another row on %s: %w", w.op, w.resource(), w.t.d.uniqueName(err), err)
 }
 
-func cmp(s, alt string) string {
-	if s == "" {
-		return alt
-	}
-	return s
-}
-
-// resource describes one row for errors: db.table(k1=v1, k2=v2).
-func (w *rowWrite) resource() string {
-	var b strings.Builder
-	b.WriteString(w.t.name)
-	b.WriteByte('(')
-	for i, k := range w.t.keys {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		fmt.Fprintf(&b, "%s=%v", k, w.key[i])
-	}
-	b.WriteByte(')')
-	return b.String()
-}
-
-// check validates a write's database and key, reporting every problem at
-// once. The columns are checked by statementsFor.
-func (t *Table) check(db DBTX, key []any) error {
-	var errs []error
-	if isNil(db) {
-		errs = append(errs, fmt.Errorf("%w: nil database", ErrInvalid))
-	}
-	if len(key) != len(t.keys) {
-		errs = append(errs, fmt.Errorf("%w: %d key values for %d key columns", ErrInvalid, len(key), len(t.keys)))
-	}
-	for i, v := range key[:min(len(key), len(t.keys))] {
-		if isNull(v) {
-			errs = append(errs, fmt.Errorf("%w: key column %q is NULL (a NULL key matches no row and conflicts with none)", ErrInvalid, t.keys[i]))
-		}
-	}
-	return errors.Join(errs...)
-}
+// resource describes the row for errors: db.table(k1=v1, k2=v2).
+func (w *rowWrite) resource() string { return w.t.spec.Resource(w.key) }
 
 // statementsFor returns the statements of a write of kind with cols, or an
-// error wrapping ErrInvalid when the columns cannot be written.
-func (t *Table) statementsFor(kind writeKind, cols []Column) (*statements, error) {
-	if st := t.last[kind].Load(); st != nil && sameNames(st.cols, cols) {
+// error wrapping fence.ErrInvalidArgument when the columns cannot be
+// written.
+func (t *Table) statementsFor(kind rowguard.Kind, cols []Column) (*statements, error) {
+	return t.stmts.For(kind, cols, func() (*statements, error) {
+		if err := t.spec.CheckColumns(t.d.checkIdent, cols); err != nil {
+			return nil, err
+		}
+		st := &statements{sel: t.selectSQL()}
+		for f := range st.write {
+			st.write[f] = t.writeSQL(kind, cols, form(f))
+		}
 		return st, nil
-	}
-	if err := t.checkColumns(cols); err != nil {
-		return nil, err
-	}
-	st := &statements{cols: make([]string, len(cols)), sel: t.selectSQL()}
-	for f := range st.write {
-		st.write[f] = t.writeSQL(kind, cols, form(f))
-	}
-	for i, c := range cols {
-		st.cols[i] = c.Name
-	}
-	t.last[kind].Store(st)
-	return st, nil
-}
-
-func sameNames(names []string, cols []Column) bool {
-	if len(names) != len(cols) {
-		return false
-	}
-	for i, c := range cols {
-		if names[i] != c.Name {
-			return false
-		}
-	}
-	return true
-}
-
-// checkColumns validates the columns of a write, reporting every problem
-// at once.
-func (t *Table) checkColumns(cols []Column) error {
-	var errs []error
-	for i, c := range cols {
-		if err := t.d.checkIdent("column", c.Name); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		switch {
-		case c.Name == LockVersionColumn:
-			errs = append(errs, fmt.Errorf("%w: column %s is written by the guard only", ErrInvalid, LockVersionColumn))
-		case slices.Contains(t.keys, c.Name):
-			errs = append(errs, fmt.Errorf("%w: column %q is a key column; pass its value in key", ErrInvalid, c.Name))
-		case slices.ContainsFunc(cols[:i], func(p Column) bool { return p.Name == c.Name }):
-			errs = append(errs, fmt.Errorf("%w: column %q given twice", ErrInvalid, c.Name))
-		}
-	}
-	return errors.Join(errs...)
+	})
 }
 
 // Parts of the statements' own checks (see writeSQL).
@@ -739,7 +636,7 @@ const (
 //     hold fails the statement; and an UPDATE stores 2^64-1 before the
 //     token (assignments run left to right), so that a column that cannot
 //     hold every token (INT, a signed BIGINT) fails it (1264,
-//     ErrLockVersionType) whatever the token.
+//     fence.ErrLockVersionType) whatever the token.
 //   - MySQL, on its own: autocommit is on, so that the statement has
 //     committed when it returns; with autocommit off it writes nothing,
 //     and the rejection path's transaction commits the write.
@@ -747,10 +644,10 @@ const (
 // An INSERT has no row to check. On MySQL, outside the rejection path, it
 // is an INSERT ... SELECT whose condition is the session's strictness and,
 // on its own, autocommit. Elsewhere, it is the plain INSERT.
-func (t *Table) writeSQL(kind writeKind, cols []Column, f form) string {
+func (t *Table) writeSQL(kind rowguard.Kind, cols []Column, f form) string {
 	mysql := t.d == MySQL
 	checked := mysql && f != afterLock // the exact-number, strictness and range checks
-	if kind == kindInsert {
+	if kind == rowguard.Insert {
 		into, values := t.insertParts(cols)
 		if !checked {
 			return into + " VALUES (" + values + ")"
@@ -774,7 +671,7 @@ func (t *Table) writeSQL(kind writeKind, cols []Column, f form) string {
 	} else {
 		cond += " AND typeof(" + lv + ") = 'integer' AND NOT EXISTS (SELECT 1 FROM " + t.ident + " WHERE " + t.where + " LIMIT 1 OFFSET 1)"
 	}
-	if kind == kindDelete {
+	if kind == rowguard.Delete {
 		return "DELETE FROM " + t.ident + cond
 	}
 	var b strings.Builder
@@ -798,8 +695,8 @@ func (t *Table) insertSQL(cols []Column) string {
 // insertParts returns "INSERT INTO t (keys..., cols..., lock_version)" and
 // its placeholders, "?, ?, ...".
 func (t *Table) insertParts(cols []Column) (into, values string) {
-	names := make([]string, 0, len(t.keys)+len(cols)+1)
-	for _, k := range t.keys {
+	names := make([]string, 0, len(t.spec.Keys)+len(cols)+1)
+	for _, k := range t.spec.Keys {
 		names = append(names, t.d.quote(k))
 	}
 	for _, c := range cols {

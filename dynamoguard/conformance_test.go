@@ -55,10 +55,27 @@ func TestConformance(t *testing.T) {
 					c.tr.partition.Store(true)
 					c.tr.loseNext.Store(true)
 				},
+				Observe: func(t *testing.T, r guardtest.Resource, o fence.WriteObserver) guardtest.Want {
+					c := r.(*confItem)
+					c.g = newGuard(t, c.client, table, dynamoguard.WithObserver(o))
+					op := map[string]string{"Put": "put", "Update": "update", "Transact": "transaction"}[mode]
+					return guardtest.Want{Guard: "dynamoguard", Class: table, Op: op, Resource: "dynamodb://" + table + "/" + c.pk}
+				},
+				Check: func(ctx context.Context, r guardtest.Resource) error { return r.(*confItem).g.Check(ctx) },
+				// A guard of a table that does not exist.
+				NewBroken: func(t *testing.T) guardtest.Resource {
+					r := &confItem{mode: mode, pk: fmt.Sprintf("%s-%d", mode, seq.Add(1)), tr: newFaultTransport(t), table: dynamotest.TableName(t, "absent")}
+					r.client = r.tr.client(t)
+					var err error
+					if r.g, err = dynamoguard.New(r.client, r.table); err != nil {
+						t.Fatal(err)
+					}
+					return r
+				},
 			}
 			if mode == "Update" {
 				cfg.NewMissing = func(t *testing.T) guardtest.Resource { return newRes(t, false) }
-				cfg.IsMissing = func(err error) bool { return errors.Is(err, dynamoguard.ErrNotFound) }
+				cfg.IsMissing = func(err error) bool { return errors.Is(err, fence.ErrNotFound) }
 			} else {
 				cfg.Lacks = map[guardtest.Capability]string{
 					guardtest.Missing: mode + " creates a missing item: no target is missing",
@@ -84,12 +101,12 @@ func (r *confItem) Write(ctx context.Context, token fence.Token, value string) e
 	defer r.tr.heal()
 	switch r.mode {
 	case "Put":
-		return r.g.Put(ctx, token, item(r.pk, value))
+		return r.g.Put(ctx, item(r.pk, value), token)
 	case "Update":
-		return r.g.Update(ctx, token, key(r.pk), expression.Set(expression.Name("value"), expression.Value(value)))
+		return r.g.Update(ctx, key(r.pk), token, expression.Set(expression.Name("value"), expression.Value(value)))
 	default:
 		// The value lives in its own item; the fence is the item r.pk.
-		return r.g.Transact(ctx, token, key(r.pk), []types.TransactWriteItem{
+		return r.g.Transact(ctx, key(r.pk), token, []types.TransactWriteItem{
 			{Put: &types.Put{TableName: aws.String(r.table), Item: item(r.pk+"/value", value)}},
 		})
 	}
@@ -99,7 +116,7 @@ func (r *confItem) Read(ctx context.Context) (string, fence.Token, error) {
 	switch r.mode {
 	case "Transact":
 		_, tok, err := r.g.Get(ctx, key(r.pk))
-		if errors.Is(err, dynamoguard.ErrNotFound) {
+		if errors.Is(err, fence.ErrNotFound) {
 			return "", fence.None, nil
 		}
 		if err != nil {
@@ -112,7 +129,7 @@ func (r *confItem) Read(ctx context.Context) (string, fence.Token, error) {
 		return v["value"].(*types.AttributeValueMemberS).Value, tok, nil
 	default:
 		v, tok, err := r.g.Get(ctx, key(r.pk))
-		if errors.Is(err, dynamoguard.ErrNotFound) {
+		if errors.Is(err, fence.ErrNotFound) {
 			return "", fence.None, nil
 		}
 		if err != nil {

@@ -19,7 +19,7 @@
 //   - Update changes an existing item with the caller's update expression
 //     (an expression.UpdateBuilder): one UpdateItem, whose condition also
 //     requires the item to exist and not be a tombstone, so that a missing
-//     item (ErrNotFound) is told apart from a stale token in the same
+//     item (fence.ErrNotFound) is told apart from a stale token in the same
 //     request.
 //   - Delete leaves a tombstone that keeps the token (see Deletes).
 //   - Transact runs the caller's TransactWriteItems actions (up to 99, on
@@ -52,9 +52,9 @@
 // A write whose request was sent and whose answer never came (the context
 // ended, the connection broke, a 5xx, TransactionInProgressException, or
 // an SDK retry that failed in a way that does not show which try landed)
-// returns an error matching ErrAmbiguous and fence.ErrOutcomeUnknown: it
+// returns an error matching fence.ErrOutcomeUnknown and fence.ErrOutcomeUnknown: it
 // may have been applied, now or later. A stale rejection after a retry is
-// returned joined with ErrAmbiguous: the first try may have landed and
+// returned joined with fence.ErrOutcomeUnknown: the first try may have landed and
 // been replaced by the newer holder. A request that was never sent (a
 // signing error, a dial that failed before the SDK's first attempt) is a
 // plain error. The guard counts the SDK's attempts with a middleware at
@@ -65,18 +65,34 @@
 // Delete does not call DeleteItem: a deleted item forgets its token, and a
 // stale holder's Put (lock_version missing) could then bring it back. It
 // writes a tombstone instead: the key, the token and lock_deleted = true.
-// Get and Update report ErrNotFound for it; Put with a token at least the
+// Get and Update report fence.ErrNotFound for it; Put with a token at least the
 // tombstone's replaces it. Tombstones cost one small item per deleted key;
 // remove them (a DynamoDB TTL attribute, a sweep) only when no holder of
 // an older token can still be running.
 //
 // # Fail closed
 //
-// Before its first call a Guard probes the server (see Probe): a write
-// whose condition is false must be refused and the item returned with it,
-// and a transaction with a false condition must commit nothing. A server
-// that fails (dynalite, for one, ignores ReturnValuesOnConditionCheckFailure
-// and has no TransactWriteItems) is refused with ErrConditionsIgnored.
+// Before its first call a Guard checks the server (Check, the start-up
+// check to run when the program starts): a write whose condition is false
+// must be refused and the item returned with it, and a transaction with a
+// false condition must commit nothing. A server that fails (dynalite, for
+// one, ignores ReturnValuesOnConditionCheckFailure and has no
+// TransactWriteItems) is refused with ErrConditionsIgnored. The check also
+// finds a missing table and refused access or credentials. Each problem is
+// a *fence.SetupError naming the fix, which matches lease.ErrSetup (it is
+// fence.ErrSetup).
+//
+// # Errors, metrics, ledger
+//
+// The errors are package fence's, the same for every guard (a
+// *fence.StaleError, fence.ErrOutcomeUnknown, a *fence.NotFoundError,
+// fence.ErrNotFenced, fence.ErrInvalidArgument, a *fence.SetupError), and
+// dynamoguard's own ErrCanceled and ErrConditionsIgnored. WithObserver
+// reports each Put, Update, Delete and Transact as a fence.WriteEvent, the
+// input of packages leaseprom and leaseotel. Ledger is a lease.Ledger for
+// lease.Manager.RunOnce in a table keyed by job and run_key
+// (LedgerTableInput); its MarkDoneTransact records a run done in one
+// transaction with the job's own items.
 //
 // # The guarantee
 //

@@ -25,10 +25,10 @@ func Example() {
 		panic(err)
 	}
 	token := fence.Token(42) // from a lease: l.Token()
-	err = g.Put(ctx, token, map[string]types.AttributeValue{
+	err = g.Put(ctx, map[string]types.AttributeValue{
 		"id":     &types.AttributeValueMemberS{Value: "inv-7"},
 		"status": &types.AttributeValueMemberS{Value: "paid"},
-	})
+	}, token)
 	var stale *fence.StaleError
 	switch {
 	case errors.As(err, &stale):
@@ -45,9 +45,9 @@ func Example() {
 func ExampleGuard_Update() {
 	ctx := context.Background()
 	var g *dynamoguard.Guard // dynamoguard.New(client, "invoices")
-	err := g.Update(ctx, 42, map[string]types.AttributeValue{"id": &types.AttributeValueMemberS{Value: "inv-7"}},
+	err := g.Update(ctx, map[string]types.AttributeValue{"id": &types.AttributeValueMemberS{Value: "inv-7"}}, 42,
 		expression.Set(expression.Name("status"), expression.Value("sent")).Add(expression.Name("attempts"), expression.Value(1)))
-	if errors.Is(err, dynamoguard.ErrNotFound) {
+	if errors.Is(err, fence.ErrNotFound) {
 		fmt.Println("no such invoice")
 	}
 }
@@ -57,7 +57,7 @@ func ExampleGuard_Update() {
 func ExampleGuard_Transact() {
 	ctx := context.Background()
 	var g *dynamoguard.Guard
-	err := g.Transact(ctx, 42, map[string]types.AttributeValue{"id": &types.AttributeValueMemberS{Value: "lease/invoicejob"}},
+	err := g.Transact(ctx, map[string]types.AttributeValue{"id": &types.AttributeValueMemberS{Value: "lease/invoicejob"}}, 42,
 		[]types.TransactWriteItem{
 			{Put: &types.Put{TableName: aws.String("invoices"), Item: map[string]types.AttributeValue{
 				"id": &types.AttributeValueMemberS{Value: "inv-8"}, "status": &types.AttributeValueMemberS{Value: "new"},

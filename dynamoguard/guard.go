@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
@@ -17,107 +18,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/awsattempt"
+	"github.com/fencekit/fencekit/internal/options"
 	"github.com/fencekit/fencekit/internal/probeonce"
 )
-
-// Client is the part of *dynamodb.Client a Guard uses: only the operations
-// it calls, with the SDK's per-call option functions. *dynamodb.Client
-// satisfies it, and so can a wrapper that injects faults or counts calls.
-// A Guard passes option functions that must be applied (as
-// *dynamodb.Client does) for it to tell a request that was never sent from
-// one whose outcome is unknown; if they are ignored, every transport error
-// is treated as an unknown outcome. DescribeTable is called by the probe
-// only, and DeleteItem only to remove the probe's scratch items.
-type Client interface {
-	PutItem(ctx context.Context, in *dynamodb.PutItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.PutItemOutput, error)
-	UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error)
-	GetItem(ctx context.Context, in *dynamodb.GetItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.GetItemOutput, error)
-	DeleteItem(ctx context.Context, in *dynamodb.DeleteItemInput, optFns ...func(*dynamodb.Options)) (*dynamodb.DeleteItemOutput, error)
-	TransactWriteItems(ctx context.Context, in *dynamodb.TransactWriteItemsInput, optFns ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error)
-	DescribeTable(ctx context.Context, in *dynamodb.DescribeTableInput, optFns ...func(*dynamodb.Options)) (*dynamodb.DescribeTableOutput, error)
-}
-
-var _ Client = (*dynamodb.Client)(nil)
-
-var (
-	// ErrInvalidInput is returned before any I/O for arguments that cannot
-	// work: a nil client, an empty table name, the zero token (the error
-	// then also matches fence.ErrInvalidToken), a token above 2^63-1, a
-	// nil item or key, an item that sets one of the guard's own attributes,
-	// a key that does not name exactly the table's key attributes (checked
-	// after the probe learned them), a transaction of more than 99 items,
-	// or invalid Options.
-	ErrInvalidInput = errors.New("dynamoguard: invalid input")
-
-	// ErrConditionsIgnored is returned by Probe, and by every call of a
-	// Guard whose probe failed this way, when the server does not honour
-	// what the fence rests on: it applied a write whose ConditionExpression
-	// was false, did not return the item with a failed condition
-	// (ReturnValuesOnConditionCheckFailure), or committed a transaction
-	// one of whose conditions was false. Fencing is impossible on such a
-	// server, so the guard refuses to run (fail closed).
-	ErrConditionsIgnored = errors.New("dynamoguard: server does not honour conditional writes")
-
-	// ErrTableNotFound is returned (inside a *SetupError) when the table
-	// does not exist: DescribeTable or a write answered
-	// ResourceNotFoundException.
-	ErrTableNotFound = errors.New("dynamoguard: table not found")
-
-	// ErrAmbiguous is dynamoguard's name for fence.ErrOutcomeUnknown: every
-	// error that matches it with errors.Is also matches
-	// fence.ErrOutcomeUnknown. A write returns it when its request was sent
-	// and its outcome could not be learned: the context ended or the
-	// connection broke while it was in flight, the server answered 5xx, a
-	// transaction was still in progress, or the SDK retried the request
-	// and the retry failed in a way that does not show which try landed
-	// (a stale rejection after a retry is returned joined with it: the
-	// first try may have landed and been replaced). The write may or may
-	// not have been applied, now or later; it is never reported as
-	// success. Read the item to learn what is stored.
-	ErrAmbiguous error = outcomeUnknown{}
-
-	// ErrNotFound is returned by Update when the item does not exist or
-	// is a tombstone left by Delete, and by Get for the same.
-	ErrNotFound = errors.New("dynamoguard: item not found")
-
-	// ErrNotFenced is returned when an item's version attribute holds
-	// something other than a number in [1, 2^63-1]: it was not written
-	// by a Guard, so its token is unknown.
-	ErrNotFenced = errors.New("dynamoguard: item not written by dynamoguard")
-
-	// ErrCanceled is returned (wrapping the SDK's
-	// *types.TransactionCanceledException) when a fenced transaction was
-	// canceled for a reason other than the fence: one of the caller's own
-	// conditions failed, a conflict with another transaction, a
-	// validation error. Nothing was written. errors.As gives the
-	// exception and its CancellationReasons, in the order of the items
-	// passed (the fence's reason is last).
-	ErrCanceled = errors.New("dynamoguard: transaction canceled")
-)
-
-// outcomeUnknown is ErrAmbiguous: a sentinel that keeps dynamoguard's
-// prefix and also matches fence.ErrOutcomeUnknown.
-type outcomeUnknown struct{}
-
-func (outcomeUnknown) Error() string { return "dynamoguard: write outcome unknown" }
-
-// Is reports whether target is fence.ErrOutcomeUnknown.
-func (outcomeUnknown) Is(target error) bool { return target == fence.ErrOutcomeUnknown }
-
-// SetupError is a problem with the table that the guard cannot work
-// around: the table is missing. Fix says what to do.
-type SetupError struct {
-	Table string
-	// Err is the sentinel (ErrTableNotFound) joined with the server's error.
-	Err error
-	Fix string
-}
-
-func (e *SetupError) Error() string {
-	return fmt.Sprintf("%v (table %q); fix: %s", e.Err, e.Table, e.Fix)
-}
-
-func (e *SetupError) Unwrap() error { return e.Err }
 
 // Options configure a Guard; set them with Option values passed to New.
 // The zero value of each field means its default.
@@ -132,6 +36,12 @@ type Options struct {
 	// DeletedAttribute marks a tombstone written by Delete (a boolean
 	// true). Default "lock_deleted".
 	DeletedAttribute string
+
+	// Observer, when set, receives a fence.WriteEvent for every Put,
+	// Update, Delete and Transact (Guard "dynamoguard", Class the table,
+	// Op "put", "update", "delete" or "transaction"), after its outcome is
+	// known. Default: none.
+	Observer fence.WriteObserver
 }
 
 // Option changes Options.
@@ -144,6 +54,9 @@ func WithAttributes(version, nonce, deleted string) Option {
 		o.VersionAttribute, o.NonceAttribute, o.DeletedAttribute = version, nonce, deleted
 	}
 }
+
+// WithObserver sets Options.Observer.
+func WithObserver(o fence.WriteObserver) Option { return func(opts *Options) { opts.Observer = o } }
 
 // Defaults of Options.
 const (
@@ -173,10 +86,10 @@ func (o *Options) validate() error {
 	names := map[string]bool{}
 	for _, n := range []string{o.VersionAttribute, o.NonceAttribute, o.DeletedAttribute} {
 		if len(n) > 255 {
-			errs = append(errs, fmt.Errorf("%w: attribute name %.20q... longer than 255 bytes", ErrInvalidInput, n))
+			errs = append(errs, fmt.Errorf("%w: attribute name %.20q... longer than 255 bytes", fence.ErrInvalidArgument, n))
 		}
 		if names[n] {
-			errs = append(errs, fmt.Errorf("%w: attribute name %q used twice", ErrInvalidInput, n))
+			errs = append(errs, fmt.Errorf("%w: attribute name %q used twice", fence.ErrInvalidArgument, n))
 		}
 		names[n] = true
 	}
@@ -186,35 +99,30 @@ func (o *Options) validate() error {
 // Guard makes fenced writes to the items of one DynamoDB table. It is safe
 // for concurrent use. Create it with New.
 type Guard struct {
-	client Client
 	table  string
+	client Client
 	opts   Options
 
-	gate   probeonce.Gate // the probe's verdict
 	mu     sync.Mutex     // guards schema
 	schema keySchema      // the table's key attributes, learned by the probe
+	gate   probeonce.Gate // the probe's verdict
 }
 
 // New returns a Guard for table over client. It does no I/O: the server is
-// probed (see Probe) before the first call. It returns an error wrapping
-// ErrInvalidInput for a nil client, an empty table name or invalid
+// checked (see Check) before the first call. It returns an error wrapping
+// fence.ErrInvalidArgument for a nil client, an empty table name or invalid
 // options, reporting every problem at once.
 func New(client Client, table string, opts ...Option) (*Guard, error) {
-	var o Options
-	for _, opt := range opts {
-		if opt != nil {
-			opt(&o)
-		}
-	}
+	o := options.Apply(opts)
 	o.setDefaults()
 	var errs []error
 	if client == nil {
-		errs = append(errs, fmt.Errorf("%w: nil client", ErrInvalidInput))
+		errs = append(errs, fmt.Errorf("%w: nil client", fence.ErrInvalidArgument))
 	} else if c, ok := client.(*dynamodb.Client); ok && c == nil {
-		errs = append(errs, fmt.Errorf("%w: nil client", ErrInvalidInput))
+		errs = append(errs, fmt.Errorf("%w: nil client", fence.ErrInvalidArgument))
 	}
 	if table == "" {
-		errs = append(errs, fmt.Errorf("%w: empty table name", ErrInvalidInput))
+		errs = append(errs, fmt.Errorf("%w: empty table name", fence.ErrInvalidArgument))
 	}
 	if err := o.validate(); err != nil {
 		errs = append(errs, err)
@@ -246,13 +154,17 @@ func (g *Guard) Table() string { return g.table }
 // try of it found stored by its nonce); a *fence.StaleError (matching
 // fence.ErrStaleToken) naming the stored token when a newer one is stored,
 // read from the same request (ReturnValuesOnConditionCheckFailure), in
-// which case nothing changed; an error matching ErrAmbiguous and
+// which case nothing changed; an error matching fence.ErrOutcomeUnknown and
 // fence.ErrOutcomeUnknown when the outcome could not be learned;
-// ErrNotFenced when the stored version is not a token; ErrInvalidInput
-// before any I/O for a bad token or item; a *SetupError for a missing
+// fence.ErrNotFenced when the stored version is not a token; fence.ErrInvalidArgument
+// before any I/O for a bad token or item; a *fence.SetupError for a missing
 // table; the probe's ErrConditionsIgnored; and the server's error
 // otherwise. ctx bounds the call, including the probe on first use.
-func (g *Guard) Put(ctx context.Context, token fence.Token, item map[string]types.AttributeValue) error {
+func (g *Guard) Put(ctx context.Context, item map[string]types.AttributeValue, token fence.Token) error {
+	return g.observe(ctx, "put", item, token, func() error { return g.putItem(ctx, item, token) })
+}
+
+func (g *Guard) putItem(ctx context.Context, item map[string]types.AttributeValue, token fence.Token) error {
 	if err := g.checkItem(token, item); err != nil {
 		return err
 	}
@@ -273,10 +185,14 @@ func (g *Guard) Put(ctx context.Context, token fence.Token, item map[string]type
 // by the same conditional PutItem as Put, so that a holder with an older
 // token can neither delete a newer item nor bring the key back afterwards
 // (a deleted item would forget its token, and attribute_not_exists would
-// let anyone create it again). Get and Update report ErrNotFound for a
+// let anyone create it again). Get and Update report fence.ErrNotFound for a
 // tombstone; Put replaces it. Deleting a missing key writes a tombstone
 // too. Errors are as for Put.
-func (g *Guard) Delete(ctx context.Context, token fence.Token, key map[string]types.AttributeValue) error {
+func (g *Guard) Delete(ctx context.Context, key map[string]types.AttributeValue, token fence.Token) error {
+	return g.observe(ctx, "delete", key, token, func() error { return g.deleteItem(ctx, key, token) })
+}
+
+func (g *Guard) deleteItem(ctx context.Context, key map[string]types.AttributeValue, token fence.Token) error {
 	if err := g.checkKeyInput(token, key); err != nil {
 		return err
 	}
@@ -307,7 +223,7 @@ func (g *Guard) put(ctx context.Context, token fence.Token, key, item map[string
 	if err != nil {
 		return fmt.Errorf("dynamoguard: build condition: %w", err)
 	}
-	var tr attemptTracker
+	var tr awsattempt.Tracker
 	_, err = g.client.PutItem(ctx, &dynamodb.PutItemInput{
 		TableName:                           aws.String(g.table),
 		Item:                                item,
@@ -315,7 +231,7 @@ func (g *Guard) put(ctx context.Context, token fence.Token, key, item map[string
 		ExpressionAttributeNames:            expr.Names(),
 		ExpressionAttributeValues:           expr.Values(),
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
-	}, tr.option)
+	}, counted(&tr))
 	return g.outcome(err, &tr, write{key: key, token: token, nonce: nonce})
 }
 
@@ -335,27 +251,41 @@ func (g *Guard) put(ctx context.Context, token fence.Token, key, item map[string
 // lands between an applied try and the SDK's retry, the retry cannot tell
 // its own earlier try from that write and applies again; the guard sees
 // this from the retry's answer (UPDATED_OLD: the item held this token and
-// another nonce) and returns ErrAmbiguous, since the update was applied
-// once or twice. It returns ErrNotFound (nothing
+// another nonce) and returns fence.ErrOutcomeUnknown, since the update was applied
+// once or twice. It returns fence.ErrNotFound (nothing
 // written) when there is no item at key or a tombstone with a token not
 // newer than token, decided from the same request; a *fence.StaleError
 // when a newer token is stored (a tombstone's included); other errors as
 // for Put. update must not touch the guard's attributes (the server
 // refuses overlapping paths with a ValidationException). update is only
 // read: a builder may be reused, and shared between goroutines.
-func (g *Guard) Update(ctx context.Context, token fence.Token, key map[string]types.AttributeValue, update expression.UpdateBuilder) error {
+func (g *Guard) Update(ctx context.Context, key map[string]types.AttributeValue, token fence.Token, update expression.UpdateBuilder) error {
+	return g.observe(ctx, "update", key, token, func() error { return g.updateItem(ctx, key, token, update) })
+}
+
+func (g *Guard) updateItem(ctx context.Context, key map[string]types.AttributeValue, token fence.Token, update expression.UpdateBuilder) error {
+	_, _, err := g.update(ctx, key, token, update, true)
+	return err
+}
+
+// update applies update with token to the item at key, as Update does when
+// mustExist is set; otherwise it creates the item when it is missing (a
+// ledger's claim of a run). It returns the item as it was before the
+// update (nil when there was none), and whether that is known: it is not
+// when an SDK retry found that an earlier try had landed.
+func (g *Guard) update(ctx context.Context, key map[string]types.AttributeValue, token fence.Token, update expression.UpdateBuilder, mustExist bool) (before map[string]types.AttributeValue, known bool, err error) {
 	if err := g.checkKeyInput(token, key); err != nil {
-		return err
+		return nil, false, err
 	}
 	k, nonce, err := g.prepare(ctx, key)
 	if err != nil {
-		return err
+		return nil, false, err
 	}
-	expr, err := g.updateExpression(update, token, nonce)
+	expr, err := g.updateExpression(update, token, nonce, mustExist)
 	if err != nil {
-		return err
+		return nil, false, err
 	}
-	var tr attemptTracker
+	var tr awsattempt.Tracker
 	out, err := g.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                           aws.String(g.table),
 		Key:                                 k,
@@ -363,16 +293,24 @@ func (g *Guard) Update(ctx context.Context, token fence.Token, key map[string]ty
 		ConditionExpression:                 aws.String(expr.condition),
 		ExpressionAttributeNames:            expr.names,
 		ExpressionAttributeValues:           expr.values,
-		ReturnValues:                        types.ReturnValueUpdatedOld,
+		ReturnValues:                        types.ReturnValueAllOld,
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
-	}, tr.option)
-	if err == nil && tr.sent() > 1 && g.sameTokenBefore(out.Attributes, token, nonce) {
-		return fmt.Errorf("%w: update %s: the SDK retried it and the retry was applied over a write with the same token that is not this update's: an earlier try may have been applied too", ErrAmbiguous, g.resource(k))
+	}, counted(&tr))
+	if err == nil && tr.Sent() > 1 && g.sameTokenBefore(out.Attributes, token, nonce) {
+		return nil, false, fmt.Errorf("%w: update %s: the SDK retried it and the retry was applied over a write with the same token that is not this update's: an earlier try may have been applied too", fence.ErrOutcomeUnknown, g.resource(k))
 	}
-	return g.outcome(err, &tr, write{key: k, token: token, nonce: nonce, mustExist: true})
+	if err := g.outcome(err, &tr, write{key: k, token: token, nonce: nonce, mustExist: mustExist}); err != nil {
+		return nil, false, err
+	}
+	if out == nil {
+		// An earlier try landed (an SDK retry found its own nonce): the
+		// item before it is not known.
+		return nil, false, nil
+	}
+	return out.Attributes, true, nil
 }
 
-// sameTokenBefore reports whether old (an applied write's UPDATED_OLD)
+// sameTokenBefore reports whether old (an applied write's ALL_OLD)
 // shows the item held token with a nonce other than nonce: a write of the
 // same holder, or an earlier try of this one that it replaced.
 func (g *Guard) sameTokenBefore(old map[string]types.AttributeValue, token fence.Token, nonce string) bool {
@@ -390,12 +328,12 @@ func (g *Guard) sameTokenBefore(old map[string]types.AttributeValue, token fence
 // Get reads the item at key with a strongly consistent GetItem and returns
 // it without the guard's attributes, with the token it was written with
 // (fence.None for an item no guard wrote). It returns a *NotFoundError
-// (matching ErrNotFound) for a missing item or a tombstone, ErrNotFenced
+// (matching fence.ErrNotFound) for a missing item or a tombstone, fence.ErrNotFenced
 // when the version attribute is not a token, and the server's error
 // otherwise. Reads are not fenced: a stale holder can read.
 func (g *Guard) Get(ctx context.Context, key map[string]types.AttributeValue) (map[string]types.AttributeValue, fence.Token, error) {
 	if key == nil {
-		return nil, fence.None, fmt.Errorf("%w: nil key", ErrInvalidInput)
+		return nil, fence.None, fmt.Errorf("%w: nil key", fence.ErrInvalidArgument)
 	}
 	if err := g.ensureProbed(ctx); err != nil {
 		return nil, fence.None, err
@@ -413,7 +351,7 @@ func (g *Guard) Get(ctx context.Context, key map[string]types.AttributeValue) (m
 		return nil, fence.None, err
 	}
 	if out.Item == nil || g.isTombstone(out.Item) {
-		return nil, fence.None, &NotFoundError{Resource: g.resource(k), Tombstone: tok}
+		return nil, fence.None, &fence.NotFoundError{Resource: g.resource(k), Tombstone: tok}
 	}
 	item := maps.Clone(out.Item)
 	delete(item, g.opts.VersionAttribute)
@@ -421,26 +359,6 @@ func (g *Guard) Get(ctx context.Context, key map[string]types.AttributeValue) (m
 	delete(item, g.opts.DeletedAttribute)
 	return item, tok, nil
 }
-
-// NotFoundError is returned by Get and Update when there is no live item at
-// the key. It matches ErrNotFound with errors.Is.
-type NotFoundError struct {
-	// Resource names the item (dynamodb://table/key).
-	Resource string
-	// Tombstone is the token of the tombstone Delete left there, or
-	// fence.None when the key holds nothing.
-	Tombstone fence.Token
-}
-
-func (e *NotFoundError) Error() string {
-	if e.Tombstone != fence.None {
-		return fmt.Sprintf("dynamoguard: item not found: %s (deleted with token %d)", e.Resource, e.Tombstone)
-	}
-	return "dynamoguard: item not found: " + e.Resource
-}
-
-// Is reports whether target is ErrNotFound.
-func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
 
 // Transact writes items (up to 99 TransactWriteItem actions on any tables,
 // built as for TransactWriteItems) in one TransactWriteItems request,
@@ -461,16 +379,28 @@ func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
 // when a newer token is stored, nothing written; an error wrapping
 // ErrCanceled and the *types.TransactionCanceledException when the
 // transaction was canceled for another reason; an error matching
-// ErrAmbiguous when the outcome is unknown (TransactionInProgressException
-// included); and ErrInvalidInput, a *SetupError, ErrConditionsIgnored or
+// fence.ErrOutcomeUnknown when the outcome is unknown (TransactionInProgressException
+// included); and fence.ErrInvalidArgument, a *fence.SetupError (ErrConditionsIgnored among them) or
 // the server's error as for Put.
-func (g *Guard) Transact(ctx context.Context, token fence.Token, fenceKey map[string]types.AttributeValue, items []types.TransactWriteItem) error {
+func (g *Guard) Transact(ctx context.Context, fenceKey map[string]types.AttributeValue, token fence.Token, items []types.TransactWriteItem) error {
+	return g.observe(ctx, "transaction", fenceKey, token, func() error { return g.transact(ctx, fenceKey, token, items) })
+}
+
+func (g *Guard) transact(ctx context.Context, fenceKey map[string]types.AttributeValue, token fence.Token, items []types.TransactWriteItem) error {
+	return g.transactWith(ctx, fenceKey, token, items, nil, false)
+}
+
+// transactWith is Transact whose fence update also sets the attributes of
+// set (a ledger's done mark), and, with mustExist, requires the fence
+// item to exist (fence.ErrNotFound otherwise).
+func (g *Guard) transactWith(ctx context.Context, fenceKey map[string]types.AttributeValue, token fence.Token, items []types.TransactWriteItem,
+	set map[string]types.AttributeValue, mustExist bool) error {
 	var errs []error
 	if err := g.checkKeyInput(token, fenceKey); err != nil {
 		errs = append(errs, err)
 	}
 	if len(items) > maxTransactItems {
-		errs = append(errs, fmt.Errorf("%w: %d items, at most %d beside the fence", ErrInvalidInput, len(items), maxTransactItems))
+		errs = append(errs, fmt.Errorf("%w: %d items, at most %d beside the fence", fence.ErrInvalidArgument, len(items), maxTransactItems))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
@@ -479,10 +409,16 @@ func (g *Guard) Transact(ctx context.Context, token fence.Token, fenceKey map[st
 	if err != nil {
 		return err
 	}
-	expr, err := expression.NewBuilder().
-		WithUpdate(expression.Set(expression.Name(g.opts.VersionAttribute), expression.Value(tokenValue(token))).
-			Set(expression.Name(g.opts.NonceAttribute), expression.Value(nonce))).
-		WithCondition(g.tokenCondition(token)).Build()
+	upd := expression.Set(expression.Name(g.opts.VersionAttribute), expression.Value(tokenValue(token))).
+		Set(expression.Name(g.opts.NonceAttribute), expression.Value(nonce))
+	for name, v := range set {
+		upd = upd.Set(expression.Name(name), expression.Value(v))
+	}
+	cond := g.tokenCondition(token)
+	if mustExist {
+		cond = expression.AttributeExists(expression.Name(g.keySchema().partition.name)).And(cond)
+	}
+	expr, err := expression.NewBuilder().WithUpdate(upd).WithCondition(cond).Build()
 	if err != nil {
 		return fmt.Errorf("dynamoguard: build fence: %w", err)
 	}
@@ -497,11 +433,11 @@ func (g *Guard) Transact(ctx context.Context, token fence.Token, fenceKey map[st
 			ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 		},
 	})
-	var tr attemptTracker
+	var tr awsattempt.Tracker
 	_, err = g.client.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{
 		TransactItems:      all,
 		ClientRequestToken: aws.String(nonce),
-	}, tr.option)
+	}, counted(&tr))
 	if err == nil {
 		return nil
 	}
@@ -511,15 +447,18 @@ func (g *Guard) Transact(ctx context.Context, token fence.Token, fenceKey map[st
 		reasons := tce.CancellationReasons
 		if len(reasons) == len(all) && aws.ToString(reasons[len(all)-1].Code) == "ConditionalCheckFailed" {
 			fenceItem := reasons[len(all)-1].Item
+			if fenceItem == nil && mustExist {
+				return fmt.Errorf("dynamoguard: transact: %w", &fence.NotFoundError{Resource: res})
+			}
 			if fenceItem == nil {
-				return fmt.Errorf("%w: %s: a canceled transaction did not return the fence item (ReturnValuesOnConditionCheckFailure)", ErrConditionsIgnored, res)
+				return conditionsIgnored("%s: a canceled transaction did not return the fence item (ReturnValuesOnConditionCheckFailure)", res)
 			}
 			cur, err := g.storedToken(k, fenceItem)
 			if err != nil {
 				return err
 			}
 			if cur <= token {
-				return fmt.Errorf("%w: %s: the fence's condition failed, but it holds token %d, not newer than %d", ErrConditionsIgnored, res, cur, token)
+				return conditionsIgnored("%s: the fence's condition failed, but it holds token %d, not newer than %d", res, cur, token)
 			}
 			// The ClientRequestToken makes a retry of a committed
 			// transaction succeed; a cancel, even after a retry, means no
@@ -547,15 +486,20 @@ type updateExpr struct {
 // starting with its keyword (ADD, DELETE, REMOVE, SET), and no caller text
 // (names and values are placeholders): the guard's actions join the SET
 // line, or make one.
-func (g *Guard) updateExpression(update expression.UpdateBuilder, token fence.Token, nonce string) (updateExpr, error) {
+func (g *Guard) updateExpression(update expression.UpdateBuilder, token fence.Token, nonce string, mustExist bool) (updateExpr, error) {
 	e := updateExpr{
 		names: map[string]string{
 			"#fkv": g.opts.VersionAttribute, "#fkn": g.opts.NonceAttribute,
 			"#fkd": g.opts.DeletedAttribute, "#fkk": g.keySchema().partition.name,
 		},
 		values: map[string]types.AttributeValue{":fkt": tokenValue(token), ":fkn": &types.AttributeValueMemberS{Value: nonce}},
-		condition: "attribute_exists(#fkk) AND attribute_not_exists(#fkd)" +
+		condition: "attribute_not_exists(#fkd)" +
 			" AND (attribute_not_exists(#fkv) OR #fkv <= :fkt) AND (attribute_not_exists(#fkn) OR #fkn <> :fkn)",
+	}
+	if mustExist {
+		e.condition = "attribute_exists(#fkk) AND " + e.condition
+	} else {
+		delete(e.names, "#fkk")
 	}
 	const ours = "#fkv = :fkt, #fkn = :fkn"
 	built, err := expression.NewBuilder().WithUpdate(update).Build()
@@ -565,7 +509,7 @@ func (g *Guard) updateExpression(update expression.UpdateBuilder, token fence.To
 		e.update = "SET " + ours // no actions of the caller's: the fence alone
 		return e, nil
 	case err != nil:
-		return updateExpr{}, fmt.Errorf("%w: update expression: %w", ErrInvalidInput, err)
+		return updateExpr{}, fmt.Errorf("%w: update expression: %w", fence.ErrInvalidArgument, err)
 	}
 	lines := strings.Split(strings.TrimSpace(aws.ToString(built.Update())), "\n")
 	set := false
@@ -609,11 +553,11 @@ type write struct {
 	key       map[string]types.AttributeValue
 	token     fence.Token
 	nonce     string
-	mustExist bool // Update: a missing item is ErrNotFound
+	mustExist bool // Update: a missing item is fence.ErrNotFound
 }
 
 // outcome classifies the answer to a conditional PutItem or UpdateItem.
-func (g *Guard) outcome(err error, tr *attemptTracker, w write) error {
+func (g *Guard) outcome(err error, tr *awsattempt.Tracker, w write) error {
 	if err == nil {
 		return nil
 	}
@@ -630,17 +574,17 @@ func (g *Guard) outcome(err error, tr *attemptTracker, w write) error {
 			return nil
 		}
 	}
-	retried := tr.sent() > 1 || !tr.applied
+	retried := tr.Retried()
 	if old == nil {
 		if w.mustExist {
 			if retried {
 				// The first try may have found the item, updated it, and
 				// someone deleted it before the retry.
-				return errors.Join(fmt.Errorf("%w: update %s", ErrAmbiguous, res), &NotFoundError{Resource: res})
+				return errors.Join(fmt.Errorf("%w: update %s", fence.ErrOutcomeUnknown, res), &fence.NotFoundError{Resource: res})
 			}
-			return &NotFoundError{Resource: res}
+			return &fence.NotFoundError{Resource: res}
 		}
-		return fmt.Errorf("%w: %s: a failed condition returned no item (ReturnValuesOnConditionCheckFailure)", ErrConditionsIgnored, res)
+		return conditionsIgnored("%s: a failed condition returned no item (ReturnValuesOnConditionCheckFailure)", res)
 	}
 	cur, err := g.storedToken(w.key, old)
 	if err != nil {
@@ -651,48 +595,56 @@ func (g *Guard) outcome(err error, tr *attemptTracker, w write) error {
 	case cur > w.token:
 		rejection = fence.Stale(res, w.token, cur)
 	case w.mustExist && g.isTombstone(old):
-		rejection = &NotFoundError{Resource: res, Tombstone: cur}
+		rejection = &fence.NotFoundError{Resource: res, Tombstone: cur}
 	default:
-		return fmt.Errorf("%w: %s: the condition failed, but the item holds token %d, not newer than %d", ErrConditionsIgnored, res, cur, w.token)
+		return conditionsIgnored("%s: the condition failed, but the item holds token %d, not newer than %d", res, cur, w.token)
 	}
 	if retried {
 		// An earlier try may have been applied and then replaced.
-		return errors.Join(fmt.Errorf("%w: write %s", ErrAmbiguous, res), rejection)
+		return errors.Join(fmt.Errorf("%w: write %s", fence.ErrOutcomeUnknown, res), rejection)
 	}
 	return rejection
 }
 
 // failure classifies an error that is not a failed condition.
-func (g *Guard) failure(err error, tr *attemptTracker) error {
-	status := httpStatus(err)
-	retried := tr.sent() > 1 || !tr.applied
+func (g *Guard) failure(err error, tr *awsattempt.Tracker) error {
+	status := awsattempt.HTTPStatus(err)
+	retried := tr.Retried()
 	var rnf *types.ResourceNotFoundException
 	var inProgress *types.TransactionInProgressException
 	switch {
 	case errors.As(err, &inProgress):
-		return fmt.Errorf("%w: %w", ErrAmbiguous, err)
+		return fmt.Errorf("%w: %w", fence.ErrOutcomeUnknown, err)
 	case status >= 500:
-		return fmt.Errorf("%w: %w", ErrAmbiguous, err)
+		return fmt.Errorf("%w: %w", fence.ErrOutcomeUnknown, err)
 	case status != 0:
 		if retried {
-			return fmt.Errorf("%w: %w", ErrAmbiguous, g.mapError(err))
+			return fmt.Errorf("%w: %w", fence.ErrOutcomeUnknown, g.mapError(err))
 		}
 		return g.mapError(err)
 	case errors.As(err, &rnf):
 		return g.mapError(err)
-	case tr.applied && tr.sent() == 0:
+	case tr.NeverSent():
 		return err // never sent
 	default:
-		return fmt.Errorf("%w: %w", ErrAmbiguous, err)
+		return fmt.Errorf("%w: %w", fence.ErrOutcomeUnknown, err)
 	}
 }
 
-// mapError turns a missing table into a *SetupError.
+// mapError turns the server's answer that the table is not set up for
+// the guard (missing, access or credentials refused) into a
+// *fence.SetupError naming the fix.
 func (g *Guard) mapError(err error) error {
 	var rnf *types.ResourceNotFoundException
 	if errors.As(err, &rnf) {
-		return &SetupError{Table: g.table, Err: errors.Join(ErrTableNotFound, err),
+		return &fence.SetupError{Err: fmt.Errorf("%w: %s: %w", fence.ErrNoTable, g.table, err),
 			Fix: "create the table (any key schema; the guard adds its attributes to your items), or pass the right name to dynamoguard.New"}
+	}
+	switch awsattempt.APICode(err) {
+	case "AccessDeniedException":
+		return &fence.SetupError{Err: err, Fix: "grant dynamodb:DescribeTable, GetItem, PutItem, UpdateItem, DeleteItem and TransactWriteItems (ConditionCheck, Put, Update) on table " + g.table}
+	case "UnrecognizedClientException", "InvalidSignatureException", "MissingAuthenticationTokenException", "ExpiredTokenException":
+		return &fence.SetupError{Err: err, Fix: "give the DynamoDB client valid credentials (access key, secret key, session token) and the table's region"}
 	}
 	return err
 }
@@ -724,11 +676,11 @@ func (g *Guard) storedToken(key, item map[string]types.AttributeValue) (fence.To
 	}
 	n, ok := av.(*types.AttributeValueMemberN)
 	if !ok {
-		return fence.None, fmt.Errorf("%w: %s: %s is not a number", ErrNotFenced, g.resource(key), g.opts.VersionAttribute)
+		return fence.None, fmt.Errorf("%w: %s: %s is not a number", fence.ErrNotFenced, g.resource(key), g.opts.VersionAttribute)
 	}
 	v, err := strconv.ParseUint(n.Value, 10, 63)
 	if err != nil || v == 0 {
-		return fence.None, fmt.Errorf("%w: %s: %s = %q is not a token", ErrNotFenced, g.resource(key), g.opts.VersionAttribute, n.Value)
+		return fence.None, fmt.Errorf("%w: %s: %s = %q is not a token", fence.ErrNotFenced, g.resource(key), g.opts.VersionAttribute, n.Value)
 	}
 	return fence.Token(v), nil
 }
@@ -739,10 +691,10 @@ func tokenValue(t fence.Token) *types.AttributeValueMemberN {
 
 func validateToken(t fence.Token) error {
 	if err := t.Validate(); err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalidInput, err)
+		return fmt.Errorf("dynamoguard: %w", err)
 	}
 	if t > 1<<63-1 {
-		return fmt.Errorf("%w: token %d is above 2^63-1", ErrInvalidInput, t)
+		return fmt.Errorf("dynamoguard: %w: token %d is above 2^63-1", fence.ErrInvalidToken, t)
 	}
 	return nil
 }
@@ -753,11 +705,11 @@ func (g *Guard) checkItem(token fence.Token, item map[string]types.AttributeValu
 		errs = append(errs, err)
 	}
 	if item == nil {
-		errs = append(errs, fmt.Errorf("%w: nil item", ErrInvalidInput))
+		errs = append(errs, fmt.Errorf("%w: nil item", fence.ErrInvalidArgument))
 	}
 	for _, a := range []string{g.opts.VersionAttribute, g.opts.NonceAttribute, g.opts.DeletedAttribute} {
 		if _, ok := item[a]; ok {
-			errs = append(errs, fmt.Errorf("%w: the item sets %q, which only the guard writes", ErrInvalidInput, a))
+			errs = append(errs, fmt.Errorf("%w: the item sets %q, which only the guard writes", fence.ErrInvalidArgument, a))
 		}
 	}
 	return errors.Join(errs...)
@@ -769,7 +721,7 @@ func (g *Guard) checkKeyInput(token fence.Token, key map[string]types.AttributeV
 		errs = append(errs, err)
 	}
 	if key == nil {
-		errs = append(errs, fmt.Errorf("%w: nil key", ErrInvalidInput))
+		errs = append(errs, fmt.Errorf("%w: nil key", fence.ErrInvalidArgument))
 	}
 	return errors.Join(errs...)
 }
@@ -805,4 +757,16 @@ func newNonce() (string, error) {
 		return "", fmt.Errorf("dynamoguard: nonce: %w", err)
 	}
 	return hex.EncodeToString(b[:]), nil
+}
+
+// observe runs write and reports it to the Observer, if there is one, with
+// the resource named once the probe has learned the key schema.
+func (g *Guard) observe(ctx context.Context, op string, key map[string]types.AttributeValue, token fence.Token, write func() error) error {
+	if g.opts.Observer == nil {
+		return write()
+	}
+	e := fence.WriteEvent{Ctx: ctx, Guard: "dynamoguard", Class: g.table, Op: op, Token: token, Start: time.Now()}
+	err := write()
+	e.Resource = g.resource(key)
+	return fence.ObserveWrite(g.opts.Observer, e, err)
 }

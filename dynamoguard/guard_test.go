@@ -52,12 +52,12 @@ func TestRetriedUpdateAppliesOnce(t *testing.T) {
 	table := newTable(t)
 	ft := newFaultTransport(t)
 	g := newGuard(t, ft.client(t), table)
-	if err := g.Put(testkit.Context(t), 3, item("k", "v")); err != nil {
+	if err := g.Put(testkit.Context(t), item("k", "v"), 3); err != nil {
 		t.Fatal(err)
 	}
 	before := ft.requests.Load()
 	ft.loseNext.Store(true)
-	if err := g.Update(testkit.Context(t), 3, key("k"), expression.Add(expression.Name("count"), expression.Value(1))); err != nil {
+	if err := g.Update(testkit.Context(t), key("k"), 3, expression.Add(expression.Name("count"), expression.Value(1))); err != nil {
 		t.Fatalf("Update whose first reply was lost and whose retry found its own write = %v, want nil", err)
 	}
 	if sent := ft.requests.Load() - before; sent != 2 {
@@ -91,10 +91,10 @@ func TestRetriedPutOverwrittenIsAmbiguous(t *testing.T) {
 	t.Parallel()
 	table := newTable(t)
 	g, arm, newer := retryRace(t, table, func(other *dynamoguard.Guard) error {
-		return other.Put(context.Background(), 9, item("k", "newer"))
+		return other.Put(context.Background(), item("k", "newer"), 9)
 	})
 	arm()
-	err := g.Put(testkit.Context(t), 5, item("k", "mine"))
+	err := g.Put(testkit.Context(t), item("k", "mine"), 5)
 	if err := <-newer; err != nil {
 		t.Fatal(err)
 	}
@@ -114,30 +114,30 @@ func TestDeleteLeavesTombstone(t *testing.T) {
 	table := newTable(t)
 	g := newGuard(t, dynamotest.Client(t), table)
 	ctx := testkit.Context(t)
-	if err := g.Put(ctx, 4, item("k", "v4")); err != nil {
+	if err := g.Put(ctx, item("k", "v4"), 4); err != nil {
 		t.Fatal(err)
 	}
-	if err := g.Delete(ctx, 3, key("k")); !errors.Is(err, fence.ErrStaleToken) {
+	if err := g.Delete(ctx, key("k"), 3); !errors.Is(err, fence.ErrStaleToken) {
 		t.Fatalf("Delete with an older token = %v, want ErrStaleToken", err)
 	}
-	if err := g.Delete(ctx, 6, key("k")); err != nil {
+	if err := g.Delete(ctx, key("k"), 6); err != nil {
 		t.Fatal(err)
 	}
 	var se *fence.StaleError
-	if err := g.Put(ctx, 5, item("k", "back")); !errors.As(err, &se) || se.Current != 6 || se.Presented != 5 {
+	if err := g.Put(ctx, item("k", "back"), 5); !errors.As(err, &se) || se.Current != 6 || se.Presented != 5 {
 		t.Fatalf("Put with token 5 over a tombstone of 6 = %v, want a StaleError naming 5 and 6", err)
 	}
-	var nf *dynamoguard.NotFoundError
+	var nf *fence.NotFoundError
 	if _, _, err := g.Get(ctx, key("k")); !errors.As(err, &nf) || nf.Tombstone != 6 {
 		t.Fatalf("Get of a tombstone = %v, want a NotFoundError with Tombstone 6", err)
 	}
-	if err := g.Update(ctx, 7, key("k"), expression.Set(expression.Name("value"), expression.Value("x"))); !errors.Is(err, dynamoguard.ErrNotFound) || errors.Is(err, fence.ErrStaleToken) {
+	if err := g.Update(ctx, key("k"), 7, expression.Set(expression.Name("value"), expression.Value("x"))); !errors.Is(err, fence.ErrNotFound) || errors.Is(err, fence.ErrStaleToken) {
 		t.Fatalf("Update of a tombstone with a newer token = %v, want ErrNotFound", err)
 	}
-	if err := g.Update(ctx, 5, key("k"), expression.Set(expression.Name("value"), expression.Value("x"))); !errors.Is(err, fence.ErrStaleToken) {
+	if err := g.Update(ctx, key("k"), 5, expression.Set(expression.Name("value"), expression.Value("x"))); !errors.Is(err, fence.ErrStaleToken) {
 		t.Fatalf("Update of a tombstone with an older token = %v, want ErrStaleToken", err)
 	}
-	if err := g.Put(ctx, 6, item("k", "v6")); err != nil {
+	if err := g.Put(ctx, item("k", "v6"), 6); err != nil {
 		t.Fatalf("Put with the tombstone's token: %v", err)
 	}
 	v, tok, err := g.Get(ctx, key("k"))
@@ -157,7 +157,7 @@ func TestTransactStaleCommitsNothing(t *testing.T) {
 	table := newTable(t)
 	g := newGuard(t, dynamotest.Client(t), table)
 	ctx := testkit.Context(t)
-	if err := g.Transact(ctx, 8, key("fence"), nil); err != nil {
+	if err := g.Transact(ctx, key("fence"), 8, nil); err != nil {
 		t.Fatal(err)
 	}
 	writes := []types.TransactWriteItem{
@@ -165,7 +165,7 @@ func TestTransactStaleCommitsNothing(t *testing.T) {
 		{Put: &types.Put{TableName: aws.String(table), Item: item("b", "stale")}},
 	}
 	var se *fence.StaleError
-	if err := g.Transact(ctx, 7, key("fence"), writes); !errors.As(err, &se) || se.Current != 8 {
+	if err := g.Transact(ctx, key("fence"), 7, writes); !errors.As(err, &se) || se.Current != 8 {
 		t.Fatalf("Transact with token 7 = %v, want a StaleError naming 8", err)
 	}
 	for _, pk := range []string{"a", "b"} {
@@ -177,13 +177,13 @@ func TestTransactStaleCommitsNothing(t *testing.T) {
 		TableName: aws.String(table), Key: key("a"), ConditionExpression: aws.String("attribute_exists(pk)"),
 	}}}
 	var tce *types.TransactionCanceledException
-	if err := g.Transact(ctx, 9, key("fence"), own); !errors.Is(err, dynamoguard.ErrCanceled) || errors.Is(err, fence.ErrStaleToken) || !errors.As(err, &tce) {
+	if err := g.Transact(ctx, key("fence"), 9, own); !errors.Is(err, dynamoguard.ErrCanceled) || errors.Is(err, fence.ErrStaleToken) || !errors.As(err, &tce) {
 		t.Fatalf("Transact canceled by the caller's condition = %v, want ErrCanceled with the exception", err)
 	}
 	if got := number(t, rawItem(t, table, "fence"), "lock_version"); got != "8" {
 		t.Fatalf("the fence advanced to %s in a canceled transaction", got)
 	}
-	if err := g.Transact(ctx, 9, key("fence"), writes); err != nil {
+	if err := g.Transact(ctx, key("fence"), 9, writes); err != nil {
 		t.Fatal(err)
 	}
 	if got := number(t, rawItem(t, table, "fence"), "lock_version"); got != "9" {
@@ -201,17 +201,17 @@ func TestBadInputBeforeIO(t *testing.T) {
 	before := ft.requests.Load()
 	ctx := testkit.Context(t)
 	cases := map[string]error{
-		"zero token":         g.Put(ctx, fence.None, item("k", "v")),
-		"huge token":         g.Put(ctx, 1<<63, item("k", "v")),
-		"nil item":           g.Put(ctx, 1, nil),
-		"reserved attribute": g.Put(ctx, 1, map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "k"}, "lock_version": &types.AttributeValueMemberN{Value: "9"}}),
-		"no key":             g.Put(ctx, 1, map[string]types.AttributeValue{"value": &types.AttributeValueMemberS{Value: "v"}}),
-		"wrong key type":     g.Delete(ctx, 1, map[string]types.AttributeValue{"pk": &types.AttributeValueMemberN{Value: "1"}}),
-		"nil key":            g.Update(ctx, 1, nil, expression.Set(expression.Name("a"), expression.Value(1))),
-		"too many items":     g.Transact(ctx, 1, key("f"), make([]types.TransactWriteItem, 100)),
+		"zero token":         g.Put(ctx, item("k", "v"), fence.None),
+		"huge token":         g.Put(ctx, item("k", "v"), 1<<63),
+		"nil item":           g.Put(ctx, nil, 1),
+		"reserved attribute": g.Put(ctx, map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "k"}, "lock_version": &types.AttributeValueMemberN{Value: "9"}}, 1),
+		"no key":             g.Put(ctx, map[string]types.AttributeValue{"value": &types.AttributeValueMemberS{Value: "v"}}, 1),
+		"wrong key type":     g.Delete(ctx, map[string]types.AttributeValue{"pk": &types.AttributeValueMemberN{Value: "1"}}, 1),
+		"nil key":            g.Update(ctx, nil, 1, expression.Set(expression.Name("a"), expression.Value(1))),
+		"too many items":     g.Transact(ctx, key("f"), 1, make([]types.TransactWriteItem, 100)),
 	}
 	for name, err := range cases {
-		if !errors.Is(err, dynamoguard.ErrInvalidInput) {
+		if !errors.Is(err, fence.ErrInvalidArgument) {
 			t.Errorf("%s: %v, want ErrInvalidInput", name, err)
 		}
 	}
@@ -234,10 +234,16 @@ func TestMissingTableIsSetupError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = g.Put(testkit.Context(t), 1, item("k", "v"))
-	var se *dynamoguard.SetupError
-	if !errors.Is(err, dynamoguard.ErrTableNotFound) || !errors.As(err, &se) || se.Fix == "" {
-		t.Fatalf("Put on a missing table = %v, want a SetupError matching ErrTableNotFound", err)
+	var se *fence.SetupError
+	if err := g.Check(testkit.Context(t)); !errors.Is(err, fence.ErrNoTable) || !errors.As(err, &se) || !strings.Contains(se.Fix, "create the table") {
+		t.Fatalf("Check on a missing table = %v, want a *fence.SetupError matching fence.ErrNoTable", err)
+	}
+	if err := newGuard(t, dynamotest.Client(t), newTable(t)).Check(testkit.Context(t)); err != nil {
+		t.Fatalf("Check on a table set up = %v", err)
+	}
+	err = g.Put(testkit.Context(t), item("k", "v"), 1)
+	if !errors.Is(err, fence.ErrNoTable) || !errors.Is(err, fence.ErrSetup) || !errors.As(err, &se) || se.Fix == "" {
+		t.Fatalf("Put on a missing table = %v, want a *fence.SetupError matching fence.ErrNoTable", err)
 	}
 }
 
@@ -251,14 +257,14 @@ func TestUpdateBuilderIsNotChanged(t *testing.T) {
 	table := newTable(t)
 	g := newGuard(t, dynamotest.Client(t), table)
 	ctx := testkit.Context(t)
-	if err := g.Put(ctx, 1, item("k", "v")); err != nil {
+	if err := g.Put(ctx, item("k", "v"), 1); err != nil {
 		t.Fatal(err)
 	}
 	shared := expression.Add(expression.Name("count"), expression.Value(1))
 	var wg sync.WaitGroup
 	for i := range 4 {
 		wg.Go(func() {
-			if err := g.Update(ctx, fence.Token(2+i%2), key("k"), shared); err != nil && !errors.Is(err, fence.ErrStaleToken) {
+			if err := g.Update(ctx, key("k"), fence.Token(2+i%2), shared); err != nil && !errors.Is(err, fence.ErrStaleToken) {
 				t.Errorf("Update with a shared builder: %v", err)
 			}
 		})
@@ -271,10 +277,10 @@ func TestUpdateBuilderIsNotChanged(t *testing.T) {
 	if strings.Contains(aws.ToString(built.Update()), "SET") || len(built.Names()) != 1 {
 		t.Fatalf("the caller's builder was changed: %q %v", aws.ToString(built.Update()), built.Names())
 	}
-	if err := g.Update(ctx, 3, key("k"), expression.UpdateBuilder{}); err != nil {
+	if err := g.Update(ctx, key("k"), 3, expression.UpdateBuilder{}); err != nil {
 		t.Fatalf("Update with an empty builder: %v", err)
 	}
-	if err := g.Update(ctx, 4, key("k"), expression.Set(expression.Name("a"), expression.Value("x")).Remove(expression.Name("value")).Add(expression.Name("count"), expression.Value(10))); err != nil {
+	if err := g.Update(ctx, key("k"), 4, expression.Set(expression.Name("a"), expression.Value("x")).Remove(expression.Name("value")).Add(expression.Name("count"), expression.Value(10))); err != nil {
 		t.Fatalf("Update with SET, REMOVE and ADD: %v", err)
 	}
 	it := rawItem(t, table, "k")

@@ -38,8 +38,8 @@ func newGuard(t testing.TB, client dynamoguard.Client, table string, opts ...dyn
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := g.Probe(testkit.Context(t)); err != nil {
-		t.Fatalf("Probe: %v", err)
+	if err := g.Check(testkit.Context(t)); err != nil {
+		t.Fatalf("Check: %v", err)
 	}
 	return g
 }

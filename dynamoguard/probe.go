@@ -5,7 +5,9 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"github.com/fencekit/fencekit/fence"
 	"math/big"
+	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -21,6 +23,18 @@ type keyAttr struct {
 // keySchema is the table's partition key and optional sort key.
 type keySchema struct {
 	partition, sort keyAttr // sort.name == "" without a sort key
+}
+
+// String names the key attributes with their types: "pk (S), sk (N)".
+func (s keySchema) String() string {
+	var b strings.Builder
+	for i, a := range s.attrs() {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s (%s)", a.name, a.typ)
+	}
+	return b.String()
 }
 
 func (s keySchema) attrs() []keyAttr {
@@ -45,11 +59,11 @@ func (g *Guard) keyOf(item map[string]types.AttributeValue) (map[string]types.At
 	for _, a := range g.keySchema().attrs() {
 		av, ok := item[a.name]
 		if !ok {
-			errs = append(errs, fmt.Errorf("%w: the key attribute %q of table %s is missing", ErrInvalidInput, a.name, g.table))
+			errs = append(errs, fmt.Errorf("%w: the key attribute %q of table %s is missing", fence.ErrInvalidArgument, a.name, g.table))
 			continue
 		}
 		if !hasType(av, a.typ) {
-			errs = append(errs, fmt.Errorf("%w: the key attribute %q of table %s must be of type %s, not %T", ErrInvalidInput, a.name, g.table, a.typ, av))
+			errs = append(errs, fmt.Errorf("%w: the key attribute %q of table %s must be of type %s, not %T", fence.ErrInvalidArgument, a.name, g.table, a.typ, av))
 			continue
 		}
 		key[a.name] = av
@@ -69,10 +83,11 @@ func hasType(av types.AttributeValue, t types.ScalarAttributeType) bool {
 	return false
 }
 
-// Probe checks that the server honours what the fence rests on, in the
-// guard's table (it needs DescribeTable, PutItem, GetItem, DeleteItem and
-// TransactWriteItems there). It reads the table's key schema, then, on a
-// fresh scratch key:
+// Check is the Guard's start-up check, as lease.Manager.Check is a lease
+// backend's: it checks that the table exists and may be used, reads its
+// key schema, and checks that the server honours what the fence rests on,
+// in the guard's table (it needs DescribeTable, PutItem, GetItem,
+// DeleteItem and TransactWriteItems there). On a fresh scratch key:
 //
 //  1. a PutItem conditional on attribute_not_exists(lock_version), which
 //     must succeed (it stores token 5);
@@ -84,14 +99,18 @@ func hasType(av types.AttributeValue, t types.ScalarAttributeType) bool {
 //     canceled with the reason ConditionalCheckFailed and the stored item,
 //     and must leave the second key absent (read back consistently);
 //
-// then deletes its scratch items. It returns an error wrapping
-// ErrConditionsIgnored if the server fails any check; the guard then
-// refuses every call with that error until a later Probe succeeds. A
-// missing table gives a *SetupError (ErrTableNotFound). Other errors (the
-// server cannot be reached, access denied) are returned as they are and
-// the guard probes again on its next call. Every call probes on first use;
-// call Probe to check a server up front. ctx bounds the probe.
-func (g *Guard) Probe(ctx context.Context) error { return g.gate.Probe(ctx, g.probe) }
+// then deletes its scratch items. It returns nil when the table is fit; a
+// *fence.SetupError naming the fix (matching fence.ErrSetup, and so
+// lease.ErrSetup) when it is not: one wrapping ErrConditionsIgnored when
+// the server fails a check (the guard then refuses every call with that
+// error until a later Check succeeds: fail closed), one matching
+// fence.ErrNoTable for a missing table, one carrying the server's error
+// for refused access or credentials, or for a key attribute named as one
+// of the guard's; and other errors (the server cannot be reached) as they
+// are. Every call runs it on first use, and again after an error that is
+// not a verdict; call Check when the program starts to learn of a setup
+// problem then. ctx bounds the check.
+func (g *Guard) Check(ctx context.Context) error { return g.gate.Probe(ctx, g.probe) }
 
 func (g *Guard) ensureProbed(ctx context.Context) error { return g.gate.Ensure(ctx, g.probe) }
 
@@ -141,7 +160,8 @@ func (g *Guard) describe(ctx context.Context) (keySchema, error) {
 	for _, a := range s.attrs() {
 		switch a.name {
 		case g.opts.VersionAttribute, g.opts.NonceAttribute, g.opts.DeletedAttribute:
-			return keySchema{}, fmt.Errorf("%w: table %s uses %q, one of the guard's attributes, as a key", ErrInvalidInput, g.table, a.name)
+			return keySchema{}, fence.Setup("name the guard's attributes otherwise (WithAttributes), or use a table keyed by other attributes",
+				"dynamoguard: table %s uses %q, one of the guard's attributes, as a key", g.table, a.name)
 		}
 	}
 	return s, nil
@@ -184,7 +204,7 @@ func (g *Guard) runProbe(ctx context.Context, s keySchema) error {
 	}()
 	res := g.resource(k1)
 	refuse := func(what string) error {
-		return refusal{fmt.Errorf("%w: %s: %s", ErrConditionsIgnored, res, what)}
+		return refusal{conditionsIgnored("%s: %s", res, what)}
 	}
 	lv := g.opts.VersionAttribute
 	names := map[string]string{"#lv": lv}

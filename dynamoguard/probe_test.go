@@ -68,10 +68,10 @@ func TestProbeRefusesCarelessStores(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := g.Probe(testkit.Context(t)); !errors.Is(err, dynamoguard.ErrConditionsIgnored) {
-				t.Fatalf("Probe = %v, want ErrConditionsIgnored", err)
+			if err := g.Check(testkit.Context(t)); !errors.Is(err, dynamoguard.ErrConditionsIgnored) {
+				t.Fatalf("Check = %v, want ErrConditionsIgnored", err)
 			}
-			if err := g.Put(testkit.Context(t), 1, item("refused-"+name, "v")); !errors.Is(err, dynamoguard.ErrConditionsIgnored) {
+			if err := g.Put(testkit.Context(t), item("refused-"+name, "v"), 1); !errors.Is(err, dynamoguard.ErrConditionsIgnored) {
 				t.Fatalf("Put after a failed probe = %v, want ErrConditionsIgnored", err)
 			}
 			if it := rawItem(t, table, "refused-"+name); it != nil {

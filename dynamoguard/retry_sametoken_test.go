@@ -21,13 +21,13 @@ func TestRetriedUpdateAfterSameTokenWrite(t *testing.T) {
 	t.Parallel()
 	table := newTable(t)
 	g, arm, between := retryRace(t, table, func(other *dynamoguard.Guard) error {
-		return other.Update(context.Background(), 3, key("k"), expression.Add(expression.Name("count"), expression.Value(1)))
+		return other.Update(context.Background(), key("k"), 3, expression.Add(expression.Name("count"), expression.Value(1)))
 	})
-	if err := g.Put(testkit.Context(t), 3, item("k", "v")); err != nil {
+	if err := g.Put(testkit.Context(t), item("k", "v"), 3); err != nil {
 		t.Fatal(err)
 	}
 	arm()
-	err := g.Update(testkit.Context(t), 3, key("k"), expression.Add(expression.Name("count"), expression.Value(1)))
+	err := g.Update(testkit.Context(t), key("k"), 3, expression.Add(expression.Name("count"), expression.Value(1)))
 	if err := <-between; err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +36,7 @@ func TestRetriedUpdateAfterSameTokenWrite(t *testing.T) {
 		t.Fatalf("Update = %v with count = %s after two ADDs of 1 (one retried by the SDK); want 2, or an error matching fence.ErrOutcomeUnknown", err, got)
 	}
 	// Without a retry, a second update with the same token is a clean one.
-	if err := g.Update(testkit.Context(t), 3, key("k"), expression.Add(expression.Name("count"), expression.Value(1))); err != nil {
+	if err := g.Update(testkit.Context(t), key("k"), 3, expression.Add(expression.Name("count"), expression.Value(1))); err != nil {
 		t.Fatalf("a plain update with the same token = %v", err)
 	}
 }

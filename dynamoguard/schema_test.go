@@ -28,14 +28,14 @@ func TestCompositeKeyAndOwnAttributes(t *testing.T) {
 	with := func(v string) map[string]types.AttributeValue {
 		return map[string]types.AttributeValue{"tenant": k["tenant"], "doc": k["doc"], "value": &types.AttributeValueMemberS{Value: v}}
 	}
-	if err := g.Put(ctx, 10, with("ten")); err != nil {
+	if err := g.Put(ctx, with("ten"), 10); err != nil {
 		t.Fatal(err)
 	}
 	var se *fence.StaleError
-	if err := g.Put(ctx, 9, with("nine")); !errors.As(err, &se) || se.Current != 10 || se.Resource != "dynamodb://"+table+"/42/a/b" {
+	if err := g.Put(ctx, with("nine"), 9); !errors.As(err, &se) || se.Current != 10 || se.Resource != "dynamodb://"+table+"/42/a/b" {
 		t.Fatalf("stale Put = %v, want a StaleError on dynamodb://%s/42/a/b naming 10", err, table)
 	}
-	if err := g.Update(ctx, 11, k, expression.Set(expression.Name("value"), expression.Value("eleven"))); err != nil {
+	if err := g.Update(ctx, k, 11, expression.Set(expression.Name("value"), expression.Value("eleven"))); err != nil {
 		t.Fatal(err)
 	}
 	it, tok, err := g.Get(ctx, k)
@@ -50,10 +50,10 @@ func TestCompositeKeyAndOwnAttributes(t *testing.T) {
 	if _, ok := out["lock_version"]; ok {
 		t.Fatalf("the default attribute name was used: %v", out)
 	}
-	if err := g.Delete(ctx, 12, map[string]types.AttributeValue{"tenant": k["tenant"]}); !errors.Is(err, dynamoguard.ErrInvalidInput) {
+	if err := g.Delete(ctx, map[string]types.AttributeValue{"tenant": k["tenant"]}, 12); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Fatalf("Delete without the sort key = %v, want ErrInvalidInput", err)
 	}
-	if err := g.Put(ctx, 12, map[string]types.AttributeValue{"tenant": k["tenant"], "doc": k["doc"], "ver": &types.AttributeValueMemberN{Value: "99"}}); !errors.Is(err, dynamoguard.ErrInvalidInput) {
+	if err := g.Put(ctx, map[string]types.AttributeValue{"tenant": k["tenant"], "doc": k["doc"], "ver": &types.AttributeValueMemberN{Value: "99"}}, 12); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Fatalf("Put setting the renamed version = %v, want ErrInvalidInput", err)
 	}
 }

@@ -19,7 +19,19 @@
 // This package does no I/O and imports only the standard library, so that a
 // token may come from any source: a fencekit lease, an etcd revision, a
 // Kubernetes Lease's resource version, or a sequence in your own database.
-// The guards (packages sqlguard and blobguard) enforce the rule at the store.
+// The guards (sqlguard, dbguard, blobguard, dynamoguard, and the checkers
+// behind fencehttp and fencegrpc) enforce the rule at the store.
+//
+// # One vocabulary for every guard
+//
+// Every guard answers a write in the same words, defined here: nil
+// (applied), a *StaleError (ErrStaleToken), ErrOutcomeUnknown, a
+// *RetryableError (ErrRetryable), a *SetupError that names its fix
+// (ErrSetup: also lease.ErrSetup, the same value), ErrInvalidArgument
+// before any I/O, or what the store found (a *NotFoundError, ErrExists,
+// ErrAmbiguousKey, ErrNotFenced). Guards take the key before the token
+// (Update(ctx, db, key, token, ...), Put(ctx, key, token, body)), as
+// checkers and ledgers do.
 package fence
 
 import (
@@ -55,11 +67,6 @@ func (t Token) Validate() error {
 // rejects a write because it has already accepted a newer token for the same
 // resource. The write changed nothing. Match it with errors.Is.
 var ErrStaleToken = errors.New("fence: stale token")
-
-// ErrInvalidToken is returned before any I/O when a token cannot be used at
-// all: the zero token, or a token a particular store cannot represent (for
-// example one above the int64 range for a PostgreSQL bigint column).
-var ErrInvalidToken = errors.New("fence: invalid token")
 
 // ErrOutcomeUnknown is matched by the error a guard returns when a write was
 // sent to the store but its outcome could not be learned: the context ended

@@ -48,15 +48,20 @@ type WriteEvent struct {
 	// Ctx is the context the write was called with: a tracer finds the
 	// caller's span in it. Never nil.
 	Ctx context.Context
-	// Guard names the guard: "sqlguard", "blobguard", and so on.
+	// Guard names the guard: "sqlguard", "dbguard", "blobguard",
+	// "dynamoguard", "fencehttp" or "fencegrpc".
 	Guard string
 	// Class is the kind of resource written, chosen by the guard to keep
-	// metric cardinality bounded: a table name (sqlguard), a bucket
-	// (blobguard), "transaction" for fenced transactions. Never a row key
-	// or an object key.
+	// metric cardinality bounded: a table (sqlguard, dbguard,
+	// dynamoguard), a bucket (blobguard), "transaction" for fenced
+	// transactions, the host a call goes to or arrives at (fencehttp), the
+	// gRPC service (fencegrpc). Never a row key, an object key or a path.
 	Class string
 	// Op is the operation: "update", "insert", "upsert", "delete", "put",
-	// "put-if", "transaction" or "advance".
+	// "put-if", "transaction", "advance" (the SQL and AWS guards), "call"
+	// (a client's call that carried a token: fencehttp.Transport,
+	// fencegrpc.Client) or "admit" (a server's check of a call's token
+	// before its handler runs: fencehttp.Handler, fencegrpc.Server).
 	Op string
 	// Resource names the one resource written (a row, an object, a
 	// resource name), in the format of the guard's errors. It is for
@@ -75,8 +80,10 @@ type WriteEvent struct {
 }
 
 // WriteObserver receives an event for every guarded write, for metrics
-// and tracing. Guards take one as an option (sqlguard.WithObserver,
-// blobguard.WithObserver, ...). Written is called synchronously on the
+// and tracing. Every guard takes one: sqlguard, dbguard, blobguard and
+// dynamoguard as an option (WithObserver; sqlguard.Table and
+// dbguard.Table through their WithObserver method), fencehttp's Transport
+// and Handler and fencegrpc's Client and Server as a field (Observer). Written is called synchronously on the
 // writing goroutine after the write's outcome is known, so it must be
 // quick and must not write through the guard.
 type WriteObserver interface {
@@ -96,6 +103,19 @@ func ObserveWrite(o WriteObserver, e WriteEvent, err error) error {
 	e.Duration = time.Since(e.Start)
 	o.Written(e)
 	return err
+}
+
+// Observe runs write and, when o is not nil, reports it to o as e: Start
+// is set just before write runs, and Err, Outcome and Duration once it
+// returned. It returns write's error. Guards wrap each write with it; a
+// write whose Resource is known only afterwards sets it on e itself and
+// calls ObserveWrite.
+func Observe(o WriteObserver, e WriteEvent, write func() error) error {
+	if o == nil {
+		return write()
+	}
+	e.Start = time.Now()
+	return ObserveWrite(o, e, write())
 }
 
 // WriteObservers fans events out to several observers, in order (for

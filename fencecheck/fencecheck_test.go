@@ -62,6 +62,8 @@ func TestMemoryDoGuardConformance(t *testing.T) {
 			guardtest.Missing:   "a checked resource exists once named",
 			guardtest.LoseReply: "in memory: no reply to lose",
 			guardtest.CountIO:   "in memory: no I/O",
+			guardtest.Observer:  "a checker reports through the transport that runs it (fencehttp.Handler, fencegrpc.Server)",
+			guardtest.Setup:     "in memory: nothing to set up",
 		},
 	})
 }

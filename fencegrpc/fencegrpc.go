@@ -37,6 +37,11 @@
 // rejected for the system's state, which the client should not retry until
 // that state changes: a stale holder must not retry at all.
 //
+// Client.Observer and Server.Observer report each call that carries a
+// token (and each refusal) as a fence.WriteEvent, with the labels every
+// guard's writes have (class: the call's service), for packages leaseprom
+// and leaseotel.
+//
 // A fencing token is not a credential; see fencehttp's package doc and the
 // specification's "Not authentication" section.
 package fencegrpc
@@ -45,7 +50,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"strings"
+	"sync"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -156,28 +165,68 @@ func ClientError(err error) error {
 type Client struct {
 	// Require refuses to send a call whose context carries no token.
 	Require bool
+	// Observer, when set, receives a fence.WriteEvent for every call that
+	// carries a token (Guard "fencegrpc", Class the call's service, Op
+	// "call", Resource and Token those it carries): for a unary call when
+	// it returns, for a stream when it ends (RecvMsg returns io.EOF or an
+	// error) or could not be made. Outcome "accepted" when the receiver
+	// answered without a fencing refusal, "stale" for a stale refusal,
+	// "unknown" when the call may have been carried out and its answer
+	// was lost, "failed" otherwise.
+	Observer fence.WriteObserver
+}
+
+// call is one call's fencing: whether it carries a token, and the event
+// its observer gets.
+type call struct {
+	fenced bool
+	event  fence.WriteEvent
 }
 
 // outgoing returns ctx with the context's value in the outgoing metadata,
-// and whether the call carries a token (its own or one already in the
+// and the call's fencing (a token of its own or one already in the
 // metadata).
-func (c *Client) outgoing(ctx context.Context, method string) (context.Context, bool, error) {
+func (c *Client) outgoing(ctx context.Context, method string) (context.Context, call, error) {
 	v, ok := fencewire.FromContext(ctx)
 	md, _ := metadata.FromOutgoingContext(ctx)
-	has := len(md.Get(fencewire.MetadataKey)) > 0
+	lines := md.Get(fencewire.MetadataKey)
+	has := len(lines) > 0
+	if !ok {
+		v, _ = fencewire.Peek(lines)
+	}
+	cl := call{fenced: ok || has}
+	if cl.fenced && c.Observer != nil {
+		cl.event = fence.WriteEvent{Ctx: ctx, Guard: "fencegrpc", Class: service(method), Op: "call", Resource: v.Resource, Token: v.Token, Start: time.Now()}
+	}
 	switch {
 	case ok && has:
-		return nil, false, fmt.Errorf("fencegrpc: %s: %w", method, ErrTwoTokens)
+		return nil, cl, fmt.Errorf("fencegrpc: %s: %w", method, ErrTwoTokens)
 	case !ok && !has && c.Require:
-		return nil, false, fmt.Errorf("fencegrpc: %s: %w", method, ErrNoToken)
+		return nil, cl, fmt.Errorf("fencegrpc: %s: %w", method, ErrNoToken)
 	case !ok:
-		return ctx, has, nil
+		return ctx, cl, nil
 	}
 	field, err := fencewire.Format(v)
 	if err != nil {
-		return nil, false, fmt.Errorf("fencegrpc: %s: %w", method, err)
+		return nil, cl, fmt.Errorf("fencegrpc: %s: %w", method, err)
 	}
-	return metadata.AppendToOutgoingContext(ctx, fencewire.MetadataKey, field), true, nil
+	return metadata.AppendToOutgoingContext(ctx, fencewire.MetadataKey, field), cl, nil
+}
+
+// observe reports err, a fenced call's outcome, to the Client's observer.
+func (c *Client) observe(cl call, err error) {
+	if cl.fenced && c.Observer != nil {
+		fence.ObserveWrite(c.Observer, cl.event, err)
+	}
+}
+
+// service returns the service of a full method name, "/pkg.Service/Method".
+func service(method string) string {
+	s := strings.TrimPrefix(method, "/")
+	if i := strings.LastIndexByte(s, '/'); i >= 0 {
+		return s[:i]
+	}
+	return s
 }
 
 // callErr is the error a client interceptor returns for a call's err:
@@ -210,11 +259,12 @@ func callErr(err error, fenced bool) error {
 // fence.ErrInvalidToken for token 0), ErrTwoTokens, ErrNoToken.
 func (c *Client) Unary() grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		ctx, fenced, err := c.outgoing(ctx, method)
-		if err != nil {
-			return err
+		ctx, cl, err := c.outgoing(ctx, method)
+		if err == nil {
+			err = callErr(invoker(ctx, method, req, reply, cc, opts...), cl.fenced)
 		}
-		return callErr(invoker(ctx, method, req, reply, cc, opts...), fenced)
+		c.observe(cl, err)
+		return err
 	}
 }
 
@@ -225,30 +275,50 @@ func (c *Client) Unary() grpc.UnaryClientInterceptor {
 // passes unchanged).
 func (c *Client) Stream() grpc.StreamClientInterceptor {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		ctx, fenced, err := c.outgoing(ctx, method)
+		ctx, cl, err := c.outgoing(ctx, method)
+		var cs grpc.ClientStream
+		if err == nil {
+			if cs, err = streamer(ctx, desc, cc, method, opts...); err != nil {
+				err = callErr(err, cl.fenced)
+			}
+		}
 		if err != nil {
+			c.observe(cl, err)
 			return nil, err
 		}
-		cs, err := streamer(ctx, desc, cc, method, opts...)
-		if err != nil {
-			return nil, callErr(err, fenced)
-		}
-		return clientStream{cs, fenced}, nil
+		return &clientStream{ClientStream: cs, c: c, call: cl}, nil
 	}
 }
 
 type clientStream struct {
 	grpc.ClientStream
-	fenced bool
+	c    *Client
+	call call
+	once sync.Once // the event, when the stream ends
 }
 
-func (s clientStream) Header() (metadata.MD, error) {
+func (s *clientStream) Header() (metadata.MD, error) {
 	md, err := s.ClientStream.Header()
-	return md, callErr(err, s.fenced)
+	return md, callErr(err, s.call.fenced)
 }
-func (s clientStream) SendMsg(m any) error { return callErr(s.ClientStream.SendMsg(m), s.fenced) }
-func (s clientStream) RecvMsg(m any) error { return callErr(s.ClientStream.RecvMsg(m), s.fenced) }
-func (s clientStream) CloseSend() error    { return callErr(s.ClientStream.CloseSend(), s.fenced) }
+func (s *clientStream) SendMsg(m any) error { return callErr(s.ClientStream.SendMsg(m), s.call.fenced) }
+func (s *clientStream) CloseSend() error    { return callErr(s.ClientStream.CloseSend(), s.call.fenced) }
+
+// RecvMsg maps the error, and reports the stream's end (io.EOF: accepted)
+// to the observer.
+func (s *clientStream) RecvMsg(m any) error {
+	err := callErr(s.ClientStream.RecvMsg(m), s.call.fenced)
+	if err != nil {
+		s.once.Do(func() {
+			end := err
+			if errors.Is(err, io.EOF) {
+				end = nil
+			}
+			s.c.observe(s.call, end)
+		})
+	}
+	return err
+}
 
 // Server makes the server interceptors; the rules are fencehttp.Handler's.
 // A Server is safe for concurrent use once set up.
@@ -261,20 +331,23 @@ type Server struct {
 	Checker fencecheck.Checker
 	// Logger logs the checker's failures. Nil: slog.Default().
 	Logger *slog.Logger
+	// Observer, when set, receives a fence.WriteEvent for every call that
+	// carries a fencing-token entry or is refused for lacking one (Guard
+	// "fencegrpc", Class the call's service, Op "admit", Resource and
+	// Token those of a well-formed entry), once it is admitted or
+	// refused, before the handler runs: Outcome "accepted" when admitted,
+	// "stale" for a stale token, "failed" for any other refusal. The
+	// handler's own guarded writes report through their guards'
+	// observers.
+	Observer fence.WriteObserver
 }
 
 // admit reads and checks the call's entry and returns the handler's
 // context, or the refusal's status error.
-func (s *Server) admit(ctx context.Context) (context.Context, error) {
+func (s *Server) admit(ctx context.Context, method string) (context.Context, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
-	v, ok, p, checkErr := fencewire.Admit(ctx, md.Get(fencewire.MetadataKey), s.Require, s.Checker)
-	if checkErr != nil {
-		logger := s.Logger
-		if logger == nil {
-			logger = slog.Default()
-		}
-		logger.ErrorContext(ctx, "fencegrpc: the fencing token could not be checked", "err", checkErr)
-	}
+	rcv := fencewire.Receiver{Guard: "fencegrpc", Require: s.Require, Checker: s.Checker, Logger: s.Logger, Observer: s.Observer}
+	v, ok, p := rcv.Admit(ctx, service(method), md.Get(fencewire.MetadataKey))
 	switch {
 	case p != nil:
 		return nil, problemStatus(*p).Err()
@@ -318,7 +391,7 @@ func handlerErr(err error) error {
 // Unary returns the unary server interceptor.
 func (s *Server) Unary() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		ctx, err := s.admit(ctx)
+		ctx, err := s.admit(ctx, info.FullMethod)
 		if err != nil {
 			return nil, err
 		}
@@ -331,7 +404,7 @@ func (s *Server) Unary() grpc.UnaryServerInterceptor {
 // carries the token.
 func (s *Server) Stream() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		ctx, err := s.admit(ss.Context())
+		ctx, err := s.admit(ss.Context(), info.FullMethod)
 		if err != nil {
 			return err
 		}

@@ -24,6 +24,10 @@
 // own guarded writes (sqlguard, blobguard) present it unchanged. WriteError
 // answers a handler's own stale write the same way.
 //
+// Transport.Observer and Handler.Observer report each call that carries a
+// token (and each refusal) as a fence.WriteEvent, with the labels every
+// guard's writes have, for packages leaseprom and leaseotel.
+//
 // A fencing token orders writers; it does not say who may write. Anyone who
 // can reach the service can send any token, including one far in the future
 // that locks every holder out. Authenticate callers (mTLS, signed tokens,
@@ -137,6 +141,16 @@ type Transport struct {
 	// DefaultGrace; negative: none (the context's end stops the call at
 	// once, and an answer that was on its way is lost).
 	Grace time.Duration
+	// Observer, when set, receives a fence.WriteEvent for every request
+	// that carries a token (Guard "fencehttp", Class the host it goes to,
+	// Op "call", Resource and Token those it carries), once RoundTrip
+	// returns: Outcome "accepted" when the receiver answered without a
+	// fencing problem, "stale" for a stale refusal, "unknown" when the
+	// call may have been carried out and its answer was lost, "failed"
+	// otherwise (a refusal of the field, a call not sent). With
+	// KeepProblems, a problem response is classified as its error would
+	// be.
+	Observer fence.WriteObserver
 }
 
 // DefaultGrace is Transport.Grace when it is zero: long enough for an
@@ -158,6 +172,32 @@ var _ http.RoundTripper = (*Transport)(nil)
 
 // RoundTrip implements http.RoundTripper.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if t.Observer == nil {
+		return t.roundTrip(req)
+	}
+	v, fenced := fencewire.FromContext(req.Context())
+	if !fenced && hasField(req.Header) {
+		v, _ = fencewire.Peek(fieldLines(req.Header))
+		fenced = true
+	}
+	if !fenced {
+		return t.roundTrip(req)
+	}
+	host := req.URL.Host
+	if host == "" {
+		host = req.Host
+	}
+	e := fence.WriteEvent{Ctx: req.Context(), Guard: "fencehttp", Class: host, Op: "call", Resource: v.Resource, Token: v.Token, Start: time.Now()}
+	resp, err := t.roundTrip(req)
+	observed := err
+	if err == nil && t.KeepProblems {
+		observed = ResponseError(resp)
+	}
+	fence.ObserveWrite(t.Observer, e, observed)
+	return resp, err
+}
+
+func (t *Transport) roundTrip(req *http.Request) (*http.Response, error) {
 	base := t.Base
 	if base == nil {
 		base = http.DefaultTransport
@@ -351,6 +391,18 @@ func hasField(h http.Header) bool {
 	return false
 }
 
+// fieldLines returns the lines of h's Fencing-Token field, under any
+// spelling of its name.
+func fieldLines(h http.Header) []string {
+	var lines []string
+	for k, vs := range h {
+		if strings.EqualFold(k, fencewire.HeaderName) {
+			lines = append(lines, vs...)
+		}
+	}
+	return lines
+}
+
 // notSent reports whether err says that the request never left: the
 // connection could not be made.
 func notSent(err error) bool {
@@ -420,6 +472,15 @@ type Handler struct {
 	Checker fencecheck.Checker
 	// Logger logs the checker's failures. Nil: slog.Default().
 	Logger *slog.Logger
+	// Observer, when set, receives a fence.WriteEvent for every request
+	// that carries a Fencing-Token field or is refused for lacking one
+	// (Guard "fencehttp", Class the request's host, Op "admit", Resource
+	// and Token those of a well-formed field), once it is admitted or
+	// refused, before Next runs: Outcome "accepted" when admitted,
+	// "stale" for a stale token, "failed" for any other refusal. The
+	// event times the admission (the Checker's check); Next's own
+	// guarded writes report through their guards' observers.
+	Observer fence.WriteObserver
 }
 
 var _ http.Handler = (*Handler)(nil)
@@ -430,14 +491,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "fencehttp: Handler.Next is nil", http.StatusInternalServerError)
 		return
 	}
-	v, ok, refusal, checkErr := fencewire.Admit(r.Context(), r.Header.Values(fencewire.HeaderName), h.Require, h.Checker)
-	if checkErr != nil {
-		logger := h.Logger
-		if logger == nil {
-			logger = slog.Default()
-		}
-		logger.ErrorContext(r.Context(), "fencehttp: the fencing token could not be checked", "err", checkErr)
-	}
+	rcv := fencewire.Receiver{Guard: "fencehttp", Require: h.Require, Checker: h.Checker, Logger: h.Logger, Observer: h.Observer}
+	v, ok, refusal := rcv.Admit(r.Context(), r.Host, r.Header.Values(fencewire.HeaderName))
 	switch {
 	case refusal != nil:
 		WriteProblem(w, *refusal)

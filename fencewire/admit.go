@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"time"
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/fencecheck"
@@ -60,4 +62,58 @@ func Admit(ctx context.Context, lines []string, require bool, checker fencecheck
 
 func malformed(detail string) *Problem {
 	return &Problem{Type: ProblemMalformed, Title: "malformed fencing token", Status: 400, Detail: detail}
+}
+
+// Peek returns the value of lines when they are one well-formed field
+// line (or metadata entry), for an observer's event; the zero Value and
+// false otherwise. It decides nothing: Admit does.
+func Peek(lines []string) (Value, bool) {
+	if len(lines) != 1 {
+		return Value{}, false
+	}
+	v, err := Parse(lines[0])
+	return v, err == nil
+}
+
+// Receiver is the receiving side that the transports share
+// (fencehttp.Handler, fencegrpc.Server): the rules of Admit, the log of a
+// checker's failure, and a fence.WriteEvent per call admitted or refused.
+type Receiver struct {
+	// Guard names the transport in events and log lines: "fencehttp",
+	// "fencegrpc".
+	Guard string
+	// Require and Checker are Admit's.
+	Require bool
+	Checker fencecheck.Checker
+	// Logger logs the checker's failures. Nil: slog.Default().
+	Logger *slog.Logger
+	// Observer, when set, receives an event for every call that carries
+	// a token or is refused for lacking one: Guard, Class the class
+	// Admit is given, Op "admit", the resource and token of a well-formed
+	// line, the refusal's error (a *fence.StaleError when stale).
+	Observer fence.WriteObserver
+}
+
+// Admit applies Admit's rules to lines for a call of class (a host, a
+// gRPC service), logs a checker's failure and reports the admission.
+func (r Receiver) Admit(ctx context.Context, class string, lines []string) (v Value, ok bool, refusal *Problem) {
+	start := time.Now()
+	v, ok, refusal, checkErr := Admit(ctx, lines, r.Require, r.Checker)
+	if r.Observer != nil && (ok || refusal != nil) {
+		seen, _ := Peek(lines)
+		e := fence.WriteEvent{Ctx: ctx, Guard: r.Guard, Class: class, Op: "admit", Resource: seen.Resource, Token: seen.Token, Start: start}
+		var err error
+		if refusal != nil {
+			err = refusal.Err()
+		}
+		fence.ObserveWrite(r.Observer, e, err)
+	}
+	if checkErr != nil {
+		logger := r.Logger
+		if logger == nil {
+			logger = slog.Default()
+		}
+		logger.ErrorContext(ctx, r.Guard+": the fencing token could not be checked", "err", checkErr)
+	}
+	return v, ok, refusal
 }

@@ -20,6 +20,17 @@ import (
 type memStore struct {
 	mu   sync.Mutex
 	regs map[string]*memReg
+	// unmigrated: the store is not set up for the guard; its start-up
+	// check and its writes say so, with the fix.
+	unmigrated bool
+}
+
+// check is the guard's start-up check.
+func (s *memStore) check(context.Context) error {
+	if s.unmigrated {
+		return fence.Setup("run `memguard migrate`", "memguard: %w: the registers are not there", fence.ErrNotMigrated)
+	}
+	return nil
 }
 
 type memReg struct {
@@ -27,7 +38,7 @@ type memReg struct {
 	token fence.Token
 }
 
-var errMemNotFound = errors.New("memguard: not found")
+var errMemNotFound = fence.ErrNotFound
 
 // memResource is the adapter: one key of the store, written through the
 // guard's rules, with a request counter and a switch that loses the next
@@ -37,10 +48,19 @@ type memResource struct {
 	key      string
 	requests atomic.Int64
 	loseNext atomic.Bool
+	obs      fence.WriteObserver // reports each write, when set
 }
 
 func (r *memResource) Write(ctx context.Context, token fence.Token, value string) error {
+	e := fence.WriteEvent{Ctx: ctx, Guard: "memguard", Class: "registers", Op: "write", Resource: r.key, Token: token}
+	return fence.Observe(r.obs, e, func() error { return r.write(ctx, token, value) })
+}
+
+func (r *memResource) write(ctx context.Context, token fence.Token, value string) error {
 	if err := token.Validate(); err != nil { // before any I/O
+		return fmt.Errorf("memguard: write %s: %w", r.key, err)
+	}
+	if err := r.store.check(ctx); err != nil {
 		return fmt.Errorf("memguard: write %s: %w", r.key, err)
 	}
 	r.requests.Add(1)
@@ -49,7 +69,7 @@ func (r *memResource) Write(ctx context.Context, token fence.Token, value string
 	var err error
 	switch {
 	case !ok:
-		err = fmt.Errorf("memguard: write %s: %w", r.key, errMemNotFound)
+		err = fmt.Errorf("memguard: write %s: %w", r.key, &fence.NotFoundError{Resource: r.key})
 	case token < reg.token:
 		err = fence.Stale(r.key, token, reg.token)
 	default:
@@ -92,6 +112,15 @@ func TestConformance(t *testing.T) {
 		IsMissing:   func(err error) bool { return errors.Is(err, errMemNotFound) },
 		LoseReply:   func(t *testing.T, r guardtest.Resource) { r.(*memResource).loseNext.Store(true) },
 		CountIO:     func(r guardtest.Resource) int64 { return r.(*memResource).requests.Load() },
-		Timeout:     time.Minute,
+		Observe: func(t *testing.T, r guardtest.Resource, o fence.WriteObserver) guardtest.Want {
+			m := r.(*memResource)
+			m.obs = o
+			return guardtest.Want{Guard: "memguard", Class: "registers", Op: "write", Resource: m.key}
+		},
+		Check: func(ctx context.Context, r guardtest.Resource) error { return r.(*memResource).store.check(ctx) },
+		NewBroken: func(t *testing.T) guardtest.Resource {
+			return &memResource{store: &memStore{regs: map[string]*memReg{}, unmigrated: true}, key: "k"}
+		},
+		Timeout: time.Minute,
 	})
 }

@@ -37,6 +37,17 @@
 //   - ConcurrentWritersAreLinearizable: several goroutines write random
 //     tokens to one resource; the history of calls, answers and the final
 //     read must pass CheckHistory.
+//   - ObserverSeesEachWrite: a guard given a fence.WriteObserver reports
+//     one event per write, after it returned, with the guard's name, the
+//     resource's class and the write's op (so that leaseprom and leaseotel
+//     label every guard's writes alike), the token presented, the error
+//     the caller got, its outcome (accepted, stale, failed) and the
+//     caller's context (capability Observer).
+//   - SetupErrorsNameTheFix: the guard's start-up check passes on a store
+//     set up for it; on one that is not (a table without lock_version, a
+//     missing bucket), the check and a write both fail with an error
+//     matching fence.ErrSetup, which is lease.ErrSetup, and carrying a
+//     *fence.SetupError that names the fix (capability Setup).
 //
 // Every check writes values containing quotes, a semicolon, a backslash
 // and non-ASCII text, and reads them back byte for byte: values travel as
@@ -96,6 +107,12 @@ const (
 	// CountIO: Config.CountIO is set, so the suite can check that bad
 	// input is refused before anything is sent (docs/design.md, invariant 7).
 	CountIO Capability = "count-io"
+	// Observer: Config.Observe is set, so the suite can check the events
+	// a guard reports to its fence.WriteObserver.
+	Observer Capability = "observer"
+	// Setup: Config.Check and Config.NewBroken are set, so the suite can
+	// check the guard's start-up check and its setup errors.
+	Setup Capability = "setup"
 )
 
 // Config describes the guard under test.
@@ -126,6 +143,21 @@ type Config struct {
 	// so far (messages, HTTP requests: anything that leaves the process).
 	// Nil unless Lacks names CountIO.
 	CountIO func(r Resource) int64
+
+	// Observe makes r's guard report every write of r to o from now on
+	// (the guard made again with its observer option, a Table's
+	// WithObserver), and returns what each write's event must say besides
+	// its token and outcome: Guard, Class, Op, and Resource ("" leaves it
+	// unchecked). Nil unless Lacks names Observer.
+	Observe func(t *testing.T, r Resource, o fence.WriteObserver) Want
+
+	// Check runs the guard's start-up check (Guard.Check, Table.Check)
+	// for r's store. NewBroken returns a resource whose store is not set
+	// up for the guard in a way the check finds: a table without
+	// lock_version, a schema not migrated, a bucket or table that does not
+	// exist. Both nil unless Lacks names Setup.
+	Check     func(ctx context.Context, r Resource) error
+	NewBroken func(t *testing.T) Resource
 
 	// Writers and WritesPerWriter size ConcurrentWritersAreLinearizable.
 	// Defaults 4 and 25.
@@ -169,6 +201,8 @@ func Run(t *testing.T, cfg Config) {
 		{"ZeroTokenIsRefusedBeforeIO", testZeroBeforeIO},
 		{"LostReplyIsReportedAsUnknown", testLostReply},
 		{"ConcurrentWritersAreLinearizable", testConcurrent},
+		{"ObserverSeesEachWrite", testObserver},
+		{"SetupErrorsNameTheFix", testSetup},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -360,14 +394,14 @@ func testLostReply(t *testing.T, cfg Config) {
 		t.Fatalf("after the write returned %v: read %q with token %d; want either the write (%q, 11) or the state before it (%q, 10)", err, got.value, got.token, v, prev.value)
 	}
 	switch outcome, _ := Classify(err); outcome {
-	case Accepted:
+	case fence.Accepted:
 		// The guard settled the outcome with the store (for example by
 		// finding its own write there): success must then be true.
 		if got != applied {
 			t.Fatalf("the write was reported as applied, but the store holds %q with token %d", got.value, got.token)
 		}
 		t.Logf("the guard learned that the write landed and reported success")
-	case Unknown:
+	case fence.Unknown:
 		t.Logf("reported as unknown (%v); the write was applied: %v", err, got == applied)
 	default:
 		t.Fatalf("a write whose reply was lost after the store applied it returned %v (%s); want an error matching fence.ErrOutcomeUnknown, or success if the guard learned that it landed", err, outcome)
@@ -403,10 +437,10 @@ func testConcurrent(t *testing.T, cfg Config) {
 				ret := time.Since(start)
 				outcome, cur := Classify(err)
 				ops[w] = append(ops[w], Op{Token: tok, Value: v, Call: call, Return: ret, Outcome: outcome, Current: cur})
-				if outcome == Failed && failures[w] == nil {
+				if outcome == fence.Failed && failures[w] == nil {
 					failures[w] = err
 				}
-				if outcome == Failed && ctx.Err() != nil {
+				if outcome == fence.Failed && ctx.Err() != nil {
 					return
 				}
 			}
@@ -415,7 +449,7 @@ func testConcurrent(t *testing.T, cfg Config) {
 	wg.Wait()
 	final := read(t, ctx, r)
 	h := History{Initial: init.token, InitialValue: init.value, Final: final.token, FinalValue: final.value}
-	counts := map[Outcome]int{}
+	counts := map[fence.Outcome]int{}
 	for _, o := range ops {
 		for _, op := range o {
 			counts[op.Outcome]++
@@ -423,11 +457,11 @@ func testConcurrent(t *testing.T, cfg Config) {
 		h.Ops = append(h.Ops, o...)
 	}
 	t.Logf("%d writes: %d accepted, %d stale, %d unknown, %d failed; final token %d",
-		len(h.Ops), counts[Accepted], counts[Stale], counts[Unknown], counts[Failed], final.token)
+		len(h.Ops), counts[fence.Accepted], counts[fence.Rejected], counts[fence.Unknown], counts[fence.Failed], final.token)
 	if err := CheckHistory(h); err != nil {
 		t.Errorf("the history is not linearizable:\n%v", err)
 	}
-	if counts[Accepted] == 0 {
+	if counts[fence.Accepted] == 0 {
 		t.Errorf("no write was accepted: the check proved nothing")
 	}
 	// A plain failure is allowed (a guard may give up under contention,
@@ -437,4 +471,50 @@ func testConcurrent(t *testing.T, cfg Config) {
 			t.Logf("writer %d: a write failed (taken as not applied): %v", w, err)
 		}
 	}
+}
+
+type writeKey struct{}
+
+func testObserver(t *testing.T, cfg Config) {
+	need(t, cfg, Observer, cfg.Observe != nil)
+	ctx := ctxT(t, cfg)
+	r := cfg.NewResource(t)
+	rec := &Recorder{}
+	want := cfg.Observe(t, r, rec)
+	if want.Guard == "" || want.Class == "" || want.Op == "" {
+		t.Fatalf("Config.Observe says the events carry guard %q, class %q, op %q: each must be set (metric labels)", want.Guard, want.Class, want.Op)
+	}
+	for i, w := range []struct {
+		token fence.Token
+		want  fence.Outcome
+	}{
+		{5, fence.Accepted},
+		{5, fence.Accepted}, // the same holder again
+		{3, fence.Rejected},
+		{fence.None, fence.Failed},
+		{6, fence.Accepted},
+	} {
+		call := context.WithValue(ctx, writeKey{}, i)
+		err := r.Write(call, w.token, value("observed"))
+		if got := fence.OutcomeOf(err); got != w.want {
+			t.Fatalf("Write(token %d) = %v (%s); want %s", w.token, err, got, w.want)
+		}
+		ev := want
+		ev.Token, ev.Outcome = w.token, w.want
+		e := rec.One(t, ev, err)
+		if e.Ctx.Value(writeKey{}) != i {
+			t.Fatalf("Write(token %d): the event does not carry the write's context", w.token)
+		}
+	}
+}
+
+func testSetup(t *testing.T, cfg Config) {
+	need(t, cfg, Setup, cfg.Check != nil && cfg.NewBroken != nil)
+	ctx := ctxT(t, cfg)
+	if err := cfg.Check(ctx, cfg.NewResource(t)); err != nil {
+		t.Fatalf("the start-up check of a store set up for the guard = %v; want nil", err)
+	}
+	r := cfg.NewBroken(t)
+	WantSetup(t, "the start-up check of a store not set up", cfg.Check(ctx, r), nil)
+	WantSetup(t, "a write to a store not set up", r.Write(ctx, 5, value("broken")), nil)
 }

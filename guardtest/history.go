@@ -8,54 +8,20 @@ import (
 	"github.com/fencekit/fencekit/fence"
 )
 
-// Outcome is how a guard answered one write.
-type Outcome int
-
-const (
-	// Accepted: the guard returned nil, so the write was applied.
-	Accepted Outcome = iota + 1
-	// Stale: the guard returned a *fence.StaleError, so nothing changed.
-	Stale
-	// Unknown: the guard returned an error matching
-	// fence.ErrOutcomeUnknown: the write may or may not have been applied.
-	Unknown
-	// Failed: any other error. A guard reports an outcome it does not know
-	// as Unknown (docs/design.md, invariant 6), so a plain failure means that
-	// nothing was applied.
-	Failed
-)
-
-func (o Outcome) String() string {
-	switch o {
-	case Accepted:
-		return "accepted"
-	case Stale:
-		return "stale"
-	case Unknown:
-		return "unknown"
-	case Failed:
-		return "failed"
+// Classify returns the outcome of a write that returned err
+// (fence.OutcomeOf: fence.Accepted, fence.Rejected for a stale token,
+// fence.Unknown or fence.Failed), and for a stale one the current token
+// its *fence.StaleError names. An error that matches fence.ErrStaleToken
+// without a *fence.StaleError in its chain is classified fence.Rejected
+// with current fence.None, which CheckHistory reports. A guard reports an
+// outcome it does not know as fence.Unknown (docs/design.md, invariant 6), so
+// fence.Failed means that nothing was applied.
+func Classify(err error) (fence.Outcome, fence.Token) {
+	o := fence.OutcomeOf(err)
+	if se, ok := fence.AsStale(err); ok && o == fence.Rejected {
+		return o, se.Current
 	}
-	return fmt.Sprintf("Outcome(%d)", int(o))
-}
-
-// Classify returns the Outcome of a write that returned err, and for a
-// stale one the current token its *fence.StaleError names. An error that
-// matches fence.ErrStaleToken without a *fence.StaleError in its chain is
-// classified Stale with current fence.None, which CheckHistory reports.
-func Classify(err error) (Outcome, fence.Token) {
-	switch {
-	case err == nil:
-		return Accepted, fence.None
-	case errors.Is(err, fence.ErrOutcomeUnknown):
-		return Unknown, fence.None
-	case errors.Is(err, fence.ErrStaleToken):
-		if se, ok := fence.AsStale(err); ok {
-			return Stale, se.Current
-		}
-		return Stale, fence.None
-	}
-	return Failed, fence.None
+	return o, fence.None
 }
 
 // Op is one write in a History.
@@ -69,8 +35,8 @@ type Op struct {
 	// on one monotonic clock (for example time.Since of one start time).
 	Call, Return time.Duration
 	// Outcome is how the guard answered.
-	Outcome Outcome
-	// Current is the current token the *fence.StaleError named (Stale
+	Outcome fence.Outcome
+	// Current is the current token the *fence.StaleError named (stale
 	// only).
 	Current fence.Token
 }
@@ -117,7 +83,7 @@ type History struct {
 func CheckHistory(h History) error {
 	var errs []error
 	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	maybeApplied := func(o Op) bool { return o.Outcome == Accepted || o.Outcome == Unknown }
+	maybeApplied := func(o Op) bool { return o.Outcome == fence.Accepted || o.Outcome == fence.Unknown }
 
 	maxAccepted := h.Initial
 	for i, o := range h.Ops {
@@ -125,11 +91,11 @@ func CheckHistory(h History) error {
 			fail("op %d (%s): returned at %v before it was called at %v", i, desc(o), o.Return, o.Call)
 		}
 		switch o.Outcome {
-		case Accepted, Stale, Unknown, Failed:
+		case fence.Accepted, fence.Rejected, fence.Unknown, fence.Failed:
 		default:
 			fail("op %d (%s): no outcome", i, desc(o))
 		}
-		if o.Outcome == Accepted {
+		if o.Outcome == fence.Accepted {
 			maxAccepted = max(maxAccepted, o.Token)
 			if o.Token < h.Initial {
 				fail("(a) op %d (%s) accepted below the initial token %d", i, desc(o), h.Initial)
@@ -139,11 +105,11 @@ func CheckHistory(h History) error {
 
 	// (a) accepted writes in real-time order never go down.
 	for i, w1 := range h.Ops {
-		if w1.Outcome != Accepted {
+		if w1.Outcome != fence.Accepted {
 			continue
 		}
 		for j, w2 := range h.Ops {
-			if w2.Outcome == Accepted && w1.Return < w2.Call && w2.Token < w1.Token {
+			if w2.Outcome == fence.Accepted && w1.Return < w2.Call && w2.Token < w1.Token {
 				fail("(a) op %d (%s) was accepted after op %d (%s) had been accepted", j, desc(w2), i, desc(w1))
 			}
 		}
@@ -151,7 +117,7 @@ func CheckHistory(h History) error {
 
 	// (b) a rejection names a newer token that was stored when it was made.
 	for i, r := range h.Ops {
-		if r.Outcome != Stale {
+		if r.Outcome != fence.Rejected {
 			continue
 		}
 		if r.Current == fence.None {
@@ -172,7 +138,7 @@ func CheckHistory(h History) error {
 			fail("(b) op %d (%s): the current token %d is neither the initial token nor that of a write that may have been applied and was called before the rejection returned", i, desc(r), r.Current)
 		}
 		for j, w := range h.Ops {
-			if w.Outcome == Accepted && w.Return < r.Call && r.Current < w.Token {
+			if w.Outcome == fence.Accepted && w.Return < r.Call && r.Current < w.Token {
 				fail("(b) op %d (%s): names current token %d, older than the token of op %d (%s), accepted before it was called", i, desc(r), r.Current, j, desc(w))
 			}
 		}
@@ -198,7 +164,7 @@ func CheckHistory(h History) error {
 	consider := func(ret time.Duration, initial bool) {
 		candidates++
 		for _, w := range h.Ops {
-			if w.Outcome == Accepted && (initial || ret < w.Call) && w.Value != h.FinalValue {
+			if w.Outcome == fence.Accepted && (initial || ret < w.Call) && w.Value != h.FinalValue {
 				superseded++
 				return
 			}
@@ -223,7 +189,7 @@ func CheckHistory(h History) error {
 
 func desc(o Op) string {
 	s := fmt.Sprintf("token %d, value %q, %s, called %v, returned %v", o.Token, o.Value, o.Outcome, o.Call, o.Return)
-	if o.Outcome == Stale {
+	if o.Outcome == fence.Rejected {
 		s += fmt.Sprintf(", current %d", o.Current)
 	}
 	return s

@@ -1,6 +1,7 @@
 package guardtest
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -9,12 +10,12 @@ import (
 )
 
 // op is a write called at call ms and returned at ret ms.
-func op(tok fence.Token, v string, call, ret int, o Outcome) Op {
+func op(tok fence.Token, v string, call, ret int, o fence.Outcome) Op {
 	return Op{Token: tok, Value: v, Call: time.Duration(call) * time.Millisecond, Return: time.Duration(ret) * time.Millisecond, Outcome: o}
 }
 
 func stale(tok, cur fence.Token, v string, call, ret int) Op {
-	o := op(tok, v, call, ret, Stale)
+	o := op(tok, v, call, ret, fence.Rejected)
 	o.Current = cur
 	return o
 }
@@ -29,53 +30,53 @@ func TestCheckHistory(t *testing.T) {
 		{
 			name: "sequential writes and a rejection",
 			h: History{Initial: 2, InitialValue: "i", Final: 9, FinalValue: "c", Ops: []Op{
-				op(5, "a", 0, 1, Accepted),
+				op(5, "a", 0, 1, fence.Accepted),
 				stale(3, 5, "b", 2, 3),
-				op(9, "c", 4, 5, Accepted),
+				op(9, "c", 4, 5, fence.Accepted),
 			}},
 		},
 		{
 			name: "no writes accepted: the initial state stays",
 			h: History{Initial: 7, InitialValue: "i", Final: 7, FinalValue: "i", Ops: []Op{
 				stale(3, 7, "a", 0, 1),
-				op(4, "b", 0, 2, Failed),
+				op(4, "b", 0, 2, fence.Failed),
 			}},
 		},
 		{
 			name: "concurrent writes may take effect in either order",
 			h: History{Initial: 1, InitialValue: "i", Final: 9, FinalValue: "b", Ops: []Op{
-				op(9, "a", 0, 10, Accepted),
-				op(9, "b", 1, 9, Accepted),
-				op(3, "c", 2, 8, Accepted), // linearized before both
+				op(9, "a", 0, 10, fence.Accepted),
+				op(9, "b", 1, 9, fence.Accepted),
+				op(3, "c", 2, 8, fence.Accepted), // linearized before both
 			}},
 		},
 		{
 			name: "a rejection may name a concurrent write that returned later",
 			h: History{Initial: 1, InitialValue: "i", Final: 8, FinalValue: "a", Ops: []Op{
-				op(8, "a", 0, 10, Accepted),
+				op(8, "a", 0, 10, fence.Accepted),
 				stale(5, 8, "b", 1, 2),
 			}},
 		},
 		{
 			name: "an unknown outcome that landed can be the final state",
 			h: History{Initial: 1, InitialValue: "i", Final: 12, FinalValue: "u", Ops: []Op{
-				op(5, "a", 0, 1, Accepted),
-				op(12, "u", 2, 3, Unknown),
+				op(5, "a", 0, 1, fence.Accepted),
+				op(12, "u", 2, 3, fence.Unknown),
 				stale(6, 12, "b", 4, 5),
 			}},
 		},
 		{
 			name: "an unknown outcome that did not land",
 			h: History{Initial: 1, InitialValue: "i", Final: 5, FinalValue: "a", Ops: []Op{
-				op(5, "a", 0, 1, Accepted),
-				op(12, "u", 2, 3, Unknown),
+				op(5, "a", 0, 1, fence.Accepted),
+				op(12, "u", 2, 3, fence.Unknown),
 			}},
 		},
 		{
 			name: "equal tokens: the same holder writes again",
 			h: History{Initial: 1, InitialValue: "i", Final: 4, FinalValue: "b", Ops: []Op{
-				op(4, "a", 0, 1, Accepted),
-				op(4, "b", 2, 3, Accepted),
+				op(4, "a", 0, 1, fence.Accepted),
+				op(4, "b", 2, 3, fence.Accepted),
 			}},
 		},
 
@@ -83,15 +84,15 @@ func TestCheckHistory(t *testing.T) {
 		{
 			name: "(a) an older token accepted after a newer one returned",
 			h: History{Initial: 1, InitialValue: "i", Final: 9, FinalValue: "a", Ops: []Op{
-				op(9, "a", 0, 1, Accepted),
-				op(4, "b", 2, 3, Accepted),
+				op(9, "a", 0, 1, fence.Accepted),
+				op(4, "b", 2, 3, fence.Accepted),
 			}},
 			want: "(a) op 1",
 		},
 		{
 			name: "(a) accepted below the initial token",
 			h: History{Initial: 6, InitialValue: "i", Final: 6, FinalValue: "b", Ops: []Op{
-				op(4, "b", 2, 3, Accepted),
+				op(4, "b", 2, 3, fence.Accepted),
 			}},
 			want: "below the initial token",
 		},
@@ -113,7 +114,7 @@ func TestCheckHistory(t *testing.T) {
 			name: "(b) the current token of a write called after the rejection returned",
 			h: History{Initial: 1, InitialValue: "i", Final: 8, FinalValue: "b", Ops: []Op{
 				stale(5, 8, "a", 0, 1),
-				op(8, "b", 2, 3, Accepted),
+				op(8, "b", 2, 3, fence.Accepted),
 			}},
 			want: "called before the rejection returned",
 		},
@@ -128,7 +129,7 @@ func TestCheckHistory(t *testing.T) {
 		{
 			name: "(b) the current token of a failed write",
 			h: History{Initial: 1, InitialValue: "i", Final: 1, FinalValue: "i", Ops: []Op{
-				op(8, "a", 0, 1, Failed),
+				op(8, "a", 0, 1, fence.Failed),
 				stale(5, 8, "b", 2, 3),
 			}},
 			want: "(b) op 1",
@@ -136,8 +137,8 @@ func TestCheckHistory(t *testing.T) {
 		{
 			name: "(b) a current token older than a write accepted before the rejection",
 			h: History{Initial: 1, InitialValue: "i", Final: 9, FinalValue: "b", Ops: []Op{
-				op(6, "a", 0, 1, Accepted),
-				op(9, "b", 2, 3, Accepted),
+				op(6, "a", 0, 1, fence.Accepted),
+				op(9, "b", 2, 3, fence.Accepted),
 				stale(5, 6, "c", 4, 5),
 			}},
 			want: "older than the token of op 1",
@@ -145,15 +146,15 @@ func TestCheckHistory(t *testing.T) {
 		{
 			name: "(c) an accepted write lost",
 			h: History{Initial: 1, InitialValue: "i", Final: 5, FinalValue: "a", Ops: []Op{
-				op(5, "a", 0, 1, Accepted),
-				op(9, "b", 2, 3, Accepted),
+				op(5, "a", 0, 1, fence.Accepted),
+				op(9, "b", 2, 3, fence.Accepted),
 			}},
 			want: "an accepted write was lost",
 		},
 		{
 			name: "(c) the final value of a rejected write",
 			h: History{Initial: 1, InitialValue: "i", Final: 9, FinalValue: "b", Ops: []Op{
-				op(9, "a", 0, 1, Accepted),
+				op(9, "a", 0, 1, fence.Accepted),
 				stale(9, 9, "b", 2, 3),
 			}},
 			want: "written by no write that may have been applied",
@@ -161,45 +162,45 @@ func TestCheckHistory(t *testing.T) {
 		{
 			name: "(c) the final value of a failed write",
 			h: History{Initial: 1, InitialValue: "i", Final: 9, FinalValue: "b", Ops: []Op{
-				op(9, "a", 0, 1, Accepted),
-				op(9, "b", 2, 3, Failed),
+				op(9, "a", 0, 1, fence.Accepted),
+				op(9, "b", 2, 3, fence.Failed),
 			}},
 			want: "written by no write that may have been applied",
 		},
 		{
 			name: "(c) the final value was replaced by a later accepted write",
 			h: History{Initial: 1, InitialValue: "i", Final: 4, FinalValue: "a", Ops: []Op{
-				op(4, "a", 0, 1, Accepted),
-				op(4, "b", 2, 3, Accepted),
+				op(4, "a", 0, 1, fence.Accepted),
+				op(4, "b", 2, 3, fence.Accepted),
 			}},
 			want: "should have replaced it",
 		},
 		{
 			name: "(c) the initial value after a write was accepted",
 			h: History{Initial: 4, InitialValue: "i", Final: 4, FinalValue: "i", Ops: []Op{
-				op(4, "a", 0, 1, Accepted),
+				op(4, "a", 0, 1, fence.Accepted),
 			}},
 			want: "should have replaced it",
 		},
 		{
 			name: "(c) a final token nobody wrote",
 			h: History{Initial: 1, InitialValue: "i", Final: 7, FinalValue: "a", Ops: []Op{
-				op(5, "a", 0, 1, Accepted),
+				op(5, "a", 0, 1, fence.Accepted),
 			}},
 			want: "neither the initial token nor that of a write",
 		},
 		{
 			name: "(c) a final token of a failed write",
 			h: History{Initial: 1, InitialValue: "i", Final: 7, FinalValue: "b", Ops: []Op{
-				op(5, "a", 0, 1, Accepted),
-				op(7, "b", 2, 3, Failed),
+				op(5, "a", 0, 1, fence.Accepted),
+				op(7, "b", 2, 3, fence.Failed),
 			}},
 			want: "neither the initial token nor that of a write",
 		},
 		{
 			name: "malformed: returned before called",
 			h: History{Initial: 1, InitialValue: "i", Final: 5, FinalValue: "a", Ops: []Op{
-				op(5, "a", 3, 1, Accepted),
+				op(5, "a", 3, 1, fence.Accepted),
 			}},
 			want: "before it was called",
 		},
@@ -222,14 +223,15 @@ func TestClassify(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		err  error
-		want Outcome
+		want fence.Outcome
 		cur  fence.Token
 	}{
-		{nil, Accepted, 0},
-		{fence.Stale("r", 3, 9), Stale, 9},
-		{fence.ErrStaleToken, Stale, fence.None},
-		{fence.ErrOutcomeUnknown, Unknown, 0},
-		{fence.ErrInvalidToken, Failed, 0},
+		{nil, fence.Accepted, 0},
+		{fence.Stale("r", 3, 9), fence.Rejected, 9},
+		{fence.ErrStaleToken, fence.Rejected, fence.None},
+		{fence.ErrOutcomeUnknown, fence.Unknown, 0},
+		{errors.Join(fence.ErrOutcomeUnknown, fence.Stale("r", 3, 9)), fence.Unknown, 0},
+		{fence.ErrInvalidToken, fence.Failed, 0},
 	} {
 		if got, cur := Classify(tc.err); got != tc.want || cur != tc.cur {
 			t.Errorf("Classify(%v) = %s, %d; want %s, %d", tc.err, got, cur, tc.want, tc.cur)

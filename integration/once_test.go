@@ -86,7 +86,7 @@ func TestRunOnceOnThreeReplicas(t *testing.T) {
 			// process would.
 			wctx := context.WithoutCancel(ctx)
 			err := pgx.BeginFunc(wctx, pool, func(tx pgx.Tx) error {
-				if err := report.Upsert(wctx, tx, l.Token(), []any{night}, sqlguard.Col("made_by", who)); err != nil {
+				if err := report.Upsert(wctx, tx, []any{night}, l.Token(), sqlguard.Col("made_by", who)); err != nil {
 					return err
 				}
 				return ledger.MarkDoneTx(wctx, tx, name, night, l.Token())

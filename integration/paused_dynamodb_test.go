@@ -71,9 +71,9 @@ func TestPausedHolderDynamoDB(t *testing.T) {
 		t.Fatal(err)
 	}
 	mine := fmt.Sprintf("new holder %d", l.Token())
-	if err := g.Put(ctx, l.Token(), map[string]types.AttributeValue{
+	if err := g.Put(ctx, map[string]types.AttributeValue{
 		"pk": &types.AttributeValueMemberS{Value: "invoice"}, "value": &types.AttributeValueMemberS{Value: mine},
-	}); err != nil {
+	}, l.Token()); err != nil {
 		t.Fatal(err)
 	}
 

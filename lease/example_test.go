@@ -93,7 +93,7 @@ func ExampleManager_Run() {
 	// TryRun to skip it). The token fences the job's writes.
 	err := m.Run(ctx, "nightly-invoices", func(ctx context.Context, l *lease.Lease) error {
 		fmt.Println("running with token", l.Token())
-		return nil // e.g. sqlguard's Table.Update(ctx, pool, l.Token(), ...)
+		return nil // e.g. sqlguard's Table.Update(ctx, pool, key, l.Token(), ...)
 	})
 	fmt.Println("done:", err)
 

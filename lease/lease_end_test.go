@@ -12,6 +12,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/memlease"
@@ -617,3 +618,39 @@ func TestDefaultLoggerAndOneLineErrors(t *testing.T) {
 		_ = l.Release(context.Background())
 	})
 }
+
+// The guards' setup errors (fence.SetupError, from a package that never
+// imports lease) match lease.ErrSetup: one sentinel for both sides, so
+// that a caller's retry loop stops on either. RunOnce returns a ledger's
+// setup error before the job runs.
+func TestGuardSetupErrorIsLeaseSetup(t *testing.T) {
+	if lease.ErrSetup != fence.ErrSetup || driver.ErrSetup != fence.ErrSetup {
+		t.Fatal("lease.ErrSetup, driver.ErrSetup and fence.ErrSetup are not one value")
+	}
+	guardErr := fmt.Errorf("dbguard: update `orders`: %w", fence.Setup("add it with `fencekit migrate add-lock-version`", "%w: orders", fence.ErrNoLockVersion))
+	var se *lease.SetupError
+	if !errors.Is(guardErr, lease.ErrSetup) || !errors.As(guardErr, &se) || se.Fix == "" {
+		t.Fatalf("%v: want lease.ErrSetup and a *lease.SetupError with the fix", guardErr)
+	}
+	synctest.Test(t, func(t *testing.T) {
+		m, err := lease.NewManager(lease.NewMemoryBackend(), time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ran, err := m.RunOnce(t.Context(), "nightly", "2026-12-01", setupLedger{guardErr}, func(context.Context, *lease.Lease) error {
+			t.Error("the job ran over a ledger that is not set up")
+			return nil
+		})
+		if ran || !errors.Is(err, lease.ErrSetup) || !errors.Is(err, fence.ErrNoLockVersion) {
+			t.Fatalf("RunOnce = %v, %v; want the ledger's setup error, not run", ran, err)
+		}
+	})
+}
+
+// setupLedger is a ledger whose store is not set up.
+type setupLedger struct{ err error }
+
+func (l setupLedger) Claim(context.Context, string, string, fence.Token) (bool, error) {
+	return false, l.err
+}
+func (l setupLedger) MarkDone(context.Context, string, string, fence.Token) error { return l.err }

@@ -10,8 +10,10 @@ import (
 
 // Ledger records which runs of once-per-period jobs are done, in the
 // store the jobs write to, fenced by the lease's token. Its two writes go
-// through a guard: sqlguard.Ledger keeps it in a PostgreSQL table; any type
-// with these methods will do.
+// through a guard: sqlguard.Ledger keeps it in a PostgreSQL table,
+// dbguard.Ledger in a MySQL, MariaDB or SQLite table, dynamoguard.Ledger
+// in a DynamoDB table; any type with these methods will do (package
+// guardtest's RunLedger checks one).
 //
 // A run is named by its job and its key. The job is the lease name RunOnce
 // runs under (or the name ForJob gives); the key names the run: a period
@@ -94,9 +96,10 @@ var ErrInvalidKey = errors.New("lease: invalid run key")
 //
 // fn's writes must be fenced with l.Token(), like every leased write. For
 // a run that must take effect once even if its process dies, record the
-// run done inside the job's own last transaction (sqlguard.Ledger's
-// MarkDoneTx) so that the effect and the record commit together; step 4
-// then finds it done by the same token.
+// run done inside the job's own last transaction (sqlguard.Ledger's and
+// dbguard.Ledger's MarkDoneTx, dynamoguard.Ledger's MarkDoneTransact) so
+// that the effect and the record commit together; step 4 then finds it
+// done by the same token.
 //
 // What happens when things fail (docs/design.md, invariant 1; Kleppmann 2016):
 //

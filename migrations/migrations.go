@@ -19,7 +19,8 @@
 // mode's lines of waiters: one row per owner waiting in line for a name).
 // The ledger of once-per-period jobs (sqlguard.Ledger, for
 // lease.Manager.RunOnce) is fencekit_job_runs: one row per run, keyed by
-// the job and the run key (migration 00006).
+// the job and the run key (migration 00006; on MySQL and SQLite, for
+// dbguard.Ledger, migration 00002 of their own).
 //
 // Everything is created in the connection's current schema: the first schema
 // of its search_path that exists. To put the tables in a schema of your
@@ -77,6 +78,9 @@ const (
 	// LedgerMigration is the version of the migration that creates
 	// LedgerTable.
 	LedgerMigration = 6
+	// LedgerMigrationFor is the version of the MySQL and SQLite migration
+	// that creates LedgerTable (dbguard.Ledger).
+	LedgerMigrationFor = 2
 )
 
 //go:embed sql/*.sql sqlmysql/*.sql sqlsqlite/*.sql

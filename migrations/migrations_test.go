@@ -260,3 +260,26 @@ func TestLedgerMigrationCreatesTheLedgerTable(t *testing.T) {
 		t.Fatalf("%s does not create %s keyed by (job, run_key):\n%s", files[0], migrations.LedgerTable, s)
 	}
 }
+
+// On MySQL and SQLite too, the ledger's migration is the one
+// LedgerMigrationFor names, and it creates LedgerTable keyed by job and
+// run key (dbguard.Ledger's errors name it).
+func TestLedgerMigrationForCreatesTheLedgerTable(t *testing.T) {
+	for _, d := range []goose.Dialect{migrations.DialectMySQL, migrations.DialectSQLite} {
+		fsys, err := migrations.FSFor(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files, err := fs.Glob(fsys, fmt.Sprintf("%05d_*.sql", migrations.LedgerMigrationFor))
+		if err != nil || len(files) != 1 {
+			t.Fatalf("%s: migration %05d: %v, %v", d, migrations.LedgerMigrationFor, files, err)
+		}
+		src, err := fs.ReadFile(fsys, files[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := string(src); !strings.Contains(s, "CREATE TABLE IF NOT EXISTS "+migrations.LedgerTable+" (") || !strings.Contains(s, "PRIMARY KEY (job, run_key)") {
+			t.Fatalf("%s: %s does not create %s keyed by (job, run_key):\n%s", d, files[0], migrations.LedgerTable, s)
+		}
+	}
+}

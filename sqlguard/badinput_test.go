@@ -38,7 +38,7 @@ func TestNewTableBadInput(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tbl, err := sqlguard.NewTable(tc.schema, tc.tbl, tc.keys...)
-			if tbl != nil || !errors.Is(err, sqlguard.ErrInvalid) {
+			if tbl != nil || !errors.Is(err, fence.ErrInvalidArgument) {
 				t.Fatalf("NewTable = %v, %v; want nil, ErrInvalid", tbl, err)
 			}
 			for _, s := range tc.wantInErrors {
@@ -74,16 +74,16 @@ func TestWriteBadInput(t *testing.T) {
 		{"token 0", 0, 0, []any{1, 2}, nil, fence.ErrInvalidToken, "token is 0"},
 		{"token above int64", 0, math.MaxInt64 + 1, []any{1, 2}, nil, fence.ErrInvalidToken, "bigint range"},
 		{"token max uint64", 0, math.MaxUint64, []any{1, 2}, nil, fence.ErrInvalidToken, "bigint range"},
-		{"nil database", 1, 1, []any{1, 2}, nil, sqlguard.ErrInvalid, "nil database"},
-		{"typed nil pool", 2, 1, []any{1, 2}, nil, sqlguard.ErrInvalid, "nil database"},
-		{"too few key values", 0, 1, []any{1}, nil, sqlguard.ErrInvalid, "1 key values for 2 key columns"},
-		{"too many key values", 0, 1, []any{1, 2, 3}, nil, sqlguard.ErrInvalid, "3 key values"},
-		{"key column among columns", 0, 1, []any{1, 2}, []sqlguard.Column{sqlguard.Col("k2", 1)}, sqlguard.ErrInvalid, "is a key column"},
-		{"lock_version among columns", 0, 1, []any{1, 2}, []sqlguard.Column{sqlguard.Col("lock_version", 9)}, sqlguard.ErrInvalid, "written by the guard only"},
-		{"duplicate column", 0, 1, []any{1, 2}, []sqlguard.Column{sqlguard.Col("a", 1), sqlguard.Col("a", 2)}, sqlguard.ErrInvalid, `"a" given twice`},
-		{"empty column", 0, 1, []any{1, 2}, []sqlguard.Column{sqlguard.Col("", 1)}, sqlguard.ErrInvalid, "empty column name"},
-		{"NUL in column", 0, 1, []any{1, 2}, []sqlguard.Column{sqlguard.Col("a\x00;DROP", 1)}, sqlguard.ErrInvalid, "NUL"},
-		{"long column", 0, 1, []any{1, 2}, []sqlguard.Column{sqlguard.Col(strings.Repeat("c", 64), 1)}, sqlguard.ErrInvalid, "longer than 63"},
+		{"nil database", 1, 1, []any{1, 2}, nil, fence.ErrInvalidArgument, "nil database"},
+		{"typed nil pool", 2, 1, []any{1, 2}, nil, fence.ErrInvalidArgument, "nil database"},
+		{"too few key values", 0, 1, []any{1}, nil, fence.ErrInvalidArgument, "1 key values for 2 key columns"},
+		{"too many key values", 0, 1, []any{1, 2, 3}, nil, fence.ErrInvalidArgument, "3 key values"},
+		{"key column among columns", 0, 1, []any{1, 2}, []sqlguard.Column{sqlguard.Col("k2", 1)}, fence.ErrInvalidArgument, "is a key column"},
+		{"lock_version among columns", 0, 1, []any{1, 2}, []sqlguard.Column{sqlguard.Col("lock_version", 9)}, fence.ErrInvalidArgument, "written by the guard only"},
+		{"duplicate column", 0, 1, []any{1, 2}, []sqlguard.Column{sqlguard.Col("a", 1), sqlguard.Col("a", 2)}, fence.ErrInvalidArgument, `"a" given twice`},
+		{"empty column", 0, 1, []any{1, 2}, []sqlguard.Column{sqlguard.Col("", 1)}, fence.ErrInvalidArgument, "empty column name"},
+		{"NUL in column", 0, 1, []any{1, 2}, []sqlguard.Column{sqlguard.Col("a\x00;DROP", 1)}, fence.ErrInvalidArgument, "NUL"},
+		{"long column", 0, 1, []any{1, 2}, []sqlguard.Column{sqlguard.Col(strings.Repeat("c", 64), 1)}, fence.ErrInvalidArgument, "longer than 63"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, kind := range []string{"update", "insert", "upsert", "delete"} {
@@ -101,13 +101,13 @@ func TestWriteBadInput(t *testing.T) {
 				var err error
 				switch kind {
 				case "update":
-					err = tbl.Update(ctx, db, tc.token, tc.key, tc.cols...)
+					err = tbl.Update(ctx, db, tc.key, tc.token, tc.cols...)
 				case "insert":
-					err = tbl.Insert(ctx, db, tc.token, tc.key, tc.cols...)
+					err = tbl.Insert(ctx, db, tc.key, tc.token, tc.cols...)
 				case "upsert":
-					err = tbl.Upsert(ctx, db, tc.token, tc.key, tc.cols...)
+					err = tbl.Upsert(ctx, db, tc.key, tc.token, tc.cols...)
 				case "delete":
-					err = tbl.Delete(ctx, db, tc.token, tc.key)
+					err = tbl.Delete(ctx, db, tc.key, tc.token)
 				}
 				if !errors.Is(err, tc.wantErr) || !strings.Contains(err.Error(), tc.wantMsg) {
 					t.Errorf("%s: got %v, want %v mentioning %q", kind, err, tc.wantErr, tc.wantMsg)
@@ -143,13 +143,13 @@ func TestGuardBadInput(t *testing.T) {
 	}{
 		{"token 0", 0, "r", 0, noop, fence.ErrInvalidToken, "token is 0"},
 		{"token above int64", 0, "r", math.MaxInt64 + 1, noop, fence.ErrInvalidToken, "bigint range"},
-		{"nil database", 1, "r", 1, noop, sqlguard.ErrInvalid, "nil database"},
-		{"typed nil conn", 2, "r", 1, noop, sqlguard.ErrInvalid, "nil database"},
-		{"empty resource", 0, "", 1, noop, sqlguard.ErrInvalid, "empty resource"},
-		{"NUL in resource", 0, "a\x00b", 1, noop, sqlguard.ErrInvalid, "NUL"},
-		{"invalid UTF-8 resource", 0, "a\xffb", 1, noop, sqlguard.ErrInvalid, "UTF-8"},
-		{"long resource", 0, strings.Repeat("r", sqlguard.MaxResourceLen+1), 1, noop, sqlguard.ErrInvalid, "more than 1024"},
-		{"nil fn", 0, "r", 1, nil, sqlguard.ErrInvalid, "nil function"},
+		{"nil database", 1, "r", 1, noop, fence.ErrInvalidArgument, "nil database"},
+		{"typed nil conn", 2, "r", 1, noop, fence.ErrInvalidArgument, "nil database"},
+		{"empty resource", 0, "", 1, noop, fence.ErrInvalidArgument, "empty resource"},
+		{"NUL in resource", 0, "a\x00b", 1, noop, fence.ErrInvalidArgument, "NUL"},
+		{"invalid UTF-8 resource", 0, "a\xffb", 1, noop, fence.ErrInvalidArgument, "UTF-8"},
+		{"long resource", 0, strings.Repeat("r", sqlguard.MaxResourceLen+1), 1, noop, fence.ErrInvalidArgument, "more than 1024"},
+		{"nil fn", 0, "r", 1, nil, fence.ErrInvalidArgument, "nil function"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cdb := &countingDB{}
@@ -196,7 +196,7 @@ func TestNewGuardBadOptions(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g, err := sqlguard.New(tc.opts...)
-			if g != nil || !errors.Is(err, sqlguard.ErrInvalid) {
+			if g != nil || !errors.Is(err, fence.ErrInvalidArgument) {
 				t.Fatalf("New = %v, %v; want nil, ErrInvalid", g, err)
 			}
 			for _, s := range tc.wantMsg {
@@ -222,7 +222,7 @@ func TestIsRetryable(t *testing.T) {
 	if sqlguard.IsRetryable(nil) || sqlguard.IsRetryable(errors.New("x")) || sqlguard.IsRetryable(fence.Stale("r", 1, 2)) {
 		t.Fatal("IsRetryable matched a non-retryable error")
 	}
-	if !sqlguard.IsRetryable(&sqlguard.RetryableError{Op: "x", Err: errors.New("y")}) {
+	if !sqlguard.IsRetryable(&fence.RetryableError{Op: "x", Err: errors.New("y")}) {
 		t.Fatal("IsRetryable missed a *RetryableError")
 	}
 }

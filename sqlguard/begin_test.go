@@ -128,7 +128,7 @@ func TestBeginFuncRoundTrips(t *testing.T) {
 			}
 			row := trips(func() error {
 				tok++
-				return tbl.Update(ctx, via.db, fence.Token(tok), []any{1}, sqlguard.Col("balance", 1))
+				return tbl.Update(ctx, via.db, []any{1}, fence.Token(tok), sqlguard.Col("balance", 1))
 			})
 			if row != 1 {
 				t.Errorf("%s: Table.Update took %d round trips, want 1", via.name, row)

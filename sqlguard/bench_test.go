@@ -48,7 +48,7 @@ func BenchmarkUpdate(b *testing.B) {
 	b.Run("kind=fenced", func(b *testing.B) {
 		for i := 0; b.Loop(); i++ {
 			tok++
-			if err := tbl.Update(ctx, e.pool, tok, []any{1}, sqlguard.Col("balance", int64(i))); err != nil {
+			if err := tbl.Update(ctx, e.pool, []any{1}, tok, sqlguard.Col("balance", int64(i))); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/fencecheck"
+	"github.com/fencekit/fencekit/internal/rowguard"
 )
 
 // Checker is a fencecheck.Checker on PostgreSQL, for a service that
@@ -46,12 +47,12 @@ const MaxCheckerToken = fence.Token(math.MaxInt64)
 // NewChecker returns a Checker that runs its statements on db (a
 // *pgxpool.Pool, as a rule: a pgx.Tx would make every check part of that
 // transaction), with the options of New (Options.Schema; TxOptions do not
-// apply to Check). It does no I/O. It returns an error wrapping ErrInvalid,
+// apply to Check). It does no I/O. It returns an error wrapping fence.ErrInvalidArgument,
 // listing every problem, for a nil db or invalid options.
 func NewChecker(db DBTX, opts ...Option) (*Checker, error) {
 	g, err := New(opts...)
-	if isNil(db) {
-		err = errors.Join(err, fmt.Errorf("%w: nil database", ErrInvalid))
+	if rowguard.IsNil(db) {
+		err = errors.Join(err, fmt.Errorf("%w: nil database", fence.ErrInvalidArgument))
 	}
 	if err != nil {
 		return nil, err
@@ -71,8 +72,8 @@ func NewChecker(db DBTX, opts ...Option) (*Checker, error) {
 // commits or rolls back, and once a newer token has been accepted this one
 // cannot commit anything. That orders the service's effects, not only its
 // checks. Errors: those of Guard.Advance (a *fence.StaleError, after which
-// tx is aborted and must be rolled back; ErrRetryable under REPEATABLE READ
-// or SERIALIZABLE; ErrNotMigrated), with bad arguments (and a token above
+// tx is aborted and must be rolled back; fence.ErrRetryable under REPEATABLE READ
+// or SERIALIZABLE; fence.ErrNotMigrated), with bad arguments (and a token above
 // MaxCheckerToken) reported before any I/O as Check reports them. ctx bounds the statement.
 func (c *Checker) CheckTx(ctx context.Context, tx pgx.Tx, resource string, token fence.Token) error {
 	if _, err := c.args(resource, token); err != nil {
@@ -92,8 +93,8 @@ func (c *Checker) Guard() *Guard { return c.g }
 // I/O, an error matching fence.ErrInvalidToken for token 0, one matching
 // fencecheck.ErrTokenRange for a token above 2^63-1 (MaxCheckerToken: a
 // bigint holds no more), and one matching fencecheck.ErrInvalidResource and
-// ErrInvalid for an empty name, one longer than MaxResourceLen bytes, not
-// UTF-8 or containing NUL; ErrNotMigrated when the toolkit's function is
+// fence.ErrInvalidArgument for an empty name, one longer than MaxResourceLen bytes, not
+// UTF-8 or containing NUL; fence.ErrNotMigrated when the toolkit's function is
 // missing; an error matching fence.ErrOutcomeUnknown when the statement was
 // sent and its answer was lost (ctx ended, the connection broke): the token
 // may have been stored; other database errors wrapped. ctx bounds the
@@ -108,7 +109,7 @@ func (c *Checker) Check(ctx context.Context, resource string, token fence.Token)
 	if err == nil {
 		return nil
 	}
-	if mapped := c.g.advanceErr(op, resource, token, err); errors.Is(mapped, fence.ErrStaleToken) || errors.Is(mapped, ErrNotMigrated) {
+	if mapped := c.g.advanceErr(op, resource, token, err); errors.Is(mapped, fence.ErrStaleToken) || errors.Is(mapped, fence.ErrSetup) {
 		return mapped
 	}
 	return sentErr(op, err, connOf(c.db))
@@ -124,19 +125,19 @@ func (c *Checker) args(resource string, token fence.Token) (int64, error) {
 			err = fmt.Errorf("%w: token %d is above the PostgreSQL bigint range (max %d)", fencecheck.ErrTokenRange, uint64(token), int64(math.MaxInt64))
 		}
 	}
-	if rerr := checkResource(resource); rerr != nil {
+	if rerr := rowguard.CheckResource(resource, MaxResourceLen); rerr != nil {
 		err = errors.Join(err, fmt.Errorf("%w: %w", fencecheck.ErrInvalidResource, rerr))
 	}
 	return tok, err
 }
 
 // Current returns the newest token stored for resource, or fence.None when
-// none is. It returns ErrNotMigrated when the toolkit's table is missing,
+// none is. It returns fence.ErrNotMigrated when the toolkit's table is missing,
 // an error matching fencecheck.ErrInvalidResource before any I/O for a
 // bad name, other database errors wrapped. ctx bounds the query.
 func (c *Checker) Current(ctx context.Context, resource string) (fence.Token, error) {
 	op := "current token of " + strconv.Quote(resource)
-	if err := checkResource(resource); err != nil {
+	if err := rowguard.CheckResource(resource, MaxResourceLen); err != nil {
 		return fence.None, fmt.Errorf("sqlguard: %s: %w: %w", op, fencecheck.ErrInvalidResource, err)
 	}
 	var tok int64

@@ -117,10 +117,10 @@ func TestCheckerErrors(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := t.Context()
-	if _, err := sqlguard.NewChecker(nil); !errors.Is(err, sqlguard.ErrInvalid) {
+	if _, err := sqlguard.NewChecker(nil); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Errorf("NewChecker(nil) = %v; want ErrInvalid", err)
 	}
-	if _, err := sqlguard.NewChecker(e.pool, sqlguard.WithSchema("bad\x00")); !errors.Is(err, sqlguard.ErrInvalid) {
+	if _, err := sqlguard.NewChecker(e.pool, sqlguard.WithSchema("bad\x00")); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Errorf("NewChecker with a bad schema = %v; want ErrInvalid", err)
 	}
 	counting := &countingDB{}
@@ -151,10 +151,10 @@ func TestCheckerErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := missing.Check(ctx, "r", 1); !errors.Is(err, sqlguard.ErrNotMigrated) {
+	if err := missing.Check(ctx, "r", 1); !errors.Is(err, fence.ErrNotMigrated) {
 		t.Errorf("Check without migrations = %v; want ErrNotMigrated", err)
 	}
-	if _, err := missing.Current(ctx, "r"); !errors.Is(err, sqlguard.ErrNotMigrated) {
+	if _, err := missing.Current(ctx, "r"); !errors.Is(err, fence.ErrNotMigrated) {
 		t.Errorf("Current without migrations = %v; want ErrNotMigrated", err)
 	}
 }
@@ -179,7 +179,7 @@ func TestCheckerLostReplyIsUnknown(t *testing.T) {
 	if err := c.Check(ctx, name, 3); err != nil {
 		t.Fatal(err)
 	}
-	db.wire.arm()
+	db.wire.Arm()
 	err = c.Check(ctx, name, 4)
 	if !errors.Is(err, fence.ErrOutcomeUnknown) || errors.Is(err, fence.ErrStaleToken) {
 		t.Fatalf("Check with its reply lost = %v; want fence.ErrOutcomeUnknown", err)

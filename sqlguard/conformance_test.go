@@ -2,13 +2,8 @@ package sqlguard_test
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,6 +13,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/guardtest"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/sqlguard"
 )
 
@@ -45,9 +41,27 @@ func TestConformanceTable(t *testing.T) {
 	cfg := guardtest.Config{
 		NewResource: func(t *testing.T) guardtest.Resource { return newRow(t, true) },
 		NewMissing:  func(t *testing.T) guardtest.Resource { return newRow(t, false) },
-		IsMissing:   func(err error) bool { return errors.Is(err, sqlguard.ErrNotFound) },
-		CountIO:     func(r guardtest.Resource) int64 { return r.(*confRow).wire.requests.Load() },
-		LoseReply:   func(t *testing.T, r guardtest.Resource) { r.(*confRow).wire.arm() },
+		IsMissing:   func(err error) bool { return errors.Is(err, fence.ErrNotFound) },
+		CountIO:     func(r guardtest.Resource) int64 { return r.(*confRow).wire.Requests.Load() },
+		LoseReply:   func(t *testing.T, r guardtest.Resource) { r.(*confRow).wire.Arm() },
+		Observe: func(t *testing.T, r guardtest.Resource, o fence.WriteObserver) guardtest.Want {
+			c := r.(*confRow)
+			c.tbl = c.tbl.WithObserver(o)
+			return guardtest.Want{Guard: "sqlguard", Class: "conf_rows", Op: "update", Resource: fmt.Sprintf("conf_rows(id=%d)", c.id)}
+		},
+		Check: func(ctx context.Context, r guardtest.Resource) error {
+			c := r.(*confRow)
+			return c.tbl.Check(ctx, c.pool)
+		},
+		// A row of a table without lock_version.
+		NewBroken: func(t *testing.T) guardtest.Resource {
+			e.exec(t, `CREATE TABLE IF NOT EXISTS conf_plain (id bigint PRIMARY KEY, value text NOT NULL DEFAULT '')`)
+			plain, err := sqlguard.NewTable("", "conf_plain", "id")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return &confRow{confDB: newConfDB(t, e, "UPDATE 1"), tbl: plain, id: ids.Add(1)}
+		},
 	}
 	confLacks(e, &cfg)
 	guardtest.Run(t, cfg)
@@ -71,8 +85,28 @@ func TestConformanceBeginFunc(t *testing.T) {
 		NewResource: func(t *testing.T) guardtest.Resource {
 			return &confTx{confDB: newConfDB(t, e, "COMMIT"), g: g, name: fmt.Sprintf("conf/%d 'x'", n.Add(1))}
 		},
-		CountIO:   func(r guardtest.Resource) int64 { return r.(*confTx).wire.requests.Load() },
-		LoseReply: func(t *testing.T, r guardtest.Resource) { r.(*confTx).wire.arm() },
+		CountIO:   func(r guardtest.Resource) int64 { return r.(*confTx).wire.Requests.Load() },
+		LoseReply: func(t *testing.T, r guardtest.Resource) { r.(*confTx).wire.Arm() },
+		Observe: func(t *testing.T, r guardtest.Resource, o fence.WriteObserver) guardtest.Want {
+			c := r.(*confTx)
+			var err error
+			if c.g, err = sqlguard.New(sqlguard.WithObserver(o)); err != nil {
+				t.Fatal(err)
+			}
+			return guardtest.Want{Guard: "sqlguard", Class: "transaction", Op: "transaction", Resource: c.name}
+		},
+		Check: func(ctx context.Context, r guardtest.Resource) error { c := r.(*confTx); return c.g.Check(ctx, c.pool) },
+		// A Guard that looks in a schema where the migrations did not run.
+		NewBroken: func(t *testing.T) guardtest.Resource {
+			bare := e.schema + "_bare"
+			e.exec(t, `CREATE SCHEMA IF NOT EXISTS `+pgx.Identifier{bare}.Sanitize())
+			t.Cleanup(func() { e.exec(t, `DROP SCHEMA IF EXISTS `+pgx.Identifier{bare}.Sanitize()+` CASCADE`) })
+			g, err := sqlguard.New(sqlguard.WithSchema(bare))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return &confTx{confDB: newConfDB(t, e, "COMMIT"), g: g, name: fmt.Sprintf("conf/%d 'x'", n.Add(1))}
+		},
 		Lacks: map[guardtest.Capability]string{
 			guardtest.Missing: "BeginFunc creates a resource's token row at its first advance: no resource name is missing",
 		},
@@ -96,22 +130,22 @@ func confLacks(e *env, cfg *guardtest.Config) {
 }
 
 // confDB is a resource's own pool (four connections, so that concurrent
-// writers use several), dialled through a confWire.
+// writers use several), dialled through a testkit.PGWire.
 type confDB struct {
 	e    *env
-	wire *confWire
+	wire *testkit.Wire
 	pool *pgxpool.Pool
 }
 
 func newConfDB(t *testing.T, e *env, cutTag string) confDB {
 	t.Helper()
-	w := &confWire{cutTag: cutTag}
+	w := testkit.PGWire(cutTag)
 	cfg, err := pgxpool.ParseConfig(e.url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = e.schema
-	cfg.ConnConfig.DialFunc = w.dial
+	cfg.ConnConfig.DialFunc = w.Dial
 	cfg.MaxConns = 4
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -131,7 +165,7 @@ type confRow struct {
 }
 
 func (r *confRow) Write(ctx context.Context, token fence.Token, value string) error {
-	return r.tbl.Update(ctx, r.pool, token, []any{r.id}, sqlguard.Col("value", value))
+	return r.tbl.Update(ctx, r.pool, []any{r.id}, token, sqlguard.Col("value", value))
 }
 
 func (r *confRow) Read(ctx context.Context) (string, fence.Token, error) {
@@ -163,89 +197,4 @@ func (r *confTx) Read(ctx context.Context) (string, fence.Token, error) {
 		coalesce((SELECT value FROM conf_values WHERE resource = $1), ''),
 		coalesce((SELECT token FROM fencekit_resource_tokens WHERE resource = $1), 0)`, r.name).Scan(&v, &tok)
 	return v, fence.Token(tok), err
-}
-
-// confWire wraps the TCP connections of a pool: it counts the writes the
-// client sends (anything that reaches the server), and, once armed, loses
-// the reply to the first statement the server completes with cutTag
-// ("UPDATE 1": a row written; "COMMIT": a transaction committed): it
-// reads that reply to its ReadyForQuery (by then the server has committed
-// it), never passes it on, and closes the connection, as a network that
-// failed at that moment would.
-type confWire struct {
-	cutTag   string
-	requests atomic.Int64
-	armed    atomic.Bool
-}
-
-func (w *confWire) arm() { w.armed.Store(true) }
-
-func (w *confWire) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	c, err := (&net.Dialer{KeepAlive: 5 * time.Minute}).DialContext(ctx, network, addr)
-	if err != nil {
-		return nil, err
-	}
-	return &confConn{Conn: c, w: w}, nil
-}
-
-type confConn struct {
-	net.Conn
-	w       *confWire
-	mu      sync.Mutex
-	pending []byte // the rest of the last server message read
-}
-
-var errReplyLost = errors.New("confWire: the reply was lost (injected by the test)")
-
-func (c *confConn) Write(p []byte) (int, error) {
-	c.w.requests.Add(1)
-	return c.Conn.Write(p)
-}
-
-// Read passes the server's messages on whole, looking at each.
-func (c *confConn) Read(p []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.pending) == 0 {
-		msg, err := readPGMessage(c.Conn)
-		if err != nil {
-			return 0, err
-		}
-		if msg[0] == 'C' && c.w.armed.Load() && strings.TrimRight(string(msg[5:]), "\x00") == c.w.cutTag {
-			// Applied: read on to ReadyForQuery (the commit of an
-			// implicit transaction happens before it), then lose it all.
-			for msg[0] != 'Z' {
-				if msg, err = readPGMessage(c.Conn); err != nil {
-					return 0, err
-				}
-			}
-			if c.w.armed.Swap(false) {
-				c.Conn.Close()
-				return 0, errReplyLost
-			}
-		}
-		c.pending = msg
-	}
-	n := copy(p, c.pending)
-	c.pending = c.pending[n:]
-	return n, nil
-}
-
-// readPGMessage reads one backend message: a type byte, a length that
-// counts itself, and the body.
-func readPGMessage(r io.Reader) ([]byte, error) {
-	head := make([]byte, 5)
-	if _, err := io.ReadFull(r, head); err != nil {
-		return nil, err
-	}
-	n := int(binary.BigEndian.Uint32(head[1:]))
-	if n < 4 {
-		return nil, fmt.Errorf("confWire: bad message length %d", n)
-	}
-	msg := make([]byte, 1+n)
-	copy(msg, head)
-	if _, err := io.ReadFull(r, msg[5:]); err != nil {
-		return nil, err
-	}
-	return msg, nil
 }

@@ -45,14 +45,19 @@
 //
 // # Outcomes and errors
 //
-// Each call returns nil (written), a *fence.StaleError (matching
+// The errors are package fence's, the same for every guard. Each call
+// returns nil (written), a *fence.StaleError (matching
 // fence.ErrStaleToken) carrying the presented token and the newest
-// accepted one, or an error: ErrNotFound, ErrExists, ErrAmbiguousKey,
-// ErrLockVersionType, ErrNoLockVersion, ErrNotMigrated (both name the
-// fencekit command that fixes them), an error matching ErrRetryable (see
-// IsRetryable), an error matching fence.ErrOutcomeUnknown (below), or a
-// database error wrapped with %w so that errors.As finds the
-// *pgconn.PgError. A rejected write changed nothing. A rejection always
+// accepted one, or an error: a *fence.NotFoundError (fence.ErrNotFound),
+// fence.ErrExists, fence.ErrAmbiguousKey, a *fence.RetryableError (see
+// IsRetryable), an error matching fence.ErrOutcomeUnknown (below), a
+// *fence.SetupError naming the fix for a database not set up for the
+// guard (fence.ErrNotMigrated, fence.ErrNoTable, fence.ErrNoLockVersion,
+// fence.ErrLockVersionType, fence.ErrLedgerTable, or a privilege
+// refused), or a database error wrapped with %w so that errors.As finds
+// the *pgconn.PgError. Every *fence.SetupError matches lease.ErrSetup (it
+// is fence.ErrSetup), so that a loop retrying a lease's work stops at
+// once. A rejected write changed nothing. A rejection always
 // matches fence.ErrStaleToken; in the one case where the guard cannot
 // read the current token (a Guard's rejection whose DETAIL is not a
 // number, which fencekit's own function never sends), the
@@ -66,11 +71,22 @@
 // columns, lock_version among the caller's columns, or a NULL key value
 // (nil, a nil pointer, or a pgtype or database/sql null: NULL matches no
 // row and conflicts with none, so two writers could each create "the"
-// row) match ErrInvalid. Identifiers are always quoted with
+// row) match fence.ErrInvalidArgument. Identifiers are always quoted with
 // pgx.Identifier.Sanitize, and values are always bind parameters, never
 // SQL text, so names containing quotes or semicolons cannot inject SQL,
 // whatever the session's client_encoding (a resource name is sent as its
 // UTF-8 bytes and decoded by the server).
+//
+// # Start-up checks, metrics, ledger
+//
+// Guard.Check, Table.Check and Ledger.Check, run when the program starts,
+// read the catalog and report every setup problem with its fix (tables,
+// columns and their types, unique keys, migrations applied, privileges, a
+// standby), before the first write. WithObserver (for a Guard) and
+// Table.WithObserver report each write as a fence.WriteEvent, the input of
+// packages leaseprom and leaseotel. Ledger is a lease.Ledger for
+// lease.Manager.RunOnce; its MarkDoneTx records a run done in the job's
+// own transaction.
 //
 // # Outcomes that cannot be known
 //
@@ -109,7 +125,7 @@
 // a stale write would pass; smallint and integer overflow; numeric and
 // text would hold values the guard cannot read back. So a write to a table
 // whose lock_version has any other type writes nothing and returns
-// ErrLockVersionType. The rule is defined once (internal/lockversion) for
+// fence.ErrLockVersionType. The rule is defined once (internal/lockversion) for
 // this package and for package migrations, which refuses such a column
 // when it adds lock_version. How it is checked is part of the next
 // section.
@@ -140,7 +156,7 @@
 //
 // What a connection learned at its first write is not read again: a unique
 // index dropped later is not seen by that connection, and a write that
-// then reaches several rows is written and reported (ErrAmbiguousKey,
+// then reaches several rows is written and reported (fence.ErrAmbiguousKey,
 // saying so). A search_path changed with SET after the first write is not
 // seen either; set it in the connection's configuration instead.
 //
@@ -182,7 +198,7 @@
 // against the newest committed token. Under REPEATABLE READ or
 // SERIALIZABLE, PostgreSQL refuses to write a row that another transaction
 // changed after this transaction's snapshot; the guard reports that
-// serialization failure (SQLSTATE 40001) as an error matching ErrRetryable,
+// serialization failure (SQLSTATE 40001) as an error matching fence.ErrRetryable,
 // never as stale, because it says nothing about the tokens. Retrying the
 // whole transaction gives the definite answer (often a stale error). Under
 // SERIALIZABLE a commit can also fail with 40001; BeginFunc reports it the

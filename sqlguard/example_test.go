@@ -87,10 +87,10 @@ func ExampleTable_Update() {
 		log.Fatal(err)
 	}
 
-	err = orders.Update(ctx, pool, 7, []any{42}, sqlguard.Col("status", "paid"))
+	err = orders.Update(ctx, pool, []any{42}, 7, sqlguard.Col("status", "paid"))
 	fmt.Println("token 7:", err)
 
-	err = orders.Update(ctx, pool, 6, []any{42}, sqlguard.Col("status", "cancelled"))
+	err = orders.Update(ctx, pool, []any{42}, 6, sqlguard.Col("status", "cancelled"))
 	fmt.Println("token 6:", err)
 	if se, ok := fence.AsStale(err); ok {
 		fmt.Println("stale; the row was written with token", se.Current)
@@ -180,15 +180,15 @@ func ExampleIsRetryable() {
 			return "stale: stop, the lease is lost"
 		case sqlguard.IsRetryable(err):
 			return "retry the whole transaction"
-		case errors.Is(err, sqlguard.ErrNotFound):
+		case errors.Is(err, fence.ErrNotFound):
 			return "no such row"
 		default:
 			return "failed"
 		}
 	}
 	fmt.Println(classify(fence.Stale("orders(id=42)", 6, 7)))
-	fmt.Println(classify(&sqlguard.RetryableError{Op: "update", Err: errors.New("deadlock")}))
-	fmt.Println(classify(fmt.Errorf("update: %w", sqlguard.ErrNotFound)))
+	fmt.Println(classify(&fence.RetryableError{Op: "update", Err: errors.New("deadlock")}))
+	fmt.Println(classify(fmt.Errorf("update: %w", fence.ErrNotFound)))
 	// Output:
 	// stale: stop, the lease is lost
 	// retry the whole transaction

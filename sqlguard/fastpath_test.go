@@ -38,17 +38,17 @@ func TestTableWriteRoundTrips(t *testing.T) {
 		}
 	}
 	update := func(tok fence.Token, id int) func() error {
-		return func() error { return tbl.Update(ctx, conn, tok, []any{id}, sqlguard.Col("balance", int(tok))) }
+		return func() error { return tbl.Update(ctx, conn, []any{id}, tok, sqlguard.Col("balance", int(tok))) }
 	}
 	trips("first write", 2, nil, update(5, 1))
 	trips("update", 1, nil, update(6, 1))
 	trips("stale update", 2, fence.ErrStaleToken, update(4, 1))
-	trips("missing row", 2, sqlguard.ErrNotFound, update(7, 9))
-	trips("insert", 1, nil, func() error { return tbl.Insert(ctx, conn, 9, []any{3}, sqlguard.Col("owner", "c")) })
-	trips("upsert", 1, nil, func() error { return tbl.Upsert(ctx, conn, 9, []any{3}, sqlguard.Col("owner", "d")) })
-	trips("delete", 1, nil, func() error { return tbl.Delete(ctx, conn, 9, []any{3}) })
-	trips("insert of an existing row", 2, sqlguard.ErrExists, func() error {
-		return tbl.Insert(ctx, conn, 9, []any{1}, sqlguard.Col("owner", "c"))
+	trips("missing row", 2, fence.ErrNotFound, update(7, 9))
+	trips("insert", 1, nil, func() error { return tbl.Insert(ctx, conn, []any{3}, 9, sqlguard.Col("owner", "c")) })
+	trips("upsert", 1, nil, func() error { return tbl.Upsert(ctx, conn, []any{3}, 9, sqlguard.Col("owner", "d")) })
+	trips("delete", 1, nil, func() error { return tbl.Delete(ctx, conn, []any{3}, 9) })
+	trips("insert of an existing row", 2, fence.ErrExists, func() error {
+		return tbl.Insert(ctx, conn, []any{1}, 9, sqlguard.Col("owner", "c"))
 	})
 }
 
@@ -82,11 +82,11 @@ func TestTableFastPathNeedsUniqueKey(t *testing.T) {
 		err := write()
 		return w.RoundTrips() - before, err
 	}
-	if n, err := trips(func() error { return byAB.Update(ctx, conn, 5, []any{1, 1}, sqlguard.Col("v", 1)) }); err != nil || n != 1 {
+	if n, err := trips(func() error { return byAB.Update(ctx, conn, []any{1, 1}, 5, sqlguard.Col("v", 1)) }); err != nil || n != 1 {
 		t.Fatalf("unique key: %v after %d round trips, want nil after 1", err, n)
 	}
-	n, err := trips(func() error { return byA.Update(ctx, conn, 5, []any{1}, sqlguard.Col("v", 2)) })
-	if !errors.Is(err, sqlguard.ErrAmbiguousKey) || n != 1 {
+	n, err := trips(func() error { return byA.Update(ctx, conn, []any{1}, 5, sqlguard.Col("v", 2)) })
+	if !errors.Is(err, fence.ErrAmbiguousKey) || n != 1 {
 		t.Fatalf("non-unique key: %v after %d round trips, want ErrAmbiguousKey from the exact statement alone", err, n)
 	}
 	if n := e.int64Query(t, `SELECT count(*) FROM items WHERE v = 2`); n != 0 {
@@ -97,12 +97,12 @@ func TestTableFastPathNeedsUniqueKey(t *testing.T) {
 	e.exec(t, `ALTER TABLE items DROP CONSTRAINT items_ab`)
 	e.exec(t, `INSERT INTO items (a, b, lock_version) VALUES (1, 1, 5)`)
 	fresh := e.wireConnect(t, &w, nil)
-	err = byAB.Update(ctx, fresh, 6, []any{1, 1}, sqlguard.Col("v", 3))
-	if !errors.Is(err, sqlguard.ErrAmbiguousKey) || strings.Contains(err.Error(), "wrote") {
+	err = byAB.Update(ctx, fresh, []any{1, 1}, 6, sqlguard.Col("v", 3))
+	if !errors.Is(err, fence.ErrAmbiguousKey) || strings.Contains(err.Error(), "wrote") {
 		t.Fatalf("new connection: got %v, want ErrAmbiguousKey with nothing written", err)
 	}
-	err = byAB.Update(ctx, conn, 6, []any{1, 1}, sqlguard.Col("v", 4))
-	if !errors.Is(err, sqlguard.ErrAmbiguousKey) || !strings.Contains(err.Error(), "wrote 2 rows") {
+	err = byAB.Update(ctx, conn, []any{1, 1}, 6, sqlguard.Col("v", 4))
+	if !errors.Is(err, fence.ErrAmbiguousKey) || !strings.Contains(err.Error(), "wrote 2 rows") {
 		t.Fatalf("checked connection: got %v, want ErrAmbiguousKey saying it wrote 2 rows", err)
 	}
 }

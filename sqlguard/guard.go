@@ -5,15 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
-	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/options"
+	"github.com/fencekit/fencekit/internal/rowguard"
 )
 
 // MaxResourceLen is the longest resource name a Guard accepts, in bytes.
@@ -67,15 +66,10 @@ type Guard struct {
 }
 
 // New returns a Guard configured by opts. It does no I/O. It returns an
-// error wrapping ErrInvalid, listing every problem, when Schema is not a
+// error wrapping fence.ErrInvalidArgument, listing every problem, when Schema is not a
 // valid identifier or TxOptions has an unknown value or is read-only.
 func New(opts ...Option) (*Guard, error) {
-	var o Options
-	for _, opt := range opts {
-		if opt != nil {
-			opt(&o)
-		}
-	}
+	o := options.Apply(opts)
 	var errs []error
 	if o.Schema != "" {
 		errs = append(errs, checkIdent("schema", o.Schema))
@@ -84,19 +78,19 @@ func New(opts ...Option) (*Guard, error) {
 	switch txo.IsoLevel {
 	case "", pgx.Serializable, pgx.RepeatableRead, pgx.ReadCommitted, pgx.ReadUncommitted:
 	default:
-		errs = append(errs, fmt.Errorf("%w: unknown isolation level %q", ErrInvalid, txo.IsoLevel))
+		errs = append(errs, fmt.Errorf("%w: unknown isolation level %q", fence.ErrInvalidArgument, txo.IsoLevel))
 	}
 	switch txo.AccessMode {
 	case "", pgx.ReadWrite:
 	case pgx.ReadOnly:
-		errs = append(errs, fmt.Errorf("%w: read-only transactions cannot advance a token", ErrInvalid))
+		errs = append(errs, fmt.Errorf("%w: read-only transactions cannot advance a token", fence.ErrInvalidArgument))
 	default:
-		errs = append(errs, fmt.Errorf("%w: unknown access mode %q", ErrInvalid, txo.AccessMode))
+		errs = append(errs, fmt.Errorf("%w: unknown access mode %q", fence.ErrInvalidArgument, txo.AccessMode))
 	}
 	switch txo.DeferrableMode {
 	case "", pgx.Deferrable, pgx.NotDeferrable:
 	default:
-		errs = append(errs, fmt.Errorf("%w: unknown deferrable mode %q", ErrInvalid, txo.DeferrableMode))
+		errs = append(errs, fmt.Errorf("%w: unknown deferrable mode %q", fence.ErrInvalidArgument, txo.DeferrableMode))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
@@ -129,27 +123,24 @@ func (g *Guard) Options() Options { return g.opts }
 // It returns nil when the token was accepted; a *fence.StaleError
 // (matching fence.ErrStaleToken) with the stored token when that is newer,
 // after which the transaction is aborted and must be rolled back; an error
-// matching ErrRetryable on a serialization failure (under REPEATABLE READ
+// matching fence.ErrRetryable on a serialization failure (under REPEATABLE READ
 // or SERIALIZABLE, when another transaction advanced the resource after
-// this one's snapshot) or a deadlock; ErrNotMigrated when the toolkit's
+// this one's snapshot) or a deadlock; fence.ErrNotMigrated when the toolkit's
 // function is missing; other database errors wrapped. Bad arguments are
-// reported before any I/O (fence.ErrInvalidToken, ErrInvalid). ctx bounds
+// reported before any I/O (fence.ErrInvalidToken, fence.ErrInvalidArgument). ctx bounds
 // the statement. If ctx ends or the connection breaks while the statement
 // is at the server, the error is plain (never fence.ErrOutcomeUnknown):
 // what the statement did counts only if tx commits, and an interrupted
 // statement leaves tx unable to (pgx closes its connection, or the server
 // aborts the transaction when a cancel request reaches it).
 func (g *Guard) Advance(ctx context.Context, tx pgx.Tx, resource string, token fence.Token) error {
-	if g.opts.Observer == nil {
-		return g.advanceTx(ctx, tx, resource, token)
-	}
-	e := fence.WriteEvent{Ctx: ctx, Guard: "sqlguard", Class: "transaction", Op: "advance", Resource: resource, Token: token, Start: time.Now()}
-	return fence.ObserveWrite(g.opts.Observer, e, g.advanceTx(ctx, tx, resource, token))
+	e := fence.WriteEvent{Ctx: ctx, Guard: "sqlguard", Class: "transaction", Op: "advance", Resource: resource, Token: token}
+	return fence.Observe(g.opts.Observer, e, func() error { return g.advanceTx(ctx, tx, resource, token) })
 }
 
 func (g *Guard) advanceTx(ctx context.Context, tx pgx.Tx, resource string, token fence.Token) error {
 	op := "advance " + strconv.Quote(resource)
-	tok, err := g.check(tx, resource, token)
+	tok, err := g.check(tx, resource, token, true)
 	if err != nil {
 		return fmt.Errorf("sqlguard: %s: %w", op, err)
 	}
@@ -179,10 +170,10 @@ func (g *Guard) advanceTx(ctx context.Context, tx pgx.Tx, resource string, token
 // savepoint) they are two round trips. A stale token costs one more round
 // trip (the ROLLBACK).
 //
-// Errors: a *fence.StaleError; an error matching ErrRetryable for a
+// Errors: a *fence.StaleError; an error matching fence.ErrRetryable for a
 // serialization failure or deadlock while advancing or committing (retry
 // the whole BeginFunc; IsRetryable also recognizes them in fn's own
-// errors); ErrNotMigrated; fn's error as returned; an error matching
+// errors); fence.ErrNotMigrated; fn's error as returned; an error matching
 // fence.ErrOutcomeUnknown, joined with its cause (such as
 // context.DeadlineExceeded), when ctx ended or the connection broke after
 // COMMIT was sent and before its answer came: the transaction may have
@@ -193,19 +184,13 @@ func (g *Guard) advanceTx(ctx context.Context, tx pgx.Tx, resource string, token
 // plain error. Bad arguments are reported before any I/O. ctx bounds the
 // whole transaction, including fn's statements if fn uses it.
 func (g *Guard) BeginFunc(ctx context.Context, db Beginner, resource string, token fence.Token, fn func(pgx.Tx) error) error {
-	if g.opts.Observer == nil {
-		return g.beginFunc(ctx, db, resource, token, fn)
-	}
-	e := fence.WriteEvent{Ctx: ctx, Guard: "sqlguard", Class: "transaction", Op: "transaction", Resource: resource, Token: token, Start: time.Now()}
-	return fence.ObserveWrite(g.opts.Observer, e, g.beginFunc(ctx, db, resource, token, fn))
+	e := fence.WriteEvent{Ctx: ctx, Guard: "sqlguard", Class: "transaction", Op: "transaction", Resource: resource, Token: token}
+	return fence.Observe(g.opts.Observer, e, func() error { return g.beginFunc(ctx, db, resource, token, fn) })
 }
 
 func (g *Guard) beginFunc(ctx context.Context, db Beginner, resource string, token fence.Token, fn func(pgx.Tx) error) error {
 	op := "fenced transaction " + strconv.Quote(resource)
-	tok, err := g.check(db, resource, token)
-	if fn == nil {
-		err = errors.Join(err, fmt.Errorf("%w: nil function", ErrInvalid))
-	}
+	tok, err := g.check(db, resource, token, fn != nil)
 	if err != nil {
 		return fmt.Errorf("sqlguard: %s: %w", op, err)
 	}
@@ -286,7 +271,7 @@ func (g *Guard) beginGeneric(ctx context.Context, db Beginner, op, resource stri
 	if g.opts.TxOptions != (pgx.TxOptions{}) {
 		tb, ok := db.(TxBeginner)
 		if !ok {
-			return nil, fmt.Errorf("sqlguard: %s: %w: TxOptions are set but %T has no BeginTx (a pgx.Tx cannot change isolation)", op, ErrInvalid, db)
+			return nil, fmt.Errorf("sqlguard: %s: %w: TxOptions are set but %T has no BeginTx (a pgx.Tx cannot change isolation)", op, fence.ErrInvalidArgument, db)
 		}
 		tx, err = tb.BeginTx(ctx, g.opts.TxOptions)
 	} else {
@@ -305,30 +290,11 @@ func (g *Guard) beginGeneric(ctx context.Context, db Beginner, op, resource stri
 	return tx, nil
 }
 
-// check validates the arguments shared by Advance and BeginFunc.
-func (g *Guard) check(db any, resource string, token fence.Token) (int64, error) {
+// check validates the arguments of Advance and BeginFunc (fn: BeginFunc's
+// function is not nil; true for Advance).
+func (g *Guard) check(db any, resource string, token fence.Token, fn bool) (int64, error) {
 	tok, err := tokenArg(token)
-	var errs []error
-	errs = append(errs, err)
-	if isNil(db) {
-		errs = append(errs, fmt.Errorf("%w: nil database", ErrInvalid))
-	}
-	errs = append(errs, checkResource(resource))
-	return tok, errors.Join(errs...)
-}
-
-func checkResource(resource string) error {
-	switch {
-	case resource == "":
-		return fmt.Errorf("%w: empty resource name", ErrInvalid)
-	case len(resource) > MaxResourceLen:
-		return fmt.Errorf("%w: resource name is %d bytes, more than %d", ErrInvalid, len(resource), MaxResourceLen)
-	case !utf8.ValidString(resource):
-		return fmt.Errorf("%w: resource name %q is not valid UTF-8", ErrInvalid, resource)
-	case strings.IndexByte(resource, 0) >= 0:
-		return fmt.Errorf("%w: resource name %q contains a NUL byte", ErrInvalid, resource)
-	}
-	return nil
+	return tok, rowguard.CheckFenced(err, db, resource, MaxResourceLen, fn)
 }
 
 // advanceErr maps an error from the advance statement. A rejection
@@ -350,14 +316,24 @@ func (g *Guard) advanceErr(op, resource string, token fence.Token, err error) er
 			}
 			return fence.Stale(resource, token, fence.Token(cur))
 		case codeUndefinedFunction, codeUndefinedTable, codeInvalidSchemaName:
-			where := "in the connection's search_path"
-			cmd := "fencekit migrate up"
-			if g.opts.Schema != "" {
-				where = fmt.Sprintf("in schema %q (Options.Schema)", g.opts.Schema)
-				cmd += " --schema " + shellWord(g.opts.Schema)
-			}
-			return fmt.Errorf("sqlguard: %s: %w (looked %s; run `%s` there, or migrations.Up): %w", op, ErrNotMigrated, where, cmd, err)
+			return g.notMigrated(op, err)
 		}
 	}
 	return wrapDBErr(op, err)
+}
+
+// notMigrated is the error for a schema without the toolkit's table or
+// function: err is the database's error, or nil when a check found it.
+func (g *Guard) notMigrated(op string, err error) error {
+	where := "in the connection's search_path"
+	cmd := "fencekit migrate up"
+	if g.opts.Schema != "" {
+		where = fmt.Sprintf("in schema %q (Options.Schema)", g.opts.Schema)
+		cmd += " --schema " + shellWord(g.opts.Schema)
+	}
+	what := fmt.Errorf("sqlguard: %s: %w: %s and %s not found %s", op, fence.ErrNotMigrated, ResourceTable, AdvanceFunction, where)
+	if err != nil {
+		what = fmt.Errorf("%w: %w", what, err)
+	}
+	return &fence.SetupError{Err: what, Fix: "run `" + cmd + "` there (or migrations.Up), or fix Options.Schema"}
 }

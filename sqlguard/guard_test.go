@@ -316,10 +316,10 @@ func TestGuardSchemaOption(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := bad.BeginFunc(ctx, plain, "s", 3, func(pgx.Tx) error { return nil }); !errors.Is(err, sqlguard.ErrNotMigrated) {
+		if err := bad.BeginFunc(ctx, plain, "s", 3, func(pgx.Tx) error { return nil }); !errors.Is(err, fence.ErrNotMigrated) {
 			t.Fatalf("%s: BeginFunc: want ErrNotMigrated, got %v", schema, err)
 		}
-		if err := advanceInTx(ctx, bad, plain, "s", 3); !errors.Is(err, sqlguard.ErrNotMigrated) {
+		if err := advanceInTx(ctx, bad, plain, "s", 3); !errors.Is(err, fence.ErrNotMigrated) {
 			t.Fatalf("%s: Advance: want ErrNotMigrated, got %v", schema, err)
 		}
 	}
@@ -337,13 +337,13 @@ func TestGuardWithTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = g.BeginFunc(ctx, e.pool, "account/1", 5, func(tx pgx.Tx) error {
-		return tbl.Update(ctx, tx, 5, []any{1}, sqlguard.Col("balance", 1))
+		return tbl.Update(ctx, tx, []any{1}, 5, sqlguard.Col("balance", 1))
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	err = g.BeginFunc(ctx, e.pool, "account/1", 6, func(tx pgx.Tx) error {
-		if err := tbl.Update(ctx, tx, 6, []any{1}, sqlguard.Col("balance", 2)); err != nil {
+		if err := tbl.Update(ctx, tx, []any{1}, 6, sqlguard.Col("balance", 2)); err != nil {
 			return err
 		}
 		return errors.New("abort")

@@ -81,8 +81,15 @@ func TestConformanceOverHTTP(t *testing.T) {
 		// The service commits, then its reply is lost: the writer's
 		// Transport reports an unknown outcome.
 		LoseReply: func(t *testing.T, r guardtest.Resource) { lose.Store(r.(*httpResource).name, true) },
+		// The writer's Transport reports each call.
+		Observe: func(t *testing.T, r guardtest.Resource, o fence.WriteObserver) guardtest.Want {
+			h := r.(*httpResource)
+			h.client = &http.Client{Transport: &fencehttp.Transport{Base: base, Require: true, Observer: o}}
+			return guardtest.Want{Guard: "fencehttp", Class: srv.Listener.Addr().String(), Op: "call", Resource: h.name}
+		},
 		Lacks: map[guardtest.Capability]string{
 			guardtest.Missing: "a resource name needs no creating: no target is missing",
+			guardtest.Setup:   "the transport keeps nothing: the service's own guard checks its store (TestConformanceBeginFunc)",
 		},
 	})
 }

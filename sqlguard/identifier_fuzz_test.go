@@ -48,7 +48,7 @@ func FuzzTableNamesAndKeys(f *testing.F) {
 		defer cancel()
 		tbl, err := sqlguard.NewTable("", table, keyCol)
 		if err != nil {
-			if !errors.Is(err, sqlguard.ErrInvalid) {
+			if !errors.Is(err, fence.ErrInvalidArgument) {
 				t.Fatalf("NewTable(%q, %q): %v; want ErrInvalid", table, keyCol, err)
 			}
 			return
@@ -77,9 +77,9 @@ func FuzzTableNamesAndKeys(f *testing.F) {
 			}
 		}()
 
-		err = tbl.Insert(ctx, e.pool, 5, []any{key}, sqlguard.Col(valCol, value))
+		err = tbl.Insert(ctx, e.pool, []any{key}, 5, sqlguard.Col(valCol, value))
 		if !colsOK {
-			if !errors.Is(err, sqlguard.ErrInvalid) {
+			if !errors.Is(err, fence.ErrInvalidArgument) {
 				t.Fatalf("Insert with column %q (key column %q): %v; want ErrInvalid", valCol, keyCol, err)
 			}
 			return
@@ -113,18 +113,18 @@ func FuzzTableNamesAndKeys(f *testing.F) {
 		if v, lv, ok := read(); !ok || v != value || lv != 5 {
 			t.Fatalf("read back %q lock_version %d (found %v); want %q, 5", v, lv, ok, value)
 		}
-		if err := tbl.Update(ctx, e.pool, 4, []any{key}, sqlguard.Col(valCol, "stale")); !errors.Is(err, fence.ErrStaleToken) {
+		if err := tbl.Update(ctx, e.pool, []any{key}, 4, sqlguard.Col(valCol, "stale")); !errors.Is(err, fence.ErrStaleToken) {
 			t.Fatalf("Update with an older token: %v; want stale", err)
 		} else if se, _ := fence.AsStale(err); se.Current != 5 {
 			t.Fatalf("stale error names current %d; want 5", se.Current)
 		}
-		if err := tbl.Upsert(ctx, e.pool, 6, []any{key}, sqlguard.Col(valCol, value+"!")); err != nil {
+		if err := tbl.Upsert(ctx, e.pool, []any{key}, 6, sqlguard.Col(valCol, value+"!")); err != nil {
 			t.Fatalf("Upsert: %v", err)
 		}
 		if v, lv, _ := read(); v != value+"!" || lv != 6 {
 			t.Fatalf("after Upsert: %q lock_version %d", v, lv)
 		}
-		if err := tbl.Delete(ctx, e.pool, 6, []any{key}); err != nil {
+		if err := tbl.Delete(ctx, e.pool, []any{key}, 6); err != nil {
 			t.Fatalf("Delete: %v", err)
 		}
 		if _, _, ok := read(); ok {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/probeonce"
-	"github.com/fencekit/fencekit/lease/driver"
+	"github.com/fencekit/fencekit/internal/rowguard"
 )
 
 // The toolkit's ledger table and the columns of a ledger table: the job,
@@ -45,7 +45,7 @@ const (
 // A table of your own needs the same columns and key. One keyed by the run
 // key alone (the shape this package asked for before) would let a job
 // find another job's run done and never run: a Ledger refuses it at its
-// first use, before anything is written (ErrLedgerTable, which names the
+// first use, before anything is written (fence.ErrLedgerTable, which names the
 // migration to run).
 //
 // Keep it in the database the job writes to, so that the job's last
@@ -61,27 +61,6 @@ type Ledger struct {
 	done   string // SELECT done_at IS NOT NULL ... WHERE job = $1 AND run_key = $2
 	shape  probeonce.Gate
 }
-
-// ErrLedgerColumn is returned by Ledger.Claim, before anything is written,
-// when the ledger table's done_at column cannot record runs faithfully:
-// it is missing; its type is not timestamptz, timestamp or date (the
-// record could not be written after the job ran, and the job would run
-// again at every claim); or it is NOT NULL, has a default or is generated
-// (a claim would insert a run already done, or none: the job would never
-// run). The error also matches lease.ErrSetup (driver.ErrSetup).
-var ErrLedgerColumn = errors.New("sqlguard: ledger: the done_at column cannot record runs")
-
-// ErrLedgerTable is returned by the Ledger's methods, before anything is
-// written, when its table cannot keep the runs of jobs apart: it is
-// missing, it has no job column, or it is not keyed by exactly (job,
-// run_key) (a unique key without job would make a job's run collide with
-// another job's run of the same key). The error names the fix: run
-// `fencekit migrate up` (migration 00006 creates LedgerTable) and use
-// LedgerTable, or change the table as it says. It also matches
-// lease.ErrSetup (driver.ErrSetup), so that RunOnce's callers stop at
-// once instead of retrying; a missing LedgerTable also matches
-// ErrNotMigrated.
-var ErrLedgerTable = errors.New("sqlguard: ledger: the table is missing or mixes the runs of jobs")
 
 // ledgerShapeSQL reads, for the table named $1 (quoted), the done_at
 // column $2, the job column $3 and the run key column $4: whether the
@@ -113,10 +92,10 @@ func (lg *Ledger) checkShape(ctx context.Context) (verdict bool, err error) {
 	)
 	if err := lg.db.QueryRow(ctx, ledgerShapeSQL, lg.table.ident, LedgerDoneColumn, LedgerJobColumn, LedgerKeyColumn).
 		Scan(&table, &column, &typ, &hasDefault, &notNull, &job, &keyed, &unjobbed); err != nil {
-		return false, fmt.Errorf("sqlguard: ledger %s: check the table: %w", lg.table.name, err)
+		return false, fmt.Errorf("sqlguard: ledger %s: check the table: %w", lg.table.spec.Name, err)
 	}
 	if !table {
-		return false, lg.setupErr(ErrLedgerTable, ledgerMissing)
+		return false, lg.setupErr(ledgerMissing)
 	}
 	var why []string
 	if !job {
@@ -129,7 +108,7 @@ func (lg *Ledger) checkShape(ctx context.Context) (verdict bool, err error) {
 		why = append(why, "no unique key (without a WHERE clause) on exactly ("+LedgerJobColumn+", "+LedgerKeyColumn+")")
 	}
 	if len(why) > 0 {
-		return false, lg.setupErr(ErrLedgerTable, strings.Join(why, "; "))
+		return false, lg.setupErr(strings.Join(why, "; "))
 	}
 	switch {
 	case !column:
@@ -146,8 +125,8 @@ func (lg *Ledger) checkShape(ctx context.Context) (verdict bool, err error) {
 		}
 	}
 	if len(why) > 0 {
-		return false, &driver.SetupError{
-			Err: fmt.Errorf("%w: %s.%s: %s", ErrLedgerColumn, lg.table.name, LedgerDoneColumn, strings.Join(why, "; ")),
+		return false, &fence.SetupError{
+			Err: fmt.Errorf("sqlguard: ledger: %w: %s.%s cannot record runs: %s", fence.ErrLedgerTable, lg.table.spec.Name, LedgerDoneColumn, strings.Join(why, "; ")),
 			Fix: "make " + LedgerDoneColumn + " a nullable timestamptz without a default, or use " + LedgerTable + " (`fencekit migrate up`)",
 		}
 	}
@@ -155,23 +134,24 @@ func (lg *Ledger) checkShape(ctx context.Context) (verdict bool, err error) {
 }
 
 // setupErr is the error for a ledger table that is missing or cannot keep
-// jobs apart: it matches sentinel and driver.ErrSetup (and ErrNotMigrated
-// for a missing LedgerTable), and names the migration to run.
-func (lg *Ledger) setupErr(sentinel error, problem string) error {
+// jobs apart: a *fence.SetupError matching fence.ErrLedgerTable (and
+// fence.ErrNotMigrated for a missing LedgerTable) that names the
+// migration to run.
+func (lg *Ledger) setupErr(problem string) error {
 	cmd := "fencekit migrate up"
 	if lg.schema != "" {
 		cmd += " --schema " + shellWord(lg.schema)
 	}
 	migrate := fmt.Sprintf("run `%s`: migration %05d creates %s, keyed by %s and %s",
 		cmd, ledgerMigration, LedgerTable, LedgerJobColumn, LedgerKeyColumn)
-	err := fmt.Errorf("%w: %s: %s", sentinel, lg.table.name, problem)
+	err := fmt.Errorf("sqlguard: ledger: %w: %s: %s", fence.ErrLedgerTable, lg.table.spec.Name, problem)
 	if lg.tname == LedgerTable {
 		if problem == ledgerMissing {
-			err = fmt.Errorf("%w: %s: %s (%w)", sentinel, lg.table.name, problem, ErrNotMigrated)
+			err = fmt.Errorf("sqlguard: ledger: %w: %s: %s (%w)", fence.ErrLedgerTable, lg.table.spec.Name, problem, fence.ErrNotMigrated)
 		}
-		return &driver.SetupError{Err: err, Fix: migrate}
+		return &fence.SetupError{Err: err, Fix: migrate}
 	}
-	return &driver.SetupError{Err: err, Fix: migrate + "; pass sqlguard.LedgerTable to NewLedger. Or give " + lg.table.name +
+	return &fence.SetupError{Err: err, Fix: migrate + "; pass sqlguard.LedgerTable to NewLedger. Or give " + lg.table.spec.Name +
 		" a " + LedgerJobColumn + " text NOT NULL column, set on each row to the job (lease name) that wrote it, and make " +
 		LedgerJobColumn + ", " + LedgerKeyColumn + " its primary key, with no unique key without " + LedgerJobColumn}
 }
@@ -186,12 +166,12 @@ const ledgerMigration = 6
 // NewLedger returns a Ledger over the table name in schema (empty: found
 // through the search_path), written through db (a pool, usually): name is
 // LedgerTable unless you keep runs in a table of your own of the same
-// shape. It does no I/O. Errors: as NewTable's, and ErrInvalid when db is
+// shape. It does no I/O. Errors: as NewTable's, and fence.ErrInvalidArgument when db is
 // nil.
 func NewLedger(db DBTX, schema, name string) (*Ledger, error) {
 	t, err := NewTable(schema, name, LedgerJobColumn, LedgerKeyColumn)
-	if isNil(db) {
-		err = errors.Join(err, fmt.Errorf("%w: ledger: nil database", ErrInvalid))
+	if rowguard.IsNil(db) {
+		err = errors.Join(err, fmt.Errorf("%w: ledger: nil database", fence.ErrInvalidArgument))
 	}
 	if err != nil {
 		return nil, err
@@ -206,9 +186,9 @@ func NewLedger(db DBTX, schema, name string) (*Ledger, error) {
 // run is done (a second). Before its first use, a Ledger checks its table
 // (a catalog read, until the table is found fit). It returns a
 // *fence.StaleError when a newer token has claimed the run; an error
-// matching ErrLedgerTable or ErrLedgerColumn, and lease.ErrSetup, when the
+// matching fence.ErrLedgerTable or fence.ErrLedgerTable, and lease.ErrSetup, when the
 // table cannot keep jobs apart or done_at is unfit (nothing written); the
-// errors of Table.Upsert; before any I/O, ErrInvalid for an empty job or
+// errors of Table.Upsert; before any I/O, fence.ErrInvalidArgument for an empty job or
 // key and fence.ErrInvalidToken for token 0 or one above 2^63-1. ctx
 // bounds every statement.
 func (lg *Ledger) Claim(ctx context.Context, job, key string, token fence.Token) (bool, error) {
@@ -218,31 +198,25 @@ func (lg *Ledger) Claim(ctx context.Context, job, key string, token fence.Token)
 	if err := lg.shape.Ensure(ctx, lg.checkShape); err != nil {
 		return false, err
 	}
-	if err := lg.table.Upsert(ctx, lg.db, token, []any{job, key}); err != nil {
+	if err := lg.table.Upsert(ctx, lg.db, []any{job, key}, token); err != nil {
 		return false, err
 	}
 	var done bool
 	if err := lg.db.QueryRow(ctx, lg.done, job, key).Scan(&done); err != nil {
-		return false, fmt.Errorf("sqlguard: ledger %s: read %q of job %q: %w", lg.table.name, key, job, err)
+		return false, fmt.Errorf("sqlguard: ledger %s: read %q of job %q: %w", lg.table.spec.Name, key, job, err)
 	}
 	return done, nil
 }
 
-// checkArgs reports, before any I/O, an empty job or run key (ErrInvalid)
+// checkArgs reports, before any I/O, an empty job or run key (fence.ErrInvalidArgument)
 // and a token that is 0 or above the bigint range (fence.ErrInvalidToken).
 func (lg *Ledger) checkArgs(op, job, key string, token fence.Token) error {
 	if lg == nil {
-		return fmt.Errorf("sqlguard: ledger: %s %q of job %q: %w: nil *Ledger (from a failed NewLedger?)", op, key, job, ErrInvalid)
+		return fmt.Errorf("sqlguard: ledger: %s %q of job %q: %w: nil *Ledger (from a failed NewLedger?)", op, key, job, fence.ErrInvalidArgument)
 	}
 	_, err := tokenArg(token)
-	if job == "" {
-		err = errors.Join(err, fmt.Errorf("%w: the job name is empty", ErrInvalid))
-	}
-	if key == "" {
-		err = errors.Join(err, fmt.Errorf("%w: the run key is empty", ErrInvalid))
-	}
-	if err != nil {
-		return fmt.Errorf("sqlguard: ledger %s: %s %q of job %q: %w", lg.table.name, op, key, job, err)
+	if err := rowguard.CheckRun(err, job, key); err != nil {
+		return fmt.Errorf("sqlguard: ledger %s: %s %q of job %q: %w", lg.table.spec.Name, op, key, job, err)
 	}
 	return nil
 }
@@ -250,7 +224,7 @@ func (lg *Ledger) checkArgs(op, job, key string, token fence.Token) error {
 // MarkDone implements lease.Ledger: a fenced update setting done_at (one
 // statement: Table.Update). It returns nil when the run is recorded done
 // by token (again, if it already was); a *fence.StaleError when a newer
-// token has claimed the run; ErrNotFound when it was never claimed; the
+// token has claimed the run; fence.ErrNotFound when it was never claimed; the
 // table's errors as Claim returns them; the other errors of Table.Update.
 // ctx bounds the statements (the table's check, before its first use,
 // and the update).
@@ -264,15 +238,15 @@ func (lg *Ledger) MarkDone(ctx context.Context, job, key string, token fence.Tok
 // MarkDoneTx is MarkDone through db: pass the job's own transaction, so
 // that its writes and the record of the run commit together. job is the
 // job as RunOnce names it: the lease name (l.Name()), or lease.ForJob's. A nil db is
-// refused (ErrInvalid), never replaced by the Ledger's own database: the
+// refused (fence.ErrInvalidArgument), never replaced by the Ledger's own database: the
 // record would commit without the job's writes.
 func (lg *Ledger) MarkDoneTx(ctx context.Context, db DBTX, job, key string, token fence.Token) error {
-	if isNil(db) {
-		err := fmt.Errorf("%w: nil transaction", ErrInvalid)
+	if rowguard.IsNil(db) {
+		err := fmt.Errorf("%w: nil transaction", fence.ErrInvalidArgument)
 		if cerr := lg.checkArgs("mark done", job, key, token); cerr != nil {
 			return errors.Join(cerr, err)
 		}
-		return fmt.Errorf("sqlguard: ledger %s: mark done %q of job %q: %w", lg.table.name, key, job, err)
+		return fmt.Errorf("sqlguard: ledger %s: mark done %q of job %q: %w", lg.table.spec.Name, key, job, err)
 	}
 	return lg.markDone(ctx, db, job, key, token)
 }
@@ -284,5 +258,5 @@ func (lg *Ledger) markDone(ctx context.Context, db DBTX, job, key string, token 
 	if err := lg.shape.Ensure(ctx, lg.checkShape); err != nil {
 		return err
 	}
-	return lg.table.Update(ctx, db, token, []any{job, key}, Col(LedgerDoneColumn, time.Now().UTC()))
+	return lg.table.Update(ctx, db, []any{job, key}, token, Col(LedgerDoneColumn, time.Now().UTC()))
 }

@@ -3,6 +3,7 @@ package sqlguard_test
 import (
 	"context"
 	"errors"
+	"github.com/fencekit/fencekit/fence"
 	"strings"
 	"testing"
 	"time"
@@ -57,7 +58,7 @@ func TestRunOnceKeepsJobsApart(t *testing.T) {
 				switch {
 				case tc.ddl == "" && err != nil:
 					t.Errorf("RunOnce(%s, %s) = %v, %v; want it run (or done) on the toolkit's table", job, night, ran, err)
-				case tc.ddl != "" && (err == nil || ran || !errors.Is(err, lease.ErrSetup) || !errors.Is(err, sqlguard.ErrLedgerTable)):
+				case tc.ddl != "" && (err == nil || ran || !errors.Is(err, lease.ErrSetup) || !errors.Is(err, fence.ErrLedgerTable)):
 					t.Errorf("RunOnce(%s, %s) on a table keyed by run_key alone = ran %v, err %v; want a setup error naming the migration, nothing run", job, night, ran, err)
 				case tc.ddl != "" && !strings.Contains(err.Error(), "fencekit migrate up") || tc.ddl != "" && !strings.Contains(err.Error(), "00006"):
 					t.Errorf("the setup error does not name the migration to run: %v", err)
@@ -112,11 +113,11 @@ func TestLedgerRefusesATableThatMixesJobs(t *testing.T) {
 			t.Fatal(err)
 		}
 		done, err := lg.Claim(ctx, "nightly", "night-1", 5)
-		if done || !errors.Is(err, sqlguard.ErrLedgerTable) || !errors.Is(err, lease.ErrSetup) ||
+		if done || !errors.Is(err, fence.ErrLedgerTable) || !errors.Is(err, lease.ErrSetup) ||
 			!strings.Contains(err.Error(), c.says) || !strings.Contains(err.Error(), "fencekit migrate up --schema") {
 			t.Errorf("%s: Claim = %v, %v; want ErrLedgerTable and lease.ErrSetup, saying %q and naming the migration", c.ddl, done, err, c.says)
 		}
-		if err := lg.MarkDone(ctx, "nightly", "night-1", 5); !errors.Is(err, sqlguard.ErrLedgerTable) {
+		if err := lg.MarkDone(ctx, "nightly", "night-1", 5); !errors.Is(err, fence.ErrLedgerTable) {
 			t.Errorf("%s: MarkDone = %v; want ErrLedgerTable", c.ddl, err)
 		}
 		if n := e.int64Query(t, `SELECT count(*) FROM `+name); n != 0 {
@@ -140,7 +141,7 @@ func TestLedgerRefusesATableThatMixesJobs(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = lg.Claim(ctx, "nightly", "night-1", 5)
-	if !errors.Is(err, sqlguard.ErrNotMigrated) || !errors.Is(err, lease.ErrSetup) || !strings.Contains(err.Error(), "fencekit migrate up --schema") {
+	if !errors.Is(err, fence.ErrNotMigrated) || !errors.Is(err, lease.ErrSetup) || !strings.Contains(err.Error(), "fencekit migrate up --schema") {
 		t.Fatalf("Claim without the toolkit's table = %v; want ErrNotMigrated and lease.ErrSetup, naming the command", err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/guardtest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/sqlguard"
 )
@@ -25,7 +26,7 @@ func TestLedger(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := lg.MarkDone(ctx, "nightly", "night-1", 5); !errors.Is(err, sqlguard.ErrNotFound) {
+	if err := lg.MarkDone(ctx, "nightly", "night-1", 5); !errors.Is(err, fence.ErrNotFound) {
 		t.Fatalf("MarkDone of an unclaimed run = %v, want ErrNotFound", err)
 	}
 	if done, err := lg.Claim(ctx, "nightly", "night-1", 5); done || err != nil {
@@ -64,7 +65,7 @@ func TestLedger(t *testing.T) {
 	if done, err := lg.Claim(ctx, "nightly", "night-1", 8); !done || err != nil {
 		t.Fatalf("claim after the record: done %v, err %v; want done", done, err)
 	}
-	if _, err := sqlguard.NewLedger(nil, "", "bad;name"); !errors.Is(err, sqlguard.ErrInvalid) {
+	if _, err := sqlguard.NewLedger(nil, "", "bad;name"); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Fatalf("NewLedger(nil, bad name) = %v, want ErrInvalid", err)
 	}
 }
@@ -94,7 +95,7 @@ func TestLedgerRefusesAnUnfitDoneColumn(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if done, err := lg.Claim(ctx, "nightly", "night-1", 5); !errors.Is(err, sqlguard.ErrLedgerColumn) || !errors.Is(err, lease.ErrSetup) || done {
+		if done, err := lg.Claim(ctx, "nightly", "night-1", 5); !errors.Is(err, fence.ErrLedgerTable) || !errors.Is(err, lease.ErrSetup) || done {
 			t.Errorf("%s: Claim = %v, %v; want ErrLedgerColumn and lease.ErrSetup", c.done, done, err)
 		}
 		if n := e.int64Query(t, `SELECT count(*) FROM `+name); n != 0 {
@@ -133,16 +134,16 @@ func TestLedgerRefusesBadArgumentsFirst(t *testing.T) {
 		token    fence.Token
 		want     error
 	}{
-		{"j", "", 5, sqlguard.ErrInvalid},
-		{"", "k", 5, sqlguard.ErrInvalid},
+		{"j", "", 5, fence.ErrInvalidArgument},
+		{"", "k", 5, fence.ErrInvalidArgument},
 		{"j", "k", 0, fence.ErrInvalidToken},
 		{"j", "k", 1 << 63, fence.ErrInvalidToken},
 	} {
 		var none *sqlguard.Ledger // a failed NewLedger's
-		if _, err := none.Claim(ctx, c.job, c.key, c.token); !errors.Is(err, sqlguard.ErrInvalid) {
+		if _, err := none.Claim(ctx, c.job, c.key, c.token); !errors.Is(err, fence.ErrInvalidArgument) {
 			t.Errorf("a nil Ledger's Claim = %v, want ErrInvalid", err)
 		}
-		if err := none.MarkDone(ctx, c.job, c.key, c.token); !errors.Is(err, sqlguard.ErrInvalid) {
+		if err := none.MarkDone(ctx, c.job, c.key, c.token); !errors.Is(err, fence.ErrInvalidArgument) {
 			t.Errorf("a nil Ledger's MarkDone = %v, want ErrInvalid", err)
 		}
 		if _, err := lg.Claim(ctx, c.job, c.key, c.token); !errors.Is(err, c.want) {
@@ -152,7 +153,45 @@ func TestLedgerRefusesBadArgumentsFirst(t *testing.T) {
 			t.Errorf("MarkDone(%q, %q, %d) = %v, want %v", c.job, c.key, c.token, err, c.want)
 		}
 	}
-	if err := lg.MarkDoneTx(ctx, nil, "j", "k", 5); !errors.Is(err, sqlguard.ErrInvalid) {
+	if err := lg.MarkDoneTx(ctx, nil, "j", "k", 5); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Errorf("MarkDoneTx with a nil transaction = %v, want ErrInvalid (never the Ledger's own database)", err)
 	}
+}
+
+// The ledger passes the ledger suite on PostgreSQL, each check with a
+// schema of its own; the done mark commits with the job's transaction.
+func TestLedgerConformance(t *testing.T) {
+	t.Parallel()
+	guardtest.RunLedger(t, guardtest.LedgerConfig{
+		NewLedger: func(t *testing.T) guardtest.Ledger {
+			e := newEnv(t)
+			lg, err := sqlguard.NewLedger(e.pool, "", sqlguard.LedgerTable)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ledgerIn{lg, e}
+		},
+		MarkDoneWithJob: func(t *testing.T, ctx context.Context, l guardtest.Ledger, job, key string, token fence.Token, fail bool) error {
+			in := l.(ledgerIn)
+			in.e.exec(t, `CREATE TABLE IF NOT EXISTS job_effects (run text PRIMARY KEY)`)
+			return pgx.BeginFunc(ctx, in.e.pool, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, `INSERT INTO job_effects VALUES ($1)`, key+"/"+fmt.Sprint(fail)); err != nil {
+					return err
+				}
+				if err := in.MarkDoneTx(ctx, tx, job, key, token); err != nil {
+					return err
+				}
+				if fail {
+					return errors.New("the job failed after its record")
+				}
+				return nil
+			})
+		},
+	})
+}
+
+// ledgerIn is a ledger with the env it writes to.
+type ledgerIn struct {
+	*sqlguard.Ledger
+	e *env
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"github.com/fencekit/fencekit/fence"
 	"strings"
 	"testing"
 
@@ -40,19 +41,19 @@ func TestTableRefusesNullKeyValues(t *testing.T) {
 		t.Run(null.name, func(t *testing.T) {
 			key := []any{1, null.value}
 			for kind, write := range map[string]func(db sqlguard.DBTX) error{
-				"upsert": func(db sqlguard.DBTX) error { return tbl.Upsert(ctx, db, 5, key, sqlguard.Col("v", "x")) },
-				"insert": func(db sqlguard.DBTX) error { return tbl.Insert(ctx, db, 5, key, sqlguard.Col("v", "x")) },
-				"update": func(db sqlguard.DBTX) error { return tbl.Update(ctx, db, 5, key, sqlguard.Col("v", "x")) },
-				"delete": func(db sqlguard.DBTX) error { return tbl.Delete(ctx, db, 5, key) },
+				"upsert": func(db sqlguard.DBTX) error { return tbl.Upsert(ctx, db, key, 5, sqlguard.Col("v", "x")) },
+				"insert": func(db sqlguard.DBTX) error { return tbl.Insert(ctx, db, key, 5, sqlguard.Col("v", "x")) },
+				"update": func(db sqlguard.DBTX) error { return tbl.Update(ctx, db, key, 5, sqlguard.Col("v", "x")) },
+				"delete": func(db sqlguard.DBTX) error { return tbl.Delete(ctx, db, key, 5) },
 			} {
 				for range 2 {
 					err := write(e.pool)
-					if !errors.Is(err, sqlguard.ErrInvalid) || !strings.Contains(err.Error(), `key column "b" is NULL`) {
+					if !errors.Is(err, fence.ErrInvalidArgument) || !strings.Contains(err.Error(), `key column "b" is NULL`) {
 						t.Fatalf("%s: got %v, want ErrInvalid naming key column b", kind, err)
 					}
 				}
 				cdb := &countingDB{}
-				if err := write(cdb); !errors.Is(err, sqlguard.ErrInvalid) || cdb.calls.Load() != 0 {
+				if err := write(cdb); !errors.Is(err, fence.ErrInvalidArgument) || cdb.calls.Load() != 0 {
 					t.Fatalf("%s: %v after %d database calls; want ErrInvalid before any", kind, err, cdb.calls.Load())
 				}
 			}
@@ -62,7 +63,7 @@ func TestTableRefusesNullKeyValues(t *testing.T) {
 		t.Fatalf("%d rows written with a NULL key", n)
 	}
 	// A valid key still works (a NULL in a non-key column is just a value).
-	if err := tbl.Upsert(ctx, e.pool, 5, []any{1, pgtype.Int4{Int32: 2, Valid: true}}, sqlguard.Col("v", nil)); err != nil {
+	if err := tbl.Upsert(ctx, e.pool, []any{1, pgtype.Int4{Int32: 2, Valid: true}}, 5, sqlguard.Col("v", nil)); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -48,16 +48,16 @@ func TestObserverSeesEveryWrite(t *testing.T) {
 		return context.WithValue(context.Background(), callKey{}, name)
 	}
 
-	err := tbl.Update(call("accepted"), e.pool, 6, []any{1}, sqlguard.Col("balance", 1))
+	err := tbl.Update(call("accepted"), e.pool, []any{1}, 6, sqlguard.Col("balance", 1))
 	checkEvent(t, rec, "accepted", "observed", "update", 6, err, fence.Accepted)
-	err = tbl.Update(call("stale"), e.pool, 4, []any{2}, sqlguard.Col("balance", 1))
+	err = tbl.Update(call("stale"), e.pool, []any{2}, 4, sqlguard.Col("balance", 1))
 	checkEvent(t, rec, "stale", "observed", "update", 4, err, fence.Rejected)
-	err = tbl.Delete(call("missing"), e.pool, 9, []any{3})
+	err = tbl.Delete(call("missing"), e.pool, []any{3}, 9)
 	checkEvent(t, rec, "missing", "observed", "delete", 9, err, fence.Failed)
-	if !errors.Is(err, sqlguard.ErrNotFound) {
+	if !errors.Is(err, fence.ErrNotFound) {
 		t.Fatalf("delete of a missing row: %v", err)
 	}
-	err = tbl.Insert(call("bad"), e.pool, fence.None, []any{4})
+	err = tbl.Insert(call("bad"), e.pool, []any{4}, fence.None)
 	checkEvent(t, rec, "bad", "observed", "insert", fence.None, err, fence.Failed)
 
 	// Unknown: the write is at the server, waiting on a row lock, when its
@@ -73,7 +73,7 @@ func TestObserverSeesEveryWrite(t *testing.T) {
 	conn := connect(t, context.Background(), e.schema)
 	wctx, cancel := context.WithCancel(call("unknown"))
 	done := make(chan error, 1)
-	go func() { done <- tbl.Upsert(wctx, conn, 7, []any{1}, sqlguard.Col("owner", "x")) }()
+	go func() { done <- tbl.Upsert(wctx, conn, []any{1}, 7, sqlguard.Col("owner", "x")) }()
 	waitBlocked(t, e, conn.PgConn().PID())
 	cancel()
 	err = <-done
@@ -85,7 +85,7 @@ func TestObserverSeesEveryWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := plain.Update(context.Background(), e.pool, 8, []any{1}); err != nil {
+	if err := plain.Update(context.Background(), e.pool, []any{1}, 8); err != nil {
 		t.Fatal(err)
 	}
 	if ev := rec.Take(); len(ev) != 0 {

@@ -73,7 +73,7 @@ func TestTableWriteOutcomeUnknown(t *testing.T) {
 				t.Fatal(err)
 			}
 			wctx, cancel := context.WithTimeout(ctx, time.Second)
-			err = tbl.Update(wctx, via.db, token, []any{1}, sqlguard.Col("balance", balance))
+			err = tbl.Update(wctx, via.db, []any{1}, token, sqlguard.Col("balance", balance))
 			cancel()
 			checkUnknown(t, err, context.DeadlineExceeded)
 			if err := holder.Commit(ctx); err != nil {
@@ -88,7 +88,7 @@ func TestTableWriteOutcomeUnknown(t *testing.T) {
 	t.Run("context ended before sending", func(t *testing.T) {
 		done, cancel := context.WithCancel(ctx)
 		cancel()
-		err := tbl.Update(done, e.pool, 99, []any{1}, sqlguard.Col("balance", 1))
+		err := tbl.Update(done, e.pool, []any{1}, 99, sqlguard.Col("balance", 1))
 		if !errors.Is(err, context.Canceled) || errors.Is(err, fence.ErrOutcomeUnknown) {
 			t.Fatalf("got %v; want a plain context.Canceled", err)
 		}

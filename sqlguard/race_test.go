@@ -48,7 +48,7 @@ func TestRaceWriters(t *testing.T) {
 	rowWrite := func(tok fence.Token) (bool, error) {
 		accepted := false
 		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-			err := tbl.Update(ctx, tx, tok, []any{1}, sqlguard.Col("balance", int64(tok)))
+			err := tbl.Update(ctx, tx, []any{1}, tok, sqlguard.Col("balance", int64(tok)))
 			if err != nil {
 				return err
 			}

@@ -3,6 +3,7 @@ package sqlguard_test
 import (
 	"context"
 	"errors"
+	"github.com/fencekit/fencekit/fence"
 	"strings"
 	"testing"
 
@@ -31,14 +32,14 @@ func TestMissingLockVersionNamesTheCommand(t *testing.T) {
 	check := func(what string, err error) {
 		t.Helper()
 		var pgErr *pgconn.PgError
-		if !errors.Is(err, sqlguard.ErrNoLockVersion) || !strings.Contains(err.Error(), want) || !errors.As(err, &pgErr) {
+		if !errors.Is(err, fence.ErrNoLockVersion) || !strings.Contains(err.Error(), want) || !errors.As(err, &pgErr) {
 			t.Errorf("%s: %v; want ErrNoLockVersion naming %q, with the PgError", what, err, want)
 		}
 	}
-	check("Update on a pool", tbl.Update(ctx, e.pool, 5, []any{1}, sqlguard.Col("note", "y")))
-	check("Insert on a pool", tbl.Insert(ctx, e.pool, 5, []any{2}, sqlguard.Col("note", "y")))
+	check("Update on a pool", tbl.Update(ctx, e.pool, []any{1}, 5, sqlguard.Col("note", "y")))
+	check("Insert on a pool", tbl.Insert(ctx, e.pool, []any{2}, 5, sqlguard.Col("note", "y")))
 	check("Upsert in a transaction", pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		return tbl.Upsert(ctx, tx, 5, []any{3}, sqlguard.Col("note", "y"))
+		return tbl.Upsert(ctx, tx, []any{3}, 5, sqlguard.Col("note", "y"))
 	}))
 
 	// A quoted, mixed-case name is spelled so that the command finds it.
@@ -47,26 +48,26 @@ func TestMissingLockVersionNamesTheCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = odd.Delete(ctx, e.pool, 5, []any{1})
-	if wantOdd := `--table '` + e.schema + `."Odd Name"' --apply`; !errors.Is(err, sqlguard.ErrNoLockVersion) || !strings.Contains(err.Error(), wantOdd) {
+	err = odd.Delete(ctx, e.pool, []any{1}, 5)
+	if wantOdd := `--table '` + e.schema + `."Odd Name"' --apply`; !errors.Is(err, fence.ErrNoLockVersion) || !strings.Contains(err.Error(), wantOdd) {
 		t.Errorf("Delete on %q: %v; want the command with %s", "Odd Name", err, wantOdd)
 	}
 
 	// The caller's own misspelt column is a plain database error.
 	e.exec(t, `ALTER TABLE plain ADD COLUMN lock_version bigint NOT NULL DEFAULT 0`)
-	err = tbl.Update(ctx, e.pool, 5, []any{1}, sqlguard.Col("nonexistent", "y"))
+	err = tbl.Update(ctx, e.pool, []any{1}, 5, sqlguard.Col("nonexistent", "y"))
 	var pgErr *pgconn.PgError
-	if errors.Is(err, sqlguard.ErrNoLockVersion) || !errors.As(err, &pgErr) || pgErr.Code != "42703" {
+	if errors.Is(err, fence.ErrNoLockVersion) || !errors.As(err, &pgErr) || pgErr.Code != "42703" {
 		t.Errorf("Update of a missing column of the caller's: %v; want the plain 42703", err)
 	}
 
 	// Dropped after this pool's connections took the fast path.
-	if err := tbl.Update(ctx, e.pool, 5, []any{1}, sqlguard.Col("note", "z")); err != nil {
+	if err := tbl.Update(ctx, e.pool, []any{1}, 5, sqlguard.Col("note", "z")); err != nil {
 		t.Fatal(err)
 	}
 	e.exec(t, `ALTER TABLE plain DROP COLUMN lock_version`)
 	for range 8 { // every connection of the pool
-		if err := tbl.Update(ctx, e.pool, 6, []any{1}, sqlguard.Col("note", "w")); !errors.Is(err, sqlguard.ErrNoLockVersion) {
+		if err := tbl.Update(ctx, e.pool, []any{1}, 6, sqlguard.Col("note", "w")); !errors.Is(err, fence.ErrNoLockVersion) {
 			t.Fatalf("Update after the column was dropped: %v; want ErrNoLockVersion", err)
 		}
 	}
@@ -87,7 +88,7 @@ func TestNotMigratedNamesTheCommand(t *testing.T) {
 	}
 	err = g.BeginFunc(ctx, e.pool, "r", 3, func(pgx.Tx) error { return nil })
 	want := "run `fencekit migrate up --schema " + empty + "` there"
-	if !errors.Is(err, sqlguard.ErrNotMigrated) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), `schema "`+empty+`"`) {
+	if !errors.Is(err, fence.ErrNotMigrated) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), `schema "`+empty+`"`) {
 		t.Errorf("BeginFunc in a bare schema: %v; want ErrNotMigrated naming the schema and %q", err, want)
 	}
 }

@@ -2,11 +2,9 @@ package sqlguard
 
 import (
 	"context"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"math"
-	"reflect"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/pgident"
+	"github.com/fencekit/fencekit/internal/rowguard"
 )
 
 // DBTX is what the guard needs to run a statement: the shape that
@@ -63,83 +62,15 @@ const (
 	LockVersionColumn = "lock_version"
 )
 
-// ErrNotFound is returned by Table.Update and Table.Delete when no row has
-// the given key (in the statement's snapshot). Nothing was written.
-var ErrNotFound = errors.New("sqlguard: row not found")
-
-// ErrExists is returned by Table.Insert when a row with the key already
-// exists and its lock_version is not newer than the presented token (when
-// it is newer, the error is a *fence.StaleError instead). Nothing was
-// written.
-var ErrExists = errors.New("sqlguard: row already exists")
-
-// ErrAmbiguousKey is returned by a Table write when the key matches more
-// than one row: the key columns do not identify a row (they must be the
-// primary key or a unique key). Nothing was written, except in one case
-// the error then says: a connection that found a unique index on the key
-// columns at its first write to the table, after which the index was
-// dropped and duplicate keys were added (see the package doc).
-var ErrAmbiguousKey = errors.New("sqlguard: key matches more than one row")
-
-// ErrRetryable is matched (through a *RetryableError) by failures that say
-// nothing about the token and may succeed when the whole transaction is
-// tried again: serialization failures (SQLSTATE 40001), deadlocks (40P01),
-// and a row with the key committed by another transaction after this
-// statement's snapshot was taken. Never returned for a stale token. Use
-// IsRetryable to test any error.
-var ErrRetryable = errors.New("sqlguard: retryable conflict")
-
-// ErrInvalid is returned, before any I/O, for an argument that cannot be
-// used: a nil database or function, an empty, over-long or malformed
-// identifier, a duplicate or ambiguous column, the wrong number of key
-// values, a NULL key value, an empty resource name. Bad tokens match fence.ErrInvalidToken
-// instead.
-var ErrInvalid = errors.New("sqlguard: invalid argument")
-
-// ErrLockVersionType is returned by a Table write, and nothing is written,
-// when the table's lock_version column is not bigint (for example real,
-// numeric, integer or text): such a column cannot hold every token
-// exactly, and with a floating-point type a stale token can compare equal
-// to a newer one. The check is part of the write's own statement, so it
-// costs no round trip and follows the table as it is now. Change the
-// column to bigint NOT NULL (migrations.ApplyLockVersion refuses to adopt
-// a column of another type).
-var ErrLockVersionType = errors.New("sqlguard: lock_version column is not bigint")
-
-// ErrNotMigrated is returned by a Guard when the toolkit's table or
-// function does not exist in the schema it looks in: run
-// `fencekit migrate up` (or migrations.Up) there, or fix Options.Schema.
-// The error says which schema and the command to run.
-var ErrNotMigrated = errors.New("sqlguard: fencekit's table and function not found: run `fencekit migrate up` first")
-
-// ErrNoLockVersion is returned by a Table write when the table has no
-// lock_version column (SQLSTATE 42703 for that column): add it with
-// `fencekit migrate add-lock-version --table <schema.table> --apply`, or
-// with a migration that command writes (--out), or migrations.ApplyLockVersion.
-// The error names the table and the command; errors.As still finds the
-// *pgconn.PgError. Nothing was written.
-var ErrNoLockVersion = errors.New("sqlguard: table has no lock_version column")
-
-// RetryableError is the rich form of ErrRetryable. Err is the underlying
-// error; for a serialization failure or deadlock it wraps the
-// *pgconn.PgError, so errors.As still finds it.
-type RetryableError struct {
-	// Op says what was being done, for example `update "shop"."orders"`.
-	Op string
-	// Err is the cause.
-	Err error
-}
-
-// Error describes the operation and its cause.
-func (e *RetryableError) Error() string {
-	return fmt.Sprintf("sqlguard: %s: retryable: %v", e.Op, e.Err)
-}
-
-// Unwrap returns the cause.
-func (e *RetryableError) Unwrap() error { return e.Err }
-
-// Is reports whether target is ErrRetryable.
-func (e *RetryableError) Is(target error) bool { return target == ErrRetryable }
+// The guard's errors are fence's, shared by every guard (see the package
+// doc, "Outcomes and errors"): a missing row is a *fence.NotFoundError, a
+// row that exists already fence.ErrExists, a key matching several rows
+// fence.ErrAmbiguousKey, a conflict worth retrying a *fence.RetryableError,
+// bad input fence.ErrInvalidArgument, and a database not set up for the
+// guard a *fence.SetupError that names the fix (fence.ErrNotMigrated,
+// fence.ErrNoTable, fence.ErrNoLockVersion, fence.ErrLockVersionType,
+// fence.ErrLedgerTable; lease.ErrSetup is the same sentinel as
+// fence.ErrSetup).
 
 // SQLSTATE codes the guard interprets.
 const (
@@ -149,25 +80,22 @@ const (
 	codeUndefinedTable       = "42P01"
 	codeInvalidSchemaName    = "3F000"
 	codeUndefinedColumn      = "42703"
+	codeInsufficientPriv     = "42501"
 	// codeStale is raised by fencekit_advance_token (see package
 	// migrations) when the presented token is older than the stored one.
 	codeStale = "FK409"
 )
 
 // IsRetryable reports whether err is worth retrying as a whole
-// transaction: it matches ErrRetryable, or it carries a *pgconn.PgError
+// transaction: it matches fence.ErrRetryable, or it carries a *pgconn.PgError
 // with SQLSTATE 40001 (serialization_failure) or 40P01
 // (deadlock_detected), for example one returned by your own statements
 // inside Guard.BeginFunc. A stale token is never retryable.
 func IsRetryable(err error) bool {
-	if err == nil || errors.Is(err, fence.ErrStaleToken) {
-		return false
-	}
-	if errors.Is(err, ErrRetryable) {
-		return true
-	}
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && isRetryableCode(pgErr.Code)
+	return rowguard.Retryable(err, func(err error) bool {
+		var pgErr *pgconn.PgError
+		return errors.As(err, &pgErr) && isRetryableCode(pgErr.Code)
+	})
 }
 
 func isRetryableCode(code string) bool {
@@ -175,17 +103,25 @@ func isRetryableCode(code string) bool {
 }
 
 // wrapDBErr wraps a database error from op, turning serialization failures
-// and deadlocks into a *RetryableError. The original error stays in the
+// and deadlocks into a *fence.RetryableError and a refused privilege into
+// a *fence.SetupError naming the grant. The original error stays in the
 // chain.
 func wrapDBErr(op string, err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && isRetryableCode(pgErr.Code) {
-		return &RetryableError{Op: op, Err: err}
+	if errors.As(err, &pgErr) {
+		switch {
+		case isRetryableCode(pgErr.Code):
+			return &fence.RetryableError{Op: "sqlguard: " + op, Err: err}
+		case pgErr.Code == codeInsufficientPriv:
+			return &fence.SetupError{Err: fmt.Errorf("sqlguard: %s: %w", op, err),
+				Fix: "grant this connection's role what the guard needs: SELECT, INSERT, UPDATE, DELETE on the fenced tables and fencekit_resource_tokens, EXECUTE on fencekit_advance_token (Guard.Check and Table.Check name what is missing)"}
+		}
 	}
 	return fmt.Errorf("sqlguard: %s: %w", op, err)
 }
 
-// noLockVersion returns an error matching ErrNoLockVersion when err is
+// noLockVersion returns a *fence.SetupError matching
+// fence.ErrNoLockVersion, naming the command that adds it, when err is
 // PostgreSQL's undefined_column for lock_version in stmt, and nil
 // otherwise. The column is recognised by name in the message (quoted, as
 // every translation of the message keeps it) or by the error's position in
@@ -204,8 +140,18 @@ func noLockVersion(op, table, stmt string, err error) error {
 	if !at && !strings.Contains(pgErr.Message, `"`+LockVersionColumn+`"`) {
 		return nil
 	}
-	return fmt.Errorf("sqlguard: %s: %w: add it with `fencekit migrate add-lock-version --table %s --apply` (or migrations.ApplyLockVersion): %w",
-		op, ErrNoLockVersion, table, err)
+	return noLockVersionErr(op, table, err)
+}
+
+// noLockVersionErr is the error for a table without lock_version: err is
+// the database's error, or nil when a check found it.
+func noLockVersionErr(op, table string, err error) error {
+	what := fmt.Errorf("sqlguard: %s: %w", op, fence.ErrNoLockVersion)
+	if err != nil {
+		what = fmt.Errorf("%w: %w", what, err)
+	}
+	return &fence.SetupError{Err: what,
+		Fix: "add it with `fencekit migrate add-lock-version --table " + table + " --apply` (or migrations.ApplyLockVersion)"}
 }
 
 // sentErr maps the error of a statement that may have reached the server
@@ -254,32 +200,4 @@ func tokenArg(t fence.Token) (int64, error) {
 }
 
 // checkIdent validates one identifier (see pgident.Check).
-func checkIdent(kind, s string) error { return pgident.Check(ErrInvalid, kind, s) }
-
-// isNull reports whether pgx would send v as SQL NULL: v is nil, a nil
-// pointer, map or slice, or a driver.Valuer (the pgtype types,
-// database/sql's Null types) whose Value is nil.
-func isNull(v any) bool {
-	if isNil(v) {
-		return true
-	}
-	if vr, ok := v.(driver.Valuer); ok {
-		dv, err := vr.Value()
-		return err == nil && dv == nil
-	}
-	return false
-}
-
-// isNil reports whether v is nil or a typed nil pointer (or other nilable
-// value) inside an interface.
-func isNil(v any) bool {
-	if v == nil {
-		return true
-	}
-	rv := reflect.ValueOf(v)
-	switch rv.Kind() {
-	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
-		return rv.IsNil()
-	}
-	return false
-}
+func checkIdent(kind, s string) error { return pgident.Check(fence.ErrInvalidArgument, kind, s) }

@@ -7,22 +7,20 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
-	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/lockversion"
+	"github.com/fencekit/fencekit/internal/rowguard"
 )
 
-// Column is one column of a row and the value to write to it. Value is
-// passed to pgx as a query argument, never formatted into SQL.
-type Column struct {
-	Name  string
-	Value any
-}
+// Column is one column of a row and the value to write to it: Name, and
+// Value, passed to pgx as a query argument, never formatted into SQL. It is
+// the same type as dbguard.Column.
+type Column = rowguard.Column
 
 // Col returns Column{Name: name, Value: value}.
 func Col(name string, value any) Column { return Column{Name: name, Value: value} }
@@ -44,10 +42,9 @@ func Col(name string, value any) Column { return Column{Name: name, Value: value
 // connections and transactions (each connection checks the table once,
 // at its first write to it).
 type Table struct {
-	name      string // for messages: schema.table or table
-	cliName   string // as fencekit migrate add-lock-version --table takes it
-	ident     string // quoted, qualified
-	keys      []string
+	spec      *rowguard.Spec // the name for messages (schema.table or table) and the key columns
+	cliName   string         // as fencekit migrate add-lock-version --table takes it
+	ident     string         // quoted, qualified
 	keyIdents []string
 	keyList   string    // "k1", "k2"
 	where     string    // "k1" = $1 AND "k2" = $2
@@ -55,17 +52,15 @@ type Table struct {
 	ops       [4]string // "update \"t\"" and so on, for errors
 	obs       fence.WriteObserver
 
-	// last holds, per write kind, the statements built for the most
-	// recent list of columns: callers mostly write the same columns
-	// again, and then nothing is built.
-	last [4]atomic.Pointer[statements]
+	// stmts holds the statements built for the most recent list of
+	// columns of each write kind.
+	stmts *rowguard.Statements[*statements]
 }
 
 // statements are the two statements of one write kind and column list.
 type statements struct {
-	cols []string // the columns' names, in order
-	fast string   // the success path: writes, or changes nothing
-	full string   // the exact statement: locks the row, reports why not
+	fast string // the success path: writes, or changes nothing
+	full string // the exact statement: locks the row, reports why not
 }
 
 // CTE names used in the statements; an unqualified table with one of these
@@ -82,43 +77,21 @@ const (
 // case, so a table created as Orders is named "orders"). It does no I/O: a
 // table or column that does not exist is reported by the first write.
 //
-// NewTable returns an error wrapping ErrInvalid, listing every problem,
+// NewTable returns an error wrapping fence.ErrInvalidArgument, listing every problem,
 // when a name is empty, longer than 63 bytes, not UTF-8 or contains a NUL
 // byte, when there is no key column, when a key column repeats or is
 // lock_version.
 func NewTable(schema, name string, keyColumns ...string) (*Table, error) {
-	var errs []error
-	if schema != "" {
-		errs = append(errs, checkIdent("schema", schema))
-	}
-	errs = append(errs, checkIdent("table", name))
+	spec, err := rowguard.NewSpec("sqlguard", checkIdent, schema, name, keyColumns)
 	if schema == "" && (name == cteCur || name == cteWritten) {
-		errs = append(errs, fmt.Errorf("%w: table name %q is reserved by sqlguard unless schema-qualified", ErrInvalid, name))
+		err = errors.Join(err, fmt.Errorf("%w: table name %q is reserved by sqlguard unless schema-qualified", fence.ErrInvalidArgument, name))
 	}
-	if len(keyColumns) == 0 {
-		errs = append(errs, fmt.Errorf("%w: no key columns", ErrInvalid))
-	}
-	seen := make(map[string]bool, len(keyColumns))
-	for _, k := range keyColumns {
-		if err := checkIdent("key column", k); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if k == LockVersionColumn {
-			errs = append(errs, fmt.Errorf("%w: %s cannot be a key column", ErrInvalid, LockVersionColumn))
-		}
-		if seen[k] {
-			errs = append(errs, fmt.Errorf("%w: key column %q given twice", ErrInvalid, k))
-		}
-		seen[k] = true
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err != nil {
 		return nil, err
 	}
 
-	t := &Table{name: name, keys: append([]string(nil), keyColumns...)}
+	t := &Table{spec: spec, stmts: &rowguard.Statements[*statements]{}}
 	if schema != "" {
-		t.name = schema + "." + name
 		t.ident = pgx.Identifier{schema, name}.Sanitize()
 		t.cliName = cliIdent(schema) + "." + cliIdent(name)
 	} else {
@@ -135,7 +108,7 @@ func NewTable(schema, name string, keyColumns ...string) (*Table, error) {
 	t.where = strings.Join(conds, " AND ")
 	t.probeKey = "fencekit/sqlguard: fast path for " + t.ident + " (" + t.keyList + ")"
 	for k := range t.ops {
-		t.ops[k] = writeKind(k).String() + " " + t.ident
+		t.ops[k] = rowguard.Kind(k).String() + " " + t.ident
 	}
 	return t, nil
 }
@@ -172,35 +145,20 @@ func shellWord(s string) string {
 
 // Name returns the table's name as given to NewTable (schema.table or
 // table), unquoted.
-func (t *Table) Name() string { return t.name }
+func (t *Table) Name() string { return t.spec.Name }
 
 // WithObserver returns a Table like t whose writes report a
 // fence.WriteEvent to o (Guard "sqlguard", Class the table's Name, Op
 // "update", "insert", "upsert" or "delete"), after each write's outcome is
 // known. t itself is unchanged. o nil: no events.
 func (t *Table) WithObserver(o fence.WriteObserver) *Table {
-	c := &Table{
-		name: t.name, cliName: t.cliName, ident: t.ident, keys: t.keys, keyIdents: t.keyIdents,
-		keyList: t.keyList, where: t.where, probeKey: t.probeKey, ops: t.ops, obs: o,
-	}
-	return c
+	c := *t
+	c.obs = o
+	return &c
 }
 
 // KeyColumns returns a copy of the key column names.
-func (t *Table) KeyColumns() []string { return append([]string(nil), t.keys...) }
-
-type writeKind int
-
-const (
-	kindUpdate writeKind = iota
-	kindInsert
-	kindUpsert
-	kindDelete
-)
-
-func (k writeKind) String() string {
-	return [...]string{"update", "insert", "upsert", "delete"}[k]
-}
+func (t *Table) KeyColumns() []string { return slices.Clone(t.spec.Keys) }
 
 // Update sets the given columns of the row whose key columns equal key (in
 // NewTable's order; none may be NULL), and sets its lock_version to token,
@@ -210,24 +168,24 @@ func (k writeKind) String() string {
 //
 // It returns nil when the row was written; a *fence.StaleError (matching
 // fence.ErrStaleToken) carrying the row's lock_version when that is newer
-// than token; ErrNotFound when no row has the key; ErrAmbiguousKey when
-// several rows do; ErrLockVersionType when the table's lock_version is not
-// bigint (nothing written); ErrNoLockVersion, naming the command that adds
-// it, when the table has no lock_version column; an error matching ErrRetryable for a
+// than token; fence.ErrNotFound when no row has the key; fence.ErrAmbiguousKey when
+// several rows do; fence.ErrLockVersionType when the table's lock_version is not
+// bigint (nothing written); fence.ErrNoLockVersion, naming the command that adds
+// it, when the table has no lock_version column; an error matching fence.ErrRetryable for a
 // serialization failure or deadlock; an error matching
 // fence.ErrOutcomeUnknown, joined with its cause, when ctx ended or the
 // connection broke after the statement was sent (the write may have been
 // applied, or may still be: see the package doc); any other database
 // error wrapped (errors.As finds the *pgconn.PgError). Bad arguments are
 // reported before any I/O: a token that is 0 or above the int64 range
-// (fence.ErrInvalidToken), or an ErrInvalid (among them a NULL key
+// (fence.ErrInvalidToken), or an fence.ErrInvalidArgument (among them a NULL key
 // value). ctx bounds the statement.
 //
 // db may be a pool or connection (the write commits on its own) or a
 // pgx.Tx (the row stays locked, and the write can still be rolled back,
 // until the transaction ends).
-func (t *Table) Update(ctx context.Context, db DBTX, token fence.Token, key []any, set ...Column) error {
-	return t.write(ctx, kindUpdate, db, token, key, set)
+func (t *Table) Update(ctx context.Context, db DBTX, key []any, token fence.Token, set ...Column) error {
+	return t.write(ctx, rowguard.Update, db, token, key, set)
 }
 
 // Insert inserts a row with the key columns set to key, the given columns,
@@ -235,14 +193,14 @@ func (t *Table) Update(ctx context.Context, db DBTX, token fence.Token, key []an
 //
 // It returns nil when the row was inserted; a *fence.StaleError when a row
 // with the key exists and its lock_version is newer than token; an error
-// matching ErrExists when it exists with a lock_version <= token; an error
-// matching ErrRetryable when a row with the key was committed by another
+// matching fence.ErrExists when it exists with a lock_version <= token; an error
+// matching fence.ErrRetryable when a row with the key was committed by another
 // transaction after this statement's snapshot (try again to learn which
 // case it is), or on a serialization failure or deadlock; other errors as
 // for Update. The table needs a unique index on exactly the key columns.
 // ctx bounds the statement.
-func (t *Table) Insert(ctx context.Context, db DBTX, token fence.Token, key []any, cols ...Column) error {
-	return t.write(ctx, kindInsert, db, token, key, cols)
+func (t *Table) Insert(ctx context.Context, db DBTX, key []any, token fence.Token, cols ...Column) error {
+	return t.write(ctx, rowguard.Insert, db, token, key, cols)
 }
 
 // Upsert inserts the row, or, when a row with the key exists and its
@@ -252,14 +210,14 @@ func (t *Table) Insert(ctx context.Context, db DBTX, token fence.Token, key []an
 //
 // It returns nil when the row was inserted or updated; a *fence.StaleError
 // when the row's lock_version is newer than token; an error matching
-// ErrRetryable when a row with a newer lock_version was committed by
+// fence.ErrRetryable when a row with a newer lock_version was committed by
 // another transaction after this statement's snapshot (nothing was
 // written; try again to get the stale error with its version), or on a
 // serialization failure or deadlock; other errors as for Update. The table
 // needs a unique index on exactly the key columns. ctx bounds the
 // statement.
-func (t *Table) Upsert(ctx context.Context, db DBTX, token fence.Token, key []any, cols ...Column) error {
-	return t.write(ctx, kindUpsert, db, token, key, cols)
+func (t *Table) Upsert(ctx context.Context, db DBTX, key []any, token fence.Token, cols ...Column) error {
+	return t.write(ctx, rowguard.Upsert, db, token, key, cols)
 }
 
 // Delete deletes the row with the key if its lock_version is <= token. It
@@ -269,29 +227,26 @@ func (t *Table) Upsert(ctx context.Context, db DBTX, token fence.Token, key []an
 // Insert or Upsert of the same key is not rejected. Where a key can be
 // re-created, fence the whole resource with a Guard as well, or mark rows
 // deleted (a fenced Update) instead of deleting them.
-func (t *Table) Delete(ctx context.Context, db DBTX, token fence.Token, key []any) error {
-	return t.write(ctx, kindDelete, db, token, key, nil)
+func (t *Table) Delete(ctx context.Context, db DBTX, key []any, token fence.Token) error {
+	return t.write(ctx, rowguard.Delete, db, token, key, nil)
 }
 
-func (t *Table) write(ctx context.Context, kind writeKind, db DBTX, token fence.Token, key []any, cols []Column) error {
+func (t *Table) write(ctx context.Context, kind rowguard.Kind, db DBTX, token fence.Token, key []any, cols []Column) error {
 	if t.obs == nil {
 		return t.writeRow(ctx, kind, db, token, key, cols)
 	}
-	e := fence.WriteEvent{Ctx: ctx, Guard: "sqlguard", Class: t.name, Op: kind.String(), Token: token, Start: time.Now()}
-	if len(key) == len(t.keys) {
-		e.Resource = t.resource(key)
-	}
-	return fence.ObserveWrite(t.obs, e, t.writeRow(ctx, kind, db, token, key, cols))
+	e := fence.WriteEvent{Ctx: ctx, Guard: "sqlguard", Class: t.spec.Name, Op: kind.String(), Resource: t.spec.Resource(key), Token: token}
+	return fence.Observe(t.obs, e, func() error { return t.writeRow(ctx, kind, db, token, key, cols) })
 }
 
-func (t *Table) writeRow(ctx context.Context, kind writeKind, db DBTX, token fence.Token, key []any, cols []Column) error {
+func (t *Table) writeRow(ctx context.Context, kind rowguard.Kind, db DBTX, token fence.Token, key []any, cols []Column) error {
 	op := t.ops[kind]
 	tok, err := tokenArg(token)
 	if err != nil {
 		return fmt.Errorf("sqlguard: %s: %w", op, err)
 	}
 	st, colErr := t.statementsFor(kind, cols)
-	if err := errors.Join(t.check(db, key), colErr); err != nil {
+	if err := errors.Join(t.spec.CheckWrite(db, key), colErr); err != nil {
 		return fmt.Errorf("sqlguard: %s: %w", op, err)
 	}
 	args := make([]any, 0, len(key)+len(cols)+1)
@@ -327,7 +282,7 @@ func (t *Table) writeRow(ctx context.Context, kind writeKind, db DBTX, token fen
 // only): it locks the row, writes if it now may, or says exactly why not.
 // Without a known connection, or without those properties, the exact
 // statement runs alone.
-func (t *Table) run(ctx context.Context, kind writeKind, op string, db DBTX, conn *pgx.Conn, st *statements, args []any, token fence.Token, key []any) error {
+func (t *Table) run(ctx context.Context, kind rowguard.Kind, op string, db DBTX, conn *pgx.Conn, st *statements, args []any, token fence.Token, key []any) error {
 	if conn != nil {
 		fast, err := t.fastPath(ctx, op, db, conn)
 		if err != nil {
@@ -336,8 +291,8 @@ func (t *Table) run(ctx context.Context, kind writeKind, op string, db DBTX, con
 		if fast {
 			tag, err := db.Exec(ctx, st.fast, args...)
 			if err != nil {
-				if nlv := noLockVersion(op, shellWord(t.cliName), st.fast, err); nlv != nil {
-					return nlv // dropped since this connection's first write
+				if serr := t.schemaErr(op, st.fast, err); serr != nil {
+					return serr // dropped since this connection's first write
 				}
 				return sentErr(op, err, conn)
 			}
@@ -346,7 +301,7 @@ func (t *Table) run(ctx context.Context, kind writeKind, op string, db DBTX, con
 				return nil
 			case n > 1:
 				return fmt.Errorf("sqlguard: %s: %w: %s matched and wrote %d rows: the unique index on the key columns that this connection found at its first write is gone",
-					op, ErrAmbiguousKey, t.resource(key), n)
+					op, fence.ErrAmbiguousKey, t.spec.Resource(key), n)
 			}
 		}
 	}
@@ -356,33 +311,63 @@ func (t *Table) run(ctx context.Context, kind writeKind, op string, db DBTX, con
 		badType    *string
 	)
 	if err := db.QueryRow(ctx, st.full, args...).Scan(&n, &current, &written, &badType); err != nil {
-		if nlv := noLockVersion(op, shellWord(t.cliName), st.full, err); nlv != nil {
-			return nlv
+		if serr := t.schemaErr(op, st.full, err); serr != nil {
+			return serr
 		}
 		return sentErr(op, err, conn)
 	}
-	tok := args[len(args)-1].(int64)
-	switch {
-	case badType != nil:
-		return fmt.Errorf("sqlguard: %s: %w: %s.%s is %s, want %s", op, ErrLockVersionType, t.name, LockVersionColumn, *badType, lockversion.Type)
-	case n > 1:
-		return fmt.Errorf("sqlguard: %s: %w: %s matches %d rows", op, ErrAmbiguousKey, t.resource(key), n)
+	if badType != nil {
+		return t.lockVersionType(op, *badType)
+	}
+	f := rowguard.Found{Rows: int(n), HasCurrent: current != nil}
+	if current != nil {
+		f.Current = uint64(*current) // the CHECK keeps it >= 0
+	}
+	switch v := rowguard.Judge(kind, f, token); {
+	case v == rowguard.Ambiguous:
+		return t.spec.Refusal(v, op, key, token, f)
 	case written > 0:
 		return nil
-	case n == 0 && (kind == kindUpdate || kind == kindDelete):
-		return fmt.Errorf("sqlguard: %s: %w: %s", op, ErrNotFound, t.resource(key))
-	case n == 0:
-		return &RetryableError{Op: op, Err: fmt.Errorf("a row %s was committed concurrently, after this statement's snapshot", t.resource(key))}
-	case current == nil:
-		return fmt.Errorf("sqlguard: %s: %s has a NULL lock_version (the column must be NOT NULL)", op, t.resource(key))
-	case *current > tok:
-		return fence.Stale(t.resource(key), token, fence.Token(*current))
-	case kind == kindInsert:
-		return fmt.Errorf("sqlguard: %s: %w: %s (lock_version %d)", op, ErrExists, t.resource(key), *current)
-	default:
+	case v == rowguard.Create:
+		return &fence.RetryableError{Op: "sqlguard: " + op, Err: fmt.Errorf("a row %s was committed concurrently, after this statement's snapshot", t.spec.Resource(key))}
+	case v == rowguard.Write:
 		// The row was locked with lock_version <= token and still not
 		// written: it changed in a way the statement could not follow.
-		return &RetryableError{Op: op, Err: fmt.Errorf("%s changed concurrently", t.resource(key))}
+		return t.spec.Changed(op, key)
+	default:
+		return t.spec.Refusal(v, op, key, token, f)
+	}
+}
+
+// schemaErr returns the *fence.SetupError that a statement's failure err
+// says, or nil: the table has no lock_version (fence.ErrNoLockVersion), or
+// it (or its schema) does not exist (fence.ErrNoTable).
+func (t *Table) schemaErr(op, stmt string, err error) error {
+	if nlv := noLockVersion(op, shellWord(t.cliName), stmt, err); nlv != nil {
+		return nlv
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == codeUndefinedTable || pgErr.Code == codeInvalidSchemaName) {
+		return t.noTable(op, err)
+	}
+	return nil
+}
+
+// noTable is the error for a table that does not exist: err is the
+// database's, or nil when a check found it.
+func (t *Table) noTable(op string, err error) error {
+	what := fmt.Errorf("sqlguard: %s: %w: %s", op, fence.ErrNoTable, t.spec.Name)
+	if err != nil {
+		what = fmt.Errorf("%w: %w", what, err)
+	}
+	return &fence.SetupError{Err: what, Fix: "create the table, or give NewTable its schema and name as the database spells them (unquoted names fold to lower case)"}
+}
+
+// lockVersionType is the error for a lock_version column of type typ.
+func (t *Table) lockVersionType(op, typ string) error {
+	return &fence.SetupError{
+		Err: fmt.Errorf("sqlguard: %s: %w: %s.%s is %s, want %s", op, fence.ErrLockVersionType, t.spec.Name, LockVersionColumn, typ, lockversion.Type),
+		Fix: "change the column to bigint NOT NULL (migrations.ApplyLockVersion refuses to adopt a column of another type)",
 	}
 }
 
@@ -390,7 +375,13 @@ func (t *Table) run(ctx context.Context, kind writeKind, op string, db DBTX, con
 // or column, whether the table named $1 (quoted) has a bigint lock_version
 // and a unique index (valid, not deferrable, not partial, on columns only)
 // whose key columns are exactly the names in $2.
-var probeSQL = `SELECT ` + lockversion.InCatalog("r.oid") + ` AND EXISTS (
+var probeSQL = `SELECT ` + lockversion.InCatalog("r.oid") + ` AND ` + uniqueOnKeysSQL + `
+FROM (SELECT pg_catalog.to_regclass($1) AS oid) AS r`
+
+// uniqueOnKeysSQL is true when the relation r.oid has a unique index
+// (valid, not deferrable, not partial, on columns only) whose key columns
+// are exactly the names in $2.
+const uniqueOnKeysSQL = `EXISTS (
 	SELECT 1 FROM pg_catalog.pg_index i
 	WHERE i.indrelid = r.oid AND i.indisunique AND i.indimmediate AND i.indisvalid
 	  AND i.indpred IS NULL AND i.indexprs IS NULL AND i.indnkeyatts = pg_catalog.cardinality($2::text[])
@@ -398,8 +389,7 @@ var probeSQL = `SELECT ` + lockversion.InCatalog("r.oid") + ` AND EXISTS (
 	       FROM pg_catalog.unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, n)
 	       JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
 	       WHERE k.n <= i.indnkeyatts)
-	    = (SELECT pg_catalog.array_agg(c ORDER BY c) FROM pg_catalog.unnest($2::text[]) AS c))
-FROM (SELECT pg_catalog.to_regclass($1) AS oid) AS r`
+	    = (SELECT pg_catalog.array_agg(c ORDER BY c) FROM pg_catalog.unnest($2::text[]) AS c))`
 
 // fastPath reports whether conn may take the success path for t. It asks
 // the database once per connection and table (one round trip, at the
@@ -412,7 +402,7 @@ func (t *Table) fastPath(ctx context.Context, op string, db DBTX, conn *pgx.Conn
 		return ok, nil
 	}
 	var ok bool
-	if err := db.QueryRow(ctx, probeSQL, t.ident, t.keys).Scan(&ok); err != nil {
+	if err := db.QueryRow(ctx, probeSQL, t.ident, t.spec.Keys).Scan(&ok); err != nil {
 		// Nothing of the write was sent.
 		return false, wrapDBErr(op+": check the table", err)
 	}
@@ -421,97 +411,16 @@ func (t *Table) fastPath(ctx context.Context, op string, db DBTX, conn *pgx.Conn
 }
 
 // statementsFor returns the statements of a write of kind with cols, or an
-// error wrapping ErrInvalid when the columns cannot be written. Columns
-// are checked when their statements are built: the same names again find
-// those statements, already checked.
-func (t *Table) statementsFor(kind writeKind, cols []Column) (*statements, error) {
-	if st := t.last[kind].Load(); st != nil && sameNames(st.cols, cols) {
-		return st, nil
-	}
-	if err := t.checkColumns(cols); err != nil {
-		return nil, err
-	}
-	st := &statements{cols: make([]string, len(cols)), fast: t.fastStatement(kind, cols), full: t.statement(kind, cols)}
-	for i, c := range cols {
-		st.cols[i] = c.Name
-	}
-	t.last[kind].Store(st)
-	return st, nil
-}
-
-func sameNames(names []string, cols []Column) bool {
-	if len(names) != len(cols) {
-		return false
-	}
-	for i, c := range cols {
-		if names[i] != c.Name {
-			return false
+// error wrapping fence.ErrInvalidArgument when the columns cannot be
+// written. Columns are checked when their statements are built: the same
+// names again find those statements, already checked.
+func (t *Table) statementsFor(kind rowguard.Kind, cols []Column) (*statements, error) {
+	return t.stmts.For(kind, cols, func() (*statements, error) {
+		if err := t.spec.CheckColumns(checkIdent, cols); err != nil {
+			return nil, err
 		}
-	}
-	return true
-}
-
-// check validates a write's database and key, reporting every problem
-// at once. The columns are checked by statementsFor.
-func (t *Table) check(db DBTX, key []any) error {
-	var errs []error
-	if isNil(db) {
-		errs = append(errs, fmt.Errorf("%w: nil database", ErrInvalid))
-	}
-	if len(key) != len(t.keys) {
-		errs = append(errs, fmt.Errorf("%w: %d key values for %d key columns", ErrInvalid, len(key), len(t.keys)))
-	}
-	for i, v := range key[:min(len(key), len(t.keys))] {
-		if isNull(v) {
-			errs = append(errs, fmt.Errorf("%w: key column %q is NULL (a NULL key matches no row and conflicts with none)", ErrInvalid, t.keys[i]))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// checkColumns validates the columns of a write, reporting every problem
-// at once.
-func (t *Table) checkColumns(cols []Column) error {
-	var errs []error
-	for i, c := range cols {
-		if err := checkIdent("column", c.Name); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		switch {
-		case c.Name == LockVersionColumn:
-			errs = append(errs, fmt.Errorf("%w: column %s is written by the guard only", ErrInvalid, LockVersionColumn))
-		case t.isKey(c.Name):
-			errs = append(errs, fmt.Errorf("%w: column %q is a key column; pass its value in key", ErrInvalid, c.Name))
-		case slices.ContainsFunc(cols[:i], func(p Column) bool { return p.Name == c.Name }):
-			errs = append(errs, fmt.Errorf("%w: column %q given twice", ErrInvalid, c.Name))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-func (t *Table) isKey(name string) bool {
-	for _, k := range t.keys {
-		if k == name {
-			return true
-		}
-	}
-	return false
-}
-
-// resource describes one row for errors: schema.table(k1=v1, k2=v2).
-func (t *Table) resource(key []any) string {
-	var b strings.Builder
-	b.WriteString(t.name)
-	b.WriteByte('(')
-	for i, k := range t.keys {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		fmt.Fprintf(&b, "%s=%v", k, key[i])
-	}
-	b.WriteByte(')')
-	return b.String()
+		return &statements{fast: t.fastStatement(kind, cols), full: t.statement(kind, cols)}, nil
+	})
 }
 
 // fastStatement builds the success path's statement, with the parameters
@@ -521,22 +430,22 @@ func (t *Table) resource(key []any) string {
 // statement is asked next. RowTypeIsBigint re-checks, at no cost, the
 // type checked at the connection's first write, so that a column altered
 // since then is not trusted.
-func (t *Table) fastStatement(kind writeKind, cols []Column) string {
-	nk := len(t.keys)
+func (t *Table) fastStatement(kind rowguard.Kind, cols []Column) string {
+	nk := len(t.spec.Keys)
 	tokParam := "$" + strconv.Itoa(nk+len(cols)+1)
 	lv := pgx.Identifier{LockVersionColumn}.Sanitize()
 	isBigint := lockversion.RowTypeIsBigint(t.ident)
 	var b strings.Builder
 	switch kind {
-	case kindUpdate:
+	case rowguard.Update:
 		b.WriteString("UPDATE " + t.ident + " SET ")
 		for i, c := range cols {
 			b.WriteString(pgx.Identifier{c.Name}.Sanitize() + " = $" + strconv.Itoa(nk+i+1) + ", ")
 		}
 		b.WriteString(lv + " = " + tokParam + " WHERE " + t.where + " AND " + lv + " <= " + tokParam + " AND " + isBigint)
-	case kindDelete:
+	case rowguard.Delete:
 		b.WriteString("DELETE FROM " + t.ident + " WHERE " + t.where + " AND " + lv + " <= " + tokParam + " AND " + isBigint)
-	case kindInsert, kindUpsert:
+	case rowguard.Insert, rowguard.Upsert:
 		targets := append([]string(nil), t.keyIdents...)
 		params := make([]string, 0, nk+len(cols)+1)
 		for i := 1; i <= nk+len(cols)+1; i++ {
@@ -548,7 +457,7 @@ func (t *Table) fastStatement(kind writeKind, cols []Column) string {
 		targets = append(targets, lv)
 		b.WriteString("INSERT INTO " + t.ident + " AS fencekit_t (" + strings.Join(targets, ", ") + ") SELECT " +
 			strings.Join(params, ", ") + " WHERE " + isBigint + " ON CONFLICT (" + t.keyList + ") DO ")
-		if kind == kindInsert {
+		if kind == rowguard.Insert {
 			b.WriteString("NOTHING")
 		} else {
 			b.WriteString("UPDATE SET ")
@@ -578,8 +487,8 @@ func (t *Table) fastStatement(kind writeKind, cols []Column) string {
 // written, and the column is read through a cast only when it is bigint, so
 // the statement parses, the token is passed as a bigint and nothing fails
 // before the check, whatever the type (real, numeric, integer, text...).
-func (t *Table) statement(kind writeKind, cols []Column) string {
-	nk := len(t.keys)
+func (t *Table) statement(kind rowguard.Kind, cols []Column) string {
+	nk := len(t.spec.Keys)
 	tokParam := "$" + strconv.Itoa(nk+len(cols)+1) + "::bigint"
 	// What is stored: a subquery, so that a custom plan cannot fold the
 	// assignment cast to a column of another type (which would fail at
@@ -598,7 +507,7 @@ func (t *Table) statement(kind writeKind, cols []Column) string {
 	// The lock a plain UPDATE or DELETE of the row would take: FOR NO KEY
 	// UPDATE does not block foreign-key checks of referencing rows.
 	lock := " FOR NO KEY UPDATE"
-	if kind == kindDelete {
+	if kind == rowguard.Delete {
 		lock = " FOR UPDATE"
 	}
 	var b strings.Builder
@@ -606,15 +515,15 @@ func (t *Table) statement(kind writeKind, cols []Column) string {
 		t.ident + " WHERE " + t.where + lock + "), ")
 	b.WriteString(cteWritten + " AS (")
 	switch kind {
-	case kindUpdate:
+	case rowguard.Update:
 		b.WriteString("UPDATE " + t.ident + " SET ")
 		for i := range cols {
 			b.WriteString(colIdents[i] + " = " + colParams[i] + ", ")
 		}
 		b.WriteString(lv + " = " + tokValue + " WHERE " + t.where + " AND " + guard)
-	case kindDelete:
+	case rowguard.Delete:
 		b.WriteString("DELETE FROM " + t.ident + " WHERE " + t.where + " AND " + guard)
-	case kindInsert, kindUpsert:
+	case rowguard.Insert, rowguard.Upsert:
 		targets := append(append(append([]string(nil), t.keyIdents...), colIdents...), lv)
 		params := make([]string, 0, len(targets))
 		for i := 1; i <= nk; i++ {
@@ -623,7 +532,7 @@ func (t *Table) statement(kind writeKind, cols []Column) string {
 		params = append(append(params, colParams...), tokValue)
 		b.WriteString("INSERT INTO " + t.ident + " AS fencekit_t (" + strings.Join(targets, ", ") + ") ")
 		b.WriteString("SELECT " + strings.Join(params, ", ") + " WHERE " + isBigint)
-		if kind == kindInsert {
+		if kind == rowguard.Insert {
 			b.WriteString(" AND NOT EXISTS (SELECT 1 FROM " + cteCur + ")")
 			b.WriteString(" ON CONFLICT (" + t.keyList + ") DO NOTHING")
 		} else {

@@ -49,7 +49,7 @@ func checkOutcome(t *testing.T, err error, want outcome, presented, current fenc
 			t.Fatalf("stale error must not be retryable")
 		}
 	case notFound, exists, ambiguous:
-		target := map[outcome]error{notFound: sqlguard.ErrNotFound, exists: sqlguard.ErrExists, ambiguous: sqlguard.ErrAmbiguousKey}[want]
+		target := map[outcome]error{notFound: fence.ErrNotFound, exists: fence.ErrExists, ambiguous: fence.ErrAmbiguousKey}[want]
 		if !errors.Is(err, target) {
 			t.Fatalf("want %v, got %v", target, err)
 		}
@@ -75,55 +75,55 @@ func TestTableWriteOutcomes(t *testing.T) {
 		afterID int
 	}{
 		{"update written", 5, func(tbl *sqlguard.Table, db sqlguard.DBTX) error {
-			return tbl.Update(ctx, db, tok, []any{1}, sqlguard.Col("balance", 150))
+			return tbl.Update(ctx, db, []any{1}, tok, sqlguard.Col("balance", 150))
 		}, written, row{true, "ann", 150, 7}, 1},
 		{"update equal token", 7, func(tbl *sqlguard.Table, db sqlguard.DBTX) error {
-			return tbl.Update(ctx, db, tok, []any{1}, sqlguard.Col("balance", 150), sqlguard.Col("owner", "amy"))
+			return tbl.Update(ctx, db, []any{1}, tok, sqlguard.Col("balance", 150), sqlguard.Col("owner", "amy"))
 		}, written, row{true, "amy", 150, 7}, 1},
 		{"update first write on migrated row", 0, func(tbl *sqlguard.Table, db sqlguard.DBTX) error {
-			return tbl.Update(ctx, db, tok, []any{1}, sqlguard.Col("balance", 150))
+			return tbl.Update(ctx, db, []any{1}, tok, sqlguard.Col("balance", 150))
 		}, written, row{true, "ann", 150, 7}, 1},
 		{"update no columns claims the row", 5, func(tbl *sqlguard.Table, db sqlguard.DBTX) error {
-			return tbl.Update(ctx, db, tok, []any{1})
+			return tbl.Update(ctx, db, []any{1}, tok)
 		}, written, row{true, "ann", 100, 7}, 1},
 		{"update stale", 9, func(tbl *sqlguard.Table, db sqlguard.DBTX) error {
-			return tbl.Update(ctx, db, tok, []any{1}, sqlguard.Col("balance", 150))
+			return tbl.Update(ctx, db, []any{1}, tok, sqlguard.Col("balance", 150))
 		}, stale, row{true, "ann", 100, 9}, 1},
 		{"update not found", 5, func(tbl *sqlguard.Table, db sqlguard.DBTX) error {
-			return tbl.Update(ctx, db, tok, []any{99}, sqlguard.Col("balance", 150))
+			return tbl.Update(ctx, db, []any{99}, tok, sqlguard.Col("balance", 150))
 		}, notFound, row{true, "ann", 100, 5}, 1},
 
 		{"insert written", 5, func(tbl *sqlguard.Table, db sqlguard.DBTX) error {
-			return tbl.Insert(ctx, db, tok, []any{3}, sqlguard.Col("owner", "cat"), sqlguard.Col("balance", 300))
+			return tbl.Insert(ctx, db, []any{3}, tok, sqlguard.Col("owner", "cat"), sqlguard.Col("balance", 300))
 		}, written, row{true, "cat", 300, 7}, 3},
 		{"insert stale", 9, func(tbl *sqlguard.Table, db sqlguard.DBTX) error {
-			return tbl.Insert(ctx, db, tok, []any{1}, sqlguard.Col("owner", "cat"))
+			return tbl.Insert(ctx, db, []any{1}, tok, sqlguard.Col("owner", "cat"))
 		}, stale, row{true, "ann", 100, 9}, 1},
 		{"insert exists", 5, func(tbl *sqlguard.Table, db sqlguard.DBTX) error {
-			return tbl.Insert(ctx, db, tok, []any{1}, sqlguard.Col("owner", "cat"))
+			return tbl.Insert(ctx, db, []any{1}, tok, sqlguard.Col("owner", "cat"))
 		}, exists, row{true, "ann", 100, 5}, 1},
 
 		{"upsert inserts", 5, func(tbl *sqlguard.Table, db sqlguard.DBTX) error {
-			return tbl.Upsert(ctx, db, tok, []any{3}, sqlguard.Col("owner", "cat"), sqlguard.Col("balance", 300))
+			return tbl.Upsert(ctx, db, []any{3}, tok, sqlguard.Col("owner", "cat"), sqlguard.Col("balance", 300))
 		}, written, row{true, "cat", 300, 7}, 3},
 		{"upsert updates", 5, func(tbl *sqlguard.Table, db sqlguard.DBTX) error {
-			return tbl.Upsert(ctx, db, tok, []any{1}, sqlguard.Col("owner", "amy"), sqlguard.Col("balance", 150))
+			return tbl.Upsert(ctx, db, []any{1}, tok, sqlguard.Col("owner", "amy"), sqlguard.Col("balance", 150))
 		}, written, row{true, "amy", 150, 7}, 1},
 		{"upsert equal token", 7, func(tbl *sqlguard.Table, db sqlguard.DBTX) error {
-			return tbl.Upsert(ctx, db, tok, []any{1}, sqlguard.Col("owner", "amy"), sqlguard.Col("balance", 150))
+			return tbl.Upsert(ctx, db, []any{1}, tok, sqlguard.Col("owner", "amy"), sqlguard.Col("balance", 150))
 		}, written, row{true, "amy", 150, 7}, 1},
 		{"upsert stale", 9, func(tbl *sqlguard.Table, db sqlguard.DBTX) error {
-			return tbl.Upsert(ctx, db, tok, []any{1}, sqlguard.Col("owner", "amy"), sqlguard.Col("balance", 150))
+			return tbl.Upsert(ctx, db, []any{1}, tok, sqlguard.Col("owner", "amy"), sqlguard.Col("balance", 150))
 		}, stale, row{true, "ann", 100, 9}, 1},
 
 		{"delete written", 5, func(tbl *sqlguard.Table, db sqlguard.DBTX) error {
-			return tbl.Delete(ctx, db, tok, []any{1})
+			return tbl.Delete(ctx, db, []any{1}, tok)
 		}, written, row{}, 1},
 		{"delete stale", 9, func(tbl *sqlguard.Table, db sqlguard.DBTX) error {
-			return tbl.Delete(ctx, db, tok, []any{1})
+			return tbl.Delete(ctx, db, []any{1}, tok)
 		}, stale, row{true, "ann", 100, 9}, 1},
 		{"delete not found", 5, func(tbl *sqlguard.Table, db sqlguard.DBTX) error {
-			return tbl.Delete(ctx, db, tok, []any{99})
+			return tbl.Delete(ctx, db, []any{99}, tok)
 		}, notFound, row{true, "ann", 100, 5}, 1},
 	} {
 		name := fmt.Sprintf("t%d", i)
@@ -181,16 +181,16 @@ func TestTableStaleReportsCommittedVersion(t *testing.T) {
 		write write
 	}{
 		{"update", func(tbl *sqlguard.Table, db sqlguard.DBTX, tok fence.Token) error {
-			return tbl.Update(ctx, db, tok, []any{1}, sqlguard.Col("balance", int(tok)))
+			return tbl.Update(ctx, db, []any{1}, tok, sqlguard.Col("balance", int(tok)))
 		}},
 		{"upsert", func(tbl *sqlguard.Table, db sqlguard.DBTX, tok fence.Token) error {
-			return tbl.Upsert(ctx, db, tok, []any{1}, sqlguard.Col("owner", "b"), sqlguard.Col("balance", int(tok)))
+			return tbl.Upsert(ctx, db, []any{1}, tok, sqlguard.Col("owner", "b"), sqlguard.Col("balance", int(tok)))
 		}},
 		{"insert", func(tbl *sqlguard.Table, db sqlguard.DBTX, tok fence.Token) error {
-			return tbl.Insert(ctx, db, tok, []any{1}, sqlguard.Col("owner", "b"), sqlguard.Col("balance", int(tok)))
+			return tbl.Insert(ctx, db, []any{1}, tok, sqlguard.Col("owner", "b"), sqlguard.Col("balance", int(tok)))
 		}},
 		{"delete", func(tbl *sqlguard.Table, db sqlguard.DBTX, tok fence.Token) error {
-			return tbl.Delete(ctx, db, tok, []any{1})
+			return tbl.Delete(ctx, db, []any{1}, tok)
 		}},
 	}
 	for i, k := range kinds {
@@ -212,7 +212,7 @@ func TestTableStaleReportsCommittedVersion(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer txA.Rollback(ctx)
-				if err := tbl.Update(ctx, txA, 10, []any{1}, sqlguard.Col("balance", 10)); err != nil {
+				if err := tbl.Update(ctx, txA, []any{1}, 10, sqlguard.Col("balance", 10)); err != nil {
 					t.Fatalf("A: %v", err)
 				}
 
@@ -289,12 +289,12 @@ func TestTableConcurrentInsert(t *testing.T) {
 				}
 				write := func() error {
 					if kind == "insert" {
-						return tbl.Insert(ctx, dbB, 5, []any{3}, sqlguard.Col("owner", "b"))
+						return tbl.Insert(ctx, dbB, []any{3}, 5, sqlguard.Col("owner", "b"))
 					}
-					return tbl.Upsert(ctx, dbB, 5, []any{3}, sqlguard.Col("owner", "b"))
+					return tbl.Upsert(ctx, dbB, []any{3}, 5, sqlguard.Col("owner", "b"))
 				}
 				// B's first write to the table, so that its check is done.
-				if err := tbl.Update(ctx, dbB, 1, []any{1}); err != nil {
+				if err := tbl.Update(ctx, dbB, []any{1}, 1); err != nil {
 					t.Fatal(err)
 				}
 				txA, err := e.pool.Begin(ctx)
@@ -302,7 +302,7 @@ func TestTableConcurrentInsert(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer txA.Rollback(ctx)
-				if err := tbl.Insert(ctx, txA, 10, []any{3}, sqlguard.Col("owner", "a")); err != nil {
+				if err := tbl.Insert(ctx, txA, []any{3}, 10, sqlguard.Col("owner", "a")); err != nil {
 					t.Fatalf("A: %v", err)
 				}
 				done := make(chan error, 1)
@@ -313,7 +313,7 @@ func TestTableConcurrentInsert(t *testing.T) {
 				}
 				err = <-done
 				if opaque {
-					if !errors.Is(err, sqlguard.ErrRetryable) || !sqlguard.IsRetryable(err) || errors.Is(err, fence.ErrStaleToken) {
+					if !errors.Is(err, fence.ErrRetryable) || !sqlguard.IsRetryable(err) || errors.Is(err, fence.ErrStaleToken) {
 						t.Fatalf("B: want retryable, got %v", err)
 					}
 					err = write()
@@ -338,8 +338,8 @@ func TestTableAmbiguousKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, write := range map[string]func() error{
-		"update": func() error { return tbl.Update(ctx, e.pool, 3, []any{1}, sqlguard.Col("v", 9)) },
-		"delete": func() error { return tbl.Delete(ctx, e.pool, 3, []any{1}) },
+		"update": func() error { return tbl.Update(ctx, e.pool, []any{1}, 3, sqlguard.Col("v", 9)) },
+		"delete": func() error { return tbl.Delete(ctx, e.pool, []any{1}, 3) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			checkOutcome(t, write(), ambiguous, 0, 0, "")
@@ -371,13 +371,13 @@ func TestTableDatabaseErrors(t *testing.T) {
 		write func() error
 		code  string
 	}{
-		{"unknown column", func() error { return tbl.Update(ctx, e.pool, 5, []any{1}, sqlguard.Col("nope", 1)) }, "42703"},
-		{"unknown table", func() error { return missing.Update(ctx, e.pool, 5, []any{1}) }, "42P01"},
-		{"no unique index for upsert", func() error { return nokey.Upsert(ctx, e.pool, 5, []any{1}) }, "42P10"},
-		{"no unique index for insert", func() error { return nokey.Insert(ctx, e.pool, 5, []any{1}) }, "42P10"},
-		{"not null violation", func() error { return tbl.Insert(ctx, e.pool, 5, []any{3}) }, "23502"},
+		{"unknown column", func() error { return tbl.Update(ctx, e.pool, []any{1}, 5, sqlguard.Col("nope", 1)) }, "42703"},
+		{"unknown table", func() error { return missing.Update(ctx, e.pool, []any{1}, 5) }, "42P01"},
+		{"no unique index for upsert", func() error { return nokey.Upsert(ctx, e.pool, []any{1}, 5) }, "42P10"},
+		{"no unique index for insert", func() error { return nokey.Insert(ctx, e.pool, []any{1}, 5) }, "42P10"},
+		{"not null violation", func() error { return tbl.Insert(ctx, e.pool, []any{3}, 5) }, "23502"},
 		{"NUL in a text value", func() error {
-			return tbl.Update(ctx, e.pool, 5, []any{1}, sqlguard.Col("owner", "x\x00y"))
+			return tbl.Update(ctx, e.pool, []any{1}, 5, sqlguard.Col("owner", "x\x00y"))
 		}, ""}, // NUL in text: an encoding error, no PgError
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -385,7 +385,7 @@ func TestTableDatabaseErrors(t *testing.T) {
 			if err == nil {
 				t.Fatal("want an error")
 			}
-			if errors.Is(err, fence.ErrStaleToken) || sqlguard.IsRetryable(err) || errors.Is(err, sqlguard.ErrNotFound) {
+			if errors.Is(err, fence.ErrStaleToken) || sqlguard.IsRetryable(err) || errors.Is(err, fence.ErrNotFound) {
 				t.Fatalf("%v: must be neither stale, retryable nor not found", err)
 			}
 			if tc.code == "" {
@@ -418,10 +418,10 @@ func TestTableRetryable(t *testing.T) {
 		if _, err := txB.Exec(ctx, `SELECT 1 FROM rr`); err != nil { // takes the snapshot
 			t.Fatal(err)
 		}
-		if err := tbl.Update(ctx, e.pool, 10, []any{1}, sqlguard.Col("balance", 10)); err != nil {
+		if err := tbl.Update(ctx, e.pool, []any{1}, 10, sqlguard.Col("balance", 10)); err != nil {
 			t.Fatal(err)
 		}
-		err = tbl.Update(ctx, txB, 12, []any{1}, sqlguard.Col("balance", 12))
+		err = tbl.Update(ctx, txB, []any{1}, 12, sqlguard.Col("balance", 12))
 		checkRetryable(t, err, "40001")
 	})
 
@@ -438,16 +438,16 @@ func TestTableRetryable(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer txB.Rollback(ctx)
-		if err := tbl.Update(ctx, txA, 5, []any{1}); err != nil {
+		if err := tbl.Update(ctx, txA, []any{1}, 5); err != nil {
 			t.Fatal(err)
 		}
-		if err := tbl.Update(ctx, txB, 5, []any{2}); err != nil {
+		if err := tbl.Update(ctx, txB, []any{2}, 5); err != nil {
 			t.Fatal(err)
 		}
 		done := make(chan error, 1)
-		go func() { done <- tbl.Update(ctx, txB, 5, []any{1}) }()
+		go func() { done <- tbl.Update(ctx, txB, []any{1}, 5) }()
 		waitBlocked(t, e, connB.PgConn().PID())
-		errA := tbl.Update(ctx, txA, 5, []any{2})
+		errA := tbl.Update(ctx, txA, []any{2}, 5)
 		var errB error
 		if errA == nil {
 			// B was chosen as the victim; A got the row once B aborted.
@@ -465,7 +465,7 @@ func TestTableRetryable(t *testing.T) {
 
 func checkRetryable(t *testing.T, err error, code string) {
 	t.Helper()
-	if !errors.Is(err, sqlguard.ErrRetryable) || !sqlguard.IsRetryable(err) {
+	if !errors.Is(err, fence.ErrRetryable) || !sqlguard.IsRetryable(err) {
 		t.Fatalf("want retryable, got %v", err)
 	}
 	if errors.Is(err, fence.ErrStaleToken) {
@@ -475,7 +475,7 @@ func checkRetryable(t *testing.T, err error, code string) {
 	if !errors.As(err, &pgErr) || pgErr.Code != code {
 		t.Fatalf("want PgError %s in %v", code, err)
 	}
-	var re *sqlguard.RetryableError
+	var re *fence.RetryableError
 	if !errors.As(err, &re) {
 		t.Fatalf("want *RetryableError in %v", err)
 	}
@@ -498,14 +498,14 @@ func TestTableHostileIdentifiers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tbl.Insert(ctx, e.pool, 3, []any{1}, sqlguard.Col(col, "'); DROP TABLE canary; --")); err != nil {
+	if err := tbl.Insert(ctx, e.pool, []any{1}, 3, sqlguard.Col(col, "'); DROP TABLE canary; --")); err != nil {
 		t.Fatal(err)
 	}
-	if err := tbl.Update(ctx, e.pool, 4, []any{1}, sqlguard.Col(col, "v")); err != nil {
+	if err := tbl.Update(ctx, e.pool, []any{1}, 4, sqlguard.Col(col, "v")); err != nil {
 		t.Fatal(err)
 	}
-	checkOutcome(t, tbl.Upsert(ctx, e.pool, 2, []any{1}, sqlguard.Col(col, "w")), stale, 2, 4, e.schema+"."+table+"(i\"d=1)")
-	if err := tbl.Delete(ctx, e.pool, 4, []any{1}); err != nil {
+	checkOutcome(t, tbl.Upsert(ctx, e.pool, []any{1}, 2, sqlguard.Col(col, "w")), stale, 2, 4, e.schema+"."+table+"(i\"d=1)")
+	if err := tbl.Delete(ctx, e.pool, []any{1}, 4); err != nil {
 		t.Fatal(err)
 	}
 	if n := e.int64Query(t, `SELECT count(*) FROM canary`); n != 1 {
@@ -527,7 +527,7 @@ func TestTableLockStrength(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if err := tbl.Update(ctx, tx, 5, []any{1}, sqlguard.Col("balance", 5)); err != nil {
+	if err := tbl.Update(ctx, tx, []any{1}, 5, sqlguard.Col("balance", 5)); err != nil {
 		t.Fatal(err)
 	}
 	err = pgx.BeginFunc(ctx, e.pool, func(tx2 pgx.Tx) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"github.com/fencekit/fencekit/fence"
 	"slices"
 	"strings"
 	"testing"
@@ -90,7 +91,7 @@ func TestAmbiguousKeyChangesNothing(t *testing.T) {
 					}
 				}
 				update := func(ctx context.Context, p dbguard.DBTX) error {
-					return tbl.Update(ctx, p, 5, []any{sc.key}, dbguard.Col("value", "written"))
+					return tbl.Update(ctx, p, []any{sc.key}, 5, dbguard.Col("value", "written"))
 				}
 				writes := []struct {
 					name string
@@ -98,15 +99,15 @@ func TestAmbiguousKeyChangesNothing(t *testing.T) {
 				}{
 					{"update", update},
 					{"upsert", func(ctx context.Context, p dbguard.DBTX) error {
-						return tbl.Upsert(ctx, p, 5, []any{sc.key}, dbguard.Col("value", "written"))
+						return tbl.Upsert(ctx, p, []any{sc.key}, 5, dbguard.Col("value", "written"))
 					}},
-					{"delete", func(ctx context.Context, p dbguard.DBTX) error { return tbl.Delete(ctx, p, 5, []any{sc.key}) }},
+					{"delete", func(ctx context.Context, p dbguard.DBTX) error { return tbl.Delete(ctx, p, []any{sc.key}, 5) }},
 					{"update in a transaction", inTx(update)},
 				}
 				before := tableRows(t, db.SQL, "amb")
 				for _, w := range writes {
 					err := w.run(ctx, db.SQL)
-					if !errors.Is(err, dbguard.ErrAmbiguousKey) {
+					if !errors.Is(err, fence.ErrAmbiguousKey) {
 						t.Errorf("%s of key %v = %v; want ErrAmbiguousKey", w.name, sc.key, err)
 					}
 					if after := tableRows(t, db.SQL, "amb"); !slices.Equal(after, before) {

@@ -63,17 +63,17 @@ func checkAutocommitOff(t *testing.T, db *DB, edit func(*mysql.Config)) {
 		want  want
 	}{
 		{"update", 1, func(ctx context.Context, p dbguard.DBTX) error {
-			return tbl.Update(ctx, p, 5, []any{1}, dbguard.Col("value", "new"))
+			return tbl.Update(ctx, p, []any{1}, 5, dbguard.Col("value", "new"))
 		}, want{"new", 5, true}},
 		{"upsert of an existing row", 2, func(ctx context.Context, p dbguard.DBTX) error {
-			return tbl.Upsert(ctx, p, 5, []any{2}, dbguard.Col("value", "new"))
+			return tbl.Upsert(ctx, p, []any{2}, 5, dbguard.Col("value", "new"))
 		}, want{"new", 5, true}},
-		{"delete", 3, func(ctx context.Context, p dbguard.DBTX) error { return tbl.Delete(ctx, p, 5, []any{3}) }, want{}},
+		{"delete", 3, func(ctx context.Context, p dbguard.DBTX) error { return tbl.Delete(ctx, p, []any{3}, 5) }, want{}},
 		{"insert", 10, func(ctx context.Context, p dbguard.DBTX) error {
-			return tbl.Insert(ctx, p, 5, []any{10}, dbguard.Col("value", "new"))
+			return tbl.Insert(ctx, p, []any{10}, 5, dbguard.Col("value", "new"))
 		}, want{"new", 5, true}},
 		{"upsert of a new row", 11, func(ctx context.Context, p dbguard.DBTX) error {
-			return tbl.Upsert(ctx, p, 5, []any{11}, dbguard.Col("value", "new"))
+			return tbl.Upsert(ctx, p, []any{11}, 5, dbguard.Col("value", "new"))
 		}, want{"new", 5, true}},
 		{"update through a *sql.Conn", 4, func(ctx context.Context, p dbguard.DBTX) error {
 			conn, err := p.(*sql.DB).Conn(ctx)
@@ -81,7 +81,7 @@ func checkAutocommitOff(t *testing.T, db *DB, edit func(*mysql.Config)) {
 				t.Fatal(err)
 			}
 			defer conn.Close()
-			return tbl.Update(ctx, conn, 5, []any{4}, dbguard.Col("value", "new"))
+			return tbl.Update(ctx, conn, []any{4}, 5, dbguard.Col("value", "new"))
 		}, want{"new", 5, true}},
 	} {
 		pool := db.OpenWith(t, edit, nil)

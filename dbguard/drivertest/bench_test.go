@@ -59,7 +59,7 @@ func BenchmarkDBGuardPaired(b *testing.B) {
 					return err
 				}, func(i int) error {
 					tok++
-					return tbl.Update(ctx, db.SQL, tok, []any{1}, dbguard.Col("value", f(i)))
+					return tbl.Update(ctx, db.SQL, []any{1}, tok, dbguard.Col("value", f(i)))
 				}},
 				{"tx", func(i int) error {
 					tx, err := db.SQL.BeginTx(ctx, nil)

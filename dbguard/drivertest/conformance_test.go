@@ -12,6 +12,7 @@ import (
 	"github.com/fencekit/fencekit/dbguard"
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/guardtest"
+	"github.com/fencekit/fencekit/internal/testkit"
 )
 
 var dialects = []dbguard.Dialect{dbguard.MySQL, dbguard.SQLite}
@@ -56,8 +57,21 @@ func TestConformanceTable(t *testing.T) {
 			cfg := guardtest.Config{
 				NewResource: func(t *testing.T) guardtest.Resource { return newRow(t, true) },
 				NewMissing:  func(t *testing.T) guardtest.Resource { return newRow(t, false) },
-				IsMissing:   func(err error) bool { return errors.Is(err, dbguard.ErrNotFound) },
+				IsMissing:   func(err error) bool { return errors.Is(err, fence.ErrNotFound) },
 				CountIO:     func(r guardtest.Resource) int64 { return r.(*confRow).count() },
+				Observe: func(_ *testing.T, r guardtest.Resource, o fence.WriteObserver) guardtest.Want {
+					return r.(*confRow).observe(o)
+				},
+				Check: func(ctx context.Context, r guardtest.Resource) error { return r.(*confRow).check(ctx) },
+				// A row of a table without lock_version.
+				NewBroken: func(t *testing.T) guardtest.Resource {
+					db.Exec(t, `CREATE TABLE IF NOT EXISTS conf_plain (id BIGINT PRIMARY KEY, value `+valueColumn(d)+`)`)
+					plain, err := dbguard.NewTable(d, "", "conf_plain", "id")
+					if err != nil {
+						t.Fatal(err)
+					}
+					return &confRow{confDB: newConfDB(t, db, "write"), tbl: plain, id: ids.Add(1)}
+				},
 			}
 			confLoseReply(d, &cfg, func(r guardtest.Resource) *confDB { return &r.(*confRow).confDB })
 			guardtest.Run(t, cfg)
@@ -88,6 +102,21 @@ func TestConformanceBeginFunc(t *testing.T) {
 					return &confTx{confDB: newConfDB(t, db, "commit"), g: g, name: fmt.Sprintf("conf/%d 'x` \"y\"", n.Add(1))}
 				},
 				CountIO: func(r guardtest.Resource) int64 { return r.(*confTx).count() },
+				Observe: func(t *testing.T, r guardtest.Resource, o fence.WriteObserver) guardtest.Want {
+					c := r.(*confTx)
+					var err error
+					if c.g, err = dbguard.New(d, dbguard.WithObserver(o)); err != nil {
+						t.Fatal(err)
+					}
+					return guardtest.Want{Guard: "dbguard", Class: "transaction", Op: "transaction", Resource: c.name}
+				},
+				Check: func(ctx context.Context, r guardtest.Resource) error { c := r.(*confTx); return c.g.Check(ctx, c.pool) },
+				// A database whose toolkit table is gone.
+				NewBroken: func(t *testing.T) guardtest.Resource {
+					bare := Open(t, d)
+					bare.Exec(t, `DROP TABLE fencekit_resource_tokens`)
+					return &confTx{confDB: newConfDB(t, bare, "commit"), g: g, name: "conf/broken"}
+				},
 				Lacks: map[guardtest.Capability]string{
 					guardtest.Missing: "BeginFunc creates a resource's token row at its first advance: no resource name is missing",
 				},
@@ -117,7 +146,7 @@ func confLoseReply(d dbguard.Dialect, cfg *guardtest.Config, of func(guardtest.R
 type confDB struct {
 	db      *DB
 	pool    *sql.DB
-	wire    *Wire
+	wire    *testkit.Wire
 	counter *CountingConnector
 }
 
@@ -125,7 +154,7 @@ func newConfDB(t *testing.T, db *DB, cut string) confDB {
 	t.Helper()
 	c := confDB{db: db}
 	if db.Dialect == dbguard.MySQL {
-		c.wire = &Wire{Cut: cut}
+		c.wire = testkit.MySQLWire(cut)
 		c.pool = db.OpenWith(t, nil, c.wire.Dial)
 	} else {
 		c.pool, c.counter = db.OpenCounting(t)
@@ -147,8 +176,18 @@ type confRow struct {
 	id  int64
 }
 
+// observe makes the row's Table report to o, and says what its events
+// carry.
+func (r *confRow) observe(o fence.WriteObserver) guardtest.Want {
+	r.tbl = r.tbl.WithObserver(o)
+	return guardtest.Want{Guard: "dbguard", Class: "conf_rows", Op: "update", Resource: fmt.Sprintf("conf_rows(id=%d)", r.id)}
+}
+
+// check is the Table's start-up check through the row's pool.
+func (r *confRow) check(ctx context.Context) error { return r.tbl.Check(ctx, r.pool) }
+
 func (r *confRow) Write(ctx context.Context, token fence.Token, value string) error {
-	return r.tbl.Update(ctx, r.pool, token, []any{r.id}, dbguard.Col("value", value))
+	return r.tbl.Update(ctx, r.pool, []any{r.id}, token, dbguard.Col("value", value))
 }
 
 func (r *confRow) Read(ctx context.Context) (string, fence.Token, error) {

@@ -38,7 +38,7 @@ func FuzzIdentifiers(f *testing.F) {
 			db := dbs[d]
 			tbl, err := dbguard.NewTable(d, "", table, key)
 			if err != nil {
-				if !errors.Is(err, dbguard.ErrInvalid) {
+				if !errors.Is(err, fence.ErrInvalidArgument) {
 					t.Fatalf("NewTable(%q, %q) = %v; want ErrInvalid or nil", table, key, err)
 				}
 				continue
@@ -64,14 +64,14 @@ func FuzzIdentifiers(f *testing.F) {
 			}
 			func() {
 				defer db.SQL.ExecContext(ctx, `DROP TABLE `+q(table)) //nolint:errcheck
-				err := tbl.Insert(ctx, db.SQL, 7, []any{"k'1"}, dbguard.Col(col, "v'; --"))
-				if errors.Is(err, dbguard.ErrInvalid) && (!utf8.ValidString(col) || strings.IndexByte(col, 0) >= 0 || col == "") {
+				err := tbl.Insert(ctx, db.SQL, []any{"k'1"}, 7, dbguard.Col(col, "v'; --"))
+				if errors.Is(err, fence.ErrInvalidArgument) && (!utf8.ValidString(col) || strings.IndexByte(col, 0) >= 0 || col == "") {
 					return // refused before any I/O: a name the guard does not take
 				}
 				if err != nil {
 					t.Fatalf("%v: Insert through %q.%q/%q = %v", d, table, key, col, err)
 				}
-				if err := tbl.Update(ctx, db.SQL, 6, []any{"k'1"}, dbguard.Col(col, "stale")); !errors.Is(err, fence.ErrStaleToken) {
+				if err := tbl.Update(ctx, db.SQL, []any{"k'1"}, 6, dbguard.Col(col, "stale")); !errors.Is(err, fence.ErrStaleToken) {
 					t.Fatalf("%v: stale Update through %q.%q/%q = %v", d, table, key, col, err)
 				}
 				var v string

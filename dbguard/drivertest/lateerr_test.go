@@ -73,11 +73,11 @@ func TestContextErrorAfterApplyIsUnknown(t *testing.T) {
 	t.Cleanup(func() { late.Close() })
 	ctx := testkit.Context(t)
 	// A first write through the same pool reads the catalog, unhindered.
-	if err := tbl.Update(ctx, late, 2, []any{1}, dbguard.Col("value", "first")); err != nil {
+	if err := tbl.Update(ctx, late, []any{1}, 2, dbguard.Col("value", "first")); err != nil {
 		t.Fatal(err)
 	}
 	fail.Store(true)
-	err := tbl.Update(ctx, late, 3, []any{1}, dbguard.Col("value", "applied"))
+	err := tbl.Update(ctx, late, []any{1}, 3, dbguard.Col("value", "applied"))
 	fail.Store(false)
 	var value string
 	if qerr := db.SQL.QueryRowContext(ctx, `SELECT value FROM rows_t WHERE id = 1`).Scan(&value); qerr != nil {

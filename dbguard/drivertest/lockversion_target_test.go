@@ -74,7 +74,7 @@ func TestLockVersionTypeWhereTheStatementRuns(t *testing.T) {
 				first, tbl := newRows(t, d)
 				ctx := testkit.Context(t)
 				first.Exec(t, `INSERT INTO rows_t (id) VALUES (1)`)
-				if err := tbl.Update(ctx, first.SQL, 1, []any{1}, dbguard.Col("value", "checked")); err != nil {
+				if err := tbl.Update(ctx, first.SQL, []any{1}, 1, dbguard.Col("value", "checked")); err != nil {
 					t.Fatalf("the first write, on a table of the right type: %v", err)
 				}
 				second := Open(t, d)
@@ -100,23 +100,23 @@ func TestLockVersionTypeWhereTheStatementRuns(t *testing.T) {
 				beforeV, beforeLV, _ := rawRow(t, second.SQL, "rows_t", 1)
 				writes := map[string]func() error{
 					"update": func() error {
-						return tbl.Update(ctx, pool, tc.write, []any{1}, dbguard.Col("value", "stale"))
+						return tbl.Update(ctx, pool, []any{1}, tc.write, dbguard.Col("value", "stale"))
 					},
 					"upsert": func() error {
-						return tbl.Upsert(ctx, pool, tc.write, []any{1}, dbguard.Col("value", "stale"))
+						return tbl.Upsert(ctx, pool, []any{1}, tc.write, dbguard.Col("value", "stale"))
 					},
 					"update in a transaction": func() error {
 						tx, err := pool.BeginTx(ctx, nil)
 						if err != nil {
 							t.Fatal(err)
 						}
-						werr := tbl.Update(ctx, tx, tc.write, []any{1}, dbguard.Col("value", "stale"))
+						werr := tbl.Update(ctx, tx, []any{1}, tc.write, dbguard.Col("value", "stale"))
 						if err := tx.Commit(); err != nil {
 							t.Fatal(err)
 						}
 						return werr
 					},
-					"delete": func() error { return tbl.Delete(ctx, pool, tc.write, []any{1}) },
+					"delete": func() error { return tbl.Delete(ctx, pool, []any{1}, tc.write) },
 				}
 				names := []string{"update", "upsert", "update in a transaction"}
 				if tc.write < tc.store {
@@ -126,7 +126,7 @@ func TestLockVersionTypeWhereTheStatementRuns(t *testing.T) {
 				}
 				for _, name := range names {
 					err := writes[name]()
-					if !errors.Is(err, dbguard.ErrLockVersionType) {
+					if !errors.Is(err, fence.ErrLockVersionType) {
 						t.Errorf("%s with token %d over lock_version %s holding %s = %v; want ErrLockVersionType", name, tc.write, tc.typ, beforeLV, err)
 					}
 					v, lv, ok := rawRow(t, second.SQL, "rows_t", 1)

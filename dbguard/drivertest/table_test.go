@@ -64,17 +64,17 @@ func TestIdenticalRewrite(t *testing.T) {
 				ctx := testkit.Context(t)
 				db.Exec(t, `INSERT INTO rows_t (id) VALUES (1)`)
 				for i := range 3 {
-					if err := tbl.Update(ctx, pool, 50, []any{1}, dbguard.Col("value", "same")); err != nil {
+					if err := tbl.Update(ctx, pool, []any{1}, 50, dbguard.Col("value", "same")); err != nil {
 						t.Fatalf("write %d of identical values with token 50 = %v; want accepted", i, err)
 					}
 				}
-				err := tbl.Update(ctx, pool, 49, []any{1}, dbguard.Col("value", "same"))
+				err := tbl.Update(ctx, pool, []any{1}, 49, dbguard.Col("value", "same"))
 				var se *fence.StaleError
 				if !errors.As(err, &se) || se.Presented != 49 || se.Current != 50 {
 					t.Fatalf("identical values with stale token 49 = %v; want a StaleError 49 < 50", err)
 				}
 				// Upsert of an existing row goes the same way.
-				if err := tbl.Upsert(ctx, pool, 50, []any{1}, dbguard.Col("value", "same")); err != nil {
+				if err := tbl.Upsert(ctx, pool, []any{1}, 50, dbguard.Col("value", "same")); err != nil {
 					t.Fatalf("identical upsert = %v", err)
 				}
 				if v, lv, _ := rowState(t, db.SQL, "rows_t", 1); v != "same" || lv != 50 {
@@ -106,14 +106,14 @@ func TestLockVersionType(t *testing.T) {
 				}
 				for _, write := range []func() error{
 					func() error {
-						return tbl.Update(testkit.Context(t), db.SQL, 1<<60, []any{1}, dbguard.Col("value", "after"))
+						return tbl.Update(testkit.Context(t), db.SQL, []any{1}, 1<<60, dbguard.Col("value", "after"))
 					},
 					func() error {
-						return tbl.Insert(testkit.Context(t), db.SQL, 1<<60, []any{2}, dbguard.Col("value", "after"))
+						return tbl.Insert(testkit.Context(t), db.SQL, []any{2}, 1<<60, dbguard.Col("value", "after"))
 					},
-					func() error { return tbl.Delete(testkit.Context(t), db.SQL, 1<<60, []any{1}) },
+					func() error { return tbl.Delete(testkit.Context(t), db.SQL, []any{1}, 1<<60) },
 				} {
-					if err := write(); !errors.Is(err, dbguard.ErrLockVersionType) {
+					if err := write(); !errors.Is(err, fence.ErrLockVersionType) {
 						t.Errorf("lock_version %s: write = %v; want ErrLockVersionType", typ, err)
 					}
 				}
@@ -129,8 +129,8 @@ func TestLockVersionType(t *testing.T) {
 		t.Parallel()
 		db, tbl := newRows(t, dbguard.SQLite)
 		db.Exec(t, `INSERT INTO rows_t (id, value, lock_version) VALUES (1, 'before', 7.5)`)
-		err := tbl.Update(testkit.Context(t), db.SQL, 100, []any{1}, dbguard.Col("value", "after"))
-		if !errors.Is(err, dbguard.ErrLockVersionType) {
+		err := tbl.Update(testkit.Context(t), db.SQL, []any{1}, 100, dbguard.Col("value", "after"))
+		if !errors.Is(err, fence.ErrLockVersionType) {
 			t.Fatalf("Update over a stored real = %v; want ErrLockVersionType", err)
 		}
 	})
@@ -146,10 +146,10 @@ func TestTokenRange(t *testing.T) {
 		ctx := testkit.Context(t)
 		db.Exec(t, `INSERT INTO rows_t (id) VALUES (1)`)
 		top := fence.Token(math.MaxUint64)
-		if err := tbl.Update(ctx, db.SQL, top, []any{1}, dbguard.Col("value", "top")); err != nil {
+		if err := tbl.Update(ctx, db.SQL, []any{1}, top, dbguard.Col("value", "top")); err != nil {
 			t.Fatal(err)
 		}
-		err := tbl.Update(ctx, db.SQL, top-1, []any{1}, dbguard.Col("value", "stale"))
+		err := tbl.Update(ctx, db.SQL, []any{1}, top-1, dbguard.Col("value", "stale"))
 		var se *fence.StaleError
 		if !errors.As(err, &se) || se.Current != top || se.Presented != top-1 {
 			t.Fatalf("token 2^64-2 after 2^64-1 = %v; want stale naming both", err)
@@ -164,11 +164,11 @@ func TestTokenRange(t *testing.T) {
 		pool, cc := db.OpenCounting(t)
 		ctx := testkit.Context(t)
 		db.Exec(t, `INSERT INTO rows_t (id) VALUES (1)`)
-		if err := tbl.Update(ctx, pool, math.MaxInt64, []any{1}, dbguard.Col("value", "max")); err != nil {
+		if err := tbl.Update(ctx, pool, []any{1}, math.MaxInt64, dbguard.Col("value", "max")); err != nil {
 			t.Fatal(err)
 		}
 		before := cc.Calls.Load()
-		err := tbl.Update(ctx, pool, math.MaxInt64+1, []any{1}, dbguard.Col("value", "over"))
+		err := tbl.Update(ctx, pool, []any{1}, math.MaxInt64+1, dbguard.Col("value", "over"))
 		if !errors.Is(err, fence.ErrInvalidToken) {
 			t.Fatalf("token 2^63 on SQLite = %v; want fence.ErrInvalidToken", err)
 		}
@@ -201,36 +201,36 @@ func TestWriteKinds(t *testing.T) {
 					t.Fatalf("%s: %v", what, err)
 				}
 			}
-			must("insert", tbl.Insert(ctx, p, 10, []any{1}, dbguard.Col("value", "a")))
-			if err := tbl.Insert(ctx, p, 10, []any{1}, dbguard.Col("value", "b")); !errors.Is(err, dbguard.ErrExists) {
+			must("insert", tbl.Insert(ctx, p, []any{1}, 10, dbguard.Col("value", "a")))
+			if err := tbl.Insert(ctx, p, []any{1}, 10, dbguard.Col("value", "b")); !errors.Is(err, fence.ErrExists) {
 				t.Fatalf("insert over an equal lock_version = %v; want ErrExists", err)
 			}
-			if err := tbl.Insert(ctx, p, 9, []any{1}, dbguard.Col("value", "b")); !errors.Is(err, fence.ErrStaleToken) {
+			if err := tbl.Insert(ctx, p, []any{1}, 9, dbguard.Col("value", "b")); !errors.Is(err, fence.ErrStaleToken) {
 				t.Fatalf("insert over a newer lock_version = %v; want stale", err)
 			}
-			must("upsert new", tbl.Upsert(ctx, p, 5, []any{2}, dbguard.Col("value", "u")))
-			must("upsert existing", tbl.Upsert(ctx, p, 11, []any{1}, dbguard.Col("value", "c")))
-			if err := tbl.Upsert(ctx, p, 10, []any{1}, dbguard.Col("value", "d")); !errors.Is(err, fence.ErrStaleToken) {
+			must("upsert new", tbl.Upsert(ctx, p, []any{2}, 5, dbguard.Col("value", "u")))
+			must("upsert existing", tbl.Upsert(ctx, p, []any{1}, 11, dbguard.Col("value", "c")))
+			if err := tbl.Upsert(ctx, p, []any{1}, 10, dbguard.Col("value", "d")); !errors.Is(err, fence.ErrStaleToken) {
 				t.Fatalf("stale upsert = %v", err)
 			}
 			if v, lv, _ := rowState(t, db.SQL, "rows_t", 1); v != "c" || lv != 11 {
 				t.Fatalf("row 1 = %q/%d; want c/11", v, lv)
 			}
-			if err := tbl.Delete(ctx, p, 10, []any{1}); !errors.Is(err, fence.ErrStaleToken) {
+			if err := tbl.Delete(ctx, p, []any{1}, 10); !errors.Is(err, fence.ErrStaleToken) {
 				t.Fatalf("stale delete = %v", err)
 			}
-			must("delete", tbl.Delete(ctx, p, 11, []any{1}))
+			must("delete", tbl.Delete(ctx, p, []any{1}, 11))
 			if _, _, ok := rowState(t, db.SQL, "rows_t", 1); ok {
 				t.Fatal("row 1 still there")
 			}
-			if err := tbl.Delete(ctx, p, 11, []any{1}); !errors.Is(err, dbguard.ErrNotFound) {
+			if err := tbl.Delete(ctx, p, []any{1}, 11); !errors.Is(err, fence.ErrNotFound) {
 				t.Fatalf("delete of a missing row = %v; want ErrNotFound", err)
 			}
 			// In a caller's transaction: the write is part of it.
 			tx, err := p.BeginTx(ctx, nil)
 			must("begin", err)
-			must("update in tx", tbl.Update(ctx, tx, 6, []any{2}, dbguard.Col("value", "in tx")))
-			if err := tbl.Update(ctx, tx, 5, []any{2}, dbguard.Col("value", "stale in tx")); !errors.Is(err, fence.ErrStaleToken) {
+			must("update in tx", tbl.Update(ctx, tx, []any{2}, 6, dbguard.Col("value", "in tx")))
+			if err := tbl.Update(ctx, tx, []any{2}, 5, dbguard.Col("value", "stale in tx")); !errors.Is(err, fence.ErrStaleToken) {
 				t.Fatalf("stale update in tx = %v", err)
 			}
 			must("rollback", tx.Rollback())
@@ -262,10 +262,10 @@ func TestQuoting(t *testing.T) {
 				t.Fatal(err)
 			}
 			ctx := testkit.Context(t)
-			if err := tbl.Insert(ctx, db.SQL, 3, []any{"a'b"}, dbguard.Col(col, "x'); --")); err != nil {
+			if err := tbl.Insert(ctx, db.SQL, []any{"a'b"}, 3, dbguard.Col(col, "x'); --")); err != nil {
 				t.Fatal(err)
 			}
-			if err := tbl.Update(ctx, db.SQL, 2, []any{"a'b"}, dbguard.Col(col, "stale")); !errors.Is(err, fence.ErrStaleToken) {
+			if err := tbl.Update(ctx, db.SQL, []any{"a'b"}, 2, dbguard.Col(col, "stale")); !errors.Is(err, fence.ErrStaleToken) {
 				t.Fatalf("stale update = %v", err)
 			}
 			var v string
@@ -300,30 +300,30 @@ func TestSetupErrors(t *testing.T) {
 			db := Open(t, d)
 			ctx := testkit.Context(t)
 			nope, _ := dbguard.NewTable(d, "", "nope", "id")
-			if err := nope.Update(ctx, db.SQL, 1, []any{1}); !errors.Is(err, dbguard.ErrNoTable) {
+			if err := nope.Update(ctx, db.SQL, []any{1}, 1); !errors.Is(err, fence.ErrNoTable) {
 				t.Errorf("missing table = %v; want ErrNoTable", err)
 			}
 			db.Exec(t, `CREATE TABLE nolv (id BIGINT PRIMARY KEY, value TEXT)`)
 			nolv, _ := dbguard.NewTable(d, "", "nolv", "id")
-			if err := nolv.Update(ctx, db.SQL, 1, []any{1}); !errors.Is(err, dbguard.ErrNoLockVersion) ||
+			if err := nolv.Update(ctx, db.SQL, []any{1}, 1); !errors.Is(err, fence.ErrNoLockVersion) ||
 				!strings.Contains(err.Error(), "fencekit migrate add-lock-version --dialect "+d.String()+" --table nolv --apply") {
 				t.Errorf("no lock_version = %v; want ErrNoLockVersion naming the command", err)
 			}
 			db.Exec(t, `CREATE TABLE dup (id BIGINT, value `+valueColumn(d)+`, `+lockVersionColumn(d)+`)`)
 			db.Exec(t, `INSERT INTO dup (id) VALUES (1), (1), (2)`)
 			dup, _ := dbguard.NewTable(d, "", "dup", "id")
-			if err := dup.Update(ctx, db.SQL, 5, []any{1}, dbguard.Col("value", "x")); !errors.Is(err, dbguard.ErrAmbiguousKey) {
+			if err := dup.Update(ctx, db.SQL, []any{1}, 5, dbguard.Col("value", "x")); !errors.Is(err, fence.ErrAmbiguousKey) {
 				t.Errorf("update of a duplicated key = %v; want ErrAmbiguousKey", err)
 			}
-			if err := dup.Update(ctx, db.SQL, 5, []any{2}, dbguard.Col("value", "x")); err != nil {
+			if err := dup.Update(ctx, db.SQL, []any{2}, 5, dbguard.Col("value", "x")); err != nil {
 				t.Errorf("update of a unique key without a unique index = %v; want it written (exact path)", err)
 			}
-			if err := dup.Insert(ctx, db.SQL, 5, []any{3}); !errors.Is(err, dbguard.ErrAmbiguousKey) {
+			if err := dup.Insert(ctx, db.SQL, []any{3}, 5); !errors.Is(err, fence.ErrAmbiguousKey) {
 				t.Errorf("insert without a unique index = %v; want ErrAmbiguousKey", err)
 			}
 			g, _ := dbguard.New(d, dbguard.WithDatabase(map[dbguard.Dialect]string{dbguard.MySQL: "fk_no_such_db", dbguard.SQLite: "temp"}[d]))
 			err := g.BeginFunc(ctx, db.SQL, "r", 1, func(*sql.Tx) error { return nil })
-			if !errors.Is(err, dbguard.ErrNotMigrated) {
+			if !errors.Is(err, fence.ErrNotMigrated) {
 				t.Errorf("BeginFunc without the table = %v; want ErrNotMigrated", err)
 			}
 		})
@@ -337,32 +337,32 @@ func TestBadInputBeforeIO(t *testing.T) {
 	pool, cc := db.OpenCounting(t)
 	ctx := testkit.Context(t)
 	before := cc.Calls.Load()
-	err := tbl.Update(ctx, pool, 0, []any{nil}, dbguard.Col("lock_version", 1), dbguard.Col("id", 2), dbguard.Col("", 3))
-	for _, want := range []error{fence.ErrInvalidToken, dbguard.ErrInvalid} {
+	err := tbl.Update(ctx, pool, []any{nil}, 0, dbguard.Col("lock_version", 1), dbguard.Col("id", 2), dbguard.Col("", 3))
+	for _, want := range []error{fence.ErrInvalidToken, fence.ErrInvalidArgument} {
 		if !errors.Is(err, want) {
 			t.Errorf("bad update = %v; want it to match %v", err, want)
 		}
 	}
 	g, _ := dbguard.New(dbguard.SQLite)
-	if err := g.BeginFunc(ctx, pool, "", 1, nil); !errors.Is(err, dbguard.ErrInvalid) {
+	if err := g.BeginFunc(ctx, pool, "", 1, nil); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Errorf("BeginFunc with no name and no function = %v", err)
 	}
-	if err := g.BeginFunc(ctx, pool, "a\x00b", 1, func(*sql.Tx) error { return nil }); !errors.Is(err, dbguard.ErrInvalid) {
+	if err := g.BeginFunc(ctx, pool, "a\x00b", 1, func(*sql.Tx) error { return nil }); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Errorf("BeginFunc with a NUL in the name = %v", err)
 	}
 	if n := cc.Calls.Load() - before; n != 0 {
 		t.Fatalf("bad input ran %d statements", n)
 	}
-	if _, err := dbguard.NewTable(dbguard.Dialect(0), "", "t", "id"); !errors.Is(err, dbguard.ErrInvalid) {
+	if _, err := dbguard.NewTable(dbguard.Dialect(0), "", "t", "id"); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Errorf("unknown dialect = %v", err)
 	}
-	if _, err := dbguard.NewTable(dbguard.MySQL, "", "t ", "lock_version", "k", "k"); !errors.Is(err, dbguard.ErrInvalid) {
+	if _, err := dbguard.NewTable(dbguard.MySQL, "", "t ", "lock_version", "k", "k"); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Errorf("bad table = %v", err)
 	}
-	if _, err := dbguard.New(dbguard.MySQL, dbguard.WithTxOptions(sql.TxOptions{ReadOnly: true})); !errors.Is(err, dbguard.ErrInvalid) {
+	if _, err := dbguard.New(dbguard.MySQL, dbguard.WithTxOptions(sql.TxOptions{ReadOnly: true})); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Errorf("read-only tx options = %v", err)
 	}
-	if _, err := dbguard.New(dbguard.SQLite, dbguard.WithTxOptions(sql.TxOptions{Isolation: sql.LevelReadCommitted})); !errors.Is(err, dbguard.ErrInvalid) {
+	if _, err := dbguard.New(dbguard.SQLite, dbguard.WithTxOptions(sql.TxOptions{Isolation: sql.LevelReadCommitted})); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Errorf("READ COMMITTED on SQLite = %v; want ErrInvalid (SQLite is serializable)", err)
 	}
 	if _, err := dbguard.New(dbguard.MySQL, dbguard.WithTxOptions(sql.TxOptions{Isolation: sql.LevelReadCommitted})); err != nil {
@@ -387,7 +387,7 @@ func TestEndedContextIsPlain(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			cancel()
 			for _, target := range []dbguard.DBTX{db.SQL, tx} {
-				err := tbl.Update(ctx, target, 5, []any{1}, dbguard.Col("value", "x"))
+				err := tbl.Update(ctx, target, []any{1}, 5, dbguard.Col("value", "x"))
 				if !errors.Is(err, context.Canceled) || errors.Is(err, fence.ErrOutcomeUnknown) {
 					t.Errorf("Update with an ended context on %T = %v; want a plain context.Canceled", target, err)
 				}

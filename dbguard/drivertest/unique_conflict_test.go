@@ -45,17 +45,17 @@ func TestDuplicateOnAnotherIndexIsNotRetryable(t *testing.T) {
 			ctx := testkit.Context(t)
 			want := map[dbguard.Dialect]string{dbguard.MySQL: "users_email_uq", dbguard.SQLite: "users.email"}[d]
 			for name, write := range map[string]func() error{
-				"insert": func() error { return tbl.Insert(ctx, db.SQL, 5, []any{2}, dbguard.Col("email", "a@example.com")) },
-				"upsert": func() error { return tbl.Upsert(ctx, db.SQL, 5, []any{2}, dbguard.Col("email", "a@example.com")) },
+				"insert": func() error { return tbl.Insert(ctx, db.SQL, []any{2}, 5, dbguard.Col("email", "a@example.com")) },
+				"upsert": func() error { return tbl.Upsert(ctx, db.SQL, []any{2}, 5, dbguard.Col("email", "a@example.com")) },
 			} {
 				for try := range 3 {
 					err := write()
 					switch {
 					case err == nil:
 						t.Fatalf("%s of a duplicate email = nil", name)
-					case dbguard.IsRetryable(err) || errors.Is(err, dbguard.ErrRetryable):
+					case dbguard.IsRetryable(err) || errors.Is(err, fence.ErrRetryable):
 						t.Fatalf("%s of a duplicate email, try %d = %v: retryable, but it never clears", name, try, err)
-					case errors.Is(err, dbguard.ErrExists) || errors.Is(err, fence.ErrStaleToken) || errors.Is(err, fence.ErrOutcomeUnknown):
+					case errors.Is(err, fence.ErrExists) || errors.Is(err, fence.ErrStaleToken) || errors.Is(err, fence.ErrOutcomeUnknown):
 						t.Fatalf("%s of a duplicate email = %v; no row has the key 2", name, err)
 					case !strings.Contains(err.Error(), want):
 						t.Fatalf("%s of a duplicate email = %q; want it to name %s", name, err, want)
@@ -73,7 +73,7 @@ func TestDuplicateOnAnotherIndexIsNotRetryable(t *testing.T) {
 				}
 			}
 			// A duplicate of the key itself is still told as it is.
-			if err := tbl.Insert(ctx, db.SQL, 5, []any{1}, dbguard.Col("email", "b@example.com")); !errors.Is(err, dbguard.ErrExists) {
+			if err := tbl.Insert(ctx, db.SQL, []any{1}, 5, dbguard.Col("email", "b@example.com")); !errors.Is(err, fence.ErrExists) {
 				t.Fatalf("insert of an existing key = %v; want ErrExists", err)
 			}
 		})
@@ -143,15 +143,15 @@ func TestKeyCreatedConcurrentlyIsRetryable(t *testing.T) {
 	hook.Store(&create)
 	// An Upsert of a new row takes the rejection path: its read finds no
 	// row 2, the hook commits one, its INSERT collides with it.
-	err = tbl.Upsert(ctx, pool, 5, []any{2}, dbguard.Col("email", "c@example.com"))
+	err = tbl.Upsert(ctx, pool, []any{2}, 5, dbguard.Col("email", "c@example.com"))
 	if hook.Load() != nil {
 		t.Fatal("the rejection path's read did not run")
 	}
-	if !errors.Is(err, dbguard.ErrRetryable) {
+	if !errors.Is(err, fence.ErrRetryable) {
 		t.Fatalf("upsert whose key was created concurrently = %v; want ErrRetryable", err)
 	}
 	// Tried again, it learns the truth: the row has a newer token.
-	if err := tbl.Upsert(ctx, pool, 5, []any{2}, dbguard.Col("email", "c@example.com")); !errors.Is(err, fence.ErrStaleToken) {
+	if err := tbl.Upsert(ctx, pool, []any{2}, 5, dbguard.Col("email", "c@example.com")); !errors.Is(err, fence.ErrStaleToken) {
 		t.Fatalf("upsert again = %v; want stale (5 < 9)", err)
 	}
 }

@@ -71,7 +71,7 @@ func (b *pgRows) step(ctx context.Context, tok fence.Token, replica string, rend
 			return nil
 		case st.next >= len(b.customers):
 			st.outcome = evCompleted
-			return b.jobs.Update(ctx, tx, tok, []any{b.period}, sqlguard.Col("completed_at", time.Now()))
+			return b.jobs.Update(ctx, tx, []any{b.period}, tok, sqlguard.Col("completed_at", time.Now()))
 		}
 		st.outcome, st.customer = evInvoice, b.customers[st.next]
 		if err := rendering(ctx, render); err != nil {
@@ -93,13 +93,13 @@ func (b *pgRows) replay(ctx context.Context, tok fence.Token, replica string, at
 // at+1, in tx.
 func (b *pgRows) writeInvoice(ctx context.Context, tx pgx.Tx, tok fence.Token, replica string, at int) error {
 	c := b.customers[at]
-	if err := b.invoices.Insert(ctx, tx, tok, []any{c.ID, b.period},
+	if err := b.invoices.Insert(ctx, tx, []any{c.ID, b.period}, tok,
 		sqlguard.Col("number", at+1),
 		sqlguard.Col("amount_cents", c.AmountCents),
 		sqlguard.Col("written_by", replica)); err != nil {
 		return fmt.Errorf("invoice #%d for %s: %w", at+1, c.ID, err)
 	}
-	return b.jobs.Update(ctx, tx, tok, []any{b.period}, sqlguard.Col("next_index", at+1))
+	return b.jobs.Update(ctx, tx, []any{b.period}, tok, sqlguard.Col("next_index", at+1))
 }
 
 func (b *pgRows) read(ctx context.Context) (stored, error) {

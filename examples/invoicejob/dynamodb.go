@@ -103,10 +103,10 @@ func (d *dynamoRows) step(ctx context.Context, tok fence.Token, replica string, 
 	switch {
 	case p.completed:
 		st.outcome = evNothing
-		return st, d.guard.Transact(ctx, tok, d.fenceKey(), nil)
+		return st, d.guard.Transact(ctx, d.fenceKey(), tok, nil)
 	case p.next >= len(d.customers):
 		st.outcome = evCompleted
-		return st, d.guard.Transact(ctx, tok, d.fenceKey(), []types.TransactWriteItem{d.progressUpdate(tok, p.next,
+		return st, d.guard.Transact(ctx, d.fenceKey(), tok, []types.TransactWriteItem{d.progressUpdate(tok, p.next,
 			"completed_at = :now", map[string]types.AttributeValue{":now": str(time.Now().UTC().Format(time.RFC3339Nano))})})
 	}
 	st.outcome, st.customer = evInvoice, d.customers[p.next]
@@ -127,7 +127,7 @@ func (d *dynamoRows) replay(ctx context.Context, tok fence.Token, replica string
 	inv["written_by"] = str(replica)
 	inv["written_at"] = str(time.Now().UTC().Format(time.RFC3339Nano))
 	inv[dynamoguard.DefaultVersionAttribute] = num(uint64(tok))
-	err := d.guard.Transact(ctx, tok, d.fenceKey(), []types.TransactWriteItem{
+	err := d.guard.Transact(ctx, d.fenceKey(), tok, []types.TransactWriteItem{
 		{Put: &types.Put{TableName: aws.String(d.table), Item: inv, ConditionExpression: aws.String("attribute_not_exists(pk)")}},
 		d.progressUpdate(tok, at, "next_index = :next", map[string]types.AttributeValue{":next": num(at + 1)}),
 	})
@@ -188,7 +188,7 @@ func (d *dynamoRows) read(ctx context.Context) (stored, error) {
 		return s, err
 	}
 	_, s.resource, err = d.guard.Get(ctx, d.fenceKey())
-	var nf *dynamoguard.NotFoundError
+	var nf *fence.NotFoundError
 	if errors.As(err, &nf) && nf.Tombstone == fence.None {
 		err = nil // nobody wrote
 	}

@@ -47,7 +47,7 @@ func (w *worker) writeItem(ctx context.Context, l *lease.Lease, note string) {
 	} else {
 		var g *dynamoguard.Guard
 		if g, err = dynamoguard.New(client, d.Table); err == nil {
-			err = g.Put(ctx, tok, item)
+			err = g.Put(ctx, item, tok)
 		}
 	}
 	w.reportWrite(event{Store: "dynamodb", Token: tok, Sent: sent, Deadline: deadline}, err, fmt.Sprintf("item dynamodb://%s/%s", d.Table, d.Key))

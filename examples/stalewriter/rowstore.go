@@ -162,7 +162,7 @@ func writeRowDB(ctx context.Context, cfg workerConfig, tok fence.Token, note str
 		return err
 	}
 	return guard.BeginFunc(ctx, db, cfg.Resource, tok, func(tx *sql.Tx) error {
-		return table.Update(ctx, tx, tok, []any{cfg.RowID},
+		return table.Update(ctx, tx, []any{cfg.RowID}, tok,
 			dbguard.Col("written_by", cfg.Role), dbguard.Col("token", uint64(tok)), dbguard.Col("note", note))
 	})
 }

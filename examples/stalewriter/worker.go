@@ -227,7 +227,7 @@ func writeRowFenced(ctx context.Context, pool *pgxpool.Pool, cfg workerConfig, t
 		return err
 	}
 	return guard.BeginFunc(ctx, pool, cfg.Resource, tok, func(tx pgx.Tx) error {
-		return table.Update(ctx, tx, tok, []any{cfg.RowID},
+		return table.Update(ctx, tx, []any{cfg.RowID}, tok,
 			sqlguard.Col("written_by", cfg.Role), sqlguard.Col("token", int64(tok)), sqlguard.Col("note", note))
 	})
 }

@@ -262,7 +262,7 @@ func testConcurrent(t *testing.T, cfg Config) {
 				ret := time.Since(start)
 				outcome, cur := guardtest.Classify(err)
 				ops[w] = append(ops[w], guardtest.Op{Token: tok, Call: call, Return: ret, Outcome: outcome, Current: cur})
-				if outcome == guardtest.Failed && f.ctx.Err() != nil {
+				if outcome == fence.Failed && f.ctx.Err() != nil {
 					return
 				}
 			}
@@ -270,7 +270,7 @@ func testConcurrent(t *testing.T, cfg Config) {
 	}
 	wg.Wait()
 	h := guardtest.History{Initial: 2, Final: f.read(r)}
-	counts := map[guardtest.Outcome]int{}
+	counts := map[fence.Outcome]int{}
 	for _, o := range ops {
 		for _, op := range o {
 			counts[op.Outcome]++
@@ -278,11 +278,11 @@ func testConcurrent(t *testing.T, cfg Config) {
 		h.Ops = append(h.Ops, o...)
 	}
 	t.Logf("%d checks: %d accepted, %d stale, %d unknown, %d failed; final token %d",
-		len(h.Ops), counts[guardtest.Accepted], counts[guardtest.Stale], counts[guardtest.Unknown], counts[guardtest.Failed], h.Final)
+		len(h.Ops), counts[fence.Accepted], counts[fence.Rejected], counts[fence.Unknown], counts[fence.Failed], h.Final)
 	if err := guardtest.CheckHistory(h); err != nil {
 		t.Errorf("the history is not linearizable:\n%v", err)
 	}
-	if counts[guardtest.Accepted] == 0 || counts[guardtest.Stale] == 0 {
+	if counts[fence.Accepted] == 0 || counts[fence.Rejected] == 0 {
 		t.Errorf("the checks were not both accepted and rejected: the check proved little")
 	}
 }

@@ -134,7 +134,7 @@ func newFencedStores(t *testing.T) *fencedStores {
 	if f.blobs, err = blobguard.New(client, s3env.Bucket); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.blobs.Probe(ctx); err != nil {
+	if err := f.blobs.Check(ctx); err != nil {
 		t.Fatalf("blobguard probe of %s: %v", s3env.Endpoint, err)
 	}
 	t.Cleanup(func() {
@@ -157,7 +157,7 @@ func newFencedStores(t *testing.T) *fencedStores {
 // fencedWrites.
 func (f *fencedStores) write(ctx context.Context, res, who string, token fence.Token) []error {
 	errs := make([]error, len(fencedWrites))
-	errs[0] = f.table.Upsert(ctx, f.pool, token, []any{res}, sqlguard.Col("written_by", who))
+	errs[0] = f.table.Upsert(ctx, f.pool, []any{res}, token, sqlguard.Col("written_by", who))
 	errs[1] = f.txg.BeginFunc(ctx, f.pool, "job:"+res, token, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, "INSERT INTO job_log (id, written_by, token) VALUES ($1, $2, $3)", res, who, int64(token))
 		return err

@@ -192,8 +192,8 @@ func TestBlobHistoryLinearizable(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, g := range []*blobguard.Guard{gA, gB} {
-		if err := g.Probe(t.Context()); err != nil {
-			t.Fatalf("Probe: %v", err)
+		if err := g.Check(t.Context()); err != nil {
+			t.Fatalf("Check: %v", err)
 		}
 	}
 	t.Cleanup(func() {
@@ -252,14 +252,14 @@ func TestBlobHistoryLinearizable(t *testing.T) {
 					obj, gerr := g.Get(ctx, key)
 					ret := h.now()
 					cancel()
-					var nf *blobguard.NotFoundError
 					switch {
 					case gerr == nil:
 						seen[key] = obj.Version
 						out = result{Outcome: outRead, Value: string(obj.Body), Token: uint64(obj.Token()), ETag: obj.ETag()}
-					case errors.As(gerr, &nf):
-						seen[key] = nf.Tombstone
-						out = result{Outcome: outNotFound, Token: uint64(nf.Tombstone.Token()), ETag: nf.Tombstone.ETag()}
+					case errors.Is(gerr, fence.ErrNotFound):
+						tomb, _ := blobguard.TombstoneOf(gerr)
+						seen[key] = tomb
+						out = result{Outcome: outNotFound, Token: uint64(tomb.Token()), ETag: tomb.ETag()}
 					default:
 						continue // a failed read tells nothing
 					}
@@ -282,12 +282,12 @@ func TestBlobHistoryLinearizable(t *testing.T) {
 		key := prefix + "k" + strconv.Itoa(k)
 		call := h.now()
 		obj, err := gA.Get(context.Background(), key)
-		var nf *blobguard.NotFoundError
 		switch {
 		case err == nil:
 			h.add(workers, blobInput{Key: key, Op: opGet, Via: "final"}, call, result{Outcome: outRead, Value: string(obj.Body), Token: uint64(obj.Token()), ETag: obj.ETag()}, h.now())
-		case errors.As(err, &nf):
-			h.add(workers, blobInput{Key: key, Op: opGet, Via: "final"}, call, result{Outcome: outNotFound, Token: uint64(nf.Tombstone.Token()), ETag: nf.Tombstone.ETag()}, h.now())
+		case errors.Is(err, fence.ErrNotFound):
+			tomb, _ := blobguard.TombstoneOf(err)
+			h.add(workers, blobInput{Key: key, Op: opGet, Via: "final"}, call, result{Outcome: outNotFound, Token: uint64(tomb.Token()), ETag: tomb.ETag()}, h.now())
 		default:
 			t.Fatalf("final Get %s: %v", key, err)
 		}

@@ -156,7 +156,7 @@ func TestRedisClockJumpForward(t *testing.T) {
 	objKey := "reliability/clock/" + randomHex(6)
 	ctx := t.Context()
 	write := func(l *lease.Lease, who string) (rowErr, objErr error) {
-		rowErr = table.Upsert(ctx, pool, l.Token(), []any{"job"}, sqlguard.Col("v", who))
+		rowErr = table.Upsert(ctx, pool, []any{"job"}, l.Token(), sqlguard.Col("v", who))
 		_, objErr = g.Put(ctx, objKey, l.Token(), strings.NewReader(who))
 		return rowErr, objErr
 	}

@@ -21,11 +21,11 @@ import (
 // dbExtra maps dbguard's definite non-stale outcomes.
 func dbExtra(err error) (outcome, bool) {
 	switch {
-	case errors.Is(err, dbguard.ErrNotFound):
+	case errors.Is(err, fence.ErrNotFound):
 		return outNotFound, true
-	case errors.Is(err, dbguard.ErrExists):
+	case errors.Is(err, fence.ErrExists):
 		return outExists, true
-	case errors.Is(err, dbguard.ErrRetryable):
+	case errors.Is(err, fence.ErrRetryable):
 		return outNoChange, true
 	}
 	return 0, false
@@ -205,16 +205,16 @@ func TestDBTableHistoryLinearizable(t *testing.T) {
 				switch n := r.IntN(20); {
 				case n < 6:
 					in.Op = opUpdate
-					out = classify(table.Update(ctx, pool, tok, []any{key}, dbguard.Col("v", in.Value)), dbExtra)
+					out = classify(table.Update(ctx, pool, []any{key}, tok, dbguard.Col("v", in.Value)), dbExtra)
 				case n < 11:
 					in.Op = opUpsert
-					out = classify(table.Upsert(ctx, pool, tok, []any{key}, dbguard.Col("v", in.Value)), dbExtra)
+					out = classify(table.Upsert(ctx, pool, []any{key}, tok, dbguard.Col("v", in.Value)), dbExtra)
 				case n < 14:
 					in.Op = opInsert
-					out = classify(table.Insert(ctx, pool, tok, []any{key}, dbguard.Col("v", in.Value)), dbExtra)
+					out = classify(table.Insert(ctx, pool, []any{key}, tok, dbguard.Col("v", in.Value)), dbExtra)
 				case n < 16:
 					in.Op, in.Value = opDelete, ""
-					out = classify(table.Delete(ctx, pool, tok, []any{key}), dbExtra)
+					out = classify(table.Delete(ctx, pool, []any{key}, tok), dbExtra)
 				default:
 					in.Op, in.Via = opUpdate, via+"-tx"
 					out = dbUpdateInTx(ctx, r, pool, table, in)
@@ -246,7 +246,7 @@ func dbUpdateInTx(ctx context.Context, r *rand.Rand, pool *sql.DB, table *dbguar
 		return result{Outcome: outFailed, Err: err.Error()}
 	}
 	defer tx.Rollback() //nolint:errcheck // after Commit: a no-op
-	out := classify(table.Update(ctx, tx, fence.Token(in.Token), []any{in.Key}, dbguard.Col("v", in.Value)), dbExtra)
+	out := classify(table.Update(ctx, tx, []any{in.Key}, fence.Token(in.Token), dbguard.Col("v", in.Value)), dbExtra)
 	if out.Outcome != outOK {
 		return out
 	}

@@ -105,11 +105,11 @@ func pgChaos(ctx context.Context, t *testing.T, e *pgEnv, proxy *faultProxy, r *
 // sqlExtra maps sqlguard's definite non-stale outcomes.
 func sqlExtra(err error) (outcome, bool) {
 	switch {
-	case errors.Is(err, sqlguard.ErrNotFound):
+	case errors.Is(err, fence.ErrNotFound):
 		return outNotFound, true
-	case errors.Is(err, sqlguard.ErrExists):
+	case errors.Is(err, fence.ErrExists):
 		return outExists, true
-	case errors.Is(err, sqlguard.ErrRetryable):
+	case errors.Is(err, fence.ErrRetryable):
 		return outNoChange, true
 	}
 	return 0, false
@@ -187,17 +187,17 @@ func TestTableHistoryLinearizable(t *testing.T) {
 				switch n := r.IntN(20); {
 				case n < 6:
 					in.Op = opUpdate
-					out = classify(table.Update(ctx, pool, fence.Token(in.Token), []any{key}, sqlguard.Col("v", in.Value)), sqlExtra)
+					out = classify(table.Update(ctx, pool, []any{key}, fence.Token(in.Token), sqlguard.Col("v", in.Value)), sqlExtra)
 				case n < 11:
 					in.Op = opUpsert
-					out = classify(table.Upsert(ctx, pool, fence.Token(in.Token), []any{key}, sqlguard.Col("v", in.Value)), sqlExtra)
+					out = classify(table.Upsert(ctx, pool, []any{key}, fence.Token(in.Token), sqlguard.Col("v", in.Value)), sqlExtra)
 				case n < 14:
 					in.Op = opInsert
-					out = classify(table.Insert(ctx, pool, fence.Token(in.Token), []any{key}, sqlguard.Col("v", in.Value)), sqlExtra)
+					out = classify(table.Insert(ctx, pool, []any{key}, fence.Token(in.Token), sqlguard.Col("v", in.Value)), sqlExtra)
 				case n < 16:
 					in.Op = opDelete
 					in.Value = ""
-					out = classify(table.Delete(ctx, pool, fence.Token(in.Token), []any{key}), sqlExtra)
+					out = classify(table.Delete(ctx, pool, []any{key}, fence.Token(in.Token)), sqlExtra)
 				default:
 					in.Op, in.Via = opUpdate, via+"-tx"
 					out = updateInTx(ctx, r, pool, table, in)
@@ -235,7 +235,7 @@ func updateInTx(ctx context.Context, r *rand.Rand, pool *pgxpool.Pool, table *sq
 		return result{Outcome: outFailed, Err: err.Error()}
 	}
 	defer tx.Rollback(context.Background()) //nolint:errcheck // after Commit: a no-op
-	out := classify(table.Update(ctx, tx, fence.Token(in.Token), []any{in.Key}, sqlguard.Col("v", in.Value)), sqlExtra)
+	out := classify(table.Update(ctx, tx, []any{in.Key}, fence.Token(in.Token), sqlguard.Col("v", in.Value)), sqlExtra)
 	if out.Outcome != outOK {
 		return out
 	}

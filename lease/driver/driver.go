@@ -148,10 +148,13 @@ var (
 	// schema are missing, the credentials or permissions are refused, the
 	// database does not exist, the server only takes reads). A Backend
 	// makes such an error match it, with a message that names the fix
-	// ("run fencekit migrate up", the variable to set). Acquire, Run and
-	// Election.Run return it at once instead of retrying until their
-	// context ends; Manager.Check returns it before any lease is asked for.
-	ErrSetup = errors.New("lease: the store is not set up for leases")
+	// ("run fencekit migrate up", the variable to set): return a
+	// *SetupError. Acquire, Run and Election.Run return it at once instead
+	// of retrying until their context ends; Manager.Check returns it
+	// before any lease is asked for. It is fence.ErrSetup itself, the
+	// sentinel the guards' setup errors match too: one errors.Is stops a
+	// retry loop whichever side is not set up.
+	ErrSetup = fence.ErrSetup
 
 	// ErrInvalidName is returned, before any I/O, for a lease name that is
 	// empty, longer than MaxNameLen bytes, not valid UTF-8 or contains
@@ -201,32 +204,13 @@ func (e *NotAcquiredError) Error() string {
 func (e *NotAcquiredError) Is(target error) bool { return target == ErrNotAcquired }
 
 // SetupError is the rich form of ErrSetup that backends return: a store
-// error that retrying cannot fix, and what to do about it.
-// errors.Is(err, ErrSetup) is true for it, and errors.Is/As see the
-// store's error through Unwrap. Its text is one line: the store's error
-// followed by the fix in parentheses (the fix alone when Err is nil, for a
-// refusal a Check found by itself).
-type SetupError struct {
-	// Err is the store's error (nil when a check found the problem without
-	// one).
-	Err error
-	// Fix says what to change: the command to run, the variable to set,
-	// the grant to make.
-	Fix string
-}
-
-func (e *SetupError) Error() string {
-	if e.Err == nil {
-		return e.Fix
-	}
-	return e.Err.Error() + " (" + e.Fix + ")"
-}
-
-// Is makes errors.Is(err, ErrSetup) match.
-func (e *SetupError) Is(target error) bool { return target == ErrSetup }
-
-// Unwrap returns the store's error.
-func (e *SetupError) Unwrap() error { return e.Err }
+// error that retrying cannot fix, and what to do about it. It is
+// fence.SetupError, which the guards return too: errors.Is(err, ErrSetup)
+// is true for it, and errors.Is/As see the store's error through Unwrap.
+// Its text is one line: the store's error followed by the fix in
+// parentheses (the fix alone when Err is nil, for a refusal a Check found
+// by itself).
+type SetupError = fence.SetupError
 
 // Request asks a Backend for one grant of a lease.
 type Request struct {

@@ -1,7 +1,10 @@
 // Package leaseotel records lease, election and guarded-write events as
 // OpenTelemetry spans and metrics. One Observer serves as the Manager's
-// lease.Observer (lease.WithObserver) and as the guards' fence.WriteObserver
-// (sqlguard.WithObserver, Table.WithObserver, blobguard.WithObserver); to
+// lease.Observer (lease.WithObserver) and as every guard's
+// fence.WriteObserver (sqlguard, dbguard, blobguard and dynamoguard's
+// WithObserver option, sqlguard.Table and dbguard.Table's WithObserver
+// method, the Observer field of fencehttp.Transport and Handler and of
+// fencegrpc.Client and Server); to
 // export Prometheus metrics as well, pass both observers (see
 // lease.Observers and fence.WriteObservers).
 //

@@ -1,7 +1,10 @@
 // Package leaseprom exposes lease, election and guarded-write events as
 // Prometheus metrics (client_golang). One Observer serves as the Manager's
-// lease.Observer (lease.WithObserver) and as the guards' fence.WriteObserver
-// (sqlguard.WithObserver, Table.WithObserver, blobguard.WithObserver).
+// lease.Observer (lease.WithObserver) and as every guard's
+// fence.WriteObserver (sqlguard, dbguard, blobguard and dynamoguard's
+// WithObserver option, sqlguard.Table and dbguard.Table's WithObserver
+// method, the Observer field of fencehttp.Transport and Handler and of
+// fencegrpc.Client and Server).
 //
 // Lease metrics, all without a lease-name label so that holding many leases
 // does not explode cardinality:
@@ -19,10 +22,11 @@
 //
 //	fencekit_election_leader{election}            gauge: 1 while this process leads the election, else 0
 //
-// Guarded-write metrics, labelled by guard ("sqlguard", "blobguard", ...),
-// resource class (a table, a bucket, "transaction": never a row or object
-// key) and outcome ("accepted", "stale", "unknown", "failed"; see
-// fence.Outcome):
+// Guarded-write metrics, labelled by guard ("sqlguard", "dbguard",
+// "blobguard", "dynamoguard", "fencehttp", "fencegrpc"), resource class (a
+// table, a bucket, "transaction", a host, a gRPC service: never a row or
+// object key; see fence.WriteEvent) and outcome ("accepted", "stale",
+// "unknown", "failed"; see fence.Outcome):
 //
 //	fencekit_guard_writes_total{guard,class,outcome}         counter
 //	fencekit_guard_write_duration_seconds{guard,outcome}     histogram: one guarded write, retries included

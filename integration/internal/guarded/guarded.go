@@ -118,7 +118,7 @@ func WriteRow(ctx context.Context, r Resource, writer string, token fence.Token)
 		return err
 	}
 	defer conn.Close(ctx)
-	return t.Update(ctx, conn, token, []any{r.Row}, sqlguard.Col("written_by", writer))
+	return t.Update(ctx, conn, []any{r.Row}, token, sqlguard.Col("written_by", writer))
 }
 
 // WriteObject puts the object (blobguard Put) as writer, with token.

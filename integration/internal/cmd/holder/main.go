@@ -313,12 +313,12 @@ func writes(ctx context.Context, f flags, cl *closers) ([]write, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := blobs.Probe(ctx); err != nil {
+		if err := blobs.Check(ctx); err != nil {
 			return nil, fmt.Errorf("S3 probe: %w", err)
 		}
 		ws = append(ws,
 			write{"pg-row", func(ctx context.Context, tok fence.Token, value string) error {
-				return table.Upsert(ctx, conn, tok, []any{f.row}, sqlguard.Col("v", value))
+				return table.Upsert(ctx, conn, []any{f.row}, tok, sqlguard.Col("v", value))
 			}},
 			write{"pg-ledger", func(ctx context.Context, tok fence.Token, value string) error {
 				return guard.BeginFunc(ctx, conn, f.name, tok, func(tx pgx.Tx) error {
@@ -357,10 +357,10 @@ func writes(ctx context.Context, f flags, cl *closers) ([]write, error) {
 			return nil, err
 		}
 		ws = append(ws, write{"dynamodb", func(ctx context.Context, tok fence.Token, _ string) error {
-			return g.Put(ctx, tok, map[string]types.AttributeValue{
+			return g.Put(ctx, map[string]types.AttributeValue{
 				"pk":    &types.AttributeValueMemberS{Value: f.item},
 				"value": &types.AttributeValueMemberS{Value: fmt.Sprintf("holder %d", tok)},
-			})
+			}, tok)
 		}})
 	}
 	return ws, nil
