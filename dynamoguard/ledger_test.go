@@ -16,6 +16,7 @@ import (
 	"github.com/fencekit/fencekit/guardtest"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/memlease"
 )
 
 // newLedgerTable creates a ledger table with LedgerTableInput, dropped
@@ -89,7 +90,7 @@ func TestRunOnceWithTheLedger(t *testing.T) {
 	if err := lg.Check(ctx); err != nil {
 		t.Fatalf("Check = %v", err)
 	}
-	m := testkit.NewManager(t, lease.NewMemoryBackend(), 10*time.Second)
+	m := testkit.NewManager(t, memlease.New(), 10*time.Second)
 	runs := map[string]int{}
 	for range 3 {
 		for _, name := range []string{"settle orders", "reports"} {

@@ -633,7 +633,7 @@ func TestGuardSetupErrorIsLeaseSetup(t *testing.T) {
 		t.Fatalf("%v: want lease.ErrSetup and a *lease.SetupError with the fix", guardErr)
 	}
 	synctest.Test(t, func(t *testing.T) {
-		m, err := lease.NewManager(lease.NewMemoryBackend(), time.Second)
+		m, err := lease.NewManager(memlease.New(), time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}

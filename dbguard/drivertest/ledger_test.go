@@ -12,6 +12,7 @@ import (
 	"github.com/fencekit/fencekit/guardtest"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/memlease"
 )
 
 // ledgerIn is a ledger with the database it writes to.
@@ -74,7 +75,7 @@ func TestRunOnceWithTheLedger(t *testing.T) {
 			if err := lg.Check(ctx); err != nil {
 				t.Fatalf("Ledger.Check on a migrated database = %v", err)
 			}
-			m := testkit.NewManager(t, lease.NewMemoryBackend(), 10*time.Second)
+			m := testkit.NewManager(t, memlease.New(), 10*time.Second)
 			runs := map[string]int{}
 			job := func(name string) func(context.Context, *lease.Lease) error {
 				return func(context.Context, *lease.Lease) error { runs[name]++; return nil }
