@@ -96,9 +96,15 @@ func (e *engine) newHolding(parent context.Context) *holding {
 // ctx is the caller's (Renew, Release, an acquire attempt): it bounds the
 // requests sent for the caller and is the Observer's context of a release.
 // It is nil for the scheduler, the backend and the Lease's readers.
+// noCaller is the context of the events that no caller posts (the
+// scheduler's deadlines and heartbeats, the notifier's, a lease's own
+// bookkeeping): the requests they start are bounded by the lease's
+// deadline and ReleaseTimeout, not by a caller's context.
+var noCaller = context.Background()
+
 func (h *holding) post(ctx context.Context, ev event) effect {
-	if ctx == nil {
-		ctx = context.Background()
+	if ctx == nil { // a holder's Renew or Release called with nil
+		ctx = noCaller
 	}
 	e := h.e
 	step := func(ev event) (t todo) {
@@ -420,14 +426,14 @@ func (e *engine) heartbeats(due []*holding) {
 		return
 	}
 	for _, h := range due {
-		go h.post(nil, event{kind: evRenewBegin, by: byClock, at: time.Now()})
+		go h.post(noCaller, event{kind: evRenewBegin, by: byClock, at: time.Now()})
 	}
 }
 
 // expire ends h if its deadline has passed at now (the scheduler's
 // expire).
 func (e *engine) expire(h *holding, now time.Time) {
-	h.post(nil, event{kind: evDeadline, by: byClock, at: now})
+	h.post(noCaller, event{kind: evDeadline, by: byClock, at: now})
 }
 
 // renewBatch sends the heartbeats of hs in one BatchRenewer call; post
@@ -438,7 +444,7 @@ func (e *engine) renewBatch(hs []*holding) {
 	gs := make([]driver.Grant, 0, len(hs))
 	var latest time.Time
 	for _, h := range hs {
-		eff := h.post(nil, event{kind: evRenewBegin, by: byBatch, at: time.Now()})
+		eff := h.post(noCaller, event{kind: evRenewBegin, by: byBatch, at: time.Now()})
 		if eff.until.IsZero() {
 			continue
 		}
@@ -472,7 +478,7 @@ func (e *engine) renewBatch(hs []*holding) {
 		mu.Unlock()
 		h := live[i]
 		e.renewed(h, sent, err)
-		if eff := h.post(nil, event{kind: evRenewEnd, by: byBatch, sent: sent, at: time.Now(), err: err}); eff.do == doGiveBack {
+		if eff := h.post(noCaller, event{kind: evRenewEnd, by: byBatch, sent: sent, at: time.Now(), err: err}); eff.do == doGiveBack {
 			mu.Lock()
 			giveBack = append(giveBack, h)
 			mu.Unlock()
@@ -490,7 +496,7 @@ func (e *engine) renewBatch(hs []*holding) {
 	// Only after every lease of the batch has its result: a give-back can
 	// take up to ReleaseTimeout.
 	for _, h := range giveBack {
-		h.post(nil, event{kind: evGiveBackEnd, by: byBatch, err: e.giveBack(context.Background(), h.g)})
+		h.post(noCaller, event{kind: evGiveBackEnd, by: byBatch, err: e.giveBack(context.Background(), h.g)})
 	}
 }
 
@@ -526,7 +532,7 @@ var _ driver.Notifier = (*notifier)(nil)
 // Confirmed implements Notifier, for backends that keep grants alive
 // themselves.
 func (n *notifier) Confirmed(sent time.Time) {
-	(*holding)(n).post(nil, event{kind: evConfirmed, by: byStore, sent: sent})
+	(*holding)(n).post(noCaller, event{kind: evConfirmed, by: byStore, sent: sent})
 }
 
 // Lost implements Notifier.
@@ -534,5 +540,5 @@ func (n *notifier) Lost(cause error) {
 	if cause == nil {
 		cause = ErrNotHeld
 	}
-	(*holding)(n).post(nil, event{kind: evPushedLoss, by: byStore, err: cause})
+	(*holding)(n).post(noCaller, event{kind: evPushedLoss, by: byStore, err: cause})
 }

@@ -81,7 +81,7 @@ func (l *Lease) context() *leaseContext {
 	if c := l.ctx.Load(); c != nil {
 		return c
 	}
-	l.k.post(nil, event{kind: evContext})
+	l.k.post(noCaller, event{kind: evContext})
 	return l.ctx.Load()
 }
 
@@ -120,7 +120,7 @@ func (l *Lease) Err() error {
 	if now.Sub(*l.epoch) < time.Duration(l.deadlineNs.Load()) {
 		return nil
 	}
-	l.k.post(nil, event{kind: evDeadline, at: now})
+	l.k.post(noCaller, event{kind: evDeadline, at: now})
 	if p := l.end.Load(); p != nil {
 		return *p
 	}
@@ -180,5 +180,5 @@ func (l *Lease) Release(ctx context.Context) error {
 // release is sent to the store; at once, on this goroutine, if the lease
 // has ended already. One f per lease (a later call replaces it).
 func (l *Lease) whenEnded(f func(end error)) {
-	l.k.post(nil, event{kind: evWhenEnded, onEnd: f})
+	l.k.post(noCaller, event{kind: evWhenEnded, onEnd: f})
 }
