@@ -115,7 +115,7 @@ func TestSummedLeaderGaugeCanExceedOne(t *testing.T) {
 
 	// The docs agree with that: the observer's doc says when the sum can
 	// be above 1, and nothing promises it never is.
-	src, err := os.ReadFile("../observer.go")
+	src, err := os.ReadFile("../election.go")
 	if err != nil {
 		t.Fatal(err)
 	}
