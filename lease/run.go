@@ -53,7 +53,7 @@ func (m *Manager) TryRun(ctx context.Context, name string, fn func(ctx context.C
 // any request.
 var errNilRunFunc = fmt.Errorf("%w: Run: the function is nil", ErrInvalidOptions)
 
-// runJob runs fn under the held lease l, the job name, and releases l,
+// runJob runs fn, the job name, under the held lease l and releases l,
 // reporting the job to the Manager's Observer (observeHeld).
 func (m *Manager) runJob(ctx context.Context, l *Lease, name string, fn func(ctx context.Context, l *Lease) error) error {
 	wait := observeHeld(ctx, m.o.Observer, l, name, false)
