@@ -14,6 +14,7 @@ require (
 	github.com/fencekit/fencekit/dynamoguard v0.1.0
 	github.com/fencekit/fencekit/lease/dynamolease v0.1.0
 	github.com/fencekit/fencekit/lease/etcdlease v0.1.0
+	github.com/fencekit/fencekit/lease/leaseprom v0.1.0
 	github.com/fencekit/fencekit/lease/pglease v0.1.0
 	github.com/fencekit/fencekit/lease/redislease v0.1.0
 	github.com/fencekit/fencekit/lease/zklease v0.1.0
@@ -21,6 +22,9 @@ require (
 	github.com/fencekit/fencekit/sqlguard v0.1.0
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.13.0
+	github.com/prometheus/client_golang v1.25.0
+	github.com/prometheus/client_model v0.6.3
+	github.com/prometheus/common v0.72.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/testcontainers/testcontainers-go v0.45.0
 	github.com/testcontainers/testcontainers-go/modules/postgres v0.45.0
@@ -55,9 +59,6 @@ require (
 	github.com/mattn/go-isatty v0.0.24 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/ncruces/go-strftime v1.1.0 // indirect
-	github.com/prometheus/client_golang v1.25.0 // indirect
-	github.com/prometheus/client_model v0.6.3 // indirect
-	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.23.0 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	github.com/soheilhy/cmux v0.1.5 // indirect

@@ -187,10 +187,11 @@ func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, l *Le
 	}
 }
 
-// term runs the term of l: it reports it to the observer, calls OnElected
-// and lead, and releases l. A panic in OnElected or lead propagates, as
-// from any function, but only after the term has ended: l released (others
-// need not wait a TTL), Deposed reported, Lease nil.
+// term runs the term of l: it reports it to the observer (a term is a job
+// too: observeHeld), calls OnElected and lead, and releases l. A panic in
+// OnElected or lead propagates, as from any function, but only after the
+// term has ended: l released (others need not wait a TTL), JobEnded and
+// Deposed reported, Lease nil.
 func (e *Election) term(ctx context.Context, l *Lease, lead func(ctx context.Context, l *Lease) error) error {
 	e.setCurrent(l)
 	stopObserving := func() {}
@@ -202,33 +203,13 @@ func (e *Election) term(ctx context.Context, l *Lease, lead func(ctx context.Con
 		stopObserving()
 		e.setCurrent(nil)
 	}()
-	stopObserving = e.observeTerm(ctx, l)
+	stopObserving = observeHeld(ctx, e.m.o.Observer, l, e.name, true)
 	if e.o.OnElected != nil {
 		e.o.OnElected(l)
 	}
 	err := runHeld(ctx, l, lead)
 	ended = true
 	return err
-}
-
-// observeTerm reports the term of l to the Manager's Observer if it is an
-// ElectionObserver: Elected now, Deposed when l ends, by the goroutine that
-// ends it, before l's context is cancelled and before a release is sent.
-// The returned function waits until Deposed has been reported (l has
-// always ended by the time runHeld returns: it releases l; but the
-// goroutine that ended it may still be reporting).
-func (e *Election) observeTerm(ctx context.Context, l *Lease) (wait func()) {
-	eo, ok := e.m.o.Observer.(ElectionObserver)
-	if !ok {
-		return func() {}
-	}
-	eo.Elected(ElectionEvent{Ctx: ctx, Election: e.name, Token: l.Token()})
-	done := make(chan struct{})
-	l.whenEnded(func(end error) {
-		eo.Deposed(ElectionEvent{Ctx: ctx, Election: e.name, Token: l.Token(), Err: end})
-		close(done)
-	})
-	return func() { <-done }
 }
 
 func (e *Election) setCurrent(l *Lease) {
@@ -353,6 +334,8 @@ func (e *Election) Leader(ctx context.Context) (Holder, error) {
 // moments, and for as long as a paused leader has not caught up. Alert
 // when the sum stays above 1 for longer than a scrape interval or two: two
 // processes believe they lead (fenced writes stay safe either way).
+// A term is a job too: a JobObserver hears JobStarted just after Elected
+// and JobEnded just before Deposed.
 type ElectionObserver interface {
 	Observer
 	Elected(ElectionEvent)

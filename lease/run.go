@@ -32,7 +32,7 @@ func (m *Manager) Run(ctx context.Context, name string, fn func(ctx context.Cont
 	if err != nil {
 		return err
 	}
-	return runHeld(ctx, l, fn)
+	return m.runJob(ctx, l, name, fn)
 }
 
 // TryRun is Run with one acquire attempt: when another holder has the
@@ -46,12 +46,58 @@ func (m *Manager) TryRun(ctx context.Context, name string, fn func(ctx context.C
 	if err != nil {
 		return err
 	}
-	return runHeld(ctx, l, fn)
+	return m.runJob(ctx, l, name, fn)
 }
 
 // errNilRunFunc is Run's and TryRun's answer to a nil function, before
 // any request.
 var errNilRunFunc = fmt.Errorf("%w: Run: the function is nil", ErrInvalidOptions)
+
+// runJob runs fn, the job name, under the held lease l and releases l,
+// reporting the job to the Manager's Observer (observeHeld).
+func (m *Manager) runJob(ctx context.Context, l *Lease, name string, fn func(ctx context.Context, l *Lease) error) error {
+	wait := observeHeld(ctx, m.o.Observer, l, name, false)
+	defer wait() // after a panic too: fn's lease is released by then
+	return runHeld(ctx, l, fn)
+}
+
+// observeHeld reports the work under l, named name, to obs: for a job,
+// JobStarted now and JobEnded when l ends, if obs is a JobObserver; for an
+// election's term (term set), Elected before JobStarted and Deposed after
+// JobEnded as well, if obs is an ElectionObserver. The end is reported by
+// the goroutine that ends l, before l's context is cancelled and before a
+// release is sent (Lease.whenEnded; at once if l has ended already). The
+// returned function waits until the end has been reported: l has always
+// ended by the time runHeld returns (it releases l), but the goroutine that
+// ended it may still be reporting.
+func observeHeld(ctx context.Context, obs Observer, l *Lease, name string, term bool) (wait func()) {
+	jo, _ := obs.(JobObserver)
+	var eo ElectionObserver
+	if term {
+		eo, _ = obs.(ElectionObserver)
+	}
+	if jo == nil && eo == nil {
+		return func() {}
+	}
+	tok := l.Token()
+	if eo != nil {
+		eo.Elected(ElectionEvent{Ctx: ctx, Election: name, Token: tok})
+	}
+	if jo != nil {
+		jo.JobStarted(JobEvent{Ctx: ctx, Name: name, Token: tok})
+	}
+	done := make(chan struct{})
+	l.whenEnded(func(end error) {
+		if jo != nil {
+			jo.JobEnded(JobEvent{Ctx: ctx, Name: name, Token: tok, Err: end})
+		}
+		if eo != nil {
+			eo.Deposed(ElectionEvent{Ctx: ctx, Election: name, Token: tok, Err: end})
+		}
+		close(done)
+	})
+	return func() { <-done }
+}
 
 // runHeld runs fn under the held lease l and releases it.
 func runHeld(ctx context.Context, l *Lease, fn func(ctx context.Context, l *Lease) error) error {

@@ -301,7 +301,7 @@ func (s *Semaphore) Run(ctx context.Context, fn func(ctx context.Context, l *Lea
 	if err != nil {
 		return err
 	}
-	return runHeld(ctx, l, fn)
+	return s.m.runJob(ctx, l, s.name, fn)
 }
 
 // abandonEach abandons each request (Backend.Abandon), each given as long as

@@ -82,6 +82,10 @@ type Config struct {
 	// NoRedis skips Redis, for programs whose leases live in PostgreSQL;
 	// Set.RedisURL is then left empty.
 	NoRedis bool
+	// NoPostgres skips PostgreSQL, for programs whose leases and data
+	// live elsewhere (Redis and MariaDB); Set.PostgresURL is then left
+	// empty.
+	NoPostgres bool
 	// Etcd and ZooKeeper ask for those stores too, for programs whose
 	// leases live there; EtcdEndpoints and ZooKeeperServers override
 	// EtcdEndpointsVar and ZooKeeperServersVar (comma-separated lists).
@@ -109,7 +113,7 @@ func Provide(ctx context.Context, cfg Config) (*Set, error) {
 	for _, svc := range []struct {
 		want bool
 		find func(context.Context, Config) error
-	}{{!cfg.NoRedis, s.redis}, {true, s.postgres}, {cfg.Etcd, s.etcd}, {cfg.ZooKeeper, s.zookeeper}, {!cfg.NoS3, s.s3}} {
+	}{{!cfg.NoRedis, s.redis}, {!cfg.NoPostgres, s.postgres}, {cfg.Etcd, s.etcd}, {cfg.ZooKeeper, s.zookeeper}, {!cfg.NoS3, s.s3}} {
 		if ctx.Err() != nil {
 			errs = append(errs, fmt.Errorf("interrupted: %w", context.Cause(ctx)))
 			break

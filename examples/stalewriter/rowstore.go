@@ -8,10 +8,11 @@ import (
 	"path/filepath"
 	"strconv"
 
-	"github.com/go-sql-driver/mysql"
-	_ "modernc.org/sqlite" // registers "sqlite"
+	_ "github.com/go-sql-driver/mysql" // registers "mysql"
+	_ "modernc.org/sqlite"             // registers "sqlite"
 
 	"github.com/fencekit/fencekit/dbguard"
+	"github.com/fencekit/fencekit/examples/internal/demo"
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/migrations"
 )
@@ -59,43 +60,25 @@ func (c workerConfig) openRowDB() (*sql.DB, error) {
 	return sql.Open("sqlite", c.RowDSN)
 }
 
-// setUpRowDB makes the row's database (MariaDB: a throwaway database;
-// SQLite: a file in a new temporary directory), applies fencekit's
-// migrations, and creates the report table with its one row. It returns
-// the function that removes it all.
-func (sc *scenario) setUpRowDB(ctx context.Context) (func() error, error) {
+// setUpRowDB makes the row's database (MariaDB: a throwaway database,
+// recorded in the run's ledger; SQLite: a file in a new temporary
+// directory), applies fencekit's migrations, and creates the report table
+// with its one row. It returns the functions that remove it all and that
+// keep it (--keep).
+func (sc *scenario) setUpRowDB(ctx context.Context) (drop func() error, keep func(), err error) {
 	c := &sc.cfg
-	var drop func() error
+	keep = func() {}
 	switch c.RowStore {
 	case rowMariaDB:
-		dsn := os.Getenv("FENCE_MYSQL_URL")
-		if dsn == "" {
-			dsn = "root@tcp(127.0.0.1:3306)/test"
-		}
-		mc, err := mysql.ParseDSN(dsn)
+		d, err := demo.CreateMySQLDatabase(ctx, "", c.Schema) // stalewriter_<id>: a valid database name too
 		if err != nil {
-			return nil, fmt.Errorf("FENCE_MYSQL_URL: %w", err)
+			return nil, nil, err
 		}
-		admin, err := sql.Open("mysql", mc.FormatDSN())
-		if err != nil {
-			return nil, err
-		}
-		name := c.Schema // stalewriter_<id>: a valid database name too
-		if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
-			admin.Close()
-			return nil, fmt.Errorf("MariaDB at %s (set FENCE_MYSQL_URL, or start it: scripts/services.sh ensure_mariadb): %w", mc.Addr, err)
-		}
-		drop = func() error {
-			defer admin.Close()
-			_, err := admin.ExecContext(context.Background(), "DROP DATABASE IF EXISTS "+name)
-			return err
-		}
-		mc.DBName = name
-		c.RowDSN = mc.FormatDSN()
+		drop, keep, c.RowDSN = d.Drop, d.Keep, d.DSN
 	case rowSQLite:
 		dir, err := os.MkdirTemp("", "stalewriter-sqlite-")
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		drop = func() error { return os.RemoveAll(dir) }
 		c.RowDSN = "file:" + filepath.Join(dir, "report.db") + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)"
@@ -106,9 +89,9 @@ func (sc *scenario) setUpRowDB(ctx context.Context) (func() error, error) {
 		err = sc.createRowTable(ctx, db)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", c.RowStore, errorsJoin(err, drop()))
+		return nil, nil, fmt.Errorf("%s: %w", c.RowStore, errorsJoin(err, drop()))
 	}
-	return drop, nil
+	return drop, keep, nil
 }
 
 func errorsJoin(err, other error) error {

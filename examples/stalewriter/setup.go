@@ -25,6 +25,7 @@ type scenario struct {
 	s3         *s3.Client
 	objectDone func()         // strikes the object off the run's ledger
 	dropRowDB  func() error   // removes the row's MariaDB database or SQLite file (--row-store)
+	keepRowDB  func()         // keeps it (--keep)
 	dynamo     *demo.RunTable // the run's DynamoDB table (--dynamodb)
 }
 
@@ -47,7 +48,7 @@ func setUp(ctx context.Context, svc *services.Set, o options) (*scenario, error)
 		return nil, err
 	}
 	if sc.cfg.rowStoreName() != rowPostgres {
-		if sc.dropRowDB, err = sc.setUpRowDB(ctx); err != nil {
+		if sc.dropRowDB, sc.keepRowDB, err = sc.setUpRowDB(ctx); err != nil {
 			return nil, errorsJoin(err, sc.Stores.TearDown())
 		}
 	}
@@ -101,6 +102,7 @@ func (sc *scenario) keep(s *demo.Session) {
 		fmt.Fprintf(out, "  lease keys %s and %s in %s\n", sc.Keys.Lease, sc.Keys.Token, sc.cfg.RedisURL)
 	}
 	if sc.cfg.RowDSN != "" {
+		sc.keepRowDB()
 		fmt.Fprintf(out, "  the row in %s: %s (remove it when done)\n", sc.cfg.RowStore, sc.cfg.RowDSN)
 	}
 	fmt.Fprintf(out, "  object s3://%s/%s at %s\n", sc.cfg.S3.Bucket, sc.cfg.ObjectKey, sc.cfg.S3.Endpoint)

@@ -31,8 +31,9 @@
 //
 // # Metrics
 //
-// The instruments mirror package leaseprom's, without a lease-name
-// attribute (cardinality); durations are in seconds:
+// The instruments mirror package leaseprom's; only the election and job
+// instruments have a lease-name attribute (cardinality); durations are in
+// seconds:
 //
 //	fencekit.lease.held                 up-down counter: leases granted and not yet released or lost
 //	fencekit.lease.acquired             counter
@@ -41,8 +42,17 @@
 //	fencekit.lease.lost                 counter, attribute reason
 //	fencekit.lease.released             counter, attribute result
 //	fencekit.election.leader            gauge, attribute election: 1 while this process leads, else 0
+//	fencekit.job.running                up-down counter, attribute lease: jobs this process runs under the lease
 //	fencekit.guard.writes               counter, attributes guard, class, outcome
 //	fencekit.guard.write.duration       histogram (s), attributes guard, outcome
+//
+// fencekit.job.running counts the jobs of lease.JobObserver (Manager.Run,
+// TryRun and RunOnce, Semaphore.Run under the semaphore's name, an
+// election's terms), each from the grant of its lease until that lease
+// ends: 0 or 1 per process for a lease name, up to its permits for a
+// semaphore. Its cardinality is bounded as leaseprom's fencekit_job_running
+// is: an attribute value for each of the first MaxJobLeases lease names,
+// and lease="" for the jobs of every later name (no lease name is empty).
 package leaseotel
 
 import (
@@ -56,8 +66,14 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/jobnames"
 	"github.com/fencekit/fencekit/lease"
 )
+
+// MaxJobLeases is how many lease names get an attribute value of their
+// own in fencekit.job.running; the jobs of later names are counted under
+// lease="".
+const MaxJobLeases = jobnames.Max
 
 // ScopeName is the instrumentation scope of the tracer and the meter.
 const ScopeName = "github.com/fencekit/fencekit/lease/leaseotel"
@@ -75,8 +91,9 @@ const (
 	KeyOutcome    = attribute.Key("fencekit.guard.outcome")
 )
 
-// Observer is a lease.ElectionObserver and a fence.WriteObserver that
-// records OpenTelemetry spans and metrics. It is safe for concurrent use.
+// Observer is a lease.ElectionObserver, a lease.JobObserver and a
+// fence.WriteObserver that records OpenTelemetry spans and metrics. It is
+// safe for concurrent use.
 type Observer struct {
 	tracer trace.Tracer
 
@@ -87,12 +104,15 @@ type Observer struct {
 	lost      metric.Int64Counter
 	released  metric.Int64Counter
 	leader    metric.Int64Gauge
+	jobs      metric.Int64UpDownCounter
+	jobNames  jobnames.Names
 	writes    metric.Int64Counter
 	writeTime metric.Float64Histogram
 }
 
 var (
 	_ lease.ElectionObserver = (*Observer)(nil)
+	_ lease.JobObserver      = (*Observer)(nil)
 	_ fence.WriteObserver    = (*Observer)(nil)
 )
 
@@ -123,6 +143,8 @@ func New(tp trace.TracerProvider, mp metric.MeterProvider) (*Observer, error) {
 	o.released, err = m.Int64Counter("fencekit.lease.released", metric.WithDescription("Leases released by their holder, by whether the store confirmed it."))
 	add(err)
 	o.leader, err = m.Int64Gauge("fencekit.election.leader", metric.WithDescription("1 while this process leads the election, else 0."))
+	add(err)
+	o.jobs, err = m.Int64UpDownCounter("fencekit.job.running", metric.WithDescription("Jobs this process runs under the lease (Run, RunOnce, an election's term), from the lease's grant to its end."))
 	add(err)
 	o.writes, err = m.Int64Counter("fencekit.guard.writes", metric.WithDescription("Guarded writes, by guard, resource class and outcome (accepted, stale, unknown, failed)."))
 	add(err)
@@ -202,6 +224,16 @@ func (o *Observer) Elected(e lease.ElectionEvent) {
 // Deposed implements lease.ElectionObserver.
 func (o *Observer) Deposed(e lease.ElectionEvent) {
 	o.leader.Record(e.Ctx, 0, metric.WithAttributes(attribute.String("election", e.Election)))
+}
+
+// JobStarted implements lease.JobObserver.
+func (o *Observer) JobStarted(e lease.JobEvent) {
+	o.jobs.Add(e.Ctx, 1, metric.WithAttributes(attribute.String("lease", o.jobNames.Label(e.Name))))
+}
+
+// JobEnded implements lease.JobObserver.
+func (o *Observer) JobEnded(e lease.JobEvent) {
+	o.jobs.Add(e.Ctx, -1, metric.WithAttributes(attribute.String("lease", o.jobNames.Label(e.Name))))
 }
 
 // Written implements fence.WriteObserver.

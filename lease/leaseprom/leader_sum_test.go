@@ -38,6 +38,38 @@ func (f *failingRenewals) Renew(ctx context.Context, g driver.Grant) error {
 	return f.Backend.Renew(ctx, g)
 }
 
+// pair is two processes' Managers on one lease store, each with its own
+// leaseprom registry. Process a's renewals fail once storeA is cut, and a
+// hears its lease events through pause first, which stands for a process
+// paused as it reports them.
+type pair struct {
+	regA, regB *prometheus.Registry
+	storeA     *failingRenewals
+	mA, mB     *lease.Manager
+}
+
+func newPair(t *testing.T, pause lease.Observer) pair {
+	t.Helper()
+	mem := memlease.New()
+	p := pair{regA: prometheus.NewRegistry(), regB: prometheus.NewRegistry(), storeA: &failingRenewals{Backend: mem}}
+	obsA, err := leaseprom.New(p.regA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obsB, err := leaseprom.New(p.regB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	quiet := lease.WithLogger(slog.New(slog.DiscardHandler))
+	if p.mA, err = lease.NewManager(p.storeA, time.Second, lease.WithIdentity("a"), quiet, lease.WithObserver(lease.Observers{pause, obsA})); err != nil {
+		t.Fatal(err)
+	}
+	if p.mB, err = lease.NewManager(mem, time.Second, lease.WithIdentity("b"), quiet, lease.WithObserver(obsB)); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // pausedAtDeposed stands for a process that is paused as its term ends:
 // its Deposed (and so its gauge) waits until the pause ends.
 type pausedAtDeposed struct {
@@ -56,27 +88,9 @@ func (p pausedAtDeposed) Deposed(lease.ElectionEvent) { <-p.resume }
 // stays above 1.
 func TestSummedLeaderGaugeCanExceedOne(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		mem := memlease.New()
-		regA, regB := prometheus.NewRegistry(), prometheus.NewRegistry()
-		obsA, err := leaseprom.New(regA)
-		if err != nil {
-			t.Fatal(err)
-		}
-		obsB, err := leaseprom.New(regB)
-		if err != nil {
-			t.Fatal(err)
-		}
-		quiet := lease.WithLogger(slog.New(slog.DiscardHandler))
 		pause := pausedAtDeposed{resume: make(chan struct{})}
-		storeA := &failingRenewals{Backend: mem}
-		mA, err := lease.NewManager(storeA, time.Second, lease.WithIdentity("a"), quiet, lease.WithObserver(lease.Observers{pause, obsA}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		mB, err := lease.NewManager(mem, time.Second, lease.WithIdentity("b"), quiet, lease.WithObserver(obsB))
-		if err != nil {
-			t.Fatal(err)
-		}
+		p := newPair(t, pause)
+		regA, regB, storeA, mA, mB := p.regA, p.regB, p.storeA, p.mA, p.mB
 		eA, _ := lease.NewElection(mA, "scheduler")
 		eB, _ := lease.NewElection(mB, "scheduler")
 		sum := func() float64 {
@@ -115,7 +129,7 @@ func TestSummedLeaderGaugeCanExceedOne(t *testing.T) {
 
 	// The docs agree with that: the observer's doc says when the sum can
 	// be above 1, and nothing promises it never is.
-	src, err := os.ReadFile("../observer.go")
+	src, err := os.ReadFile("../election.go")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,10 +17,21 @@
 //	fencekit_lease_released_total{result}         counter: result is "ok" or "error"
 //	fencekit_lease_held_seconds                   histogram: how long leases were held, until lost or released
 //
-// Election metrics, labelled by election (lease) name, of which a process has
+// Election and job metrics, labelled by lease name, of which a process has
 // few:
 //
 //	fencekit_election_leader{election}            gauge: 1 while this process leads the election, else 0
+//	fencekit_job_running{lease}                   gauge: jobs this process runs under the lease
+//
+// fencekit_job_running counts the jobs of lease.JobObserver (Manager.Run,
+// TryRun and RunOnce, Semaphore.Run under the semaphore's name, an
+// election's terms), each from the grant of its lease until that lease
+// ends (released once the job returned, or lost): 0 or 1 per process for a
+// lease name, up to its permits for a semaphore. Its cardinality is
+// bounded: a series for each of the first MaxJobLeases lease names this
+// process ran a job under; the jobs of any later name are counted together
+// in the series lease="" (no lease name is empty). Run jobs under names
+// written in the program ("settle-orders"), not a name per item.
 //
 // Guarded-write metrics, labelled by guard ("sqlguard", "dbguard",
 // "blobguard", "dynamoguard", "fencehttp", "fencegrpc"), resource class (a
@@ -33,11 +44,12 @@
 //
 // Alert on fencekit_lease_lost_total: every loss means a holder's work was
 // cut short (or, without fencing, might have overlapped with another's). Alert
-// when sum(fencekit_election_leader) by (election) across processes stays
+// when sum(fencekit_election_leader) by (election) or
+// sum(fencekit_job_running{lease!=""}) by (lease) across processes stays
 // above 1 for longer than a scrape interval or two: two processes believe they
-// lead (gauges are scraped at different moments, so a hand-off can show 2 for
-// one scrape without anything being wrong; fenced writes stay safe either
-// way). Alert on any increase of
+// lead, or run the job (gauges are scraped at different moments, so a hand-off
+// can show 2 for one scrape without anything being wrong; fenced writes stay
+// safe either way). Alert on any increase of
 // fencekit_guard_writes_total{outcome="stale"} (a stale holder tried to
 // write: fencing saved the data, but a holder was paused past its lease) and
 // of outcome="unknown" (writes the caller must read back to settle).
@@ -47,14 +59,22 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/jobnames"
 	"github.com/fencekit/fencekit/lease"
 )
 
-// Observer is a lease.ElectionObserver and a fence.WriteObserver that
-// records Prometheus metrics.
+// MaxJobLeases is how many lease names get a series of their own in
+// fencekit_job_running; the jobs of later names are counted in the series
+// lease="".
+const MaxJobLeases = jobnames.Max
+
+// Observer is a lease.ElectionObserver, a lease.JobObserver and a
+// fence.WriteObserver that records Prometheus metrics.
 type Observer struct {
 	held     prometheus.Gauge
 	leader   *prometheus.GaugeVec
+	jobs     *prometheus.GaugeVec
+	jobNames jobnames.Names
 	writes   *prometheus.CounterVec
 	writeDur *prometheus.HistogramVec
 	acquired prometheus.Counter
@@ -67,6 +87,7 @@ type Observer struct {
 
 var (
 	_ lease.ElectionObserver = (*Observer)(nil)
+	_ lease.JobObserver      = (*Observer)(nil)
 	_ fence.WriteObserver    = (*Observer)(nil)
 )
 
@@ -83,6 +104,10 @@ func New(reg prometheus.Registerer) (*Observer, error) {
 			Name: "fencekit_election_leader",
 			Help: "1 while this process leads the election, else 0.",
 		}, []string{"election"}),
+		jobs: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "fencekit_job_running",
+			Help: "Jobs this process runs under the lease (Run, RunOnce, an election's term), from the lease's grant to its end.",
+		}, []string{"lease"}),
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fencekit_guard_writes_total",
 			Help: "Guarded writes, by guard, resource class and outcome (accepted, stale, unknown, failed).",
@@ -120,7 +145,7 @@ func New(reg prometheus.Registerer) (*Observer, error) {
 			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10), // 10 ms to about 7 h
 		}),
 	}
-	for _, c := range []prometheus.Collector{o.held, o.leader, o.writes, o.writeDur, o.acquired, o.wait, o.renew, o.lost, o.released, o.heldFor} {
+	for _, c := range []prometheus.Collector{o.held, o.leader, o.jobs, o.writes, o.writeDur, o.acquired, o.wait, o.renew, o.lost, o.released, o.heldFor} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -173,6 +198,14 @@ func (o *Observer) Elected(e lease.ElectionEvent) { o.leader.WithLabelValues(e.E
 
 // Deposed implements lease.ElectionObserver.
 func (o *Observer) Deposed(e lease.ElectionEvent) { o.leader.WithLabelValues(e.Election).Set(0) }
+
+// JobStarted implements lease.JobObserver.
+func (o *Observer) JobStarted(e lease.JobEvent) {
+	o.jobs.WithLabelValues(o.jobNames.Label(e.Name)).Inc()
+}
+
+// JobEnded implements lease.JobObserver.
+func (o *Observer) JobEnded(e lease.JobEvent) { o.jobs.WithLabelValues(o.jobNames.Label(e.Name)).Dec() }
 
 // Written implements fence.WriteObserver.
 func (o *Observer) Written(e fence.WriteEvent) {

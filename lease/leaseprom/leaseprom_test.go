@@ -67,15 +67,7 @@ fencekit_lease_released_total{result="ok"} 1
 // The held gauge counts leases granted and not yet released or lost; the
 // leader gauge is 1 exactly while this process leads.
 func TestHeldAndLeaderGauges(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	obs, err := leaseprom.New(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := lease.NewManager(memlease.New(), time.Second, lease.WithObserver(obs))
-	if err != nil {
-		t.Fatal(err)
-	}
+	reg, m := observed(t)
 	ctx := context.Background()
 	held := func() float64 { return gauge(t, reg, "fencekit_lease_held", "") }
 	a, _ := m.TryAcquire(ctx, "a")

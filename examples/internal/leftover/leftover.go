@@ -10,10 +10,10 @@
 //     process, so Start forks every child from one goroutine locked to its
 //     OS thread for the life of the program (a Go thread otherwise may exit
 //     while the child lives, and the child would get the signal then).
-//   - Everything else (a PostgreSQL schema, Redis keys, a temporary
-//     directory, an S3 object) is written to a ledger, one JSON file per
-//     run in the user cache directory, as it is created, and struck off
-//     when it is removed. A run that ends normally removes its ledger. A
+//   - Everything else (a PostgreSQL schema, a MariaDB database, Redis
+//     keys, a temporary directory, an S3 object) is written to a ledger,
+//     one JSON file per run in the user cache directory, as it is
+//     created, and struck off when it is removed. A run that ends normally removes its ledger. A
 //     run that was killed leaves its ledger behind, and the next run of any
 //     example program sweeps it at its start (Begin): it stops what is
 //     still running of it and removes the rest.
@@ -55,6 +55,10 @@ const (
 	// KindDynamoTable is a DynamoDB table of the run's own: URL (endpoint),
 	// Name (table). The sweep deletes the whole table.
 	KindDynamoTable = "dynamodb-table"
+	// KindMySQLDatabase is a MariaDB or MySQL database of the run's own:
+	// URL (a go-sql-driver DSN of the server), Name (the database). The
+	// sweep drops the whole database.
+	KindMySQLDatabase = "mysql-database"
 )
 
 // Entry is one thing a run created.
@@ -94,6 +98,8 @@ func (e Entry) String() string {
 		return fmt.Sprintf("object s3://%s/%s", e.Bucket, e.Name)
 	case KindDynamoTable:
 		return fmt.Sprintf("DynamoDB table %s at %s", e.Name, e.URL)
+	case KindMySQLDatabase:
+		return "MariaDB database " + e.Name
 	}
 	return e.Kind
 }
@@ -322,3 +328,7 @@ var schemaName = regexp.MustCompile(`^(stalewriter|invoicejob)_[0-9a-f]{8}$`)
 // dynamoTableName is what the programs name their DynamoDB tables: the
 // sweep deletes no other table.
 var dynamoTableName = regexp.MustCompile(`^(stalewriter|invoicejob)-[0-9a-f]{8}$`)
+
+// mysqlDatabaseName is what the programs name their MariaDB databases: the
+// sweep drops no other database.
+var mysqlDatabaseName = regexp.MustCompile(`^(stalewriter|settleorders)_[0-9a-f]{8}$`)

@@ -2,6 +2,7 @@ package leftover
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	dynamotypes "github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	_ "github.com/go-sql-driver/mysql" // registers "mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
@@ -27,9 +29,8 @@ const maxAge = 7 * 24 * time.Hour
 // Sweep removes what earlier runs left behind: for every ledger whose run is
 // no longer alive, it kills the run's processes that still run (SIGKILL,
 // after SIGCONT for a stopped one), removes its temporary directories,
-// drops its schemas, deletes its Redis keys, S3 objects and DynamoDB
-// tables, and removes
-// the ledger. An entry it cannot remove (a server that does not answer)
+// drops its schemas and MariaDB databases, deletes its Redis keys, S3
+// objects and DynamoDB tables, and removes the ledger. An entry it cannot remove (a server that does not answer)
 // stays in the ledger for the next sweep, for up to seven days; an entry
 // in a server the run had started itself is dropped when that server no
 // longer answers (it is gone, and so is what it held). Ledgers of runs
@@ -116,6 +117,11 @@ func sweepEntry(ctx context.Context, e Entry) (did string, err error) {
 			return "", fmt.Errorf("leftover: refusing to delete DynamoDB table %q: not a name the example programs use", e.Name)
 		}
 		return deleteTable(ctx, e)
+	case KindMySQLDatabase:
+		if !mysqlDatabaseName.MatchString(e.Name) {
+			return "", fmt.Errorf("leftover: refusing to drop MariaDB database %q: not a name the example programs use", e.Name)
+		}
+		return removed(e, dropMySQLDatabase(ctx, e.URL, e.Name))
 	}
 	return "", fmt.Errorf("leftover: unknown entry kind %q", e.Kind)
 }
@@ -161,6 +167,18 @@ func dropSchema(ctx context.Context, url, schema string) error {
 	}
 	defer conn.Close(context.Background())
 	_, err = conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	return err
+}
+
+// dropMySQLDatabase drops the database name (checked by the caller: no
+// quoting is needed) on the server of the go-sql-driver DSN dsn.
+func dropMySQLDatabase(ctx context.Context, dsn, name string) error {
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	_, err = db.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name)
 	return err
 }
 

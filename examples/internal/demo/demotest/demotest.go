@@ -8,6 +8,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"io"
@@ -23,6 +24,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	_ "github.com/go-sql-driver/mysql" // registers "mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
@@ -194,16 +196,17 @@ func ExpectGone(t *testing.T, children []Child) {
 }
 
 // Leftovers lists what is left of the program's runs in env: ledger files,
-// entries in the temporary directory, and which of the schemas, Redis keys
-// and DynamoDB tables that a run recorded (Ledger, read while it ran) still
-// exist.
+// entries in the temporary directory, and which of the schemas, MariaDB
+// databases, Redis keys and DynamoDB tables that a run recorded (Ledger,
+// read while it ran) still exist.
 type Leftovers struct {
-	Ledgers, TempEntries, Schemas, RedisKeys, DynamoTables []string
+	Ledgers, TempEntries, Schemas, MySQLDatabases, RedisKeys, DynamoTables []string
 }
 
 // Empty reports whether nothing is left.
 func (l Leftovers) Empty() bool {
-	return len(l.Ledgers) == 0 && len(l.TempEntries) == 0 && len(l.Schemas) == 0 && len(l.RedisKeys) == 0 && len(l.DynamoTables) == 0
+	return len(l.Ledgers) == 0 && len(l.TempEntries) == 0 && len(l.Schemas) == 0 && len(l.MySQLDatabases) == 0 &&
+		len(l.RedisKeys) == 0 && len(l.DynamoTables) == 0
 }
 
 // Look lists what is left now of what entries name, and in env.
@@ -217,6 +220,7 @@ func (e *Env) Look(t *testing.T, entries []leftover.Entry) Leftovers {
 	}
 	l.RedisKeys = RedisKeysIn(t, entries)
 	l.DynamoTables = DynamoTablesIn(t, entries)
+	l.MySQLDatabases = MySQLDatabasesIn(t, entries)
 	if schemas := SchemasIn(entries); len(schemas) > 0 {
 		conn := connect(t)
 		defer conn.Close(context.Background())
@@ -308,6 +312,32 @@ func DynamoTablesIn(t *testing.T, entries []leftover.Entry) []string {
 		case err != nil:
 			t.Fatalf("DynamoDB at %s: %v", e.URL, err)
 		default:
+			out = append(out, e.Name)
+		}
+	}
+	return out
+}
+
+// MySQLDatabasesIn returns the MariaDB databases among entries that still
+// exist.
+func MySQLDatabasesIn(t *testing.T, entries []leftover.Entry) []string {
+	t.Helper()
+	var out []string
+	for _, e := range entries {
+		if e.Kind != leftover.KindMySQLDatabase {
+			continue
+		}
+		db, err := sql.Open("mysql", e.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		err = db.QueryRowContext(context.Background(), `SELECT COUNT(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = ?`, e.Name).Scan(&n)
+		_ = db.Close()
+		if err != nil {
+			t.Fatalf("MariaDB (%s): %v", demo.MySQLURLVar, err)
+		}
+		if n > 0 {
 			out = append(out, e.Name)
 		}
 	}
