@@ -146,6 +146,9 @@ func Run(t *testing.T, cfg Config) {
 		{"LineDropsAWaiterThatDied", testLineDeadWaiter},
 		{"ManagerFIFOGrantsInArrivalOrder", testManagerFIFO},
 		{"ManagerFIFOSurvivesAHolderThatDied", testLineHolderDies},
+		{"ListShowsHoldersAndWaiters", testList},
+		{"RevokeEndsExactlyTheNamedGrant", testRevoke},
+		{"ManagerLosesARevokedLease", testRevokedLeaseEnds},
 	}
 	// The data-loss check wipes the store: it runs alone, after the others.
 	var destructive []func(*testing.T)
