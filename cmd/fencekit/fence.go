@@ -294,7 +294,9 @@ func (f *fenceFlags) advanceSQL(ctx context.Context) (string, error) {
 }
 
 func (f *fenceFlags) advanceDynamo(ctx context.Context, getenv func(string) string) (string, error) {
-	g, err := dynamoguard.New(dynamoClient(getenv, f.url), f.table)
+	c, done := dynamoClient(getenv, f.url)
+	defer done()
+	g, err := dynamoguard.New(c, f.table)
 	if err != nil {
 		return f.table, err
 	}
@@ -312,7 +314,8 @@ func (f *fenceFlags) advanceDynamo(ctx context.Context, getenv func(string) stri
 
 func (f *fenceFlags) advanceS3(ctx context.Context, getenv func(string) string) (string, error) {
 	resource := "s3://" + f.bucket + "/" + f.resource
-	cfg := awsConfig(getenv, getenv("FENCE_S3_ACCESS_KEY"), getenv("FENCE_S3_SECRET_KEY"))
+	cfg, done := awsConfig(getenv, getenv("FENCE_S3_ACCESS_KEY"), getenv("FENCE_S3_SECRET_KEY"))
+	defer done()
 	c := s3.NewFromConfig(cfg, func(o *s3.Options) {
 		if f.url != "" {
 			o.BaseEndpoint = aws.String(f.url)

@@ -29,9 +29,9 @@ const leaseUsage = `Usage:
                                       waiters: holder identity, owner, token,
                                       time left, waiters in line
   fencekit lease show NAME            one lease, held or not
-  fencekit lease watch NAME           each change of NAME as it happens (a
-                                      grant, an end, a new holder, a change of
-                                      the line), until interrupted
+  fencekit lease watch NAME           each change of NAME (a grant, an end, a
+                                      new holder, a change of the line), read
+                                      every --interval, until interrupted
   fencekit lease revoke NAME [--token N] [--owner OWNER]
                                       end NAME's current grant at the store:
                                       the next grant's token is greater, the
@@ -65,8 +65,8 @@ Flags of every lease command:
   -o table|json       a table for people (default), or JSON for scripts (ls
                       and show: one document; watch: one object a line)
   --timeout D         give up on each request after this long (default 30s)
-  --interval D        watch: how often to read the lease besides the store's
-                      release signals (default 250ms)
+  --interval D        watch: how often to read the lease (default 250ms); a
+                      grant made and ended between two readings is not seen
 `
 
 func runLease(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
@@ -302,22 +302,13 @@ func change(prev, cur driver.Status, first bool) string {
 	return ""
 }
 
-// leaseWatch reads name at start, on every release signal of the store
-// (driver.Watcher, where the backend has it) and every interval, and
-// prints each change, until ctx ends (an interrupt). A grant made and
-// ended between two readings with no signal between is not seen; the
+// leaseWatch reads name at start and every interval, and prints each
+// change, until ctx ends (an interrupt). It only reads (driver.Lister):
+// it does not subscribe as a waiter would (driver.Watcher), which on some
+// stores joins the line (a ZooKeeper ticket) and so changes what it
+// watches. A grant made and ended between two readings is not seen; the
 // token of the next grant shows that grants were missed.
 func leaseWatch(ctx context.Context, b operator, timeout time.Duration, name string, interval time.Duration, p *printer) error {
-	var signals <-chan struct{}
-	if w, ok := b.(driver.Watcher); ok {
-		wctx, cancel := context.WithTimeout(ctx, timeout)
-		ch, stop, err := w.Watch(wctx, name)
-		cancel()
-		if err == nil {
-			defer stop()
-			signals = ch
-		}
-	}
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	var prev driver.Status
@@ -341,7 +332,6 @@ func leaseWatch(ctx context.Context, b operator, timeout time.Duration, name str
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-signals:
 		case <-tick.C:
 		}
 	}

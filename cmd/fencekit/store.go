@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strings"
 	"time"
 
@@ -207,7 +208,7 @@ func (s *storeFlags) openStore(ctx context.Context, log *slog.Logger) (operator,
 		if s.table == "" {
 			return nil, kind, nil, errors.New("--table is required with --store dynamodb")
 		}
-		c := dynamoClient(s.getenv, addr)
+		c, done := dynamoClient(s.getenv, addr)
 		var opts []dynamolease.Option
 		if s.prefixSet {
 			opts = append(opts, dynamolease.WithKeyPrefix(s.prefix))
@@ -217,9 +218,10 @@ func (s *storeFlags) openStore(ctx context.Context, log *slog.Logger) (operator,
 		}
 		db, err := dynamolease.New(c, s.table, opts...)
 		if err != nil {
+			done()
 			return nil, kind, nil, err
 		}
-		b = db
+		b, closeAll = db, done
 	}
 	op, ok := b.(operator)
 	if !ok {
@@ -259,9 +261,10 @@ func redisClient(mode, url string) (redis.UniversalClient, error) {
 
 // awsConfig is the AWS configuration of the command: credentials from
 // AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN (or the
-// given keys), the region from AWS_REGION (default us-east-1). Profiles
-// and single sign-on are not read: export the keys.
-func awsConfig(getenv func(string) string, ak, sk string) aws.Config {
+// given keys), the region from AWS_REGION (default us-east-1), and an HTTP
+// transport of its own, whose connections done closes. Profiles and
+// single sign-on are not read: export the keys.
+func awsConfig(getenv func(string) string, ak, sk string) (cfg aws.Config, done func()) {
 	region := getenv("AWS_REGION")
 	if region == "" {
 		region = "us-east-1"
@@ -270,22 +273,25 @@ func awsConfig(getenv func(string) string, ak, sk string) aws.Config {
 	if ak == "" || sk == "" {
 		ak, sk, token = getenv("AWS_ACCESS_KEY_ID"), getenv("AWS_SECRET_ACCESS_KEY"), getenv("AWS_SESSION_TOKEN")
 	}
-	return aws.Config{Region: region, Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
-		if ak == "" || sk == "" {
-			return aws.Credentials{}, errors.New("no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
-		}
-		return aws.Credentials{AccessKeyID: ak, SecretAccessKey: sk, SessionToken: token, Source: "fencekit environment"}, nil
-	})}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	return aws.Config{Region: region, HTTPClient: &http.Client{Transport: tr},
+		Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
+			if ak == "" || sk == "" {
+				return aws.Credentials{}, errors.New("no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+			}
+			return aws.Credentials{AccessKeyID: ak, SecretAccessKey: sk, SessionToken: token, Source: "fencekit environment"}, nil
+		})}, tr.CloseIdleConnections
 }
 
 // dynamoClient is a DynamoDB client with awsConfig and, when endpoint is
-// set, that endpoint.
-func dynamoClient(getenv func(string) string, endpoint string) *dynamodb.Client {
-	return dynamodb.NewFromConfig(awsConfig(getenv, "", ""), func(o *dynamodb.Options) {
+// set, that endpoint; done closes its connections.
+func dynamoClient(getenv func(string) string, endpoint string) (c *dynamodb.Client, done func()) {
+	cfg, done := awsConfig(getenv, "", "")
+	return dynamodb.NewFromConfig(cfg, func(o *dynamodb.Options) {
 		if endpoint != "" {
 			o.BaseEndpoint = aws.String(endpoint)
 		}
-	})
+	}), done
 }
 
 // splitList splits a comma-separated list, dropping empty items.
