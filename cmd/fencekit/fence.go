@@ -154,6 +154,11 @@ func runFence(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		}
 		fmt.Fprintf(stderr, "fencekit fence advance: %s\n", msg)
 		return exitFail
+	case errors.Is(err, fence.ErrInvalidToken), errors.Is(err, fence.ErrInvalidArgument):
+		// Refused by the guard before any write: the token or a name does
+		// not fit the store.
+		fmt.Fprintf(stderr, "fencekit fence advance: %v\n", err)
+		return exitUsage
 	case err != nil:
 		fmt.Fprintf(stderr, "fencekit fence advance: %v\n", err)
 		return exitFail

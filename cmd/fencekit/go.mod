@@ -3,6 +3,7 @@ module github.com/fencekit/fencekit/cmd/fencekit
 go 1.26.0
 
 require (
+	github.com/aws/aws-sdk-go-v2/credentials v1.21.3
 	github.com/fencekit/fencekit v0.1.0
 	github.com/fencekit/fencekit/blobguard v0.1.0
 	github.com/fencekit/fencekit/dbguard v0.1.0
