@@ -312,7 +312,6 @@ func leaseWatch(ctx context.Context, b operator, timeout time.Duration, name str
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	var prev driver.Status
-	header := false
 	for first := true; ; first = false {
 		rctx, cancel := context.WithTimeout(ctx, timeout)
 		cur, err := b.Status(rctx, name)
@@ -324,7 +323,7 @@ func leaseWatch(ctx context.Context, b operator, timeout time.Duration, name str
 			return err
 		}
 		if ev := change(prev, cur, first); ev != "" {
-			if err := p.event(watchEvent{At: time.Now().UTC(), Event: ev, leaseJSON: toJSON(cur)}, cur, &header); err != nil {
+			if err := p.event(watchEvent{At: time.Now().UTC(), Event: ev, leaseJSON: toJSON(cur)}, cur); err != nil {
 				return err
 			}
 		}
@@ -337,19 +336,23 @@ func leaseWatch(ctx context.Context, b operator, timeout time.Duration, name str
 	}
 }
 
-func (p *printer) event(e watchEvent, st driver.Status, header *bool) error {
+func (p *printer) event(e watchEvent, st driver.Status) error {
 	if p.json {
 		return p.line(e)
 	}
-	if !*header {
-		*header = true
-		fmt.Fprintf(p.w, "%-24s  %-7s  %s\n", "TIME", "EVENT", strings.Join(tableHeader, "  "))
+	what := "free"
+	if st.Held() {
+		left := "time left unknown"
+		if st.Holder.Remaining > 0 {
+			left = st.Holder.Remaining.Round(time.Millisecond).String() + " left"
+		}
+		what = fmt.Sprintf("held by %s (owner %s, token %d, %s)", st.Holder.Identity(), st.Holder.Owner, st.Holder.Token, left)
 	}
-	_, err := fmt.Fprintf(p.w, "%-24s  %-7s  %s\n", e.At.Format("2006-01-02T15:04:05.000Z"), e.Event, strings.Join(row(st), "  "))
+	_, err := fmt.Fprintf(p.w, "%s  %-7s  %s: %s, %d waiting\n", e.At.Format("2006-01-02T15:04:05.000Z"), e.Event, st.Name, what, st.Waiters)
 	return err
 }
 
-// ErrNothingHeld is the refusal of revoke when nothing holds the name.
+// errNothingHeld is the refusal of revoke when nothing holds the name.
 var errNothingHeld = errors.New("nothing holds it: nothing to revoke")
 
 // revokeJSON is revoke's output with -o json: the audit record.
