@@ -401,3 +401,34 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+func TestLeaseUsage(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"lease"}, exitUsage, "missing subcommand"},
+		{[]string{"lease", "rm", "x"}, exitUsage, "unknown subcommand"},
+		{[]string{"lease", "show"}, exitUsage, "takes one lease NAME"},
+		{[]string{"lease", "show", "a", "b"}, exitUsage, "takes one lease NAME"},
+		{[]string{"lease", "ls", "a", "b"}, exitUsage, "at most one PREFIX"},
+		{[]string{"lease", "show", "x", "-o", "yaml"}, exitUsage, "-o is table or json"},
+		{[]string{"lease", "revoke", "bad\x01name", "--store", "redis"}, exitUsage, "control character"},
+		{[]string{"lease", "watch", "x", "--interval", "0", "--store", "redis"}, exitUsage, "--interval must be positive"},
+		{[]string{"lease", "ls"}, exitUsage, "pass --store"},
+		{[]string{"lease", "ls", "--store", "mongo"}, exitUsage, "unknown --store"},
+		{[]string{"lease", "ls", "--store", "etcd"}, exitFail, "set FENCE_ETCD_ENDPOINTS"},
+		{[]string{"lease", "ls", "--store", "dynamodb", "--url", "http://127.0.0.1:1"}, exitFail, "--table is required"},
+		{[]string{"lease", "ls", "--store", "zookeeper", "--prefix", "p", "--url", "127.0.0.1:1"}, exitFail, "--prefix is for redis, etcd and dynamodb"},
+	} {
+		code, _, errOut := (leaseStore{env: map[string]string{databaseURLVar: ""}}).cli(t, context.Background(), nil, tc.args...)
+		if code != tc.code || !strings.Contains(errOut, tc.want) {
+			t.Errorf("%q = %d, %q; want %d and %q", tc.args, code, errOut, tc.code, tc.want)
+		}
+	}
+	if code, out, _ := (leaseStore{}).cli(t, context.Background(), nil, "lease", "help"); code != exitOK || !strings.Contains(out, "fencekit lease revoke NAME") {
+		t.Errorf("lease help = %d, %q", code, out)
+	}
+}

@@ -237,21 +237,21 @@ func redisClient(mode, url string) (redis.UniversalClient, error) {
 	case "standalone", "":
 		o, err := redis.ParseURL(url)
 		if err != nil {
-			return nil, fmt.Errorf("Redis URL: %w", err)
+			return nil, fmt.Errorf("the Redis URL: %w", err)
 		}
 		o.ContextTimeoutEnabled = true
 		return redis.NewClient(o), nil
 	case "sentinel":
 		o, err := redis.ParseFailoverURL(url)
 		if err != nil {
-			return nil, fmt.Errorf("Redis Sentinel URL (redis://sentinel:26379?master_name=NAME&addr=...): %w", err)
+			return nil, fmt.Errorf("the Redis Sentinel URL (redis://sentinel:26379?master_name=NAME&addr=...): %w", err)
 		}
 		o.ContextTimeoutEnabled = true
 		return redis.NewFailoverClient(o), nil
 	case "cluster":
 		o, err := redis.ParseClusterURL(url)
 		if err != nil {
-			return nil, fmt.Errorf("Redis Cluster URL (redis://node1:6379?addr=node2:6379): %w", err)
+			return nil, fmt.Errorf("the Redis Cluster URL (redis://node1:6379?addr=node2:6379): %w", err)
 		}
 		o.ContextTimeoutEnabled = true
 		return redis.NewClusterClient(o), nil
