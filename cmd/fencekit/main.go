@@ -1,5 +1,11 @@
-// Command fencekit manages fencekit's database objects.
+// Command fencekit manages fencekit's database objects, and lets an
+// operator see and end leases and push tokens to guarded resources.
 //
+//	fencekit lease ls [PREFIX]           the leases of a store: holder, owner, token, time left, waiters
+//	fencekit lease show NAME             one lease
+//	fencekit lease watch NAME            each change of one lease as it happens
+//	fencekit lease revoke NAME           end the current grant (audited); the next token is greater
+//	fencekit fence advance --token N ... push a token to a guarded resource; never lowers one
 //	fencekit migrate up                  create or update fencekit's tables
 //	fencekit migrate down [--to N]       roll them back (all of them by default)
 //	fencekit migrate status              show which migrations are applied
@@ -53,9 +59,13 @@ const (
 )
 
 const usage = `fencekit manages fencekit's database objects on PostgreSQL
-(and, with --dialect, on MySQL/MariaDB and SQLite).
+(and, with --dialect, on MySQL/MariaDB and SQLite), shows and revokes
+leases on every store, and pushes tokens to guarded resources.
 
 Usage:
+  fencekit lease ls|show|watch|revoke see and end leases (fencekit lease help)
+  fencekit fence advance --token N    push a token to a guarded resource
+                                      (fencekit fence help)
   fencekit migrate up                 apply fencekit's migrations: create the
                                       fencekit_resource_tokens table and the
                                       fencekit_advance_token function (sqlguard),
@@ -124,6 +134,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return exitOK
 	case "migrate":
 		return runMigrate(ctx, args[1:], stdout, stderr, getenv)
+	case "lease":
+		return runLease(ctx, args[1:], stdout, stderr, getenv)
+	case "fence":
+		return runFence(ctx, args[1:], stdout, stderr, getenv)
 	default:
 		fmt.Fprintf(stderr, "fencekit: unknown command %q (try fencekit help)\n", args[0])
 		return exitUsage

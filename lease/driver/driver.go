@@ -1,8 +1,8 @@
 // Package driver is the contract between the lease Manager (package
 // lease) and the stores that hold leases, as database/sql/driver is beside
 // database/sql: everything a backend implements (Backend and the optional
-// capabilities BatchRenewer, Watcher, Inspector, Checker, and a line of
-// waiters declared in Limits.Queues) and everything it
+// capabilities BatchRenewer, Watcher, Inspector, Checker, Lister, Revoker,
+// and a line of waiters declared in Limits.Queues) and everything it
 // calls or returns (Request, Grant, Limits, Notifier, the errors). A backend
 // imports this package and fence, never package lease; users of the Manager
 // rarely need it.
@@ -19,6 +19,10 @@
 //   - Watcher: wake waiters on release instead of polling.
 //   - Inspector: say who holds a lease (Manager.Holder, Election.Leader).
 //   - Checker: check the store's setup before any lease (Manager.Check).
+//   - Lister: list the leases of the namespace with their holders and
+//     waiters (fencekit lease ls, show, watch).
+//   - Revoker: end a grant from outside the holder's process, so that the
+//     next grant gets a greater token (fencekit lease revoke).
 //
 // and may declare, in Limits.Queues, that it keeps blocked acquires in a
 // line at the store (lease.Options.FIFO): see "Waiters in line" below.

@@ -81,6 +81,14 @@
 // pruner's wall clocks: a pruner whose clock is ahead by more than
 // PruneAfter removes them early.
 //
+// # Operating leases
+//
+// Revoke (driver.Revoker) is one UpdateItem conditional on the item naming
+// the owner with the token: it removes the owner and records it as lost,
+// so the name is free at once and the next grant's token is greater.
+// Status (driver.Lister) is Holder's read; List scans the table (ScanAPI;
+// its cost grows with the table, not with the result).
+//
 // # Errors
 //
 // Acquire returns a *driver.NotAcquiredError (matching driver.ErrNotAcquired)

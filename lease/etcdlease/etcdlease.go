@@ -73,6 +73,13 @@
 //     with its etcd lease when its waiter stops asking; Abandon deletes it.
 //   - Holder (driver.Inspector) reads the key and the epoch key in one
 //     transaction, and the lease's time to live: two round trips.
+//   - Revoke (driver.Revoker, an operator's fencekit lease revoke) reads
+//     the key and the epoch key, then deletes the key in one transaction
+//     if it still holds the named owner at the revision of the named
+//     token, recording the owner as ended ("lost"); the holder's Backend
+//     sees the deletion on its watch and ends the lease at once. List and
+//     Status (driver.Lister) read the lease keys and the places in line
+//     under a prefix, then Holder and a count of places per name.
 //   - A held grant's key is watched too (from its mod revision, so
 //     nothing is missed): when the key is deleted or changed by anything
 //     but this grant's Release (the lease expired at the store, an

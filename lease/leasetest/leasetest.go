@@ -17,9 +17,12 @@
 // pushes) and through a lease.Manager (exclusivity under contention over
 // several connections, release semantics, loss at the local deadline,
 // prompt wake-up of waiters, a release racing renewals, a semaphore's
-// bound on its holders), and, where the store keeps waiters in line, FIFO
+// bound on its holders), where the store keeps waiters in line, FIFO
 // hand-off (arrival order, waiters that give up or die, a holder that
-// dies).
+// dies), and the operator's capabilities (driver.Lister: the leases
+// under a prefix with their holders and waiters; driver.Revoker: a grant
+// ended from another process, its owner refused, its Manager's lease
+// ended at its next renewal, the next token greater).
 //
 // CheckLostByDeadline serves a backend's own fault tests (a store that
 // stopped answering): it checks a lost lease's deadline by the rule and
@@ -146,6 +149,9 @@ func Run(t *testing.T, cfg Config) {
 		{"LineDropsAWaiterThatDied", testLineDeadWaiter},
 		{"ManagerFIFOGrantsInArrivalOrder", testManagerFIFO},
 		{"ManagerFIFOSurvivesAHolderThatDied", testLineHolderDies},
+		{"ListShowsHoldersAndWaiters", testList},
+		{"RevokeEndsExactlyTheNamedGrant", testRevoke},
+		{"ManagerLosesARevokedLease", testRevokedLeaseEnds},
 	}
 	// The data-loss check wipes the store: it runs alone, after the others.
 	var destructive []func(*testing.T)

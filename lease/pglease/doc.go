@@ -227,6 +227,20 @@
 // ignores the line and takes a free name ahead of the waiters, who keep
 // their places. Use one mode per name.
 //
+// # Operating leases
+//
+// List and Status (driver.Lister) read the live grants and live waiters of
+// the names under a prefix, or of one name, in one statement (session
+// mode: a statement for the names, then Holder's statement and a count of
+// waiters per name). Revoke (driver.Revoker) is one statement on any
+// connection of the pool: it frees the row if it still holds the named
+// owner and token, records the owner as ended and announces a release; in
+// session mode it also ends the session holding the advisory lock
+// (pg_terminate_backend, same user only), which the holder's socket
+// watcher reports at once. Both modes keep one record per ended owner, not
+// how it ended, so a revoked holder's Release before its next renewal
+// returns nil.
+//
 // # Waking waiters
 //
 // Releases are announced with NOTIFY on Channel (payload: the lease name),

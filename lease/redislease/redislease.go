@@ -20,6 +20,12 @@
 //     slot's node on a Cluster).
 //   - Abandon: leave the owner's tombstone, and delete the lease if that
 //     owner holds it (any token), publishing as Release does.
+//   - Revoke (driver.Revoker, an operator's fencekit lease revoke): delete
+//     the lease if it still holds the named owner and token, publishing as
+//     Release does, and leave the owner's tombstone saying "lost" (its
+//     Release then answers driver.ErrNotHeld). List (driver.Lister) scans
+//     the keyspace (every master of a Cluster) for the names under a
+//     prefix; Status reads a name's grant and live waiters in one script.
 //   - Waiters in line (driver.Request.Queue, lease.Options.FIFO): the same
 //     acquire script with two more keys, "<prefix>{<name>}:line" (owners
 //     scored by arrival) and "<prefix>{<name>}:places" (the same owners

@@ -42,6 +42,12 @@
 //     release (nil), not a loss. A grant whose session the ensemble has
 //     ended (the backend is on another session, or none) is answered
 //     driver.ErrNotHeld at once: its node went with the session.
+//   - Revoke (driver.Revoker, an operator's fencekit lease revoke): one
+//     transaction deletes the lowest node, if it names the owner and its
+//     czxid is the token, and records the owner as ended; the next node is
+//     then the lowest, and the holder finds its node gone at its next
+//     renewal. List and Status (driver.Lister) list the root and each
+//     name's queue: the lowest node is the holder, the others wait.
 //   - Ended owners (driver.Backend's contract): the create of a grant's
 //     node checks, in its own transaction, that the owner has no record,
 //     so a released or abandoned owner is never granted again, through any
