@@ -25,7 +25,7 @@ import (
 type Lease struct {
 	e       *engine // does all of this lease's store I/O
 	g       driver.Grant
-	granted time.Time       // send time of the acquire request
+	granted time.Time       // send time of the request that proved the grant (the acquire's, or driver.Grant.Sent)
 	parent  context.Context // the acquire call's context, for its values
 
 	mu       sync.Mutex

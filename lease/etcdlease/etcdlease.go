@@ -68,9 +68,13 @@
 //     consensus), and its transaction overwrites the key with that
 //     waiter's owner on the etcd lease of its place; the waiter's Backend
 //     sees the overwrite on its watch, and the waiter's next attempt is a
-//     read-only transaction and a keep-alive: a hand-off costs one write,
-//     as a concurrency.Mutex hand-off does (see line.go). A place lapses
-//     with its etcd lease when its waiter stops asking; Abandon deletes it.
+//     read-only transaction: a hand-off costs one write, as a
+//     concurrency.Mutex hand-off does (see line.go). The grant counts from
+//     the send time of the keep-alive that last confirmed the place's etcd
+//     lease (Grant.Sent), sent by the waiter's last refused attempt, if
+//     that was less than a quarter of the TTL ago; otherwise a keep-alive
+//     goes beside the read. A place lapses with its etcd lease when its
+//     waiter stops asking; Abandon deletes it.
 //   - Holder (driver.Inspector) reads the key and the epoch key in one
 //     transaction, and the lease's time to live: two round trips.
 //   - A held grant's key is watched too (from its mod revision, so

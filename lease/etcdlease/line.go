@@ -40,9 +40,14 @@ import (
 // of the key, records the hand-over and wakes the waiter, whose next
 // attempt only checks it: a read-only transaction (the key holds the
 // owner, at that revision, on that etcd lease; the epoch and the owner not
-// ended) and a keep-alive of the lease beside it, so that the grant counts
-// from the attempt's send time. A hand-over costs one write, the release's,
-// as a concurrency.Mutex hand-over does. A waiter handed the name that has
+// ended). The grant counts from the send time of the keep-alive that last
+// confirmed the place's etcd lease, sent by the waiter's last refused
+// attempt, when that was less than a quarter of the TTL ago
+// (driver.Grant.Sent): etcd keeps the lease, and the key now attached to
+// it, that long from then. Otherwise a keep-alive of the lease goes beside
+// the read, so that the grant counts from the attempt's send time. A
+// hand-over costs one write, the release's, and one read, as a
+// concurrency.Mutex hand-over costs one write (and two reads). A waiter handed the name that has
 // died holds it until its place's etcd lease expires, as long as its
 // place would have kept the name free for it.
 // LineKey returns the etcd key of owner's place in the line of the lease
@@ -281,20 +286,29 @@ func (b *Backend) passHandover(name, holder string) {
 }
 
 // acceptHandover takes the grant h that a Release handed to req.Owner,
-// without a write: a read-only, linearizable transaction checks that the key still holds
-// the owner at h's revision on h's etcd lease, that the epoch is ep (and
-// its key older than the hand-over) and that the owner was not ended; a
-// keep-alive of the lease goes beside it, so that the grant counts from
-// this attempt. ok is false when any of that does not hold: the attempt
-// then goes on as any other.
+// without a write: a read-only, linearizable transaction checks that the
+// key still holds the owner at h's revision on h's etcd lease, that the
+// epoch is ep (and its key older than the hand-over) and that the owner was
+// not ended. h's etcd lease is the one of the owner's place, kept alive by
+// the owner's refused attempts: when this Backend kept the place and the
+// lease was confirmed less than a quarter of its TTL ago (placeLease), etcd
+// keeps the grant for its TTL from that confirmation's send time, and the
+// grant counts from there (driver.Grant.Sent) without a keep-alive;
+// otherwise a keep-alive goes beside the read, so that the grant counts
+// from this attempt. ok is false when any of that does not hold: the
+// attempt then goes on as any other.
 func (b *Backend) acceptHandover(ctx context.Context, req driver.Request, key string, ep *epoch, h handover) (g driver.Grant, ok bool) {
 	floor := b.revisionFloor(ep)
-	kaDone := make(chan keepAliveResult, 1)
-	go func() {
-		sent := time.Now()
-		resp, err := b.c.KeepAliveOnce(ctx, h.lease)
-		kaDone <- keepAliveResult{sent: sent, resp: resp, err: err}
-	}()
+	sent, ttl, fresh := b.placeLease(req, h.lease)
+	var kaDone chan keepAliveResult
+	if !fresh {
+		kaDone = make(chan keepAliveResult, 1)
+		go func() {
+			sent := time.Now()
+			resp, err := b.c.KeepAliveOnce(ctx, h.lease)
+			kaDone <- keepAliveResult{sent: sent, resp: resp, err: err}
+		}()
+	}
 	resp, err := b.c.Txn(ctx).If(
 		clientv3.Compare(clientv3.Value(key), "=", req.Owner),
 		clientv3.Compare(clientv3.ModRevision(key), "=", h.rev),
@@ -309,18 +323,44 @@ func (b *Backend) acceptHandover(ctx context.Context, req driver.Request, key st
 		// linearizable read makes the whole transaction linearizable.
 		clientv3.OpGet(key, clientv3.WithCountOnly()),
 	).Commit()
-	ka := <-kaDone
-	if err != nil || !resp.Succeeded || ka.err != nil || ka.resp.TTL <= 0 || resp.Header.Revision < floor {
-		// (A read older than a revision seen complete before it was sent:
-		// the revisions went back, and the attempt that follows starts a
-		// new epoch.)
+	ok = err == nil && resp.Succeeded && resp.Header.Revision >= floor
+	// (A read older than a revision seen complete before it was sent: the
+	// revisions went back, and the attempt that follows starts a new
+	// epoch.)
+	if kaDone != nil {
+		ka := <-kaDone
+		ok = ok && ka.err == nil && ka.resp.TTL > 0
+		if ok {
+			ttl = time.Duration(ka.resp.TTL) * time.Second
+		}
+	}
+	if !ok {
 		return driver.Grant{}, false
 	}
 	b.sawRevision(ep, resp.Header.Revision)
 	if p := b.takePlace(req); p != nil && p.sp.id != h.lease {
 		b.putSpare(p.sp) // nothing is attached to it any more
 	}
-	return b.granted(req, key, h.lease, time.Duration(ka.resp.TTL)*time.Second, ep.base+h.rev, h.rev), true
+	g = b.granted(req, key, h.lease, ttl, ep.base+h.rev, h.rev)
+	if fresh {
+		g.Sent = sent
+	}
+	return g, true
+}
+
+// placeLease reports, when this Backend keeps req.Owner's place on the etcd
+// lease id and confirmed that lease less than a quarter of its TTL ago, the
+// send time of that confirmation and the lease's TTL: etcd keeps the lease,
+// and any key attached to it, for at least that TTL from then (a keep-alive
+// is answered after it was sent; a new leader extends every lease).
+func (b *Backend) placeLease(req driver.Request, id clientv3.LeaseID) (sent time.Time, ttl time.Duration, ok bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	p := b.places[placeKey{req.Name, req.Owner}]
+	if p == nil || p.sp.id != id || time.Since(p.sp.confirmed) >= p.sp.ttl/4 {
+		return time.Time{}, 0, false
+	}
+	return p.sp.confirmed, p.sp.ttl, true
 }
 
 // firstInLine returns the first place in the line of name, read from the
