@@ -22,9 +22,15 @@ import (
 // place, the line is empty); when granted, it also deletes the owner's
 // place. When refused, it puts the owner's place if it has none (unless
 // the owner was ended), and reads its create revision and the places
-// ahead of it. A waiter that stops asking (its process died) loses its
+// ahead of it. An attempt that etcd would refuse as it refused the last
+// one sends nothing (stillRefused): the place was confirmed less than a
+// quarter of its TTL ago, and the name's watch, created at or before that
+// refusal, has seen no change of the key since (the attempt a blocking
+// Acquire makes right after its Watch begins, and its polls while nothing
+// happens). A waiter that stops asking (its process died) loses its
 // place when its etcd lease expires, one TTL (in whole seconds, rounded
-// up) after its last attempt; Abandon deletes the place at once.
+// up) after its last attempt that reached etcd; Abandon deletes the place
+// at once.
 //
 // The hand-over. The Release of a grant made to a waiter in line (so the
 // name is used in line) first reads the line's first place (a serializable
@@ -63,6 +69,11 @@ func (b *Backend) linePrefix(name string) string { return b.o.Prefix + "w/" + na
 type place struct {
 	sp  *spare // the etcd lease the place's key is attached to
 	rev int64  // the key's create revision (0: not known yet)
+	// refused is the revision at which the owner's last attempt was
+	// refused (0: not known), and ahead how many places were before its
+	// own then.
+	refused int64
+	ahead   int
 }
 
 type placeKey struct{ name, owner string }
@@ -148,8 +159,31 @@ func (b *Backend) placeAfterRefusal(req driver.Request, sp *spare, resp *clientv
 	if len(kvs) == 0 || clientv3.LeaseID(kvs[0].Lease) != sp.id {
 		return ahead, false
 	}
-	b.keepPlace(req, &place{sp: sp, rev: kvs[0].CreateRevision})
+	b.keepPlace(req, &place{sp: sp, rev: kvs[0].CreateRevision, refused: resp.Header.Revision, ahead: ahead})
 	return ahead, true
+}
+
+// stillRefused reports whether req.Owner's queued attempt would be refused
+// as its last one was, without asking etcd: this Backend keeps its place,
+// confirmed less than a quarter of its TTL ago (so an attempt need not keep
+// it alive yet), and the watch of the name (Watch) was created at or
+// before the revision of that refusal and has delivered no event of the key
+// since. The key has then not changed since the refusal, which found it
+// another owner's: etcd would refuse again. (A hand-over to the owner is a
+// change: the watch records it, and the attempt takes it.) That is the
+// attempt a blocking Acquire sends right after its Watch, in case a release
+// came before the watch began, and each of its polls while nothing happens.
+// The place's key is left as it is; ahead is the count of the last
+// refusal.
+func (b *Backend) stillRefused(req driver.Request) (ahead int, ok bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	p, nw := b.places[placeKey{req.Name, req.Owner}], b.watches[req.Name]
+	if p == nil || p.refused == 0 || nw == nil || nw.ended || nw.from == 0 || nw.from > p.refused || nw.last > p.refused ||
+		time.Since(p.sp.confirmed) >= p.sp.ttl/4 {
+		return 0, false
+	}
+	return p.ahead, true
 }
 
 // dropPlace forgets the owner's place (Abandon deletes its key) and
@@ -297,7 +331,7 @@ func (b *Backend) passHandover(name, holder string) {
 // otherwise a keep-alive goes beside the read, so that the grant counts
 // from this attempt. ok is false when any of that does not hold: the
 // attempt then goes on as any other.
-func (b *Backend) acceptHandover(ctx context.Context, req driver.Request, key string, ep *epoch, h handover) (g driver.Grant, ok bool) {
+func (b *Backend) acceptHandover(ctx context.Context, req driver.Request, key string, secs int64, ep *epoch, h handover) (g driver.Grant, ok bool) {
 	floor := b.revisionFloor(ep)
 	sent, ttl, fresh := b.placeLease(req, h.lease)
 	var kaDone chan keepAliveResult
@@ -331,7 +365,7 @@ func (b *Backend) acceptHandover(ctx context.Context, req driver.Request, key st
 		ka := <-kaDone
 		ok = ok && ka.err == nil && ka.resp.TTL > 0
 		if ok {
-			ttl = time.Duration(ka.resp.TTL) * time.Second
+			sent, ttl = ka.sent, time.Duration(ka.resp.TTL)*time.Second
 		}
 	}
 	if !ok {
@@ -341,7 +375,7 @@ func (b *Backend) acceptHandover(ctx context.Context, req driver.Request, key st
 	if p := b.takePlace(req); p != nil && p.sp.id != h.lease {
 		b.putSpare(p.sp) // nothing is attached to it any more
 	}
-	g = b.granted(req, key, h.lease, ttl, ep.base+h.rev, h.rev)
+	g = b.granted(req, key, h.lease, secs, ttl, sent, ep.base+h.rev, h.rev)
 	if fresh {
 		g.Sent = sent
 	}
