@@ -70,7 +70,9 @@
 //     refusal and the place needs no keep-alive yet (line.go). The Release
 //     of a grant made in line hands the name over: it reads the first
 //     place (a serializable read, one more round trip to the member, no
-//     consensus), and its transaction overwrites the key with that
+//     consensus; none when the first is one of its own Backend's waiters
+//     and the Backend knows it is first), and its transaction overwrites
+//     the key with that
 //     waiter's owner on the etcd lease of its place; the waiter's Backend
 //     sees the overwrite on its watch, and the waiter's next attempt is a
 //     read-only transaction: a hand-off costs one write, as a
@@ -713,9 +715,10 @@ const (
 // background (if the revoke is lost, it expires after its TTL).
 //
 // The Release of a grant made in line (Request.Queue) first reads the
-// line's first place (serializable, one more round trip) and, in the same
-// one transaction, hands the name to that waiter instead of deleting the
-// key, if the place is still there and first (line.go).
+// line's first place (serializable, one more round trip; not when the
+// Backend knows that one of its own waiters is first) and, in the same one
+// transaction, hands the name to that waiter instead of deleting the key,
+// if the place is still there and first (line.go).
 //
 // It returns nil when it deleted or handed over the key, or when the owner had already
 // been ended by a Release that deleted it or by an Abandon: a release sent
@@ -749,7 +752,9 @@ func (b *Backend) Release(ctx context.Context, g driver.Grant) error {
 	endKey := b.EndedKey(g.Name, g.Owner)
 	var next *mvccpb.KeyValue // the first waiter in line, to hand the name to (line.go)
 	if st.line {
-		next = b.firstInLine(ctx, g.Name)
+		if next = b.localFirst(g.Name); next == nil {
+			next = b.firstInLine(ctx, g.Name)
+		}
 	}
 	var resp *clientv3.TxnResponse
 	err := b.endOwner(ctx, g.TTL, func(tomb clientv3.LeaseID) (err error) {

@@ -262,3 +262,94 @@ func TestHandOverCountsFromPlaceKeepAlive(t *testing.T) {
 		})
 	}
 }
+
+// A Release whose own Backend keeps the place of the first waiter in line
+// (every place that was ahead of it at its last refusal has left since, as
+// the Backend's watch saw) hands the name over without reading the line
+// first: one transaction. With another process's waiter ahead, it reads
+// the line as before.
+func TestReleaseHandsOverToALocalFirstWithoutARead(t *testing.T) {
+	cl := cluster(t)
+	const ttl = 5 * time.Second
+	req := func(owner string) driver.Request {
+		return driver.Request{Name: "job", Owner: owner, TTL: ttl, Queue: true}
+	}
+	ctx := testkit.Context(t)
+	holds := func(t *testing.T, b interface{ Key(string) string }, owner string) {
+		t.Helper()
+		resp, err := cl.Client().Get(ctx, b.Key("job"))
+		if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != owner {
+			t.Fatalf("the key is %v (%v), want it handed to %s", resp.Kvs, err, owner)
+		}
+	}
+
+	t.Run("local", func(t *testing.T) {
+		cc := newCounting(cl.Client())
+		b := newBackend(t, cc, prefix(t))
+		g0, err := b.Acquire(ctx, req("holder"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range []string{"w1", "w2"} {
+			if _, err := b.Acquire(ctx, req(w)); !errors.Is(err, driver.ErrNotAcquired) {
+				t.Fatalf("%s's Acquire while held: %v, want ErrNotAcquired", w, err)
+			}
+		}
+		woken, stop, err := b.Watch(ctx, "job")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stop()
+		cc.take()
+		if err := b.Release(ctx, g0); err != nil {
+			t.Fatal(err)
+		}
+		holds(t, b, "w1")
+		if n := cc.take(); n["get"] != 0 || n["txn"] != 1 {
+			t.Fatalf("the Release sent %v, want one transaction and no read of the line", n)
+		}
+		select {
+		case <-woken:
+		case <-time.After(ttl):
+			t.Fatalf("the hand-over woke no waiter within %v", ttl)
+		}
+		g1, err := b.Acquire(ctx, req("w1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// w2 had w1's place ahead; the watch saw it leave with the hand-over.
+		cc.take()
+		if err := b.Release(ctx, g1); err != nil {
+			t.Fatal(err)
+		}
+		holds(t, b, "w2")
+		if n := cc.take(); n["get"] != 0 {
+			t.Fatalf("w1's Release sent %v, want no read of the line", n)
+		}
+	})
+
+	t.Run("remote-ahead", func(t *testing.T) {
+		p := prefix(t)
+		cc := newCounting(cl.Client())
+		b := newBackend(t, cc, p)
+		remote := newBackend(t, cl.Client(), p)
+		g0, err := b.Acquire(ctx, req("holder"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := remote.Acquire(ctx, req("r1")); !errors.Is(err, driver.ErrNotAcquired) {
+			t.Fatalf("r1's Acquire while held: %v, want ErrNotAcquired", err)
+		}
+		if _, err := b.Acquire(ctx, req("w1")); !errors.Is(err, driver.ErrNotAcquired) {
+			t.Fatalf("w1's Acquire while held: %v, want ErrNotAcquired", err)
+		}
+		cc.take()
+		if err := b.Release(ctx, g0); err != nil {
+			t.Fatal(err)
+		}
+		holds(t, b, "r1")
+		if n := cc.take(); n["get"] != 1 {
+			t.Fatalf("the Release sent %v, want the read of the line (another process's waiter is first)", n)
+		}
+	})
+}

@@ -2,6 +2,7 @@ package etcdlease
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -33,9 +34,11 @@ import (
 // at once.
 //
 // The hand-over. The Release of a grant made to a waiter in line (so the
-// name is used in line) first reads the line's first place (a serializable
-// read, answered by the member the client talks to, without consensus),
-// then hands the name to it in its one transaction: if the grant is still
+// name is used in line) first finds the line's first place: one of its own
+// Backend's waiters whose places ahead have all left, as the Backend's
+// watch saw (localFirst), or else by a read (a serializable read, answered
+// by the member the client talks to, without consensus). It then hands
+// the name to it in its one transaction: if the grant is still
 // the releaser's and that place is still the first of the line, the
 // lease's key is overwritten with the waiter's owner, attached to the etcd
 // lease of its place, and the place deleted. The write's revision mints
@@ -70,10 +73,11 @@ type place struct {
 	sp  *spare // the etcd lease the place's key is attached to
 	rev int64  // the key's create revision (0: not known yet)
 	// refused is the revision at which the owner's last attempt was
-	// refused (0: not known), and ahead how many places were before its
-	// own then.
+	// refused (0: not known), and ahead the keys of the places that were
+	// before its own then, less those this Backend has seen leave since
+	// (placesLeft): when none is left, the place is first in line.
 	refused int64
-	ahead   int
+	ahead   []string
 }
 
 type placeKey struct{ name, owner string }
@@ -154,12 +158,19 @@ func (b *Backend) placeAfterRefusal(req driver.Request, sp *spare, resp *clientv
 	if len(resp.Responses) < 6 {
 		return 0, false
 	}
-	ahead = len(resp.Responses[3].GetResponseRange().GetKvs())
+	mine := b.LineKey(req.Name, req.Owner)
+	var before []string
+	for _, kv := range resp.Responses[3].GetResponseRange().GetKvs() {
+		if k := string(kv.Key); k != mine {
+			before = append(before, k)
+		}
+	}
+	ahead = len(before)
 	kvs := resp.Responses[5].GetResponseRange().GetKvs()
 	if len(kvs) == 0 || clientv3.LeaseID(kvs[0].Lease) != sp.id {
 		return ahead, false
 	}
-	b.keepPlace(req, &place{sp: sp, rev: kvs[0].CreateRevision, refused: resp.Header.Revision, ahead: ahead})
+	b.keepPlace(req, &place{sp: sp, rev: kvs[0].CreateRevision, refused: resp.Header.Revision, ahead: before})
 	return ahead, true
 }
 
@@ -183,7 +194,41 @@ func (b *Backend) stillRefused(req driver.Request) (ahead int, ok bool) {
 		time.Since(p.sp.confirmed) >= p.sp.ttl/4 {
 		return 0, false
 	}
-	return p.ahead, true
+	return len(p.ahead), true
+}
+
+// placesLeft records that the owner's place in the line of name is gone:
+// a put of the lease's key naming owner (a grant in line or a hand-over)
+// deletes it in the same transaction. Backend.mu must be held.
+func (b *Backend) placesLeft(name, owner string) {
+	gone := b.LineKey(name, owner)
+	for k, p := range b.places {
+		if k.name == name && len(p.ahead) > 0 {
+			p.ahead = slices.DeleteFunc(p.ahead, func(key string) bool { return key == gone })
+		}
+	}
+}
+
+// localFirst returns, as the line's first place, the place of one of this
+// Backend's waiters of name that is first in line by what the Backend
+// knows: every place that was ahead of it at its last refusal has left
+// since (placesLeft). The Release that hands the name over then needs no
+// read of the line (firstInLine); its transaction checks that the place
+// is still there and first, as for a place it read. nil if there is none.
+func (b *Backend) localFirst(name string) *mvccpb.KeyValue {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var first *place
+	var owner string
+	for k, p := range b.places {
+		if k.name == name && p.rev > 0 && p.refused > 0 && len(p.ahead) == 0 && (first == nil || p.rev < first.rev) {
+			first, owner = p, k.owner
+		}
+	}
+	if first == nil {
+		return nil
+	}
+	return &mvccpb.KeyValue{Key: []byte(b.LineKey(name, owner)), CreateRevision: first.rev, Value: []byte(owner), Lease: int64(first.sp.id)}
 }
 
 // dropPlace forgets the owner's place (Abandon deletes its key) and

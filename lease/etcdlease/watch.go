@@ -174,6 +174,7 @@ func (b *Backend) wakesFor(name string, events []*clientv3.Event) bool {
 			continue
 		}
 		b.mu.Lock()
+		b.placesLeft(name, string(ev.Kv.Value))
 		if b.sawHandover(name, ev.Kv) {
 			wake = true
 		}
