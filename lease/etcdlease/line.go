@@ -24,8 +24,8 @@ import (
 // place. When refused, it puts the owner's place if it has none (unless
 // the owner was ended), and reads its create revision and the places
 // ahead of it. An attempt that etcd would refuse as it refused the last
-// one sends nothing (stillRefused): the place was confirmed less than a
-// quarter of its TTL ago, and the name's watch, created at or before that
+// one sends nothing (stillRefused): the place was confirmed less than an
+// eighth of its TTL ago, and the name's watch, created at or before that
 // refusal, has seen no change of the key since (the attempt a blocking
 // Acquire makes right after its Watch begins, and its polls while nothing
 // happens). A waiter that stops asking (its process died) loses its
@@ -176,8 +176,10 @@ func (b *Backend) placeAfterRefusal(req driver.Request, sp *spare, resp *clientv
 
 // stillRefused reports whether req.Owner's queued attempt would be refused
 // as its last one was, without asking etcd: this Backend keeps its place,
-// confirmed less than a quarter of its TTL ago (so an attempt need not keep
-// it alive yet), and the watch of the name (Watch) was created at or
+// confirmed less than an eighth of its TTL ago (so an attempt need not keep
+// it alive yet: the next one, at most PollInterval <= TTL/2 later, still
+// finds the place within takePlace's three quarters), and the watch of the
+// name (Watch) was created at or
 // before the revision of that refusal and has delivered no event of the key
 // since. The key has then not changed since the refusal, which found it
 // another owner's: etcd would refuse again. (A hand-over to the owner is a
@@ -191,7 +193,7 @@ func (b *Backend) stillRefused(req driver.Request) (ahead int, ok bool) {
 	defer b.mu.Unlock()
 	p, nw := b.places[placeKey{req.Name, req.Owner}], b.watches[req.Name]
 	if p == nil || p.refused == 0 || nw == nil || nw.ended || nw.from == 0 || nw.from > p.refused || nw.last > p.refused ||
-		time.Since(p.sp.confirmed) >= p.sp.ttl/4 {
+		time.Since(p.sp.confirmed) >= p.sp.ttl/8 {
 		return 0, false
 	}
 	return len(p.ahead), true

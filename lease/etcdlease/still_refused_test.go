@@ -21,7 +21,7 @@ func TestQueuedAttemptAnsweredByTheWatch(t *testing.T) {
 	cc := newCounting(cl.Client())
 	waiters := newBackend(t, cc, p)
 	ctx := testkit.Context(t)
-	const ttl = 2 * time.Second // places need keeping alive after ttl/4
+	const ttl = 8 * time.Second // places need keeping alive after ttl/8
 	req := func(owner string) driver.Request {
 		return driver.Request{Name: "job", Owner: owner, TTL: ttl, Queue: true}
 	}
@@ -85,8 +85,8 @@ func TestQueuedAttemptAnsweredByTheWatch(t *testing.T) {
 	refused("w2")
 	sent("w2's attempt after its refusal by etcd", 0)
 
-	// A place confirmed a quarter of its TTL ago needs keeping alive.
-	time.Sleep(ttl/4 + 50*time.Millisecond)
+	// A place confirmed an eighth of its TTL ago needs keeping alive.
+	time.Sleep(ttl/8 + 50*time.Millisecond)
 	refused("w2")
 	if n := cc.take(); n["txn"] != 1 || n["keepalive"] != 1 {
 		t.Fatalf("w2's attempt with a place to keep alive sent %v, want the transaction and a keep-alive", n)
