@@ -27,7 +27,9 @@
 //     each backend for what survives data loss).
 //   - Loss is noticed before expiry: a Lease's local deadline is the
 //     monotonic time at which the last successful acquire or renew request
-//     was sent, plus the TTL, minus Options.SafetyMargin. From that moment
+//     was sent (or an earlier request the store answered for the grant's
+//     store-side lease, when the backend proves the grant with a read:
+//     driver.Grant.Sent), plus the TTL, minus Options.SafetyMargin. From that moment
 //     Lease.Err and the Context's Err report the lease lost (they read the
 //     clock), and the Manager's timer cancels the Context, whether or not
 //     the store can be reached (a timer runs when the Go runtime gets to

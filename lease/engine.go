@@ -315,6 +315,11 @@ func (e *engine) attempt(parent, ctx context.Context, req driver.Request, start 
 		e.giveBack(ctx, g)
 		return nil, fmt.Errorf("%w; %w", err, errGivenBack)
 	}
+	if !g.Sent.IsZero() && g.Sent.Before(sent) {
+		// The store proved the grant from an earlier request's send time
+		// (driver.Grant.Sent): count from there.
+		sent = g.Sent
+	}
 	validity := g.TTL - e.o.SafetyMargin
 	if now := time.Now(); !now.Before(sent.Add(validity)) {
 		// The reply took longer than the lease is valid: the store may

@@ -25,7 +25,7 @@ import (
 type Lease struct {
 	k       keeper
 	g       driver.Grant
-	granted time.Time  // send time of the acquire request
+	granted time.Time  // send time of the request that proved the grant (the acquire's, or driver.Grant.Sent)
 	epoch   *time.Time // the Manager's monotonic origin, which deadlineNs counts from
 
 	// Published by the keeper at every change, for the methods below,

@@ -29,6 +29,9 @@ type faultBackend struct {
 	entered      atomic.Pointer[time.Time] // when the last Acquire reached the backend
 	renewErr     atomic.Pointer[error]
 	renews       atomic.Int64
+	// sentShift, if set, makes a grant's Sent the time its Acquire reached
+	// the backend shifted by it (earlier when negative).
+	sentShift time.Duration
 }
 
 func (f *faultBackend) Acquire(ctx context.Context, r driver.Request) (driver.Grant, error) {
@@ -42,6 +45,9 @@ func (f *faultBackend) Acquire(ctx context.Context, r driver.Request) (driver.Gr
 	g, err := f.Backend.Acquire(ctx, r)
 	if err == nil && f.storeTTL > 0 {
 		g.TTL = asked
+	}
+	if err == nil && f.sentShift != 0 {
+		g.Sent = now.Add(f.sentShift)
 	}
 	time.Sleep(f.acquireDelay) // the reply is held up on its way back
 	return g, err
@@ -185,6 +191,52 @@ func TestDeadlineCountsFromSend(t *testing.T) {
 				dl.Sub(before), dl.Sub(entered), dl.Sub(after), want)
 		}
 	})
+}
+
+// A grant the store proved from an earlier request (driver.Grant.Sent)
+// counts its local deadline and its first renewal from that request's send
+// time; a Sent later than the Acquire call moves nothing.
+func TestDeadlineCountsFromGrantSent(t *testing.T) {
+	const ttl, every = time.Second, 300 * time.Millisecond
+	for _, tc := range []struct {
+		name  string
+		shift time.Duration
+		from  func(call, entered time.Time) time.Time
+	}{
+		{"earlier", -150 * time.Millisecond, func(_, entered time.Time) time.Time { return entered.Add(-150 * time.Millisecond) }},
+		{"later", 50 * time.Millisecond, func(call, _ time.Time) time.Time { return call }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				fb := &faultBackend{Backend: lease.NewMemoryBackend(), sentShift: tc.shift, acquireDelay: 100 * time.Millisecond}
+				m, err := lease.NewManager(fb, ttl, lease.WithRenewInterval(every))
+				if err != nil {
+					t.Fatal(err)
+				}
+				call := time.Now()
+				l, err := m.TryAcquire(context.Background(), "sent")
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer l.Release(context.Background())
+				from := tc.from(call, *fb.entered.Load())
+				if want := from.Add(ttl - m.Options().SafetyMargin); !l.Deadline().Equal(want) {
+					t.Fatalf("deadline %v after the call, want %v", l.Deadline().Sub(call), want.Sub(call))
+				}
+				// The first renewal is due RenewInterval after the same instant.
+				time.Sleep(from.Add(every).Sub(time.Now()) - time.Millisecond)
+				synctest.Wait()
+				if n := fb.renews.Load(); n != 0 {
+					t.Fatalf("renewed %d times before %v after the call", n, from.Add(every).Sub(call))
+				}
+				time.Sleep(2 * time.Millisecond)
+				synctest.Wait()
+				if n := fb.renews.Load(); n != 1 {
+					t.Fatalf("%d renewals by %v after the call, want 1", n, time.Since(call))
+				}
+			})
+		})
+	}
 }
 
 // A grant whose reply arrives after its local deadline is given back and

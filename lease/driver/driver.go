@@ -258,6 +258,16 @@ type Grant struct {
 	// State is the backend's own per-grant state (a lease ID, a node path,
 	// a pinned connection). The Manager never reads it.
 	State any
+	// Sent, when not zero, is the send time (read from time.Now, with its
+	// monotonic reading) of an earlier request that the store answered and
+	// that proves it keeps the grant for TTL from then: a keep-alive of the
+	// store-side lease the grant was made on, sent by an earlier attempt of
+	// the same owner, when Acquire proves the grant with a read and extends
+	// nothing (etcd's hand-over to a waiter in line). The Manager then
+	// counts the local deadline and the first renewal from Sent instead of
+	// from the Acquire call; a Sent after the call began is ignored (a
+	// deadline is never moved later this way).
+	Sent time.Time
 }
 
 // Limits are the TTLs a backend can honour, and whether it keeps waiters

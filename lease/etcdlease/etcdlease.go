@@ -14,10 +14,11 @@
 //     its value, attached to the new lease. Two round trips. The TTL etcd granted (LeaseGrantResponse.TTL: never less than
 //     asked; etcd raises a TTL below its minimum) is Grant.TTL. A refused
 //     attempt keeps its etcd lease, which no key is attached to, for a
-//     later attempt asking the same TTL; that attempt sends only its
-//     transaction and, alongside it, a keep-alive of the lease, so that
-//     the grant counts from the attempt's own send time: one round trip.
-//     That is what a waiter's attempts and a hand-off cost. A kept lease
+//     later attempt asking the same TTL, and so does a Release (below);
+//     that attempt sends only its transaction and, alongside it, a
+//     keep-alive of the lease, so that the grant counts from the
+//     attempt's own send time: one round trip. That is what a waiter's
+//     attempts, a hand-off and an acquire after a release cost. A kept lease
 //     that no attempt uses within half its TTL is left to expire at the
 //     store. A retry by the same owner (an attempt whose reply was lost)
 //     finds the key holding its own value and gets that grant back,
@@ -41,7 +42,9 @@
 //     transaction compares that key, so an acquire request of an ended
 //     owner that reaches etcd late (an attempt the Manager stopped waiting
 //     for) grants nothing. One round trip; the grant's etcd lease, with
-//     nothing attached any more, is then revoked in the background. A key
+//     nothing attached any more, is kept for a later attempt, as a refused
+//     attempt's is, when it was confirmed less than half its TTL ago, and
+//     revoked in the background otherwise. A key
 //     that is gone or another grant's is ErrNotHeld, unless the owner was
 //     already recorded as ended: a release sent again after its reply was
 //     lost is a release (nil), never a loss. A release whose outcome is
@@ -62,15 +65,23 @@
 //     revision, as concurrency.Mutex orders its waiters. A queued acquire
 //     is the same one transaction with one more comparison (no place in
 //     the line was created before the owner's own) and, when refused, the
-//     owner's place put and read back: still one round trip. The Release
+//     owner's place put and read back: still one round trip; none when
+//     the name's watch shows that nothing changed since the owner's last
+//     refusal and the place needs no keep-alive yet (line.go). The Release
 //     of a grant made in line hands the name over: it reads the first
 //     place (a serializable read, one more round trip to the member, no
-//     consensus), and its transaction overwrites the key with that
+//     consensus; none when the first is one of its own Backend's waiters
+//     and the Backend knows it is first), and its transaction overwrites
+//     the key with that
 //     waiter's owner on the etcd lease of its place; the waiter's Backend
 //     sees the overwrite on its watch, and the waiter's next attempt is a
-//     read-only transaction and a keep-alive: a hand-off costs one write,
-//     as a concurrency.Mutex hand-off does (see line.go). A place lapses
-//     with its etcd lease when its waiter stops asking; Abandon deletes it.
+//     read-only transaction: a hand-off costs one write, as a
+//     concurrency.Mutex hand-off does (see line.go). The grant counts from
+//     the send time of the keep-alive that last confirmed the place's etcd
+//     lease (Grant.Sent), sent by the waiter's last refused attempt, if
+//     that was less than a quarter of the TTL ago; otherwise a keep-alive
+//     goes beside the read. A place lapses with its etcd lease when its
+//     waiter stops asking; Abandon deletes it.
 //   - Holder (driver.Inspector) reads the key and the epoch key in one
 //     transaction, and the lease's time to live: two round trips.
 //   - Revoke (driver.Revoker, an operator's fencekit lease revoke) reads
@@ -149,6 +160,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -304,7 +316,7 @@ func (b *Backend) Limits() driver.Limits {
 }
 
 // grantState is a grant's Grant.State: what the backend needs to renew and
-// release it. It never changes once made.
+// release it. Only confirmed and leaseDone change once it is made.
 type grantState struct {
 	id    clientv3.LeaseID
 	key   string
@@ -313,6 +325,17 @@ type grantState struct {
 	rev   int64 // the key's mod revision, the write that made it this grant's (a create, or a hand-over in line.go): token - epoch base
 	line  bool  // granted to a waiter in line (Request.Queue): its Release hands the name to the next one
 	held  *heldWatch
+	secs  int64         // the TTL asked for, in seconds (the spare pool of the etcd lease once released)
+	ttl   time.Duration // the TTL etcd granted
+	// confirmed is the send time of the last request that confirmed the
+	// etcd lease (the acquire's, a renewal's keep-alive).
+	confirmed atomic.Pointer[time.Time]
+	// leaseDone is set by the first of Release and a renewal that finds
+	// the key gone to decide what becomes of the etcd lease once it holds
+	// nothing of the grant's: kept as a spare for a later attempt (a
+	// clean Release) or revoked. Whichever sets it is the only one to act,
+	// so that a lease kept for another grant is never revoked by this one.
+	leaseDone atomic.Bool
 }
 
 // stateOf returns g's state if g is the grant it was made for.
@@ -374,9 +397,12 @@ func (b *Backend) acquireOnce(ctx context.Context, req driver.Request, key strin
 	if req.Queue {
 		defer b.markWaiting(req)()
 		if h, ok := b.takeHanded(req); ok {
-			if g, ok := b.acceptHandover(ctx, req, key, ep, h); ok {
+			if g, ok := b.acceptHandover(ctx, req, key, secs, ep, h); ok {
 				return g, false, nil
 			}
+		}
+		if ahead, ok := b.stillRefused(req); ok {
+			return driver.Grant{}, false, &driver.NotAcquiredError{Name: req.Name, Ahead: max(ahead, 1)}
 		}
 		pl = b.takePlace(req)
 	}
@@ -431,6 +457,7 @@ func (b *Backend) acquireOnce(ctx context.Context, req driver.Request, key strin
 	}
 	if txnErr != nil {
 		if pl != nil {
+			pl.refused = 0       // the outcome is unknown: the next attempt asks
 			b.keepPlace(req, pl) // its key is there, whatever the outcome
 		}
 		// The outcome is unknown: if the put was applied, the key is
@@ -460,7 +487,7 @@ func (b *Backend) acquireOnce(ctx context.Context, req driver.Request, key strin
 			b.revokeQuietly(sp.id)
 			return driver.Grant{}, false, fmt.Errorf("etcdlease: acquire %q: the lease granted earlier could not be kept alive: %w", req.Name, ka.err)
 		}
-		return b.granted(req, key, sp.id, sp.ttl, ep.base+rev, rev), false, nil
+		return b.granted(req, key, sp.id, secs, sp.ttl, sp.confirmed, ep.base+rev, rev), false, nil
 	}
 
 	kvs := resp.Responses[0].GetResponseRange().GetKvs()
@@ -514,18 +541,19 @@ func (b *Backend) acquireOnce(ctx context.Context, req driver.Request, key strin
 	// Ours already: an earlier attempt's reply was lost. Extend that
 	// grant and return its token.
 	id := clientv3.LeaseID(kv.Lease)
-	ttl := sp.ttl
+	ttl, confirmed := sp.ttl, sp.confirmed
 	if id != sp.id || !ka.ok {
 		if id != sp.id && ka.ok {
 			b.putSpare(sp)
 		}
+		confirmed = time.Now()
 		kr, err := b.c.KeepAliveOnce(ctx, id)
 		if err != nil {
 			return driver.Grant{}, false, fmt.Errorf("etcdlease: acquire %q: extending the grant this owner already holds: %w", req.Name, err)
 		}
 		ttl = time.Duration(kr.TTL) * time.Second
 	}
-	return b.granted(req, key, id, ttl, ep.base+kv.ModRevision, kv.ModRevision), false, nil
+	return b.granted(req, key, id, secs, ttl, confirmed, ep.base+kv.ModRevision, kv.ModRevision), false, nil
 }
 
 type keepAliveResult struct {
@@ -535,10 +563,12 @@ type keepAliveResult struct {
 	ok   bool
 }
 
-// granted makes the Grant, and watches its key for a loss when the Manager
-// asked to be told.
-func (b *Backend) granted(req driver.Request, key string, id clientv3.LeaseID, ttl time.Duration, token, rev int64) driver.Grant {
-	st := &grantState{id: id, key: key, owner: req.Owner, token: fence.Token(token), rev: rev, line: req.Queue}
+// granted makes the Grant on the etcd lease id (asked for secs, granted
+// ttl, last confirmed by a request sent at confirmed), and watches its key
+// for a loss when the Manager asked to be told.
+func (b *Backend) granted(req driver.Request, key string, id clientv3.LeaseID, secs int64, ttl time.Duration, confirmed time.Time, token, rev int64) driver.Grant {
+	st := &grantState{id: id, key: key, owner: req.Owner, token: fence.Token(token), rev: rev, line: req.Queue, secs: secs, ttl: ttl}
+	st.confirmed.Store(&confirmed)
 	if req.Queue {
 		b.forgetHandover(req)
 	}
@@ -607,8 +637,12 @@ func (b *Backend) RenewBatch(ctx context.Context, gs []driver.Grant, done func(i
 		inflight <- struct{}{}
 		go func() {
 			defer wg.Done()
+			sent := time.Now()
 			_, err := b.c.KeepAliveOnce(ctx, sts[i].id)
 			<-inflight
+			if err == nil {
+				sts[i].confirmed.Store(&sent)
+			}
 			var ka error
 			switch {
 			case errors.Is(err, rpctypes.ErrLeaseNotFound):
@@ -621,7 +655,7 @@ func (b *Backend) RenewBatch(ctx context.Context, gs []driver.Grant, done func(i
 			case errors.Is(ka, driver.ErrNotHeld):
 				done(i, ka)
 			case errors.Is(checks[i], driver.ErrNotHeld):
-				if ka == nil {
+				if ka == nil && sts[i].leaseDone.CompareAndSwap(false, true) {
 					// The lease is alive but holds nothing of ours: let
 					// it go now rather than after its TTL.
 					b.revokeQuietly(sts[i].id)
@@ -683,14 +717,15 @@ const (
 // owner as ended (EndedKey), attached to an etcd lease that keeps it for
 // driver.EndedOwnerTTL of the grant's TTL; when the key is not this grant's,
 // the transaction also reads whether the owner had been ended before. The
-// grant's own etcd lease is then revoked in the background (nothing is
-// attached to it any more; if the revoke is lost, it expires after its
-// TTL).
+// grant's own etcd lease, with nothing attached to it any more, is then
+// kept for a later attempt of this Backend (afterRelease) or revoked in the
+// background (if the revoke is lost, it expires after its TTL).
 //
 // The Release of a grant made in line (Request.Queue) first reads the
-// line's first place (serializable, one more round trip) and, in the same
-// one transaction, hands the name to that waiter instead of deleting the
-// key, if the place is still there and first (line.go).
+// line's first place (serializable, one more round trip; not when the
+// Backend knows that one of its own waiters is first) and, in the same one
+// transaction, hands the name to that waiter instead of deleting the key,
+// if the place is still there and first (line.go).
 //
 // It returns nil when it deleted or handed over the key, or when the owner had already
 // been ended by a Release that deleted it or by an Abandon: a release sent
@@ -719,11 +754,14 @@ func (b *Backend) Release(ctx context.Context, g driver.Grant) error {
 		// waits for it), and the release need not wait for the client.
 		defer st.held.cancel()
 	}
-	defer b.revokeInBackground(st.id)
+	released := false
+	defer func() { b.afterRelease(st, released) }()
 	endKey := b.EndedKey(g.Name, g.Owner)
 	var next *mvccpb.KeyValue // the first waiter in line, to hand the name to (line.go)
 	if st.line {
-		next = b.firstInLine(ctx, g.Name)
+		if next = b.localFirst(g.Name); next == nil {
+			next = b.firstInLine(ctx, g.Name)
+		}
 	}
 	var resp *clientv3.TxnResponse
 	err := b.endOwner(ctx, g.TTL, func(tomb clientv3.LeaseID) (err error) {
@@ -760,6 +798,7 @@ func (b *Backend) Release(ctx context.Context, g driver.Grant) error {
 		return fmt.Errorf("etcdlease: release %q: %w", g.Name, b.setup(err))
 	}
 	if resp.Succeeded {
+		released = true
 		return nil
 	}
 	if before := resp.Responses[0].GetResponseTxn(); before != nil && !before.Succeeded {
@@ -915,6 +954,24 @@ func (b *Backend) dropEndedLease(secs int64, id clientv3.LeaseID) {
 	b.mu.Unlock()
 }
 
+// afterRelease decides, once, what becomes of the etcd lease of st after
+// its Release: when that Release deleted or handed over the key (released)
+// and the lease was confirmed less than half its TTL ago, nothing is
+// attached to it any more and it is kept as a spare, so that a later
+// attempt sends its transaction and a keep-alive of it, together, instead
+// of a LeaseGrant first, and no revoke is sent; otherwise it is revoked in
+// the background.
+func (b *Backend) afterRelease(st *grantState, released bool) {
+	if !st.leaseDone.CompareAndSwap(false, true) {
+		return // a Release before, or a renewal, has decided
+	}
+	if confirmed := *st.confirmed.Load(); released && time.Since(confirmed) < st.ttl/2 &&
+		b.putSpare(&spare{id: st.id, secs: st.secs, ttl: st.ttl, confirmed: confirmed}) {
+		return
+	}
+	b.revokeInBackground(st.id)
+}
+
 // revokeInBackground revokes a lease nothing of ours is attached to any
 // more, in a goroutine Close waits for (bounded by a second, as
 // revokeQuietly). After Close it does nothing: the lease expires.
@@ -960,8 +1017,9 @@ func (b *Backend) Close() error {
 	return nil
 }
 
-// spare is an etcd lease granted by an attempt that was refused: no key is
-// attached to it, so any later attempt asking the same TTL may use it.
+// spare is an etcd lease granted by an attempt that was refused, or the
+// lease of a grant that was released: no key is attached to it, so any
+// later attempt asking the same TTL may use it.
 type spare struct {
 	id        clientv3.LeaseID
 	secs      int64         // the TTL asked for
@@ -993,14 +1051,16 @@ func (b *Backend) takeSpare(secs int64) *spare {
 	return nil
 }
 
-// putSpare keeps sp, a lease no key is attached to, for a later attempt.
-func (b *Backend) putSpare(sp *spare) {
+// putSpare keeps sp, a lease no key is attached to, for a later attempt,
+// and reports whether it did (not after Close, nor beyond maxSpares).
+func (b *Backend) putSpare(sp *spare) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed || len(b.spares[sp.secs]) >= maxSpares {
-		return
+		return false
 	}
 	b.spares[sp.secs] = append(b.spares[sp.secs], sp)
+	return true
 }
 
 // epoch is the token base read from the epoch key.

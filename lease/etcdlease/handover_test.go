@@ -182,3 +182,174 @@ func writes(ops []clientv3.Op) bool {
 	}
 	return false
 }
+
+// The waiter handed the name takes it with the read alone, no keep-alive,
+// when its place's etcd lease was confirmed less than a quarter of the TTL
+// ago (by its last refused attempt): the grant then counts from that
+// confirmation's send time (Grant.Sent), before the release, which etcd's
+// lease guarantees. When the place's lease was confirmed longer ago, a
+// keep-alive goes beside the read and the grant counts from the attempt.
+func TestHandOverCountsFromPlaceKeepAlive(t *testing.T) {
+	cl := cluster(t)
+	for _, tc := range []struct {
+		name     string
+		ttl      time.Duration
+		wait     time.Duration // between the waiter's refused attempt and the release
+		fromKept bool
+	}{
+		{"recent", 20 * time.Second, 0, true},
+		{"stale", 2 * time.Second, 600 * time.Millisecond, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := prefix(t)
+			holder := newBackend(t, cl.Client(), p)
+			cc := newCounting(cl.Client())
+			waiters := newBackend(t, cc, p)
+			ctx := testkit.Context(t)
+			req := func(owner string) driver.Request {
+				return driver.Request{Name: "job", Owner: owner, TTL: tc.ttl, Queue: true}
+			}
+			g0, err := holder.Acquire(ctx, req("holder"))
+			if err != nil {
+				t.Fatalf("holder's Acquire: %v", err)
+			}
+			if _, err := waiters.Acquire(ctx, req("w1")); !errors.Is(err, driver.ErrNotAcquired) {
+				t.Fatalf("w1's Acquire while held: %v, want ErrNotAcquired", err)
+			}
+			refused := time.Now() // the place's lease was confirmed before this
+			woken, stop, err := waiters.Watch(ctx, "job")
+			if err != nil {
+				t.Fatalf("Watch: %v", err)
+			}
+			defer stop()
+			time.Sleep(tc.wait)
+			released := time.Now()
+			if err := holder.Release(ctx, g0); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+			select {
+			case <-woken:
+			case <-time.After(tc.ttl):
+				t.Fatalf("the hand-over woke no waiter within %v", tc.ttl)
+			}
+			cc.take()
+			g1, err := waiters.Acquire(ctx, req("w1"))
+			if err != nil {
+				t.Fatalf("w1's Acquire after the hand-over: %v", err)
+			}
+			got := cc.take()
+			if tc.fromKept {
+				if got["txn"] != 1 || total(got) != 1 {
+					t.Fatalf("w1's Acquire sent %v, want one transaction and no keep-alive", got)
+				}
+				if g1.Sent.IsZero() || !g1.Sent.Before(refused) {
+					t.Fatalf("Grant.Sent = %v, want the send time of the keep-alive before the refusal returned (%v)", g1.Sent, refused)
+				}
+			} else {
+				if got["txn"] != 1 || got["keepalive"] != 1 || total(got) != 2 {
+					t.Fatalf("w1's Acquire sent %v, want one transaction and one keep-alive", got)
+				}
+				if !g1.Sent.IsZero() {
+					t.Fatalf("Grant.Sent = %v (%v before the release), want zero: the grant counts from the attempt", g1.Sent, released.Sub(g1.Sent))
+				}
+			}
+			if g1.TTL < tc.ttl {
+				t.Fatalf("Grant.TTL = %v, want at least %v", g1.TTL, tc.ttl)
+			}
+			if err := waiters.Release(ctx, g1); err != nil {
+				t.Fatalf("w1's Release: %v", err)
+			}
+		})
+	}
+}
+
+// A Release whose own Backend keeps the place of the first waiter in line
+// (every place that was ahead of it at its last refusal has left since, as
+// the Backend's watch saw) hands the name over without reading the line
+// first: one transaction. With another process's waiter ahead, it reads
+// the line as before.
+func TestReleaseHandsOverToALocalFirstWithoutARead(t *testing.T) {
+	cl := cluster(t)
+	const ttl = 5 * time.Second
+	req := func(owner string) driver.Request {
+		return driver.Request{Name: "job", Owner: owner, TTL: ttl, Queue: true}
+	}
+	ctx := testkit.Context(t)
+	holds := func(t *testing.T, b interface{ Key(string) string }, owner string) {
+		t.Helper()
+		resp, err := cl.Client().Get(ctx, b.Key("job"))
+		if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != owner {
+			t.Fatalf("the key is %v (%v), want it handed to %s", resp.Kvs, err, owner)
+		}
+	}
+
+	t.Run("local", func(t *testing.T) {
+		cc := newCounting(cl.Client())
+		b := newBackend(t, cc, prefix(t))
+		g0, err := b.Acquire(ctx, req("holder"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range []string{"w1", "w2"} {
+			if _, err := b.Acquire(ctx, req(w)); !errors.Is(err, driver.ErrNotAcquired) {
+				t.Fatalf("%s's Acquire while held: %v, want ErrNotAcquired", w, err)
+			}
+		}
+		woken, stop, err := b.Watch(ctx, "job")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stop()
+		cc.take()
+		if err := b.Release(ctx, g0); err != nil {
+			t.Fatal(err)
+		}
+		holds(t, b, "w1")
+		if n := cc.take(); n["get"] != 0 || n["txn"] != 1 {
+			t.Fatalf("the Release sent %v, want one transaction and no read of the line", n)
+		}
+		select {
+		case <-woken:
+		case <-time.After(ttl):
+			t.Fatalf("the hand-over woke no waiter within %v", ttl)
+		}
+		g1, err := b.Acquire(ctx, req("w1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// w2 had w1's place ahead; the watch saw it leave with the hand-over.
+		cc.take()
+		if err := b.Release(ctx, g1); err != nil {
+			t.Fatal(err)
+		}
+		holds(t, b, "w2")
+		if n := cc.take(); n["get"] != 0 {
+			t.Fatalf("w1's Release sent %v, want no read of the line", n)
+		}
+	})
+
+	t.Run("remote-ahead", func(t *testing.T) {
+		p := prefix(t)
+		cc := newCounting(cl.Client())
+		b := newBackend(t, cc, p)
+		remote := newBackend(t, cl.Client(), p)
+		g0, err := b.Acquire(ctx, req("holder"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := remote.Acquire(ctx, req("r1")); !errors.Is(err, driver.ErrNotAcquired) {
+			t.Fatalf("r1's Acquire while held: %v, want ErrNotAcquired", err)
+		}
+		if _, err := b.Acquire(ctx, req("w1")); !errors.Is(err, driver.ErrNotAcquired) {
+			t.Fatalf("w1's Acquire while held: %v, want ErrNotAcquired", err)
+		}
+		cc.take()
+		if err := b.Release(ctx, g0); err != nil {
+			t.Fatal(err)
+		}
+		holds(t, b, "r1")
+		if n := cc.take(); n["get"] != 1 {
+			t.Fatalf("the Release sent %v, want the read of the line (another process's waiter is first)", n)
+		}
+	})
+}

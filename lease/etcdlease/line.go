@@ -2,6 +2,7 @@ package etcdlease
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -22,14 +23,22 @@ import (
 // place, the line is empty); when granted, it also deletes the owner's
 // place. When refused, it puts the owner's place if it has none (unless
 // the owner was ended), and reads its create revision and the places
-// ahead of it. A waiter that stops asking (its process died) loses its
+// ahead of it. An attempt that etcd would refuse as it refused the last
+// one sends nothing (stillRefused): the place was confirmed less than an
+// eighth of its TTL ago, and the name's watch, created at or before that
+// refusal, has seen no change of the key since (the attempt a blocking
+// Acquire makes right after its Watch begins, and its polls while nothing
+// happens). A waiter that stops asking (its process died) loses its
 // place when its etcd lease expires, one TTL (in whole seconds, rounded
-// up) after its last attempt; Abandon deletes the place at once.
+// up) after its last attempt that reached etcd; Abandon deletes the place
+// at once.
 //
 // The hand-over. The Release of a grant made to a waiter in line (so the
-// name is used in line) first reads the line's first place (a serializable
-// read, answered by the member the client talks to, without consensus),
-// then hands the name to it in its one transaction: if the grant is still
+// name is used in line) first finds the line's first place: one of its own
+// Backend's waiters whose places ahead have all left, as the Backend's
+// watch saw (localFirst), or else by a read (a serializable read, answered
+// by the member the client talks to, without consensus). It then hands
+// the name to it in its one transaction: if the grant is still
 // the releaser's and that place is still the first of the line, the
 // lease's key is overwritten with the waiter's owner, attached to the etcd
 // lease of its place, and the place deleted. The write's revision mints
@@ -40,9 +49,14 @@ import (
 // of the key, records the hand-over and wakes the waiter, whose next
 // attempt only checks it: a read-only transaction (the key holds the
 // owner, at that revision, on that etcd lease; the epoch and the owner not
-// ended) and a keep-alive of the lease beside it, so that the grant counts
-// from the attempt's send time. A hand-over costs one write, the release's,
-// as a concurrency.Mutex hand-over does. A waiter handed the name that has
+// ended). The grant counts from the send time of the keep-alive that last
+// confirmed the place's etcd lease, sent by the waiter's last refused
+// attempt, when that was less than a quarter of the TTL ago
+// (driver.Grant.Sent): etcd keeps the lease, and the key now attached to
+// it, that long from then. Otherwise a keep-alive of the lease goes beside
+// the read, so that the grant counts from the attempt's send time. A
+// hand-over costs one write, the release's, and one read, as a
+// concurrency.Mutex hand-over costs one write (and two reads). A waiter handed the name that has
 // died holds it until its place's etcd lease expires, as long as its
 // place would have kept the name free for it.
 // LineKey returns the etcd key of owner's place in the line of the lease
@@ -58,6 +72,12 @@ func (b *Backend) linePrefix(name string) string { return b.o.Prefix + "w/" + na
 type place struct {
 	sp  *spare // the etcd lease the place's key is attached to
 	rev int64  // the key's create revision (0: not known yet)
+	// refused is the revision at which the owner's last attempt was
+	// refused (0: not known), and ahead the keys of the places that were
+	// before its own then, less those this Backend has seen leave since
+	// (placesLeft): when none is left, the place is first in line.
+	refused int64
+	ahead   []string
 }
 
 type placeKey struct{ name, owner string }
@@ -138,13 +158,79 @@ func (b *Backend) placeAfterRefusal(req driver.Request, sp *spare, resp *clientv
 	if len(resp.Responses) < 6 {
 		return 0, false
 	}
-	ahead = len(resp.Responses[3].GetResponseRange().GetKvs())
+	mine := b.LineKey(req.Name, req.Owner)
+	var before []string
+	for _, kv := range resp.Responses[3].GetResponseRange().GetKvs() {
+		if k := string(kv.Key); k != mine {
+			before = append(before, k)
+		}
+	}
+	ahead = len(before)
 	kvs := resp.Responses[5].GetResponseRange().GetKvs()
 	if len(kvs) == 0 || clientv3.LeaseID(kvs[0].Lease) != sp.id {
 		return ahead, false
 	}
-	b.keepPlace(req, &place{sp: sp, rev: kvs[0].CreateRevision})
+	b.keepPlace(req, &place{sp: sp, rev: kvs[0].CreateRevision, refused: resp.Header.Revision, ahead: before})
 	return ahead, true
+}
+
+// stillRefused reports whether req.Owner's queued attempt would be refused
+// as its last one was, without asking etcd: this Backend keeps its place,
+// confirmed less than an eighth of its TTL ago (so an attempt need not keep
+// it alive yet: the next one, at most PollInterval <= TTL/2 later, still
+// finds the place within takePlace's three quarters), and the watch of the
+// name (Watch) was created at or
+// before the revision of that refusal and has delivered no event of the key
+// since. The key has then not changed since the refusal, which found it
+// another owner's: etcd would refuse again. (A hand-over to the owner is a
+// change: the watch records it, and the attempt takes it.) That is the
+// attempt a blocking Acquire sends right after its Watch, in case a release
+// came before the watch began, and each of its polls while nothing happens.
+// The place's key is left as it is; ahead is the count of the last
+// refusal.
+func (b *Backend) stillRefused(req driver.Request) (ahead int, ok bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	p, nw := b.places[placeKey{req.Name, req.Owner}], b.watches[req.Name]
+	if p == nil || p.refused == 0 || nw == nil || nw.ended || nw.from == 0 || nw.from > p.refused || nw.last > p.refused ||
+		time.Since(p.sp.confirmed) >= p.sp.ttl/8 {
+		return 0, false
+	}
+	return len(p.ahead), true
+}
+
+// placesLeft records that the owner's place in the line of name is gone:
+// a put of the lease's key naming owner (a grant in line or a hand-over)
+// deletes it in the same transaction. Backend.mu must be held.
+func (b *Backend) placesLeft(name, owner string) {
+	gone := b.LineKey(name, owner)
+	for k, p := range b.places {
+		if k.name == name && len(p.ahead) > 0 {
+			p.ahead = slices.DeleteFunc(p.ahead, func(key string) bool { return key == gone })
+		}
+	}
+}
+
+// localFirst returns, as the line's first place, the place of one of this
+// Backend's waiters of name that is first in line by what the Backend
+// knows: every place that was ahead of it at its last refusal has left
+// since (placesLeft). The Release that hands the name over then needs no
+// read of the line (firstInLine); its transaction checks that the place
+// is still there and first, as for a place it read. nil if there is none.
+func (b *Backend) localFirst(name string) *mvccpb.KeyValue {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var first *place
+	var owner string
+	for k, p := range b.places {
+		if k.name == name && p.rev > 0 && p.refused > 0 && len(p.ahead) == 0 && (first == nil || p.rev < first.rev) {
+			first, owner = p, k.owner
+		}
+	}
+	if first == nil {
+		return nil
+	}
+	return &mvccpb.KeyValue{Key: []byte(b.LineKey(name, owner)), CreateRevision: first.rev, Value: []byte(owner), Lease: int64(first.sp.id)}
 }
 
 // dropPlace forgets the owner's place (Abandon deletes its key) and
@@ -281,20 +367,29 @@ func (b *Backend) passHandover(name, holder string) {
 }
 
 // acceptHandover takes the grant h that a Release handed to req.Owner,
-// without a write: a read-only, linearizable transaction checks that the key still holds
-// the owner at h's revision on h's etcd lease, that the epoch is ep (and
-// its key older than the hand-over) and that the owner was not ended; a
-// keep-alive of the lease goes beside it, so that the grant counts from
-// this attempt. ok is false when any of that does not hold: the attempt
-// then goes on as any other.
-func (b *Backend) acceptHandover(ctx context.Context, req driver.Request, key string, ep *epoch, h handover) (g driver.Grant, ok bool) {
+// without a write: a read-only, linearizable transaction checks that the
+// key still holds the owner at h's revision on h's etcd lease, that the
+// epoch is ep (and its key older than the hand-over) and that the owner was
+// not ended. h's etcd lease is the one of the owner's place, kept alive by
+// the owner's refused attempts: when this Backend kept the place and the
+// lease was confirmed less than a quarter of its TTL ago (placeLease), etcd
+// keeps the grant for its TTL from that confirmation's send time, and the
+// grant counts from there (driver.Grant.Sent) without a keep-alive;
+// otherwise a keep-alive goes beside the read, so that the grant counts
+// from this attempt. ok is false when any of that does not hold: the
+// attempt then goes on as any other.
+func (b *Backend) acceptHandover(ctx context.Context, req driver.Request, key string, secs int64, ep *epoch, h handover) (g driver.Grant, ok bool) {
 	floor := b.revisionFloor(ep)
-	kaDone := make(chan keepAliveResult, 1)
-	go func() {
-		sent := time.Now()
-		resp, err := b.c.KeepAliveOnce(ctx, h.lease)
-		kaDone <- keepAliveResult{sent: sent, resp: resp, err: err}
-	}()
+	sent, ttl, fresh := b.placeLease(req, h.lease)
+	var kaDone chan keepAliveResult
+	if !fresh {
+		kaDone = make(chan keepAliveResult, 1)
+		go func() {
+			sent := time.Now()
+			resp, err := b.c.KeepAliveOnce(ctx, h.lease)
+			kaDone <- keepAliveResult{sent: sent, resp: resp, err: err}
+		}()
+	}
 	resp, err := b.c.Txn(ctx).If(
 		clientv3.Compare(clientv3.Value(key), "=", req.Owner),
 		clientv3.Compare(clientv3.ModRevision(key), "=", h.rev),
@@ -309,18 +404,44 @@ func (b *Backend) acceptHandover(ctx context.Context, req driver.Request, key st
 		// linearizable read makes the whole transaction linearizable.
 		clientv3.OpGet(key, clientv3.WithCountOnly()),
 	).Commit()
-	ka := <-kaDone
-	if err != nil || !resp.Succeeded || ka.err != nil || ka.resp.TTL <= 0 || resp.Header.Revision < floor {
-		// (A read older than a revision seen complete before it was sent:
-		// the revisions went back, and the attempt that follows starts a
-		// new epoch.)
+	ok = err == nil && resp.Succeeded && resp.Header.Revision >= floor
+	// (A read older than a revision seen complete before it was sent: the
+	// revisions went back, and the attempt that follows starts a new
+	// epoch.)
+	if kaDone != nil {
+		ka := <-kaDone
+		ok = ok && ka.err == nil && ka.resp.TTL > 0
+		if ok {
+			sent, ttl = ka.sent, time.Duration(ka.resp.TTL)*time.Second
+		}
+	}
+	if !ok {
 		return driver.Grant{}, false
 	}
 	b.sawRevision(ep, resp.Header.Revision)
 	if p := b.takePlace(req); p != nil && p.sp.id != h.lease {
 		b.putSpare(p.sp) // nothing is attached to it any more
 	}
-	return b.granted(req, key, h.lease, time.Duration(ka.resp.TTL)*time.Second, ep.base+h.rev, h.rev), true
+	g = b.granted(req, key, h.lease, secs, ttl, sent, ep.base+h.rev, h.rev)
+	if fresh {
+		g.Sent = sent
+	}
+	return g, true
+}
+
+// placeLease reports, when this Backend keeps req.Owner's place on the etcd
+// lease id and confirmed that lease less than a quarter of its TTL ago, the
+// send time of that confirmation and the lease's TTL: etcd keeps the lease,
+// and any key attached to it, for at least that TTL from then (a keep-alive
+// is answered after it was sent; a new leader extends every lease).
+func (b *Backend) placeLease(req driver.Request, id clientv3.LeaseID) (sent time.Time, ttl time.Duration, ok bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	p := b.places[placeKey{req.Name, req.Owner}]
+	if p == nil || p.sp.id != id || time.Since(p.sp.confirmed) >= p.sp.ttl/4 {
+		return time.Time{}, 0, false
+	}
+	return p.sp.confirmed, p.sp.ttl, true
 }
 
 // firstInLine returns the first place in the line of name, read from the

@@ -84,6 +84,10 @@ type nameWatch struct {
 	passes  int       // wakes a refused waiter in line may still pass on (line.go); guarded by Backend.mu
 	next    int       // the index in waiters of the next to wake when a wake is passed on; guarded by Backend.mu
 	line    bool      // created for waiters in line: puts are watched too, for hand-overs (line.go)
+	// from is the revision etcd was at when it created the watch (events
+	// after it are delivered), last the revision of the last event it
+	// delivered; both guarded by Backend.mu (stillRefused, line.go).
+	from, last int64
 }
 
 type waiter struct{ ch chan struct{} }
@@ -105,12 +109,23 @@ func (b *Backend) runNameWatch(ctx context.Context, name string, nw *nameWatch) 
 		nw.err = fmt.Errorf("etcdlease: watch %q: %w", name, b.setup(resp.Err()))
 	case !resp.Created:
 		nw.err = fmt.Errorf("etcdlease: watch %q: the first response did not confirm the watch", name)
+	default:
+		b.mu.Lock()
+		nw.from = resp.Header.Revision
+		b.mu.Unlock()
 	}
 	close(nw.ready)
 	if nw.err == nil {
 		for resp := range wch {
 			if resp.Err() != nil || resp.Canceled {
 				break
+			}
+			if len(resp.Events) > 0 {
+				b.mu.Lock()
+				for _, ev := range resp.Events {
+					nw.last = max(nw.last, ev.Kv.ModRevision)
+				}
+				b.mu.Unlock()
 			}
 			if wake := b.wakesFor(name, resp.Events); wake {
 				b.mu.Lock()
@@ -159,6 +174,7 @@ func (b *Backend) wakesFor(name string, events []*clientv3.Event) bool {
 			continue
 		}
 		b.mu.Lock()
+		b.placesLeft(name, string(ev.Kv.Value))
 		if b.sawHandover(name, ev.Kv) {
 			wake = true
 		}

@@ -54,7 +54,7 @@ func BenchmarkCycle(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if err := releaseScript.Run(ctx, c, []string{keys.Lease, ended}, strconv.FormatInt(tok, 10)+":"+owner, keys.Channel, "sharded", endedMillis(10*time.Second)).Err(); err != nil {
+			if err := be.release.Run(ctx, c, []string{keys.Lease, ended}, strconv.FormatInt(tok, 10)+":"+owner, keys.Channel, endedMillis(10*time.Second)).Err(); err != nil {
 				b.Fatal(err)
 			}
 		}

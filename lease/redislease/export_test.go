@@ -12,8 +12,11 @@ func (b *Backend) EndedKeyForTest(name, owner string) string { return b.endedKey
 func (b *Backend) PrefixForTest() string { return b.prefix }
 
 // ScriptSHAsForTest returns the SHA1 digests of the renew and release
-// scripts, as EVALSHA sends them.
-func ScriptSHAsForTest() (renew, release string) { return renewScript.Hash(), releaseScript.Hash() }
+// scripts (the release script's default form: sharded notices), as EVALSHA
+// sends them.
+func ScriptSHAsForTest() (renew, release string) {
+	return renewScript.Hash(), releaseScripts[sharded].Hash()
+}
 
 // SlotOf gives the tests the hash slot function of the sharded hub.
 var SlotOf = slotOf

@@ -199,14 +199,32 @@ var (
 	renewSrc    string
 	renewScript = redis.NewScript(renewSrc)
 	//go:embed release.lua
-	releaseSrc    string
-	releaseScript = redis.NewScript(releaseSrc)
+	releaseSrc     string
+	releaseScripts = publishing(releaseSrc)
 	//go:embed abandon.lua
-	abandonSrc    string
-	abandonScript = redis.NewScript(abandonSrc)
+	abandonSrc     string
+	abandonScripts = publishing(abandonSrc)
 	//go:embed holder.lua
 	holderSrc    string
 	holderScript = redis.NewScript(holderSrc)
+)
+
+// publishing returns the two forms of a script that publishes release
+// notices (release.lua, abandon.lua): [sharded] publishes with SPUBLISH,
+// falling back to PUBLISH on a server without it; [classic] with PUBLISH
+// (Options.ClassicPubSub). The form is chosen once per Backend, so that
+// no request carries it.
+func publishing(src string) [2]*redis.Script {
+	return [2]*redis.Script{
+		sharded: redis.NewScript("local notice = 'SPUBLISH'\n" + src),
+		classic: redis.NewScript("local notice = 'PUBLISH'\n" + src),
+	}
+}
+
+// The indexes of publishing's forms.
+const (
+	sharded = 0
+	classic = 1
 )
 
 // Options configures a Backend. New starts from the defaults documented on
@@ -247,7 +265,10 @@ type Backend struct {
 	c      Client
 	prefix string
 	hub    *hub
-	notice string // release.lua's ARGV[3]: "sharded" or "classic"
+	notice string // check.lua's ARGV[2]: "sharded" or "classic"
+	// release and abandon are the forms of release.lua and abandon.lua
+	// that publish as the hub subscribes (publishing).
+	release, abandon *redis.Script
 	// nodes is the Cluster client's slot map (nil for a standalone or
 	// Sentinel client, or a wrapper without MasterForKey): RenewBatch sends
 	// one pipeline per master with it, concurrently.
@@ -282,12 +303,13 @@ func New(c Client, opts ...Option) (*Backend, error) {
 	}
 	// The hub gets the client itself: it asks it for sharded pub/sub and
 	// for its slot map.
-	notice := "sharded"
+	notice, form := "sharded", sharded
 	if o.ClassicPubSub {
-		notice = "classic"
+		notice, form = "classic", classic
 	}
 	nodes, _ := c.(masterForKeyer)
-	return &Backend{c: withSlotReload(c), prefix: o.Prefix, hub: newHub(c, o.ClassicPubSub), notice: notice, nodes: nodes}, nil
+	return &Backend{c: withSlotReload(c), prefix: o.Prefix, hub: newHub(c, o.ClassicPubSub), notice: notice,
+		release: releaseScripts[form], abandon: abandonScripts[form], nodes: nodes}, nil
 }
 
 // Keys are the Redis names used for one lease name.
@@ -626,7 +648,7 @@ func hasNoScript(cmds []*redis.Cmd) bool {
 // release, nor a release as a loss.
 func (b *Backend) Release(ctx context.Context, g driver.Grant) error {
 	lk, ek, ch := b.keys(g.Name, "lease", endedSuffix+g.Owner, "released")
-	n, err := releaseScript.Run(ctx, b.c, []string{lk, ek}, grantValue(g), ch, b.notice, endedMillis(g.TTL)).Int64()
+	n, err := b.release.Run(ctx, b.c, []string{lk, ek}, grantValue(g), ch, endedMillis(g.TTL)).Int64()
 	if err != nil {
 		return fmt.Errorf("redislease: release %q: %w", g.Name, b.setup(err))
 	}
@@ -649,7 +671,7 @@ func (b *Backend) Abandon(ctx context.Context, req driver.Request) error {
 		line, places, _ := b.keys(req.Name, "line", "places", "")
 		keys = append(keys, line, places)
 	}
-	if err := abandonScript.Run(ctx, b.c, keys, req.Owner, ch, b.notice, endedMillis(req.TTL)).Err(); err != nil {
+	if err := b.abandon.Run(ctx, b.c, keys, req.Owner, ch, endedMillis(req.TTL)).Err(); err != nil {
 		return fmt.Errorf("redislease: abandon %q for owner %q: %w", req.Name, req.Owner, b.setup(err))
 	}
 	return nil

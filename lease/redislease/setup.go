@@ -113,7 +113,7 @@ func (b *Backend) Check(ctx context.Context) error {
 			return fmt.Errorf("redislease: check: %w", b.setup(err))
 		}
 	}
-	for _, s := range []*redis.Script{acquireScript, renewScript, releaseScript, abandonScript, holderScript} {
+	for _, s := range []*redis.Script{acquireScript, renewScript, b.release, b.abandon, holderScript} {
 		err := s.Load(ctx, b.c).Err()
 		if err == nil {
 			continue
