@@ -208,7 +208,7 @@ func TestDeadlineCountsFromGrantSent(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				fb := &faultBackend{Backend: lease.NewMemoryBackend(), sentShift: tc.shift, acquireDelay: 100 * time.Millisecond}
+				fb := &faultBackend{Backend: memlease.New(), sentShift: tc.shift, acquireDelay: 100 * time.Millisecond}
 				m, err := lease.NewManager(fb, ttl, lease.WithRenewInterval(every))
 				if err != nil {
 					t.Fatal(err)
