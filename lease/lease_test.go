@@ -224,7 +224,7 @@ func TestDeadlineCountsFromGrantSent(t *testing.T) {
 					t.Fatalf("deadline %v after the call, want %v", l.Deadline().Sub(call), want.Sub(call))
 				}
 				// The first renewal is due RenewInterval after the same instant.
-				time.Sleep(from.Add(every).Sub(time.Now()) - time.Millisecond)
+				time.Sleep(time.Until(from.Add(every)) - time.Millisecond)
 				synctest.Wait()
 				if n := fb.renews.Load(); n != 0 {
 					t.Fatalf("renewed %d times before %v after the call", n, from.Add(every).Sub(call))
