@@ -71,8 +71,11 @@ func TestInvoiceJobDynamoDB(t *testing.T) {
 	c := dynamotest.Client(t) // fails without FENCE_DYNAMODB_ENDPOINT
 	const customers, kills = 24, 2
 	js := filepath.Join(t.TempDir(), "summary.json")
+	// A 2 s TTL: DynamoDB Local (a JVM) answered slower than a 500 ms
+	// lease's renew interval allows on a loaded 2-core machine (load 11),
+	// and a replica that loses its lease mid-batch stops, as it must.
 	cmd := exec.Command(exampleBinary(t, "invoicejob"), "--lease-store", "dynamodb", "--row-store", "dynamodb",
-		"--ttl", "500ms", "--replicas", "3", "--customers", strconv.Itoa(customers), "--kill-after", "5", "--kills", strconv.Itoa(kills),
+		"--ttl", "2s", "--replicas", "3", "--customers", strconv.Itoa(customers), "--kill-after", "5", "--kills", strconv.Itoa(kills),
 		"--invoice-time", "20ms", "--keep", "--json", js)
 	out, err := cmd.CombinedOutput()
 	var ee *exec.ExitError
