@@ -5,8 +5,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net"
+	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -126,146 +129,270 @@ func newPGBackend(b *testing.B, s *pgSetup, mode pglease.Mode) *pglease.Backend 
 	return be
 }
 
-// BenchmarkPGCycle is one uncontended acquire+release with a 10 s TTL on the
-// shared PostgreSQL, each implementation on the same pgx pool (pglock: a
-// database/sql handle with the same driver), in one run:
-//
-//   - lib=fencekit-table: lease.Manager.TryAcquire + Lease.Release over
-//     pglease in table mode (defaults: auto-renewal on).
-//   - lib=raw-table: its floor, the same two statements (pglease's acquire
-//     and release) sent directly on the pool.
-//   - lib=fencekit-session, lib=raw-session: the same for session mode; the
-//     floor takes a connection from the pool, sends the lock statement and
-//     the unlock statement on it, and gives it back.
-//   - lib=pglock: cirello.io/pglock Acquire (FailIfLocked) + Release, with a
-//     10 s lease and its default heartbeat (5 s): a sequence read and an
-//     upsert to acquire, an update to release.
-//
-// rtts/op is the round trips per cycle, counted as writes on the sockets.
-// lib=fencekit-table-paired and lib=fencekit-session-paired alternate a
-// fencekit cycle with a raw one and report raw-ratio, fencekit's time over
-// the floor's (their ns/op is that of a pair).
-func BenchmarkPGCycle(b *testing.B) {
-	ctx := context.Background()
-	s := newPGSetup(b)
-	table := newPGBackend(b, s, pglease.ModeTable)
-	session := newPGBackend(b, s, pglease.ModeSession)
-	mt, err := lease.NewManager(table, benchTTL)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ms, err := lease.NewManager(session, benchTTL)
-	if err != nil {
-		b.Fatal(err)
-	}
-	pl := s.newPglock(b, benchTTL, pglock.DefaultHeartbeatFrequency)
-	q := pgleasesql.New("")
-	ttlUs := benchTTL.Microseconds()
-	endedUs := driver.EndedOwnerTTL(benchTTL).Microseconds()
-	var rawOwner atomic.Int64
-	ttlMs := strconv.FormatInt(benchTTL.Milliseconds(), 10)
+// The floor of a PostgreSQL lease: the least SQL that grants a lease with
+// a fencing token and releases it, one statement each, in tables of the
+// benchmark's own. Table mode: an upsert that takes the row only when it
+// has expired and mints greatest(token + 1, the server clock in µs), and a
+// compare-and-free. Session mode, on a connection taken from the pool for
+// the cycle: a try-lock and the same upsert on a token row with an expiry
+// (a new holder must wait out the last one's, invariant 1), and a
+// compare-and-free with the unlock. No wake-up (NOTIFY), no ended owners,
+// no line of waiters, no idle_session_timeout.
+const (
+	floorTables = `CREATE TABLE floor_leases (
+	name text PRIMARY KEY, owner text NOT NULL, token bigint NOT NULL, expires_at timestamptz NOT NULL);
+CREATE TABLE floor_session_leases (
+	name text PRIMARY KEY, owner text NOT NULL, token bigint NOT NULL, expires_at timestamptz NOT NULL)`
+	// $1 name, $2 owner, $3 TTL in µs.
+	floorAcquire = `INSERT INTO floor_leases AS l (name, owner, token, expires_at)
+SELECT $1, $2, (extract(epoch FROM c.t) * 1000000)::bigint, c.t + $3::bigint * interval '1 microsecond'
+FROM (SELECT clock_timestamp() AS t) c
+ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, token = greatest(l.token + 1, EXCLUDED.token), expires_at = EXCLUDED.expires_at
+WHERE l.expires_at <= clock_timestamp()
+RETURNING l.token`
+	// $1 name, $2 owner, $3 token.
+	floorRelease = `UPDATE floor_leases SET owner = '', expires_at = '-infinity'
+WHERE name = $1 AND owner = $2 AND token = $3 AND expires_at > clock_timestamp()`
+	// $1 name, $2 owner, $3 TTL in µs, $4 lock key.
+	floorSessionAcquire = `WITH k AS (SELECT pg_try_advisory_lock($4::bigint) AS ok),
+t AS (
+	INSERT INTO floor_session_leases AS t (name, owner, token, expires_at)
+	SELECT $1, $2, (extract(epoch FROM c.t) * 1000000)::bigint, c.t + $3::bigint * interval '1 microsecond'
+	FROM k, (SELECT clock_timestamp() AS t) c WHERE k.ok
+	ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, token = greatest(t.token + 1, EXCLUDED.token), expires_at = EXCLUDED.expires_at
+	WHERE t.expires_at <= clock_timestamp()
+	RETURNING t.token
+)
+SELECT coalesce((SELECT token FROM t), 0) FROM k`
+	// $1 name, $2 owner, $3 token, $4 lock key.
+	floorSessionRelease = `WITH r AS (
+	UPDATE floor_session_leases SET owner = '', expires_at = '-infinity' WHERE name = $1 AND owner = $2 AND token = $3 RETURNING 1
+)
+SELECT pg_advisory_unlock($4::bigint), EXISTS (SELECT 1 FROM r)`
+)
 
-	manager := func(m *lease.Manager) func(int) error {
-		return func(int) error {
-			l, err := m.TryAcquire(ctx, "cycle")
+// pgCycle is one implementation's acquire+release of a lease name.
+type pgCycle struct {
+	name  string
+	cycle func() error
+}
+
+// pgCycles returns, over the setup's pool, the cycles BenchmarkPGCycle
+// compares, on the name: fencekit in each mode, each mode's floor, each
+// mode's pglease statements sent directly, and pglock.
+func pgCycles(b *testing.B, s *pgSetup, name string) map[string]pgCycle {
+	b.Helper()
+	ctx := context.Background()
+	if _, err := s.pool.Exec(ctx, floorTables); err != nil && !strings.Contains(err.Error(), "already exists") {
+		b.Fatal(err)
+	}
+	manager := func(mode pglease.Mode) func() error {
+		m, err := lease.NewManager(newPGBackend(b, s, mode), benchTTL)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return func() error {
+			l, err := m.TryAcquire(ctx, name)
 			if err != nil {
 				return err
 			}
 			return l.Release(ctx)
 		}
 	}
-	libs := []struct {
-		name  string
-		cycle func(i int) error
-	}{
-		{"fencekit-table", manager(mt)},
-		{"raw-table", func(int) error {
-			// Owners are never reused: the store refuses an owner it
-			// ended within driver.EndedOwnerTTL.
-			owner := "raw-" + strconv.FormatInt(rawOwner.Add(1), 10)
+	pl := s.newPglock(b, benchTTL, pglock.DefaultHeartbeatFrequency)
+	q := pgleasesql.New("")
+	ttlUs := benchTTL.Microseconds()
+	endedUs := driver.EndedOwnerTTL(benchTTL).Microseconds()
+	ttlMs := strconv.FormatInt(benchTTL.Milliseconds(), 10)
+	var owners atomic.Int64
+	// Owners are never reused: the store refuses an owner it ended within
+	// driver.EndedOwnerTTL.
+	owner := func() string { return "bench/" + strconv.FormatInt(owners.Add(1), 10) }
+	key := int64(0x5eed) // any key: the floors do not hash names
+	withConn := func(f func(*pgxpool.Conn) error) error {
+		pc, err := s.pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		defer pc.Release()
+		return f(pc)
+	}
+	cs := []pgCycle{
+		{"fencekit-table", manager(pglease.ModeTable)},
+		{"fencekit-session", manager(pglease.ModeSession)},
+		{"floor-table", func() error {
+			o := owner()
+			var tok int64
+			if err := s.pool.QueryRow(ctx, floorAcquire, name, o, ttlUs).Scan(&tok); err != nil {
+				return fmt.Errorf("floor-table: acquire: %w", err)
+			}
+			tag, err := s.pool.Exec(ctx, floorRelease, name, o, tok)
+			if err == nil && tag.RowsAffected() != 1 {
+				err = errors.New("not held")
+			}
+			return err
+		}},
+		{"floor-session", func() error {
+			return withConn(func(pc *pgxpool.Conn) error {
+				o := owner()
+				var tok int64
+				if err := pc.QueryRow(ctx, floorSessionAcquire, name, o, ttlUs, key).Scan(&tok); err != nil || tok == 0 {
+					return fmt.Errorf("floor-session: acquire: token %d, %v", tok, err)
+				}
+				var unlocked, freed bool
+				if err := pc.QueryRow(ctx, floorSessionRelease, name, o, tok, key).Scan(&unlocked, &freed); err != nil || !unlocked || !freed {
+					return fmt.Errorf("floor-session: release: %v %v %v", unlocked, freed, err)
+				}
+				return nil
+			})
+		}},
+		{"raw-table", func() error {
+			o := owner()
 			var ok, ended bool
 			var tok, left int64
-			if err := s.pool.QueryRow(ctx, q.Acquire, "raw-cycle", owner, ttlUs).Scan(&ok, &tok, &left, &ended); err != nil {
+			if err := s.pool.QueryRow(ctx, q.Acquire, name, o, ttlUs).Scan(&ok, &tok, &left, &ended); err != nil {
 				return err
 			}
 			if !ok {
 				return errors.New("raw-table: not granted")
 			}
-			return s.pool.QueryRow(ctx, q.Release, "raw-cycle", owner, tok, pglease.Channel, endedUs).Scan(nil, nil, nil)
+			return s.pool.QueryRow(ctx, q.Release, name, o, tok, pglease.Channel, endedUs).Scan(nil, nil, nil)
 		}},
-		{"fencekit-session", manager(ms)},
-		{"raw-session", func(int) error {
-			owner := "raw-s" + strconv.FormatInt(rawOwner.Add(1), 10)
-			pc, err := s.pool.Acquire(ctx)
-			if err != nil {
-				return err
-			}
-			defer pc.Release()
-			key := int64(0x5eed) // any key: the floor does not hash names
-			var ok, clean, ended bool
-			var tok, left int64
-			var pid int32
-			var was string
-			if err := pc.QueryRow(ctx, q.SessionAcquire, "raw-cycle", owner, key, ttlMs, false, int32(pc.Conn().PgConn().PID()), ttlUs).Scan(&ok, &tok, &pid, &was, &clean, &left, &ended); err != nil {
-				return err
-			}
-			if !ok {
-				return errors.New("raw-session: not locked")
-			}
-			var named, unlocked bool
-			return pc.QueryRow(ctx, q.SessionRelease, "raw-cycle", owner, tok, pid, key, was, pglease.Channel, endedUs).Scan(&named, &unlocked, nil, nil)
+		{"raw-session", func() error {
+			return withConn(func(pc *pgxpool.Conn) error {
+				o := owner()
+				var ok, clean, ended bool
+				var tok, left int64
+				var pid int32
+				var was string
+				if err := pc.QueryRow(ctx, q.SessionAcquire, name, o, key, ttlMs, false, int32(pc.Conn().PgConn().PID()), ttlUs).Scan(&ok, &tok, &pid, &was, &clean, &left, &ended); err != nil {
+					return err
+				}
+				if !ok {
+					return errors.New("raw-session: not locked")
+				}
+				var named, unlocked bool
+				return pc.QueryRow(ctx, q.SessionRelease, name, o, tok, pid, key, was, pglease.Channel, endedUs).Scan(&named, &unlocked, nil, nil)
+			})
 		}},
-		{"pglock", func(int) error {
-			l, err := pl.AcquireContext(ctx, "cycle", pglock.FailIfLocked())
+		{"pglock", func() error {
+			l, err := pl.AcquireContext(ctx, name, pglock.FailIfLocked())
 			if err != nil {
 				return err
 			}
 			return pl.ReleaseContext(ctx, l)
 		}},
 	}
-	// Paired: each fencekit cycle followed by a raw one of the same mode,
-	// so that the drifts of a shared machine and server hit both alike;
-	// raw-ratio is the fencekit cycles' total time over the raw ones'.
-	for _, pair := range [][2]int{{0, 1}, {2, 3}} {
-		fk, raw := libs[pair[0]], libs[pair[1]]
-		b.Run("lib="+fk.name+"-paired", func(b *testing.B) {
-			if err := fk.cycle(-1); err != nil {
-				b.Fatal(err)
-			}
-			if err := raw.cycle(-1); err != nil {
-				b.Fatal(err)
-			}
-			var tFk, tRaw time.Duration
-			i := 0
-			for b.Loop() {
-				t0 := time.Now()
-				if err := fk.cycle(i); err != nil {
-					b.Fatal(err)
-				}
-				t1 := time.Now()
-				if err := raw.cycle(i); err != nil {
-					b.Fatal(err)
-				}
-				tFk, tRaw = tFk+t1.Sub(t0), tRaw+time.Since(t1)
-				i++
-			}
-			b.ReportMetric(float64(tFk)/float64(tRaw), "raw-ratio")
-		})
+	m := make(map[string]pgCycle, len(cs))
+	for _, c := range cs {
+		m[c.name] = c
 	}
-	for _, lib := range libs {
-		b.Run("lib="+lib.name, func(b *testing.B) {
-			if err := lib.cycle(-1); err != nil { // prepares the statements
+	return m
+}
+
+// pgChurn is how many hand-overs of one name BenchmarkPGCycle makes
+// before its churned rounds: FENCE_BENCH_PG_CHURN, default 3000.
+func pgChurn(b *testing.B) int {
+	v := os.Getenv("FENCE_BENCH_PG_CHURN")
+	if v == "" {
+		return 3000
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		b.Fatalf("FENCE_BENCH_PG_CHURN=%q: want a count", v)
+	}
+	return n
+}
+
+// BenchmarkPGCycle is one uncontended acquire+release with a 10 s TTL on the
+// shared PostgreSQL, each implementation on the same pgx pool (pglock: a
+// database/sql handle with the same driver), in one run:
+//
+//   - lib=fencekit-table, lib=fencekit-session: lease.Manager.TryAcquire +
+//     Lease.Release over pglease in each mode (defaults: auto-renewal on).
+//   - lib=floor-table, lib=floor-session: the floor, the least SQL that
+//     grants with a token and releases, one statement each (floorAcquire
+//     and the others above).
+//   - lib=raw-table, lib=raw-session: pglease's own two statements sent
+//     directly (what the backend sends, without the Manager).
+//   - lib=pglock: cirello.io/pglock Acquire (FailIfLocked) + Release, with a
+//     10 s lease and its default heartbeat (5 s): a sequence read and an
+//     upsert to acquire, an update to release.
+//
+// Each reports rtts/op, the round trips per cycle, counted as writes on the
+// sockets. Then pair=table and pair=session interleave, cycle by cycle in
+// a rotating order, the mode's fencekit, floor and raw cycles and pglock's,
+// each on a name of its own, and report fencekit's time per cycle (ns/op)
+// over the floor's (floor-ratio), over pglock's (pglock-ratio), and the
+// raw statements' over the floor's (raw-ratio). pair=table-churned and
+// pair=session-churned do the same after pgChurn hand-overs of fencekit's
+// name (each by a new owner, through the Manager): the cost of the owners
+// the store remembers as ended (driver.EndedOwnerTTL, 20 s here) must not
+// grow with them.
+func BenchmarkPGCycle(b *testing.B) {
+	s := newPGSetup(b)
+	for _, lib := range []string{"fencekit-table", "floor-table", "raw-table", "fencekit-session", "floor-session", "raw-session", "pglock"} {
+		c := pgCycles(b, s, "cycle-"+lib)[lib]
+		b.Run("lib="+lib, func(b *testing.B) {
+			if err := c.cycle(); err != nil { // prepares the statements
 				b.Fatal(err)
 			}
 			rt0, i := s.rt.n.Load(), 0
 			for b.Loop() {
-				if err := lib.cycle(i); err != nil {
+				if err := c.cycle(); err != nil {
 					b.Fatal(err)
 				}
 				i++
 			}
 			b.ReportMetric(float64(s.rt.n.Load()-rt0)/float64(i), "rtts/op")
 		})
+	}
+	churn := pgChurn(b)
+	for _, churned := range []bool{false, true} {
+		for _, mode := range []string{"table", "session"} {
+			name := "pair=" + mode
+			if churned {
+				name += "-churned"
+			}
+			// Names of their own: the churned rounds start from the
+			// churn alone.
+			cs := pgCycles(b, s, name)
+			fk, floor, raw, pl := cs["fencekit-"+mode], cs["floor-"+mode], cs["raw-"+mode], cs["pglock"]
+			b.Run(name, func(b *testing.B) {
+				n := 0
+				if churned {
+					n = churn
+				}
+				for range n + 1 { // the last one prepares the statements
+					if err := fk.cycle(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				for _, c := range []pgCycle{floor, raw, pl} {
+					if err := c.cycle(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				order := []pgCycle{fk, floor, raw, pl}
+				times := make(map[string]time.Duration, len(order))
+				ops := 0
+				for b.Loop() {
+					for j := range order {
+						c := order[(ops+j)%len(order)]
+						t0 := time.Now()
+						if err := c.cycle(); err != nil {
+							b.Fatal(err)
+						}
+						times[c.name] += time.Since(t0)
+					}
+					ops++
+				}
+				b.ReportMetric(float64(times[fk.name].Nanoseconds())/float64(ops), "ns/op")
+				b.ReportMetric(float64(times[fk.name])/float64(times[floor.name]), "floor-ratio")
+				b.ReportMetric(float64(times[fk.name])/float64(times[pl.name]), "pglock-ratio")
+				b.ReportMetric(float64(times[raw.name])/float64(times[floor.name]), "raw-ratio")
+			})
+		}
 	}
 }
 
