@@ -92,6 +92,8 @@ func newPGSetup(b *testing.B) *pgSetup {
 		return &countingConn{Conn: c, n: &s.rt.n}, nil
 	}
 	pcfg.ConnConfig.RuntimeParams["search_path"] = s.schema
+	// Tags the benchmark's server processes, for serverCPU.
+	pcfg.ConnConfig.RuntimeParams["application_name"] = s.schema
 	pcfg.MaxConns = 16
 	s.cfg = pcfg.ConnConfig
 	if s.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
@@ -117,6 +119,52 @@ func (s *pgSetup) newPglock(b *testing.B, lease, heartbeat time.Duration) *pgloc
 		b.Fatal(err)
 	}
 	return c
+}
+
+// serverCPU returns a reader of the CPU time, in ns, that the server
+// processes of the setup's connections have used so far
+// (/proc/PID/schedstat: user and system time, waits excluded), or nil when
+// they cannot be read (a server on another machine, or in a container).
+// Call it once the connections are open: it reads their process IDs once.
+func (s *pgSetup) serverCPU(b *testing.B) func() int64 {
+	b.Helper()
+	ctx := context.Background()
+	c, err := pgx.Connect(ctx, testenv.PostgresURL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close(ctx)
+	rows, err := c.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = $1`, s.schema)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		b.Fatal(err)
+	}
+	read := func() (int64, bool) {
+		var sum int64
+		for _, pid := range pids {
+			data, err := os.ReadFile("/proc/" + strconv.Itoa(int(pid)) + "/schedstat")
+			if err != nil {
+				return 0, false
+			}
+			f := strings.Fields(string(data))
+			if len(f) == 0 {
+				return 0, false
+			}
+			ns, err := strconv.ParseInt(f[0], 10, 64)
+			if err != nil {
+				return 0, false
+			}
+			sum += ns
+		}
+		return sum, true
+	}
+	if _, ok := read(); !ok || len(pids) == 0 {
+		return nil
+	}
+	return func() int64 { n, _ := read(); return n }
 }
 
 func newPGBackend(b *testing.B, s *pgSetup, mode pglease.Mode) *pglease.Backend {
@@ -324,11 +372,17 @@ func pgChurn(b *testing.B) int {
 // a rotating order, the mode's fencekit, floor and raw cycles and pglock's,
 // each on a name of its own, and report fencekit's time per cycle (ns/op)
 // over the floor's (floor-ratio), over pglock's (pglock-ratio), and the
-// raw statements' over the floor's (raw-ratio). pair=table-churned and
-// pair=session-churned do the same after pgChurn hand-overs of fencekit's
-// name (each by a new owner, through the Manager): the cost of the owners
-// the store remembers as ended (driver.EndedOwnerTTL, 20 s here) must not
-// grow with them.
+// raw statements' over the floor's (raw-ratio): ratios of total times,
+// and, as -p50, of median cycle times, which a few cycles stalled by the
+// shared machine's disk do not move. Where the server runs on this
+// machine, they also report the CPU time its processes spent per cycle
+// (srv-cpu-ns/op for fencekit, floor-srv-cpu-ns/op for the floor, and
+// their ratio floor-srv-cpu-ratio: the server's work, which swings less
+// with load than times do). pair=table-churned and pair=session-churned
+// do the same after pgChurn hand-overs of fencekit's name (each by a new
+// owner, through the Manager): the cost of the owners the store
+// remembers as ended (driver.EndedOwnerTTL, 20 s here) must not grow with
+// them.
 func BenchmarkPGCycle(b *testing.B) {
 	s := newPGSetup(b)
 	for _, lib := range []string{"fencekit-table", "floor-table", "raw-table", "fencekit-session", "floor-session", "raw-session", "pglock"} {
@@ -374,23 +428,46 @@ func BenchmarkPGCycle(b *testing.B) {
 					}
 				}
 				order := []pgCycle{fk, floor, raw, pl}
-				times := make(map[string]time.Duration, len(order))
-				ops := 0
-				for b.Loop() {
+				cpu := s.serverCPU(b)
+				times := make(map[string][]time.Duration, len(order))
+				cpus := make(map[string]int64, len(order))
+				for i := 0; b.Loop(); i++ {
 					for j := range order {
-						c := order[(ops+j)%len(order)]
+						c := order[(i+j)%len(order)]
+						var c0 int64
+						if cpu != nil {
+							c0 = cpu()
+						}
 						t0 := time.Now()
 						if err := c.cycle(); err != nil {
 							b.Fatal(err)
 						}
-						times[c.name] += time.Since(t0)
+						times[c.name] = append(times[c.name], time.Since(t0))
+						if cpu != nil {
+							cpus[c.name] += cpu() - c0
+						}
 					}
-					ops++
 				}
-				b.ReportMetric(float64(times[fk.name].Nanoseconds())/float64(ops), "ns/op")
-				b.ReportMetric(float64(times[fk.name])/float64(times[floor.name]), "floor-ratio")
-				b.ReportMetric(float64(times[fk.name])/float64(times[pl.name]), "pglock-ratio")
-				b.ReportMetric(float64(times[raw.name])/float64(times[floor.name]), "raw-ratio")
+				ops := float64(len(times[fk.name]))
+				total := func(name string) float64 {
+					var t time.Duration
+					for _, d := range times[name] {
+						t += d
+					}
+					return float64(t)
+				}
+				p50 := func(name string) float64 { return float64(Percentile(times[name], 50)) }
+				b.ReportMetric(total(fk.name)/ops, "ns/op")
+				b.ReportMetric(total(fk.name)/total(floor.name), "floor-ratio")
+				b.ReportMetric(total(fk.name)/total(pl.name), "pglock-ratio")
+				b.ReportMetric(total(raw.name)/total(floor.name), "raw-ratio")
+				b.ReportMetric(p50(fk.name)/p50(floor.name), "floor-ratio-p50")
+				b.ReportMetric(p50(fk.name)/p50(pl.name), "pglock-ratio-p50")
+				if cpu != nil {
+					b.ReportMetric(float64(cpus[fk.name])/ops, "srv-cpu-ns/op")
+					b.ReportMetric(float64(cpus[floor.name])/ops, "floor-srv-cpu-ns/op")
+					b.ReportMetric(float64(cpus[fk.name])/float64(cpus[floor.name]), "floor-srv-cpu-ratio")
+				}
 			})
 		}
 	}
