@@ -296,9 +296,9 @@ func pgCycles(b *testing.B, s *pgSetup, name string) map[string]pgCycle {
 		}},
 		{"raw-table", func() error {
 			o := owner()
-			var ok, ended bool
-			var tok, left int64
-			if err := s.pool.QueryRow(ctx, q.Acquire, name, o, ttlUs).Scan(&ok, &tok, &left, &ended); err != nil {
+			var ok bool
+			var tok, hint int64
+			if err := s.pool.QueryRow(ctx, q.Acquire, name, o, ttlUs).Scan(&ok, &tok, &hint); err != nil {
 				return err
 			}
 			if !ok {
@@ -309,18 +309,18 @@ func pgCycles(b *testing.B, s *pgSetup, name string) map[string]pgCycle {
 		{"raw-session", func() error {
 			return withConn(func(pc *pgxpool.Conn) error {
 				o := owner()
-				var ok, clean, ended bool
-				var tok, left int64
+				var ok, clean bool
+				var tok, hint int64
 				var pid int32
 				var was string
-				if err := pc.QueryRow(ctx, q.SessionAcquire, name, o, key, ttlMs, false, int32(pc.Conn().PgConn().PID()), ttlUs).Scan(&ok, &tok, &pid, &was, &clean, &left, &ended); err != nil {
+				if err := pc.QueryRow(ctx, q.SessionAcquire, name, o, key, ttlMs, false, int32(pc.Conn().PgConn().PID()), ttlUs).Scan(&ok, &tok, &pid, &was, &clean, &hint); err != nil {
 					return err
 				}
 				if !ok {
 					return errors.New("raw-session: not locked")
 				}
 				var named, unlocked bool
-				return pc.QueryRow(ctx, q.SessionRelease, name, o, tok, pid, key, was, pglease.Channel, endedUs).Scan(&named, &unlocked, nil, nil)
+				return pc.QueryRow(ctx, q.SessionRelease, name, o, tok, pid, key, was, pglease.Channel, endedUs).Scan(&named, &unlocked, nil, nil, nil)
 			})
 		}},
 		{"pglock", func() error {

@@ -16,7 +16,11 @@
 // lease name, kept after release so that its token only grows) and
 // fencekit_session_leases (session mode: the last token of each name),
 // with fencekit_lease_waiters and fencekit_session_lease_waiters (each
-// mode's lines of waiters: one row per owner waiting in line for a name).
+// mode's lines of waiters: one row per owner waiting in line for a name)
+// and fencekit_lease_ended_owners and fencekit_session_lease_ended_owners
+// (the owners each mode ended, one row per name and owner, kept for
+// driver.EndedOwnerTTL, with the functions that read and prune them;
+// migration 00007).
 // The ledger of once-per-period jobs (sqlguard.Ledger, for
 // lease.Manager.RunOnce) is fencekit_job_runs: one row per run, keyed by
 // the job and the run key (migration 00006; on MySQL and SQLite, for

@@ -69,9 +69,12 @@ Usage:
   fencekit migrate up                 apply fencekit's migrations: create the
                                       fencekit_resource_tokens table and the
                                       fencekit_advance_token function (sqlguard),
-                                      and the fencekit_leases and
-                                      fencekit_session_leases tables and their
-                                      waiter tables (pglease)
+                                      the fencekit_leases and
+                                      fencekit_session_leases tables, their
+                                      waiter tables, the
+                                      fencekit_lease_ended_owners and
+                                      fencekit_session_lease_ended_owners tables
+                                      and their functions (pglease)
   fencekit migrate down [--to N]      roll back fencekit's migrations newer than
                                       version N (default 0: all of them; this
                                       drops every stored resource token and

@@ -4,13 +4,34 @@ package pgleasesql
 
 import "github.com/fencekit/fencekit/internal/pgident"
 
-// Names of the tables pglease uses, created by package migrations.
+// Names of the tables and functions pglease uses, created by package
+// migrations.
 const (
 	LeaseTable        = "fencekit_leases"
 	SessionLeaseTable = "fencekit_session_leases"
 	// The lines of waiters (driver.Request.Queue) of each mode.
 	WaiterTable        = "fencekit_lease_waiters"
 	SessionWaiterTable = "fencekit_session_lease_waiters"
+	// The owners each mode ended (Release, Abandon): one row per lease
+	// name and owner, refused until driver.EndedOwnerTTL has passed.
+	EndedTable        = "fencekit_lease_ended_owners"
+	SessionEndedTable = "fencekit_session_lease_ended_owners"
+	// EndedFunction and SessionEndedFunction(name, owner, at) say whether
+	// owner of name is in each mode's table of ended owners with an until
+	// after at, read from a snapshot of their own: called once the lease
+	// row is locked, they see every end that committed before.
+	EndedFunction        = "fencekit_lease_owner_ended"
+	SessionEndedFunction = "fencekit_session_lease_owner_ended"
+	// PruneFunction and SessionPruneFunction(name, owner) delete the
+	// ended owners of name other than owner whose until has passed.
+	PruneFunction        = "fencekit_lease_prune_ended"
+	SessionPruneFunction = "fencekit_session_lease_prune_ended"
+	// RefusalFunction and SessionRefusalFunction(name, owner) are an
+	// acquire's refusal hint: -1 when owner of name was ended, else the
+	// time left of the name's row in µs (0 when it has passed or there is
+	// no row), by the server's clock at the call.
+	RefusalFunction        = "fencekit_lease_refusal"
+	SessionRefusalFunction = "fencekit_session_lease_refusal"
 )
 
 // Statements are the SQL package pglease sends, with the table names quoted
@@ -21,20 +42,21 @@ type Statements struct {
 	SessionAcquire, SessionRenew, SessionRelease, SessionAbandon, SessionHolder, Sessions string
 	// The acquires of an owner that waits in line (driver.Request.Queue).
 	AcquireQueued, SessionAcquireQueued string
-	// Check, and the tables' quoted names that it takes.
-	Check, Leases string
+	// Check, and the tables' quoted names that it takes: each mode's
+	// lease table and its table of ended owners.
+	Check, Leases, Ended, SessionEnded string
 }
+
+// The statements are written for what they cost the server: every node
+// of a plan (a CTE, a scan, a subquery) is set up and torn down at each
+// execution, whether it runs or not, so the common path of a cycle
+// (Acquire of a free name, then Release) has as few as its guarantees
+// allow, and what only a refusal needs is a function call, which costs
+// nothing until it is evaluated.
 
 // clock reads the server's clock once, as now (timestamptz) and us
 // (microseconds since the Unix epoch), in a CTE named c.
 const clock = `c AS (SELECT x.t AS now, (extract(epoch FROM x.t) * 1000000)::bigint AS us FROM (SELECT clock_timestamp() AS t) x)`
-
-// pruned is the row alias's ended owners without those past their until
-// (us: the statement's clock in µs). Ended owners are kept on the lease
-// row itself so that a statement reads them after it has locked the row.
-func pruned(alias, us string) string {
-	return `coalesce((SELECT jsonb_object_agg(e.key, e.value) FROM jsonb_each(` + alias + `.ended) e WHERE (e.value)::bigint > ` + us + `), '{}'::jsonb)`
-}
 
 // left is the time from now until expiry in whole µs, 0 if it has passed
 // (an expiry of -infinity, a free row, included).
@@ -42,11 +64,46 @@ func left(expiry, now string) string {
 	return `CASE WHEN ` + expiry + ` > ` + now + ` THEN (extract(epoch FROM ` + expiry + ` - ` + now + `) * 1000000)::bigint ELSE 0 END`
 }
 
-// isEnded is whether owner is one of the row alias's ended owners whose
-// until is still ahead of us.
-func isEnded(alias, owner, us string) string {
-	return `coalesce((` + alias + `.ended ->> ` + owner + `)::bigint > ` + us + `, false)`
+// isEnded is whether owner $2 of name $1 is in the table ended with an
+// until still ahead of now, read from the statement's snapshot: a hint
+// (a grant asks the ended function, which reads after the row's lock).
+// The row is found by its key alone.
+func isEnded(table, now string) string {
+	return `coalesce((SELECT e.until > ` + now + ` FROM ` + table + ` e WHERE e.name = $1 AND e.owner = $2), false)`
 }
+
+// ended returns the INSERT that records owner $2 of name $1 as ended
+// in the table ended until the server's clock + until µs (an SQL
+// expression), once per row of the CTE src (which has written the name's
+// lease row, and so holds its lock, and returns one row when the row
+// exists): it inserts the owner's row, or extends the until of the row it
+// has (counting the end in ends while that row had not lapsed, else
+// starting again from ended_at). Nothing is recorded for a name without a
+// lease row (data loss). Every statement that records ended owners holds
+// the name's lease row first, so those of one name run one at a time. The
+// caller adds RETURNING; ends > 1 says that the owner had been ended
+// before the statement.
+func ended(table, src, until string) string {
+	return `INSERT INTO ` + table + ` AS e (name, owner, ended_at, until, ends)
+SELECT $1, $2, clock_timestamp(), clock_timestamp() + ` + until + ` * interval '1 microsecond', 1 FROM ` + src + `
+ON CONFLICT (name, owner) DO UPDATE SET
+	ended_at = CASE WHEN e.until > EXCLUDED.ended_at THEN e.ended_at ELSE EXCLUDED.ended_at END,
+	until = greatest(e.until, EXCLUDED.until),
+	ends = CASE WHEN e.until > EXCLUDED.ended_at THEN e.ends + 1 ELSE 1 END`
+}
+
+// prune is, in the SELECT list of a statement that has recorded an ended
+// owner (e), a call of the prune function fn that deletes the name's
+// lapsed ended owners, one time in pruneEvery at random: each call
+// deletes all that lapsed since the last one, so a name keeps about as
+// many rows as owners it ended within driver.EndedOwnerTTL, plus
+// pruneEvery, whatever its churn, and a release rarely pays for a call.
+func prune(fn string) string {
+	return `CASE WHEN random() * ` + pruneEvery + ` < 1 THEN ` + fn + `($1, $2) END IS NULL`
+}
+
+// pruneEvery: see prune.
+const pruneEvery = "16"
 
 // line returns the CTEs, after c, that read the line of name $1 for owner
 // $2 in waiters from the statement's snapshot: me, the owner's live
@@ -128,6 +185,10 @@ func New(schema string) Statements {
 	}
 	leases, sessions := ident(LeaseTable), ident(SessionLeaseTable)
 	waiters, swaiters := ident(WaiterTable), ident(SessionWaiterTable)
+	endedT, sendedT := ident(EndedTable), ident(SessionEndedTable)
+	endedF, sendedF := ident(EndedFunction), ident(SessionEndedFunction)
+	pruneF, spruneF := ident(PruneFunction), ident(SessionPruneFunction)
+	refusalF, srefusalF := ident(RefusalFunction), ident(SessionRefusalFunction)
 	// The pg_locks row of this database's advisory lock whose bigint key
 	// has high and low 32 bits hi and lo, held by server process pid.
 	lockHeld := func(pid, hi, lo string) string {
@@ -139,66 +200,68 @@ func New(schema string) Statements {
 	// The grant of a table-mode acquire, queued or not: the upsert's
 	// conflict branch, which takes the row only when it is the owner's
 	// own or has expired ($3 is the TTL in µs) and the owner was not
-	// ended, and returns the token.
+	// ended, and returns the token. The condition is evaluated on the
+	// newest committed row once it is locked, and asks the ended function
+	// about the owner only when the row could be granted.
 	tableGrant := `	ON CONFLICT (name) DO UPDATE SET
 		owner = EXCLUDED.owner,
 		token = CASE WHEN l.owner = EXCLUDED.owner AND l.expires_at > EXCLUDED.expires_at - $3::bigint * interval '1 microsecond'
 			THEN l.token
 			ELSE greatest(l.token + 1, EXCLUDED.token) END,
-		expires_at = EXCLUDED.expires_at,
-		ended = ` + pruned("l", "EXCLUDED.token") + `
+		expires_at = EXCLUDED.expires_at
 	WHERE (l.owner = EXCLUDED.owner OR l.expires_at <= EXCLUDED.expires_at - $3::bigint * interval '1 microsecond')
-		AND NOT ` + isEnded("l", "EXCLUDED.owner", "EXCLUDED.token") + `
+		AND NOT ` + endedF + `(EXCLUDED.name, EXCLUDED.owner, EXCLUDED.expires_at - $3::bigint * interval '1 microsecond')
 	RETURNING l.token
 )`
-	// The grant of a session-mode acquire, queued or not, once k says
-	// whether the advisory lock was taken: t records the grant, s sets
-	// the pinned session's idle timeout, u gives the lock back when the
-	// row refused the grant.
-	sessionGrant := `t AS (
-	INSERT INTO ` + sessions + ` AS t (name, owner, token, backend_pid, granted_at, expires_at)
-	SELECT $1, $2, c.us, pg_backend_pid(), c.now, c.now + $7::bigint * interval '1 microsecond'
-	FROM k, c WHERE k.ok
-	ON CONFLICT (name) DO UPDATE SET
+	// The grant of a session-mode acquire, queued or not, once the CTE k
+	// says whether the advisory lock was taken: the token row's upsert,
+	// taken only when the row's expiry has passed (or it was released)
+	// and the owner was not ended ($7 is the TTL in µs).
+	sessionGrant := `	ON CONFLICT (name) DO UPDATE SET
 		owner = EXCLUDED.owner,
 		token = greatest(t.token + 1, EXCLUDED.token),
 		backend_pid = EXCLUDED.backend_pid,
 		granted_at = EXCLUDED.granted_at,
-		expires_at = EXCLUDED.expires_at,
-		ended = ` + pruned("t", "EXCLUDED.token") + `
-	WHERE t.expires_at <= EXCLUDED.granted_at AND NOT ` + isEnded("t", "EXCLUDED.owner", "EXCLUDED.token") + `
+		expires_at = EXCLUDED.expires_at
+	WHERE t.expires_at <= EXCLUDED.granted_at AND NOT ` + sendedF + `(EXCLUDED.name, EXCLUDED.owner, EXCLUDED.granted_at)
 	RETURNING t.token
-),
-s AS (
-	SELECT current_setting('idle_session_timeout') AS was, set_config('idle_session_timeout', $4::text, false) AS now
-	FROM t
-),
-u AS (
-	SELECT pg_advisory_unlock($3::bigint) AS unlocked FROM k WHERE k.ok AND NOT EXISTS (SELECT 1 FROM t)
 )`
+	// The lease row's update of a Release, r: the row is freed if it
+	// holds the grant (cond), and written whatever it holds, so that the
+	// statement holds its lock before it records the owner as ended.
+	// released: the row is free with the grant's token, freed now or by
+	// an earlier Release or Abandon of this grant. notify, an SQL
+	// expression, is evaluated once, after the update.
+	release := func(table, cond, notify string) string {
+		return `r AS (
+	UPDATE ` + table + ` AS l SET
+		owner = CASE WHEN ` + cond + ` THEN '' ELSE l.owner END,
+		expires_at = CASE WHEN ` + cond + ` THEN '-infinity' ELSE l.expires_at END
+	WHERE l.name = $1
+	RETURNING l.owner = '' AND l.token = $3 AS released, ` + notify + ` AS notified
+)`
+	}
 	return Statements{
 		// $1 name, $2 owner, $3 TTL in µs. The server's clock is read once
 		// (clock_timestamp(), in the SELECT that feeds the INSERT, so after
 		// the statement has its table locks: a TRUNCATE that was waited for
 		// is over). That instant is "now" for every comparison, the expiry
 		// is now + TTL, and the token is greatest(stored token + 1, now in
-		// µs since the epoch). The stored token and the ended owners are
-		// read in DO UPDATE, after the row lock, so they are the newest
-		// committed ones (READ COMMITTED re-reads a row updated
-		// meanwhile); a refused statement writes nothing. An owner ended
-		// by Release or Abandon is refused. When refused, the second
-		// branch reads the holder's expiry and whether the owner was
-		// ended (from the statement's snapshot: hints).
-		Acquire: `WITH ` + clock + `,
-g AS (
+		// µs since the epoch). The stored token is read in DO UPDATE,
+		// after the row lock, so it is the newest committed one (READ
+		// COMMITTED re-reads a row updated meanwhile), and so are the
+		// ended owners, which the ended function reads then; a refused
+		// statement writes nothing. An owner ended by Release or Abandon
+		// is refused. Returns whether it granted, the token, and, when
+		// refused, the refusal function's hint (-1: the owner was ended;
+		// else the holder's time left in µs).
+		Acquire: `WITH g AS (
 	INSERT INTO ` + leases + ` AS l (name, owner, token, expires_at)
-	SELECT $1, $2, c.us, c.now + $3::bigint * interval '1 microsecond' FROM c
+	SELECT $1, $2, (extract(epoch FROM c.t) * 1000000)::bigint, c.t + $3::bigint * interval '1 microsecond'
+	FROM (SELECT clock_timestamp() AS t) c
 ` + tableGrant + `
-SELECT true, g.token, 0::bigint, false FROM g
-UNION ALL
-SELECT false, 0::bigint, ` + left("l.expires_at", "c.now") + `, ` + isEnded("l", "$2", "c.us") + `
-FROM ` + leases + ` l, c
-WHERE l.name = $1 AND NOT EXISTS (SELECT 1 FROM g)`,
+SELECT g.token IS NOT NULL, coalesce(g.token, 0::bigint), CASE WHEN g.token IS NULL THEN ` + refusalF + `($1, $2) ELSE 0::bigint END
+FROM (VALUES (1)) v LEFT JOIN g ON true`,
 
 		// $1 name, $2 owner, $3 token, $4 TTL in µs.
 		Renew: `UPDATE ` + leases + ` SET expires_at = clock_timestamp() + $4::bigint * interval '1 microsecond'
@@ -211,48 +274,44 @@ WHERE l.name = b.name AND l.owner = b.owner AND l.token = b.token AND l.expires_
 RETURNING l.name, l.owner, l.token`,
 
 		// $1 name, $2 owner, $3 token, $4 channel, $5 how long to remember
-		// the owner as ended, in µs. The row is locked first (o, FOR
-		// UPDATE: the newest committed version), then updated: if it
-		// holds the grant, it is marked free (it stays: it carries the
-		// name's token; a free row has owner '' and an expiry in the
-		// past); whatever it holds, the owner is recorded as ended.
-		// Returns whether this statement released the grant and whether
-		// the owner had been ended before (a retried release); no row
-		// when the name has no row (data loss). NOTIFY only when
-		// something was released.
-		Release: `WITH ` + clock + `,
-o AS (SELECT owner, token, expires_at, ended FROM ` + leases + ` WHERE name = $1 FOR UPDATE),
-r AS (
-	UPDATE ` + leases + ` AS l SET
-		owner = CASE WHEN l.owner = $2 AND l.token = $3 AND l.expires_at > c.now THEN '' ELSE l.owner END,
-		expires_at = CASE WHEN l.owner = $2 AND l.token = $3 AND l.expires_at > c.now THEN '-infinity' ELSE l.expires_at END,
-		ended = ` + pruned("l", "c.us") + ` || jsonb_build_object($2::text, c.us + $5::bigint)
-	FROM o, c
-	WHERE l.name = $1
-	RETURNING l.name, o.owner = $2 AND o.token = $3 AND o.expires_at > c.now AS released, ` + isEnded("o", "$2", "c.us") + ` AS already
-)
-SELECT r.released, r.already, CASE WHEN r.released THEN pg_notify($4, r.name) END IS NULL FROM r`,
+		// the owner as ended, in µs. If the row holds the grant and has
+		// not expired (by the statement's start, now()), it is marked free
+		// (it stays: it carries the name's token; a free row has owner ''
+		// and an expiry in the past) and the release is announced;
+		// whatever it holds, it is written (r), and the owner is recorded
+		// as ended. Returns whether the row is free with the grant's token
+		// (released now, or by an earlier request of the same grant) and
+		// whether the owner had been ended before (a retried release); no
+		// row when the name has no row (data loss). Prunes now and then.
+		Release: `WITH ` + release(leases, "l.owner = $2 AND l.token = $3 AND l.expires_at > now()",
+			"CASE WHEN l.owner = '' AND l.token = $3 THEN pg_notify($4, $1) END IS NULL") + `
+` + ended(endedT, "r", "$5::bigint") + `
+RETURNING (SELECT released FROM r), e.ends > 1, ` + prune(pruneF),
 
 		// $1 name, $2 owner, $3 how long to remember the owner as ended,
 		// in µs, $4 channel. Ends the owner's grant if it holds one (any
 		// token) and records it as ended; a name without a row gets a free
 		// one (its token the clock in µs, which the next grant exceeds),
-		// so that the record exists for a request still on its way.
+		// so that a request still on its way finds a row to lock, and
+		// with it the record (e). Prunes the name's lapsed ended owners.
 		// Announces a release in any case (a waiter woken for nothing
 		// tries again). $5 whether the request was queued: the owner's
 		// place in line is ended (q, qe: see endPlace).
 		Abandon: `WITH ` + clock + `,
 a AS (
-	INSERT INTO ` + leases + ` AS l (name, owner, token, expires_at, ended)
-	SELECT $1, '', c.us, '-infinity', jsonb_build_object($2::text, c.us + $3::bigint) FROM c
+	INSERT INTO ` + leases + ` AS l (name, owner, token, expires_at)
+	SELECT $1, '', c.us, '-infinity' FROM c
 	ON CONFLICT (name) DO UPDATE SET
 		owner = CASE WHEN l.owner = $2 THEN '' ELSE l.owner END,
-		expires_at = CASE WHEN l.owner = $2 THEN '-infinity' ELSE l.expires_at END,
-		ended = ` + pruned("l", "EXCLUDED.token") + ` || EXCLUDED.ended
+		expires_at = CASE WHEN l.owner = $2 THEN '-infinity' ELSE l.expires_at END
 	RETURNING l.name
 ),
+e AS (
+` + ended(endedT, "a", "$3::bigint") + `
+	RETURNING 1
+),
 ` + endPlace(waiters, "$5") + `
-SELECT count(*) FROM (SELECT pg_notify($4, a.name) FROM a) n`,
+SELECT count(*) FROM (SELECT pg_notify($4, a.name), ` + pruneF + `($1, $2) FROM a, e) n`,
 
 		// $1 name, $2 owner, $3 TTL in µs: Acquire for an owner that
 		// waits in line (driver.Request.Queue). It tries the grant (g, as
@@ -267,7 +326,7 @@ SELECT count(*) FROM (SELECT pg_notify($4, a.name) FROM a) n`,
 		// place in µs, and whether the owner was ended.
 		AcquireQueued: `WITH ` + clock + `,
 h AS (
-	SELECT l.owner, ` + left("l.expires_at", "c.now") + ` AS left_us, ` + isEnded("l", "$2", "c.us") + ` AS ended
+	SELECT l.owner, ` + left("l.expires_at", "c.now") + ` AS left_us, ` + isEnded(endedT, "c.now") + ` AS ended
 	FROM ` + leases + ` l, c WHERE l.name = $1
 ),
 ` + line(waiters) + `,
@@ -296,37 +355,43 @@ FROM a`,
 		// its lock (DO UPDATE), so it is the newest committed one. When
 		// granted, it sets the session's idle_session_timeout to the TTL
 		// (the server ends a session idle for that long) and mints the
-		// token as table mode does; when not, it unlocks what it took
-		// (u). Returns whether it granted, the token, the server process,
-		// the timeout it replaced, the row's time left in µs (a hint), and
-		// whether the owner was ended (a hint).
+		// token as table mode does; when not, it unlocks what it took.
+		// Returns whether it granted, the token, the server process, the
+		// timeout it replaced (read before it is set: the SELECT list is
+		// evaluated in order), whether the session holds nothing it should
+		// not (the lock given back when refused), and, when refused, the
+		// refusal function's hint (-1: the owner was ended; else the row's
+		// time left in µs).
 		SessionAcquire: `WITH k AS (
 	SELECT CASE WHEN $5::bool OR pg_backend_pid() = $6::int THEN pg_try_advisory_lock($3::bigint) ELSE false END AS ok
 ),
-` + clock + `,
-` + sessionGrant + `,
-h AS (
-	SELECT ` + left("r.expires_at", "c.now") + ` AS left_us, ` + isEnded("r", "$2", "c.us") + ` AS ended
-	FROM ` + sessions + ` r, c WHERE r.name = $1
-)
-SELECT EXISTS (SELECT 1 FROM t), coalesce((SELECT token FROM t), 0), pg_backend_pid(), coalesce((SELECT was FROM s), ''),
-	coalesce((SELECT unlocked FROM u), k.ok = EXISTS (SELECT 1 FROM t)),
-	coalesce((SELECT left_us FROM h), 0), coalesce((SELECT ended FROM h), false)
-FROM k`,
+t AS (
+	INSERT INTO ` + sessions + ` AS t (name, owner, token, backend_pid, granted_at, expires_at)
+	SELECT $1, $2, (extract(epoch FROM c.t) * 1000000)::bigint, pg_backend_pid(), c.t, c.t + $7::bigint * interval '1 microsecond'
+	FROM k, (SELECT clock_timestamp() AS t) c WHERE k.ok
+` + sessionGrant + `
+SELECT t.token IS NOT NULL, coalesce(t.token, 0), pg_backend_pid(),
+	CASE WHEN t.token IS NOT NULL THEN current_setting('idle_session_timeout') ELSE '' END,
+	CASE WHEN t.token IS NOT NULL THEN set_config('idle_session_timeout', $4::text, false) IS NOT NULL
+		WHEN k.ok THEN pg_advisory_unlock($3::bigint)
+		ELSE true END,
+	CASE WHEN t.token IS NULL THEN ` + srefusalF + `($1, $2) ELSE 0::bigint END
+FROM k LEFT JOIN t ON true`,
 
 		// SessionAcquire's parameters: SessionAcquire for an owner that
 		// waits in line (driver.Request.Queue). It tries the lock (k) only
 		// when no live waiter is ahead of the owner (a, from the
 		// statement's snapshot) and the owner was not ended, then
-		// proceeds as SessionAcquire; a grant deletes the owner's place, a
-		// refusal of an owner not ended puts it in line or keeps its
-		// place for the TTL (d, p), and commits without waiting for the
-		// WAL flush. Places that lapsed are deleted. Returns
-		// SessionAcquire's columns, then how many live waiters are ahead
-		// and the time left of the first one's place in µs.
+		// proceeds as SessionAcquire (t; s sets the idle timeout, u gives
+		// the lock back when the row refused the grant); a grant deletes
+		// the owner's place, a refusal of an owner not ended puts it in
+		// line or keeps its place for the TTL (d, p), and commits without
+		// waiting for the WAL flush. Places that lapsed are deleted.
+		// Returns SessionAcquire's columns, then how many live waiters are
+		// ahead and the time left of the first one's place in µs.
 		SessionAcquireQueued: `WITH ` + clock + `,
 h AS (
-	SELECT ` + left("r.expires_at", "c.now") + ` AS left_us, ` + isEnded("r", "$2", "c.us") + ` AS ended
+	SELECT ` + left("r.expires_at", "c.now") + ` AS left_us, ` + isEnded(sendedT, "c.now") + ` AS ended
 	FROM ` + sessions + ` r, c WHERE r.name = $1
 ),
 ` + line(swaiters) + `,
@@ -336,7 +401,18 @@ k AS (
 		THEN pg_try_advisory_lock($3::bigint) ELSE false END AS ok
 	FROM v, a
 ),
+t AS (
+	INSERT INTO ` + sessions + ` AS t (name, owner, token, backend_pid, granted_at, expires_at)
+	SELECT $1, $2, c.us, pg_backend_pid(), c.now, c.now + $7::bigint * interval '1 microsecond'
+	FROM k, c WHERE k.ok
 ` + sessionGrant + `,
+s AS (
+	SELECT current_setting('idle_session_timeout') AS was, set_config('idle_session_timeout', $4::text, false) AS now
+	FROM t
+),
+u AS (
+	SELECT pg_advisory_unlock($3::bigint) AS unlocked FROM k WHERE k.ok AND NOT EXISTS (SELECT 1 FROM t)
+),
 ` + place(swaiters, "t", "(SELECT direct FROM v) AND NOT coalesce((SELECT ended FROM h), false)", "$7::bigint") + `
 SELECT EXISTS (SELECT 1 FROM t), coalesce((SELECT token FROM t), 0), pg_backend_pid(), coalesce((SELECT was FROM s), ''),
 	coalesce((SELECT unlocked FROM u), k.ok = EXISTS (SELECT 1 FROM t)),
@@ -357,24 +433,22 @@ RETURNING true`,
 		// $1 name, $2 owner, $3 token, $4 server pid, $5 lock key, $6 the
 		// idle_session_timeout to restore, $7 channel, $8 how long to
 		// remember the owner as ended, in µs. Marks the row free if it
-		// names the grant, records the owner as ended (o, r: as table
-		// mode's Release), unlocks, restores the timeout, announces.
-		SessionRelease: `WITH ` + clock + `,
-o AS (SELECT owner, token FROM ` + sessions + ` WHERE name = $1 FOR UPDATE),
-r AS (
-	UPDATE ` + sessions + ` AS l SET
-		owner = CASE WHEN l.owner = $2 AND l.token = $3 THEN '' ELSE l.owner END,
-		expires_at = CASE WHEN l.owner = $2 AND l.token = $3 THEN '-infinity' ELSE l.expires_at END,
-		ended = ` + pruned("l", "c.us") + ` || jsonb_build_object($2::text, c.us + $8::bigint)
-	FROM o, c
-	WHERE l.name = $1
-	RETURNING o.owner = $2 AND o.token = $3 AS named
+		// names the grant and records the owner as ended (r, e: as table
+		// mode's Release), then unlocks (u), restores the timeout,
+		// announces, prunes now and then. Returns whether the row names
+		// the grant (free with its token) and the statement runs in the
+		// process that took the lock, and whether the lock was held.
+		SessionRelease: `WITH ` + release(sessions, "l.owner = $2 AND l.token = $3", "true") + `,
+e AS (
+` + ended(sendedT, "r", "$8::bigint") + `
+	RETURNING 1
 ),
 u AS (
-	SELECT coalesce((SELECT named FROM r), false) AND pg_backend_pid() = $4::int AS named, pg_advisory_unlock($5::bigint) AS unlocked
+	SELECT coalesce((SELECT r.released FROM r, e), false) AND pg_backend_pid() = $4::int AS named, pg_advisory_unlock($5::bigint) AS unlocked
 )
 SELECT u.named, u.unlocked, set_config('idle_session_timeout', $6::text, false),
-	CASE WHEN u.named AND u.unlocked THEN pg_notify($7, $1)::text END
+	CASE WHEN u.named AND u.unlocked THEN pg_notify($7, $1)::text END,
+	NOT u.named OR ` + prune(spruneF) + `
 FROM u`,
 
 		// $1 name, $2 owner, $3 how long to remember the owner as ended,
@@ -392,17 +466,20 @@ FROM u`,
 		SessionAbandon: `WITH ` + clock + `,
 o AS (SELECT owner, backend_pid FROM ` + sessions + ` WHERE name = $1 FOR UPDATE),
 a AS (
-	INSERT INTO ` + sessions + ` AS t (name, owner, token, backend_pid, granted_at, expires_at, ended)
-	SELECT $1, '', c.us, 0, c.now, '-infinity', jsonb_build_object($2::text, c.us + $3::bigint) FROM c
+	INSERT INTO ` + sessions + ` AS t (name, owner, token, backend_pid, granted_at, expires_at)
+	SELECT $1, '', c.us, 0, c.now, '-infinity' FROM c
 	WHERE (SELECT count(*) FROM o) >= 0
 	ON CONFLICT (name) DO UPDATE SET
 		owner = CASE WHEN t.owner = $2 THEN '' ELSE t.owner END,
-		expires_at = CASE WHEN t.owner = $2 THEN '-infinity' ELSE t.expires_at END,
-		ended = ` + pruned("t", "EXCLUDED.token") + ` || EXCLUDED.ended
+		expires_at = CASE WHEN t.owner = $2 THEN '-infinity' ELSE t.expires_at END
 	RETURNING t.name
 ),
+e AS (
+` + ended(sendedT, "a", "$3::bigint") + `
+	RETURNING 1
+),
 ` + endPlace(swaiters, "$7") + `,
-n AS (SELECT pg_notify($4, a.name) FROM a)
+n AS (SELECT pg_notify($4, a.name), ` + spruneF + `($1, $2) FROM a, e)
 SELECT (SELECT count(*) FROM n) >= 0 AND coalesce((
 	SELECT pg_terminate_backend(o.backend_pid, 5000) FROM o
 	WHERE o.owner = $2 AND o.backend_pid <> pg_backend_pid()
@@ -422,10 +499,13 @@ WHERE t.name = $1 AND t.owner <> '' AND (t.expires_at > clock_timestamp() OR ` +
 
 		Sessions: sessions,
 
-		// $1 the table's quoted name (Leases or Sessions): fails with
-		// 42P01 when the table is missing, else says whether the user may
-		// read and write it. Reads nothing, changes nothing.
-		Check:  `SELECT has_table_privilege($1, 'SELECT, INSERT, UPDATE, DELETE')`,
-		Leases: leases,
+		// $1 and $2 the tables' quoted names (Leases and Ended, or
+		// Sessions and SessionEnded): fails with 42P01 when one is
+		// missing, else says whether the user may read and write both.
+		// Reads nothing, changes nothing.
+		Check:        `SELECT has_table_privilege($1, 'SELECT, INSERT, UPDATE, DELETE') AND has_table_privilege($2, 'SELECT, INSERT, UPDATE, DELETE')`,
+		Leases:       leases,
+		Ended:        endedT,
+		SessionEnded: sendedT,
 	}
 }

@@ -8,7 +8,8 @@
 //	m, err := lease.NewManager(b, 10*time.Second)
 //
 // Both modes need fencekit's migrations (migrations.Up, or fencekit migrate
-// up), which create LeaseTable and SessionLeaseTable, and WaiterTable and
+// up), which create LeaseTable and SessionLeaseTable, EndedTable and
+// SessionEndedTable for the owners each mode ended, and WaiterTable and
 // SessionWaiterTable for waiters in line; Options.Schema names the schema
 // they are in.
 //
@@ -23,33 +24,41 @@
 //     free or expired, or extends it if the same owner holds it (a retried
 //     request: same token); when another owner holds it, the same statement
 //     returns the holder's remaining time, from the stored expiry, as
-//     NotAcquiredError.RetryAfter.
+//     NotAcquiredError.RetryAfter (read by a function that runs only on a
+//     refusal).
 //   - Renew: an UPDATE of the expiry only if the row still holds the grant's
 //     owner and token and has not expired. RenewBatch renews any number of
 //     grants in one UPDATE over unnested arrays (one round trip).
-//   - Release: the row is locked, then, if it holds the grant's owner and
-//     token and has not expired, marked free (it stays: it carries the
-//     name's token) and the release is announced with NOTIFY on Channel,
-//     in the same statement. Whatever the outcome, the owner is recorded
-//     as ended on the row (column ended: owner → until, kept for
-//     driver.EndedOwnerTTL). A Release of an owner already ended returns
-//     nil: pgx never sends a statement twice, but a caller may retry a
-//     Release whose reply was lost, and that retry is a release, not a
-//     loss.
+//   - Release: if the row holds the grant's owner and token and has not
+//     expired, it is marked free (it stays: it carries the name's token)
+//     and the release is announced with NOTIFY on Channel, in the same
+//     statement; the row is written whatever it holds, so the statement
+//     holds its lock. Whatever the outcome, the owner is recorded as
+//     ended: a row {name, owner, ended_at, until, ends} of EndedTable,
+//     until the server's clock + driver.EndedOwnerTTL. A Release of an
+//     owner already ended, or of a grant whose row is already free with
+//     its token, returns nil: pgx never sends a statement twice, but a
+//     caller may retry a Release whose reply was lost, and that retry is
+//     a release, not a loss.
 //   - Abandon: one INSERT ... ON CONFLICT DO UPDATE that frees the row if
 //     the owner holds it (any token), records the owner as ended (creating
-//     a free row for a name that has none, so that the record is there
-//     when a late request comes) and announces a release.
+//     a free row for a name that has none, so that a late request finds a
+//     row to lock) and announces a release.
 //   - Acquire refuses an owner recorded as ended: an acquire request that
-//     reaches the server after its sender stopped waiting for it (the
-//     Manager abandoned the attempt; even after another grant was used and
-//     released) grants nothing. The ended owners are kept on the lease row,
-//     not in a table of their own, so that Acquire reads them after it has
-//     locked the row: a subquery on another table would read the
-//     statement's snapshot, older than a release committed while it
-//     waited for the row. Expired entries are dropped whenever the row is
-//     written; a name released by many owners within EndedOwnerTTL (10 s
-//     at least) carries that many entries.
+//     reaches the server after its sender stopped waiting for it (the Manager
+//     abandoned the attempt; even after another grant was used and released)
+//     grants nothing. Acquire asks the migrations' function
+//     fencekit_lease_owner_ended from the lease row's ON CONFLICT condition,
+//     which is evaluated once the row is locked: the function reads
+//     EndedTable from a snapshot of its own, so it sees a release that
+//     committed while the acquire waited for the row (a subquery of the
+//     statement would read its older snapshot). Every statement that records
+//     ended owners holds the name's lease row first, so those of one name run
+//     one at a time. An Abandon, and one Release in 16 at random, deletes the
+//     name's rows whose until has passed, so a name keeps about as many rows
+//     as owners it ended within EndedOwnerTTL (10 s at least), and each
+//     statement reads or writes one of them by its key: what an acquire or a
+//     release costs does not grow with churn.
 //
 // Expiry is computed by the server's clock: clock_timestamp(), read once per
 // statement after the statement has its table locks (not now(), which is
@@ -108,9 +117,9 @@
 //     connection whose reply it stopped waiting for, which would end the
 //     session.
 //   - Release: one statement marks the row free and records the owner as
-//     ended (as table mode's Release), unlocks, restores the session's
-//     idle_session_timeout and announces the release with NOTIFY; the
-//     connection then goes back to the pool. If anything is in doubt (an
+//     ended (as table mode's Release, in SessionEndedTable), unlocks,
+//     restores the session's idle_session_timeout and announces the
+//     release with NOTIFY; the connection then goes back to the pool. If anything is in doubt (an
 //     error, a lock that was not held), the connection is closed instead:
 //     the server frees whatever it held; after an error (a lost reply) the
 //     row is marked free through another connection of the pool, which

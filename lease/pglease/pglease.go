@@ -51,6 +51,11 @@ const (
 	// (driver.Request.Queue).
 	WaiterTable        = pgleasesql.WaiterTable
 	SessionWaiterTable = pgleasesql.SessionWaiterTable
+	// EndedTable and SessionEndedTable hold the owners each mode ended
+	// (Release, Abandon): one row per lease name and owner, which Acquire
+	// refuses for driver.EndedOwnerTTL.
+	EndedTable        = pgleasesql.EndedTable
+	SessionEndedTable = pgleasesql.SessionEndedTable
 	// Channel is the LISTEN/NOTIFY channel on which releases are announced;
 	// the payload is the lease name.
 	Channel = "fencekit_lease_released"
@@ -232,9 +237,10 @@ func (b *Backend) Limits() driver.Limits {
 }
 
 // Acquire implements driver.Backend in one statement (one round trip once
-// pgx has prepared it on the connection). In table mode, a refusal carries
-// the holder's remaining time from the stored expiry as
-// NotAcquiredError.RetryAfter; session mode does not know it. Errors:
+// pgx has prepared it on the connection). A refusal carries the time left
+// until the name's stored expiry as NotAcquiredError.RetryAfter (0 when it
+// has passed: in session mode, a session may hold the lock past it).
+// Errors:
 // ErrClosed after Close; ErrNotMigrated; ErrPooler (session mode); the
 // pool's or the server's error otherwise.
 func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
@@ -389,6 +395,11 @@ func (b *Backend) isClosed() bool {
 const (
 	codeUndefinedTable    = "42P01"
 	codeInvalidSchemaName = "3F000"
+	// Besides the server's own functions, the statements call only the
+	// ones the migrations create (fencekit_lease_owner_ended,
+	// fencekit_session_lease_owner_ended): one that is missing was not
+	// created.
+	codeUndefinedFunction = "42883"
 )
 
 // setupFixes names, for each SQLSTATE that retrying cannot fix, what is
@@ -419,7 +430,7 @@ func storeErrOn(what string, err error) error {
 		return wrapped
 	}
 	switch pgErr.Code {
-	case codeUndefinedTable, codeInvalidSchemaName:
+	case codeUndefinedTable, codeInvalidSchemaName, codeUndefinedFunction:
 		return &driver.SetupError{Err: notMigrated{wrapped},
 			Fix: "the lease tables are not in this database's schema: run `fencekit migrate up` (or migrations.Up) against it, or set Options.Schema to the schema that has them"}
 	}
@@ -438,21 +449,23 @@ func (e notMigrated) Unwrap() error        { return e.error }
 
 // Check implements driver.Checker in one round trip that reads and changes
 // nothing: it fails with an error matching driver.ErrSetup (and
-// ErrNotMigrated) when the mode's lease table is missing, with one
-// matching driver.ErrSetup when the user may not read and write it or the
-// server refuses the connection for good (see storeErr), and with the
-// store's error when the server cannot be reached. ctx bounds it.
+// ErrNotMigrated) when the mode's lease table or its table of ended owners
+// (EndedTable, SessionEndedTable) is missing, with one matching
+// driver.ErrSetup when the user may not read and write both or the server
+// refuses the connection for good (see storeErr), and with the store's
+// error when the server cannot be reached. ctx bounds it.
 func (b *Backend) Check(ctx context.Context) error {
-	table := b.q.Leases
+	table, ended := b.q.Leases, b.q.Ended
 	if b.o.Mode == ModeSession {
-		table = b.q.Sessions
+		table, ended = b.q.Sessions, b.q.SessionEnded
 	}
+	what := "check the lease tables " + table + " and " + ended
 	var ok bool
-	if err := b.db.QueryRow(ctx, b.q.Check, table).Scan(&ok); err != nil {
-		return storeErrOn("check the lease table "+table, err)
+	if err := b.db.QueryRow(ctx, b.q.Check, table, ended).Scan(&ok); err != nil {
+		return storeErrOn(what, err)
 	}
 	if !ok {
-		return &driver.SetupError{Fix: "pglease: check the lease table " + table + ": " + setupFixes["42501"]}
+		return &driver.SetupError{Fix: "pglease: " + what + ": " + setupFixes["42501"]}
 	}
 	return nil
 }

@@ -56,7 +56,7 @@ func TestTableNamesMatchMigrations(t *testing.T) {
 	url := testenv.PostgresURL()
 	schema := newSchema(t, url)
 	conn := connectT(t, url)
-	for _, name := range []string{pglease.LeaseTable, pglease.SessionLeaseTable, pglease.WaiterTable, pglease.SessionWaiterTable} {
+	for _, name := range []string{pglease.LeaseTable, pglease.SessionLeaseTable, pglease.WaiterTable, pglease.SessionWaiterTable, pglease.EndedTable, pglease.SessionEndedTable} {
 		var ok bool
 		if err := conn.QueryRow(testkit.Context(t), `SELECT to_regclass($1) IS NOT NULL`, pgx.Identifier{schema, name}.Sanitize()).Scan(&ok); err != nil || !ok {
 			t.Errorf("table %s after migrations.Up: %v, %v", name, ok, err)

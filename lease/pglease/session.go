@@ -90,6 +90,7 @@ func (b *Backend) sessionAcquire(ctx context.Context, req driver.Request) (drive
 		token, leftUs    int64
 		pid              int32
 		idleWas          string
+		hint             int64
 	)
 	announced := pc.Conn().PgConn().PID()
 	sent := time.Now()
@@ -99,7 +100,7 @@ func (b *Backend) sessionAcquire(ctx context.Context, req driver.Request) (drive
 			Scan(&ok, &token, &pid, &idleWas, &clean, &leftUs, &ended, &ahead, &firstUs, nil)
 	} else {
 		err = pc.QueryRow(ctx, b.q.SessionAcquire, req.Name, req.Owner, key, strconv.FormatInt(ms, 10), b.o.AllowPooler, int32(announced), req.TTL.Microseconds()).
-			Scan(&ok, &token, &pid, &idleWas, &clean, &leftUs, &ended)
+			Scan(&ok, &token, &pid, &idleWas, &clean, &hint)
 	}
 	if err != nil {
 		// The lock may be held (session locks survive a failed
@@ -123,13 +124,11 @@ func (b *Backend) sessionAcquire(ctx context.Context, req driver.Request) (drive
 		if req.Queue {
 			return driver.Grant{}, queuedRefusal(req, ended, leftUs, ahead, firstUs)
 		}
-		if ended {
-			return driver.Grant{}, endedOwnerErr(req)
-		}
 		// Another session holds the lock, or the last holder's expiry
 		// has not passed (its session may have ended on the server while
-		// its holder, unaware, still counts the lease valid).
-		return driver.Grant{}, &driver.NotAcquiredError{Name: req.Name, RetryAfter: time.Duration(leftUs) * time.Microsecond}
+		// its holder, unaware, still counts the lease valid), or the
+		// owner was ended.
+		return driver.Grant{}, refusal(req, hint)
 	}
 	if token <= 0 {
 		destroy(pc)
@@ -257,7 +256,7 @@ func (b *Backend) sessionRelease(ctx context.Context, g driver.Grant) error {
 	p.settled = true
 	var named, unlocked bool
 	err := p.pc.QueryRow(ctx, p.b.q.SessionRelease, p.name, p.owner, int64(p.token), int32(p.pid), p.key, p.idleWas, Channel, endedMicros(p.ttl)).
-		Scan(&named, &unlocked, nil, nil)
+		Scan(&named, &unlocked, nil, nil, nil)
 	switch {
 	case err != nil:
 		// The lock's state is unknown: end the session (the server frees

@@ -21,22 +21,15 @@ func (b *Backend) tableAcquire(ctx context.Context, req driver.Request) (driver.
 		return b.tableAcquireQueued(ctx, req, us)
 	}
 	var (
-		granted, ended bool
-		token          int64
-		leftUs         int64
+		granted     bool
+		token, hint int64
 	)
-	err = b.db.QueryRow(ctx, b.q.Acquire, req.Name, req.Owner, us).Scan(&granted, &token, &leftUs, &ended)
+	err = b.db.QueryRow(ctx, b.q.Acquire, req.Name, req.Owner, us).Scan(&granted, &token, &hint)
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		// Refused, and the holder's row is newer than the snapshot: its
-		// expiry is unknown.
-		return driver.Grant{}, &driver.NotAcquiredError{Name: req.Name}
 	case err != nil:
 		return driver.Grant{}, storeErr("acquire", req.Name, err)
-	case !granted && ended:
-		return driver.Grant{}, endedOwnerErr(req)
 	case !granted:
-		return driver.Grant{}, &driver.NotAcquiredError{Name: req.Name, RetryAfter: time.Duration(leftUs) * time.Microsecond}
+		return driver.Grant{}, refusal(req, hint)
 	case token <= 0:
 		return driver.Grant{}, fmt.Errorf("pglease: acquire %q: the store returned an invalid token %d", req.Name, token)
 	}
@@ -60,6 +53,16 @@ func (b *Backend) tableAcquireQueued(ctx context.Context, req driver.Request, us
 		return driver.Grant{}, fmt.Errorf("pglease: acquire %q: the store returned an invalid token %d", req.Name, token)
 	}
 	return driver.Grant{Name: req.Name, Owner: req.Owner, Token: fence.Token(token), TTL: req.TTL}, nil
+}
+
+// refusal is the refusal of an acquire whose statement gave hint (the
+// refusal function's): -1 for an ended owner, else the time the name's
+// row has left, in µs.
+func refusal(req driver.Request, hint int64) error {
+	if hint < 0 {
+		return endedOwnerErr(req)
+	}
+	return &driver.NotAcquiredError{Name: req.Name, RetryAfter: time.Duration(hint) * time.Microsecond}
 }
 
 // queuedRefusal is the refusal of a queued acquire: of an ended owner
@@ -151,16 +154,18 @@ func (b *Backend) tableRenewBatch(ctx context.Context, gs []driver.Grant, done f
 }
 
 func (b *Backend) tableRelease(ctx context.Context, g driver.Grant) error {
-	var released, already, notified bool
-	err := b.db.QueryRow(ctx, b.q.Release, g.Name, g.Owner, int64(g.Token), Channel, endedMicros(g.TTL)).Scan(&released, &already, &notified)
+	var released, already bool
+	err := b.db.QueryRow(ctx, b.q.Release, g.Name, g.Owner, int64(g.Token), Channel, endedMicros(g.TTL)).Scan(&released, &already, nil)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return driver.ErrNotHeld // the name has no row (data loss)
 	case err != nil:
 		return storeErr("release", g.Name, err)
 	case released || already:
-		// already: a release of this owner was applied before (a retried
-		// request whose first reply was lost): a release, not a loss.
+		// released: the row is free with this grant's token, freed now or
+		// by an earlier request; already: the owner was ended before (a
+		// retried request whose first reply was lost, after the name
+		// moved on). Either way a release, not a loss.
 		return nil
 	}
 	return driver.ErrNotHeld
