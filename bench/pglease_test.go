@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -46,6 +47,7 @@ type pgSetup struct {
 	pool   *pgxpool.Pool
 	cfg    *pgx.ConnConfig
 	rt     pgWrites
+	dbs    []*sql.DB // pglock's handles
 }
 
 func newPGSetup(b *testing.B) *pgSetup {
@@ -109,8 +111,16 @@ func newPGSetup(b *testing.B) *pgSetup {
 // is its constructor for other drivers.
 func (s *pgSetup) newPglock(b *testing.B, lease, heartbeat time.Duration) *pglock.Client {
 	b.Helper()
+	c, _ := s.newPglockDB(b, lease, heartbeat)
+	return c
+}
+
+// newPglockDB is newPglock, and the database/sql handle under the client.
+func (s *pgSetup) newPglockDB(b *testing.B, lease, heartbeat time.Duration) (*pglock.Client, *sql.DB) {
+	b.Helper()
 	db := stdlib.OpenDB(*s.cfg.Copy())
 	b.Cleanup(func() { _ = db.Close() })
+	s.dbs = append(s.dbs, db)
 	c, err := pglock.UnsafeNew(db, pglock.WithLeaseDuration(lease), pglock.WithHeartbeatFrequency(heartbeat), pglock.WithCustomTable("pglock_locks"))
 	if err != nil {
 		b.Fatal(err)
@@ -118,50 +128,63 @@ func (s *pgSetup) newPglock(b *testing.B, lease, heartbeat time.Duration) *pgloc
 	if err := c.TryCreateTable(); err != nil {
 		b.Fatal(err)
 	}
-	return c
+	return c, db
 }
 
 // serverCPU returns a reader of the CPU time, in ns, that the server
 // processes of the setup's connections have used so far
 // (/proc/PID/schedstat: user and system time, waits excluded), or nil when
 // they cannot be read (a server on another machine, or in a container).
-// Call it once the connections are open: it reads their process IDs once.
+// It reads the processes' IDs again whenever the setup's pools have opened
+// or closed connections, so a reading misses at most the work a new
+// connection did before it.
 func (s *pgSetup) serverCPU(b *testing.B) func() int64 {
 	b.Helper()
 	ctx := context.Background()
-	c, err := pgx.Connect(ctx, testenv.PostgresURL())
+	admin, err := pgx.Connect(ctx, testenv.PostgresURL())
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer c.Close(ctx)
-	rows, err := c.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = $1`, s.schema)
-	if err != nil {
-		b.Fatal(err)
+	b.Cleanup(func() { admin.Close(context.Background()) })
+	conns := func() int {
+		n := int(s.pool.Stat().TotalConns())
+		for _, db := range s.dbs {
+			n += db.Stats().OpenConnections
+		}
+		return n
 	}
-	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-	if err != nil {
-		b.Fatal(err)
-	}
+	var (
+		pids []int32
+		seen = -1
+	)
 	read := func() (int64, bool) {
+		if n := conns(); n != seen {
+			rows, err := admin.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = $1`, s.schema)
+			if err != nil {
+				return 0, false
+			}
+			if pids, err = pgx.CollectRows(rows, pgx.RowTo[int32]); err != nil {
+				return 0, false
+			}
+			seen = n
+		}
 		var sum int64
 		for _, pid := range pids {
 			data, err := os.ReadFile("/proc/" + strconv.Itoa(int(pid)) + "/schedstat")
 			if err != nil {
-				return 0, false
+				continue // a connection closed since
 			}
-			f := strings.Fields(string(data))
-			if len(f) == 0 {
-				return 0, false
+			if f := strings.Fields(string(data)); len(f) > 0 {
+				ns, err := strconv.ParseInt(f[0], 10, 64)
+				if err != nil {
+					return 0, false
+				}
+				sum += ns
 			}
-			ns, err := strconv.ParseInt(f[0], 10, 64)
-			if err != nil {
-				return 0, false
-			}
-			sum += ns
 		}
-		return sum, true
+		return sum, len(pids) > 0
 	}
-	if _, ok := read(); !ok || len(pids) == 0 {
+	if _, ok := read(); !ok {
 		return nil
 	}
 	return func() int64 { n, _ := read(); return n }

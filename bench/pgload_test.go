@@ -1,0 +1,206 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"cirello.io/pglock"
+
+	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/lease/pglease"
+)
+
+// pgWorkers are the numbers of concurrent workers BenchmarkPGThroughput
+// runs; the pools they share have pgSetup's 16 connections (pglock's
+// database/sql handle as many), as a service would configure them on a
+// server that many processes use.
+var pgWorkers = []int{1, 10, 50, 200}
+
+// BenchmarkPGThroughput is acquire + release throughput on the shared
+// PostgreSQL: workers goroutines, each looping a blocking acquire and a
+// release, b.N cycles in all (run it with a fixed count: -benchtime 2000x).
+//
+//   - names=distinct: each worker on a name of its own (no contention:
+//     what the store and the pool sustain).
+//   - names=one: every worker on one name (hand-overs: what a contended
+//     lock sustains). pglock is left out: its waiters sleep a whole lease
+//     duration between attempts (see BenchmarkPGHandoff).
+//
+// lib=fencekit-table and lib=fencekit-session: lease.Manager.Acquire +
+// Lease.Release over pglease (TTL 10 s; waiters woken by LISTEN/NOTIFY).
+// Session mode pins a connection per held lease, so at most 16 leases are
+// held at once. lib=pglock: cirello.io/pglock AcquireContext +
+// ReleaseContext (10 s lease), with SetMaxOpenConns(16).
+//
+// Metrics: ops/s, cycles per second of wall time; p50-ns and p99-ns of a
+// cycle (from the acquire call to the release's return, waits included).
+func BenchmarkPGThroughput(b *testing.B) {
+	s := newPGSetup(b)
+	ctx := context.Background()
+	manager := func(mode pglease.Mode) func(string) error {
+		m, err := lease.NewManager(newPGBackend(b, s, mode), benchTTL)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return func(name string) error {
+			l, err := m.Acquire(ctx, name)
+			if err != nil {
+				return err
+			}
+			return l.Release(ctx)
+		}
+	}
+	pl, db := s.newPglockDB(b, benchTTL, pglock.DefaultHeartbeatFrequency)
+	db.SetMaxOpenConns(16)
+	libs := []struct {
+		name  string
+		cycle func(name string) error
+	}{
+		{"fencekit-table", manager(pglease.ModeTable)},
+		{"fencekit-session", manager(pglease.ModeSession)},
+		{"pglock", func(name string) error {
+			l, err := pl.AcquireContext(ctx, name)
+			if err != nil {
+				return err
+			}
+			return pl.ReleaseContext(ctx, l)
+		}},
+	}
+	for _, lib := range libs {
+		for _, names := range []string{"distinct", "one"} {
+			if names == "one" && lib.name == "pglock" {
+				continue
+			}
+			for _, workers := range pgWorkers {
+				b.Run(fmt.Sprintf("lib=%s/names=%s/workers=%d", lib.name, names, workers), func(b *testing.B) {
+					name := func(w int) string {
+						if names == "one" {
+							return fmt.Sprintf("tp-%s-one-%d", lib.name, workers)
+						}
+						return fmt.Sprintf("tp-%s-%d-%d", lib.name, workers, w)
+					}
+					for w := range workers { // creates the rows, prepares the statements
+						if err := lib.cycle(name(w)); err != nil {
+							b.Fatal(err)
+						}
+					}
+					var (
+						next    atomic.Int64
+						mu      sync.Mutex
+						samples = make([]time.Duration, 0, b.N)
+						wg      sync.WaitGroup
+						failed  atomic.Pointer[error]
+					)
+					b.ResetTimer()
+					start := time.Now()
+					for w := range workers {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							own := make([]time.Duration, 0, b.N/workers+1)
+							for next.Add(1) <= int64(b.N) {
+								t0 := time.Now()
+								if err := lib.cycle(name(w)); err != nil {
+									failed.CompareAndSwap(nil, &err)
+									return
+								}
+								own = append(own, time.Since(t0))
+							}
+							mu.Lock()
+							samples = append(samples, own...)
+							mu.Unlock()
+						}()
+					}
+					wg.Wait()
+					elapsed := time.Since(start)
+					b.StopTimer()
+					if err := failed.Load(); err != nil {
+						b.Fatal(*err)
+					}
+					b.ReportMetric(0, "ns/op")
+					b.ReportMetric(float64(len(samples))/elapsed.Seconds(), "ops/s")
+					b.ReportMetric(float64(Percentile(samples, 50)), "p50-ns")
+					b.ReportMetric(float64(Percentile(samples, 99)), "p99-ns")
+				})
+			}
+		}
+	}
+}
+
+// pgRenewTTL is BenchmarkPGRenewLoad's TTL: client-go's leader election
+// default LeaseDuration, whose holder renews every RetryPeriod (2 s).
+const pgRenewTTL = 15 * time.Second
+
+// renewCounter counts the renewals a Manager reports.
+type renewCounter struct {
+	lease.NopObserver
+	n atomic.Int64
+}
+
+func (c *renewCounter) Renewed(lease.RenewedEvent) { c.n.Add(1) }
+
+// BenchmarkPGRenewLoad is the write load of keeping leases alive: held
+// leases, each renewed by one lease.Manager with its defaults (TTL 15 s:
+// a renewal every (TTL - safety margin)/3), over a window of b.N seconds
+// (run it with -benchtime 10x). Table mode holds 1,000 leases, renewed in
+// batches (one UPDATE per batch); session mode holds 14 (each pins one of
+// the pool's 16 connections, beside the listener's), each renewed on its
+// own connection.
+//
+// Metrics, per 1,000 held leases: stmts/s, the statements (round trips)
+// the server receives per second; rows/s, the lease rows renewals write
+// per second (each a commit in session mode, one per batch in table
+// mode). Compare client-go's leader election with its defaults: one
+// update of the Lease object every RetryPeriod (2 s), 500 requests/s and
+// 500 writes/s per 1,000 held leases.
+func BenchmarkPGRenewLoad(b *testing.B) {
+	s := newPGSetup(b)
+	ctx := context.Background()
+	for _, c := range []struct {
+		mode   pglease.Mode
+		leases int
+	}{{pglease.ModeTable, 1000}, {pglease.ModeSession, 14}} {
+		b.Run(fmt.Sprintf("mode=%s/leases=%d", c.mode, c.leases), func(b *testing.B) {
+			renewals := &renewCounter{}
+			m, err := lease.NewManager(newPGBackend(b, s, c.mode), pgRenewTTL, lease.WithObserver(renewals))
+			if err != nil {
+				b.Fatal(err)
+			}
+			held := make([]*lease.Lease, 0, c.leases)
+			defer func() {
+				for _, l := range held {
+					_ = l.Release(ctx)
+				}
+			}()
+			// Acquired over one renew interval, as leases taken at random
+			// times over a long run would be.
+			interval := m.Options().RenewInterval
+			for i := range c.leases {
+				l, err := m.TryAcquire(ctx, fmt.Sprintf("renew-%s-%d", c.mode, i))
+				if err != nil {
+					b.Fatal(err)
+				}
+				held = append(held, l)
+				time.Sleep(interval / time.Duration(c.leases))
+			}
+			rt0, n0 := s.rt.n.Load(), renewals.n.Load()
+			b.ResetTimer()
+			time.Sleep(time.Duration(b.N) * time.Second)
+			b.StopTimer()
+			window := float64(b.N)
+			per1000 := 1000 / float64(c.leases)
+			for _, l := range held {
+				if err := l.Err(); err != nil {
+					b.Fatalf("a lease was lost while renewed: %v", err)
+				}
+			}
+			b.ReportMetric(0, "ns/op")
+			b.ReportMetric(float64(s.rt.n.Load()-rt0)/window*per1000, "stmts/s")
+			b.ReportMetric(float64(renewals.n.Load()-n0)/window*per1000, "rows/s")
+		})
+	}
+}
