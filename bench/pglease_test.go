@@ -351,7 +351,14 @@ func pgCycles(b *testing.B, s *pgSetup, name string) map[string]pgCycle {
 			if err != nil {
 				return err
 			}
-			return pl.ReleaseContext(ctx, l)
+			if err := pl.ReleaseContext(ctx, l); err != nil && !errors.Is(err, pglock.ErrLockAlreadyReleased) {
+				return err
+			}
+			// ErrLockAlreadyReleased: on a loaded machine, the lock's
+			// heartbeat (5 s) can update the record between pglock's
+			// acquire and its release, which then finds another version;
+			// the cycle is done all the same.
+			return nil
 		}},
 	}
 	m := make(map[string]pgCycle, len(cs))
