@@ -166,6 +166,20 @@ qe AS (
 )`
 }
 
+// asyncCommit, evaluated in a statement, makes its transaction commit
+// without waiting for the WAL flush (synchronous_commit off for that
+// transaction only). A Release commits so: the release is visible at
+// once, and a grant that follows it commits with the flush, which makes
+// the release durable first (the WAL is written in order); only a crash
+// (or a failover to a standby) before any later flush can lose it, and a
+// lost release leaves the grant held at the store until its expiry, as a
+// holder that crashed would: never a second holder, never a smaller
+// token. The flush a synchronous release would wait for costs a disk
+// write, and, with the release's NOTIFY, it is waited for under the
+// server's one lock for notifying commits: releases of any names then
+// commit one at a time.
+const asyncCommit = `set_config('synchronous_commit', 'off', true)`
+
 // asyncRefusal, in a statement's SELECT list, makes its transaction
 // commit without waiting for the WAL flush when the CTE named grant
 // returned no row: a refusal writes only a waiter's place, whose loss in a
@@ -231,14 +245,15 @@ func New(schema string) Statements {
 	// statement holds its lock before it records the owner as ended.
 	// released: the row is free with the grant's token, freed now or by
 	// an earlier Release or Abandon of this grant. notify, an SQL
-	// expression, is evaluated once, after the update.
+	// expression, is evaluated once, after the update, and so is
+	// asyncCommit.
 	release := func(table, cond, notify string) string {
 		return `r AS (
 	UPDATE ` + table + ` AS l SET
 		owner = CASE WHEN ` + cond + ` THEN '' ELSE l.owner END,
 		expires_at = CASE WHEN ` + cond + ` THEN '-infinity' ELSE l.expires_at END
 	WHERE l.name = $1
-	RETURNING l.owner = '' AND l.token = $3 AS released, ` + notify + ` AS notified
+	RETURNING l.owner = '' AND l.token = $3 AS released, ` + notify + ` AS notified, ` + asyncCommit + ` AS async
 )`
 	}
 	return Statements{
@@ -283,6 +298,7 @@ RETURNING l.name, l.owner, l.token`,
 		// (released now, or by an earlier request of the same grant) and
 		// whether the owner had been ended before (a retried release); no
 		// row when the name has no row (data loss). Prunes now and then.
+		// Commits without waiting for the WAL flush (see asyncCommit).
 		Release: `WITH ` + release(leases, "l.owner = $2 AND l.token = $3 AND l.expires_at > now()",
 			"CASE WHEN l.owner = '' AND l.token = $3 THEN pg_notify($4, $1) END IS NULL") + `
 ` + ended(endedT, "r", "$5::bigint") + `
@@ -435,7 +451,8 @@ RETURNING true`,
 		// remember the owner as ended, in µs. Marks the row free if it
 		// names the grant and records the owner as ended (r, e: as table
 		// mode's Release), then unlocks (u), restores the timeout,
-		// announces, prunes now and then. Returns whether the row names
+		// announces, prunes now and then, and commits without waiting for
+		// the WAL flush (see asyncCommit). Returns whether the row names
 		// the grant (free with its token) and the statement runs in the
 		// process that took the lock, and whether the lock was held.
 		SessionRelease: `WITH ` + release(sessions, "l.owner = $2 AND l.token = $3", "true") + `,

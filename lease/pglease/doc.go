@@ -39,7 +39,15 @@
 //     owner already ended, or of a grant whose row is already free with
 //     its token, returns nil: pgx never sends a statement twice, but a
 //     caller may retry a Release whose reply was lost, and that retry is
-//     a release, not a loss.
+//     a release, not a loss. The Release commits without waiting for the
+//     WAL flush (synchronous_commit off for its transaction): a grant that
+//     follows it commits with the flush, which makes the release durable
+//     first, and a release lost in a crash (or in a failover to a standby
+//     that had not received it) leaves the grant to expire at the store,
+//     as a crashed holder's would. Waiting for the flush would cost every
+//     release a disk write, held under the server's one lock for
+//     notifying commits (NOTIFY), so that releases of all names would
+//     commit one at a time.
 //   - Abandon: one INSERT ... ON CONFLICT DO UPDATE that frees the row if
 //     the owner holds it (any token), records the owner as ended (creating
 //     a free row for a name that has none, so that a late request finds a
@@ -119,7 +127,8 @@
 //   - Release: one statement marks the row free and records the owner as
 //     ended (as table mode's Release, in SessionEndedTable), unlocks,
 //     restores the session's idle_session_timeout and announces the
-//     release with NOTIFY; the connection then goes back to the pool. If anything is in doubt (an
+//     release with NOTIFY, committing as table mode's Release does; the
+//     connection then goes back to the pool. If anything is in doubt (an
 //     error, a lock that was not held), the connection is closed instead:
 //     the server frees whatever it held; after an error (a lost reply) the
 //     row is marked free through another connection of the pool, which

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekit/fencekit/internal/pgleasesql"
 	"github.com/fencekit/fencekit/internal/testkit"
@@ -266,5 +267,43 @@ func TestMigrationKeepsLiveEndedOwners(t *testing.T) {
 		if err := b.Release(ctx, g); err != nil {
 			t.Error(err)
 		}
+	}
+}
+
+// A Release commits without waiting for the WAL flush, for its own
+// transaction only: the connection's synchronous_commit is the same
+// afterwards, so the grants that follow on it still wait for the flush.
+func TestReleaseLeavesTheSessionSetting(t *testing.T) {
+	u := testenv.PostgresURL()
+	for _, mode := range modes {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			pool := newPool(t, u, func(c *pgxpool.Config) { c.MaxConns = 1 })
+			b := newBackend(t, pool, pglease.WithSchema(newSchema(t, u)), pglease.WithMode(mode))
+			ctx := testkit.Context(t)
+			var before string
+			if err := pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&before); err != nil {
+				t.Fatal(err)
+			}
+			if before == "off" {
+				t.Fatal("the server's synchronous_commit is off: the check cannot tell")
+			}
+			for i := range 3 {
+				g, err := b.Acquire(ctx, driver.Request{Name: "async", Owner: fmt.Sprintf("o%d", i), TTL: 10 * time.Second})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := b.Release(ctx, g); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var after string
+			if err := pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&after); err != nil {
+				t.Fatal(err)
+			}
+			if after != before {
+				t.Fatalf("synchronous_commit on the connection after releases: %q, was %q", after, before)
+			}
+		})
 	}
 }

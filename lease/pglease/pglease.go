@@ -295,7 +295,9 @@ func (b *Backend) RenewBatch(ctx context.Context, gs []driver.Grant, done func(i
 // doubt. Either way the owner is recorded as ended
 // (driver.EndedOwnerTTL(g.TTL)), and a Release of an owner already ended by
 // an earlier Release or an Abandon returns nil: a retried release is a
-// release, not a loss.
+// release, not a loss. The statement commits without waiting for the WAL
+// flush: a release lost in a server crash leaves the grant to expire (see
+// the package documentation).
 func (b *Backend) Release(ctx context.Context, g driver.Grant) error {
 	if b.o.Mode == ModeSession {
 		return b.sessionRelease(ctx, g)
