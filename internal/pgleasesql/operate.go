@@ -21,6 +21,7 @@ func NewOperations(schema string) Operations {
 	}
 	leases, sessions := ident(LeaseTable), ident(SessionLeaseTable)
 	waiters, swaiters := ident(WaiterTable), ident(SessionWaiterTable)
+	endedT, sendedT := ident(EndedTable), ident(SessionEndedTable)
 	// The live grants and the live waiters of the names for which cond
 	// (on column name) holds: one row per name that has either, with the
 	// owner ('' when free), the token, the time left in µs and how many
@@ -47,14 +48,16 @@ FROM h FULL JOIN w ON h.name = w.name`
 		// $1 name, $2 owner, $3 token, $4 how long to remember the owner
 		// as ended, in µs, $5 channel. Frees the row if it still holds
 		// the grant (owner, token, not expired: the newest committed
-		// version, re-read after the row lock), records the owner as
-		// ended, keeps the token, and announces a release. Returns a row
-		// only when it revoked.
-		Revoke: `UPDATE ` + leases + ` AS l SET owner = '', expires_at = '-infinity',
-	ended = ` + pruned("l", "c.us") + ` || jsonb_build_object($2::text, c.us + $4::bigint)
-FROM (SELECT x.t AS now, (extract(epoch FROM x.t) * 1000000)::bigint AS us FROM (SELECT clock_timestamp() AS t) x) c
-WHERE l.name = $1 AND l.owner = $2 AND l.token = $3 AND l.expires_at > c.now
-RETURNING pg_notify($5, l.name) IS NULL`,
+		// version, re-read after the row lock: r), records the owner as
+		// ended (see ended), keeps the token, and announces a release.
+		// Returns a row only when it revoked.
+		Revoke: `WITH r AS (
+	UPDATE ` + leases + ` AS l SET owner = '', expires_at = '-infinity'
+	WHERE l.name = $1 AND l.owner = $2 AND l.token = $3 AND l.expires_at > clock_timestamp()
+	RETURNING l.name
+)
+` + ended(endedT, "r", "$4::bigint") + `
+RETURNING pg_notify($5, $1) IS NULL`,
 
 		// $1 the name prefix: the names whose row names an owner, or
 		// that have live waiters (session mode's Status then tells
@@ -69,7 +72,7 @@ UNION SELECT name FROM ` + swaiters + ` WHERE starts_with(name, $1) AND expires_
 		// low 32 bits. If the row names the grant and it is held (its
 		// expiry has not passed, or its session still holds the lock, as
 		// SessionHolder says), marks it free and records the owner as
-		// ended (o, read after its lock, then a), announces a release,
+		// ended (o, read after its lock, then a and e), announces a release,
 		// and ends the session that holds the lock if it runs as the same
 		// user (pg_terminate_backend, waiting up to 5 s for it to exit) so
 		// that the lock is free when this returns. Returns whether it
@@ -77,12 +80,15 @@ UNION SELECT name FROM ` + swaiters + ` WHERE starts_with(name, $1) AND expires_
 		SessionRevoke: `WITH c AS (SELECT x.t AS now, (extract(epoch FROM x.t) * 1000000)::bigint AS us FROM (SELECT clock_timestamp() AS t) x),
 o AS (SELECT owner, token, backend_pid, expires_at FROM ` + sessions + ` WHERE name = $1 FOR UPDATE),
 a AS (
-	UPDATE ` + sessions + ` AS t SET owner = '', expires_at = '-infinity',
-		ended = ` + pruned("t", "c.us") + ` || jsonb_build_object($2::text, c.us + $4::bigint)
+	UPDATE ` + sessions + ` AS t SET owner = '', expires_at = '-infinity'
 	FROM o, c
 	WHERE t.name = $1 AND o.owner = $2 AND o.token = $3
 		AND (o.expires_at > c.now OR ` + lockHeldBy("o.backend_pid", "$6", "$7") + `)
 	RETURNING t.name, o.backend_pid
+),
+e AS (
+` + ended(sendedT, "a", "$4::bigint") + `
+	RETURNING 1
 ),
 n AS (SELECT pg_notify($5, a.name) FROM a)
 SELECT EXISTS (SELECT 1 FROM a) AND (SELECT count(*) FROM n) >= 0, coalesce((
