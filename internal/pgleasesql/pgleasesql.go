@@ -267,13 +267,18 @@ func New(schema string) Statements {
 		// COMMITTED re-reads a row updated meanwhile), and so are the
 		// ended owners, which the ended function reads then; a refused
 		// statement writes nothing. An owner ended by Release or Abandon
-		// is refused. Returns whether it granted, the token, and, when
-		// refused, the refusal function's hint (-1: the owner was ended;
-		// else the holder's time left in µs).
+		// is refused. While the statement's snapshot shows another owner's
+		// live grant, it refuses without trying the row: ON CONFLICT locks
+		// the row it conflicts with even when it grants nothing, so the
+		// waiters of a busy name would queue for its lock, and the
+		// holder's release behind them. Returns whether it granted, the
+		// token, and, when refused, the refusal function's hint (-1: the
+		// owner was ended; else the holder's time left in µs).
 		Acquire: `WITH g AS (
 	INSERT INTO ` + leases + ` AS l (name, owner, token, expires_at)
 	SELECT $1, $2, (extract(epoch FROM c.t) * 1000000)::bigint, c.t + $3::bigint * interval '1 microsecond'
 	FROM (SELECT clock_timestamp() AS t) c
+	WHERE NOT EXISTS (SELECT 1 FROM ` + leases + ` h WHERE h.name = $1 AND h.owner <> $2 AND h.expires_at > c.t)
 ` + tableGrant + `
 SELECT g.token IS NOT NULL, coalesce(g.token, 0::bigint), CASE WHEN g.token IS NULL THEN ` + refusalF + `($1, $2) ELSE 0::bigint END
 FROM (VALUES (1)) v LEFT JOIN g ON true`,

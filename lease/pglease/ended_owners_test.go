@@ -307,3 +307,47 @@ func TestReleaseLeavesTheSessionSetting(t *testing.T) {
 		})
 	}
 }
+
+// An acquire of a name another owner holds is refused without waiting for
+// the lease row's lock: the waiters of a busy name would otherwise take
+// that lock in turn (ON CONFLICT locks the row it conflicts with even
+// when it grants nothing), and the holder's own statements would queue
+// behind them.
+func TestRefusalTakesNoRowLock(t *testing.T) {
+	s := newEndedStore(t, pglease.ModeTable)
+	ctx := testkit.Context(t)
+	const name = "busy"
+	g, err := s.b.Acquire(ctx, driver.Request{Name: name, Owner: "holder", TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another statement holds the row's lock (a renewal, a release).
+	tx, err := s.conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+s.leases+` WHERE name = $1 FOR UPDATE`, name); err != nil {
+		t.Fatal(err)
+	}
+	refused := make(chan error, 1)
+	go func() {
+		_, err := s.b.Acquire(ctx, driver.Request{Name: name, Owner: "waiter", TTL: 10 * time.Second})
+		refused <- err
+	}()
+	select {
+	case err := <-refused:
+		var na *driver.NotAcquiredError
+		if !errors.As(err, &na) || na.RetryAfter <= 0 {
+			t.Fatalf("Acquire of a held name = %v, want a refusal with the holder's time left", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the refusal waited for the lease row's lock")
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.b.Release(ctx, g); err != nil {
+		t.Fatal(err)
+	}
+}
