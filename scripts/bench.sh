@@ -12,9 +12,11 @@
 #   4. sqlguard, blobguard package benchmarks, and bench: BenchmarkGuardPaired
 #        fenced vs plain PostgreSQL UPDATE and transaction, S3 PutObject 4 KiB/1 MiB
 #   5. bench: BenchmarkPGCycle, BenchmarkPGHandoff
-#        leases in PostgreSQL: pglease (table and session mode) vs the same
-#        statements sent directly vs cirello.io/pglock; hand-off with
-#        LISTEN/NOTIFY vs pglock's polling
+#        leases in PostgreSQL: pglease (table and session mode) vs the
+#        minimal SQL floor, its own statements sent directly and
+#        cirello.io/pglock, also after churn; hand-off with LISTEN/NOTIFY vs
+#        pglock's polling (BenchmarkPGThroughput and BenchmarkPGRenewLoad
+#        are run apart: docs/benchmarks.md)
 #
 #   ./scripts/bench.sh [OUTDIR]     # default OUTDIR: bench/results/<UTC time>
 #
@@ -172,7 +174,7 @@ bs() { "$benchstat_dir/benchstat" "$@"; echo; }
   bs "$out/guard-paired.txt"
   echo "## 4c. blobguard: fenced vs plain S3 PutObject"
   bs -col /mode "$out/blobguard.txt"
-  echo "## 5a. Leases in PostgreSQL: uncontended acquire+release (pglease vs its raw statements vs pglock)"
+  echo "## 5a. Leases in PostgreSQL: uncontended acquire+release (pglease vs the floor, its raw statements and pglock; pair=* rows: ratios)"
   bs -col /lib "$out/pg-cycle.txt"
   echo "## 5b. Leases in PostgreSQL: hand-off latency (LISTEN/NOTIFY vs pglock's polling)"
   bs -col /lib "$out/pg-handoff.txt"

@@ -25,7 +25,11 @@
 //     request: same token); when another owner holds it, the same statement
 //     returns the holder's remaining time, from the stored expiry, as
 //     NotAcquiredError.RetryAfter (read by a function that runs only on a
-//     refusal).
+//     refusal). While the statement's snapshot shows another owner's live
+//     grant, it refuses without trying the row, so that the waiters of a
+//     busy name do not queue for the row's lock (ON CONFLICT locks the row
+//     even when it grants nothing), nor the holder's statements behind
+//     them.
 //   - Renew: an UPDATE of the expiry only if the row still holds the grant's
 //     owner and token and has not expired. RenewBatch renews any number of
 //     grants in one UPDATE over unnested arrays (one round trip).
