@@ -2,6 +2,7 @@ package pglease_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"testing"
@@ -204,19 +205,28 @@ func TestAcquireReadsEndedOwnersAfterTheRowLock(t *testing.T) {
 	}
 }
 
-// A schema migrated before the tables of ended owners existed: Check and
-// Acquire say to run the migrations.
-func TestNotMigratedToEndedOwners(t *testing.T) {
-	u := testenv.PostgresURL()
+// schemaBeforeEndedOwners returns a schema migrated up to the version
+// before the tables of ended owners (00006), and a handle to migrate it
+// further, closed when the test ends.
+func schemaBeforeEndedOwners(t *testing.T, u string) (string, *sql.DB) {
+	t.Helper()
 	schema := newSchema(t, u)
 	db, err := migrations.Open(u, schema)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer db.Close()
+	t.Cleanup(func() { _ = db.Close() })
 	if _, err := migrations.DownTo(testkit.Context(t), db, 6); err != nil {
 		t.Fatal(err)
 	}
+	return schema, db
+}
+
+// A schema migrated before the tables of ended owners existed: Check and
+// Acquire say to run the migrations.
+func TestNotMigratedToEndedOwners(t *testing.T) {
+	u := testenv.PostgresURL()
+	schema, _ := schemaBeforeEndedOwners(t, u)
 	for _, mode := range modes {
 		b := newBackend(t, newPool(t, u), pglease.WithSchema(schema), pglease.WithMode(mode))
 		if err := b.Check(testkit.Context(t)); !errors.Is(err, pglease.ErrNotMigrated) {
@@ -235,16 +245,8 @@ func TestNotMigratedToEndedOwners(t *testing.T) {
 // after it; lapsed ones are not copied.
 func TestMigrationKeepsLiveEndedOwners(t *testing.T) {
 	u := testenv.PostgresURL()
-	schema := newSchema(t, u)
+	schema, db := schemaBeforeEndedOwners(t, u)
 	ctx := testkit.Context(t)
-	db, err := migrations.Open(u, schema)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if _, err := migrations.DownTo(ctx, db, 6); err != nil {
-		t.Fatal(err)
-	}
 	ended := `jsonb_build_object('ended', ((extract(epoch FROM clock_timestamp()) + 60) * 1000000)::bigint,
 		'lapsed', ((extract(epoch FROM clock_timestamp()) - 1) * 1000000)::bigint)`
 	exec(t, u, `INSERT INTO `+pgx.Identifier{schema, pglease.LeaseTable}.Sanitize()+` (name, owner, token, expires_at, ended)
