@@ -7,10 +7,10 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"sync"
 	"syscall"
 
 	"github.com/fencekit/fencekit/examples/internal/leftover"
+	"github.com/fencekit/fencekit/internal/testkit"
 )
 
 // Child is a child process started by StartChild.
@@ -77,19 +77,10 @@ func ReadChildConfig(envVar string, cfg any) error {
 }
 
 // Reporter is the child's side of Child.Events: it prints each event as
-// one line of JSON. It is safe for concurrent use.
-type Reporter struct {
-	mu  sync.Mutex
-	enc *json.Encoder
-}
+// one line of JSON (a failed write is dropped: the orchestrator sees the
+// child's exit). It is safe for concurrent use. It is the test kit's, which
+// the tests' own child processes use.
+type Reporter = testkit.Reporter
 
 // NewReporter returns a reporter that prints on w (a child's os.Stdout).
-func NewReporter(w io.Writer) *Reporter { return &Reporter{enc: json.NewEncoder(w)} }
-
-// Report prints e. A failed write is dropped: the orchestrator sees the
-// child's exit.
-func (r *Reporter) Report(e any) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	_ = r.enc.Encode(e)
-}
+func NewReporter(w io.Writer) *Reporter { return testkit.NewReporter(w) }
