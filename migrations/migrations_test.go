@@ -261,6 +261,28 @@ func TestLedgerMigrationCreatesTheLedgerTable(t *testing.T) {
 	}
 }
 
+// The job table's migration is the one JobsMigration names, and it
+// creates JobsTable with the columns sqlguard.Jobs reads and writes.
+func TestJobsMigrationCreatesTheJobTable(t *testing.T) {
+	files, err := fs.Glob(migrations.FS(), fmt.Sprintf("%05d_*.sql", migrations.JobsMigration))
+	if err != nil || len(files) != 1 {
+		t.Fatalf("migration %05d: %v, %v", migrations.JobsMigration, files, err)
+	}
+	src, err := fs.ReadFile(migrations.FS(), files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(src)
+	if !strings.Contains(s, "CREATE TABLE "+migrations.JobsTable+" (") {
+		t.Fatalf("%s does not create %s:\n%s", files[0], migrations.JobsTable, s)
+	}
+	for _, col := range []string{"id ", "state ", "attempt ", "run_at ", "claimed_until ", "last_error ", "finished_at ", "lock_version "} {
+		if !strings.Contains(s, "\n    "+col) {
+			t.Errorf("%s: no column %q", files[0], strings.TrimSpace(col))
+		}
+	}
+}
+
 // On MySQL and SQLite too, the ledger's migration is the one
 // LedgerMigrationFor names, and it creates LedgerTable keyed by job and
 // run key (dbguard.Ledger's errors name it).

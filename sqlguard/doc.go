@@ -86,7 +86,10 @@
 // Table.WithObserver report each write as a fence.WriteEvent, the input of
 // packages leaseprom and leaseotel. Ledger is a lease.Ledger for
 // lease.Manager.RunOnce; its MarkDoneTx records a run done in the job's
-// own transaction.
+// own transaction. Jobs fences a job table of one's own (fencekit_jobs,
+// or a table of the same shape): each claim of a job is an attempt with a
+// token of its own, and its heartbeat, completion and failure are refused
+// once a later attempt has claimed the job.
 //
 // # Outcomes that cannot be known
 //

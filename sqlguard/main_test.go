@@ -3,6 +3,7 @@ package sqlguard_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"regexp"
 	"sync/atomic"
 	"testing"
@@ -20,6 +21,10 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	var cfg jobWorkerConfig
+	if ok, err := testkit.ChildConfig(jobWorkerVar, &cfg); ok {
+		os.Exit(runJobWorker(cfg, err))
+	}
 	goleak.VerifyTestMain(m)
 }
 
