@@ -52,6 +52,30 @@ func exampleBinary(t *testing.T, name string) string {
 	return p.path
 }
 
+// runExample runs examples/<name> with args and --json, and decodes the
+// summary it wrote into sum. It returns the program's output and exit
+// status, failing t when the program could not be run or wrote no
+// summary.
+func runExample(t *testing.T, name string, args []string, sum any) (out []byte, code int) {
+	t.Helper()
+	js := filepath.Join(t.TempDir(), "summary.json")
+	out, err := exec.Command(exampleBinary(t, name), append(args, "--json", js)...).CombinedOutput()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("running %s: %v\n%s", name, err, out)
+	}
+	b, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatalf("%s exited (%d) without a summary: %v\n%s", name, code, err, out)
+	}
+	if err := json.Unmarshal(b, sum); err != nil {
+		t.Fatalf("%s's summary: %v", name, err)
+	}
+	return out, code
+}
+
 // stalewriterBinary builds the demo once per test binary run.
 func stalewriterBinary(t *testing.T) string { return exampleBinary(t, "stalewriter") }
 
