@@ -20,9 +20,11 @@
 // before the job's code runs: it mints the next token of the job's resource
 // (Resource: "river/job/<id>", one row in sqlguard's table
 // fencekit_resource_tokens, the larger of the stored token + 1 and the
-// server clock in microseconds) and, in the same transaction, reads the
-// job's row and keeps the token only if the row still shows this attempt's
-// fetch (state running, the attempt's number and its attempted_at). So
+// server clock in microseconds) and, in the same statement's transaction,
+// reads the job's row and keeps the token only if the row still shows this
+// attempt's fetch (state running, the attempt's number and its
+// attempted_at). The claim is one call, one round trip, of a function
+// Install creates. So
 // tokens follow River's own order of attempts: an attempt that River
 // fetched later gets a greater token, whatever the order in which the
 // processes wake up, and an attempt claims nothing once a later one has

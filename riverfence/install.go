@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -11,8 +12,46 @@ import (
 )
 
 // triggerName names the trigger Install puts on river_job, and its
-// function (in River's schema).
-const triggerName = "fencekit_river_attempt_fence"
+// function; claimName the function that claims an attempt's token. Both
+// functions are in River's schema.
+const (
+	triggerName = "fencekit_river_attempt_fence"
+	claimName   = "fencekit_river_claim"
+)
+
+// claimSQL creates the claim function; %[1]s is the function, %[2]s
+// fencekit_resource_tokens, %[3]s river_job (each quoted and qualified).
+//
+// It mints the next token of the job's resource: the larger of the stored
+// token + 1 and the server clock in microseconds, so that tokens keep
+// growing if the row is lost (as pglease's do). The INSERT takes the
+// resource's row lock first; the SELECT that follows is a statement of its
+// own, whose snapshot is taken after the lock, so it sees every fetch of
+// the job committed before any later claim could mint. When the row does
+// not show the attempt's fetch running, it raises FK410 (DETAIL: the
+// row's state and attempt), which undoes the mint: a claim that lost
+// stores nothing.
+const claimSQL = `CREATE OR REPLACE FUNCTION %[1]s(p_resource text, p_job bigint, p_attempt integer, p_attempted_at timestamptz)
+RETURNS bigint LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    minted  bigint;
+    j_state text;
+    j_try   integer;
+    j_at    timestamptz;
+BEGIN
+    INSERT INTO %[2]s AS r (resource, token)
+    VALUES (p_resource, (extract(epoch FROM pg_catalog.clock_timestamp()) * 1000000)::bigint)
+    ON CONFLICT (resource) DO UPDATE SET token = GREATEST(r.token + 1, EXCLUDED.token), updated_at = pg_catalog.now()
+    RETURNING r.token INTO minted;
+    SELECT j.state::text, j.attempt, j.attempted_at INTO j_state, j_try, j_at FROM %[3]s AS j WHERE j.id = p_job;
+    IF j_state IS DISTINCT FROM 'running' OR j_try IS DISTINCT FROM p_attempt OR j_at IS DISTINCT FROM p_attempted_at THEN
+        RAISE EXCEPTION USING ERRCODE = 'FK410',
+            MESSAGE = pg_catalog.format('fencekit: attempt %%s of job %%s superseded', p_attempt, p_job),
+            DETAIL = coalesce(j_state, '') || ' ' || coalesce(j_try, 0)::text;
+    END IF;
+    RETURN minted;
+END
+$fn$`
 
 // installSQL creates the function and the trigger; %[1]s is the function,
 // %[2]s river_job, %[3]s the trigger's name (each quoted).
@@ -46,14 +85,18 @@ $fn$;
 CREATE OR REPLACE TRIGGER %[3]s BEFORE UPDATE ON %[2]s
     FOR EACH ROW WHEN (NEW.metadata ? '` + MetadataKey + `') EXECUTE FUNCTION %[1]s()`
 
-// Install creates, in River's schema, the trigger that keeps a superseded
-// attempt's outcome off the job's row (see the package doc), replacing the
-// one there (it is idempotent). Run it once River's tables exist (after
+// Install creates, in River's schema, the function that claims each
+// attempt's token, and the trigger that keeps a superseded attempt's
+// outcome off the job's row (see the package doc), replacing those there
+// (it is idempotent). Run it once River's tables exist (after
 // rivermigrate), and again after a River migration that recreates
 // river_job; Check reports a missing trigger. It needs the privilege to
 // create a function in River's schema and a trigger on river_job. ctx
 // bounds the statements.
 func (f *Fence) Install(ctx context.Context) error {
+	if _, err := f.db.Exec(ctx, fmt.Sprintf(claimSQL, f.claimFn, f.resourceTable, f.jobTable)); err != nil {
+		return fmt.Errorf("riverfence: install the claim function %s: %w", f.claimFn, err)
+	}
 	sql := fmt.Sprintf(installSQL, f.triggerFn, f.jobTable, pgx.Identifier{triggerName}.Sanitize())
 	if _, err := f.db.Exec(ctx, sql); err != nil {
 		return fmt.Errorf("riverfence: install the trigger on %s: %w", f.jobTable, err)
@@ -61,10 +104,12 @@ func (f *Fence) Install(ctx context.Context) error {
 	return nil
 }
 
-// checkSQL reads whether river_job ($1) exists and whether it has the
-// trigger, enabled.
+// checkSQL reads whether river_job ($1) exists, whether it has the
+// trigger, enabled, and whether the claim function ($2, with its argument
+// types) exists.
 const checkSQL = `SELECT r.oid IS NOT NULL, EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
-	WHERE t.tgrelid = r.oid AND t.tgname = '` + triggerName + `' AND t.tgenabled <> 'D')
+	WHERE t.tgrelid = r.oid AND t.tgname = '` + triggerName + `' AND t.tgenabled <> 'D'),
+	pg_catalog.to_regprocedure($2) IS NOT NULL
 FROM (SELECT pg_catalog.to_regclass($1) AS oid) AS r`
 
 // Check checks that the database is set up for the Fence: fencekit's
@@ -75,8 +120,8 @@ FROM (SELECT pg_catalog.to_regclass($1) AS oid) AS r`
 // catalog could not be read. It reads the catalog only. ctx bounds the
 // reads.
 func (f *Fence) Check(ctx context.Context) error {
-	var hasTable, hasTrigger bool
-	if err := f.db.QueryRow(ctx, checkSQL, f.jobTable).Scan(&hasTable, &hasTrigger); err != nil {
+	var hasTable, hasTrigger, hasClaim bool
+	if err := f.db.QueryRow(ctx, checkSQL, f.jobTable, f.claimFn+"(text,bigint,integer,timestamptz)").Scan(&hasTable, &hasTrigger, &hasClaim); err != nil {
 		return fmt.Errorf("riverfence: check: %w", err)
 	}
 	errs := []error{f.guard.Check(ctx, f.db)}
@@ -84,9 +129,16 @@ func (f *Fence) Check(ctx context.Context) error {
 	case !hasTable:
 		errs = append(errs, fence.Setup("run River's migrations (rivermigrate, or `river migrate-up`) in "+f.riverWhere()+", or fix Options.RiverSchema",
 			"riverfence: check: %w: River's table %s not found", fence.ErrNoTable, f.jobTable))
-	case !hasTrigger:
+	case !hasTrigger || !hasClaim:
+		var missing []string
+		if !hasClaim {
+			missing = append(missing, "no function "+claimName+": no attempt can claim a token")
+		}
+		if !hasTrigger {
+			missing = append(missing, "no trigger "+triggerName+" on river_job: a superseded attempt's outcome would be recorded on the job")
+		}
 		errs = append(errs, fence.Setup("call Fence.Install once River's tables exist",
-			"riverfence: check: %w: river_job has no trigger %s: a superseded attempt's outcome would be recorded on the job", fence.ErrNotMigrated, triggerName))
+			"riverfence: check: %w: %s", fence.ErrNotMigrated, strings.Join(missing, "; ")))
 	}
 	return errors.Join(errs...)
 }

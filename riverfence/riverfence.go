@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 
@@ -100,11 +102,10 @@ type Fence struct {
 	opts  Options
 	guard *sqlguard.Guard
 
-	// Statements, built once from the options.
-	mint, fetch, watchSQL string
-	jobTable              string // river_job, quoted and qualified as configured
-	resourceTable         string
-	triggerFn             string
+	// Names and statements, built once from the options.
+	jobTable, resourceTable string // quoted and qualified as configured
+	triggerFn, claimFn      string
+	claimSQL, watchSQL      string
 }
 
 var _ rivertype.WorkerMiddleware = (*Fence)(nil)
@@ -155,6 +156,7 @@ func New(db DB, opts ...Option) (*Fence, error) {
 		jobTable:      qualified(o.RiverSchema, "river_job"),
 		resourceTable: qualified(o.Schema, sqlguard.ResourceTable),
 		triggerFn:     qualified(o.RiverSchema, triggerName),
+		claimFn:       qualified(o.RiverSchema, claimName),
 	}
 	f.build()
 	return f, nil
@@ -162,17 +164,9 @@ func New(db DB, opts ...Option) (*Fence, error) {
 
 // build makes the Fence's statements.
 func (f *Fence) build() {
-	// The next token of the resource $1: greater than every token stored
-	// for it, and not below the server clock in microseconds, so that
-	// tokens keep growing if the row is lost (as pglease's do).
-	f.mint = `INSERT INTO ` + f.resourceTable + ` AS r (resource, token)
-VALUES ($1, (extract(epoch FROM pg_catalog.clock_timestamp()) * 1000000)::bigint)
-ON CONFLICT (resource) DO UPDATE SET token = GREATEST(r.token + 1, EXCLUDED.token), updated_at = pg_catalog.now()
-RETURNING token`
-	// The job's row as a claim reads it, after the mint, in the same
-	// transaction: a statement of its own, so that it sees every fetch
-	// committed before the mint took the resource's row lock.
-	f.fetch = `SELECT state::text, attempt, attempted_at FROM ` + f.jobTable + ` WHERE id = $1`
+	// The claim: Install's function mints the next token and keeps it
+	// only while the job's row shows the attempt's fetch (claimSQL).
+	f.claimSQL = `SELECT ` + f.claimFn + `($1, $2, $3, $4)`
 	// The watch: the job's row (state, attempt, attempted_at, the identity
 	// of the last recorded report) and the resource's newest token.
 	f.watchSQL = `SELECT j.state::text, j.attempt, j.attempted_at, j.metadata -> '` + MetadataKey + `' ->> 'at', j.metadata -> '` + MetadataKey + `' ->> 'attempt',
@@ -330,55 +324,35 @@ func (f *Fence) read(ctx context.Context, a *Attempt) (row, error) {
 }
 
 // claim mints the attempt's token and keeps it only if the job's row still
-// shows the attempt's fetch: BEGIN, the mint and the read in one round
-// trip, then COMMIT (or ROLLBACK). The mint takes the resource's row lock
-// first, so that the read (a statement of its own, with a snapshot taken
-// after the lock) sees every fetch committed before any later claim could
-// mint; a claim that reads another fetch stores nothing.
+// shows the attempt's fetch: one statement in its own transaction (one
+// round trip), a call of the function Install creates (see claimSQL).
 func (f *Fence) claim(ctx context.Context, a *Attempt) (fence.Token, error) {
-	b := &pgx.Batch{}
-	b.Queue(f.mint, a.Resource)
-	b.Queue(f.fetch, a.JobID)
-	tx, err := f.db.Begin(ctx)
-	if err != nil {
-		return fence.None, fmt.Errorf("riverfence: claim job %d attempt %d: begin: %w", a.JobID, a.Number, err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-	br := tx.SendBatch(ctx, b)
-	var (
-		tok         int64
-		r           = row{found: true}
-		attemptedAt *time.Time
-	)
-	err = br.QueryRow().Scan(&tok)
-	if err == nil {
-		err = br.QueryRow().Scan(&r.state, &r.attempt, &attemptedAt)
-		if errors.Is(err, pgx.ErrNoRows) {
-			r, err = row{}, nil
+	var tok int64
+	err := f.db.QueryRow(ctx, f.claimSQL, a.Resource, a.JobID, a.Number, a.AttemptedAt).Scan(&tok)
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		return fence.Token(tok), nil
+	case errors.As(err, &pgErr) && pgErr.Code == codeSuperseded:
+		// DETAIL: the row's state and attempt ("" and 0 when it is gone).
+		r := row{}
+		if state, attempt, ok := strings.Cut(pgErr.Detail, " "); ok && state != "" {
+			r.found, r.state = true, state
+			r.attempt, _ = strconv.Atoi(attempt)
 		}
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fence.None, f.setupErr(ctx, fmt.Errorf("riverfence: claim job %d attempt %d: %w", a.JobID, a.Number, err))
-	}
-	if attemptedAt != nil {
-		r.attemptedAt = *attemptedAt
-	}
-	if !r.fetchedBy(a) || r.state != string(rivertype.JobStateRunning) {
 		sup := r.supersedes(a)
-		if sup == nil { // the row shows this fetch, finished: not for this attempt to run
+		if sup == nil || (r.found && r.attempt == a.Number) {
 			sup = &SupersededError{JobID: a.JobID, Attempt: a.Number, State: r.state, CurrentAttempt: r.attempt,
-				Reason: "the job is " + r.state + " already"}
+				Reason: "the job is " + r.state + ": River ended the attempt before it began"}
 		}
 		return fence.None, sup
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return fence.None, fmt.Errorf("riverfence: claim job %d attempt %d: commit: %w", a.JobID, a.Number, err)
-	}
-	return fence.Token(tok), nil
+	return fence.None, f.setupErr(ctx, fmt.Errorf("riverfence: claim job %d attempt %d: %w", a.JobID, a.Number, err))
 }
+
+// codeSuperseded is the SQLSTATE the claim function raises when the job's
+// row no longer shows the attempt's fetch.
+const codeSuperseded = "FK410"
 
 // setupErr turns an error of the claim that says the toolkit's table or
 // River's is missing into a *fence.SetupError naming the fix.
