@@ -17,6 +17,9 @@
 #        cirello.io/pglock, also after churn; hand-off with LISTEN/NOTIFY vs
 #        pglock's polling (BenchmarkPGThroughput and BenchmarkPGRenewLoad
 #        are run apart: docs/benchmarks.md)
+#   6. bench: BenchmarkRiverPaired
+#        a River job fenced by riverfence vs the same job in plain River,
+#        in alternating batches, with synchronous commits and without
 #
 #   ./scripts/bench.sh [OUTDIR]     # default OUTDIR: bench/results/<UTC time>
 #
@@ -38,7 +41,8 @@
 # the benchstat tables printed and saved to OUTDIR/summary.txt.
 # Knobs: BENCH_COUNT, BENCH_RENEW_COUNT, BENCH_HANDOFFS (hand-offs per run,
 # default 300), BENCH_PG_CYCLES (cycles per PostgreSQL cycle run, default 400),
-# BENCH_PG_HANDOFFS (default 160), BENCH_PRIVATE_REDIS=1.
+# BENCH_PG_HANDOFFS (default 160), BENCH_RIVER_JOBS (jobs per side and
+# commit mode per round, default 2000), BENCH_PRIVATE_REDIS=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/services.sh
@@ -48,6 +52,7 @@ renew_count="${BENCH_RENEW_COUNT:-3}"
 handoffs="${BENCH_HANDOFFS:-300}"
 pg_cycles="${BENCH_PG_CYCLES:-400}"
 pg_handoffs="${BENCH_PG_HANDOFFS:-160}"
+river_jobs="${BENCH_RIVER_JOBS:-2000}"
 benchstat_version="v0.0.0-20260908200009-22c9c6c9d4da"
 out="${1:-bench/results/$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$out"
@@ -142,6 +147,8 @@ for round in $(seq 1 "$count"); do
   step "round $round/$count: PostgreSQL leases"
   (cd bench && "$bin/bench.test" -test.run '^$' -test.bench '^BenchmarkPGCycle$' -test.benchtime "${pg_cycles}x" -test.count 1) >>"$out/pg-cycle.txt"
   (cd bench && "$bin/bench.test" -test.run '^$' -test.bench '^BenchmarkPGHandoff$' -test.benchtime "${pg_handoffs}x" -test.count 1) >>"$out/pg-handoff.txt"
+  step "round $round/$count: River jobs"
+  (cd bench && "$bin/bench.test" -test.run '^$' -test.bench '^BenchmarkRiverPaired$' -test.benchtime "${river_jobs}x" -test.count 1) >>"$out/river.txt"
   step "round $round/$count: DynamoDB"
   (cd bench && "$bin/bench.test" -test.run '^$' -test.bench '^BenchmarkDynamo(CyclePaired|GuardPaired)$' -test.benchtime 300x -test.count 1) >>"$out/dynamo.txt"
   (cd bench && "$bin/bench.test" -test.run '^$' -test.bench '^BenchmarkDynamoHandoff$' -test.benchtime 120x -test.count 1) >>"$out/dynamo-handoff.txt"
@@ -178,6 +185,8 @@ bs() { "$benchstat_dir/benchstat" "$@"; echo; }
   bs -col /lib "$out/pg-cycle.txt"
   echo "## 5b. Leases in PostgreSQL: hand-off latency (LISTEN/NOTIFY vs pglock's polling)"
   bs -col /lib "$out/pg-handoff.txt"
+  echo "## 6. River jobs: fenced (riverfence) vs plain River, alternating batches (plain-ratio: fenced time / plain time)"
+  bs "$out/river.txt"
   echo "## 8a. DynamoDB: dynamolease's cycle paired with its raw requests; dynamoguard's Put paired with a plain PutItem"
   bs -col /lib "$out/dynamo.txt"
   echo "## 8b. DynamoDB: hand-off latency (polling waiters)"

@@ -47,6 +47,9 @@ rules=(
   # users, never compiled into them. Package migrations imports neither.
   "migrations|github.com/fencekit/fencekit/migrations|github.com/jackc/pgx github.com/pressly/goose github.com/go-sql-driver/mysql modernc.org/sqlite"
   "redischeck|github.com/fencekit/fencekit/redischeck|github.com/redis/go-redis"
+  # River and its pgx driver: the one module that may import River. Its
+  # tests run River's migrations and fencekit's (goose), on PostgreSQL.
+  "riverfence|github.com/fencekit/fencekit/riverfence|github.com/riverqueue/river github.com/jackc/pgx github.com/pressly/goose"
   "fencegrpc|github.com/fencekit/fencekit/fencegrpc|google.golang.org/grpc"
   # database/sql only: the MySQL and SQLite drivers are the user's choice.
   "dbguard|github.com/fencekit/fencekit/dbguard|"
@@ -59,7 +62,7 @@ rules=(
 clients=(github.com/redis/go-redis github.com/jackc/pgx github.com/pressly/goose go.etcd.io/etcd
   github.com/go-zookeeper/zk github.com/prometheus/client_golang github.com/aws/aws-sdk-go-v2
   github.com/aws/aws-sdk-go-v2/service/s3 github.com/aws/aws-sdk-go-v2/service/dynamodb
-  github.com/go-sql-driver/mysql modernc.org/sqlite)
+  github.com/go-sql-driver/mysql modernc.org/sqlite github.com/riverqueue/river)
 
 # Every module of the checkout, for replace directives.
 [ -n "$release" ] || mapfile -t mods < <(GOWORK="$root/go.work" go list -m -f '{{.Path}} {{.Dir}}')
