@@ -189,7 +189,7 @@ func (j *Jobs) Claim(ctx context.Context, queue string, lease time.Duration) (Jo
 	case errors.Is(err, pgx.ErrNoRows):
 		return Job{}, ErrNoJob
 	case err != nil:
-		return Job{}, j.dbErr(ctx, "claim", err)
+		return Job{}, j.setupErr(ctx, wrapDBErr("jobs "+j.table.spec.Name+": claim", err))
 	}
 	job.Token = fence.Token(tok)
 	return job, nil
@@ -269,7 +269,7 @@ func (j *Jobs) write(ctx context.Context, db DBTX, op, stmt string, job Job, arg
 	err = db.QueryRow(ctx, stmt, append([]any{job.ID, tok}, args...)...).Scan(&found, &state, &current, &written)
 	switch {
 	case err != nil:
-		return j.dbErr(ctx, op+" "+resource, sentErr(op+" "+resource, err, connOf(db)))
+		return j.setupErr(ctx, sentErr("jobs: "+op+" "+resource, err, connOf(db)))
 	case written == 1:
 		return nil
 	case found == 0:
@@ -284,18 +284,16 @@ func (j *Jobs) write(ctx context.Context, db DBTX, op, stmt string, job Job, arg
 		Fix: "make " + j.table.spec.Name + ".lock_version bigint"}
 }
 
-// dbErr maps a database error of op: a missing table or column becomes
-// the setup problem Check names.
-func (j *Jobs) dbErr(ctx context.Context, op string, err error) error {
+// setupErr joins to err, a mapped error of a statement, the setup
+// problems Check names when the statement found a table or a column
+// missing; otherwise it returns err as it is.
+func (j *Jobs) setupErr(ctx context.Context, err error) error {
 	if code := pgCode(err); code == codeUndefinedTable || code == codeUndefinedColumn || code == codeInvalidSchemaName {
 		if cerr := j.Check(ctx); errors.Is(cerr, fence.ErrSetup) {
-			return errors.Join(fmt.Errorf("sqlguard: jobs %s: %s: %w", j.table.spec.Name, op, err), cerr)
+			return errors.Join(err, cerr)
 		}
 	}
-	if strings.HasPrefix(err.Error(), "sqlguard:") {
-		return err
-	}
-	return wrapDBErr("jobs "+j.table.spec.Name+": "+op, err)
+	return err
 }
 
 // jobsCheckSQL reads, for the table $1 (quoted), whether it exists and the
