@@ -26,7 +26,7 @@
 // the job and the run key (migration 00006; on MySQL and SQLite, for
 // dbguard.Ledger, migration 00002 of their own). A job table of one's own,
 // fenced by each attempt's token (sqlguard.Jobs), is fencekit_jobs
-// (migration 00007): one row per job, claimed with SELECT ... FOR UPDATE
+// (migration 00008): one row per job, claimed with SELECT ... FOR UPDATE
 // SKIP LOCKED.
 //
 // Everything is created in the connection's current schema: the first schema
@@ -87,11 +87,11 @@ const (
 	LedgerMigration = 6
 	// JobsTable is the job table of sqlguard.Jobs: one row per job, its
 	// state, its attempt's claim and the attempt's fencing token
-	// (migration 00007).
+	// (migration 00008).
 	JobsTable = "fencekit_jobs"
 	// JobsMigration is the version of the migration that creates
 	// JobsTable.
-	JobsMigration = 7
+	JobsMigration = 8
 	// LedgerMigrationFor is the version of the MySQL and SQLite migration
 	// that creates LedgerTable (dbguard.Ledger).
 	LedgerMigrationFor = 2

@@ -16,12 +16,12 @@ import (
 )
 
 // JobsTable is the toolkit's job table, created by `fencekit migrate up`
-// (migrations.Up, migration 00007): see Jobs.
+// (migrations.Up, migration 00008): see Jobs.
 const JobsTable = "fencekit_jobs"
 
 // jobsMigration is the version of the migration that creates JobsTable
 // (migrations.JobsMigration).
-const jobsMigration = 7
+const jobsMigration = 8
 
 // The states of a job in a job table.
 const (
@@ -349,7 +349,7 @@ func (j *Jobs) Check(ctx context.Context) error {
 	}
 	if !exists {
 		if j.name == JobsTable {
-			return fence.Setup("run `"+cmd+"` (migration 00007 creates "+JobsTable+")",
+			return fence.Setup("run `"+cmd+"` (migration 00008 creates "+JobsTable+")",
 				"sqlguard: jobs: check: %w: %s not found (%w)", fence.ErrNoTable, j.table.spec.Name, fence.ErrNotMigrated)
 		}
 		return fence.Setup("create it with the columns of sqlguard.Jobs, or use "+JobsTable+" (`"+cmd+"`)",
