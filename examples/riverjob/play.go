@@ -63,7 +63,7 @@ func (sc *scenario) createTables(ctx context.Context, pool *pgxpool.Pool) error 
 		return err
 	}
 	if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
-		return fmt.Errorf("River's migrations: %w", err)
+		return fmt.Errorf("migrating River's tables: %w", err)
 	}
 	s := pgx.Identifier{sc.cfg.Schema}.Sanitize()
 	_, err = pool.Exec(ctx, `
