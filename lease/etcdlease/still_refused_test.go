@@ -18,7 +18,13 @@ func TestQueuedAttemptAnsweredByTheWatch(t *testing.T) {
 	cl := cluster(t)
 	p := prefix(t)
 	holder := newBackend(t, cl.Client(), p)
-	cc := newCounting(cl.Client())
+	// The waiters' requests and their watch go to one member, so that the
+	// watch begins at that member's revision, which the linearizable read
+	// below brings past the write elsewhere (with every member as an
+	// endpoint, the watch could go to a member that had not yet applied
+	// it, and begin at or before w1's refusal, where it proves the
+	// refusal still holds).
+	cc := newCounting(cl.Client(cl.Endpoints(0)...))
 	waiters := newBackend(t, cc, p)
 	ctx := testkit.Context(t)
 	const ttl = 8 * time.Second // places need keeping alive after ttl/8
@@ -46,6 +52,9 @@ func TestQueuedAttemptAnsweredByTheWatch(t *testing.T) {
 	// A write elsewhere: the watch begins at a later revision than w1's
 	// refusal, so it cannot tell what came between.
 	if _, err := cl.Client().Put(ctx, p+"elsewhere", "x"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cc.Get(ctx, p+"elsewhere"); err != nil {
 		t.Fatal(err)
 	}
 	woken, stop, err := waiters.Watch(ctx, "job")
