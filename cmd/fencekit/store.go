@@ -66,6 +66,9 @@ type storeFlags struct {
 	// dial, when set, opens every connection to the store (fencekit
 	// verify's workers: a dialer that injects faults).
 	dial dialFunc
+	// sessionTimeout, when set, is the ZooKeeper session timeout to ask
+	// for (zklease's default otherwise).
+	sessionTimeout time.Duration
 }
 
 // dialFunc opens a network connection, as net.Dialer.DialContext does.
@@ -209,6 +212,9 @@ func (s *storeFlags) openStore(ctx context.Context, log *slog.Logger) (operator,
 		opts := []zklease.Option{zklease.WithLogger(log), zklease.WithIdentity("fencekit-cli/" + who())}
 		if s.root != "" {
 			opts = append(opts, zklease.WithRoot(s.root))
+		}
+		if s.sessionTimeout > 0 {
+			opts = append(opts, zklease.WithSessionTimeout(s.sessionTimeout))
 		}
 		if dial := s.dial; dial != nil {
 			opts = append(opts, zklease.WithDialer(func(network, addr string, timeout time.Duration) (net.Conn, error) {

@@ -74,7 +74,8 @@ a run that was killed leaves it, and any later run removes it once EXPIRY
 
 The run:
   --duration D        how long the workers run (default 30s)
-  --ttl D             the lease's TTL (default 1s; within the store's limits)
+  --ttl D             the lease's TTL (default 1s, or the store's shortest
+                      TTL when it is longer: 2s on etcd)
   --workers N         worker processes (default 3, at least 2)
   --faults LIST       the faults to inject, comma-separated (default
                       stop,kill,drop,delay; "none" for none):
@@ -141,7 +142,7 @@ func (v *verifyFlags) register(fs *flag.FlagSet, getenv func(string) string) {
 	v.store.register(fs, getenv)
 	v.guard.register(fs, getenv)
 	fs.DurationVar(&v.duration, "duration", 30*time.Second, "how long the workers run")
-	fs.DurationVar(&v.ttl, "ttl", time.Second, "the lease's TTL")
+	fs.DurationVar(&v.ttl, "ttl", 0, "the lease's TTL (default 1s, or the store's shortest TTL if longer)")
 	fs.IntVar(&v.workers, "workers", 3, "worker processes")
 	fs.StringVar(&v.faults, "faults", "stop,kill,drop,delay", "the faults to inject")
 	fs.DurationVar(&v.every, "fault-interval", 0, "the mean time between faults (default 1.5 × --ttl)")
@@ -229,7 +230,7 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer, get
 		return usageErr("%v", err)
 	case v.duration <= 0:
 		return usageErr("--duration must be positive")
-	case v.ttl <= 0:
+	case v.ttl < 0:
 		return usageErr("--ttl must be positive")
 	case v.workers < 2:
 		return usageErr("--workers must be at least 2: a lease nobody contends for proves nothing")
@@ -246,9 +247,6 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	}
 	if err := v.guard.resolve(kind); err != nil {
 		return usageErr("%v", err)
-	}
-	if v.every == 0 {
-		v.every = v.ttl * 3 / 2
 	}
 	if v.seed == 0 {
 		v.seed = rand.Uint64()
@@ -285,6 +283,9 @@ type verifyRun struct {
 	// partitioned is the index in h.Faults of the partition in force
 	// (healed at the end at the latest), or -1.
 	partitioned int
+	// stopAtCheck, when not zero, is a SIGSTOP's length: the next worker
+	// that reads its lease valid is stopped then.
+	stopAtCheck time.Duration
 	nextID      int
 	stopping    bool
 	runErr      error
@@ -344,6 +345,12 @@ func (r *verifyRun) run(ctx context.Context) int {
 		return exitFail
 	}
 	defer closeStore()
+	if r.v.ttl == 0 {
+		r.v.ttl = max(time.Second, b.Limits().MinTTL)
+	}
+	if r.v.every == 0 {
+		r.v.every = r.v.ttl * 3 / 2
+	}
 	m, err := lease.NewManager(b, r.v.ttl, lease.WithLogger(log))
 	if err != nil {
 		r.logf("%s cannot keep --ttl %v: %v", r.storeKind, r.v.ttl, err)
@@ -389,7 +396,7 @@ func (r *verifyRun) run(ctx context.Context) int {
 	r.h = verifyHistory{Format: historyFormat, Run: runInfo{
 		ID: r.id, Fencekit: versionLine(), Started: r.epoch.UTC(), RequestedNS: int64(r.v.duration),
 		Store: r.storeKind, StoreDesc: r.storeDesc(), Guard: r.v.guard.kind, GuardDesc: r.guard.desc(),
-		Lease: lname, Resource: r.guard.where(r.scratch), TTLNS: int64(r.v.ttl), Workers: r.v.workers,
+		Lease: lname, Resource: r.guard.where(r.scratch), Scratch: r.scratch, TTLNS: int64(r.v.ttl), Workers: r.v.workers,
 		Seed: r.v.seed, Faults: r.faultKinds, Plant: plant,
 	}}
 	r.logf("run %s: %d workers contend for lease %q on %s (TTL %v) and write %s through %s, for %v; faults: %s (seed %d)",
@@ -627,20 +634,29 @@ func (r *verifyRun) handle(e procEvent) {
 		p.holding = true
 		p.grant = len(r.h.Grants)
 		r.h.Grants = append(r.h.Grants, grantRec{Worker: p.id, Token: ev.Token, Acquired: ev.At, LastValid: -1, Ended: -1})
-	case evCall:
+	case evChecked:
 		if p.grant >= 0 {
 			g := &r.h.Grants[p.grant]
 			if ev.Checked > g.LastValid {
 				g.LastValid, g.Deadline = ev.Checked, ev.Deadline
 			}
 		}
+		// Until the write reports its call, it counts as called when the
+		// lease was read: a worker killed before it returns may have sent
+		// it at any moment since.
 		p.pending[ev.Seq] = len(r.h.Writes)
-		r.h.Writes = append(r.h.Writes, writeRec{Worker: p.id, Token: ev.Token, Value: ev.Value, Checked: ev.Checked, Call: ev.At, Return: -1})
+		r.h.Writes = append(r.h.Writes, writeRec{Worker: p.id, Token: ev.Token, Value: ev.Value, Checked: ev.Checked, Call: ev.Checked, Return: -1})
+		if r.stopAtCheck > 0 && p.holding {
+			// The SIGSTOP lands between the reading and the write: the
+			// write goes out late, after the lease was lost.
+			r.stopWorker(p, r.stopAtCheck)
+			r.stopAtCheck = 0
+		}
 	case evWrite:
 		if i, ok := p.pending[ev.Seq]; ok {
 			delete(p.pending, ev.Seq)
 			w := &r.h.Writes[i]
-			w.Return, w.Outcome, w.Current, w.Err = ev.At, ev.Outcome, ev.Current, ev.Err
+			w.Call, w.Return, w.Outcome, w.Current, w.Err = ev.Call, ev.At, ev.Outcome, ev.Current, ev.Err
 		}
 	case evEnded:
 		if p.grant >= 0 {
@@ -715,13 +731,14 @@ func (r *verifyRun) inject() {
 	between := func(lo, hi float64) time.Duration { return time.Duration((lo + r.rng.Float64()*(hi-lo)) * ttl) }
 	switch kind {
 	case faultStop:
-		d := between(0.5, 2.5)
-		if err := stopProcess(p.cmd.Process); err != nil {
+		if r.rng.IntN(2) == 0 {
+			// Half the pauses fall at the next holder's reading of its
+			// lease, before the write it allows, and outlast its lease:
+			// the write then goes out after another holder took over.
+			r.stopAtCheck = between(1.5, 3)
 			return
 		}
-		p.stopped, p.busy, p.stopFault = true, true, len(r.h.Faults)
-		r.h.Faults = append(r.h.Faults, faultRec{Kind: "sigstop", Worker: p.id, Start: r.now(), End: -1, Detail: fmt.Sprintf("for %v", d.Round(time.Millisecond))})
-		r.after(d, func() { r.resume(p) })
+		r.stopWorker(p, between(0.5, 2.5))
 	case faultKill:
 		now := r.now()
 		if err := killProcess(p.cmd.Process); err != nil {
@@ -753,6 +770,19 @@ func (r *verifyRun) inject() {
 		r.send(p, c)
 		r.after(c.For, func() { p.busy = false })
 	}
+}
+
+// stopWorker sends SIGSTOP to p, and SIGCONT d later.
+func (r *verifyRun) stopWorker(p *workerProc, d time.Duration) {
+	if p.exited || p.stopped || p.killed >= 0 || r.stopping {
+		return
+	}
+	if err := stopProcess(p.cmd.Process); err != nil {
+		return
+	}
+	p.stopped, p.busy, p.stopFault = true, true, len(r.h.Faults)
+	r.h.Faults = append(r.h.Faults, faultRec{Kind: "sigstop", Worker: p.id, Start: r.now(), End: -1, Detail: fmt.Sprintf("for %v", d.Round(time.Millisecond))})
+	r.after(d, func() { r.resume(p) })
 }
 
 // resume sends SIGCONT to a worker r.inject stopped.
@@ -1032,7 +1062,7 @@ func summarize(h *verifyHistory, v verdict, w io.Writer, htmlPath, jsonPath stri
 	code := exitOK
 	switch {
 	case len(v.Violations) > 0:
-		fmt.Fprintf(w, "fencekit verify: FAILED: %d violations in %s\n", len(v.Violations), what)
+		fmt.Fprintf(w, "fencekit verify: FAILED: %d violations (%s) in %s\n", len(v.Violations), kindCounts(v.Violations), what)
 		for i, x := range v.Violations[:min(len(v.Violations), maxListed)] {
 			fmt.Fprintf(w, "  %d. %s: %s\n", i+1, x.Kind, x.Text)
 		}
@@ -1059,6 +1089,24 @@ func summarize(h *verifyHistory, v verdict, w io.Writer, htmlPath, jsonPath stri
 		fmt.Fprintf(w, "history: %s (fencekit verify --recheck %s)\n", jsonPath, jsonPath)
 	}
 	return code
+}
+
+// kindCounts says how many violations of each kind there are: "two
+// holders at once: 3, token order: 1".
+func kindCounts(vs []violation) string {
+	var parts []string
+	for _, k := range []string{vExclusion, vTokens, vDeadline, vWrites, vStale, vLost, vMalformed} {
+		n := 0
+		for _, x := range vs {
+			if x.Kind == k {
+				n++
+			}
+		}
+		if n > 0 {
+			parts = append(parts, fmt.Sprintf("%s: %d", k, n))
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 // historyJSON is h as the file holds it: one grant, write or fault a line.

@@ -53,9 +53,11 @@ type runInfo struct {
 	GuardDesc   string `json:"guard_desc"`
 	Lease       string `json:"lease"`
 	Resource    string `json:"resource"`
-	TTLNS       int64  `json:"ttl_ns"`
-	Workers     int    `json:"workers"`
-	Seed        uint64 `json:"seed"`
+	// Scratch is the scratch resource the run created (and removed).
+	Scratch scratch `json:"scratch"`
+	TTLNS   int64   `json:"ttl_ns"`
+	Workers int     `json:"workers"`
+	Seed    uint64  `json:"seed"`
 	// Faults lists the kinds of fault the run could inject.
 	Faults []string `json:"faults"`
 	// Plant names a bug planted in the workers (test equipment:

@@ -46,8 +46,8 @@ const (
 	// refused because another owner holds the name revokes that grant and
 	// takes the name, while its holder still counts itself valid.
 	plantGrantHeld = "grant-held"
-	// plantPastDeadline: a holder that writes past its deadline. It counts
-	// its lease valid until a TTL after its local deadline, whatever
+	// plantPastDeadline: a holder that writes past its deadline. It takes
+	// its lease as valid for all the writes it planned, whatever
 	// Lease.Err says.
 	plantPastDeadline = "write-past-deadline"
 )
@@ -85,8 +85,8 @@ type workerCmd struct {
 const (
 	evHello    = "hello"    // Pid, Plant: set up, about to contend
 	evAcquired = "acquired" // Token, At: Acquire returned
-	evCall     = "call"     // Seq, Token, Value, Checked, Deadline, At: a write is called
-	evWrite    = "write"    // Seq, At (its return), Outcome, Current, Err
+	evChecked  = "checked"  // Seq, Token, Value, Checked, Deadline: the lease read valid; write Seq follows
+	evWrite    = "write"    // Seq, Call, At (its return), Outcome, Current, Err
 	evEnded    = "ended"    // Token, LastValid, Deadline, How, Err, At
 	evFault    = "fault"    // Kind, Target, At, End: a fault on its connections
 	evError    = "error"    // Err: an Acquire that failed otherwise than by contention
@@ -105,6 +105,7 @@ type workerEvent struct {
 	Value     string        `json:"value,omitempty"`
 	Checked   int64         `json:"checked,omitempty"`
 	Deadline  int64         `json:"deadline,omitempty"`
+	Call      int64         `json:"call,omitempty"`
 	Outcome   fence.Outcome `json:"outcome,omitempty"`
 	Current   fence.Token   `json:"current,omitempty"`
 	LastValid int64         `json:"last_valid,omitempty"`
@@ -186,6 +187,10 @@ func (w *worker) run(ctx context.Context, in *bufio.Scanner) int {
 	defer fnet.stop()
 	discard := slog.New(slog.DiscardHandler)
 	vf.store.dial = fnet.dialer(targetLease)
+	// ZooKeeper keeps a grant whose holder stopped or lost the ensemble
+	// until its session expires: a session timeout equal to the TTL, as
+	// zklease advises, makes a takeover wait one TTL, as on other stores.
+	vf.store.sessionTimeout = w.spec.TTL
 	octx, ocancel := context.WithTimeout(ctx, vf.store.timeout)
 	b, kind, closeStore, err := vf.store.openStore(octx, discard)
 	ocancel()
@@ -280,8 +285,12 @@ func (w *worker) grant(ctx, runCtx context.Context, m *lease.Manager, r *rand.Ra
 			break
 		}
 		lastValid, lastDeadline = w.rel(t0), dl
+		seq := w.seq
+		w.seq++
+		value := fmt.Sprintf("%s/%d/%d", w.spec.Worker, tok, seq)
+		w.out.emit(workerEvent{Ev: evChecked, Seq: seq, Token: tok, Value: value, Checked: w.rel(t0), Deadline: dl, At: w.rel(t0)})
 		time.Sleep(time.Duration(2+r.IntN(9)) * time.Millisecond)
-		w.write(ctx, tok, t0, dl)
+		w.write(ctx, seq, tok, value)
 		sleepOr(stopping, time.Duration(5+r.IntN(11))*time.Millisecond)
 	}
 
@@ -332,20 +341,18 @@ func (w *worker) grant(ctx, runCtx context.Context, m *lease.Manager, r *rand.Ra
 func (w *worker) valid(l *lease.Lease, t0 time.Time) (bool, int64) {
 	dl := w.rel(t0) + int64(l.Deadline().Sub(t0))
 	if w.plant == plantPastDeadline {
-		return t0.Before(l.Deadline().Add(l.TTL())), dl
+		return true, dl
 	}
 	return l.Err() == nil, dl
 }
 
-// write writes the scratch resource with tok, and reports the call and
-// its outcome; checked is the reading of the lease that allowed it.
-func (w *worker) write(ctx context.Context, tok fence.Token, checked time.Time, deadline int64) {
-	seq := w.seq
-	w.seq++
-	value := fmt.Sprintf("%s/%d/%d", w.spec.Worker, tok, seq)
+// write writes value to the scratch resource with tok, and reports the
+// write's call, return and outcome.
+func (w *worker) write(ctx context.Context, seq int, tok fence.Token, value string) {
 	call := time.Now()
-	w.out.emit(workerEvent{Ev: evCall, Seq: seq, Token: tok, Value: value, Checked: w.rel(checked), Deadline: deadline, At: w.rel(call)})
-	wctx, cancel := context.WithTimeout(ctx, w.spec.TTL)
+	// Longer than the longest pause the run injects: a write paused before
+	// it was sent goes out when the worker runs again.
+	wctx, cancel := context.WithTimeout(ctx, 4*w.spec.TTL+time.Second)
 	present := tok
 	if w.plant == plantNoCompare {
 		if cur, _, err := w.g.read(wctx, w.spec.Scratch); err == nil && cur > present {
@@ -356,7 +363,7 @@ func (w *worker) write(ctx context.Context, tok fence.Token, checked time.Time, 
 	cancel()
 	ret := time.Now()
 	outcome, current := guardtest.Classify(err)
-	e := workerEvent{Ev: evWrite, Seq: seq, At: w.rel(ret), Outcome: outcome, Current: current}
+	e := workerEvent{Ev: evWrite, Seq: seq, Call: w.rel(call), At: w.rel(ret), Outcome: outcome, Current: current}
 	if err != nil {
 		e.Err = err.Error()
 	}
