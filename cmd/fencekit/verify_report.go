@@ -173,8 +173,21 @@ code{font-size:12.5px}ol li{margin-bottom:6px}
 	}
 	b.WriteString("</table>\n")
 
-	b.WriteString("<h2>Writes</h2>\n<table>\n<tr><th>id</th><th>worker</th><th>token</th><th>value</th><th>lease read valid</th><th>called</th><th>returned</th><th>outcome</th><th>error</th></tr>\n")
+	// The writes worth reading: every one not plainly accepted, those a
+	// violation points at, and the one the final state shows. The
+	// timeline has a tooltip on each, and the JSON has them all.
+	listed := 0
 	for i, x := range h.Writes {
+		if x.Outcome != fence.Accepted || len(badWrite[i]) > 0 || x.Value == h.Final.Value {
+			listed++
+		}
+	}
+	fmt.Fprintf(&b, "<h2>Writes</h2>\n<p>%d of %d: those not plainly accepted, those a violation points at, and the one the final state shows (the timeline has every write; the JSON too).</p>\n", listed, len(h.Writes))
+	b.WriteString("<table>\n<tr><th>id</th><th>worker</th><th>token</th><th>value</th><th>lease read valid</th><th>called</th><th>returned</th><th>outcome</th><th>error</th></tr>\n")
+	for i, x := range h.Writes {
+		if x.Outcome == fence.Accepted && len(badWrite[i]) == 0 && x.Value != h.Final.Value {
+			continue
+		}
 		cls := ""
 		if len(badWrite[i]) > 0 {
 			cls = ` class="bad"`
@@ -264,6 +277,9 @@ func writeTimeline(b *strings.Builder, h *verifyHistory, v verdict, badGrant, ba
 	top := func(w string) int { return repTop + lane[w]*repLane }
 
 	fmt.Fprintf(b, `<div style="overflow-x:auto"><svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-size="11" font-family="system-ui,sans-serif">`+"\n", repWidth, height)
+	// Writes by outcome: accepted, stale, unknown, failed.
+	fmt.Fprintf(b, "<style>path{stroke-width:1.5}.a{stroke:%s}.s{stroke:%s}.u{stroke:%s}.f{stroke:%s}</style>\n",
+		outcomeColor[fence.Accepted], outcomeColor[fence.Rejected], outcomeColor[fence.Unknown], outcomeColor[fence.Failed])
 	// The time axis.
 	step := tickStep(float64(end) / 1e9)
 	for s := 0.0; s*1e9 <= float64(end); s += step {
@@ -329,7 +345,11 @@ func writeTimeline(b *strings.Builder, h *verifyHistory, v verdict, badGrant, ba
 			fmt.Fprintf(b, `<text x="%.1f" y="%d" fill="#fff" font-size="10">%s</text>`, x(g.Acquired)+3, y+15, gid(i))
 		}
 		if len(badGrant[i]) > 0 {
-			fmt.Fprintf(b, `<text x="%.1f" y="%d" fill="#c00" font-weight="bold">%s</text>`, x(g.Acquired), y+3, esc(strings.TrimSpace(vList(badGrant[i]))))
+			label := fmt.Sprintf("V%d", badGrant[i][0])
+			if len(badGrant[i]) > 1 {
+				label += "+"
+			}
+			fmt.Fprintf(b, `<text x="%.1f" y="%d" fill="#c00" font-weight="bold">%s<title>%s</title></text>`, x(g.Acquired), y+3, label, esc(vList(badGrant[i])))
 		}
 		b.WriteString("</g>\n")
 	}
@@ -337,9 +357,8 @@ func writeTimeline(b *strings.Builder, h *verifyHistory, v verdict, badGrant, ba
 	for i, w := range h.Writes {
 		y := top(w.Worker)
 		px := x(w.Call)
-		title := fmt.Sprintf("%s: token %d, %q, %s, called %s, returned %s", wid(i), w.Token, w.Value, w.Outcome, at(w.Call), endAt(w.Return))
-		fmt.Fprintf(b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="%s" stroke-width="1.5"><title>%s</title></line>`+"\n",
-			px, y+21, px, y+31, outcomeColor[w.Outcome], esc(title))
+		title := fmt.Sprintf("%s %s token %d %s-%s", wid(i), w.Outcome, w.Token, at(w.Call), endAt(w.Return))
+		fmt.Fprintf(b, `<path d="M%.1f %dv10" class="%c"><title>%s</title></path>`+"\n", px, y+21, string(w.Outcome)[0], esc(title))
 		if len(badWrite[i]) > 0 {
 			fmt.Fprintf(b, `<circle cx="%.1f" cy="%d" r="6" fill="none" stroke="#c00" stroke-width="2"><title>%s %s</title></circle>`+"\n", px, y+26, esc(vList(badWrite[i])), esc(title))
 		}
