@@ -1,10 +1,14 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"html"
 	"io"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -49,6 +53,143 @@ func faultStyle(kind string) string {
 }
 
 func esc(s string) string { return html.EscapeString(s) }
+
+// recheck checks a recorded history again, and writes its report into
+// out when it is not empty.
+func recheck(path, out string, stdout, stderr io.Writer) int {
+	h, err := readHistory(path)
+	if err != nil {
+		fmt.Fprintf(stderr, "fencekit verify --recheck: %v\n", err)
+		return exitFail
+	}
+	sortHistory(h)
+	if out == "" {
+		return summarize(h, check(h), stdout, "", "")
+	}
+	return report(h, out, stdout, stderr, "-recheck")
+}
+
+// report checks h, writes its JSON and HTML into dir (the JSON only for a
+// run, not a recheck), and summarizes it.
+func report(h *verifyHistory, dir string, stdout, stderr io.Writer, suffix string) int {
+	v := check(h)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		fmt.Fprintf(stderr, "fencekit verify: %v\n", err)
+		return exitFail
+	}
+	base := filepath.Join(dir, "verify-"+h.Run.ID+suffix)
+	jsonPath := ""
+	if suffix == "" {
+		jsonPath = base + ".json"
+		if err := os.WriteFile(jsonPath, historyJSON(h), 0o644); err != nil {
+			fmt.Fprintf(stderr, "fencekit verify: writing the history: %v\n", err)
+			return exitFail
+		}
+	}
+	var page bytes.Buffer
+	if err := writeReport(&page, h, v); err != nil {
+		fmt.Fprintf(stderr, "fencekit verify: the report: %v\n", err)
+		return exitFail
+	}
+	if err := os.WriteFile(base+".html", page.Bytes(), 0o644); err != nil {
+		fmt.Fprintf(stderr, "fencekit verify: writing the report: %v\n", err)
+		return exitFail
+	}
+	return summarize(h, v, stdout, base+".html", jsonPath)
+}
+
+// summarize prints the verdict and returns the exit status.
+func summarize(h *verifyHistory, v verdict, w io.Writer, htmlPath, jsonPath string) int {
+	c := v.Counts
+	faults := 0
+	for _, n := range c.Faults {
+		faults += n
+	}
+	what := fmt.Sprintf("%d grants (%d read valid) and %d writes (%d accepted, %d stale, %d unknown, %d failed), %d faults injected, %.1fs on %s (lease) and %s (writes)",
+		c.Grants, v.Windows, c.Writes, c.Accepted, c.Stale, c.Unknown, c.Failed, faults, float64(h.Run.DurationNS)/1e9, h.Run.StoreDesc, h.Run.GuardDesc)
+	code := exitOK
+	switch {
+	case len(v.Violations) > 0:
+		fmt.Fprintf(w, "fencekit verify: FAILED: %d violations (%s) in %s\n", len(v.Violations), kindCounts(v.Violations), what)
+		for i, x := range v.Violations[:min(len(v.Violations), maxListed)] {
+			fmt.Fprintf(w, "  %d. %s: %s\n", i+1, x.Kind, x.Text)
+		}
+		if n := len(v.Violations) - maxListed; n > 0 {
+			fmt.Fprintf(w, "  ... and %d more (the report lists them all)\n", n)
+		}
+		code = exitViolation
+	case v.Inconclusive != "":
+		fmt.Fprintf(w, "fencekit verify: INCONCLUSIVE: %s (%s)\n", v.Inconclusive, what)
+		code = exitFail
+	case h.Run.Interrupted:
+		fmt.Fprintf(w, "fencekit verify: INTERRUPTED: no violation in what ran: %s\n", what)
+		code = exitFail
+	default:
+		fmt.Fprintf(w, "fencekit verify: PASSED: no violation in %s\n", what)
+	}
+	if h.Run.Plant != "" {
+		fmt.Fprintf(w, "  (test equipment: the workers ran with the planted bug %s)\n", h.Run.Plant)
+	}
+	if htmlPath != "" {
+		fmt.Fprintf(w, "report:  %s\n", htmlPath)
+	}
+	if jsonPath != "" {
+		fmt.Fprintf(w, "history: %s (fencekit verify --recheck %s)\n", jsonPath, jsonPath)
+	}
+	return code
+}
+
+// kindCounts says how many violations of each kind there are: "two
+// holders at once: 3, token order: 1".
+func kindCounts(vs []violation) string {
+	var parts []string
+	for _, k := range []string{vExclusion, vTokens, vDeadline, vWrites, vStale, vLost, vMalformed} {
+		n := 0
+		for _, x := range vs {
+			if x.Kind == k {
+				n++
+			}
+		}
+		if n > 0 {
+			parts = append(parts, fmt.Sprintf("%s: %d", k, n))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// historyJSON is h as the file holds it: one grant, write or fault a line.
+func historyJSON(h *verifyHistory) []byte {
+	var b bytes.Buffer
+	line := func(v any) []byte { x, _ := json.Marshal(v); return x }
+	list := func(name string, n int, item func(i int) any, last bool) {
+		fmt.Fprintf(&b, "  %q: [", name)
+		for i := range n {
+			if i > 0 {
+				b.WriteString(",")
+			}
+			b.WriteString("\n    ")
+			b.Write(line(item(i)))
+		}
+		if n > 0 {
+			b.WriteString("\n  ")
+		}
+		b.WriteString("]")
+		if !last {
+			b.WriteString(",")
+		}
+		b.WriteString("\n")
+	}
+	fmt.Fprintf(&b, "{\n  \"format\": %s,\n  \"run\": %s,\n", line(h.Format), line(h.Run))
+	list("grants", len(h.Grants), func(i int) any { return h.Grants[i] }, false)
+	list("writes", len(h.Writes), func(i int) any { return h.Writes[i] }, false)
+	list("faults", len(h.Faults), func(i int) any { return h.Faults[i] }, false)
+	fmt.Fprintf(&b, "  \"initial\": %s,\n  \"final\": %s", line(h.Initial), line(h.Final))
+	if h.FinalError != "" {
+		fmt.Fprintf(&b, ",\n  \"final_error\": %s", line(h.FinalError))
+	}
+	b.WriteString("\n}\n")
+	return b.Bytes()
+}
 
 func writeReport(w io.Writer, h *verifyHistory, v verdict) error {
 	var b strings.Builder
