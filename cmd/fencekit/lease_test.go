@@ -163,6 +163,14 @@ func dynamoStore(t *testing.T) leaseStore {
 	}
 }
 
+// redisClusterStore is a Redis Cluster started by the test.
+func redisClusterStore(t *testing.T) leaseStore {
+	c := redistest.StartCluster(t, redistest.ClusterOptions{})
+	addrs := c.Addrs()
+	url := "redis://" + addrs[0] + "?addr=" + strings.Join(addrs[1:], "&addr=")
+	return redisStore(t, url, "cluster", func(t *testing.T) redis.UniversalClient { return c.Client(t) })
+}
+
 // TestLeaseVerbsOnEveryStore: on each store, a live holder's lease is
 // listed and shown, watched, revoked by the command (its context ends at
 // its next renewal, long before its TTL; the audit line is written), its
@@ -185,12 +193,7 @@ func TestLeaseVerbsOnEveryStore(t *testing.T) {
 			}
 			return redisStore(t, url, "sentinel", func(t *testing.T) redis.UniversalClient { return s.Client(t) })
 		}},
-		{"redis-cluster", func(t *testing.T) leaseStore {
-			c := redistest.StartCluster(t, redistest.ClusterOptions{})
-			addrs := c.Addrs()
-			url := "redis://" + addrs[0] + "?addr=" + strings.Join(addrs[1:], "&addr=")
-			return redisStore(t, url, "cluster", func(t *testing.T) redis.UniversalClient { return c.Client(t) })
-		}},
+		{"redis-cluster", redisClusterStore},
 		{"postgres", func(t *testing.T) leaseStore { return postgresStore(t, false) }},
 		{"postgres-session", func(t *testing.T) leaseStore { return postgresStore(t, true) }},
 		{"etcd", etcdStore},

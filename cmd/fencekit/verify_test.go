@@ -190,6 +190,8 @@ func TestVerifyOnEveryStore(t *testing.T) {
 		run   string
 	}{
 		{"redis+mysql", sharedRedis, mysqlGuard, "500ms", "3s"},
+		// The workers' dialer reaches the nodes the cluster client finds.
+		{"redis-cluster+sqlite", redisClusterStore, sqliteGuard, "500ms", "3s"},
 		{"postgres+postgres", func(t *testing.T) leaseStore { return postgresStore(t, false) }, pgGuard, "500ms", "3s"},
 		{"postgres-session+sqlite", func(t *testing.T) leaseStore { return postgresStore(t, true) }, sqliteGuard, "500ms", "3s"},
 		// etcd's shortest TTL is 2 s (etcdlease.DefaultMinTTL): the default.
@@ -238,6 +240,7 @@ func TestVerifyCatchesPlantedBugs(t *testing.T) {
 		{plantPastDeadline, vDeadline},
 	} {
 		t.Run(tc.plant, func(t *testing.T) {
+			t.Parallel()
 			code, stdout, stderr, h, path := runVerifyOn(t, testkit.Context(t), sharedRedis(t), pgGuard(t), map[string]string{plantVar: tc.plant},
 				"--duration", "4s", "--ttl", "300ms", "--faults", "stop", "--fault-interval", "450ms")
 			if code != exitViolation || !strings.Contains(firstLine(stdout), tc.want+": ") || h == nil {
