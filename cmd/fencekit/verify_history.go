@@ -167,8 +167,13 @@ func maxClockDrift(run time.Duration) time.Duration { return 20*time.Millisecond
 func check(h *verifyHistory) verdict {
 	var v verdict
 	v.Counts = countHistory(h)
-	if d := time.Duration(h.Run.ClockDriftNS); d.Abs() > maxClockDrift(time.Duration(h.Run.DurationNS)) {
+	switch d := time.Duration(h.Run.ClockDriftNS); {
+	case d.Abs() > maxClockDrift(time.Duration(h.Run.DurationNS)):
 		v.Inconclusive = fmt.Sprintf("the system clock was stepped by %v during the run: the workers' times cannot be compared; run again", d)
+	case len(h.Grants) == 0:
+		v.Inconclusive = "no worker was granted the lease: nothing was checked (the workers' errors are on the output)"
+	case v.Counts.Accepted == 0:
+		v.Inconclusive = "no write was accepted: the guarded writes were not checked (see the errors of the writes in the report)"
 	}
 
 	// The lease: one window per grant that was read valid.

@@ -313,6 +313,15 @@ func TestRecheckFindsViolationsInAHistory(t *testing.T) {
 			plant: func(h *verifyHistory) { h.Run.ClockDriftNS = int64(time.Second) }},
 		{name: "the final state was not read", code: exitFail, want: "INCONCLUSIVE: the final state of the scratch resource could not be read (connection refused)",
 			plant: func(h *verifyHistory) { h.FinalError, h.Final = "connection refused", stateRec{} }},
+		{name: "no grant", code: exitFail, want: "INCONCLUSIVE: no worker was granted the lease",
+			plant: func(h *verifyHistory) { h.Grants, h.Writes, h.Final = nil, nil, stateRec{} }},
+		{name: "no write accepted", code: exitFail, want: "INCONCLUSIVE: no write was accepted",
+			plant: func(h *verifyHistory) {
+				for i := range h.Writes {
+					h.Writes[i].Outcome, h.Writes[i].Current = fence.Failed, 0
+				}
+				h.Final = stateRec{}
+			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
