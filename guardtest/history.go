@@ -57,12 +57,41 @@ type History struct {
 	FinalValue string
 }
 
-// CheckHistory checks a history of writes to one register guarded by a
+// Violation is one property of CheckHistory that a history breaks.
+type Violation struct {
+	// Rule is the property: "a", "b" or "c" as CheckHistory lists them,
+	// or "" for a history that is malformed (an operation returned before
+	// it was called, or has no outcome).
+	Rule string
+	// Ops are the indexes in History.Ops of the writes involved, the one
+	// the violation is about first; none for a violation of the final
+	// state alone.
+	Ops []int
+	// Text says what is wrong, naming the operations (their index, token,
+	// value, outcome and times).
+	Text string
+}
+
+func (v Violation) Error() string { return v.Text }
+
+// CheckHistory checks a history as Violations does and returns every
+// violation it finds, joined (each a Violation), or nil.
+func CheckHistory(h History) error {
+	vs := Violations(h)
+	errs := make([]error, len(vs))
+	for i, v := range vs {
+		errs[i] = v
+	}
+	return errors.Join(errs...)
+}
+
+// Violations checks a history of writes to one register guarded by a
 // monotone token against properties that every linearizable execution
-// has, and returns every violation it finds (joined), or nil. It needs no
-// search over orders, so it is sound (a violation is always a real one)
-// but not complete. With "w1 before w2" meaning that w1 returned before w2
-// was called (so w1 takes effect before w2 in any linearization):
+// has, and returns every violation it finds, in the order of the rules
+// below (none for a history that passes). It needs no search over orders,
+// so it is sound (a violation is always a real one) but not complete. With
+// "w1 before w2" meaning that w1 returned before w2 was called (so w1 takes
+// effect before w2 in any linearization):
 //
 //   - (a) For accepted writes w1 before w2, token(w2) >= token(w1); and no
 //     accepted write presents a token below Initial.
@@ -76,29 +105,34 @@ type History struct {
 //     unknown outcomes, it is the greatest accepted token). The final
 //     value is the value of a write that may have been applied with the
 //     final token (or InitialValue), and no accepted write came after
-//     that write (it would have replaced the value).
+//     that write (it would have replaced the value). A write whose outcome
+//     is unknown may have taken effect at any moment after it was called,
+//     even after it returned (its request delayed in the network), so no
+//     later write rules it out.
 //
 // Stale and failed writes are taken to have changed nothing, which is
 // what those answers promise.
-func CheckHistory(h History) error {
-	var errs []error
-	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+func Violations(h History) []Violation {
+	var vs []Violation
+	fail := func(rule string, ops []int, format string, args ...any) {
+		vs = append(vs, Violation{Rule: rule, Ops: ops, Text: fmt.Sprintf(format, args...)})
+	}
 	maybeApplied := func(o Op) bool { return o.Outcome == fence.Accepted || o.Outcome == fence.Unknown }
 
 	maxAccepted := h.Initial
 	for i, o := range h.Ops {
 		if o.Return < o.Call {
-			fail("op %d (%s): returned at %v before it was called at %v", i, desc(o), o.Return, o.Call)
+			fail("", []int{i}, "op %d (%s): returned at %v before it was called at %v", i, desc(o), o.Return, o.Call)
 		}
 		switch o.Outcome {
 		case fence.Accepted, fence.Rejected, fence.Unknown, fence.Failed:
 		default:
-			fail("op %d (%s): no outcome", i, desc(o))
+			fail("", []int{i}, "op %d (%s): no outcome", i, desc(o))
 		}
 		if o.Outcome == fence.Accepted {
 			maxAccepted = max(maxAccepted, o.Token)
 			if o.Token < h.Initial {
-				fail("(a) op %d (%s) accepted below the initial token %d", i, desc(o), h.Initial)
+				fail("a", []int{i}, "(a) op %d (%s) accepted below the initial token %d", i, desc(o), h.Initial)
 			}
 		}
 	}
@@ -110,7 +144,7 @@ func CheckHistory(h History) error {
 		}
 		for j, w2 := range h.Ops {
 			if w2.Outcome == fence.Accepted && w1.Return < w2.Call && w2.Token < w1.Token {
-				fail("(a) op %d (%s) was accepted after op %d (%s) had been accepted", j, desc(w2), i, desc(w1))
+				fail("a", []int{j, i}, "(a) op %d (%s) was accepted after op %d (%s) had been accepted", j, desc(w2), i, desc(w1))
 			}
 		}
 	}
@@ -121,11 +155,11 @@ func CheckHistory(h History) error {
 			continue
 		}
 		if r.Current == fence.None {
-			fail("(b) op %d (%s): the stale error does not name the current token", i, desc(r))
+			fail("b", []int{i}, "(b) op %d (%s): the stale error does not name the current token", i, desc(r))
 			continue
 		}
 		if r.Current <= r.Token {
-			fail("(b) op %d (%s): rejected although the current token %d is not newer", i, desc(r), r.Current)
+			fail("b", []int{i}, "(b) op %d (%s): rejected although the current token %d is not newer", i, desc(r), r.Current)
 		}
 		found := r.Current == h.Initial
 		for _, c := range h.Ops {
@@ -135,18 +169,24 @@ func CheckHistory(h History) error {
 			}
 		}
 		if !found {
-			fail("(b) op %d (%s): the current token %d is neither the initial token nor that of a write that may have been applied and was called before the rejection returned", i, desc(r), r.Current)
+			fail("b", []int{i}, "(b) op %d (%s): the current token %d is neither the initial token nor that of a write that may have been applied and was called before the rejection returned", i, desc(r), r.Current)
 		}
 		for j, w := range h.Ops {
 			if w.Outcome == fence.Accepted && w.Return < r.Call && r.Current < w.Token {
-				fail("(b) op %d (%s): names current token %d, older than the token of op %d (%s), accepted before it was called", i, desc(r), r.Current, j, desc(w))
+				fail("b", []int{i, j}, "(b) op %d (%s): names current token %d, older than the token of op %d (%s), accepted before it was called", i, desc(r), r.Current, j, desc(w))
 			}
 		}
 	}
 
 	// (c) the final state is the last applied write.
 	if h.Final < maxAccepted {
-		fail("(c) final token %d is below the greatest accepted token %d: an accepted write was lost", h.Final, maxAccepted)
+		var lostOps []int // the accepted writes whose token the final state lacks
+		for i, o := range h.Ops {
+			if o.Outcome == fence.Accepted && o.Token > h.Final {
+				lostOps = append(lostOps, i)
+			}
+		}
+		fail("c", lostOps, "(c) final token %d is below the greatest accepted token %d: an accepted write was lost", h.Final, maxAccepted)
 	}
 	finalOK := h.Final == h.Initial
 	for _, o := range h.Ops {
@@ -156,16 +196,21 @@ func CheckHistory(h History) error {
 		}
 	}
 	if !finalOK {
-		fail("(c) final token %d is neither the initial token nor that of a write that may have been applied", h.Final)
+		fail("c", nil, "(c) final token %d is neither the initial token nor that of a write that may have been applied", h.Final)
 	}
 	// The write the final value shows: some op with that value and token
-	// (or the initial state) after which no accepted write came.
-	var candidates, superseded int
+	// (or the initial state) after which no accepted write came. A write of
+	// unknown outcome may have landed after every other write.
+	var (
+		candidates, superseded int
+		replacers              []int // the accepted writes that came after each candidate
+	)
 	consider := func(ret time.Duration, initial bool) {
 		candidates++
-		for _, w := range h.Ops {
+		for j, w := range h.Ops {
 			if w.Outcome == fence.Accepted && (initial || ret < w.Call) && w.Value != h.FinalValue {
 				superseded++
+				replacers = append(replacers, j)
 				return
 			}
 		}
@@ -174,17 +219,20 @@ func CheckHistory(h History) error {
 		consider(0, true)
 	}
 	for _, o := range h.Ops {
-		if maybeApplied(o) && o.Token == h.Final && o.Value == h.FinalValue {
+		if o.Outcome == fence.Unknown && o.Token == h.Final && o.Value == h.FinalValue {
+			candidates++ // never superseded
+		}
+		if o.Outcome == fence.Accepted && o.Token == h.Final && o.Value == h.FinalValue {
 			consider(o.Return, false)
 		}
 	}
 	switch {
 	case candidates == 0:
-		fail("(c) final value %q with token %d was written by no write that may have been applied with that token", h.FinalValue, h.Final)
+		fail("c", nil, "(c) final value %q with token %d was written by no write that may have been applied with that token", h.FinalValue, h.Final)
 	case candidates == superseded:
-		fail("(c) final value %q with token %d: an accepted write came after the write of that value and should have replaced it", h.FinalValue, h.Final)
+		fail("c", replacers, "(c) final value %q with token %d: an accepted write came after the write of that value and should have replaced it", h.FinalValue, h.Final)
 	}
-	return errors.Join(errs...)
+	return vs
 }
 
 func desc(o Op) string {

@@ -2,6 +2,7 @@ package guardtest
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -70,6 +71,13 @@ func TestCheckHistory(t *testing.T) {
 			h: History{Initial: 1, InitialValue: "i", Final: 5, FinalValue: "a", Ops: []Op{
 				op(5, "a", 0, 1, fence.Accepted),
 				op(12, "u", 2, 3, fence.Unknown),
+			}},
+		},
+		{
+			name: "an unknown outcome that landed after a later accepted write",
+			h: History{Initial: 1, InitialValue: "i", Final: 9, FinalValue: "u", Ops: []Op{
+				op(9, "u", 0, 1, fence.Unknown), // its request delayed past its return
+				op(9, "a", 2, 3, fence.Accepted),
 			}},
 		},
 		{
@@ -183,6 +191,14 @@ func TestCheckHistory(t *testing.T) {
 			want: "should have replaced it",
 		},
 		{
+			name: "(c) an unknown outcome cannot land over a newer token",
+			h: History{Initial: 1, InitialValue: "i", Final: 9, FinalValue: "u", Ops: []Op{
+				op(9, "u", 0, 1, fence.Unknown),
+				op(10, "a", 2, 3, fence.Accepted),
+			}},
+			want: "an accepted write was lost",
+		},
+		{
 			name: "(c) a final token nobody wrote",
 			h: History{Initial: 1, InitialValue: "i", Final: 7, FinalValue: "a", Ops: []Op{
 				op(5, "a", 0, 1, fence.Accepted),
@@ -236,5 +252,42 @@ func TestClassify(t *testing.T) {
 		if got, cur := Classify(tc.err); got != tc.want || cur != tc.cur {
 			t.Errorf("Classify(%v) = %s, %d; want %s, %d", tc.err, got, cur, tc.want, tc.cur)
 		}
+	}
+}
+
+// TestViolationsNameRulesAndOps: each violation says its rule and the
+// writes it is about, the one it is about first.
+func TestViolationsNameRulesAndOps(t *testing.T) {
+	t.Parallel()
+	h := History{Initial: 1, InitialValue: "i", Final: 5, FinalValue: "b", Ops: []Op{
+		op(9, "a", 0, 1, fence.Accepted),
+		op(5, "b", 2, 3, fence.Accepted),
+		stale(4, 7, "c", 4, 5),
+	}}
+	got := Violations(h)
+	want := []struct {
+		rule string
+		ops  []int
+	}{
+		{"a", []int{1, 0}}, // b (token 5) accepted after a (token 9)
+		{"b", []int{2}},    // c names token 7, which nobody wrote
+		{"b", []int{2, 0}}, // c names 7, older than a's 9 accepted before it
+		{"c", []int{0}},    // the final token 5 lacks a's 9: a was lost
+	}
+	if len(got) != len(want) {
+		t.Fatalf("Violations = %+v; want %d", got, len(want))
+	}
+	for i, w := range want {
+		if got[i].Rule != w.rule || !slices.Equal(got[i].Ops, w.ops) || !strings.HasPrefix(got[i].Text, "("+w.rule+")") {
+			t.Errorf("violation %d = %+v; want rule %s, ops %v", i, got[i], w.rule, w.ops)
+		}
+	}
+	err := CheckHistory(h)
+	var v Violation
+	if !errors.As(err, &v) || v.Rule != "a" || strings.Count(err.Error(), "\n") != len(want)-1 {
+		t.Fatalf("CheckHistory = %v; want the same violations joined", err)
+	}
+	if Violations(History{}) != nil || CheckHistory(History{}) != nil {
+		t.Fatal("an empty history has violations")
 	}
 }

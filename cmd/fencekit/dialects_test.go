@@ -59,8 +59,11 @@ func TestMigrateSQLite(t *testing.T) {
 	}
 }
 
-// TestMigrateMySQL: the same on a throwaway MariaDB database.
-func TestMigrateMySQL(t *testing.T) {
+// mysqlDatabase makes a throwaway database on the machine's MariaDB
+// (FENCE_MYSQL_URL), dropped when t ends, and returns its DSN's config and
+// a connection to the server.
+func mysqlDatabase(t *testing.T) (*mysql.Config, *sql.DB) {
+	t.Helper()
 	dsn := os.Getenv(mysqlURLVar)
 	if dsn == "" {
 		dsn = "root@tcp(127.0.0.1:3306)/test"
@@ -73,13 +76,20 @@ func TestMigrateMySQL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer admin.Close()
+	t.Cleanup(func() { admin.Close() })
 	name := fmt.Sprintf("fk_cli_%d", time.Now().UnixNano())
 	if _, err := admin.Exec("CREATE DATABASE " + name); err != nil {
 		t.Fatalf("MariaDB at %s (scripts/services.sh ensure_mariadb): %v", cfg.Addr, err)
 	}
-	defer admin.Exec("DROP DATABASE " + name) //nolint:errcheck
+	t.Cleanup(func() { _, _ = admin.Exec("DROP DATABASE " + name) })
 	cfg.DBName = name
+	return cfg, admin
+}
+
+// TestMigrateMySQL: the same on a throwaway MariaDB database.
+func TestMigrateMySQL(t *testing.T) {
+	cfg, _ := mysqlDatabase(t)
+	name := cfg.DBName
 	db, err := sql.Open("mysql", cfg.FormatDSN())
 	if err != nil {
 		t.Fatal(err)

@@ -299,7 +299,7 @@ func (f *fenceFlags) advanceSQL(ctx context.Context) (string, error) {
 }
 
 func (f *fenceFlags) advanceDynamo(ctx context.Context, getenv func(string) string) (string, error) {
-	c, done := dynamoClient(getenv, f.url)
+	c, done := dynamoClient(getenv, f.url, nil)
 	defer done()
 	g, err := dynamoguard.New(c, f.table)
 	if err != nil {
@@ -319,7 +319,7 @@ func (f *fenceFlags) advanceDynamo(ctx context.Context, getenv func(string) stri
 
 func (f *fenceFlags) advanceS3(ctx context.Context, getenv func(string) string) (string, error) {
 	resource := "s3://" + f.bucket + "/" + f.resource
-	cfg, done := awsConfig(getenv, getenv("FENCE_S3_ACCESS_KEY"), getenv("FENCE_S3_SECRET_KEY"))
+	cfg, done := awsConfig(getenv, getenv("FENCE_S3_ACCESS_KEY"), getenv("FENCE_S3_SECRET_KEY"), nil)
 	defer done()
 	c := s3.NewFromConfig(cfg, func(o *s3.Options) {
 		if f.url != "" {

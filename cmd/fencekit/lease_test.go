@@ -93,6 +93,84 @@ func postgresStore(t *testing.T, session bool) leaseStore {
 	}
 }
 
+// etcdStore is a one-member etcd started by the test, under a prefix of
+// the test's own.
+func etcdStore(t *testing.T) leaseStore {
+	c := etcdtest.Start(t, 1)
+	prefix := "fk-cli-" + testkit.RandHex(4) + "/"
+	return leaseStore{
+		flags: []string{"--store", "etcd", "--prefix", prefix},
+		env:   map[string]string{etcdEndpointsVar: strings.Join(c.Endpoints(), ",")},
+		connect: func(t *testing.T) lease.Backend {
+			cli, err := etcdtest.NewClient(c.Endpoints())
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := etcdlease.New(cli, etcdlease.WithPrefix(prefix))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { b.Close(); cli.Close() })
+			return b
+		},
+	}
+}
+
+// zkStore is a standalone ZooKeeper started by the test, under a root of
+// the test's own.
+func zkStore(t *testing.T) leaseStore {
+	e := zktest.Start(t, 1, zktest.Config{})
+	root := zktest.Root(t)
+	return leaseStore{
+		flags: []string{"--store", "zookeeper", "--root", root},
+		env:   map[string]string{zkServersVar: strings.Join(e.Servers(), ",")},
+		connect: func(t *testing.T) lease.Backend {
+			b, err := zklease.New(e.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(holderTTL))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { b.Close() })
+			if err := b.Ready(testkit.Context(t)); err != nil {
+				t.Fatal(err)
+			}
+			return b
+		},
+	}
+}
+
+// dynamoStore is a lease table of the test's own in DynamoDB Local.
+func dynamoStore(t *testing.T) leaseStore {
+	ep, err := dynamotest.Endpoint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := dynamotest.TableName(t, "lease")
+	c := dynamotest.Client(t)
+	if err := dynamolease.CreateTable(testkit.Context(t), c, table, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = dynamotest.Delete(context.Background(), c, table) })
+	return leaseStore{
+		flags: []string{"--store", "dynamodb", "--table", table},
+		env:   map[string]string{dynamoEndpoint: ep, "AWS_ACCESS_KEY_ID": "fencekit", "AWS_SECRET_ACCESS_KEY": "fencekit"},
+		connect: func(t *testing.T) lease.Backend {
+			b, err := dynamolease.New(dynamotest.Client(t), table)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b
+		},
+	}
+}
+
+// redisClusterStore is a Redis Cluster started by the test.
+func redisClusterStore(t *testing.T) leaseStore {
+	c := redistest.StartCluster(t, redistest.ClusterOptions{})
+	addrs := c.Addrs()
+	url := "redis://" + addrs[0] + "?addr=" + strings.Join(addrs[1:], "&addr=")
+	return redisStore(t, url, "cluster", func(t *testing.T) redis.UniversalClient { return c.Client(t) })
+}
+
 // TestLeaseVerbsOnEveryStore: on each store, a live holder's lease is
 // listed and shown, watched, revoked by the command (its context ends at
 // its next renewal, long before its TTL; the audit line is written), its
@@ -115,76 +193,12 @@ func TestLeaseVerbsOnEveryStore(t *testing.T) {
 			}
 			return redisStore(t, url, "sentinel", func(t *testing.T) redis.UniversalClient { return s.Client(t) })
 		}},
-		{"redis-cluster", func(t *testing.T) leaseStore {
-			c := redistest.StartCluster(t, redistest.ClusterOptions{})
-			addrs := c.Addrs()
-			url := "redis://" + addrs[0] + "?addr=" + strings.Join(addrs[1:], "&addr=")
-			return redisStore(t, url, "cluster", func(t *testing.T) redis.UniversalClient { return c.Client(t) })
-		}},
+		{"redis-cluster", redisClusterStore},
 		{"postgres", func(t *testing.T) leaseStore { return postgresStore(t, false) }},
 		{"postgres-session", func(t *testing.T) leaseStore { return postgresStore(t, true) }},
-		{"etcd", func(t *testing.T) leaseStore {
-			c := etcdtest.Start(t, 1)
-			prefix := "fk-cli-" + testkit.RandHex(4) + "/"
-			return leaseStore{
-				flags: []string{"--store", "etcd", "--prefix", prefix},
-				env:   map[string]string{etcdEndpointsVar: strings.Join(c.Endpoints(), ",")},
-				connect: func(t *testing.T) lease.Backend {
-					cli, err := etcdtest.NewClient(c.Endpoints())
-					if err != nil {
-						t.Fatal(err)
-					}
-					b, err := etcdlease.New(cli, etcdlease.WithPrefix(prefix))
-					if err != nil {
-						t.Fatal(err)
-					}
-					t.Cleanup(func() { b.Close(); cli.Close() })
-					return b
-				},
-			}
-		}},
-		{"zookeeper", func(t *testing.T) leaseStore {
-			e := zktest.Start(t, 1, zktest.Config{})
-			root := zktest.Root(t)
-			return leaseStore{
-				flags: []string{"--store", "zookeeper", "--root", root},
-				env:   map[string]string{zkServersVar: strings.Join(e.Servers(), ",")},
-				connect: func(t *testing.T) lease.Backend {
-					b, err := zklease.New(e.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(holderTTL))
-					if err != nil {
-						t.Fatal(err)
-					}
-					t.Cleanup(func() { b.Close() })
-					if err := b.Ready(testkit.Context(t)); err != nil {
-						t.Fatal(err)
-					}
-					return b
-				},
-			}
-		}},
-		{"dynamodb", func(t *testing.T) leaseStore {
-			ep, err := dynamotest.Endpoint()
-			if err != nil {
-				t.Fatal(err)
-			}
-			table := dynamotest.TableName(t, "lease")
-			c := dynamotest.Client(t)
-			if err := dynamolease.CreateTable(testkit.Context(t), c, table, ""); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = dynamotest.Delete(context.Background(), c, table) })
-			return leaseStore{
-				flags: []string{"--store", "dynamodb", "--table", table},
-				env:   map[string]string{dynamoEndpoint: ep, "AWS_ACCESS_KEY_ID": "fencekit", "AWS_SECRET_ACCESS_KEY": "fencekit"},
-				connect: func(t *testing.T) lease.Backend {
-					b, err := dynamolease.New(dynamotest.Client(t), table)
-					if err != nil {
-						t.Fatal(err)
-					}
-					return b
-				},
-			}
-		}},
+		{"etcd", etcdStore},
+		{"zookeeper", zkStore},
+		{"dynamodb", dynamoStore},
 	}
 	for _, sc := range stores {
 		t.Run(sc.name, func(t *testing.T) { checkLeaseVerbs(t, sc.start(t)) })

@@ -6,6 +6,8 @@
 //	fencekit lease watch NAME            each change of one lease as it happens
 //	fencekit lease revoke NAME           end the current grant (audited); the next token is greater
 //	fencekit fence advance --token N ... push a token to a guarded resource; never lowers one
+//	fencekit verify [flags]              run the history checks against your stores, with faults
+//	fencekit verify --recheck FILE       check a recorded history again
 //	fencekit migrate up                  create or update fencekit's tables
 //	fencekit migrate down [--to N]       roll them back (all of them by default)
 //	fencekit migrate status              show which migrations are applied
@@ -45,6 +47,12 @@ import (
 const databaseURLVar = "FENCE_POSTGRES_URL"
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == workerCommand {
+		// A worker of fencekit verify: its run stops it (a terminal's
+		// Ctrl-C reaches the run, which stops its workers in order).
+		signal.Ignore(os.Interrupt)
+		os.Exit(runWorker(context.Background(), os.Stdin, os.Stdout, os.Stderr))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
 	stop()
@@ -66,6 +74,10 @@ Usage:
   fencekit lease ls|show|watch|revoke see and end leases (fencekit lease help)
   fencekit fence advance --token N    push a token to a guarded resource
                                       (fencekit fence help)
+  fencekit verify [flags]             run the history checks against your own
+                                      lease store and guarded store, with
+                                      faults; a report and a re-checkable
+                                      history (fencekit verify help)
   fencekit migrate up                 apply fencekit's migrations: create the
                                       fencekit_resource_tokens table and the
                                       fencekit_advance_token function (sqlguard),
@@ -141,6 +153,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return runLease(ctx, args[1:], stdout, stderr, getenv)
 	case "fence":
 		return runFence(ctx, args[1:], stdout, stderr, getenv)
+	case "verify":
+		return runVerify(ctx, args[1:], stdout, stderr, getenv)
 	default:
 		fmt.Fprintf(stderr, "fencekit: unknown command %q (try fencekit help)\n", args[0])
 		return exitUsage

@@ -22,8 +22,10 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	// Re-executed by TestBinaryExitStatus: behave as the real command.
-	if os.Getenv("FENCEKIT_TEST_RUN_MAIN") == "1" {
+	// Re-executed by TestBinaryExitStatus, or as a worker of fencekit
+	// verify (os.Executable is the test binary): behave as the real
+	// command.
+	if os.Getenv("FENCEKIT_TEST_RUN_MAIN") == "1" || len(os.Args) > 1 && os.Args[1] == workerCommand {
 		main()
 		return
 	}

@@ -6,16 +6,19 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/dynamolease"
@@ -60,7 +63,16 @@ type storeFlags struct {
 	keyAttr   string
 	timeout   time.Duration
 	getenv    func(string) string
+	// dial, when set, opens every connection to the store (fencekit
+	// verify's workers: a dialer that injects faults).
+	dial dialFunc
+	// sessionTimeout, when set, is the ZooKeeper session timeout to ask
+	// for (zklease's default otherwise).
+	sessionTimeout time.Duration
 }
+
+// dialFunc opens a network connection, as net.Dialer.DialContext does.
+type dialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
 
 func (s *storeFlags) register(fs *flag.FlagSet, getenv func(string) string) {
 	s.getenv = getenv
@@ -147,7 +159,7 @@ func (s *storeFlags) openStore(ctx context.Context, log *slog.Logger) (operator,
 	switch kind {
 	case storeRedis:
 		var c redis.UniversalClient
-		if c, err = redisClient(s.redisMode, addr); err != nil {
+		if c, err = redisClient(s.redisMode, addr, s.dial); err != nil {
 			return nil, kind, nil, err
 		}
 		var opts []redislease.Option
@@ -161,9 +173,9 @@ func (s *storeFlags) openStore(ctx context.Context, log *slog.Logger) (operator,
 		}
 		b, closeAll = rb, func() { rb.Close(); c.Close() }
 	case storePostgres, storePostgresSession:
-		pool, err := pgxpool.New(ctx, addr)
+		pool, err := pgPool(ctx, addr, s.dial)
 		if err != nil {
-			return nil, kind, nil, fmt.Errorf("PostgreSQL URL: %w", err)
+			return nil, kind, nil, err
 		}
 		mode := pglease.ModeTable
 		if kind == storePostgresSession {
@@ -176,7 +188,13 @@ func (s *storeFlags) openStore(ctx context.Context, log *slog.Logger) (operator,
 		}
 		b, closeAll = pb, func() { pb.Close(); pool.Close() }
 	case storeEtcd:
-		c, err := clientv3.New(clientv3.Config{Endpoints: splitList(addr), DialTimeout: s.timeout, Logger: zap.NewNop(), Context: ctx})
+		cfg := clientv3.Config{Endpoints: splitList(addr), DialTimeout: s.timeout, Logger: zap.NewNop(), Context: ctx}
+		if dial := s.dial; dial != nil {
+			cfg.DialOptions = []grpc.DialOption{grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+				return dial(ctx, "tcp", addr)
+			})}
+		}
+		c, err := clientv3.New(cfg)
 		if err != nil {
 			return nil, kind, nil, fmt.Errorf("etcd: %w", err)
 		}
@@ -195,6 +213,16 @@ func (s *storeFlags) openStore(ctx context.Context, log *slog.Logger) (operator,
 		if s.root != "" {
 			opts = append(opts, zklease.WithRoot(s.root))
 		}
+		if s.sessionTimeout > 0 {
+			opts = append(opts, zklease.WithSessionTimeout(s.sessionTimeout))
+		}
+		if dial := s.dial; dial != nil {
+			opts = append(opts, zklease.WithDialer(func(network, addr string, timeout time.Duration) (net.Conn, error) {
+				ctx, cancel := context.WithTimeout(context.Background(), timeout)
+				defer cancel()
+				return dial(ctx, network, addr)
+			}))
+		}
 		zb, err := zklease.New(splitList(addr), opts...)
 		if err != nil {
 			return nil, kind, nil, err
@@ -208,7 +236,7 @@ func (s *storeFlags) openStore(ctx context.Context, log *slog.Logger) (operator,
 		if s.table == "" {
 			return nil, kind, nil, errors.New("--table is required with --store dynamodb")
 		}
-		c, done := dynamoClient(s.getenv, addr)
+		c, done := dynamoClient(s.getenv, addr, s.dial)
 		var opts []dynamolease.Option
 		if s.prefixSet {
 			opts = append(opts, dynamolease.WithKeyPrefix(s.prefix))
@@ -231,29 +259,30 @@ func (s *storeFlags) openStore(ctx context.Context, log *slog.Logger) (operator,
 	return op, kind, closeAll, nil
 }
 
-// redisClient opens a go-redis client for mode and URL.
-func redisClient(mode, url string) (redis.UniversalClient, error) {
+// redisClient opens a go-redis client for mode and URL, whose connections
+// dial opens (the client's own dialer when nil).
+func redisClient(mode, url string, dial dialFunc) (redis.UniversalClient, error) {
 	switch mode {
 	case "standalone", "":
 		o, err := redis.ParseURL(url)
 		if err != nil {
 			return nil, fmt.Errorf("the Redis URL: %w", err)
 		}
-		o.ContextTimeoutEnabled = true
+		o.ContextTimeoutEnabled, o.Dialer = true, dial
 		return redis.NewClient(o), nil
 	case "sentinel":
 		o, err := redis.ParseFailoverURL(url)
 		if err != nil {
 			return nil, fmt.Errorf("the Redis Sentinel URL (redis://sentinel:26379?master_name=NAME&addr=...): %w", err)
 		}
-		o.ContextTimeoutEnabled = true
+		o.ContextTimeoutEnabled, o.Dialer = true, dial
 		return redis.NewFailoverClient(o), nil
 	case "cluster":
 		o, err := redis.ParseClusterURL(url)
 		if err != nil {
 			return nil, fmt.Errorf("the Redis Cluster URL (redis://node1:6379?addr=node2:6379): %w", err)
 		}
-		o.ContextTimeoutEnabled = true
+		o.ContextTimeoutEnabled, o.Dialer = true, dial
 		return redis.NewClusterClient(o), nil
 	}
 	return nil, fmt.Errorf("unknown --redis-mode %q (standalone, sentinel or cluster)", mode)
@@ -262,9 +291,9 @@ func redisClient(mode, url string) (redis.UniversalClient, error) {
 // awsConfig is the AWS configuration of the command: credentials from
 // AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN (or the
 // given keys), the region from AWS_REGION (default us-east-1), and an HTTP
-// transport of its own, whose connections done closes. Profiles and
-// single sign-on are not read: export the keys.
-func awsConfig(getenv func(string) string, ak, sk string) (cfg aws.Config, done func()) {
+// transport of its own, whose connections dial opens (when not nil) and
+// done closes. Profiles and single sign-on are not read: export the keys.
+func awsConfig(getenv func(string) string, ak, sk string, dial dialFunc) (cfg aws.Config, done func()) {
 	region := getenv("AWS_REGION")
 	if region == "" {
 		region = "us-east-1"
@@ -274,6 +303,9 @@ func awsConfig(getenv func(string) string, ak, sk string) (cfg aws.Config, done 
 		ak, sk, token = getenv("AWS_ACCESS_KEY_ID"), getenv("AWS_SECRET_ACCESS_KEY"), getenv("AWS_SESSION_TOKEN")
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if dial != nil {
+		tr.DialContext = dial
+	}
 	return aws.Config{Region: region, HTTPClient: &http.Client{Transport: tr},
 		Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
 			if ak == "" || sk == "" {
@@ -285,8 +317,8 @@ func awsConfig(getenv func(string) string, ak, sk string) (cfg aws.Config, done 
 
 // dynamoClient is a DynamoDB client with awsConfig and, when endpoint is
 // set, that endpoint; done closes its connections.
-func dynamoClient(getenv func(string) string, endpoint string) (c *dynamodb.Client, done func()) {
-	cfg, done := awsConfig(getenv, "", "")
+func dynamoClient(getenv func(string) string, endpoint string, dial dialFunc) (c *dynamodb.Client, done func()) {
+	cfg, done := awsConfig(getenv, "", "", dial)
 	return dynamodb.NewFromConfig(cfg, func(o *dynamodb.Options) {
 		if endpoint != "" {
 			o.BaseEndpoint = aws.String(endpoint)
@@ -303,4 +335,21 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// pgPool opens a pgx pool for url, whose connections dial opens (pgx's own
+// dialer when nil).
+func pgPool(ctx context.Context, url string, dial dialFunc) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("PostgreSQL URL: %w", err)
+	}
+	if dial != nil {
+		cfg.ConnConfig.DialFunc = pgconn.DialFunc(dial)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("PostgreSQL URL: %w", err)
+	}
+	return pool, nil
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/etcdlease"
+	"github.com/fencekit/fencekit/lease/leasetest"
 	"github.com/fencekit/fencekit/lease/pglease"
 	"github.com/fencekit/fencekit/lease/redislease"
 	"github.com/fencekit/fencekit/lease/redislease/redistest"
@@ -34,7 +35,7 @@ import (
 // holders that hold or are releasing. Each grant's
 // validity window is recorded on the test process's monotonic clock, from
 // Acquire's return to the start of the last reading of Err that returned nil,
-// counting the readings taken while Release runs; checkLeaseWindows then
+// counting the readings taken while Release runs; leasetest.CheckWindows then
 // requires that no two windows of a name overlap and that tokens grow in
 // window order. Only that safety property and a modest floor of grants are
 // asserted, never a timing.
@@ -76,7 +77,7 @@ type leaseRig struct {
 
 // leaseRunResult is what one run found.
 type leaseRunResult struct {
-	check   windowCheck
+	check   leasetest.WindowCheck
 	grants  int
 	faults  *faultCounter
 	counts  map[string]int
@@ -126,7 +127,7 @@ func runLeaseHistory(t *testing.T, rig leaseRig) leaseRunResult {
 		epoch   = time.Now()
 		faults  = &faultCounter{}
 		mu      sync.Mutex
-		windows []leaseWindow
+		windows []leasetest.Window
 		counts  = map[string]int{}
 		grants  atomic.Int64
 		wg      sync.WaitGroup // holders, fault stream, faults in force
@@ -241,9 +242,9 @@ func runLeaseHistory(t *testing.T, rig leaseRig) leaseRunResult {
 				case <-tick.C:
 				}
 				mu.Lock()
-				ws := append([]leaseWindow(nil), windows...)
+				ws := append([]leasetest.Window(nil), windows...)
 				mu.Unlock()
-				if len(checkLeaseWindows(ws).Overlaps) > 0 {
+				if len(leasetest.CheckWindows(ws).Overlaps) > 0 {
 					stop()
 					return
 				}
@@ -276,7 +277,7 @@ func runLeaseHistory(t *testing.T, rig leaseRig) leaseRunResult {
 				}
 				grants.Add(1)
 				h.phase.Store(phaseHolding)
-				w := leaseWindow{Name: name, Holder: h.i, Token: uint64(l.Token()), Start: acquired.Sub(epoch)}
+				w := leasetest.Window{Name: name, Holder: fmt.Sprintf("h%d", h.i), Token: l.Token(), Start: acquired.Sub(epoch)}
 				var last time.Time // the start of the last reading of Err that returned nil
 
 				// Work, reading the lease before each step as a careful
@@ -372,7 +373,7 @@ func runLeaseHistory(t *testing.T, rig leaseRig) leaseRunResult {
 	mu.Lock()
 	defer mu.Unlock()
 	return leaseRunResult{
-		check:   checkLeaseWindows(windows),
+		check:   leasetest.CheckWindows(windows),
 		grants:  int(grants.Load()),
 		faults:  faults,
 		counts:  counts,
@@ -402,7 +403,7 @@ func reportLeaseHistory(t *testing.T, rig leaseRig, res leaseRunResult) {
 }
 
 // describeViolations lists the first violations of a run.
-func describeViolations(c windowCheck) string {
+func describeViolations(c leasetest.WindowCheck) string {
 	var b strings.Builder
 	for _, o := range c.Overlaps[:min(len(c.Overlaps), 8)] {
 		fmt.Fprintf(&b, "\n  overlap by %v: %v, then %v", o.By, o.First, o.Second)
@@ -654,5 +655,5 @@ func TestLeaseHistoryCatchesPlantedBug(t *testing.T) {
 		t.Fatalf("the history check found no overlap with a planted local deadline of send + 1.5 TTL (%d grants, %d windows, faults %v, counts %v): it cannot be trusted",
 			res.grants, res.check.Windows, res.faults.snapshot(), res.counts)
 	}
-	t.Logf("planted bug caught: %d overlapping windows after %.1fs; the first:%s", len(res.check.Overlaps), res.elapsed.Seconds(), describeViolations(windowCheck{Overlaps: res.check.Overlaps[:1]}))
+	t.Logf("planted bug caught: %d overlapping windows after %.1fs; the first:%s", len(res.check.Overlaps), res.elapsed.Seconds(), describeViolations(leasetest.WindowCheck{Overlaps: res.check.Overlaps[:1]}))
 }
