@@ -40,6 +40,7 @@ fk_valid_version "$version" || fail "$version is not a semantic version"
 work=$(mktemp -d "${TMPDIR:-/tmp}/fencekit-consumer.XXXXXX")
 trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
 
+fk_lock_release_cache
 say "release $version (dry run) of $(git rev-parse --short HEAD) into a throwaway clone"
 ./scripts/release.sh "$version" --out "$work/release" >"$work/release.log" 2>&1 || {
   cat "$work/release.log" >&2; fail "the release dry run failed (above)"; }

@@ -85,6 +85,7 @@ say "release $version of $(git rev-parse --short HEAD) (previous: ${previous:-no
 
 # The go command fetches our modules from the clone through git, every
 # other module from the module proxy (scripts/lib/modules.sh).
+fk_lock_release_cache
 fk_forget_ours
 fk_release_env "$clone"
 goenv=("${fk_env[@]}")

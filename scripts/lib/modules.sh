@@ -147,6 +147,24 @@ fk_testkits=(lease/redislease/redistest lease/etcdlease/etcdtest dynamoguard/dyn
 # next.
 fk_release_modcache="${XDG_CACHE_HOME:-$HOME/.cache}/fencekit/release-modcache"
 
+# fk_lock_release_cache: waits until no other release or consumer check
+# uses the release module cache, and keeps it until this script ends. Each
+# run removes the previous run's copies of our modules from the cache
+# (fk_forget_ours), so two at once (two checkouts' test commands on one
+# machine, say) would pull files from under each other's builds. A script
+# started by one that holds the lock (consumer.sh runs release.sh) inherits
+# it.
+fk_lock_release_cache() {
+  [ -z "${FK_RELEASE_CACHE_LOCKED:-}" ] || return 0
+  mkdir -p "$(dirname "$fk_release_modcache")"
+  exec 9>"$fk_release_modcache.lock"
+  if ! flock -n 9; then
+    echo "[release] waiting for another release or consumer check to finish with $fk_release_modcache" >&2
+    flock 9
+  fi
+  export FK_RELEASE_CACHE_LOCKED=1
+}
+
 # fk_forget_ours: the release module cache holds no module of ours.
 fk_forget_ours() {
   chmod -R u+w "$fk_release_modcache" 2>/dev/null || true
