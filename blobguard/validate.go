@@ -3,9 +3,9 @@ package blobguard
 import (
 	"fmt"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/names"
 )
 
 // maxKeyLen is S3's limit on an object key, in bytes of UTF-8.
@@ -19,18 +19,8 @@ const maxKeyLen = 1024
 // that was named (versitygw's posix backend, for one, stores "a//b" and
 // "a/b" in the same file).
 func validateKey(key string) error {
-	switch {
-	case key == "":
-		return fmt.Errorf("%w: empty key", fence.ErrInvalidArgument)
-	case len(key) > maxKeyLen:
-		return fmt.Errorf("%w: key is %d bytes, S3 allows at most %d", fence.ErrInvalidArgument, len(key), maxKeyLen)
-	case !utf8.ValidString(key):
-		return fmt.Errorf("%w: key %q is not valid UTF-8", fence.ErrInvalidArgument, key)
-	}
-	for _, r := range key {
-		if r < 0x20 || r == 0x7f {
-			return fmt.Errorf("%w: key %q contains control character %U", fence.ErrInvalidArgument, key, r)
-		}
+	if err := names.Check(fence.ErrInvalidArgument, "key", key, names.Rules{Max: maxKeyLen, NoControl: true}); err != nil {
+		return err
 	}
 	for _, seg := range strings.Split(key, "/") {
 		switch seg {

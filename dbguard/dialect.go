@@ -9,9 +9,9 @@ import (
 	"math"
 	"reflect"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/names"
 	"github.com/fencekit/fencekit/internal/rowguard"
 )
 
@@ -362,18 +362,10 @@ func (d Dialect) maxIdentLen() int {
 
 // checkIdent validates one identifier for d.
 func (d Dialect) checkIdent(kind, s string) error {
-	switch {
-	case s == "":
-		return fmt.Errorf("%w: empty %s name", fence.ErrInvalidArgument, kind)
-	case !utf8.ValidString(s):
-		return fmt.Errorf("%w: %s name %q is not valid UTF-8", fence.ErrInvalidArgument, kind, s)
-	case strings.IndexByte(s, 0) >= 0:
-		return fmt.Errorf("%w: %s name %q contains a NUL byte", fence.ErrInvalidArgument, kind, s)
-	case d == MySQL && utf8.RuneCountInString(s) > d.maxIdentLen():
-		return fmt.Errorf("%w: %s name %q is longer than %d characters", fence.ErrInvalidArgument, kind, s, d.maxIdentLen())
-	case d == SQLite && len(s) > d.maxIdentLen():
-		return fmt.Errorf("%w: %s name %q is longer than %d bytes", fence.ErrInvalidArgument, kind, s, d.maxIdentLen())
-	case d == MySQL && strings.HasSuffix(s, " "):
+	if err := names.Check(fence.ErrInvalidArgument, kind+" name", s, names.Rules{Max: d.maxIdentLen(), CountRunes: d == MySQL}); err != nil {
+		return err
+	}
+	if d == MySQL && strings.HasSuffix(s, " ") {
 		// MySQL refuses names that end with a space.
 		return fmt.Errorf("%w: %s name %q ends with a space", fence.ErrInvalidArgument, kind, s)
 	}

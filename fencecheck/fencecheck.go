@@ -34,9 +34,9 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"unicode/utf8"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/names"
 )
 
 // Checker keeps, per resource, the newest fencing token it has accepted.
@@ -80,17 +80,9 @@ var ErrInvalidResource = errors.New("fencecheck: invalid resource name")
 var ErrTokenRange = errors.New("fencecheck: the token is beyond what the checker can store")
 
 // ValidateResource returns an error matching ErrInvalidResource when name
-// is empty, longer than max bytes, or not valid UTF-8.
+// is empty, longer than max bytes, not valid UTF-8, or holds a NUL byte.
 func ValidateResource(name string, max int) error {
-	switch {
-	case name == "":
-		return fmt.Errorf("%w: the name is empty", ErrInvalidResource)
-	case len(name) > max:
-		return fmt.Errorf("%w: the name is %d bytes, the limit is %d", ErrInvalidResource, len(name), max)
-	case !utf8.ValidString(name):
-		return fmt.Errorf("%w: %q is not valid UTF-8", ErrInvalidResource, name)
-	}
-	return nil
+	return names.Check(ErrInvalidResource, "resource name", name, names.Rules{Max: max})
 }
 
 // Memory is a Checker that keeps the tokens in this process's memory. It

@@ -29,10 +29,10 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/names"
 )
 
 // HeaderName is the HTTP header field that carries a fencing token.
@@ -90,20 +90,7 @@ func (v Value) Validate() error {
 }
 
 func validateResource(r string) error {
-	switch {
-	case r == "":
-		return errors.New("resource name is empty")
-	case len(r) > MaxResourceLen:
-		return fmt.Errorf("resource name is %d bytes, the limit is %d", len(r), MaxResourceLen)
-	case !utf8.ValidString(r):
-		return fmt.Errorf("resource name %q is not valid UTF-8", r)
-	}
-	for _, c := range r {
-		if unicode.IsControl(c) {
-			return fmt.Errorf("resource name %q contains the control character %U", r, c)
-		}
-	}
-	return nil
+	return names.Check(nil, "resource name", r, names.Rules{Max: MaxResourceLen, NoControl: true, C1: true})
 }
 
 // Format returns v as a field value, or an error matching ErrInvalid. The

@@ -148,7 +148,7 @@ func TestGuardBadInput(t *testing.T) {
 		{"empty resource", 0, "", 1, noop, fence.ErrInvalidArgument, "empty resource"},
 		{"NUL in resource", 0, "a\x00b", 1, noop, fence.ErrInvalidArgument, "NUL"},
 		{"invalid UTF-8 resource", 0, "a\xffb", 1, noop, fence.ErrInvalidArgument, "UTF-8"},
-		{"long resource", 0, strings.Repeat("r", sqlguard.MaxResourceLen+1), 1, noop, fence.ErrInvalidArgument, "more than 1024"},
+		{"long resource", 0, strings.Repeat("r", sqlguard.MaxResourceLen+1), 1, noop, fence.ErrInvalidArgument, "longer than 1024 bytes"},
 		{"nil fn", 0, "r", 1, nil, fence.ErrInvalidArgument, "nil function"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

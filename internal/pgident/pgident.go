@@ -5,9 +5,9 @@
 package pgident
 
 import (
-	"fmt"
 	"strings"
-	"unicode/utf8"
+
+	"github.com/fencekit/fencekit/internal/names"
 )
 
 // MaxLen is PostgreSQL's identifier limit (NAMEDATALEN-1 bytes). The server
@@ -20,20 +20,7 @@ const MaxLen = 63
 // MaxLen bytes, not valid UTF-8, or containing a NUL byte or another control
 // character.
 func Check(sentinel error, kind, s string) error {
-	switch {
-	case s == "":
-		return fmt.Errorf("%w: empty %s name", sentinel, kind)
-	case len(s) > MaxLen:
-		return fmt.Errorf("%w: %s name %q is longer than %d bytes", sentinel, kind, s, MaxLen)
-	case !utf8.ValidString(s):
-		return fmt.Errorf("%w: %s name %q is not valid UTF-8", sentinel, kind, s)
-	}
-	for _, r := range s {
-		if r < 0x20 || r == 0x7f {
-			return fmt.Errorf("%w: %s name %q contains a NUL byte or another control character", sentinel, kind, s)
-		}
-	}
-	return nil
+	return names.Check(sentinel, kind+" name", s, names.Rules{Max: MaxLen, NoControl: true})
 }
 
 // Quote returns the parts as one quoted, dot-separated PostgreSQL

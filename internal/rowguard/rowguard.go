@@ -16,9 +16,9 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
-	"unicode/utf8"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/names"
 )
 
 // LockVersion is the column row-level fencing reads and writes.
@@ -347,17 +347,7 @@ func Retryable(err error, driver func(error) bool) bool {
 // CheckResource checks a resource name of a Guard (resource-level
 // fencing): not empty, at most max bytes, UTF-8, no NUL byte.
 func CheckResource(resource string, max int) error {
-	switch {
-	case resource == "":
-		return fmt.Errorf("%w: empty resource name", fence.ErrInvalidArgument)
-	case len(resource) > max:
-		return fmt.Errorf("%w: resource name is %d bytes, more than %d", fence.ErrInvalidArgument, len(resource), max)
-	case !utf8.ValidString(resource):
-		return fmt.Errorf("%w: resource name %q is not valid UTF-8", fence.ErrInvalidArgument, resource)
-	case strings.IndexByte(resource, 0) >= 0:
-		return fmt.Errorf("%w: resource name %q contains a NUL byte", fence.ErrInvalidArgument, resource)
-	}
-	return nil
+	return names.Check(fence.ErrInvalidArgument, "resource name", resource, names.Rules{Max: max})
 }
 
 // IsNull reports whether a driver would send v as SQL NULL: v is nil, a

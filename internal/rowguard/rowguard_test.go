@@ -140,7 +140,7 @@ func TestCheckFencedAndRetryable(t *testing.T) {
 			t.Errorf("CheckFenced = %v, want %v", err, want)
 		}
 	}
-	for _, want := range []string{"nil database", "nil function", "more than 10"} {
+	for _, want := range []string{"nil database", "nil function", "longer than 10 bytes"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("CheckFenced = %v; want %q", err, want)
 		}

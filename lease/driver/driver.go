@@ -123,10 +123,9 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/names"
 )
 
 var (
@@ -426,20 +425,7 @@ const MaxNameLen = 512
 // a lease name: empty, longer than MaxNameLen bytes, not valid UTF-8, or
 // containing control characters. The Manager calls it before any I/O.
 func ValidateName(name string) error {
-	switch {
-	case name == "":
-		return fmt.Errorf("%w: name is empty", ErrInvalidName)
-	case len(name) > MaxNameLen:
-		return fmt.Errorf("%w: name is %d bytes, the limit is %d", ErrInvalidName, len(name), MaxNameLen)
-	case !utf8.ValidString(name):
-		return fmt.Errorf("%w: name %q is not valid UTF-8", ErrInvalidName, name)
-	}
-	for _, r := range name {
-		if unicode.IsControl(r) {
-			return fmt.Errorf("%w: name %q contains the control character %U", ErrInvalidName, name, r)
-		}
-	}
-	return nil
+	return names.Check(ErrInvalidName, "name", name, names.Rules{Max: MaxNameLen, NoControl: true, C1: true})
 }
 
 // Inspector is implemented by backends that can say who holds a lease now
