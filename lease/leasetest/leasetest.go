@@ -15,14 +15,16 @@
 // compare-and-set renew and release on owner and token, expiry, watch
 // signals, batches, tokens after the store lost its data, losses the store
 // pushes) and through a lease.Manager (exclusivity under contention over
-// several connections, release semantics, loss at the local deadline,
-// prompt wake-up of waiters, a release racing renewals, a semaphore's
-// bound on its holders), where the store keeps waiters in line, FIFO
-// hand-off (arrival order, waiters that give up or die, a holder that
-// dies), and the operator's capabilities (driver.Lister: the leases
-// under a prefix with their holders and waiters; driver.Revoker: a grant
-// ended from another process, its owner refused, its Manager's lease
-// ended at its next renewal, the next token greater).
+// several connections, names the store never sees because the Manager
+// refuses them, the longest names kept apart, release semantics, loss at
+// the local deadline, prompt wake-up of waiters, a release racing
+// renewals, a semaphore's bound on its holders), where the store keeps
+// waiters in line, FIFO hand-off (arrival order, waiters that give up or
+// die, a holder that dies), and the operator's capabilities
+// (driver.Lister: the leases under a prefix with their holders and
+// waiters; driver.Revoker: a grant ended from another process, its owner
+// refused, its Manager's lease ended at its next renewal, the next token
+// greater).
 //
 // CheckLostByDeadline serves a backend's own fault tests (a store that
 // stopped answering): it checks a lost lease's deadline by the rule and
@@ -129,6 +131,8 @@ func Run(t *testing.T, cfg Config) {
 		{"ExpiresAfterTTL", testExpiresAfterTTL},
 		{"RenewKeepsLeaseAlive", testRenewKeepsAlive},
 		{"NamesDoNotCollide", testNamesDoNotCollide},
+		{"LongestNamesAreKeptApart", testLongestNamesAreKeptApart},
+		{"ManagerRefusesInvalidNames", testManagerRefusesInvalidNames},
 		{"WatchSignalsRelease", testWatchSignalsRelease},
 		{"RenewBatchComparesOwnerAndToken", testRenewBatch},
 		{"TokensGrowAfterDataLoss", testTokensGrowAfterDataLoss},
