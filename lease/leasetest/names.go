@@ -3,6 +3,7 @@ package leasetest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -131,5 +132,20 @@ func testLongestNamesAreKeptApart(t *testing.T, s *suite) {
 		if err := l.Release(ctxT(t)); err != nil {
 			t.Fatalf("Release of the name ending in %q: %v", l.Name()[len(l.Name())-1:], err)
 		}
+	}
+}
+
+func testNamesDoNotCollide(t *testing.T, s *suite) {
+	b := s.backend()
+	base := name(t)
+	names := []string{base + "a{b}c", base + "a%7Bb%7Dc", base + "}", base + "{", base + "ünï/cødé", base + "a:b", base + "a b", base + "a/b", base + "a//b", base + "/", base + ".."}
+	// Each name with its own owner: names that shared a key would refuse
+	// the second owner.
+	var gs []driver.Grant
+	for i, n := range names {
+		gs = append(gs, mustAcquire(t, b, req(n, fmt.Sprintf("owner-%d", i), s.long)))
+	}
+	for _, g := range gs {
+		release(t, b, g)
 	}
 }
