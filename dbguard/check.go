@@ -159,7 +159,7 @@ func (t *Table) noTable(op string, err error) error {
 
 func (t *Table) noLockVersion(op string, err error) error {
 	return &fence.SetupError{Err: withCause(fmt.Errorf("dbguard: %s: %w: %s", op, fence.ErrNoLockVersion, t.spec.Name), err),
-		Fix: fmt.Sprintf("add it with `fencekit migrate add-lock-version --dialect %s --table %s --apply` (or migrations.ApplyLockVersionFor)", t.d, t.spec.Name)}
+		Fix: fmt.Sprintf("add it with `fencekit migrate add-lock-version --dialect %s --table %s --apply` (or migrations.ApplyLockVersion with migrations.WithDialect)", t.d, t.spec.Name)}
 }
 
 func (t *Table) lockVersionType(op, what string, err error) error {

@@ -357,7 +357,7 @@ func (g *Guard) notMigrated(op string, err error) error {
 	if err != nil {
 		what = fmt.Errorf("%w: %w", what, err)
 	}
-	return &fence.SetupError{Err: what, Fix: "run `fencekit migrate up --dialect " + g.d.String() + "` there (or migrations.UpFor), or fix Options.Database"}
+	return &fence.SetupError{Err: what, Fix: "run `fencekit migrate up --dialect " + g.d.String() + "` there (or migrations.Up with migrations.WithDialect), or fix Options.Database"}
 }
 
 // unprepared runs query in tx with the shape of a prepared *sql.Stmt.

@@ -14,9 +14,9 @@ import (
 )
 
 // LedgerTable is the toolkit's ledger table, created by `fencekit migrate
-// up --dialect mysql|sqlite` (migrations.UpFor, migration 00002 of each)
-// beside fencekit_resource_tokens, with the columns job, run_key, done_at
-// and lock_version (see Ledger).
+// up --dialect mysql|sqlite` (migrations.Up with migrations.WithDialect,
+// migration 00002 of each) beside fencekit_resource_tokens, with the
+// columns job, run_key, done_at and lock_version (see Ledger).
 const LedgerTable = "fencekit_job_runs"
 
 // The columns of a ledger's table.

@@ -186,7 +186,7 @@ func (d Dialect) migrationProblem(ctx context.Context, db DBTX, database string,
 	case n > 0:
 		return nil
 	}
-	return fence.Setup("run `fencekit migrate up --dialect "+d.String()+"` (or migrations.UpFor)",
+	return fence.Setup("run `fencekit migrate up --dialect "+d.String()+"` (or migrations.Up with migrations.WithDialect)",
 		"dbguard: check: %w: migration %05d (%s) is not applied", fence.ErrNotMigrated, version, what)
 }
 

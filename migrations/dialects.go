@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 	"strings"
-	"time"
 
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/database"
@@ -19,46 +18,66 @@ import (
 // database with its own driver (github.com/go-sql-driver/mysql,
 // modernc.org/sqlite) and inherits nothing of the other.
 
-// Dialects the SQL-database functions below take: goose's own names.
+// Dialects the functions of this package take, through WithDialect:
+// goose's own names.
 const (
-	DialectMySQL  = goose.DialectMySQL
-	DialectSQLite = goose.DialectSQLite3
+	DialectPostgres = goose.DialectPostgres
+	DialectMySQL    = goose.DialectMySQL
+	DialectSQLite   = goose.DialectSQLite3
 )
 
-// FSFor returns the embedded migrations of dialect (DialectMySQL,
-// DialectSQLite or goose.DialectPostgres) at the root of the returned file
-// system.
-func FSFor(dialect goose.Dialect) (fs.FS, error) {
-	dir := ""
+// Options are what the functions of this package take besides their
+// arguments. The zero value means PostgreSQL.
+type Options struct {
+	// Dialect is the database the migrations are for: DialectPostgres
+	// (the default, when empty), DialectMySQL (MySQL and MariaDB) or
+	// DialectSQLite. Another dialect makes every function return an error
+	// matching ErrInvalid, before any I/O.
+	Dialect goose.Dialect
+}
+
+// Option sets a field of Options.
+type Option func(*Options)
+
+// WithDialect sets Options.Dialect: the functions of this package then
+// work on MySQL/MariaDB (DialectMySQL) or SQLite (DialectSQLite) instead of
+// PostgreSQL.
+func WithDialect(d goose.Dialect) Option { return func(o *Options) { o.Dialect = d } }
+
+// applyOptions applies opts to the defaults and checks the dialect.
+func applyOptions(opts []Option) (Options, error) {
+	var o Options
+	for _, f := range opts {
+		if f != nil {
+			f(&o)
+		}
+	}
+	switch o.Dialect {
+	case "":
+		o.Dialect = DialectPostgres
+	case DialectPostgres, DialectMySQL, DialectSQLite:
+	default:
+		return o, fmt.Errorf("%w: no fencekit migrations for dialect %q (want %q, %q or %q)",
+			ErrInvalid, o.Dialect, DialectPostgres, DialectMySQL, DialectSQLite)
+	}
+	return o, nil
+}
+
+// dialectFS returns the embedded migrations of a checked dialect.
+func dialectFS(dialect goose.Dialect) (fs.FS, error) {
+	dir := "sql"
 	switch dialect {
-	case goose.DialectPostgres:
-		return FS(), nil
 	case DialectMySQL:
 		dir = "sqlmysql"
 	case DialectSQLite:
 		dir = "sqlsqlite"
-	default:
-		return nil, fmt.Errorf("%w: no fencekit migrations for dialect %q (want %q, %q or %q)",
-			ErrInvalid, dialect, goose.DialectPostgres, DialectMySQL, DialectSQLite)
 	}
 	return fs.Sub(embedded, dir)
 }
 
-// NewProviderFor is NewProvider for MySQL/MariaDB and SQLite: a goose
-// Provider over fencekit's migrations of dialect for db, with fencekit's
-// own version table and goose's global registry disabled. goose has no
-// session lock for these databases: the migrations are idempotent (CREATE
-// TABLE IF NOT EXISTS), so two concurrent runs end in the same state, and
-// one of them may fail on goose's version row. For PostgreSQL it is
-// NewProvider.
-func NewProviderFor(ctx context.Context, db *sql.DB, dialect goose.Dialect) (*goose.Provider, error) {
-	if db == nil {
-		return nil, fmt.Errorf("%w: nil database", ErrInvalid)
-	}
-	if dialect == goose.DialectPostgres {
-		return NewProvider(ctx, db)
-	}
-	fsys, err := FSFor(dialect)
+// newSQLProvider is NewProvider for MySQL/MariaDB and SQLite.
+func newSQLProvider(db *sql.DB, dialect goose.Dialect) (*goose.Provider, error) {
+	fsys, err := dialectFS(dialect)
 	if err != nil {
 		return nil, err
 	}
@@ -72,37 +91,9 @@ func NewProviderFor(ctx context.Context, db *sql.DB, dialect goose.Dialect) (*go
 	return p, nil
 }
 
-// UpFor applies every pending fencekit migration of dialect to db (MySQL:
-// the connection's current database; SQLite: main) and returns what it
-// applied. ctx bounds the whole run.
-func UpFor(ctx context.Context, db *sql.DB, dialect goose.Dialect) ([]*goose.MigrationResult, error) {
-	if dialect == goose.DialectPostgres {
-		return Up(ctx, db)
-	}
-	p, err := NewProviderFor(ctx, db, dialect)
-	if err != nil {
-		return nil, err
-	}
-	res, err := p.Up(ctx)
-	if err != nil {
-		return res, fmt.Errorf("migrations: up (%s): %w", dialect, err)
-	}
-	return res, nil
-}
-
-// StatusFor is Status for dialect: it reports each fencekit migration and
-// whether it is applied, and only reads (no version table is created, no
-// lock taken), in one read-only transaction where the database has them
-// (MySQL: START TRANSACTION READ ONLY; SQLite: a deferred transaction that
-// only reads). ctx bounds the queries.
-func StatusFor(ctx context.Context, db *sql.DB, dialect goose.Dialect) ([]*goose.MigrationStatus, error) {
-	if dialect == goose.DialectPostgres {
-		return Status(ctx, db)
-	}
-	p, err := NewProviderFor(ctx, db, dialect)
-	if err != nil {
-		return nil, err
-	}
+// sqlStatus is Status for MySQL/MariaDB and SQLite, over p, a provider of
+// dialect's migrations.
+func sqlStatus(ctx context.Context, db *sql.DB, p *goose.Provider, dialect goose.Dialect) ([]*goose.MigrationStatus, error) {
 	var exists string
 	var storeDialect database.Dialect
 	switch dialect {
@@ -163,8 +154,8 @@ func lockVersionDDL(dialect goose.Dialect, table string) (string, error) {
 	return "", fmt.Errorf("%w: dialect %q", ErrInvalid, dialect)
 }
 
-// quoteFor quotes db.table (db may be empty) for dialect.
-func quoteFor(dialect goose.Dialect, db, table string) string {
+// quoteTable quotes db.table (db may be empty) for dialect.
+func quoteTable(dialect goose.Dialect, db, table string) string {
 	q := func(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
 	if dialect == DialectMySQL {
 		q = func(s string) string { return "`" + strings.ReplaceAll(s, "`", "``") + "`" }
@@ -175,20 +166,19 @@ func quoteFor(dialect goose.Dialect, db, table string) string {
 	return q(db) + "." + q(table)
 }
 
-// ApplyLockVersionFor adds lock_version to table (in database db, or the
-// connection's current one when db is empty) on MySQL/MariaDB or SQLite,
-// unless it is there already; a lock_version column of another type is
-// refused (the guard would refuse to write through it). ctx bounds the
-// statements.
-func ApplyLockVersionFor(ctx context.Context, conn *sql.DB, dialect goose.Dialect, db, table string) error {
+// applySQLLockVersion is ApplyLockVersion for MySQL/MariaDB and SQLite: it
+// adds lock_version to table (in database db, or the connection's current
+// one when db is empty) unless it is there already; a lock_version column
+// of another type is refused (the guard would refuse to write through it).
+func applySQLLockVersion(ctx context.Context, conn *sql.DB, dialect goose.Dialect, db, table string) error {
 	if conn == nil || table == "" || strings.IndexByte(table+db, 0) >= 0 {
 		return fmt.Errorf("%w: nil database or empty or NUL-containing table name", ErrInvalid)
 	}
-	ddl, err := lockVersionDDL(dialect, quoteFor(dialect, db, table))
+	ddl, err := lockVersionDDL(dialect, quoteTable(dialect, db, table))
 	if err != nil {
 		return err
 	}
-	typ, exists, err := lockVersionTypeFor(ctx, conn, dialect, db, table)
+	typ, exists, err := sqlLockVersionType(ctx, conn, dialect, db, table)
 	if err != nil {
 		return err
 	}
@@ -208,9 +198,9 @@ func ApplyLockVersionFor(ctx context.Context, conn *sql.DB, dialect goose.Dialec
 	return nil
 }
 
-// lockVersionTypeFor returns lock_version's declared type ("" when the
+// sqlLockVersionType returns lock_version's declared type ("" when the
 // column is missing) and whether the table exists.
-func lockVersionTypeFor(ctx context.Context, conn *sql.DB, dialect goose.Dialect, db, table string) (string, bool, error) {
+func sqlLockVersionType(ctx context.Context, conn *sql.DB, dialect goose.Dialect, db, table string) (string, bool, error) {
 	var n int
 	var typ string
 	var err error
@@ -230,16 +220,14 @@ func lockVersionTypeFor(ctx context.Context, conn *sql.DB, dialect goose.Dialect
 	return typ, n > 0, nil
 }
 
-// LockVersionMigrationFor returns a goose migration (SQL, with Up and
-// Down sections) that adds lock_version to table (in database db, or the
-// connection's current one when db is empty) on MySQL/MariaDB or SQLite.
-// Unlike the PostgreSQL one it is not idempotent (neither MySQL 8 nor
-// SQLite has ADD COLUMN IF NOT EXISTS): goose runs it once.
-func LockVersionMigrationFor(dialect goose.Dialect, db, table string) (string, error) {
+// sqlLockVersionMigration is LockVersionMigration for MySQL/MariaDB and
+// SQLite: a goose migration that adds lock_version to table (in database
+// db, or the connection's current one when db is empty).
+func sqlLockVersionMigration(dialect goose.Dialect, db, table string) (string, error) {
 	if table == "" || strings.ContainsAny(table+db, "\x00\n\r") {
 		return "", fmt.Errorf("%w: empty table name, or one with NUL or a line break", ErrInvalid)
 	}
-	q := quoteFor(dialect, db, table)
+	q := quoteTable(dialect, db, table)
 	up, err := lockVersionDDL(dialect, q)
 	if err != nil {
 		return "", err
@@ -248,21 +236,4 @@ func LockVersionMigrationFor(dialect goose.Dialect, db, table string) (string, e
 		"-- needs to " + q + ". Generated by fencekit migrate add-lock-version.\n" +
 		"-- Write " + q + " only through dbguard.Table once fenced.\n\n" +
 		"-- +goose Up\n" + up + ";\n\n-- +goose Down\nALTER TABLE " + q + " DROP COLUMN lock_version;\n", nil
-}
-
-// WriteLockVersionMigrationFor writes LockVersionMigrationFor(dialect, db,
-// table) into dir as <version>_fencekit_lock_version_<db>_<table>.sql,
-// choosing the version as WriteMigrationFile does, and returns the file's
-// path. It fails with an error matching ErrMigrationExists if dir already
-// holds the same migration. Nothing is overwritten.
-func WriteLockVersionMigrationFor(dir string, dialect goose.Dialect, db, table string, at time.Time) (string, error) {
-	text, err := LockVersionMigrationFor(dialect, db, table)
-	if err != nil {
-		return "", err
-	}
-	what := table
-	if db != "" {
-		what = db + "." + table
-	}
-	return writeLockVersionFile(dir, fileSafe(TableName{Schema: db, Name: table}), what, text, at)
 }

@@ -25,7 +25,10 @@ const LockVersionColumn = lockversion.Column
 const LockVersionConstraint = "fencekit_lock_version_nonnegative"
 
 // TableName names a table exactly as PostgreSQL stores it (no case folding).
-// An empty Schema means the table is found through the search_path.
+// An empty Schema means the table is found through the search_path. With
+// WithDialect, Schema is the MySQL database (empty: the connection's
+// current one) or the SQLite schema (empty: main), and the names are used
+// exactly as given, without PostgreSQL's limits (Validate).
 type TableName struct {
 	Schema string
 	Name   string
@@ -191,6 +194,14 @@ func lockVersionDown(t TableName) []string {
 // Down may each run more than once. It does no I/O; it returns an error
 // wrapping ErrInvalid for a bad name.
 //
+// With WithDialect(DialectMySQL) or WithDialect(DialectSQLite) Up adds
+// lock_version BIGINT UNSIGNED NOT NULL DEFAULT 0 (MySQL/MariaDB: every
+// token exactly) or INTEGER NOT NULL DEFAULT 0 with a CHECK that keeps it a
+// non-negative integer (SQLite), and Down drops it. Unlike the PostgreSQL
+// one it is not idempotent (neither MySQL 8 nor SQLite has ADD COLUMN IF
+// NOT EXISTS): goose runs it once. The name may not be empty, nor hold a
+// NUL or a line break (ErrInvalid).
+//
 // goose reads every line that starts with "--" and contains "+goose" as an
 // annotation, and ends a statement outside StatementBegin/StatementEnd at
 // a line whose last word before any "--" ends in ";". So the table's name
@@ -198,7 +209,14 @@ func lockVersionDown(t TableName) []string {
 // table, is wrapped in StatementBegin/StatementEnd: whatever the name holds
 // (no line break: Validate refuses control characters), goose reads the
 // file as written. The file name says which table it is for.
-func LockVersionMigration(t TableName) (string, error) {
+func LockVersionMigration(t TableName, opts ...Option) (string, error) {
+	o, err := applyOptions(opts)
+	if err != nil {
+		return "", err
+	}
+	if o.Dialect != DialectPostgres {
+		return sqlLockVersionMigration(o.Dialect, t.Schema, t.Name)
+	}
 	if err := t.Validate(); err != nil {
 		return "", err
 	}
@@ -232,12 +250,25 @@ var ErrMigrationExists = errors.New("migrations: a lock_version migration for th
 // overwrites a file, and fails with an error matching ErrMigrationExists
 // (naming the file) if dir already holds this table's lock_version
 // migration (a *_fencekit_lock_version_*.sql file with the same text).
-func WriteLockVersionMigration(dir string, t TableName, version time.Time) (string, error) {
-	text, err := LockVersionMigration(t)
+// With WithDialect it writes that dialect's migration, named
+// <version>_fencekit_lock_version_<db>_<table>.sql.
+func WriteLockVersionMigration(dir string, t TableName, version time.Time, opts ...Option) (string, error) {
+	o, err := applyOptions(opts)
 	if err != nil {
 		return "", err
 	}
-	return writeLockVersionFile(dir, fileSafe(t), t.String(), text, version)
+	text, err := LockVersionMigration(t, opts...)
+	if err != nil {
+		return "", err
+	}
+	what := t.String()
+	if o.Dialect != DialectPostgres {
+		what = t.Name
+		if t.Schema != "" {
+			what = t.Schema + "." + t.Name
+		}
+	}
+	return writeLockVersionFile(dir, fileSafe(t), what, text, version)
 }
 
 // writeLockVersionFile writes one dialect's lock_version migration text for
@@ -396,7 +427,20 @@ func LockVersionOf(ctx context.Context, db *sql.DB, t TableName) (LockVersionSta
 // error wrapping ErrTableNotFound when t does not exist. ctx bounds the
 // check and the ALTER TABLE, which takes an ACCESS EXCLUSIVE lock on t and,
 // when it adds the check, scans the table once.
-func ApplyLockVersion(ctx context.Context, db *sql.DB, t TableName) error {
+//
+// With WithDialect it adds lock_version to a MySQL/MariaDB or SQLite table
+// as that dialect's LockVersionMigration does, unless the column is there
+// already; a lock_version column of another type is refused (ErrInvalid:
+// the guard would refuse to write through it). The name may not be empty
+// nor hold a NUL (ErrInvalid).
+func ApplyLockVersion(ctx context.Context, db *sql.DB, t TableName, opts ...Option) error {
+	o, err := applyOptions(opts)
+	if err != nil {
+		return err
+	}
+	if o.Dialect != DialectPostgres {
+		return applySQLLockVersion(ctx, db, o.Dialect, t.Schema, t.Name)
+	}
 	ok, err := TableExists(ctx, db, t)
 	if err != nil {
 		return err

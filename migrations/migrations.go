@@ -50,6 +50,14 @@
 // lock_version must be written by the guard and nothing else: a plain UPDATE
 // that does not go through sqlguard is not fenced, and a stale holder using
 // one can overwrite newer data. See package sqlguard.
+//
+// # MySQL/MariaDB and SQLite
+//
+// Package dbguard's tables have migrations of their own, embedded beside
+// these. Every function above takes them with one option,
+// WithDialect(DialectMySQL) or WithDialect(DialectSQLite): Up, Down,
+// DownTo, Status, NewProvider, FS, ApplyLockVersion, LockVersionMigration
+// and WriteLockVersionMigration. Without it they work on PostgreSQL.
 package migrations
 
 import (
@@ -112,15 +120,16 @@ var ErrInvalid = errors.New("migrations: invalid argument")
 // migration does not exist.
 var ErrTableNotFound = errors.New("migrations: table not found")
 
-// FS returns the embedded SQL migrations (goose format) at the root of the
-// returned file system.
-func FS() fs.FS {
-	sub, err := fs.Sub(embedded, "sql")
+// FS returns the embedded SQL migrations (goose format) of the dialect
+// (Options.Dialect: PostgreSQL unless WithDialect says otherwise) at the
+// root of the returned file system. The only error is an unknown dialect
+// (ErrInvalid).
+func FS(opts ...Option) (fs.FS, error) {
+	o, err := applyOptions(opts)
 	if err != nil {
-		// The directory is embedded at build time; this cannot happen.
-		panic(err)
+		return nil, err
 	}
-	return sub
+	return dialectFS(o.Dialect)
 }
 
 // Open returns a *sql.DB over pgx's database/sql driver for databaseURL
@@ -153,9 +162,23 @@ func Open(databaseURL, schema string) (*sql.DB, error) {
 // Use it for the goose operations that Up, Down and Status do not cover.
 // Do not call the Provider's Close unless you mean to close db: goose's
 // Close closes the database it was given.
-func NewProvider(ctx context.Context, db *sql.DB) (*goose.Provider, error) {
+//
+// WithDialect(DialectMySQL) or WithDialect(DialectSQLite) gives a Provider
+// of those migrations instead, with the same version table and goose's
+// global registry disabled, and without I/O. goose has no session lock for
+// these databases: the migrations are idempotent (CREATE TABLE IF NOT
+// EXISTS), so two concurrent runs end in the same state, and one of them
+// may fail on goose's version row.
+func NewProvider(ctx context.Context, db *sql.DB, opts ...Option) (*goose.Provider, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: nil database", ErrInvalid)
+	}
+	o, err := applyOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	if o.Dialect != DialectPostgres {
+		return newSQLProvider(db, o.Dialect)
 	}
 	var schema sql.NullString
 	if err := db.QueryRowContext(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
@@ -172,7 +195,11 @@ func NewProvider(ctx context.Context, db *sql.DB) (*goose.Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("migrations: session locker: %w", err)
 	}
-	p, err := goose.NewProvider(goose.DialectPostgres, db, FS(),
+	fsys, err := dialectFS(DialectPostgres)
+	if err != nil {
+		return nil, err
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, db, fsys,
 		goose.WithTableName(VersionTable),
 		goose.WithDisableGlobalRegistry(true),
 		goose.WithSessionLocker(locker),
@@ -195,13 +222,18 @@ func lockID(schema string) int64 {
 // Up applies every pending fencekit migration to db's current schema and
 // returns what it applied (nothing when up to date). ctx bounds the whole
 // run, including the wait for another run's lock (at most 5 minutes).
-func Up(ctx context.Context, db *sql.DB) ([]*goose.MigrationResult, error) {
-	p, err := NewProvider(ctx, db)
+// With WithDialect it applies the migrations of MySQL/MariaDB (to the
+// connection's current database) or SQLite (to main).
+func Up(ctx context.Context, db *sql.DB, opts ...Option) ([]*goose.MigrationResult, error) {
+	p, err := NewProvider(ctx, db, opts...)
 	if err != nil {
 		return nil, err
 	}
 	res, err := p.Up(ctx)
 	if err != nil {
+		if o, _ := applyOptions(opts); o.Dialect != DialectPostgres {
+			return res, fmt.Errorf("migrations: up (%s): %w", o.Dialect, err)
+		}
 		return res, fmt.Errorf("migrations: up: %w", err)
 	}
 	return res, nil
@@ -210,18 +242,20 @@ func Up(ctx context.Context, db *sql.DB) ([]*goose.MigrationResult, error) {
 // Down rolls back every fencekit migration in db's current schema: it drops
 // fencekit's tables and with them every stored resource token. Tokens
 // issued afterwards are accepted from zero again, so run it only when no
-// fenced writer is left. ctx bounds the whole run.
-func Down(ctx context.Context, db *sql.DB) ([]*goose.MigrationResult, error) {
-	return DownTo(ctx, db, 0)
+// fenced writer is left. ctx bounds the whole run. WithDialect selects
+// the migrations of MySQL/MariaDB or SQLite, as for Up.
+func Down(ctx context.Context, db *sql.DB, opts ...Option) ([]*goose.MigrationResult, error) {
+	return DownTo(ctx, db, 0, opts...)
 }
 
 // DownTo rolls back fencekit migrations newer than version (0 rolls back
-// all of them). ctx bounds the whole run.
-func DownTo(ctx context.Context, db *sql.DB, version int64) ([]*goose.MigrationResult, error) {
+// all of them). ctx bounds the whole run. WithDialect selects the
+// migrations of MySQL/MariaDB or SQLite, as for Up.
+func DownTo(ctx context.Context, db *sql.DB, version int64, opts ...Option) ([]*goose.MigrationResult, error) {
 	if version < 0 {
 		return nil, fmt.Errorf("%w: negative version %d", ErrInvalid, version)
 	}
-	p, err := NewProvider(ctx, db)
+	p, err := NewProvider(ctx, db, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -249,10 +283,18 @@ func noSchema(ctx context.Context, db *sql.DB) error {
 // SELECT) and while another run migrates. Every migration is pending when
 // the version table does not exist. It reads in one READ ONLY transaction,
 // so the answer is one snapshot. ctx bounds the queries.
-func Status(ctx context.Context, db *sql.DB) ([]*goose.MigrationStatus, error) {
-	p, err := NewProvider(ctx, db)
+//
+// With WithDialect it reports the migrations of MySQL/MariaDB or SQLite,
+// just as read-only: in one read-only transaction where the database has
+// them (MySQL: START TRANSACTION READ ONLY; SQLite: a deferred transaction
+// that only reads).
+func Status(ctx context.Context, db *sql.DB, opts ...Option) ([]*goose.MigrationStatus, error) {
+	p, err := NewProvider(ctx, db, opts...)
 	if err != nil {
 		return nil, err
+	}
+	if o, _ := applyOptions(opts); o.Dialect != DialectPostgres {
+		return sqlStatus(ctx, db, p, o.Dialect)
 	}
 	store, err := database.NewStore(database.DialectPostgres, VersionTable)
 	if err != nil {

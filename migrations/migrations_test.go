@@ -86,12 +86,23 @@ func objects(t *testing.T, db *sql.DB, schema string) (table, fn, version bool) 
 	return table, fn, version
 }
 
+// embeddedFS is migrations.FS(opts...), which fails only for an unknown
+// dialect.
+func embeddedFS(t *testing.T, opts ...migrations.Option) fs.FS {
+	t.Helper()
+	fsys, err := migrations.FS(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fsys
+}
+
 func TestUpDownUp(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	schema, db := newSchema(t)
 
-	files, err := fs.Glob(migrations.FS(), "*.sql")
+	files, err := fs.Glob(embeddedFS(t), "*.sql")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("embedded migrations: %v, %v", files, err)
 	}
@@ -248,11 +259,11 @@ func TestOpenAndSchemaErrors(t *testing.T) {
 // LedgerTable keyed by job and run key, so that the errors that name it
 // (sqlguard.Ledger's) point at the right one.
 func TestLedgerMigrationCreatesTheLedgerTable(t *testing.T) {
-	files, err := fs.Glob(migrations.FS(), fmt.Sprintf("%05d_*.sql", migrations.LedgerMigration))
+	files, err := fs.Glob(embeddedFS(t), fmt.Sprintf("%05d_*.sql", migrations.LedgerMigration))
 	if err != nil || len(files) != 1 {
 		t.Fatalf("migration %05d: %v, %v", migrations.LedgerMigration, files, err)
 	}
-	src, err := fs.ReadFile(migrations.FS(), files[0])
+	src, err := fs.ReadFile(embeddedFS(t), files[0])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,11 +275,11 @@ func TestLedgerMigrationCreatesTheLedgerTable(t *testing.T) {
 // The job table's migration is the one JobsMigration names, and it
 // creates JobsTable with the columns sqlguard.Jobs reads and writes.
 func TestJobsMigrationCreatesTheJobTable(t *testing.T) {
-	files, err := fs.Glob(migrations.FS(), fmt.Sprintf("%05d_*.sql", migrations.JobsMigration))
+	files, err := fs.Glob(embeddedFS(t), fmt.Sprintf("%05d_*.sql", migrations.JobsMigration))
 	if err != nil || len(files) != 1 {
 		t.Fatalf("migration %05d: %v, %v", migrations.JobsMigration, files, err)
 	}
-	src, err := fs.ReadFile(migrations.FS(), files[0])
+	src, err := fs.ReadFile(embeddedFS(t), files[0])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,7 +299,7 @@ func TestJobsMigrationCreatesTheJobTable(t *testing.T) {
 // run key (dbguard.Ledger's errors name it).
 func TestLedgerMigrationForCreatesTheLedgerTable(t *testing.T) {
 	for _, d := range []goose.Dialect{migrations.DialectMySQL, migrations.DialectSQLite} {
-		fsys, err := migrations.FSFor(d)
+		fsys, err := migrations.FS(migrations.WithDialect(d))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -302,6 +313,35 @@ func TestLedgerMigrationForCreatesTheLedgerTable(t *testing.T) {
 		}
 		if s := string(src); !strings.Contains(s, "CREATE TABLE IF NOT EXISTS "+migrations.LedgerTable+" (") || !strings.Contains(s, "PRIMARY KEY (job, run_key)") {
 			t.Fatalf("%s: %s does not create %s keyed by (job, run_key):\n%s", d, files[0], migrations.LedgerTable, s)
+		}
+	}
+}
+
+// Every function refuses a dialect it has no migrations for, with an
+// error that matches ErrInvalid and names the dialects it has, before any
+// I/O: db points at a port where nothing listens.
+func TestUnknownDialectIsRefusedBeforeIO(t *testing.T) {
+	db, err := sql.Open("pgx", "postgres://127.0.0.1:1/none?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	bad := migrations.WithDialect("oracle")
+	tbl := migrations.TableName{Name: "orders"}
+	calls := map[string]error{}
+	_, calls["FS"] = migrations.FS(bad)
+	_, calls["NewProvider"] = migrations.NewProvider(ctx, db, bad)
+	_, calls["Up"] = migrations.Up(ctx, db, bad)
+	_, calls["Down"] = migrations.Down(ctx, db, bad)
+	_, calls["DownTo"] = migrations.DownTo(ctx, db, 1, bad)
+	_, calls["Status"] = migrations.Status(ctx, db, bad)
+	calls["ApplyLockVersion"] = migrations.ApplyLockVersion(ctx, db, tbl, bad)
+	_, calls["LockVersionMigration"] = migrations.LockVersionMigration(tbl, bad)
+	_, calls["WriteLockVersionMigration"] = migrations.WriteLockVersionMigration(t.TempDir(), tbl, time.Now(), bad)
+	for call, err := range calls {
+		if !errors.Is(err, migrations.ErrInvalid) || !strings.Contains(err.Error(), `no fencekit migrations for dialect "oracle"`) {
+			t.Errorf("%s with dialect oracle = %v, want ErrInvalid naming the dialects there are", call, err)
 		}
 	}
 }

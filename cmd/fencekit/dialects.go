@@ -73,9 +73,10 @@ func splitTable(s string) (db, table string) {
 
 // runSQLDialect runs a migrate subcommand on MySQL or SQLite.
 func runSQLDialect(ctx context.Context, sub string, dialect goose.Dialect, db *sql.DB, to int64, table, out string, apply bool, w io.Writer) error {
+	d := migrations.WithDialect(dialect)
 	switch sub {
 	case "up":
-		res, err := migrations.UpFor(ctx, db, dialect)
+		res, err := migrations.Up(ctx, db, d)
 		for _, r := range res {
 			fmt.Fprintln(w, r)
 		}
@@ -84,17 +85,13 @@ func runSQLDialect(ctx context.Context, sub string, dialect goose.Dialect, db *s
 		}
 		return err
 	case "down":
-		p, err := migrations.NewProviderFor(ctx, db, dialect)
-		if err != nil {
-			return err
-		}
-		res, err := p.DownTo(ctx, to)
+		res, err := migrations.DownTo(ctx, db, to, d)
 		for _, r := range res {
 			fmt.Fprintln(w, r)
 		}
 		return err
 	case "status":
-		st, err := migrations.StatusFor(ctx, db, dialect)
+		st, err := migrations.Status(ctx, db, d)
 		if err != nil {
 			return err
 		}
@@ -104,20 +101,21 @@ func runSQLDialect(ctx context.Context, sub string, dialect goose.Dialect, db *s
 		}
 		return nil
 	case "add-lock-version":
-		dbName, tbl := splitTable(table)
-		text, err := migrations.LockVersionMigrationFor(dialect, dbName, tbl)
+		dbName, name := splitTable(table)
+		tbl := migrations.TableName{Schema: dbName, Name: name}
+		text, err := migrations.LockVersionMigration(tbl, d)
 		if err != nil {
 			return err
 		}
 		if out != "" {
-			path, err := migrations.WriteLockVersionMigrationFor(out, dialect, dbName, tbl, time.Now())
+			path, err := migrations.WriteLockVersionMigration(out, tbl, time.Now(), d)
 			if err != nil {
 				return err
 			}
 			fmt.Fprintf(w, "wrote %s\n", path)
 		}
 		if apply {
-			if err := migrations.ApplyLockVersionFor(ctx, db, dialect, dbName, tbl); err != nil {
+			if err := migrations.ApplyLockVersion(ctx, db, tbl, d); err != nil {
 				return err
 			}
 			fmt.Fprintf(w, "%s has lock_version (added if it was missing; existing rows start at 0)\n", table)

@@ -504,7 +504,11 @@ func versionLine() string {
 // latestMigration is the highest version among the embedded PostgreSQL
 // migrations (0 if none can be read).
 func latestMigration() int64 {
-	names, _ := fs.Glob(migrations.FS(), "*.sql")
+	fsys, err := migrations.FS()
+	if err != nil {
+		return 0
+	}
+	names, _ := fs.Glob(fsys, "*.sql")
 	var latest int64
 	for _, n := range names {
 		digits := n[:strings.IndexFunc(n+"_", func(r rune) bool { return r < '0' || r > '9' })]

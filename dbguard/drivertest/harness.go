@@ -139,7 +139,7 @@ func open(tb testing.TB, d *DB) *DB {
 	d.SQL = db
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := migrations.UpFor(ctx, db, GooseDialect(d.Dialect)); err != nil {
+	if _, err := migrations.Up(ctx, db, migrations.WithDialect(GooseDialect(d.Dialect))); err != nil {
 		tb.Fatalf("drivertest: migrations: %v", err)
 	}
 	return d

@@ -77,7 +77,7 @@ func (sc *scenario) fill(ctx context.Context, orders int) error {
 		return err
 	}
 	defer db.Close()
-	if _, err := migrations.UpFor(ctx, db, migrations.DialectMySQL); err != nil {
+	if _, err := migrations.Up(ctx, db, migrations.WithDialect(migrations.DialectMySQL)); err != nil {
 		return fmt.Errorf("fencekit migrations: %w", err)
 	}
 	for _, ddl := range []string{
@@ -94,7 +94,7 @@ func (sc *scenario) fill(ctx context.Context, orders int) error {
 			return fmt.Errorf("create table: %w", err)
 		}
 	}
-	if err := migrations.ApplyLockVersionFor(ctx, db, migrations.DialectMySQL, "", "orders"); err != nil {
+	if err := migrations.ApplyLockVersion(ctx, db, migrations.TableName{Name: "orders"}, migrations.WithDialect(migrations.DialectMySQL)); err != nil {
 		return err
 	}
 	for id := 1; id <= orders; id++ {

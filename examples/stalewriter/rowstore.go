@@ -109,13 +109,13 @@ func (sc *scenario) createRowTable(ctx context.Context, db *sql.DB) error {
 		gd = migrations.DialectMySQL
 		ddl = `CREATE TABLE report (id VARCHAR(64) PRIMARY KEY, written_by TEXT NOT NULL, token BIGINT UNSIGNED NOT NULL, note TEXT NOT NULL)`
 	}
-	if _, err := migrations.UpFor(ctx, db, gd); err != nil {
+	if _, err := migrations.Up(ctx, db, migrations.WithDialect(gd)); err != nil {
 		return err
 	}
 	if _, err := db.ExecContext(ctx, ddl); err != nil {
 		return fmt.Errorf("create table: %w", err)
 	}
-	if err := migrations.ApplyLockVersionFor(ctx, db, gd, "", "report"); err != nil {
+	if err := migrations.ApplyLockVersion(ctx, db, migrations.TableName{Name: "report"}, migrations.WithDialect(gd)); err != nil {
 		return err
 	}
 	_, err := db.ExecContext(ctx, `INSERT INTO report (id, written_by, token, note) VALUES (?, '', 0, 'not written yet')`, sc.cfg.RowID)

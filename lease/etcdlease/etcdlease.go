@@ -362,9 +362,6 @@ func ttlSeconds(ttl time.Duration) (int64, error) {
 // credentials and permissions match driver.ErrSetup, with the fix (see
 // Check); they end a blocking Acquire at once.
 func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
-	if err := driver.ValidateName(req.Name); err != nil {
-		return driver.Grant{}, err
-	}
 	if req.Owner == "" {
 		return driver.Grant{}, errors.New("etcdlease: acquire: owner is empty")
 	}
@@ -822,9 +819,6 @@ func (b *Backend) Release(ctx context.Context, g driver.Grant) error {
 // It returns nil whether or not the owner held the name; an outcome that
 // stays unknown is sent again until ctx ends, as Release does.
 func (b *Backend) Abandon(ctx context.Context, req driver.Request) error {
-	if err := driver.ValidateName(req.Name); err != nil {
-		return err
-	}
 	if req.Owner == "" {
 		return errors.New("etcdlease: abandon: owner is empty")
 	}
@@ -1170,9 +1164,6 @@ func (b *Backend) newEpochAfterRewind(ctx context.Context, ep *epoch, floor int6
 // returns an error matching driver.ErrNotHeld when the key is absent (or
 // its lease was gone by the second request).
 func (b *Backend) Holder(ctx context.Context, name string) (driver.Holder, error) {
-	if err := driver.ValidateName(name); err != nil {
-		return driver.Holder{}, err
-	}
 	resp, err := b.c.Txn(ctx).Then(clientv3.OpGet(b.Key(name)), clientv3.OpGet(b.epochKey)).Commit()
 	if err != nil {
 		return driver.Holder{}, fmt.Errorf("etcdlease: holder of %q: %w", name, b.setup(err))

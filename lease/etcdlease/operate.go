@@ -61,6 +61,9 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]driver.Status, err
 // Status implements driver.Lister: Holder (two round trips) and a count of
 // the places in line (one).
 func (b *Backend) Status(ctx context.Context, name string) (driver.Status, error) {
+	if err := driver.ValidateName(name); err != nil {
+		return driver.Status{}, err
+	}
 	st := driver.Status{Name: name}
 	h, err := b.Holder(ctx, name)
 	switch {

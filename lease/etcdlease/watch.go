@@ -33,9 +33,6 @@ import (
 // when the member the client talks to loses its leader, the watch ends and
 // every waiter is signalled, so that each tries again (and then polls).
 func (b *Backend) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
-	if err := driver.ValidateName(name); err != nil {
-		return nil, nil, err
-	}
 	w := &waiter{ch: make(chan struct{}, 1)}
 	b.mu.Lock()
 	if b.closed {

@@ -58,15 +58,12 @@ func notAcquired(name string) error { return &driver.NotAcquiredError{Name: name
 // their end, and a node they created for this call is deleted.
 //
 // Errors: a *driver.NotAcquiredError (ErrNotAcquired) when another owner
-// holds or is ahead in the queue; driver.ErrInvalidName, or an error naming
-// the TTL's bounds, before any I/O; ErrSessionTimeout; ErrSessionReplaced
+// holds or is ahead in the queue; an error naming the TTL's bounds, before
+// any I/O; ErrSessionTimeout; ErrSessionReplaced
 // when the session changed during the attempt; ErrClosed; go-zookeeper's
 // errors, wrapped, those retrying cannot fix (an ACL that refuses the
 // backend, see Check) matching driver.ErrSetup; ctx's error, wrapped.
 func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
-	if err := driver.ValidateName(req.Name); err != nil {
-		return driver.Grant{}, err
-	}
 	if err := b.checkTTL(req.TTL); err != nil {
 		return driver.Grant{}, err
 	}

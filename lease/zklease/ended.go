@@ -287,12 +287,9 @@ func (b *Backend) releaseNode(g driver.Grant, path string, expired bool) error {
 // refusal hold for any backend, as the contract asks.
 //
 // Like the other calls it runs to its end even when ctx ends first (ctx
-// bounds the wait). Errors: ErrClosed, driver.ErrInvalidName before any
-// I/O, go-zookeeper's errors (wrapped), ctx's error (wrapped).
+// bounds the wait). Errors: ErrClosed, go-zookeeper's errors (wrapped),
+// ctx's error (wrapped).
 func (b *Backend) Abandon(ctx context.Context, req driver.Request) error {
-	if err := driver.ValidateName(req.Name); err != nil {
-		return err
-	}
 	if req.Owner == "" {
 		return errors.New("zklease: abandon: owner is empty")
 	}

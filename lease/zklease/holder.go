@@ -40,13 +40,9 @@ const maxHolderWait = 2 * time.Second
 // created for one of its owners and then granted to another of its owners
 // names the first until the write lands.
 //
-// Errors: driver.ErrNotHeld when no node is queued; driver.ErrInvalidName
-// before any I/O; ErrClosed; go-zookeeper's errors, wrapped; ctx's error,
-// wrapped.
+// Errors: driver.ErrNotHeld when no node is queued; ErrClosed;
+// go-zookeeper's errors, wrapped; ctx's error, wrapped.
 func (b *Backend) Holder(ctx context.Context, name string) (driver.Holder, error) {
-	if err := driver.ValidateName(name); err != nil {
-		return driver.Holder{}, err
-	}
 	parent := ParentPath(b.o.Root, name)
 	var h driver.Holder
 	err := b.async(ctx, "holder", name, func() error {

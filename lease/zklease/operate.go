@@ -90,6 +90,9 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]driver.Status, err
 // and places in line alike. A place whose waiter died is counted until
 // its session ends (ZooKeeper keeps no time a read could compare with).
 func (b *Backend) Status(ctx context.Context, name string) (driver.Status, error) {
+	if err := driver.ValidateName(name); err != nil {
+		return driver.Status{}, err
+	}
 	st := driver.Status{Name: name}
 	h, err := b.Holder(ctx, name)
 	switch {

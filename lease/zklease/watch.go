@@ -6,8 +6,6 @@ import (
 	"sync"
 
 	"github.com/go-zookeeper/zk"
-
-	"github.com/fencekit/fencekit/lease/driver"
 )
 
 // Watch implements driver.Watcher without a herd: the backend puts one node
@@ -25,12 +23,9 @@ import (
 // when the last subscription of the name ends, the ticket is deleted. A
 // lost session drops the ticket and signals the waiters, whose next
 // attempt queues again. ctx bounds the requests of the subscription only.
-// Errors: driver.ErrInvalidName before any I/O, ErrClosed, go-zookeeper's
-// errors (wrapped), ctx's error (wrapped).
+// Errors: ErrClosed, go-zookeeper's errors (wrapped), ctx's error
+// (wrapped).
 func (b *Backend) Watch(ctx context.Context, name string) (<-chan struct{}, func(), error) {
-	if err := driver.ValidateName(name); err != nil {
-		return nil, nil, err
-	}
 	s := &sub{ch: make(chan struct{}, 1)}
 	_, err := run(b, ctx, name, func(ns *nameState) (struct{}, error) {
 		b.mu.Lock()
