@@ -13,6 +13,7 @@ import (
 	"github.com/go-redsync/redsync/v4"
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 
+	"github.com/fencekit/fencekit/internal/pairbench"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/redislease"
 	"github.com/fencekit/fencekit/lease/redislease/redistest"
@@ -141,9 +142,7 @@ func BenchmarkHandoff(b *testing.B) {
 				b.Fatalf("%d hand-offs measured, want %d", len(res.samples), b.N)
 			}
 			b.ReportMetric(0, "ns/op")
-			b.ReportMetric(float64(Mean(res.samples)), "mean-ns")
-			b.ReportMetric(float64(Percentile(res.samples, 50)), "p50-ns")
-			b.ReportMetric(float64(Percentile(res.samples, 99)), "p99-ns")
+			pairbench.ReportLatency(b, "", res.samples)
 			b.ReportMetric(float64(rt.Load()-rt0)/float64(b.N), "rtts/op")
 			b.ReportMetric(float64(res.giveups)/float64(b.N), "giveups/op")
 		})

@@ -10,6 +10,7 @@ import (
 
 	"cirello.io/pglock"
 
+	"github.com/fencekit/fencekit/internal/pairbench"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/pglease"
 )
@@ -123,8 +124,8 @@ func BenchmarkPGThroughput(b *testing.B) {
 					}
 					b.ReportMetric(0, "ns/op")
 					b.ReportMetric(float64(len(samples))/elapsed.Seconds(), "ops/s")
-					b.ReportMetric(float64(Percentile(samples, 50)), "p50-ns")
-					b.ReportMetric(float64(Percentile(samples, 99)), "p99-ns")
+					b.ReportMetric(float64(pairbench.Percentile(samples, 50)), "p50-ns")
+					b.ReportMetric(float64(pairbench.Percentile(samples, 99)), "p99-ns")
 				})
 			}
 		}

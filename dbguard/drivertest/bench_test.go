@@ -5,10 +5,10 @@ import (
 	"database/sql"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/fencekit/fencekit/dbguard"
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/pairbench"
 )
 
 // BenchmarkDBGuardPaired pairs, on each engine, a fenced write with the
@@ -78,28 +78,8 @@ func BenchmarkDBGuardPaired(b *testing.B) {
 			}
 			for _, pair := range pairs {
 				b.Run("write="+pair.name, func(b *testing.B) {
-					var plainT, fencedT time.Duration
-					ops := 0
-					timed := func(f func(int) error, d *time.Duration) {
-						t0 := time.Now()
-						err := f(ops)
-						*d += time.Since(t0)
-						if err != nil {
-							b.Fatal(err)
-						}
-					}
-					for b.Loop() {
-						if ops%2 == 0 {
-							timed(pair.fenced, &fencedT)
-							timed(pair.plain, &plainT)
-						} else {
-							timed(pair.plain, &plainT)
-							timed(pair.fenced, &fencedT)
-						}
-						ops++
-					}
-					b.ReportMetric(float64(fencedT.Nanoseconds())/float64(ops), "ns/op")
-					b.ReportMetric(float64(fencedT)/float64(plainT), "plain-ratio")
+					plainT, fencedT, n := pairbench.Alternate(b, pair.plain, pair.fenced)
+					pairbench.ReportAlternate(b, "plain", plainT, fencedT, n)
 				})
 			}
 		})

@@ -14,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
+	"github.com/fencekit/fencekit/internal/pairbench"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/etcdlease"
@@ -123,29 +124,11 @@ func BenchmarkCyclePaired(b *testing.B) {
 	ctx := context.Background()
 	for _, lib := range libs {
 		b.Run("lib="+lib.name, func(b *testing.B) {
-			var libT, rawT time.Duration
-			ops := 0
-			timed := func(f func(context.Context, int) error, d *time.Duration) {
-				t0 := time.Now()
-				err := f(ctx, ops)
-				*d += time.Since(t0)
-				if err != nil {
-					b.Fatal(err)
-				}
+			at := func(f func(context.Context, int) error) func(int) error {
+				return func(i int) error { return f(ctx, i) }
 			}
-			for b.Loop() {
-				if ops%2 == 0 {
-					timed(lib.cycle, &libT)
-					timed(raw, &rawT)
-				} else {
-					timed(raw, &rawT)
-					timed(lib.cycle, &libT)
-				}
-				ops++
-			}
-			b.ReportMetric(float64(libT.Nanoseconds())/float64(ops), "ns/op")
-			b.ReportMetric(float64(libT)/float64(rawT), "raw-ratio")
-			b.ReportMetric(float64((libT-rawT).Nanoseconds())/float64(ops), "over-raw-ns/op")
+			rawT, libT, n := pairbench.Alternate(b, at(raw), at(lib.cycle))
+			pairbench.ReportAlternate(b, "raw", rawT, libT, n)
 		})
 	}
 }
@@ -260,9 +243,7 @@ func BenchmarkHandoff(b *testing.B) {
 		b.Run("lib="+lib.name, func(b *testing.B) {
 			samples := runHandoff(b, lib.lock)
 			b.ReportMetric(0, "ns/op")
-			b.ReportMetric(float64(mean(samples)), "mean-ns")
-			b.ReportMetric(float64(percentile(samples, 50)), "p50-ns")
-			b.ReportMetric(float64(percentile(samples, 99)), "p99-ns")
+			pairbench.ReportLatency(b, "", samples)
 		})
 	}
 }
@@ -368,27 +349,6 @@ func runHandoff(b *testing.B, newLock func() blockingLock) []time.Duration {
 		b.Fatal(firstErr)
 	}
 	return samples
-}
-
-func percentile(s []time.Duration, p float64) time.Duration {
-	if len(s) == 0 {
-		return 0
-	}
-	s = slices.Clone(s)
-	slices.Sort(s)
-	i := int(float64(len(s))*p/100+0.5) - 1
-	return s[min(max(i, 0), len(s)-1)]
-}
-
-func mean(s []time.Duration) time.Duration {
-	if len(s) == 0 {
-		return 0
-	}
-	var sum time.Duration
-	for _, d := range s {
-		sum += d
-	}
-	return sum / time.Duration(len(s))
 }
 
 // benchBackend is a backend with the default MinTTL (2 s: the default
