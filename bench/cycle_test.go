@@ -18,7 +18,6 @@ import (
 	"github.com/fencekit/fencekit/internal/pairbench"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
-	"github.com/fencekit/fencekit/lease/redislease"
 	"github.com/fencekit/fencekit/lease/redislease/redistest"
 )
 
@@ -198,11 +197,7 @@ func cycleLibs(b *testing.B) []cycleLib {
 		return nil
 	})
 
-	be, err := redislease.New(c, func(o *redislease.Options) { o.Prefix = prefix + "fencekit:" })
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = be.Close() })
+	be := redisBackend(b, c, prefix+"fencekit:")
 	m, err := lease.NewManager(be, benchTTL)
 	if err != nil {
 		b.Fatal(err)

@@ -15,7 +15,6 @@ import (
 
 	"github.com/fencekit/fencekit/internal/pairbench"
 	"github.com/fencekit/fencekit/lease"
-	"github.com/fencekit/fencekit/lease/redislease"
 	"github.com/fencekit/fencekit/lease/redislease/redistest"
 )
 
@@ -78,11 +77,7 @@ func BenchmarkHandoff(b *testing.B) {
 	c.AddHook(&rt)
 	prefix := redistest.Prefix(b) + "handoff:"
 
-	be, err := redislease.New(c, func(o *redislease.Options) { o.Prefix = prefix + "fencekit:" })
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = be.Close() })
+	be := redisBackend(b, c, prefix+"fencekit:")
 	m, err := lease.NewManager(be, benchTTL)
 	if err != nil {
 		b.Fatal(err)

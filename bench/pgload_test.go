@@ -15,12 +15,6 @@ import (
 	"github.com/fencekit/fencekit/lease/pglease"
 )
 
-// pgWorkers are the numbers of concurrent workers BenchmarkPGThroughput
-// runs; the pools they share have pgSetup's 16 connections (pglock's
-// database/sql handle as many), as a service would configure them on a
-// server that many processes use.
-var pgWorkers = []int{1, 10, 50, 200}
-
 // BenchmarkPGThroughput is acquire + release throughput on the shared
 // PostgreSQL: workers goroutines, each looping a blocking acquire and a
 // release, b.N cycles in all (run it with a fixed count: -benchtime 2000x).
@@ -76,56 +70,14 @@ func BenchmarkPGThroughput(b *testing.B) {
 			if names == "one" && lib.name == "pglock" {
 				continue
 			}
-			for _, workers := range pgWorkers {
+			for _, workers := range throughputWorkers {
 				b.Run(fmt.Sprintf("lib=%s/names=%s/workers=%d", lib.name, names, workers), func(b *testing.B) {
-					name := func(w int) string {
+					runThroughput(b, workers, func(w int) string {
 						if names == "one" {
 							return fmt.Sprintf("tp-%s-one-%d", lib.name, workers)
 						}
 						return fmt.Sprintf("tp-%s-%d-%d", lib.name, workers, w)
-					}
-					for w := range workers { // creates the rows, prepares the statements
-						if err := lib.cycle(name(w)); err != nil {
-							b.Fatal(err)
-						}
-					}
-					var (
-						next    atomic.Int64
-						mu      sync.Mutex
-						samples = make([]time.Duration, 0, b.N)
-						wg      sync.WaitGroup
-						failed  atomic.Pointer[error]
-					)
-					b.ResetTimer()
-					start := time.Now()
-					for w := range workers {
-						wg.Add(1)
-						go func() {
-							defer wg.Done()
-							own := make([]time.Duration, 0, b.N/workers+1)
-							for next.Add(1) <= int64(b.N) {
-								t0 := time.Now()
-								if err := lib.cycle(name(w)); err != nil {
-									failed.CompareAndSwap(nil, &err)
-									return
-								}
-								own = append(own, time.Since(t0))
-							}
-							mu.Lock()
-							samples = append(samples, own...)
-							mu.Unlock()
-						}()
-					}
-					wg.Wait()
-					elapsed := time.Since(start)
-					b.StopTimer()
-					if err := failed.Load(); err != nil {
-						b.Fatal(*err)
-					}
-					b.ReportMetric(0, "ns/op")
-					b.ReportMetric(float64(len(samples))/elapsed.Seconds(), "ops/s")
-					b.ReportMetric(float64(pairbench.Percentile(samples, 50)), "p50-ns")
-					b.ReportMetric(float64(pairbench.Percentile(samples, 99)), "p99-ns")
+					}, lib.cycle)
 				})
 			}
 		}
@@ -204,4 +156,56 @@ func BenchmarkPGRenewLoad(b *testing.B) {
 			b.ReportMetric(float64(renewals.n.Load()-n0)/window*per1000, "rows/s")
 		})
 	}
+}
+
+// throughputWorkers are the numbers of concurrent workers the throughput
+// benchmarks run.
+var throughputWorkers = []int{1, 10, 50, 200}
+
+// runThroughput runs b.N cycles in all over workers goroutines, worker w
+// cycling on name(w), and reports ops/s (cycles per second of wall time)
+// and the p50-ns and p99-ns of a cycle. Each worker runs one cycle first,
+// untimed (it creates rows, prepares statements, loads scripts).
+func runThroughput(b *testing.B, workers int, name func(w int) string, cycle func(name string) error) {
+	b.Helper()
+	for w := range workers {
+		if err := cycle(name(w)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var (
+		next    atomic.Int64
+		mu      sync.Mutex
+		samples = make([]time.Duration, 0, b.N)
+		wg      sync.WaitGroup
+		failed  atomic.Pointer[error]
+	)
+	b.ResetTimer()
+	start := time.Now()
+	for w := range workers {
+		wg.Go(func() {
+			own := make([]time.Duration, 0, b.N/workers+1)
+			for next.Add(1) <= int64(b.N) {
+				t0 := time.Now()
+				if err := cycle(name(w)); err != nil {
+					failed.CompareAndSwap(nil, &err)
+					return
+				}
+				own = append(own, time.Since(t0))
+			}
+			mu.Lock()
+			samples = append(samples, own...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	if err := failed.Load(); err != nil {
+		b.Fatal(*err)
+	}
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(float64(len(samples))/elapsed.Seconds(), "ops/s")
+	b.ReportMetric(float64(pairbench.Percentile(samples, 50)), "p50-ns")
+	b.ReportMetric(float64(pairbench.Percentile(samples, 99)), "p99-ns")
 }
