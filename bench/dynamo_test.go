@@ -228,3 +228,27 @@ func BenchmarkDynamoHandoff(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDynamoThroughput is BenchmarkPGThroughput on DynamoDB Local,
+// distinct names only: dynamolease's waiters poll (DynamoDB pushes
+// nothing), so one contended name measures the poll interval
+// (BenchmarkDynamoHandoff does). Run it with -benchtime 300x.
+func BenchmarkDynamoThroughput(b *testing.B) {
+	s := newDynamoSetup(b)
+	be, err := dynamolease.New(s.c, s.leases)
+	if err != nil {
+		b.Fatal(err)
+	}
+	m, err := lease.NewManager(be, benchTTL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	pairbench.ThroughputRuns(b, "lib=fencekit", false, func(name string) error {
+		l, err := m.Acquire(ctx, name)
+		if err != nil {
+			return err
+		}
+		return l.Release(ctx)
+	})
+}

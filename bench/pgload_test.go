@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -66,21 +65,8 @@ func BenchmarkPGThroughput(b *testing.B) {
 		}},
 	}
 	for _, lib := range libs {
-		for _, names := range []string{"distinct", "one"} {
-			if names == "one" && lib.name == "pglock" {
-				continue
-			}
-			for _, workers := range throughputWorkers {
-				b.Run(fmt.Sprintf("lib=%s/names=%s/workers=%d", lib.name, names, workers), func(b *testing.B) {
-					runThroughput(b, workers, func(w int) string {
-						if names == "one" {
-							return fmt.Sprintf("tp-%s-one-%d", lib.name, workers)
-						}
-						return fmt.Sprintf("tp-%s-%d-%d", lib.name, workers, w)
-					}, lib.cycle)
-				})
-			}
-		}
+		// pglock's waiters sleep a whole lease duration between attempts.
+		pairbench.ThroughputRuns(b, "lib="+lib.name, lib.name != "pglock", lib.cycle)
 	}
 }
 
@@ -156,56 +142,4 @@ func BenchmarkPGRenewLoad(b *testing.B) {
 			b.ReportMetric(float64(renewals.n.Load()-n0)/window*per1000, "rows/s")
 		})
 	}
-}
-
-// throughputWorkers are the numbers of concurrent workers the throughput
-// benchmarks run.
-var throughputWorkers = []int{1, 10, 50, 200}
-
-// runThroughput runs b.N cycles in all over workers goroutines, worker w
-// cycling on name(w), and reports ops/s (cycles per second of wall time)
-// and the p50-ns and p99-ns of a cycle. Each worker runs one cycle first,
-// untimed (it creates rows, prepares statements, loads scripts).
-func runThroughput(b *testing.B, workers int, name func(w int) string, cycle func(name string) error) {
-	b.Helper()
-	for w := range workers {
-		if err := cycle(name(w)); err != nil {
-			b.Fatal(err)
-		}
-	}
-	var (
-		next    atomic.Int64
-		mu      sync.Mutex
-		samples = make([]time.Duration, 0, b.N)
-		wg      sync.WaitGroup
-		failed  atomic.Pointer[error]
-	)
-	b.ResetTimer()
-	start := time.Now()
-	for w := range workers {
-		wg.Go(func() {
-			own := make([]time.Duration, 0, b.N/workers+1)
-			for next.Add(1) <= int64(b.N) {
-				t0 := time.Now()
-				if err := cycle(name(w)); err != nil {
-					failed.CompareAndSwap(nil, &err)
-					return
-				}
-				own = append(own, time.Since(t0))
-			}
-			mu.Lock()
-			samples = append(samples, own...)
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	b.StopTimer()
-	if err := failed.Load(); err != nil {
-		b.Fatal(*err)
-	}
-	b.ReportMetric(0, "ns/op")
-	b.ReportMetric(float64(len(samples))/elapsed.Seconds(), "ops/s")
-	b.ReportMetric(float64(pairbench.Percentile(samples, 50)), "p50-ns")
-	b.ReportMetric(float64(pairbench.Percentile(samples, 99)), "p99-ns")
 }

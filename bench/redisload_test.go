@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fencekit/fencekit/internal/pairbench"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/redislease"
 	"github.com/fencekit/fencekit/lease/redislease/redistest"
@@ -32,18 +33,7 @@ func BenchmarkRedisThroughput(b *testing.B) {
 		}
 		return l.Release(ctx)
 	}
-	for _, names := range []string{"distinct", "one"} {
-		for _, workers := range throughputWorkers {
-			b.Run(fmt.Sprintf("lib=fencekit/names=%s/workers=%d", names, workers), func(b *testing.B) {
-				runThroughput(b, workers, func(w int) string {
-					if names == "one" {
-						return fmt.Sprintf("one-%d", workers)
-					}
-					return fmt.Sprintf("%d-%d", workers, w)
-				}, cycle)
-			})
-		}
-	}
+	pairbench.ThroughputRuns(b, "lib=fencekit", true, cycle)
 }
 
 // BenchmarkRedisRenewLoad is BenchmarkPGRenewLoad on the shared Redis:

@@ -1,7 +1,9 @@
 package pairbench
 
 import (
+	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 )
@@ -80,5 +82,29 @@ func BenchmarkAlternate(b *testing.B) {
 		if order[2*i] != first || seen[i] != i {
 			b.Fatalf("iteration %d: first call %s with %d, want %s with %d", i, order[2*i], seen[i], first, i)
 		}
+	}
+}
+
+// BenchmarkThroughputCalls checks Throughput's bookkeeping: one untimed
+// cycle per worker, then b.N cycles in all, each worker on its own name.
+func BenchmarkThroughputCalls(b *testing.B) {
+	const workers = 3
+	var mu sync.Mutex
+	calls := map[string]int{}
+	Throughput(b, workers, func(w int) string { return fmt.Sprint("w", w) }, func(name string) error {
+		mu.Lock()
+		calls[name]++
+		mu.Unlock()
+		return nil
+	})
+	total := 0
+	for name, n := range calls {
+		if n < 1 {
+			b.Errorf("%s: %d calls", name, n)
+		}
+		total += n
+	}
+	if len(calls) != workers || total != b.N+workers {
+		b.Fatalf("calls %v: %d names, %d calls; want %d names, %d calls", calls, len(calls), total, workers, b.N+workers)
 	}
 }

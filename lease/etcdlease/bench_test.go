@@ -361,3 +361,21 @@ func benchBackend(b *testing.B, cli etcdlease.Client, prefix string) *etcdlease.
 	b.Cleanup(func() { _ = be.Close() })
 	return be
 }
+
+// BenchmarkThroughput is acquire + release throughput on a 3-member etcd
+// cluster, as bench's BenchmarkPGThroughput measures it on PostgreSQL:
+// lease.Manager.Acquire + Lease.Release, workers goroutines on distinct
+// names or on one, b.N cycles in all (run it with a fixed count:
+// -benchtime 300x). Metrics: ops/s, p50-ns, p99-ns of a cycle.
+func BenchmarkThroughput(b *testing.B) {
+	cl := etcdtest.StartWith(b, 3, etcdtest.Default)
+	m := testkit.NewManager(b, benchBackend(b, cl.Client(), prefix(b)+"tp/"), benchTTL)
+	ctx := context.Background()
+	pairbench.ThroughputRuns(b, "lib=fencekit", true, func(name string) error {
+		l, err := m.Acquire(ctx, name)
+		if err != nil {
+			return err
+		}
+		return l.Release(ctx)
+	})
+}

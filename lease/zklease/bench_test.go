@@ -493,3 +493,23 @@ func BenchmarkHandoffPaired(b *testing.B) {
 	b.ReportMetric(pairbench.Median(ratios), "x-raw")
 	b.ReportMetric(pairbench.Median(fifoRatios), "fifo-x-raw")
 }
+
+// BenchmarkThroughput is acquire + release throughput on a 3-member
+// ensemble through one follower, as bench's BenchmarkPGThroughput measures
+// it on PostgreSQL: lease.Manager.Acquire + Lease.Release, workers
+// goroutines on distinct names or on one, b.N cycles in all (run it with
+// a fixed count: -benchtime 300x). Metrics: ops/s, p50-ns, p99-ns.
+func BenchmarkThroughput(b *testing.B) {
+	ens := zktest.Start(b, 3, zktest.Config{})
+	member := []string{follower(b, ens).Addr()}
+	be := newBackend(b, member, zklease.WithRoot(zktest.Root(b)), zklease.WithSessionTimeout(benchTTL))
+	m := testkit.NewManager(b, be, benchTTL)
+	ctx := context.Background()
+	pairbench.ThroughputRuns(b, "lib=fencekit", true, func(name string) error {
+		l, err := m.Acquire(ctx, name)
+		if err != nil {
+			return err
+		}
+		return l.Release(ctx)
+	})
+}
