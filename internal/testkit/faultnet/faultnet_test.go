@@ -252,3 +252,32 @@ func TestH2StreamOf(t *testing.T) {
 		t.Fatal("h2StreamOf found a stream without the match")
 	}
 }
+
+// A request picked under an earlier Arm is not the one a later Arm looks
+// for: with Cut nil, the next reply on its connection would otherwise be
+// lost whatever its request.
+func TestWireForgetsARequestPickedBeforeDisarm(t *testing.T) {
+	s := startLineServer(t)
+	w := lineWire("b\n")
+	c, err := w.DialTimeout("tcp", s.addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	w.Arm()
+	if _, err := io.WriteString(c, "b\n"); err != nil {
+		t.Fatal(err)
+	}
+	w.Disarm()
+	if got, err := r.ReadString('\n'); got != "ok b\n" || err != nil {
+		t.Fatalf("a reply after Disarm = %q, %v; want it passed", got, err)
+	}
+	w.Arm()
+	if got, err := call(c, r, "a\n"); got != "ok a\n" || err != nil {
+		t.Fatalf("a request Request does not pick, after a new Arm = %q, %v; want its reply", got, err)
+	}
+	if w.Cuts() != 0 {
+		t.Fatalf("%d cuts, want 0", w.Cuts())
+	}
+}

@@ -72,6 +72,7 @@ type Wire struct {
 	Requests atomic.Int64
 
 	armed atomic.Bool
+	arms  atomic.Int64 // Arm calls: a request picked under an earlier one is stale
 	cuts  atomic.Int64
 
 	mu          sync.Mutex
@@ -81,7 +82,10 @@ type Wire struct {
 
 // Arm makes the wire lose the next reply Cut picks (or, with Hold, keep
 // the next request Request picks).
-func (w *Wire) Arm() { w.armed.Store(true) }
+func (w *Wire) Arm() {
+	w.arms.Add(1)
+	w.armed.Store(true)
+}
 
 // Disarm makes the wire pass everything again.
 func (w *Wire) Disarm() { w.armed.Store(false) }
@@ -130,17 +134,23 @@ func (w *Wire) DialTimeout(network, addr string, timeout time.Duration) (net.Con
 type wireConn struct {
 	net.Conn
 	w       *Wire
-	req     atomic.Pointer[[]byte] // the request whose reply Cut looks for
+	req     atomic.Pointer[request] // the request whose reply Cut looks for
 	mu      sync.Mutex             // serialises reads
 	pending []byte                 // the rest of the last message read
+}
+
+// request is a request a wireConn wrote: the last one (arm 0), or the one
+// Request picked under the arm-th Arm.
+type request struct {
+	b   []byte
+	arm int64
 }
 
 func (c *wireConn) Write(p []byte) (int, error) {
 	c.w.Requests.Add(1)
 	switch {
 	case c.w.Request == nil:
-		last := append([]byte(nil), p...)
-		c.req.Store(&last)
+		c.req.Store(&request{b: append([]byte(nil), p...)})
 	case c.w.armed.Load() && c.w.Request(p):
 		if c.w.Hold {
 			if !c.w.armed.Swap(false) {
@@ -152,8 +162,7 @@ func (c *wireConn) Write(p []byte) (int, error) {
 			c.w.cuts.Add(1)
 			return len(p), nil // nothing is sent, so nothing comes back
 		}
-		req := append([]byte(nil), p...)
-		c.req.Store(&req)
+		c.req.Store(&request{b: append([]byte(nil), p...), arm: c.w.arms.Load()})
 	}
 	return c.Conn.Write(p)
 }
@@ -202,13 +211,13 @@ func (c *wireConn) Read(p []byte) (int, error) {
 // cut loses msg, and the connection with it, if it is the reply to lose.
 func (c *wireConn) cut(msg []byte) error {
 	req := c.req.Load()
-	if !c.w.armed.Load() || req == nil {
+	if !c.w.armed.Load() || req == nil || (c.w.Request != nil && req.arm != c.w.arms.Load()) {
 		return nil
 	}
 	cut := true
 	if c.w.Cut != nil {
 		var err error
-		if cut, err = c.w.Cut(msg, *req, c.Conn); err != nil {
+		if cut, err = c.w.Cut(msg, req.b, c.Conn); err != nil {
 			return err
 		}
 	}
