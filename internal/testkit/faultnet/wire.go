@@ -135,8 +135,8 @@ type wireConn struct {
 	net.Conn
 	w       *Wire
 	req     atomic.Pointer[request] // the request whose reply Cut looks for
-	mu      sync.Mutex             // serialises reads
-	pending []byte                 // the rest of the last message read
+	mu      sync.Mutex              // serialises reads
+	pending []byte                  // the rest of the last message read
 }
 
 // request is a request a wireConn wrote: the last one (arm 0), or the one
