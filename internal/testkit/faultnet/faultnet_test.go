@@ -88,6 +88,22 @@ func call(c net.Conn, r *bufio.Reader, line string) (string, error) {
 	return r.ReadString('\n')
 }
 
+// dial connects to addr, through w unless w is nil; the connection is
+// closed when the test ends.
+func dial(t *testing.T, w *Wire, addr string) net.Conn {
+	t.Helper()
+	d := net.DialTimeout
+	if w != nil {
+		d = w.DialTimeout
+	}
+	c, err := d("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 func lineWire(want string) *Wire {
 	return &Wire{Request: func(b []byte) bool { return string(b) == want }}
 }
@@ -95,11 +111,7 @@ func lineWire(want string) *Wire {
 func TestWireLosesTheReplyAfterTheServerApplied(t *testing.T) {
 	s := startLineServer(t)
 	w := lineWire("b\n")
-	c, err := w.DialTimeout("tcp", s.addr, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dial(t, w, s.addr)
 	r := bufio.NewReader(c)
 	w.Arm()
 	if got, err := call(c, r, "a\n"); got != "ok a\n" || err != nil {
@@ -121,11 +133,7 @@ func TestWireRefusesConnectionsAfterACut(t *testing.T) {
 	s := startLineServer(t)
 	w := lineWire("b\n")
 	w.RefuseAfterCut = time.Hour
-	c, err := w.DialTimeout("tcp", s.addr, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dial(t, w, s.addr)
 	w.Arm()
 	if _, err := call(c, bufio.NewReader(c), "b\n"); !errors.Is(err, ErrReplyLost) {
 		t.Fatalf("the picked request = %v; want ErrReplyLost", err)
@@ -140,11 +148,7 @@ func TestWireHoldsTheRequest(t *testing.T) {
 	s := startLineServer(t)
 	w := lineWire("b\n")
 	w.Hold = true
-	c, err := w.DialTimeout("tcp", s.addr, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dial(t, w, s.addr)
 	w.Arm()
 	if _, err := io.WriteString(c, "b\n"); err != nil {
 		t.Fatal(err)
@@ -163,11 +167,7 @@ func TestProxyThroughAWire(t *testing.T) {
 	s := startLineServer(t)
 	w := lineWire("b\n")
 	px := StartProxy(t, s.addr, w)
-	c, err := net.Dial("tcp", px.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dial(t, nil, px.Addr)
 	r := bufio.NewReader(c)
 	if got, err := call(c, r, "a\n"); got != "ok a\n" || err != nil {
 		t.Fatalf("through the proxy = %q, %v", got, err)
@@ -184,11 +184,7 @@ func TestProxyThroughAWire(t *testing.T) {
 func TestProxyHoldsAndRestores(t *testing.T) {
 	s := startLineServer(t)
 	px := StartProxy(t, s.addr, nil)
-	c, err := net.Dial("tcp", px.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dial(t, nil, px.Addr)
 	r := bufio.NewReader(c)
 	px.HoldRequests()
 	if _, err := io.WriteString(c, "late\n"); err != nil {
@@ -259,11 +255,7 @@ func TestH2StreamOf(t *testing.T) {
 func TestWireForgetsARequestPickedBeforeDisarm(t *testing.T) {
 	s := startLineServer(t)
 	w := lineWire("b\n")
-	c, err := w.DialTimeout("tcp", s.addr, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dial(t, w, s.addr)
 	r := bufio.NewReader(c)
 	w.Arm()
 	if _, err := io.WriteString(c, "b\n"); err != nil {
