@@ -1,28 +1,101 @@
 #!/usr/bin/env bash
 # Runs the whole fencekit test suite, with the race detector, against real
-# services. It checks (and starts where it can) Redis, PostgreSQL and the
-# S3-compatible server, installs ZooKeeper (its tests start their own
-# servers) and PgBouncer (the pooler tests start their own) where they are
-# missing, and fails loudly if one cannot be had.
+# services. It checks (and starts where it can) Redis, PostgreSQL, MariaDB,
+# DynamoDB Local and the S3-compatible server, installs ZooKeeper (its tests
+# start their own servers) and PgBouncer (the pooler tests start their own)
+# where they are missing, and fails loudly if one cannot be had.
 #
-#   ./scripts/test.sh            # everything
-#   ./scripts/test.sh ./lease/...  # just some packages
+#   ./scripts/test.sh                     # every stage: nothing skipped
+#   FENCE_STAGES=quick ./scripts/test.sh  # one stage (or a list: checks,quick)
+#   ./scripts/test.sh ./lease/...         # just some packages
+#
+# The stages (docs/testing.md says what each costs):
+#   checks  the docs, the module rule, the release as a user installs it,
+#           staticcheck
+#   quick   go test -race over every module (go vet's analyzers run inside
+#           it: -vet=all), but for the slow stage's package
+#   slow    the history checks and randomized fault trials
+#           (integration/reliability, with -race) and the tests of
+#           deadlines under load (build tag scale, alone at the end)
+# FENCE_STAGES=all (the default) runs the three; the README's command and CI
+# run all of them. The stages overlap where none of them measures the wall
+# clock: staticcheck and the module checks beside the tests, the slow
+# stage's history checks beside the quick stage; the scale tests run alone
+# once everything else is done. A table of what each stage cost (wall
+# time, CPU time, load) ends the output.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/services.sh
+
+stages=${FENCE_STAGES:-all}
+[ "$stages" != all ] || stages=checks,quick,slow
+for s in ${stages//,/ }; do
+  case $s in
+  checks | quick | slow) ;;
+  *) log "FENCE_STAGES: unknown stage '$s' (checks, quick, slow, a comma-separated list of them, or all)"; exit 2 ;;
+  esac
+done
+want() { [[ ",$stages," == *",$1,"* ]]; }
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/fencekit-test.XXXXXX")
+pids=()
+cleanup() {
+  local p
+  for p in "${pids[@]}"; do
+    pkill -P "$p" 2>/dev/null || true
+    kill "$p" 2>/dev/null || true
+  done
+  stop_s3
+  stop_dynamodb
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# timed NAME CMD...: runs CMD and appends NAME's wall time, CPU time (CMD
+# and the processes it waited for) and the load average before and after
+# to the cost table.
+timed() {
+  local name=$1 l0 rc=0 real user sys TIMEFORMAT='%R %U %S'
+  shift
+  l0=$(cut -d' ' -f1 /proc/loadavg)
+  { time "$@" 2>&3; } 3>&2 2>"$work/$name.time" || rc=$?
+  read -r real user sys <"$work/$name.time" || true
+  printf '%-34s %7.0f s %7.0f s   %5s -> %-5s %s\n' "$name" "${real:-0}" "$(awk "BEGIN { print ${user:-0} + ${sys:-0} }")" \
+    "$l0" "$(cut -d' ' -f1 /proc/loadavg)" "$([ "$rc" -eq 0 ] && echo ok || echo "FAILED ($rc)")" >>"$work/costs"
+  return "$rc"
+}
+
+# background NAME CMD...: runs CMD timed, its output kept for later (see
+# finish).
+background() {
+  local name=$1
+  timed "$@" >"$work/$name.log" 2>&1 &
+  pids+=($!)
+  eval "pid_${name//[^a-z]/_}=$!"
+}
+
+# finish NAME: waits for a background stage and prints its output.
+finish() {
+  local name=$1 var rc=0
+  var="pid_${name//[^a-z]/_}"
+  echo "+ wait for $name"
+  wait "${!var}" || rc=$?
+  cat "$work/$name.log"
+  [ "$rc" -eq 0 ] || log "$name failed (exit $rc, output above)"
+  return "$rc"
+}
+
+started=$SECONDS
+failed=0
 
 # The docs against the repository: CONTRIBUTING's module list against
 # go.work, every link between pages, no citation of a design document the
 # repository does not hold or of an issue number (scripts/docscheck.go; a
 # second, no services).
-echo "+ go run scripts/docscheck.go"
-go run scripts/docscheck.go
-
-ensure_redis
-ensure_postgres
-ensure_zookeeper
-ensure_pgbouncer
-ensure_mariadb
+if want checks; then
+  echo "+ go run scripts/docscheck.go"
+  timed "checks: docscheck" go run scripts/docscheck.go
+fi
 
 pkgs=("$@")
 # Every module of the workspace (go.work): the core (fence, lease, the
@@ -32,106 +105,149 @@ pkgs=("$@")
 # harnesses, the examples, the integration tests and the benchmark module
 # (compiled and vetted; benchmarks do not run). A pattern does not cross a
 # module's boundary, so each module is named.
-if [ ${#pkgs[@]} -eq 0 ]; then
-  mapfile -t pkgs < <(go list -m -f '{{.Dir}}/...' | sed "s|^$PWD|.|")
-  # The modules whose packages take longest (1.5-4 min each, mostly
-  # waiting on servers, TTLs and pauses) first: go test starts packages in
-  # the order it is given them, and one of these started last would run
-  # alone at the end while the short ones are done.
-  first=()
-  for p in ./integration/... ./lease/etcdlease/... ./lease/zklease/... ./lease/redislease/... ./lease/pglease/... ./sqlguard/...; do
-    [[ " ${pkgs[*]} " != *" $p "* ]] || first+=("$p")
-  done
-  rest=()
-  for p in "${pkgs[@]}"; do
-    [[ " ${first[*]} " == *" $p "* ]] || rest+=("$p")
-  done
-  pkgs=("${first[@]}" "${rest[@]}")
-fi
+[ $# -gt 0 ] || mapfile -t pkgs < <(go list -m -f '{{.Dir}}/...' | sed "s|^$PWD|.|")
 
 # The module rule: a program that imports one library module inherits no
 # other store's client (scripts/modrule.sh). And the release as a user
 # meets it: the committed checkout published in a throwaway clone with the
 # release's tags, installed from outside the repository by the README's
 # install lines (scripts/consumer.sh). Both wait on go mod tidy, git and
-# the module cache more than on the CPU, so they run beside go vet and are
-# waited for before the tests.
-checks_pid=""
-checks_log=""
-if [ $# -eq 0 ]; then
-  echo "+ ./scripts/modrule.sh && ./scripts/consumer.sh &   (their output follows go vet's)"
-  checks_log=$(mktemp "${TMPDIR:-/tmp}/fencekit-checks.XXXXXX")
-  { ./scripts/modrule.sh && ./scripts/consumer.sh; } >"$checks_log" 2>&1 &
-  checks_pid=$!
+# the module cache more than on the CPU: they run beside the rest.
+if want checks && [ $# -eq 0 ]; then
+  echo "+ ./scripts/modrule.sh && ./scripts/consumer.sh &   (their output follows the tests')"
+  background "checks: modrule, consumer" bash -c './scripts/modrule.sh && ./scripts/consumer.sh'
 fi
-
-# A first run builds versitygw (for S3) while go vet compiles the packages:
-# go vet needs no S3, and the two overlap their downloads and waits.
-build_pid=""
-if [ -z "${FENCE_S3_ENDPOINT:-}" ]; then
-  install_versitygw >/dev/null &
-  build_pid=$!
-fi
-trap '[ -z "$build_pid" ] || kill "$build_pid" 2>/dev/null; [ -z "$checks_pid" ] || kill "$checks_pid" 2>/dev/null; [ -z "$checks_log" ] || rm -f "$checks_log"; stop_s3; stop_dynamodb' EXIT
-
-# DynamoDB Local (dynamoguard, lease/dynamolease) dies with this script.
-# Started now, its Java start-up overlaps go vet instead of delaying the
-# tests.
-FENCE_DYNAMODB_DIE_WITH_SHELL=1
-ensure_dynamodb
-
-echo "+ go vet ${pkgs[*]}   (a first run downloads and compiles everything: see docs/testing.md for how long)"
-go vet "${pkgs[@]}"
 
 # Static analysis: staticcheck, built once from the Go module proxy into
-# the same cache as versitygw.
-staticcheck_version=v0.8.2
-staticcheck="${XDG_CACHE_HOME:-$HOME/.cache}/fencekit/bin/staticcheck-$staticcheck_version"
-if [ ! -x "$staticcheck" ]; then
-  echo "+ go install honnef.co/go/tools/cmd/staticcheck@$staticcheck_version"
-  gobin=$(mktemp -d)
-  GOBIN="$gobin" go install "honnef.co/go/tools/cmd/staticcheck@$staticcheck_version"
-  mkdir -p "$(dirname "$staticcheck")"
-  mv "$gobin/staticcheck" "$staticcheck"
-  rmdir "$gobin"
+# the same cache as versitygw; it keeps its own cache of results. It runs
+# beside the tests: it needs no service, and it does not measure time.
+if want checks; then
+  staticcheck_version=v0.8.2
+  staticcheck="$(fence_cache_dir)/bin/staticcheck-$staticcheck_version"
+  if [ ! -x "$staticcheck" ]; then
+    echo "+ go install honnef.co/go/tools/cmd/staticcheck@$staticcheck_version"
+    gobin=$(mktemp -d)
+    timed "checks: build staticcheck" env GOBIN="$gobin" go install "honnef.co/go/tools/cmd/staticcheck@$staticcheck_version"
+    mkdir -p "$(dirname "$staticcheck")"
+    mv "$gobin/staticcheck" "$staticcheck"
+    rmdir "$gobin"
+  fi
+  echo "+ staticcheck ${pkgs[*]} &   (its output follows the tests')"
+  background "checks: staticcheck" "$staticcheck" "${pkgs[@]}"
+  # Without the tests, go vet runs on its own (with them, go test runs
+  # every vet analyzer: -vet=all).
+  if ! want quick && ! want slow; then
+    echo "+ go vet ${pkgs[*]}"
+    timed "checks: go vet" go vet "${pkgs[@]}" || failed=1
+  fi
 fi
-echo "+ staticcheck ${pkgs[*]}"
-"$staticcheck" "${pkgs[@]}"
 
-if [ -n "$checks_pid" ]; then
-  echo "+ wait for ./scripts/modrule.sh && ./scripts/consumer.sh"
-  checks_rc=0
-  wait "$checks_pid" || checks_rc=$?
-  checks_pid=""
-  cat "$checks_log"
-  [ "$checks_rc" -eq 0 ] || { log "the module rule or the consumer check failed (see above)"; exit 1; }
+if want quick || want slow; then
+  ensure_redis
+  ensure_postgres
+  ensure_zookeeper
+  ensure_pgbouncer
+  ensure_mariadb
+
+  # DynamoDB Local (dynamoguard, lease/dynamolease) and versitygw (S3) die
+  # with this script, even if it is killed before the trap runs. A first
+  # run builds versitygw while go list and DynamoDB Local's Java start-up
+  # go on.
+  FENCE_DYNAMODB_DIE_WITH_SHELL=1
+  FENCE_S3_DIE_WITH_SHELL=1
+  build_pid=""
+  if [ -z "${FENCE_S3_ENDPOINT:-}" ]; then
+    install_versitygw >/dev/null &
+    build_pid=$!
+    pids+=("$build_pid")
+  fi
+  ensure_dynamodb
 fi
 
-if [ -n "$build_pid" ]; then
+# The packages of each test stage. The slow stage's history checks are the
+# package integration/reliability; everything else is the quick stage's.
+# The packages that take longest (1-4 min each, mostly waiting on servers,
+# TTLs and pauses) come first: go test starts packages in the order it is
+# given them, and one of these started last would run alone at the end
+# while the short ones are done.
+slow_pkg=github.com/fencekit/fencekit/integration/reliability
+quick_pkgs=()
+slow_pkgs=()
+if [ $# -gt 0 ]; then
+  if want quick || want slow; then quick_pkgs=("${pkgs[@]}"); fi
+elif want quick || want slow; then
+  mapfile -t all < <(go list -e "${pkgs[@]}")
+  long=(
+    github.com/fencekit/fencekit/lease/etcdlease
+    github.com/fencekit/fencekit/integration/consensus
+    github.com/fencekit/fencekit/integration
+    github.com/fencekit/fencekit/lease/zklease
+    github.com/fencekit/fencekit/lease/pglease
+    github.com/fencekit/fencekit/lease/redislease
+    github.com/fencekit/fencekit/integration/redisfailover
+    github.com/fencekit/fencekit/sqlguard
+  )
+  for p in "${long[@]}"; do
+    [[ " ${all[*]} " != *" $p "* ]] || quick_pkgs+=("$p")
+  done
+  for p in "${all[@]}"; do
+    if [ "$p" = "$slow_pkg" ]; then
+      slow_pkgs+=("$p")
+    elif [[ " ${long[*]} " != *" $p "* ]]; then
+      quick_pkgs+=("$p")
+    fi
+  done
+  want quick || quick_pkgs=()
+  want slow || slow_pkgs=()
+fi
+
+if [ -n "${build_pid:-}" ]; then
   wait "$build_pid" || { log "S3: building versitygw failed (see above)"; exit 1; }
   build_pid=""
 fi
-# versitygw dies with this script, even if it is killed before the trap runs.
-FENCE_S3_DIE_WITH_SHELL=1
-ensure_s3
-# FENCE_TEST_PARALLEL=N runs N test binaries at once (go test -p N; unset:
-# Go's default, the number of CPUs). The long packages spend about three
-# quarters of their time waiting (servers starting, TTLs running out,
-# paused processes), so 4 on 2 cores ran the slowest modules in 6.6 min
-# instead of 11.9, but at load 12-23 four more packages failed on timing
-# (a 1 s TTL expiring, a 250 ms takeover, 10,000 renewals): the default
-# stays Go's.
+if want quick || want slow; then
+  ensure_s3
+fi
+
+# FENCE_TEST_PARALLEL=N runs N test binaries of the quick stage at once
+# (go test -p N; unset: Go's default, the number of CPUs). The slow stage's
+# history checks run beside them, as one more.
 par=()
 [ -z "${FENCE_TEST_PARALLEL:-}" ] || par=(-p "$FENCE_TEST_PARALLEL")
-echo "+ go test -race -count=1 ${par[*]} ${pkgs[*]}"
-go test -race -count=1 "${par[@]}" -timeout 20m "${pkgs[@]}"
 
-if [ $# -eq 0 ]; then
+if [ ${#slow_pkgs[@]} -gt 0 ]; then
+  echo "+ go test -race -vet=all -count=1 ${slow_pkgs[*]} &   (its output follows the quick stage's)"
+  background "slow: history checks (-race)" go test -race -vet=all -count=1 -timeout 20m "${slow_pkgs[@]}"
+fi
+if [ ${#quick_pkgs[@]} -gt 0 ]; then
+  echo "+ go test -race -vet=all -count=1 ${par[*]} ${quick_pkgs[*]}"
+  timed "quick: go test -race" go test -race -vet=all -count=1 "${par[@]}" -timeout 20m "${quick_pkgs[@]}" || failed=1
+fi
+if [ ${#slow_pkgs[@]} -gt 0 ]; then
+  finish "slow: history checks (-race)" || failed=1
+fi
+if want checks; then
+  finish "checks: staticcheck" || failed=1
+  if [ $# -eq 0 ]; then
+    finish "checks: modrule, consumer" || failed=1
+  fi
+fi
+
+if want slow && [ $# -eq 0 ]; then
   # Tests of deadlines under load, alone on the machine (build tag "scale"),
   # without the race detector: they time 10,000 leases against the wall
   # clock, and the detector makes each cancel several times slower than a
   # program ever runs (their code paths run under -race above, and in
   # virtual time in lease's own tests).
   echo "+ go test -count=1 -tags scale -run AtScale ./lease/... ./lease/redislease/..."
-  go test -count=1 -tags scale -run AtScale -timeout 10m ./lease/... ./lease/redislease/...
+  timed "slow: scale (alone)" go test -count=1 -tags scale -run AtScale -timeout 10m ./lease/... ./lease/redislease/... || failed=1
+fi
+
+echo
+echo "stage                                  wall       CPU   load before -> after"
+cat "$work/costs"
+printf '%-34s %7d s   (FENCE_STAGES=%s)\n' "whole run" $((SECONDS - started)) "$stages"
+if [ "$failed" -ne 0 ]; then
+  log "some stage failed: see above"
+  exit 1
 fi
