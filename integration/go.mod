@@ -15,7 +15,7 @@ require (
 	github.com/fencekit/fencekit/dbguard v0.1.0
 	github.com/fencekit/fencekit/dbguard/drivertest v0.1.0
 	github.com/fencekit/fencekit/dynamoguard v0.1.0
-	github.com/fencekit/fencekit/examples v0.1.0
+	github.com/fencekit/fencekit/internal/rig v0.1.0
 	github.com/fencekit/fencekit/lease/dynamolease v0.1.0
 	github.com/fencekit/fencekit/lease/etcdlease v0.1.0
 	github.com/fencekit/fencekit/lease/pglease v0.1.0

@@ -7,11 +7,11 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/fencekit/fencekit/examples/services"
-	"github.com/fencekit/fencekit/integration/internal/itest"
+	"github.com/fencekit/fencekit/internal/rig/itest"
+	"github.com/fencekit/fencekit/internal/rig/services"
 )
 
-// binDir holds the holder program (internal/cmd/holder), built once by
+// binDir holds the holder program (internal/rig/cmd/holder), built once by
 // TestMain, and the stale-writer demo, built by the first test that runs
 // it.
 var binDir string
@@ -22,7 +22,7 @@ func TestMain(m *testing.M) {
 		// from one goroutine locked to its thread for the life of the
 		// process, so that the child's parent-death signal follows the
 		// process, not a thread.
-		goleak.IgnoreTopFunction("github.com/fencekit/fencekit/examples/internal/leftover.startSpawner.func1"),
+		goleak.IgnoreTopFunction("github.com/fencekit/fencekit/internal/rig/leftover.startSpawner.func1"),
 	)
 }
 
@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 type mainM struct{ m *testing.M }
 
 func (w mainM) Run() int {
-	dir, cleanup, err := itest.Setup("integration", services.Config{}, "./internal/cmd/holder")
+	dir, cleanup, err := itest.Setup("integration", services.Config{}, "github.com/fencekit/fencekit/internal/rig/cmd/holder")
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "integration: %v\n", err)
 		return 1

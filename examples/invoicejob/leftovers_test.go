@@ -4,7 +4,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/fencekit/fencekit/examples/internal/demo/demotest"
+	"github.com/fencekit/fencekit/internal/rig/demotest"
 )
 
 // A batch long enough to be ended in its middle.

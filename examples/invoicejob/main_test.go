@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencekit/fencekit/examples/internal/demo/demotest"
+	"github.com/fencekit/fencekit/internal/rig/demotest"
 )
 
 // TestMain lets the test binary stand in for the program: run() starts

@@ -4,7 +4,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/fencekit/fencekit/examples/internal/demo/demotest"
+	"github.com/fencekit/fencekit/internal/rig/demotest"
 )
 
 // A long pause keeps the run in its most fragile state while the test ends

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fencekit/fencekit/examples/internal/demo/demotest"
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/rig/demotest"
 )
 
 // TestMain lets the test binary stand in for the program: run() starts

@@ -7,8 +7,8 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/fencekit/fencekit/examples/internal/demo/demotest"
-	"github.com/fencekit/fencekit/examples/internal/leftover"
+	"github.com/fencekit/fencekit/internal/rig/demotest"
+	"github.com/fencekit/fencekit/internal/rig/leftover"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 )
 

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencekit/fencekit/examples/services"
+	"github.com/fencekit/fencekit/internal/rig/services"
 )
 
 // TestFlags checks the flags' bounds, that every problem is reported at

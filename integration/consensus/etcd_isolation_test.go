@@ -12,7 +12,7 @@ import (
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/rs/zerolog"
 
-	"github.com/fencekit/fencekit/integration/internal/guarded"
+	"github.com/fencekit/fencekit/internal/rig/guarded"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 )

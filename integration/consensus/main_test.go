@@ -8,8 +8,8 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/fencekit/fencekit/examples/services"
-	"github.com/fencekit/fencekit/integration/internal/itest"
+	"github.com/fencekit/fencekit/internal/rig/itest"
+	"github.com/fencekit/fencekit/internal/rig/services"
 )
 
 func TestMain(m *testing.M) {
@@ -33,7 +33,7 @@ func TestMain(m *testing.M) {
 		// from one goroutine locked to its thread for the life of the
 		// process, so that the child's parent-death signal follows the
 		// process, not a thread.
-		goleak.IgnoreTopFunction("github.com/fencekit/fencekit/examples/internal/leftover.startSpawner.func1"),
+		goleak.IgnoreTopFunction("github.com/fencekit/fencekit/internal/rig/leftover.startSpawner.func1"),
 	)
 }
 
@@ -42,7 +42,7 @@ func TestMain(m *testing.M) {
 type mainM struct{ m *testing.M }
 
 func (w mainM) Run() int {
-	_, cleanup, err := itest.Setup("consensus", services.Config{NoRedis: true}, "../internal/cmd/holder")
+	_, cleanup, err := itest.Setup("consensus", services.Config{NoRedis: true}, "github.com/fencekit/fencekit/internal/rig/cmd/holder")
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "consensus: %v\n", err)
 		return 1

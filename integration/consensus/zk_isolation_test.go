@@ -10,9 +10,9 @@ import (
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/rs/zerolog"
 
-	"github.com/fencekit/fencekit/integration/internal/guarded"
+	"github.com/fencekit/fencekit/internal/rig/guarded"
 	"github.com/fencekit/fencekit/internal/testkit"
-	"github.com/fencekit/fencekit/internal/zktest"
+	"github.com/fencekit/fencekit/internal/testkit/zktest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/leasetest"
 	"github.com/fencekit/fencekit/lease/zklease"

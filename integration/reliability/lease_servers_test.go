@@ -20,7 +20,7 @@ import (
 
 // The servers the lease history check starts for itself: an embedded etcd
 // member and a standalone ZooKeeper: the few lines the check needs. (The
-// shared harnesses lease/etcdlease/etcdtest and internal/zktest could serve here
+// shared harnesses lease/etcdlease/etcdtest and internal/testkit/zktest could serve here
 // too; they start clusters with more options than this check uses.)
 
 // startEtcd starts a one-member etcd inside the test process on free

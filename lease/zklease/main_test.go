@@ -14,7 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/fencekit/fencekit/internal/testkit"
-	"github.com/fencekit/fencekit/internal/zktest"
+	"github.com/fencekit/fencekit/internal/testkit/zktest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/zklease"
 )

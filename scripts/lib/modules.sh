@@ -14,7 +14,7 @@ fk_modules() {
 # Modules that are never released: test equipment and companions, built
 # only in the workspace. They name their siblings at the version like every
 # module, but no tag is made for them and no user fetches them.
-fk_unreleased=(bench dbguard/drivertest examples integration)
+fk_unreleased=(bench dbguard/drivertest examples integration internal/rig)
 
 # fk_is_released DIR: DIR's module is tagged by a release.
 fk_is_released() {

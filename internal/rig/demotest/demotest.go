@@ -28,8 +28,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fencekit/fencekit/examples/internal/demo"
-	"github.com/fencekit/fencekit/examples/internal/leftover"
+	"github.com/fencekit/fencekit/internal/rig/leftover"
+	"github.com/fencekit/fencekit/internal/rig/services"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 )
 
@@ -301,7 +301,7 @@ func DynamoTablesIn(t *testing.T, entries []leftover.Entry) []string {
 		if e.Kind != leftover.KindDynamoTable {
 			continue
 		}
-		c, closeClient := demo.NewDynamoClient(e.URL)
+		c, closeClient := services.NewDynamoClient(e.URL)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		_, err := c.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(e.Name)})
 		cancel()
@@ -335,7 +335,7 @@ func MySQLDatabasesIn(t *testing.T, entries []leftover.Entry) []string {
 		err = db.QueryRowContext(context.Background(), `SELECT COUNT(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = ?`, e.Name).Scan(&n)
 		_ = db.Close()
 		if err != nil {
-			t.Fatalf("MariaDB (%s): %v", demo.MySQLURLVar, err)
+			t.Fatalf("MariaDB (%s): %v", testenv.MySQLURLVar, err)
 		}
 		if n > 0 {
 			out = append(out, e.Name)

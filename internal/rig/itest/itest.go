@@ -1,6 +1,6 @@
 // Package itest is what the integration packages share: helper programs
 // built once into a temporary directory by TestMain (the holder program,
-// internal/cmd/holder, started and read through StartHolder), and the
+// internal/rig/cmd/holder, started and read through StartHolder), and the
 // services the tests (and their child processes) find through the FENCE_*
 // variables.
 package itest
@@ -13,7 +13,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/fencekit/fencekit/examples/services"
+	"github.com/fencekit/fencekit/internal/rig/services"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 )
 

@@ -127,7 +127,7 @@ func etcdHealthy(ctx context.Context, eps []string) error {
 	return errors.Join(errs...)
 }
 
-// etcdBinary returns the etcd server of package examples/internal/etcdserver,
+// etcdBinary returns the etcd server of package internal/rig/cmd/etcdserver,
 // built at EtcdVersion into the user cache: the cached one, else it builds
 // it there with go build (once).
 func etcdBinary(ctx context.Context, logf func(string, ...any)) (string, error) {
@@ -147,9 +147,9 @@ func etcdBinary(ctx context.Context, logf func(string, ...any)) (string, error) 
 	// The main package sits in this module's source tree, next to this
 	// file's package.
 	_, self, _, ok := runtime.Caller(0)
-	src := filepath.Join(filepath.Dir(self), "..", "internal", "etcdserver")
+	src := filepath.Join(filepath.Dir(self), "..", "cmd", "etcdserver")
 	if _, err := os.Stat(filepath.Join(src, "main.go")); !ok || err != nil {
-		return "", fmt.Errorf("the source of examples/internal/etcdserver is not at %s (was the program built with -trimpath?)", src)
+		return "", fmt.Errorf("the source of internal/rig/cmd/etcdserver is not at %s (was the program built with -trimpath?)", src)
 	}
 	logf("building etcd %s into %s: once, later runs reuse it.", EtcdVersion, bindir)
 	logf("with an empty Go build cache this compiles etcd's server: measured 46 s on 2 cores with its modules already downloaded, a minute or two more to download them ...")
