@@ -1,8 +1,6 @@
 package consensus
 
 import (
-	"fmt"
-	"os"
 	"strings"
 	"testing"
 
@@ -13,7 +11,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(mainM{m},
+	itest.Main(m, "consensus", services.Config{NoRedis: true}, []string{itest.HolderPkg}, nil,
 		// A member stopped with etcdtest.Member.Kill (EtcdServer.HardStop,
 		// the only way to stop raft at once in-process) can leave its peer
 		// version handler blocked forever on the closed backend's lock:
@@ -29,26 +27,7 @@ func TestMain(m *testing.M) {
 		// from the client and blocks forever sending it to the stage that
 		// was removed (CI, 2026-12-04, after the MariaDB history check).
 		goleak.IgnoreTopFunction("github.com/Shopify/toxiproxy/v2/stream.(*ChanWriter).Write"),
-		// A server started here (versitygw, when no S3 is given) is forked
-		// from one goroutine locked to its thread for the life of the
-		// process, so that the child's parent-death signal follows the
-		// process, not a thread.
-		goleak.IgnoreTopFunction("github.com/fencekit/fencekit/internal/rig/leftover.startSpawner.func1"),
 	)
-}
-
-// mainM builds the holder program and finds the services before the tests
-// run; goleak checks for leaked goroutines once it returns.
-type mainM struct{ m *testing.M }
-
-func (w mainM) Run() int {
-	_, cleanup, err := itest.Setup("consensus", services.Config{NoRedis: true}, "github.com/fencekit/fencekit/internal/rig/cmd/holder")
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "consensus: %v\n", err)
-		return 1
-	}
-	defer cleanup()
-	return w.m.Run()
 }
 
 // testName is t.Name() usable in a key, a znode or a proxy name.
