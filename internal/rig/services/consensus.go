@@ -1,7 +1,6 @@
 package services
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +15,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/fencekit/fencekit/internal/testkit/zktest"
 )
 
 // The environment variables that name the consensus stores a program's
@@ -255,7 +256,7 @@ func zkServing(servers []string) error {
 	}
 	var errs []error
 	for _, addr := range servers {
-		mode, err := zkMode(addr)
+		mode, err := zktest.ServerMode(addr)
 		switch {
 		case err != nil:
 			errs = append(errs, err)
@@ -266,30 +267,6 @@ func zkServing(servers []string) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// zkMode sends ZooKeeper's srvr command to addr and returns the server's
-// mode ("standalone", "leader", "follower"...).
-func zkMode(addr string) (string, error) {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return "", err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := io.WriteString(c, "srvr"); err != nil {
-		return "", err
-	}
-	sc := bufio.NewScanner(c)
-	for sc.Scan() {
-		if m, ok := strings.CutPrefix(sc.Text(), "Mode: "); ok {
-			return strings.TrimSpace(m), nil
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return "", fmt.Errorf("no answer to ZooKeeper's srvr command (is it ZooKeeper?): %w", err)
-	}
-	return "", fmt.Errorf("%s: no mode in the answer to srvr (not ZooKeeper, or srvr is not in its 4lw.commands.whitelist)", addr)
 }
 
 // startZooKeeper starts a standalone ZooKeeper server (Debian's jar, with
