@@ -3,7 +3,6 @@ package consensus
 import (
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,29 +16,6 @@ import (
 	"github.com/fencekit/fencekit/lease/leasetest"
 	"github.com/fencekit/fencekit/lease/zklease"
 )
-
-// renewCount records the send time of the last successful renewal, and
-// how many there were.
-type renewCount struct {
-	lease.NopObserver
-	mu   sync.Mutex
-	last time.Time
-	n    int
-}
-
-func (r *renewCount) Renewed(e lease.RenewedEvent) {
-	if e.Err == nil {
-		r.mu.Lock()
-		r.last, r.n = e.Sent, r.n+1
-		r.mu.Unlock()
-	}
-}
-
-func (r *renewCount) lastSent() (time.Time, int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.last, r.n
-}
 
 // The holder's connection is blackholed (toxiproxy, in-process, in front of
 // the only member the holder can reach): nothing it sends arrives, nothing
@@ -62,7 +38,7 @@ func TestIsolatedHolderLosesBeforeExpiryAndIsFenced(t *testing.T) {
 		if err := proxy.Start(); err != nil {
 			t.Fatalf("toxiproxy: %v", err)
 		}
-		log := &renewCount{}
+		log := &testkit.RenewEvents{}
 		holderB := newZKBackend(t, []string{proxy.Listen}, zklease.WithRoot(root), zklease.WithSessionTimeout(ttl))
 		holder := testkit.NewManager(t, holderB, ttl, lease.WithObserver(log))
 		otherB := newZKBackend(t, []string{ens.Members[1].Addr(), ens.Members[2].Addr()}, zklease.WithRoot(root), zklease.WithSessionTimeout(ttl))
@@ -91,7 +67,7 @@ func TestIsolatedHolderLosesBeforeExpiryAndIsFenced(t *testing.T) {
 			otherGot <- got{l, time.Now(), err}
 		}()
 		for {
-			if _, n := log.lastSent(); n >= 2 {
+			if _, n := log.LastSucceeded(); n >= 2 {
 				break
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -109,7 +85,7 @@ func TestIsolatedHolderLosesBeforeExpiryAndIsFenced(t *testing.T) {
 			t.Fatalf("round %d: the isolated holder's lease was not lost within 3 TTLs", round)
 		}
 		lostAt := time.Now()
-		lastSent, _ := log.lastSent()
+		lastSent, _ := log.LastSucceeded()
 		if !leasetest.CheckLostByDeadline(t, l, lastSent, lostAt, holder.Options().SafetyMargin, leasetest.LateTimerSlack) {
 			t.Fatalf("round %d: the isolated holder's lease did not end by its local deadline", round)
 		}

@@ -168,6 +168,19 @@ func (r *RenewEvents) SucceededSince(name string, since time.Time) bool {
 	return false
 }
 
+// LastSucceeded returns the send time of the last successful renewal
+// recorded (zero when none) and how many renewals succeeded.
+func (r *RenewEvents) LastSucceeded() (sent time.Time, n int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, e := range r.events {
+		if e.Err == nil {
+			sent, n = e.Sent, n+1
+		}
+	}
+	return sent, n
+}
+
 // Failures returns how many renewals failed, and the longest latency of
 // any renewal.
 func (r *RenewEvents) Failures() (n int, slowest time.Duration) {

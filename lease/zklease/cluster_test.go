@@ -315,7 +315,7 @@ func TestLeaderKilledWithItsHolder(t *testing.T) {
 				break
 			}
 		}
-		log := &renewLog{}
+		log := &testkit.RenewEvents{}
 		holder := testkit.NewManager(t, newBackend(t, []string{leader.Addr()}, zklease.WithRoot(root), zklease.WithSessionTimeout(ttl)), ttl, lease.WithObserver(log))
 		wb := watchedBackend{Backend: newBackend(t, []string{other.Addr()}, zklease.WithRoot(root), zklease.WithSessionTimeout(ttl)), watched: make(chan string, 1)}
 		waiter := testkit.NewManager(t, wb, ttl, lease.WithPollInterval(10*time.Second))
@@ -335,7 +335,7 @@ func TestLeaderKilledWithItsHolder(t *testing.T) {
 			gotCh <- got{l, time.Now(), err}
 		}()
 		for {
-			if _, n := log.lastSent(); n >= 1 {
+			if _, n := log.LastSucceeded(); n >= 1 {
 				break
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -356,7 +356,7 @@ func TestLeaderKilledWithItsHolder(t *testing.T) {
 			t.Fatalf("round %d: the holder's lease was not lost within 3 TTLs of losing its only member", round)
 		}
 		lostAt := time.Now()
-		lastSent, _ := log.lastSent()
+		lastSent, _ := log.LastSucceeded()
 		if !leasetest.CheckLostByDeadline(t, h, lastSent, lostAt, holder.Options().SafetyMargin, leasetest.LateTimerSlack) {
 			t.Fatalf("round %d: the holder's lease did not end by its local deadline", round)
 		}
