@@ -249,3 +249,23 @@ func CheckIsSetup(tb testing.TB, m *lease.Manager, fix string) error {
 	}
 	return err
 }
+
+// Acquired is the outcome of an Acquire that AcquireAsync started: the
+// lease, when Acquire returned, and its error.
+type Acquired struct {
+	Lease *lease.Lease
+	At    time.Time
+	Err   error
+}
+
+// AcquireAsync runs m.Acquire(ctx, name) on a goroutine of its own and
+// sends its outcome, with the time it returned, on the channel it returns
+// (buffered: the goroutine never blocks on it).
+func AcquireAsync(ctx context.Context, m *lease.Manager, name string) <-chan Acquired {
+	ch := make(chan Acquired, 1)
+	go func() {
+		l, err := m.Acquire(ctx, name)
+		ch <- Acquired{l, time.Now(), err}
+	}()
+	return ch
+}
