@@ -269,3 +269,30 @@ func AcquireAsync(ctx context.Context, m *lease.Manager, name string) <-chan Acq
 	}()
 	return ch
 }
+
+// ExpectTakeover waits up to timeout for the Acquire that ch reports
+// (AcquireAsync) and checks that it took over from prev: it succeeded
+// after prev's local deadline, and with a greater token. The deadline is
+// compared, not the moment prev's Done was seen (up to a late timer's
+// slack after it): a correct grant may come in between. At is read after
+// the grant, so an At at or before the deadline proves a grant before it.
+// who names the acquirer in failures. It returns the outcome.
+func ExpectTakeover(tb testing.TB, who string, prev *lease.Lease, ch <-chan Acquired, timeout time.Duration) Acquired {
+	tb.Helper()
+	var g Acquired
+	select {
+	case g = <-ch:
+	case <-time.After(timeout):
+		tb.Fatalf("%s did not acquire within %v", who, timeout)
+	}
+	if g.Err != nil {
+		tb.Fatalf("%s: Acquire: %v", who, g.Err)
+	}
+	if dl := prev.Deadline(); !g.At.After(dl) {
+		tb.Fatalf("%s acquired %v before the holder's local deadline", who, dl.Sub(g.At))
+	}
+	if g.Lease.Token() <= prev.Token() {
+		tb.Fatalf("%s: token %d after %d", who, g.Lease.Token(), prev.Token())
+	}
+	return g
+}

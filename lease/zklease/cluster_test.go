@@ -351,27 +351,7 @@ func TestLeaderKilledWithItsHolder(t *testing.T) {
 		if !leasetest.CheckLostByDeadline(t, h, lastSent, lostAt, holder.Options().SafetyMargin, leasetest.LateTimerSlack) {
 			t.Fatalf("round %d: the holder's lease did not end by its local deadline", round)
 		}
-		var g testkit.Acquired
-		select {
-		case g = <-gotCh:
-		case <-time.After(30 * time.Second):
-			t.Fatalf("round %d: the waiter did not acquire within 30s of the kill", round)
-		}
-		if g.Err != nil {
-			t.Fatalf("round %d: waiter: %v", round, g.Err)
-		}
-		// The claim: the waiter is granted the lease only after the
-		// holder's local deadline. Compare with that deadline, which is
-		// exact, not with lostAt, when this goroutine saw Done (up to
-		// LateTimerSlack after the deadline): a correct grant may come in
-		// between. g.At is read after the grant, so g.At at or before the
-		// deadline proves a grant before it.
-		if dl := h.Deadline(); !g.At.After(dl) {
-			t.Fatalf("round %d: the waiter acquired %v before the holder's local deadline", round, dl.Sub(g.At))
-		}
-		if g.Lease.Token() <= h.Token() {
-			t.Fatalf("round %d: token %d after %d", round, g.Lease.Token(), h.Token())
-		}
+		g := testkit.ExpectTakeover(t, fmt.Sprintf("round %d: the waiter", round), h, gotCh, 30*time.Second)
 		t.Logf("round %d: leader %d killed with its holder; the holder lost its lease %v after the kill (%v before send + TTL); the waiter acquired %v after the kill, %v after the holder's loss",
 			round, leader.ID, lostAt.Sub(killed).Round(time.Millisecond), lastSent.Add(ttl).Sub(lostAt).Round(time.Millisecond),
 			g.At.Sub(killed).Round(time.Millisecond), g.At.Sub(lostAt).Round(time.Millisecond))
