@@ -15,7 +15,7 @@ import (
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fencekit/fencekit/internal/pairbench"
+	"github.com/fencekit/fencekit/internal/testkit/pairbench"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/redislease/redistest"

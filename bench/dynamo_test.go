@@ -15,8 +15,8 @@ import (
 
 	"github.com/fencekit/fencekit/dynamoguard"
 	"github.com/fencekit/fencekit/dynamoguard/dynamotest"
-	"github.com/fencekit/fencekit/internal/pairbench"
 	"github.com/fencekit/fencekit/internal/testkit"
+	"github.com/fencekit/fencekit/internal/testkit/pairbench"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/dynamolease"
 )

@@ -9,7 +9,7 @@ import (
 
 	"cirello.io/pglock"
 
-	"github.com/fencekit/fencekit/internal/pairbench"
+	"github.com/fencekit/fencekit/internal/testkit/pairbench"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/pglease"
 )

@@ -9,7 +9,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/fencekit/fencekit/blobguard"
-	"github.com/fencekit/fencekit/internal/pairbench"
+	"github.com/fencekit/fencekit/internal/testkit/pairbench"
 )
 
 // benchSizes are the object sizes the benchmarks write.

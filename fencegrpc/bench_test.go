@@ -14,12 +14,12 @@ import (
 	"github.com/fencekit/fencekit/fencecheck"
 	"github.com/fencekit/fencekit/fencegrpc"
 	"github.com/fencekit/fencekit/fencewire"
-	"github.com/fencekit/fencekit/internal/pairbench"
+	"github.com/fencekit/fencekit/internal/testkit/pairbench"
 )
 
 // BenchmarkUnary: one unary call over a real loopback server, plain, with
 // the token sent and read by the interceptors, and also checked in memory,
-// interleaved call by call (internal/pairbench).
+// interleaved call by call (internal/testkit/pairbench).
 //
 //	go test -run '^$' -bench . -count 6 ./fencegrpc/ > bench.txt
 //	go run golang.org/x/perf/cmd/benchstat@latest bench.txt

@@ -12,12 +12,12 @@ import (
 	"github.com/fencekit/fencekit/fencecheck"
 	"github.com/fencekit/fencekit/fencehttp"
 	"github.com/fencekit/fencekit/fencewire"
-	"github.com/fencekit/fencekit/internal/pairbench"
+	"github.com/fencekit/fencekit/internal/testkit/pairbench"
 )
 
 // BenchmarkRequest: one GET over a real loopback server, plain, with the
 // token sent and read (Transport + Handler), and also checked in memory,
-// interleaved call by call (internal/pairbench): token/plain and
+// interleaved call by call (internal/testkit/pairbench): token/plain and
 // checked/plain are medians of per-iteration ratios.
 //
 //	go test -run '^$' -bench Request -count 6 ./fencehttp/ > bench.txt

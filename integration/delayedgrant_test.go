@@ -11,7 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencekit/fencekit/fence"
-	"github.com/fencekit/fencekit/integration/internal/toxi"
+	"github.com/fencekit/fencekit/internal/rig/toxi"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/redislease"

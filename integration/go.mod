@@ -3,7 +3,6 @@ module github.com/fencekit/fencekit/integration
 go 1.26.0
 
 require (
-	github.com/Shopify/toxiproxy/v2 v2.5.0
 	github.com/anishathalye/porcupine v1.3.1
 	github.com/aws/aws-sdk-go-v2 v1.48.0
 	github.com/aws/aws-sdk-go-v2/credentials v1.21.0
@@ -15,7 +14,7 @@ require (
 	github.com/fencekit/fencekit/dbguard v0.1.0
 	github.com/fencekit/fencekit/dbguard/drivertest v0.1.0
 	github.com/fencekit/fencekit/dynamoguard v0.1.0
-	github.com/fencekit/fencekit/examples v0.1.0
+	github.com/fencekit/fencekit/internal/rig v0.1.0
 	github.com/fencekit/fencekit/lease/dynamolease v0.1.0
 	github.com/fencekit/fencekit/lease/etcdlease v0.1.0
 	github.com/fencekit/fencekit/lease/pglease v0.1.0
@@ -27,7 +26,6 @@ require (
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/redis/go-redis/v9 v9.23.0
-	github.com/rs/zerolog v1.35.1
 	go.etcd.io/etcd/client/v3 v3.7.3
 	go.etcd.io/etcd/server/v3 v3.7.3
 	go.uber.org/goleak v1.3.0
@@ -47,6 +45,7 @@ require (
 	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/Azure/go-ansiterm v0.0.0-20261006220739-8c912ac31dd4 // indirect
 	github.com/Microsoft/go-winio v0.6.4 // indirect
+	github.com/Shopify/toxiproxy/v2 v2.5.0 // indirect
 	github.com/aws/aws-sdk-go-v2/aws/protocol/eventstream v1.7.27 // indirect
 	github.com/aws/aws-sdk-go-v2/internal/configsources v1.5.12 // indirect
 	github.com/aws/aws-sdk-go-v2/internal/endpoints/v2 v2.8.12 // indirect
@@ -118,6 +117,7 @@ require (
 	github.com/prometheus/procfs v0.23.0 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	github.com/rs/xid v1.6.0 // indirect
+	github.com/rs/zerolog v1.35.1 // indirect
 	github.com/sethvargo/go-retry v0.5.0 // indirect
 	github.com/shirou/gopsutil/v4 v4.26.6 // indirect
 	github.com/sirupsen/logrus v1.10.2 // indirect

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 )
 
@@ -64,16 +65,7 @@ func TestReleaseWithADelayedReplyNeverOverlapsTheNextHolder(t *testing.T) {
 			v.watch(func() bool { return a.Err() == nil && a.Context().Err() == nil })
 		}()
 
-		type grant struct {
-			l   *lease.Lease
-			at  time.Time
-			err error
-		}
-		bGot := make(chan grant, 1)
-		go func() {
-			l, err := mB.Acquire(ctx, name)
-			bGot <- grant{l, time.Now(), err}
-		}()
+		bGot := testkit.AcquireAsync(ctx, mB, name)
 		waitUntil(t, 5*time.Second, "B waits on A's lease", func() bool {
 			h, err := mB.Holder(ctx, name)
 			return err == nil && h.Owner == a.Owner()
@@ -86,17 +78,17 @@ func TestReleaseWithADelayedReplyNeverOverlapsTheNextHolder(t *testing.T) {
 		}
 		<-watched
 		b := <-bGot
-		if b.err != nil {
-			t.Fatalf("round %d: B: %v", round, b.err)
+		if b.Err != nil {
+			t.Fatalf("round %d: B: %v", round, b.Err)
 		}
-		if last := v.lastValid(); !last.Before(b.at) {
+		if last := v.lastValid(); !last.Before(b.At) {
 			t.Errorf("round %d: A read its lease valid %v after B's Acquire returned (B granted %v after A's Release began)",
-				round, last.Sub(b.at), b.at.Sub(releaseStart))
+				round, last.Sub(b.At), b.At.Sub(releaseStart))
 		}
-		if b.l.Token() <= a.Token() {
-			t.Errorf("round %d: B's token %d <= A's %d", round, b.l.Token(), a.Token())
+		if b.Lease.Token() <= a.Token() {
+			t.Errorf("round %d: B's token %d <= A's %d", round, b.Lease.Token(), a.Token())
 		}
-		if err := b.l.Release(ctx); err != nil {
+		if err := b.Lease.Release(ctx); err != nil {
 			t.Fatalf("round %d: B's release: %v", round, err)
 		}
 	}

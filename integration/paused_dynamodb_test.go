@@ -16,8 +16,8 @@ import (
 	"github.com/fencekit/fencekit/dynamoguard"
 	"github.com/fencekit/fencekit/dynamoguard/dynamotest"
 	"github.com/fencekit/fencekit/fence"
-	"github.com/fencekit/fencekit/integration/internal/holder"
-	"github.com/fencekit/fencekit/integration/internal/itest"
+	"github.com/fencekit/fencekit/internal/rig/holder"
+	"github.com/fencekit/fencekit/internal/rig/itest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/dynamolease"
 )

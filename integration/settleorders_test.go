@@ -15,7 +15,6 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fencekit/fencekit/dbguard/drivertest"
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 )
@@ -210,7 +209,7 @@ func checkSettleOrdersDatabase(t *testing.T, sum settleOrdersSummary) {
 // settleOrdersDB opens the run's database on the MariaDB the tests use.
 func settleOrdersDB(t *testing.T, name string) *sql.DB {
 	t.Helper()
-	cfg, err := mysql.ParseDSN(drivertest.MySQLURL())
+	cfg, err := mysql.ParseDSN(testenv.MySQLURL())
 	if err != nil {
 		t.Fatal(err)
 	}

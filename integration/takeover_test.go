@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencekit/fencekit/integration/internal/itest"
+	"github.com/fencekit/fencekit/internal/rig/itest"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease/redislease"
 	"github.com/fencekit/fencekit/lease/redislease/redistest"

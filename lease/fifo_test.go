@@ -10,6 +10,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/memlease"
@@ -93,23 +94,6 @@ func TestFIFOSharesGrantsEquallyInVirtualTime(t *testing.T) {
 	}
 }
 
-// acquireAsync runs m.Acquire(ctx, name) and sends the outcome, with the
-// time it returned.
-type acquired struct {
-	l   *lease.Lease
-	at  time.Time
-	err error
-}
-
-func acquireAsync(ctx context.Context, m *lease.Manager, name string) <-chan acquired {
-	ch := make(chan acquired, 1)
-	go func() {
-		l, err := m.Acquire(ctx, name)
-		ch <- acquired{l, time.Now(), err}
-	}()
-	return ch
-}
-
 // fifoManager is a FIFO Manager over a new memory store.
 func fifoManager(t *testing.T, ttl time.Duration) (*memlease.Backend, *lease.Manager) {
 	t.Helper()
@@ -137,26 +121,26 @@ func TestFIFOAbandonmentInVirtualTime(t *testing.T) {
 				t.Fatal(err)
 			}
 			qctx, quit := context.WithCancel(context.Background())
-			quitter := acquireAsync(qctx, m, "n")
+			quitter := testkit.AcquireAsync(qctx, m, "n")
 			synctest.Wait()
-			next := acquireAsync(context.Background(), m, "n")
+			next := testkit.AcquireAsync(context.Background(), m, "n")
 			synctest.Wait()
 			quit()
-			if r := <-quitter; !errors.Is(r.err, lease.ErrNotAcquired) || !errors.Is(r.err, context.Canceled) {
-				t.Fatalf("cancelled waiter: %v", r.err)
+			if r := <-quitter; !errors.Is(r.Err, lease.ErrNotAcquired) || !errors.Is(r.Err, context.Canceled) {
+				t.Fatalf("cancelled waiter: %v", r.Err)
 			}
 			released := time.Now()
 			if err := h.Release(context.Background()); err != nil {
 				t.Fatal(err)
 			}
 			r := <-next
-			if r.err != nil {
-				t.Fatal(r.err)
+			if r.Err != nil {
+				t.Fatal(r.Err)
 			}
-			if d := r.at.Sub(released); d != 0 {
+			if d := r.At.Sub(released); d != 0 {
 				t.Fatalf("the waiter behind one that gave up was granted %v after the release, want at once", d)
 			}
-			r.l.Release(context.Background())
+			r.Lease.Release(context.Background())
 		})
 	})
 	t.Run("waiter died", func(t *testing.T) {
@@ -173,23 +157,23 @@ func TestFIFOAbandonmentInVirtualTime(t *testing.T) {
 			if !errors.Is(err, lease.ErrNotAcquired) {
 				t.Fatalf("dead waiter's attempt: %v", err)
 			}
-			next := acquireAsync(context.Background(), m, "n")
+			next := testkit.AcquireAsync(context.Background(), m, "n")
 			synctest.Wait()
 			time.Sleep(ttl / 4)
 			if err := h.Release(context.Background()); err != nil {
 				t.Fatal(err)
 			}
 			r := <-next
-			if r.err != nil {
-				t.Fatal(r.err)
+			if r.Err != nil {
+				t.Fatal(r.Err)
 			}
 			// The place lapses at died + ttl; the waiter was told so
 			// (RetryAfter) and asks again just after (pollWait: 1 ms
 			// plus up to 5 ms of jitter).
-			if d := r.at.Sub(died); d < ttl || d > ttl+10*time.Millisecond {
+			if d := r.At.Sub(died); d < ttl || d > ttl+10*time.Millisecond {
 				t.Fatalf("the waiter behind a dead one was granted %v after the dead one last asked, want just after its TTL %v", d, ttl)
 			}
-			r.l.Release(context.Background())
+			r.Lease.Release(context.Background())
 		})
 	})
 	t.Run("holder died", func(t *testing.T) {
@@ -199,28 +183,28 @@ func TestFIFOAbandonmentInVirtualTime(t *testing.T) {
 			if _, err := b.Acquire(context.Background(), driver.Request{Name: "n", Owner: "crashed/1", TTL: ttl}); err != nil {
 				t.Fatal(err)
 			}
-			first := acquireAsync(context.Background(), m, "n")
+			first := testkit.AcquireAsync(context.Background(), m, "n")
 			synctest.Wait()
-			second := acquireAsync(context.Background(), m, "n")
+			second := testkit.AcquireAsync(context.Background(), m, "n")
 			synctest.Wait()
 			r := <-first
-			if r.err != nil {
-				t.Fatal(r.err)
+			if r.Err != nil {
+				t.Fatal(r.Err)
 			}
-			if d := r.at.Sub(crashed); d < ttl || d > ttl+10*time.Millisecond {
+			if d := r.At.Sub(crashed); d < ttl || d > ttl+10*time.Millisecond {
 				t.Fatalf("the first waiter was granted %v after the holder's last renewal, want just after its TTL %v", d, ttl)
 			}
 			synctest.Wait() // the second waiter is blocked, or done
 			select {
 			case r2 := <-second:
-				t.Fatalf("the second waiter was granted (%v) while the first holds the lease", r2.err)
+				t.Fatalf("the second waiter was granted (%v) while the first holds the lease", r2.Err)
 			default:
 			}
-			r.l.Release(context.Background())
-			if r2 := <-second; r2.err != nil {
-				t.Fatal(r2.err)
+			r.Lease.Release(context.Background())
+			if r2 := <-second; r2.Err != nil {
+				t.Fatal(r2.Err)
 			} else {
-				r2.l.Release(context.Background())
+				r2.Lease.Release(context.Background())
 			}
 		})
 	})

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
@@ -17,7 +16,7 @@ import (
 
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
-	"github.com/fencekit/fencekit/migrations"
+	"github.com/fencekit/fencekit/migrations/migrationstest"
 	"github.com/fencekit/fencekit/riverfence"
 )
 
@@ -49,32 +48,8 @@ func newEnv(tb testing.TB) *env {
 	// PostgreSQL's 63 bytes: a name shorter than testkit.UniqueName's.
 	name := testkit.UniqueName(tb, "")
 	e := &env{schema: "rf_" + name[max(0, len(name)-33):], url: testenv.PostgresURL()}
-	admin, err := pgx.Connect(ctx, e.url)
-	if err != nil {
-		tb.Fatalf("PostgreSQL is required for these tests and is not reachable at %s (set %s or run scripts/test.sh): %v",
-			e.url, testenv.PostgresURLVar, err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{e.schema}.Sanitize()); err != nil {
-		tb.Fatalf("create schema: %v", err)
-	}
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		c, err := pgx.Connect(ctx, e.url)
-		if err != nil {
-			tb.Errorf("drop schema %s: %v", e.schema, err)
-			return
-		}
-		defer c.Close(ctx)
-		if _, err := c.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{e.schema}.Sanitize()+" CASCADE"); err != nil {
-			tb.Errorf("drop schema %s: %v", e.schema, err)
-		}
-	})
-	if e.pool, err = openPool(ctx, e.url, e.schema); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(e.pool.Close)
+	migrationstest.Schema(tb, e.url, e.schema)
+	e.pool = migrationstest.Pool(tb, e.url, e.schema) // closed before the schema is dropped
 
 	migrator, err := rivermigrate.New(riverpgxv5.New(e.pool), &rivermigrate.Config{Logger: quietLogger()})
 	if err != nil {
@@ -82,17 +57,6 @@ func newEnv(tb testing.TB) *env {
 	}
 	if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
 		tb.Fatalf("River's migrations: %v", err)
-	}
-	db, err := migrations.Open(e.url, e.schema)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if _, err := migrations.Up(ctx, db); err != nil {
-		_ = db.Close()
-		tb.Fatalf("migrations.Up: %v", err)
-	}
-	if err := db.Close(); err != nil {
-		tb.Fatal(err)
 	}
 	if _, err := e.pool.Exec(ctx, payTables); err != nil {
 		tb.Fatalf("the job's tables: %v", err)

@@ -81,7 +81,7 @@ ensure_postgres() {
 
 # ensure_zookeeper: Debian's ZooKeeper (its jar and the Java runtime it
 # depends on) is installed; the tests start their own servers from it
-# (internal/zktest). Installs the package when the jar is
+# (internal/testkit/zktest). Installs the package when the jar is
 # missing and we are root (CI on a fresh machine); idempotent.
 : "${FENCE_ZK_JAR:=/usr/share/java/zookeeper.jar}"
 export FENCE_ZK_JAR

@@ -16,7 +16,7 @@ import (
 
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
-	"github.com/fencekit/fencekit/migrations"
+	"github.com/fencekit/fencekit/migrations/migrationstest"
 	"github.com/fencekit/fencekit/sqlguard"
 )
 
@@ -62,51 +62,9 @@ func connect(tb testing.TB, ctx context.Context, searchPath string) *pgx.Conn {
 // The schema is dropped when the test ends.
 func newEnv(tb testing.TB) *env {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	e := &env{schema: testkit.UniqueName(tb, "fk_"), url: testenv.PostgresURL()}
-
-	admin := connect(tb, ctx, "")
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{e.schema}.Sanitize()); err != nil {
-		tb.Fatalf("create schema: %v", err)
-	}
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		c, err := pgx.Connect(ctx, e.url)
-		if err != nil {
-			tb.Errorf("drop schema %s: %v", e.schema, err)
-			return
-		}
-		defer c.Close(ctx)
-		if _, err := c.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{e.schema}.Sanitize()+" CASCADE"); err != nil {
-			tb.Errorf("drop schema %s: %v", e.schema, err)
-		}
-	})
-
-	db, err := migrations.Open(e.url, e.schema)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if _, err := migrations.Up(ctx, db); err != nil {
-		db.Close()
-		tb.Fatalf("migrations.Up: %v", err)
-	}
-	if err := db.Close(); err != nil {
-		tb.Fatal(err)
-	}
-
-	cfg, err := pgxpool.ParseConfig(e.url)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = e.schema
-	cfg.MaxConns = 8
-	e.pool, err = pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(e.pool.Close) // runs before the schema is dropped
+	migrationstest.Schema(tb, e.url, e.schema)
+	e.pool = migrationstest.Pool(tb, e.url, e.schema) // closed before the schema is dropped
 	return e
 }
 

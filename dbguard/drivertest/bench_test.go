@@ -8,7 +8,7 @@ import (
 
 	"github.com/fencekit/fencekit/dbguard"
 	"github.com/fencekit/fencekit/fence"
-	"github.com/fencekit/fencekit/internal/pairbench"
+	"github.com/fencekit/fencekit/internal/testkit/pairbench"
 )
 
 // BenchmarkDBGuardPaired pairs, on each engine, a fenced write with the

@@ -33,22 +33,9 @@ import (
 	_ "modernc.org/sqlite" // registers "sqlite"
 
 	"github.com/fencekit/fencekit/dbguard"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/migrations"
 )
-
-// MySQLURLVar names the DSN of the MariaDB (or MySQL) server the tests use.
-const MySQLURLVar = "FENCE_MYSQL_URL"
-
-// DefaultMySQLURL is the development machines' MariaDB.
-const DefaultMySQLURL = "root@tcp(127.0.0.1:3306)/test"
-
-// MySQLURL returns FENCE_MYSQL_URL or the default.
-func MySQLURL() string {
-	if v := os.Getenv(MySQLURLVar); v != "" {
-		return v
-	}
-	return DefaultMySQLURL
-}
 
 // DB is one test's database: a throwaway MariaDB database, or a SQLite
 // file, with fencekit's migrations applied.
@@ -81,7 +68,7 @@ func Unique(tb testing.TB, prefix string) string {
 func Open(tb testing.TB, d dbguard.Dialect) *DB {
 	tb.Helper()
 	if d == dbguard.MySQL {
-		return OpenMySQL(tb, MySQLURL())
+		return OpenMySQL(tb, testenv.MySQLURL())
 	}
 	return OpenSQLite(tb)
 }
@@ -92,7 +79,7 @@ func OpenMySQL(tb testing.TB, dsn string) *DB {
 	tb.Helper()
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
-		tb.Fatalf("drivertest: %s: %v", MySQLURLVar, err)
+		tb.Fatalf("drivertest: %s: %v", testenv.MySQLURLVar, err)
 	}
 	admin, err := sql.Open("mysql", cfg.FormatDSN())
 	if err != nil {
@@ -103,7 +90,7 @@ func OpenMySQL(tb testing.TB, dsn string) *DB {
 	defer cancel()
 	name := Unique(tb, "fk_")
 	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
-		tb.Fatalf("drivertest: MariaDB at %s (%s; scripts/services.sh ensure_mariadb starts it): %v", cfg.Addr, MySQLURLVar, err)
+		tb.Fatalf("drivertest: MariaDB at %s (%s; scripts/services.sh ensure_mariadb starts it): %v", cfg.Addr, testenv.MySQLURLVar, err)
 	}
 	tb.Cleanup(func() {
 		a, err := sql.Open("mysql", cfg.FormatDSN())

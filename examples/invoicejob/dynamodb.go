@@ -12,8 +12,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/fencekit/fencekit/dynamoguard"
-	"github.com/fencekit/fencekit/examples/internal/demo"
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/rig/services"
 )
 
 // dynamoRows is the batch's rows in DynamoDB (--row-store dynamodb): items
@@ -46,7 +46,7 @@ const (
 )
 
 func newDynamoRows(endpoint, table, period string, customers []customer) (*dynamoRows, func(), error) {
-	client, closeClient := demo.NewDynamoClient(endpoint)
+	client, closeClient := services.NewDynamoClient(endpoint)
 	g, err := dynamoguard.New(client, table)
 	if err != nil {
 		closeClient()

@@ -4,7 +4,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/fencekit/fencekit/examples/internal/demo/demotest"
+	"github.com/fencekit/fencekit/internal/rig/demotest"
 )
 
 // A batch long enough to be ended in its middle.
@@ -16,16 +16,11 @@ func TestSignalLeavesNothing(t *testing.T) {
 	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGTERM} {
 		t.Run(sig.String(), func(t *testing.T) {
 			env := demotest.NewEnv(t)
-			p := env.Start(t, longBatch...)
-			p.WaitFor(t, "invoice #3 for")
-			entries, children := env.Ledger(t), p.Children(t)
+			p, entries, children := env.StartUntil(t, "invoice #3 for", longBatch...)
 			if len(children) != 3 {
 				t.Fatalf("children %v; want the 3 replicas", children)
 			}
-			if err := p.Cmd.Process.Signal(sig); err != nil {
-				t.Fatal(err)
-			}
-			env.ExpectStoppedClean(t, p, children, entries)
+			env.ExpectSignalledClean(t, p, sig, children, entries)
 		})
 	}
 }
@@ -44,15 +39,8 @@ func TestKilledRunIsSweptByTheNext(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			env := demotest.NewEnv(t)
-			p := env.Start(t, append(tc.args, longBatch...)...)
-			p.WaitFor(t, "invoice #3 for")
-			entries, children := env.Ledger(t), p.Children(t)
-			if err := p.Cmd.Process.Kill(); err != nil {
-				t.Fatal(err)
-			}
-			p.Wait(t)
-			demotest.ExpectGone(t, children)
-			left := env.Look(t, entries)
+			p, entries, children := env.StartUntil(t, "invoice #3 for", append(tc.args, longBatch...)...)
+			left := env.Kill(t, p, children, entries)
 			if len(left.Ledgers) != 1 || len(left.Schemas) != 1 || len(left.DynamoTables) != len(tc.args)/2 {
 				t.Fatalf("after SIGKILL: %+v; want the ledger, the schema and %d DynamoDB table(s) left for the sweep", left, len(tc.args)/2)
 			}

@@ -41,7 +41,7 @@
 // creates (a schema, the lease's Redis keys, a DynamoDB table) is removed
 // at the end, however the run ends: the
 // replicas die with it, even by SIGKILL, and what a killed run leaves is
-// removed by the next run (package examples/internal/leftover).
+// removed by the next run (package internal/rig/leftover).
 package main
 
 import (
@@ -52,7 +52,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/examples/internal/demo"
-	"github.com/fencekit/fencekit/examples/services"
+	"github.com/fencekit/fencekit/internal/rig/services"
 )
 
 func main() {

@@ -10,21 +10,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencekit/fencekit/examples/internal/demo/demotest"
+	"github.com/fencekit/fencekit/internal/rig/demotest"
 )
 
 // TestMain lets the test binary stand in for the program: run() starts
 // replicas as os.Executable() with configVar set, and here they run the
 // replica's body instead of the tests.
-func TestMain(m *testing.M) {
-	switch {
-	case os.Getenv(configVar) != "":
-		os.Exit(runReplica())
-	case os.Getenv(demotest.RunMainVar) != "":
-		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { demotest.Main(m, configVar, runReplica, run) }
 
 // TestInvoiceJob runs the whole scenario against the machine's Redis and
 // PostgreSQL, with real replica processes and real kills, and checks the
@@ -138,11 +130,7 @@ func checkJob(t *testing.T, sum summary, kills, replicas int, bound time.Duratio
 // TestFlags checks the flags' bounds, that every problem is reported at
 // once, and that usage and errors go to stderr while --help goes to stdout.
 func TestFlags(t *testing.T) {
-	for _, tc := range []struct {
-		args           []string
-		code           int
-		stdout, stderr string // an empty stdout want means stdout must be empty
-	}{
+	demotest.CheckFlags(t, run, []demotest.FlagCase{
 		{[]string{"--help"}, 0, "Usage: go run ./examples/invoicejob", ""},
 		{[]string{"--ttl", "50ms"}, 2, "", "--ttl 50ms"},
 		{[]string{"--ttl", "1h"}, 2, "", "--ttl 1h0m0s: must be a whole number of milliseconds, from 100ms to 1m0s"},
@@ -158,13 +146,5 @@ func TestFlags(t *testing.T) {
 		{[]string{"--row-store", "mysql"}, 2, "", `--row-store "mysql": want postgres or dynamodb`},
 		{[]string{"extra"}, 2, "", "unexpected arguments"},
 		{[]string{"--nope"}, 2, "", "Usage: go run ./examples/invoicejob"},
-	} {
-		var stdout, stderr bytes.Buffer
-		code := run(tc.args, &stdout, &stderr)
-		okOut := strings.Contains(stdout.String(), tc.stdout) && (tc.stdout != "" || stdout.Len() == 0)
-		if code != tc.code || !okOut || !strings.Contains(stderr.String(), tc.stderr) {
-			t.Errorf("run(%q) = %d, stdout %q, stderr %q; want %d, stdout %q, stderr with %q",
-				tc.args, code, stdout.String(), stderr.String(), tc.code, tc.stdout, tc.stderr)
-		}
-	}
+	})
 }

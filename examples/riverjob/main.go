@@ -27,7 +27,7 @@
 // PostgreSQL comes from --postgres-url, $FENCE_POSTGRES_URL, the local
 // default, or a server it starts itself. Everything the run creates lives
 // in a schema of its own, dropped at the end however the run ends (package
-// examples/internal/leftover); the worker processes die with it.
+// internal/rig/leftover); the worker processes die with it.
 package main
 
 import (
@@ -39,7 +39,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/examples/internal/demo"
-	"github.com/fencekit/fencekit/examples/services"
+	"github.com/fencekit/fencekit/internal/rig/services"
 )
 
 func main() {

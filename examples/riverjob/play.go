@@ -17,7 +17,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/fencekit/fencekit/examples/internal/demo"
-	"github.com/fencekit/fencekit/examples/services"
+	"github.com/fencekit/fencekit/internal/rig/services"
 	"github.com/fencekit/fencekit/riverfence"
 )
 

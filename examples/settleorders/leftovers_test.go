@@ -4,7 +4,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/fencekit/fencekit/examples/internal/demo/demotest"
+	"github.com/fencekit/fencekit/internal/rig/demotest"
 )
 
 // A long pause keeps the run in its most fragile state while the test ends
@@ -17,16 +17,11 @@ var frozenRun = []string{"--ttl", "1s", "--pause", "60s", "--orders", "6", "--or
 // keys, its ledger) and exit 2, the run not completed.
 func TestSignalLeavesNothing(t *testing.T) {
 	env := demotest.NewEnv(t)
-	p := env.Start(t, frozenRun...)
-	p.WaitFor(t, "FROZE")
-	entries, children := env.Ledger(t), p.Children(t)
+	p, entries, children := env.StartUntil(t, "FROZE", frozenRun...)
 	if len(children) < 3 {
 		t.Fatalf("children %v; want the three replicas", children)
 	}
-	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	env.ExpectStoppedClean(t, p, children, entries)
+	env.ExpectSignalledClean(t, p, syscall.SIGTERM, children, entries)
 }
 
 // TestKilledRunIsSweptByTheNext kills the program with SIGKILL while the
@@ -35,15 +30,8 @@ func TestSignalLeavesNothing(t *testing.T) {
 // database and delete the keys the killed one left.
 func TestKilledRunIsSweptByTheNext(t *testing.T) {
 	env := demotest.NewEnv(t)
-	p := env.Start(t, frozenRun...)
-	p.WaitFor(t, "FROZE")
-	entries, children := env.Ledger(t), p.Children(t)
-	if err := p.Cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	p.Wait(t)
-	demotest.ExpectGone(t, children)
-	left := env.Look(t, entries)
+	p, entries, children := env.StartUntil(t, "FROZE", frozenRun...)
+	left := env.Kill(t, p, children, entries)
 	if len(left.Ledgers) != 1 || len(left.MySQLDatabases) != 1 || len(left.RedisKeys) == 0 {
 		t.Fatalf("after SIGKILL: %+v; want the ledger, the database and the lease's keys left for the sweep", left)
 	}

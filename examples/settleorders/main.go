@@ -39,7 +39,7 @@
 // local address, else a redis-server it starts; MariaDB from --mysql-url or
 // FENCE_MYSQL_URL, else root@tcp(127.0.0.1:3306)/test, where it makes a
 // database of its own. Everything it creates is removed at the end,
-// however the run ends (package examples/internal/leftover).
+// however the run ends (package internal/rig/leftover).
 package main
 
 import (
@@ -52,7 +52,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/examples/internal/demo"
-	"github.com/fencekit/fencekit/examples/services"
+	"github.com/fencekit/fencekit/internal/rig/services"
 )
 
 func main() {

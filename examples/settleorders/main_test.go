@@ -1,36 +1,22 @@
 package main
 
 import (
-	"bytes"
-	"os"
 	"strings"
 	"testing"
 
-	"github.com/fencekit/fencekit/examples/internal/demo/demotest"
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/rig/demotest"
 )
 
 // TestMain lets the test binary stand in for the program: run() starts
 // replicas as os.Executable() with configVar set, and here they run the
 // replica's body instead of the tests.
-func TestMain(m *testing.M) {
-	switch {
-	case os.Getenv(configVar) != "":
-		os.Exit(runReplica())
-	case os.Getenv(demotest.RunMainVar) != "":
-		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { demotest.Main(m, configVar, runReplica, run) }
 
 // TestFlags checks the flags' bounds, that every problem is reported at
 // once, and that usage and errors go to stderr while --help goes to stdout.
 func TestFlags(t *testing.T) {
-	for _, tc := range []struct {
-		args           []string
-		code           int
-		stdout, stderr string
-	}{
+	demotest.CheckFlags(t, run, []demotest.FlagCase{
 		{[]string{"--help"}, 0, "Usage: go run ./examples/settleorders", ""},
 		{[]string{"--ttl", "5ms"}, 2, "", "--ttl 5ms: must be a whole number of milliseconds, from 100ms to 1m0s"},
 		{[]string{"--replicas", "1"}, 2, "", "--replicas 1: must be from 2"},
@@ -41,15 +27,7 @@ func TestFlags(t *testing.T) {
 		{[]string{"--period", ""}, 2, "", "--period: must not be empty"},
 		{[]string{"extra"}, 2, "", "unexpected arguments"},
 		{[]string{"--nope"}, 2, "", "flag provided but not defined"},
-	} {
-		var stdout, stderr bytes.Buffer
-		code := run(tc.args, &stdout, &stderr)
-		okOut := strings.Contains(stdout.String(), tc.stdout) && (tc.stdout != "" || stdout.Len() == 0)
-		if code != tc.code || !okOut || !strings.Contains(stderr.String(), tc.stderr) {
-			t.Errorf("run(%q) = %d, stdout %q, stderr %q; want %d, stdout %q, stderr with %q",
-				tc.args, code, stdout.String(), stderr.String(), tc.code, tc.stdout, tc.stderr)
-		}
-	}
+	})
 }
 
 // safeRun is the record of a run in which everything went right: replica-1

@@ -11,8 +11,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencekit/fencekit/examples/internal/demo"
-	"github.com/fencekit/fencekit/examples/internal/leftover"
-	"github.com/fencekit/fencekit/examples/services"
+	"github.com/fencekit/fencekit/internal/rig/leftover"
+	"github.com/fencekit/fencekit/internal/rig/services"
 	"github.com/fencekit/fencekit/lease/redislease"
 	"github.com/fencekit/fencekit/migrations"
 )

@@ -14,6 +14,7 @@ import (
 	"github.com/fencekit/fencekit/dynamoguard"
 	"github.com/fencekit/fencekit/examples/internal/demo"
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/rig/services"
 	"github.com/fencekit/fencekit/lease"
 )
 
@@ -35,7 +36,7 @@ func (d *dynamoTarget) key() map[string]types.AttributeValue {
 func (w *worker) writeItem(ctx context.Context, l *lease.Lease, note string) {
 	d := w.cfg.Dynamo
 	tok, sent, deadline := l.Token(), time.Now(), l.Deadline()
-	client, closeClient := demo.NewDynamoClient(d.Endpoint)
+	client, closeClient := services.NewDynamoClient(d.Endpoint)
 	defer closeClient()
 	item := d.key()
 	item["written_by"] = &types.AttributeValueMemberS{Value: w.cfg.Role}
@@ -83,7 +84,7 @@ func (sc *scenario) readFinalItem(ctx context.Context, f *finalState) error {
 		return nil
 	}
 	f.Item = true
-	client, closeClient := demo.NewDynamoClient(d.Endpoint)
+	client, closeClient := services.NewDynamoClient(d.Endpoint)
 	defer closeClient()
 	out, err := client.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(d.Table), Key: d.key(), ConsistentRead: aws.Bool(true)})
 	if err != nil {

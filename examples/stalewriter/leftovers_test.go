@@ -7,23 +7,15 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/fencekit/fencekit/examples/internal/demo/demotest"
-	"github.com/fencekit/fencekit/examples/internal/leftover"
+	"github.com/fencekit/fencekit/internal/rig/demotest"
+	"github.com/fencekit/fencekit/internal/rig/leftover"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 )
 
 // TestMain lets the test binary stand in for the program: run() starts
 // workers as os.Executable() with configVar set, and the leftover tests
 // start the program itself with demotest.RunMainVar set.
-func TestMain(m *testing.M) {
-	switch {
-	case os.Getenv(configVar) != "":
-		os.Exit(runWorker())
-	case os.Getenv(demotest.RunMainVar) != "":
-		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { demotest.Main(m, configVar, runWorker, run) }
 
 // A long freeze keeps the run in its most fragile state while the test
 // ends it: worker A stopped with SIGSTOP, worker B and versitygw running,
@@ -37,16 +29,11 @@ func TestSignalLeavesNothing(t *testing.T) {
 	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT} {
 		t.Run(sig.String(), func(t *testing.T) {
 			env := demotest.NewEnv(t)
-			p := env.Start(t, frozenRun...)
-			p.WaitFor(t, "froze worker A")
-			entries, children := env.Ledger(t), p.Children(t)
+			p, entries, children := env.StartUntil(t, "froze worker A", frozenRun...)
 			if len(children) < 2 {
 				t.Fatalf("children %v; want worker A and versitygw at least", children)
 			}
-			if err := p.Cmd.Process.Signal(sig); err != nil {
-				t.Fatal(err)
-			}
-			env.ExpectStoppedClean(t, p, children, entries)
+			env.ExpectSignalledClean(t, p, sig, children, entries)
 		})
 	}
 }
@@ -56,9 +43,7 @@ func TestSignalLeavesNothing(t *testing.T) {
 // run and clean up, not kill the program with SIGPIPE.
 func TestClosedStdoutLeavesNothing(t *testing.T) {
 	env := demotest.NewEnv(t)
-	p := env.Start(t, "--ttl", "300ms", "--pause", "30s")
-	p.WaitFor(t, "froze worker A")
-	entries, children := env.Ledger(t), p.Children(t)
+	p, entries, children := env.StartUntil(t, "froze worker A", "--ttl", "300ms", "--pause", "30s")
 	p.CloseStdout() // B's acquire, 300 ms on, is the next line written
 	env.ExpectStoppedClean(t, p, children, entries)
 	if !strings.Contains(p.Stderr.String(), "output pipe closed") {
@@ -72,15 +57,8 @@ func TestClosedStdoutLeavesNothing(t *testing.T) {
 // the Redis keys, the object, versitygw's directory) before its own.
 func TestKilledRunIsSweptByTheNext(t *testing.T) {
 	env := demotest.NewEnv(t)
-	p := env.Start(t, frozenRun...)
-	p.WaitFor(t, "froze worker A")
-	entries, children := env.Ledger(t), p.Children(t)
-	if err := p.Cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	p.Wait(t)
-	demotest.ExpectGone(t, children)
-	left := env.Look(t, entries)
+	p, entries, children := env.StartUntil(t, "froze worker A", frozenRun...)
+	left := env.Kill(t, p, children, entries)
 	if len(left.Ledgers) != 1 || len(left.Schemas) != 1 || len(left.RedisKeys) == 0 || len(left.TempEntries) == 0 {
 		t.Fatalf("after SIGKILL: %+v; want the ledger, the schema, the lease's keys and versitygw's directory left for the sweep", left)
 	}

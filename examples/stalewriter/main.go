@@ -35,7 +35,7 @@
 // else Docker through testcontainers-go. Everything it creates is removed at the end, however
 // the run ends: the processes it starts die with it, even by SIGKILL, and
 // what a killed run leaves in the stores is removed by the next run
-// (package examples/internal/leftover).
+// (package internal/rig/leftover).
 package main
 
 import (
@@ -48,7 +48,7 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/examples/internal/demo"
-	"github.com/fencekit/fencekit/examples/services"
+	"github.com/fencekit/fencekit/internal/rig/services"
 )
 
 func main() {

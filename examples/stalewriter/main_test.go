@@ -7,19 +7,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencekit/fencekit/examples/services"
+	"github.com/fencekit/fencekit/internal/rig/services"
+
+	"github.com/fencekit/fencekit/internal/rig/demotest"
 )
 
 // TestFlags checks the flags' bounds, that every problem is reported at
 // once, and that usage and errors go to stderr while --help goes to stdout.
 func TestFlags(t *testing.T) {
-	for _, tc := range []struct {
-		args []string
-		code int
-		// stdout and stderr must contain these; an empty stdout want means
-		// stdout must be empty.
-		stdout, stderr string
-	}{
+	demotest.CheckFlags(t, run, []demotest.FlagCase{
 		{[]string{"--help"}, 0, "Usage: go run ./examples/stalewriter", ""},
 		{[]string{"--ttl", "5ms"}, 2, "", "--ttl 5ms: must be a whole number of milliseconds, from 100ms to 1m0s"},
 		{[]string{"--ttl", "1500us"}, 2, "", "--ttl 1.5ms"},
@@ -40,15 +36,7 @@ func TestFlags(t *testing.T) {
 		// looked for.
 		{[]string{"--lease-store", "etcd", "--ttl", "1500ms"}, 2, "", "--ttl 1.5s: etcd counts lease TTLs in whole seconds, from 1s"},
 		{[]string{"--lease-store", "etcd", "--ttl", "500ms"}, 2, "", "--ttl 500ms: etcd counts lease TTLs in whole seconds"},
-	} {
-		var stdout, stderr bytes.Buffer
-		code := run(tc.args, &stdout, &stderr)
-		okOut := strings.Contains(stdout.String(), tc.stdout) && (tc.stdout != "" || stdout.Len() == 0)
-		if code != tc.code || !okOut || !strings.Contains(stderr.String(), tc.stderr) {
-			t.Errorf("run(%q) = %d, stdout %q, stderr %q; want %d, stdout %q, stderr with %q",
-				tc.args, code, stdout.String(), stderr.String(), tc.code, tc.stdout, tc.stderr)
-		}
-	}
+	})
 }
 
 // TestEtcdThatRaisesTheTTLIsRefused: an etcd whose election timeout is 3 s

@@ -16,8 +16,8 @@ import (
 
 	"github.com/fencekit/fencekit/blobguard"
 	"github.com/fencekit/fencekit/examples/internal/demo"
-	"github.com/fencekit/fencekit/examples/services"
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/rig/services"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/sqlguard"

@@ -6,7 +6,7 @@
 // their own store; the writes through the guards are here.
 //
 // etcd is embedded in the test process (lease/etcdlease/etcdtest); ZooKeeper is
-// Debian's, started per test (internal/zktest; scripts/services.sh
+// Debian's, started per test (internal/testkit/zktest; scripts/services.sh
 // ensure_zookeeper installs it). PostgreSQL and S3 come from FENCE_* (see
-// internal/testkit/testenv), else examples/services finds or starts them.
+// internal/testkit/testenv), else internal/rig/services finds or starts them.
 package consensus

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencekit/fencekit/integration/internal/guarded"
+	"github.com/fencekit/fencekit/internal/rig/guarded"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/internal/testkit/faultnet"
 	"github.com/fencekit/fencekit/lease"

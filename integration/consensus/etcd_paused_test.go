@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencekit/fencekit/integration/internal/guarded"
-	"github.com/fencekit/fencekit/integration/internal/holder"
-	"github.com/fencekit/fencekit/integration/internal/itest"
+	"github.com/fencekit/fencekit/internal/rig/guarded"
+	"github.com/fencekit/fencekit/internal/rig/holder"
+	"github.com/fencekit/fencekit/internal/rig/itest"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 )

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/fencekit/fencekit/fence"
-	"github.com/fencekit/fencekit/integration/internal/guarded"
+	"github.com/fencekit/fencekit/internal/rig/guarded"
 	"github.com/fencekit/fencekit/internal/testkit"
 )
 

@@ -8,11 +8,11 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/fence"
-	"github.com/fencekit/fencekit/integration/internal/guarded"
-	"github.com/fencekit/fencekit/integration/internal/holder"
-	"github.com/fencekit/fencekit/integration/internal/itest"
+	"github.com/fencekit/fencekit/internal/rig/guarded"
+	"github.com/fencekit/fencekit/internal/rig/holder"
+	"github.com/fencekit/fencekit/internal/rig/itest"
 	"github.com/fencekit/fencekit/internal/testkit"
-	"github.com/fencekit/fencekit/internal/zktest"
+	"github.com/fencekit/fencekit/internal/testkit/zktest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/zklease"
 )

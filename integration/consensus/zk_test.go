@@ -2,12 +2,10 @@ package consensus
 
 import (
 	"context"
-	"fmt"
-	"log/slog"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease/zklease"
 )
 
@@ -16,7 +14,7 @@ import (
 // newZKBackend connects a Backend to servers, closed when the test ends.
 func newZKBackend(t testing.TB, servers []string, opts ...zklease.Option) *zklease.Backend {
 	t.Helper()
-	b, err := zklease.New(servers, append([]zklease.Option{zklease.WithLogger(slog.New(testLogHandler{t}))}, opts...)...)
+	b, err := zklease.New(servers, append([]zklease.Option{zklease.WithLogger(testkit.Logger(t))}, opts...)...)
 	if err != nil {
 		t.Fatalf("zklease.New: %v", err)
 	}
@@ -30,17 +28,3 @@ func newZKBackend(t testing.TB, servers []string, opts ...zklease.Option) *zklea
 	}
 	return b
 }
-
-// testLogHandler sends the backend's warnings to the test's log.
-type testLogHandler struct{ t testing.TB }
-
-func (h testLogHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
-func (h testLogHandler) Handle(_ context.Context, r slog.Record) error {
-	var b strings.Builder
-	b.WriteString(r.Message)
-	r.Attrs(func(a slog.Attr) bool { fmt.Fprintf(&b, " %s=%v", a.Key, a.Value); return true })
-	h.t.Logf("%s %s", r.Time.Format("15:04:05.000"), b.String())
-	return nil
-}
-func (h testLogHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h testLogHandler) WithGroup(string) slog.Handler      { return h }

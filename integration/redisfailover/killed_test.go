@@ -191,23 +191,14 @@ func killOnce(t *testing.T, d deployment, stores *fencedStores, target *redistes
 	paused = false
 
 	// Another client waits for the lost lease from the moment of the kill.
-	type granted struct {
-		l   *lease.Lease
-		at  time.Time
-		err error
-	}
-	cGot := make(chan granted, 1)
-	go func() {
-		l, err := mC.Acquire(ctx, lostManual)
-		cGot <- granted{l, time.Now(), err}
-	}()
+	cGot := testkit.AcquireAsync(ctx, mC, lostManual)
 	promoted := d.awaitPromoted(t, target, replica)
 	newPrimary := replica
 	c := <-cGot
-	if c.err != nil {
-		t.Fatalf("the other client never got the lost lease: %v", c.err)
+	if c.Err != nil {
+		t.Fatalf("the other client never got the lost lease: %v", c.Err)
 	}
-	run := killRun{promoted: promoted, takeover: c.at.Sub(killed)}
+	run := killRun{promoted: promoted, takeover: c.At.Sub(killed)}
 	t.Logf("killed %s: %s serving after %v; the lost lease granted to another client %v after the kill",
 		target.Addr, newPrimary.Addr, promoted.Round(time.Millisecond), run.takeover.Round(time.Millisecond))
 
@@ -228,7 +219,7 @@ func killOnce(t *testing.T, d deployment, stores *fencedStores, target *redistes
 	}
 
 	// Tokens after the failover are above every token before it, per name.
-	cl := c.l
+	cl := c.Lease
 	after := map[string]fence.Token{lostManual: cl.Token()}
 	le := acquireAfterFailover(t, mE, churned)
 	after[churned] = le.Token()

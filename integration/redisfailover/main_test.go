@@ -12,37 +12,12 @@
 package redisfailover
 
 import (
-	"fmt"
-	"os"
 	"testing"
 
-	"go.uber.org/goleak"
-
-	"github.com/fencekit/fencekit/examples/services"
-	"github.com/fencekit/fencekit/integration/internal/itest"
+	"github.com/fencekit/fencekit/internal/rig/itest"
+	"github.com/fencekit/fencekit/internal/rig/services"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(mainM{m},
-		// A server started here (versitygw, when no S3 is given) is forked
-		// from one goroutine locked to its thread for the life of the
-		// process, so that the child's parent-death signal follows the
-		// process, not a thread.
-		goleak.IgnoreTopFunction("github.com/fencekit/fencekit/examples/internal/leftover.startSpawner.func1"),
-	)
-}
-
-// mainM finds the services (PostgreSQL and S3; the Redis deployments are
-// started by the tests) before the tests run; goleak checks for leaked
-// goroutines once it returns.
-type mainM struct{ m *testing.M }
-
-func (w mainM) Run() int {
-	_, cleanup, err := itest.Setup("redisfailover", services.Config{})
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "redisfailover: %v\n", err)
-		return 1
-	}
-	defer cleanup()
-	return w.m.Run()
+	itest.Main(m, "redisfailover", services.Config{}, nil, nil)
 }

@@ -14,7 +14,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/fencecheck"
-	"github.com/fencekit/fencekit/integration/internal/toxi"
+	"github.com/fencekit/fencekit/internal/rig/toxi"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease/redislease/redistest"
 	"github.com/fencekit/fencekit/redischeck"

@@ -16,7 +16,7 @@ import (
 	"github.com/fencekit/fencekit/dbguard"
 	"github.com/fencekit/fencekit/dbguard/drivertest"
 	"github.com/fencekit/fencekit/fence"
-	"github.com/fencekit/fencekit/integration/internal/toxi"
+	"github.com/fencekit/fencekit/internal/rig/toxi"
 )
 
 // dbExtra maps dbguard's definite non-stale outcomes.

@@ -1,9 +1,7 @@
 package reliability
 
 import (
-	"bufio"
 	"fmt"
-	"io"
 	"net"
 	"net/url"
 	"os"
@@ -16,11 +14,13 @@ import (
 
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+
+	"github.com/fencekit/fencekit/internal/testkit/zktest"
 )
 
 // The servers the lease history check starts for itself: an embedded etcd
 // member and a standalone ZooKeeper: the few lines the check needs. (The
-// shared harnesses lease/etcdlease/etcdtest and internal/zktest could serve here
+// shared harnesses lease/etcdlease/etcdtest and internal/testkit/zktest could serve here
 // too; they start clusters with more options than this check uses.)
 
 // startEtcd starts a one-member etcd inside the test process on free
@@ -128,7 +128,7 @@ func startZooKeeper(t *testing.T) string {
 	})
 	deadline := time.Now().Add(40 * time.Second)
 	for {
-		if mode, err := zkServerMode(addr); err == nil && mode == "standalone" {
+		if mode, err := zktest.ServerMode(addr); err == nil && mode == "standalone" {
 			return addr
 		}
 		select {
@@ -141,26 +141,6 @@ func startZooKeeper(t *testing.T) string {
 			t.Fatalf("ZooKeeper at %s did not serve within 40s", addr)
 		}
 	}
-}
-
-// zkServerMode asks the server at addr for its mode (the srvr command).
-func zkServerMode(addr string) (string, error) {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return "", err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := io.WriteString(c, "srvr"); err != nil {
-		return "", err
-	}
-	sc := bufio.NewScanner(c)
-	for sc.Scan() {
-		if m, ok := strings.CutPrefix(sc.Text(), "Mode: "); ok {
-			return strings.TrimSpace(m), nil
-		}
-	}
-	return "", fmt.Errorf("no mode in the answer to srvr")
 }
 
 func lastLines(s string, n int) string {

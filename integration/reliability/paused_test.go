@@ -22,8 +22,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekit/fencekit/fence"
-	holderout "github.com/fencekit/fencekit/integration/internal/holder"
-	"github.com/fencekit/fencekit/integration/internal/itest"
+	holderout "github.com/fencekit/fencekit/internal/rig/holder"
+	"github.com/fencekit/fencekit/internal/rig/itest"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease/redislease/redistest"
 )

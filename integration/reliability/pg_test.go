@@ -12,7 +12,7 @@ import (
 
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
-	"github.com/fencekit/fencekit/migrations"
+	"github.com/fencekit/fencekit/migrations/migrationstest"
 )
 
 // pgEnv is one test's throwaway schema, migrated, and the application name
@@ -26,36 +26,9 @@ type pgEnv struct {
 
 func newPGEnv(t testing.TB) *pgEnv {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	e := &pgEnv{t: t, url: testenv.PostgresURL(), schema: testkit.UniqueName(t, "fkrel_")}
 	e.appName = e.schema
-	admin := e.conn(ctx, "")
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{e.schema}.Sanitize()); err != nil {
-		t.Fatalf("create schema: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		c, err := pgx.Connect(ctx, e.url)
-		if err != nil {
-			t.Errorf("drop schema %s: %v", e.schema, err)
-			return
-		}
-		defer c.Close(ctx)
-		if _, err := c.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{e.schema}.Sanitize()+" CASCADE"); err != nil {
-			t.Errorf("drop schema %s: %v", e.schema, err)
-		}
-	})
-	db, err := migrations.Open(e.url, e.schema)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if _, err := migrations.Up(ctx, db); err != nil {
-		t.Fatalf("migrations.Up: %v", err)
-	}
+	migrationstest.Schema(t, e.url, e.schema)
 	return e
 }
 

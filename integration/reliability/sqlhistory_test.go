@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekit/fencekit/fence"
-	"github.com/fencekit/fencekit/integration/internal/toxi"
+	"github.com/fencekit/fencekit/internal/rig/toxi"
 	"github.com/fencekit/fencekit/sqlguard"
 )
 

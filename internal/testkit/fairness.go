@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencekit/fencekit/internal/pairbench"
+	"github.com/fencekit/fencekit/internal/testkit/pairbench"
 	"github.com/fencekit/fencekit/lease"
 )
 

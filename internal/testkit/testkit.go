@@ -7,8 +7,10 @@
 // Helpers that need a store's client stay with that store's harness, a
 // package of the module that already uses the client
 // (lease/redislease/redistest, lease/pglease/internal/pgtest,
-// lease/etcdlease/etcdtest, dynamoguard/dynamotest), so that a backend's
-// test module graph never pulls in another store's client.
+// lease/etcdlease/etcdtest, dynamoguard/dynamotest,
+// migrations/migrationstest), so that a backend's test module graph never
+// pulls in another store's client. What only the examples and the
+// integration tests use lives in internal/rig, a module never released.
 // Package testenv, beside this one, tells where the services are.
 package testkit
 
@@ -168,6 +170,19 @@ func (r *RenewEvents) SucceededSince(name string, since time.Time) bool {
 	return false
 }
 
+// LastSucceeded returns the send time of the last successful renewal
+// recorded (zero when none) and how many renewals succeeded.
+func (r *RenewEvents) LastSucceeded() (sent time.Time, n int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, e := range r.events {
+		if e.Err == nil {
+			sent, n = e.Sent, n+1
+		}
+	}
+	return sent, n
+}
+
 // Failures returns how many renewals failed, and the longest latency of
 // any renewal.
 func (r *RenewEvents) Failures() (n int, slowest time.Duration) {
@@ -235,4 +250,51 @@ func CheckIsSetup(tb testing.TB, m *lease.Manager, fix string) error {
 		tb.Fatalf("Check = %v; want one line matching lease.ErrSetup naming %q", err, fix)
 	}
 	return err
+}
+
+// Acquired is the outcome of an Acquire that AcquireAsync started: the
+// lease, when Acquire returned, and its error.
+type Acquired struct {
+	Lease *lease.Lease
+	At    time.Time
+	Err   error
+}
+
+// AcquireAsync runs m.Acquire(ctx, name) on a goroutine of its own and
+// sends its outcome, with the time it returned, on the channel it returns
+// (buffered: the goroutine never blocks on it).
+func AcquireAsync(ctx context.Context, m *lease.Manager, name string) <-chan Acquired {
+	ch := make(chan Acquired, 1)
+	go func() {
+		l, err := m.Acquire(ctx, name)
+		ch <- Acquired{l, time.Now(), err}
+	}()
+	return ch
+}
+
+// ExpectTakeover waits up to timeout for the Acquire that ch reports
+// (AcquireAsync) and checks that it took over from prev: it succeeded
+// after prev's local deadline, and with a greater token. The deadline is
+// compared, not the moment prev's Done was seen (up to a late timer's
+// slack after it): a correct grant may come in between. At is read after
+// the grant, so an At at or before the deadline proves a grant before it.
+// who names the acquirer in failures. It returns the outcome.
+func ExpectTakeover(tb testing.TB, who string, prev *lease.Lease, ch <-chan Acquired, timeout time.Duration) Acquired {
+	tb.Helper()
+	var g Acquired
+	select {
+	case g = <-ch:
+	case <-time.After(timeout):
+		tb.Fatalf("%s did not acquire within %v", who, timeout)
+	}
+	if g.Err != nil {
+		tb.Fatalf("%s: Acquire: %v", who, g.Err)
+	}
+	if dl := prev.Deadline(); !g.At.After(dl) {
+		tb.Fatalf("%s acquired %v before the holder's local deadline", who, dl.Sub(g.At))
+	}
+	if g.Lease.Token() <= prev.Token() {
+		tb.Fatalf("%s: token %d after %d", who, g.Lease.Token(), prev.Token())
+	}
+	return g
 }

@@ -153,20 +153,7 @@ func testLeaderKilled(t *testing.T, ttl time.Duration) {
 	}
 	before := max(held.Token(), dead.Token)
 
-	type result struct {
-		l   *lease.Lease
-		at  time.Time
-		err error
-	}
-	wait := func(name string) chan result {
-		ch := make(chan result, 1)
-		go func() {
-			l, err := waiterM.Acquire(ctx, name)
-			ch <- result{l, time.Now(), err}
-		}()
-		return ch
-	}
-	heldWaiter, deadWaiter := wait("held"), wait("abandoned")
+	heldWaiter, deadWaiter := testkit.AcquireAsync(ctx, waiterM, "held"), testkit.AcquireAsync(ctx, waiterM, "abandoned")
 	time.Sleep(300 * time.Millisecond) // the waiters are refused and watch
 
 	lead := cl.Leader()
@@ -187,25 +174,25 @@ func testLeaderKilled(t *testing.T, ttl time.Duration) {
 	t.Logf("leader m%d killed; m%d elected %v after the kill (term %d)", lead, newLead, elected.Sub(killed).Round(time.Millisecond), term)
 
 	// The abandoned grant: taken over after it expired at the store.
-	var took result
+	var took testkit.Acquired
 	select {
 	case took = <-deadWaiter:
 	case <-time.After(ttl + 30*time.Second):
 		t.Fatal("the abandoned lease was not taken over")
 	}
-	if took.err != nil {
-		t.Fatalf("waiter of the abandoned lease: %v", took.err)
+	if took.Err != nil {
+		t.Fatalf("waiter of the abandoned lease: %v", took.Err)
 	}
-	if took.at.Before(deadSent.Add(ttl)) {
+	if took.At.Before(deadSent.Add(ttl)) {
 		t.Errorf("the abandoned grant (sent %v before the kill, TTL %v) was taken over %v after the kill: before it could have expired",
-			killed.Sub(deadSent), ttl, took.at.Sub(killed))
+			killed.Sub(deadSent), ttl, took.At.Sub(killed))
 	}
-	if took.l.Token() <= before {
-		t.Errorf("token after the failover %d, not greater than %d before it", took.l.Token(), before)
+	if took.Lease.Token() <= before {
+		t.Errorf("token after the failover %d, not greater than %d before it", took.Lease.Token(), before)
 	}
 	t.Logf("TTL %v: abandoned grant taken over %v after the leader was killed (%v after it could first have expired)",
-		ttl, took.at.Sub(killed).Round(time.Millisecond), took.at.Sub(deadSent.Add(ttl)).Round(time.Millisecond))
-	_ = took.l.Release(ctx)
+		ttl, took.At.Sub(killed).Round(time.Millisecond), took.At.Sub(deadSent.Add(ttl)).Round(time.Millisecond))
+	_ = took.Lease.Release(ctx)
 
 	// The live holder, through the failover. It must have kept its lease
 	// if the election left it room to renew before its deadline: after the
@@ -228,11 +215,11 @@ func testLeaderKilled(t *testing.T, ttl time.Duration) {
 	election := elected.Sub(killed)
 	left := deadlineAtKill.Sub(elected)
 	room := max(holderM.Options().RenewInterval, election)
-	var r result
+	var r testkit.Acquired
 	if heldErr := held.Err(); heldErr == nil {
 		select {
 		case early := <-heldWaiter:
-			t.Fatalf("the waiter got the held lease while its holder held it: %v", early.err)
+			t.Fatalf("the waiter got the held lease while its holder held it: %v", early.Err)
 		default:
 		}
 		chk.end("holder")
@@ -241,10 +228,10 @@ func testLeaderKilled(t *testing.T, ttl time.Duration) {
 			t.Fatalf("Release after the failover: %v", err)
 		}
 		r = <-heldWaiter
-		if r.err != nil {
-			t.Fatalf("waiter: %v", r.err)
+		if r.Err != nil {
+			t.Fatalf("waiter: %v", r.Err)
 		}
-		t.Logf("the held lease passed to its waiter %v after the release", r.at.Sub(released).Round(time.Millisecond))
+		t.Logf("the held lease passed to its waiter %v after the release", r.At.Sub(released).Round(time.Millisecond))
 	} else {
 		termNow := raftTerm(t, admin, cl)
 		if left >= room && termNow == term {
@@ -269,25 +256,25 @@ func testLeaderKilled(t *testing.T, ttl time.Duration) {
 		case <-time.After(ttl + 30*time.Second):
 			t.Fatal("the waiter did not get the lease its holder lost")
 		}
-		if r.err != nil {
-			t.Fatalf("waiter: %v", r.err)
+		if r.Err != nil {
+			t.Fatalf("waiter: %v", r.Err)
 		}
 		// The holder held the lease until its local deadline (a lost
 		// lease's deadline no longer moves). The waiter's Acquire returned
 		// after the store granted it: returning before the deadline is
 		// proof of an overlap, which the checker then reports.
 		dl := held.Deadline()
-		if !r.at.Before(dl) {
+		if !r.At.Before(dl) {
 			chk.end("holder")
 		}
-		t.Logf("the lost lease passed to its waiter %v after the holder's deadline", r.at.Sub(dl).Round(time.Millisecond))
+		t.Logf("the lost lease passed to its waiter %v after the holder's deadline", r.At.Sub(dl).Round(time.Millisecond))
 	}
-	chk.begin("waiter", r.l.Token())
+	chk.begin("waiter", r.Lease.Token())
 	chk.check(t)
-	if r.l.Token() <= held.Token() {
-		t.Errorf("waiter's token %d is not greater than the holder's %d", r.l.Token(), held.Token())
+	if r.Lease.Token() <= held.Token() {
+		t.Errorf("waiter's token %d is not greater than the holder's %d", r.Lease.Token(), held.Token())
 	}
-	if err := r.l.Release(ctx); err != nil {
+	if err := r.Lease.Release(ctx); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 }

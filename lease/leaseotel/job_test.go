@@ -8,23 +8,11 @@ import (
 
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
-	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/leaseotel"
 	"github.com/fencekit/fencekit/lease/memlease"
 )
-
-// onceLedger is a lease.Ledger in memory, enough for RunOnce to run.
-type onceLedger map[string]bool
-
-func (l onceLedger) Claim(_ context.Context, job, key string, _ fence.Token) (bool, error) {
-	return l[job+"/"+key], nil
-}
-
-func (l onceLedger) MarkDone(_ context.Context, job, key string, _ fence.Token) error {
-	l[job+"/"+key] = true
-	return nil
-}
 
 // fencekit.job.running{lease} is 1 while Run, RunOnce or an election's
 // term runs its job under the lease, and 0 once the job's lease ended, as
@@ -35,41 +23,9 @@ func TestJobInstrumentFollowsRunRunOnceAndElections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := t.Context()
-	running := func(name string) int64 {
+	testkit.CheckJobGauge(t, m, "fencekit.job.running", func(name string) int64 {
 		return sumValue(t, s.reader, "fencekit.job.running", map[string]string{"lease": name})
-	}
-	var during []int64
-	if err := m.Run(ctx, "nightly", func(context.Context, *lease.Lease) error {
-		during = append(during, running("nightly"))
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.RunOnce(ctx, "settle-orders", "2026-12-01", onceLedger{}, func(context.Context, *lease.Lease) error {
-		during = append(during, running("settle-orders"))
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	e, err := lease.NewElection(m, "scheduler")
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	_ = e.Run(runCtx, func(context.Context, *lease.Lease) error {
-		during = append(during, running("scheduler"))
-		cancel()
-		return nil
 	})
-	if len(during) != 3 || during[0] != 1 || during[1] != 1 || during[2] != 1 {
-		t.Fatalf("fencekit.job.running while each job ran: %v, want [1 1 1]", during)
-	}
-	for _, name := range []string{"nightly", "settle-orders", "scheduler"} {
-		if got := running(name); got != 0 {
-			t.Fatalf("fencekit.job.running of %s = %d after its job, want 0", name, got)
-		}
-	}
 }
 
 // The instrument has an attribute value for each of the first

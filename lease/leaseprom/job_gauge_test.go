@@ -12,69 +12,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/leaseprom"
 	"github.com/fencekit/fencekit/lease/memlease"
 )
 
-// memLedger is a lease.Ledger in memory, enough for RunOnce to run.
-type memLedger struct {
-	mu   sync.Mutex
-	done map[string]bool
-}
-
-func (m *memLedger) Claim(_ context.Context, job, key string, _ fence.Token) (bool, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.done[job+"/"+key], nil
-}
-
-func (m *memLedger) MarkDone(_ context.Context, job, key string, _ fence.Token) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.done[job+"/"+key] = true
-	return nil
-}
-
 // fencekit_job_running{lease} is 1 while Run, RunOnce or an election's
 // term runs its job under the lease, and 0 once the job's lease ended.
 func TestJobGaugeFollowsRunRunOnceAndElections(t *testing.T) {
 	reg, m := observed(t)
-	ctx := t.Context()
-	running := func(name string) float64 { return gauge(t, reg, "fencekit_job_running", name) }
-	var during []float64
-	if err := m.Run(ctx, "nightly", func(context.Context, *lease.Lease) error {
-		during = append(during, running("nightly"))
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	led := &memLedger{done: map[string]bool{}}
-	if _, err := m.RunOnce(ctx, "settle-orders", "2026-12-01", led, func(context.Context, *lease.Lease) error {
-		during = append(during, running("settle-orders"))
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	e, err := lease.NewElection(m, "scheduler")
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	_ = e.Run(runCtx, func(context.Context, *lease.Lease) error {
-		during = append(during, running("scheduler"))
-		cancel()
-		return nil
-	})
-	if len(during) != 3 || during[0] != 1 || during[1] != 1 || during[2] != 1 {
-		t.Fatalf("job gauge while each job ran: %v, want [1 1 1]", during)
-	}
-	for _, name := range []string{"nightly", "settle-orders", "scheduler"} {
-		if got := running(name); got != 0 {
-			t.Fatalf("job gauge of %s = %v after its job, want 0", name, got)
-		}
-	}
+	testkit.CheckJobGauge(t, m, "job gauge", func(name string) float64 { return gauge(t, reg, "fencekit_job_running", name) })
 	if n := testutil.CollectAndCount(reg, "fencekit_job_running"); n != 3 {
 		t.Fatalf("job gauge series = %d, want one per lease name (3)", n)
 	}

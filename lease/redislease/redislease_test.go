@@ -233,27 +233,6 @@ func TestTokensSurviveCounterLoss(t *testing.T) {
 	}
 }
 
-// renewLog records the send time of every successful renewal.
-type renewLog struct {
-	lease.NopObserver
-	mu       sync.Mutex
-	lastSent time.Time
-}
-
-func (r *renewLog) Renewed(e lease.RenewedEvent) {
-	if e.Err == nil {
-		r.mu.Lock()
-		r.lastSent = e.Sent
-		r.mu.Unlock()
-	}
-}
-
-func (r *renewLog) last() time.Time {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.lastSent
-}
-
 // Loss is noticed before expiry: with the holder's Redis paused (CLIENT
 // PAUSE on a server of this test's own), the lease's local deadline is the
 // last successful renewal's send time + TTL - safety margin and its context
@@ -262,7 +241,8 @@ func (r *renewLog) last() time.Time {
 func TestLossNoticedBeforeExpiry(t *testing.T) {
 	srv := redistest.Start(t)
 	const ttl = time.Second
-	log := &renewLog{}
+	log := &testkit.RenewEvents{}
+	last := func() time.Time { sent, _ := log.LastSucceeded(); return sent }
 	holderM := newManager(t, newBackend(t, srv.Client(), "fencekit:"), lease.Options{TTL: ttl, Observer: log})
 	otherM := newManager(t, newBackend(t, srv.Client(), "fencekit:"), lease.Options{TTL: ttl})
 	const name = "paused"
@@ -272,7 +252,7 @@ func TestLossNoticedBeforeExpiry(t *testing.T) {
 	// below is one that a renewal moved. Wait for the first (due about a
 	// third of the TTL after the grant) rather than for a fixed time, which
 	// a loaded machine's late heartbeat could outlast.
-	for start := time.Now(); log.last().IsZero(); time.Sleep(5 * time.Millisecond) {
+	for start := time.Now(); last().IsZero(); time.Sleep(5 * time.Millisecond) {
 		if time.Since(start) > 5*time.Second {
 			t.Fatal("no successful renewal within 5s of the grant")
 		}
@@ -289,7 +269,7 @@ func TestLossNoticedBeforeExpiry(t *testing.T) {
 		t.Fatal("lease not lost while Redis was paused")
 	}
 	lostAt := time.Now()
-	lastSent := log.last()
+	lastSent := last()
 	t.Logf("granted, paused after %v; last renewal sent %v before the pause; lost %v after it",
 		pausedAt.Sub(granted), pausedAt.Sub(lastSent), lostAt.Sub(lastSent))
 	if !leasetest.CheckLostByDeadline(t, l, lastSent, lostAt, holderM.Options().SafetyMargin, leasetest.LateTimerSlack) {

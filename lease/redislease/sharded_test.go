@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencekit/fencekit/internal/pairbench"
 	"github.com/fencekit/fencekit/internal/testkit"
+	"github.com/fencekit/fencekit/internal/testkit/pairbench"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/leasetest"
 	"github.com/fencekit/fencekit/lease/redislease"

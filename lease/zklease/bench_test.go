@@ -15,9 +15,9 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/fencekit/fencekit/internal/pairbench"
 	"github.com/fencekit/fencekit/internal/testkit"
-	"github.com/fencekit/fencekit/internal/zktest"
+	"github.com/fencekit/fencekit/internal/testkit/pairbench"
+	"github.com/fencekit/fencekit/internal/testkit/zktest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/zklease"
@@ -404,26 +404,17 @@ func BenchmarkHandoffPaired(b *testing.B) {
 		if err != nil {
 			return 0, err
 		}
-		type res struct {
-			l   *lease.Lease
-			at  time.Time
-			err error
-		}
-		got := make(chan res, 1)
-		go func() {
-			l, err := waiter.Acquire(ctx, name)
-			got <- res{l, time.Now(), err}
-		}()
+		got := testkit.AcquireAsync(ctx, waiter, name)
 		time.Sleep(5 * time.Millisecond) // the waiter is queued
 		t0 := time.Now()
 		if err := l1.Release(ctx); err != nil {
 			return 0, err
 		}
 		r := <-got
-		if r.err != nil {
-			return 0, r.err
+		if r.Err != nil {
+			return 0, r.Err
 		}
-		return r.at.Sub(t0), r.l.Release(ctx)
+		return r.At.Sub(t0), r.Lease.Release(ctx)
 	}
 	fencekit := func() (time.Duration, error) { return handoff(waiter, "paired") }
 	fifo := func() (time.Duration, error) { return handoff(fifoWaiter, "fifo-paired") }

@@ -12,7 +12,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/testkit"
-	"github.com/fencekit/fencekit/internal/zktest"
+	"github.com/fencekit/fencekit/internal/testkit/zktest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/leasetest"
 	"github.com/fencekit/fencekit/lease/zklease"
@@ -315,7 +315,7 @@ func TestLeaderKilledWithItsHolder(t *testing.T) {
 				break
 			}
 		}
-		log := &renewLog{}
+		log := &testkit.RenewEvents{}
 		holder := testkit.NewManager(t, newBackend(t, []string{leader.Addr()}, zklease.WithRoot(root), zklease.WithSessionTimeout(ttl)), ttl, lease.WithObserver(log))
 		wb := watchedBackend{Backend: newBackend(t, []string{other.Addr()}, zklease.WithRoot(root), zklease.WithSessionTimeout(ttl)), watched: make(chan string, 1)}
 		waiter := testkit.NewManager(t, wb, ttl, lease.WithPollInterval(10*time.Second))
@@ -324,18 +324,9 @@ func TestLeaderKilledWithItsHolder(t *testing.T) {
 		if err != nil {
 			t.Fatalf("round %d: holder: %v", round, err)
 		}
-		type got struct {
-			l   *lease.Lease
-			at  time.Time
-			err error
-		}
-		gotCh := make(chan got, 1)
-		go func() {
-			l, err := waiter.Acquire(ctx, name)
-			gotCh <- got{l, time.Now(), err}
-		}()
+		gotCh := testkit.AcquireAsync(ctx, waiter, name)
 		for {
-			if _, n := log.lastSent(); n >= 1 {
+			if _, n := log.LastSucceeded(); n >= 1 {
 				break
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -356,35 +347,15 @@ func TestLeaderKilledWithItsHolder(t *testing.T) {
 			t.Fatalf("round %d: the holder's lease was not lost within 3 TTLs of losing its only member", round)
 		}
 		lostAt := time.Now()
-		lastSent, _ := log.lastSent()
+		lastSent, _ := log.LastSucceeded()
 		if !leasetest.CheckLostByDeadline(t, h, lastSent, lostAt, holder.Options().SafetyMargin, leasetest.LateTimerSlack) {
 			t.Fatalf("round %d: the holder's lease did not end by its local deadline", round)
 		}
-		var g got
-		select {
-		case g = <-gotCh:
-		case <-time.After(30 * time.Second):
-			t.Fatalf("round %d: the waiter did not acquire within 30s of the kill", round)
-		}
-		if g.err != nil {
-			t.Fatalf("round %d: waiter: %v", round, g.err)
-		}
-		// The claim: the waiter is granted the lease only after the
-		// holder's local deadline. Compare with that deadline, which is
-		// exact, not with lostAt, when this goroutine saw Done (up to
-		// LateTimerSlack after the deadline): a correct grant may come in
-		// between. g.at is read after the grant, so g.at at or before the
-		// deadline proves a grant before it.
-		if dl := h.Deadline(); !g.at.After(dl) {
-			t.Fatalf("round %d: the waiter acquired %v before the holder's local deadline", round, dl.Sub(g.at))
-		}
-		if g.l.Token() <= h.Token() {
-			t.Fatalf("round %d: token %d after %d", round, g.l.Token(), h.Token())
-		}
+		g := testkit.ExpectTakeover(t, fmt.Sprintf("round %d: the waiter", round), h, gotCh, 30*time.Second)
 		t.Logf("round %d: leader %d killed with its holder; the holder lost its lease %v after the kill (%v before send + TTL); the waiter acquired %v after the kill, %v after the holder's loss",
 			round, leader.ID, lostAt.Sub(killed).Round(time.Millisecond), lastSent.Add(ttl).Sub(lostAt).Round(time.Millisecond),
-			g.at.Sub(killed).Round(time.Millisecond), g.at.Sub(lostAt).Round(time.Millisecond))
-		if err := g.l.Release(ctx); err != nil {
+			g.At.Sub(killed).Round(time.Millisecond), g.At.Sub(lostAt).Round(time.Millisecond))
+		if err := g.Lease.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
 		leader.Start()

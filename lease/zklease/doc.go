@@ -244,5 +244,5 @@
 //
 // The backend needs ZooKeeper 3.5 or later (container nodes, Multi); it is
 // tested against Debian's 3.8.0, on three-node ensembles started by the
-// tests (package internal/zktest).
+// tests (package internal/testkit/zktest).
 package zklease

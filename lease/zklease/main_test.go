@@ -3,10 +3,6 @@ package zklease_test
 import (
 	"context"
 	"errors"
-	"fmt"
-	"log/slog"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,39 +10,16 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/fencekit/fencekit/internal/testkit"
-	"github.com/fencekit/fencekit/internal/zktest"
-	"github.com/fencekit/fencekit/lease"
+	"github.com/fencekit/fencekit/internal/testkit/zktest"
 	"github.com/fencekit/fencekit/lease/zklease"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// renewLog records the send time of the last successful renewal.
-type renewLog struct {
-	lease.NopObserver
-	mu   sync.Mutex
-	last time.Time
-	n    int
-}
-
-func (r *renewLog) Renewed(e lease.RenewedEvent) {
-	if e.Err == nil {
-		r.mu.Lock()
-		r.last, r.n = e.Sent, r.n+1
-		r.mu.Unlock()
-	}
-}
-
-func (r *renewLog) lastSent() (time.Time, int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.last, r.n
-}
-
 // newBackend connects a Backend to servers, closed when the test ends.
 func newBackend(t testing.TB, servers []string, opts ...zklease.Option) *zklease.Backend {
 	t.Helper()
-	b, err := zklease.New(servers, append([]zklease.Option{zklease.WithLogger(slog.New(testLogHandler{t}))}, opts...)...)
+	b, err := zklease.New(servers, append([]zklease.Option{zklease.WithLogger(testkit.Logger(t))}, opts...)...)
 	if err != nil {
 		t.Fatalf("zklease.New: %v", err)
 	}
@@ -60,20 +33,6 @@ func newBackend(t testing.TB, servers []string, opts ...zklease.Option) *zklease
 	}
 	return b
 }
-
-// testLogHandler sends the backend's warnings to the test's log.
-type testLogHandler struct{ t testing.TB }
-
-func (h testLogHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
-func (h testLogHandler) Handle(_ context.Context, r slog.Record) error {
-	var b strings.Builder
-	b.WriteString(r.Message)
-	r.Attrs(func(a slog.Attr) bool { fmt.Fprintf(&b, " %s=%v", a.Key, a.Value); return true })
-	h.t.Logf("%s %s", r.Time.Format("15:04:05.000"), b.String())
-	return nil
-}
-func (h testLogHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h testLogHandler) WithGroup(string) slog.Handler      { return h }
 
 // adminConn is a plain go-zookeeper client for the test's own inspection
 // and damage.

@@ -14,7 +14,7 @@ fk_modules() {
 # Modules that are never released: test equipment and companions, built
 # only in the workspace. They name their siblings at the version like every
 # module, but no tag is made for them and no user fetches them.
-fk_unreleased=(bench dbguard/drivertest examples integration)
+fk_unreleased=(bench dbguard/drivertest examples integration internal/rig)
 
 # fk_is_released DIR: DIR's module is tagged by a release.
 fk_is_released() {
@@ -138,7 +138,7 @@ fk_workspace_pins() {
 # Test kits: packages of library modules that are fencekit's own test
 # equipment (exported only because several modules' tests share them). A
 # consumer never imports them; the API report shows them like any package.
-fk_testkits=(lease/redislease/redistest lease/etcdlease/etcdtest dynamoguard/dynamotest)
+fk_testkits=(lease/redislease/redistest lease/etcdlease/etcdtest dynamoguard/dynamotest migrations/migrationstest)
 
 # The module cache the release and consumer checks use: a place of its
 # own, so that no earlier copy of a version of ours is ever reused (they

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"time"
 
@@ -12,7 +11,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
-	"github.com/fencekit/fencekit/examples/internal/leftover"
+	"github.com/fencekit/fencekit/internal/rig/leftover"
+	"github.com/fencekit/fencekit/internal/rig/services"
 	"github.com/fencekit/fencekit/lease/dynamolease"
 )
 
@@ -42,7 +42,7 @@ func newDynamoBackend(store LeaseStore) (consensusBackend, func(), error) {
 	if store.DynamoEndpoint == "" {
 		return nil, nil, fmt.Errorf("%s is not set: start DynamoDB Local (. scripts/services.sh && ensure_dynamodb) and export it", DynamoEndpointVar)
 	}
-	client, closeClient := NewDynamoClient(store.DynamoEndpoint)
+	client, closeClient := services.NewDynamoClient(store.DynamoEndpoint)
 	tr := struct{ CloseIdleConnections func() }{closeClient}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -60,21 +60,6 @@ func newDynamoBackend(store LeaseStore) (consensusBackend, func(), error) {
 		return nil, nil, fmt.Errorf("DynamoDB at %s: %w", store.DynamoEndpoint, err)
 	}
 	return b, tr.CloseIdleConnections, nil
-}
-
-// NewDynamoClient returns a DynamoDB client of endpoint (DynamoDB Local:
-// any credentials do, so it sends fixed ones) and a function that closes
-// its idle connections.
-func NewDynamoClient(endpoint string) (*dynamodb.Client, func()) {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	return dynamodb.New(dynamodb.Options{
-		Region:       "us-east-1",
-		BaseEndpoint: aws.String(endpoint),
-		Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
-			return aws.Credentials{AccessKeyID: "fencekit", SecretAccessKey: "fencekit", Source: "fencekit demo"}, nil
-		}),
-		HTTPClient: &http.Client{Transport: tr},
-	}), tr.CloseIdleConnections
 }
 
 // dynamoStore fills in the DynamoDB fields of a LeaseStore of that kind.
@@ -110,7 +95,7 @@ type RunTable struct {
 func CreateRunTable(ctx context.Context, endpoint, name string, sortKey bool) (*RunTable, error) {
 	t := &RunTable{Endpoint: endpoint, Name: name}
 	t.done = leftover.Track(leftover.Entry{Kind: leftover.KindDynamoTable, URL: endpoint, Name: name})
-	client, closeClient := NewDynamoClient(endpoint)
+	client, closeClient := services.NewDynamoClient(endpoint)
 	defer closeClient()
 	attrs := []types.AttributeDefinition{{AttributeName: aws.String("pk"), AttributeType: types.ScalarAttributeTypeS}}
 	keys := []types.KeySchemaElement{{AttributeName: aws.String("pk"), KeyType: types.KeyTypeHash}}
@@ -134,7 +119,7 @@ func CreateRunTable(ctx context.Context, endpoint, name string, sortKey bool) (*
 // Delete deletes the table and strikes it off the run's ledger. ctx bounds
 // the request.
 func (t *RunTable) Delete(ctx context.Context) error {
-	client, closeClient := NewDynamoClient(t.Endpoint)
+	client, closeClient := services.NewDynamoClient(t.Endpoint)
 	defer closeClient()
 	if _, err := client.DeleteTable(ctx, &dynamodb.DeleteTableInput{TableName: aws.String(t.Name)}); err != nil {
 		return fmt.Errorf("DynamoDB at %s: delete table %s: %w", t.Endpoint, t.Name, err)

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fencekit/fencekit/examples/services"
+	"github.com/fencekit/fencekit/internal/rig/services"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/pglease"
 	"github.com/fencekit/fencekit/lease/redislease"

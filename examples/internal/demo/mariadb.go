@@ -10,7 +10,8 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/fencekit/fencekit/examples/internal/leftover"
+	"github.com/fencekit/fencekit/internal/rig/leftover"
+	"github.com/fencekit/fencekit/internal/testkit/testenv"
 )
 
 // MySQLURLVar names the environment variable that holds the go-sql-driver
@@ -18,8 +19,8 @@ import (
 // used when it is empty: the development machines' MariaDB 10.11 (Debian
 // 12 has no Oracle MySQL server; MariaDB stands in for it).
 const (
-	MySQLURLVar     = "FENCE_MYSQL_URL"
-	DefaultMySQLURL = "root@tcp(127.0.0.1:3306)/test"
+	MySQLURLVar     = testenv.MySQLURLVar
+	DefaultMySQLURL = testenv.DefaultMySQLURL
 )
 
 // MySQLDatabase is a database of the run's own on a MariaDB or MySQL

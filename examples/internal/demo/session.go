@@ -10,8 +10,8 @@ import (
 	"os"
 	"strings"
 
-	"github.com/fencekit/fencekit/examples/internal/leftover"
-	"github.com/fencekit/fencekit/examples/services"
+	"github.com/fencekit/fencekit/internal/rig/leftover"
+	"github.com/fencekit/fencekit/internal/rig/services"
 )
 
 // Session is one run of a demo program, from its first output to its

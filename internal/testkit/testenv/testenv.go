@@ -18,6 +18,11 @@ const (
 	S3AccessKeyVar = "FENCE_S3_ACCESS_KEY"
 	S3SecretKeyVar = "FENCE_S3_SECRET_KEY"
 	S3BucketVar    = "FENCE_S3_BUCKET"
+
+	// MariaDB or MySQL, a go-sql-driver DSN: the development machines run
+	// MariaDB (Debian has no Oracle MySQL server).
+	MySQLURLVar     = "FENCE_MYSQL_URL"
+	DefaultMySQLURL = "root@tcp(127.0.0.1:3306)/test"
 )
 
 // PostgresURL returns FENCE_POSTGRES_URL or the default.
@@ -25,6 +30,9 @@ func PostgresURL() string { return get(PostgresURLVar, DefaultPostgresURL) }
 
 // RedisURL returns FENCE_REDIS_URL or the default.
 func RedisURL() string { return get(RedisURLVar, DefaultRedisURL) }
+
+// MySQLURL returns FENCE_MYSQL_URL or the default.
+func MySQLURL() string { return get(MySQLURLVar, DefaultMySQLURL) }
 
 // S3 holds the S3-compatible store's settings. Endpoint is empty when
 // FENCE_S3_ENDPOINT is not set.

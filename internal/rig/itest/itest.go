@@ -1,6 +1,6 @@
 // Package itest is what the integration packages share: helper programs
 // built once into a temporary directory by TestMain (the holder program,
-// internal/cmd/holder, started and read through StartHolder), and the
+// internal/rig/cmd/holder, started and read through StartHolder), and the
 // services the tests (and their child processes) find through the FENCE_*
 // variables.
 package itest
@@ -13,9 +13,48 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/fencekit/fencekit/examples/services"
+	"go.uber.org/goleak"
+
+	"github.com/fencekit/fencekit/internal/rig/services"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 )
+
+// HolderPkg is the holder program's package, for Main's and Setup's
+// helpers.
+const HolderPkg = "github.com/fencekit/fencekit/internal/rig/cmd/holder"
+
+// Main is an integration package's TestMain: it builds the helpers and
+// provides the services (Setup, with who and cfg), runs the tests, cleans
+// up, then checks for leaked goroutines with goleak, ignoring what ignore
+// names and the spawner of package leftover (a server started here, such
+// as versitygw when no S3 is given, is forked from one goroutine locked to
+// its thread for the life of the process, so that the child's parent-death
+// signal follows the process, not a thread). It returns the directory of
+// the helper programs through binDir when that is not nil, and exits.
+func Main(m *testing.M, who string, cfg services.Config, helpers []string, binDir *string, ignore ...goleak.Option) {
+	ignore = append(ignore, goleak.IgnoreTopFunction("github.com/fencekit/fencekit/internal/rig/leftover.startSpawner.func1"))
+	goleak.VerifyTestMain(mainM{m: m, run: func() int {
+		dir, cleanup, err := Setup(who, cfg, helpers...)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", who, err)
+			return 1
+		}
+		defer cleanup()
+		if binDir != nil {
+			*binDir = dir
+		}
+		return m.Run()
+	}}, ignore...)
+}
+
+// mainM runs the tests between Setup and its cleanup; goleak checks for
+// leaked goroutines once it returns.
+type mainM struct {
+	m   *testing.M
+	run func() int
+}
+
+func (w mainM) Run() int { return w.run() }
 
 // Setup builds the helper programs matched by the package patterns helpers
 // (none: no build) into a new temporary directory, then provides the

@@ -2,7 +2,7 @@
 // write to: one row of a PostgreSQL table with lock_version (sqlguard) and
 // one S3 object (blobguard), both written with a lease's token, so that a
 // holder whose lease was taken over is rejected at both stores. The test
-// process and the holder program (internal/cmd/holder, -resource) share it.
+// process and the holder program (internal/rig/cmd/holder, -resource) share it.
 //
 // Services come from FENCE_POSTGRES_URL and FENCE_S3_* (./scripts/test.sh
 // exports them; see package internal/testkit/testenv).

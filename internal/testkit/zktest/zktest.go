@@ -263,16 +263,27 @@ func (m *Member) Running() bool {
 // Mode asks the member (srvr) for its mode: "leader", "follower" or
 // "standalone"; an error when it does not serve.
 func (m *Member) Mode() (string, error) {
-	out, err := FourLetter(m.Addr(), "srvr", time.Second)
+	mode, err := ServerMode(m.Addr())
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("zktest: member %d: %w", m.ID, err)
+	}
+	return mode, nil
+}
+
+// ServerMode asks the ZooKeeper server at addr (the srvr command) for its
+// mode: "leader", "follower" or "standalone"; an error when it does not
+// answer with one.
+func ServerMode(addr string) (string, error) {
+	out, err := FourLetter(addr, "srvr", 2*time.Second)
+	if err != nil {
+		return "", fmt.Errorf("no answer to ZooKeeper's srvr command at %s (is it ZooKeeper?): %w", addr, err)
 	}
 	for _, line := range strings.Split(out, "\n") {
 		if mode, ok := strings.CutPrefix(line, "Mode: "); ok {
 			return strings.TrimSpace(mode), nil
 		}
 	}
-	return "", fmt.Errorf("zktest: member %d does not serve: %q", m.ID, strings.TrimSpace(out))
+	return "", fmt.Errorf("%s does not serve: no mode in its answer to srvr (not ZooKeeper, not serving yet, or srvr is not in its 4lw.commands.whitelist): %q", addr, strings.TrimSpace(out))
 }
 
 // WaitReady waits until every running member reports a mode and, in an

@@ -1,5 +1,5 @@
 // Package holder is the output of the holder program
-// (integration/internal/cmd/holder), one JSON Event a line, shared by the
+// (internal/rig/cmd/holder), one JSON Event a line, shared by the
 // program and the tests that read it.
 package holder
 

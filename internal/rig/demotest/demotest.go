@@ -28,8 +28,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fencekit/fencekit/examples/internal/demo"
-	"github.com/fencekit/fencekit/examples/internal/leftover"
+	"github.com/fencekit/fencekit/internal/rig/leftover"
+	"github.com/fencekit/fencekit/internal/rig/services"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 )
 
@@ -301,7 +301,7 @@ func DynamoTablesIn(t *testing.T, entries []leftover.Entry) []string {
 		if e.Kind != leftover.KindDynamoTable {
 			continue
 		}
-		c, closeClient := demo.NewDynamoClient(e.URL)
+		c, closeClient := services.NewDynamoClient(e.URL)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		_, err := c.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(e.Name)})
 		cancel()
@@ -335,7 +335,7 @@ func MySQLDatabasesIn(t *testing.T, entries []leftover.Entry) []string {
 		err = db.QueryRowContext(context.Background(), `SELECT COUNT(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = ?`, e.Name).Scan(&n)
 		_ = db.Close()
 		if err != nil {
-			t.Fatalf("MariaDB (%s): %v", demo.MySQLURLVar, err)
+			t.Fatalf("MariaDB (%s): %v", testenv.MySQLURLVar, err)
 		}
 		if n > 0 {
 			out = append(out, e.Name)
@@ -408,5 +408,77 @@ func (e *Env) ExpectSwept(t *testing.T, program string, entries []leftover.Entry
 	}
 	if left := e.Look(t, entries); !left.Empty() {
 		t.Errorf("left behind after the next run: %+v; its stderr:\n%s", left, next.Stderr)
+	}
+}
+
+// StartUntil starts the program with args (Start), waits for a line of
+// its output with want (WaitFor), and returns it with what its ledger
+// lists and the processes it has started by then.
+func (e *Env) StartUntil(t *testing.T, want string, args ...string) (*Proc, []leftover.Entry, []Child) {
+	t.Helper()
+	p := e.Start(t, args...)
+	p.WaitFor(t, want)
+	return p, e.Ledger(t), p.Children(t)
+}
+
+// ExpectSignalledClean sends sig to p and checks that the run stops clean
+// (ExpectStoppedClean).
+func (e *Env) ExpectSignalledClean(t *testing.T, p *Proc, sig syscall.Signal, children []Child, entries []leftover.Entry) {
+	t.Helper()
+	if err := p.Cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	e.ExpectStoppedClean(t, p, children, entries)
+}
+
+// Kill kills p with SIGKILL, waits for it, checks that children died with
+// it (ExpectGone), and returns what the killed run left of entries.
+func (e *Env) Kill(t *testing.T, p *Proc, children []Child, entries []leftover.Entry) Leftovers {
+	t.Helper()
+	if err := p.Cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	p.Wait(t)
+	ExpectGone(t, children)
+	return e.Look(t, entries)
+}
+
+// Main is the TestMain of an example program's package: the test binary
+// stands in for the program. With childVar set (the program starts its
+// workers or replicas as os.Executable() with it) it runs child; with
+// RunMainVar set (Env.Start) it runs run on its arguments; else the
+// tests. It exits.
+func Main(m *testing.M, childVar string, child func() int, run func(args []string, stdout, stderr io.Writer) int) {
+	switch {
+	case os.Getenv(childVar) != "":
+		os.Exit(child())
+	case os.Getenv(RunMainVar) != "":
+		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// FlagCase is a command line and what the program must answer to it: the
+// exit status, and text its stdout and stderr must contain (an empty
+// Stdout: stdout must be empty). It names a struct type rather than
+// defining one, so that the tests' tables of cases stay one line a case
+// (go vet wants the fields of another package's struct type named).
+type FlagCase = struct {
+	Args           []string
+	Code           int
+	Stdout, Stderr string
+}
+
+// CheckFlags runs run on each case's arguments and checks its answer.
+func CheckFlags(t *testing.T, run func(args []string, stdout, stderr io.Writer) int, cases []FlagCase) {
+	t.Helper()
+	for _, tc := range cases {
+		var stdout, stderr bytes.Buffer
+		code := run(tc.Args, &stdout, &stderr)
+		okOut := strings.Contains(stdout.String(), tc.Stdout) && (tc.Stdout != "" || stdout.Len() == 0)
+		if code != tc.Code || !okOut || !strings.Contains(stderr.String(), tc.Stderr) {
+			t.Errorf("run(%q) = %d, stdout %q, stderr %q; want %d, stdout %q, stderr with %q",
+				tc.Args, code, stdout.String(), stderr.String(), tc.Code, tc.Stdout, tc.Stderr)
+		}
 	}
 }

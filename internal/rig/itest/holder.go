@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencekit/fencekit/integration/internal/holder"
+	"github.com/fencekit/fencekit/internal/rig/holder"
 )
 
-// Holder is a running holder program (internal/cmd/holder) whose events a
+// Holder is a running holder program (internal/rig/cmd/holder) whose events a
 // test reads. It is killed, if still running, and waited for when the
 // test ends.
 type Holder struct {
@@ -32,7 +32,7 @@ type Holder struct {
 }
 
 // HolderPath returns the path of the holder program, which Setup must have
-// built (helper package integration/internal/cmd/holder).
+// built (helper package internal/rig/cmd/holder).
 func HolderPath(t testing.TB) string {
 	t.Helper()
 	return HelperPath(t, helperDir, "holder")

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fencekit/fencekit/internal/testkit/zktest"
 )
 
 // TestProvideStartsEtcdAndZooKeeper: with nothing at the default addresses
@@ -31,7 +33,7 @@ func TestProvideStartsEtcdAndZooKeeper(t *testing.T) {
 	if err := etcdHealthy(ctx, s.EtcdEndpoints); err != nil {
 		t.Fatalf("etcd at %v: %v", s.EtcdEndpoints, err)
 	}
-	if mode, err := zkMode(s.ZooKeeperServers[0]); err != nil || mode != "standalone" {
+	if mode, err := zktest.ServerMode(s.ZooKeeperServers[0]); err != nil || mode != "standalone" {
 		t.Fatalf("ZooKeeper at %v: mode %q, %v", s.ZooKeeperServers, mode, err)
 	}
 	var used string

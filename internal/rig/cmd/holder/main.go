@@ -2,7 +2,7 @@
 // program for every backend. It acquires one lease through lease.Manager
 // over the backend that -store names, optionally writes with the lease's
 // token to fenced stores, and reports each step as a JSON line on its
-// standard output (package integration/internal/holder, Event).
+// standard output (package internal/rig/holder, Event).
 //
 //	-store redis             redislease (-redis, -prefix)
 //	-store postgres          pglease, table mode (-postgres, -schema)
@@ -71,8 +71,8 @@ import (
 	"github.com/fencekit/fencekit/dynamoguard"
 	"github.com/fencekit/fencekit/dynamoguard/dynamotest"
 	"github.com/fencekit/fencekit/fence"
-	"github.com/fencekit/fencekit/integration/internal/guarded"
-	"github.com/fencekit/fencekit/integration/internal/holder"
+	"github.com/fencekit/fencekit/internal/rig/guarded"
+	"github.com/fencekit/fencekit/internal/rig/holder"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/dynamolease"

@@ -1,7 +1,6 @@
 package services
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +15,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/fencekit/fencekit/internal/testkit/zktest"
 )
 
 // The environment variables that name the consensus stores a program's
@@ -127,7 +128,7 @@ func etcdHealthy(ctx context.Context, eps []string) error {
 	return errors.Join(errs...)
 }
 
-// etcdBinary returns the etcd server of package examples/internal/etcdserver,
+// etcdBinary returns the etcd server of package internal/rig/cmd/etcdserver,
 // built at EtcdVersion into the user cache: the cached one, else it builds
 // it there with go build (once).
 func etcdBinary(ctx context.Context, logf func(string, ...any)) (string, error) {
@@ -147,9 +148,9 @@ func etcdBinary(ctx context.Context, logf func(string, ...any)) (string, error) 
 	// The main package sits in this module's source tree, next to this
 	// file's package.
 	_, self, _, ok := runtime.Caller(0)
-	src := filepath.Join(filepath.Dir(self), "..", "internal", "etcdserver")
+	src := filepath.Join(filepath.Dir(self), "..", "cmd", "etcdserver")
 	if _, err := os.Stat(filepath.Join(src, "main.go")); !ok || err != nil {
-		return "", fmt.Errorf("the source of examples/internal/etcdserver is not at %s (was the program built with -trimpath?)", src)
+		return "", fmt.Errorf("the source of internal/rig/cmd/etcdserver is not at %s (was the program built with -trimpath?)", src)
 	}
 	logf("building etcd %s into %s: once, later runs reuse it.", EtcdVersion, bindir)
 	logf("with an empty Go build cache this compiles etcd's server: measured 46 s on 2 cores with its modules already downloaded, a minute or two more to download them ...")
@@ -255,7 +256,7 @@ func zkServing(servers []string) error {
 	}
 	var errs []error
 	for _, addr := range servers {
-		mode, err := zkMode(addr)
+		mode, err := zktest.ServerMode(addr)
 		switch {
 		case err != nil:
 			errs = append(errs, err)
@@ -266,30 +267,6 @@ func zkServing(servers []string) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// zkMode sends ZooKeeper's srvr command to addr and returns the server's
-// mode ("standalone", "leader", "follower"...).
-func zkMode(addr string) (string, error) {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return "", err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := io.WriteString(c, "srvr"); err != nil {
-		return "", err
-	}
-	sc := bufio.NewScanner(c)
-	for sc.Scan() {
-		if m, ok := strings.CutPrefix(sc.Text(), "Mode: "); ok {
-			return strings.TrimSpace(m), nil
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return "", fmt.Errorf("no answer to ZooKeeper's srvr command (is it ZooKeeper?): %w", err)
-	}
-	return "", fmt.Errorf("%s: no mode in the answer to srvr (not ZooKeeper, or srvr is not in its 4lw.commands.whitelist)", addr)
 }
 
 // startZooKeeper starts a standalone ZooKeeper server (Debian's jar, with
