@@ -2,7 +2,6 @@ package etcdlease_test
 
 import (
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -118,25 +117,4 @@ func TestQueuedAttemptAnsweredByTheWatch(t *testing.T) {
 	if err := waiters.Release(ctx, g1); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// stepClock is a clock that stands still until the test moves it
-// (etcdlease.SetClock).
-type stepClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newStepClock() *stepClock { return &stepClock{t: time.Now()} }
-
-func (c *stepClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *stepClock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
 }
