@@ -15,9 +15,9 @@ import (
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fencekit/fencekit/internal/pairbench"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
-	"github.com/fencekit/fencekit/lease/redislease"
 	"github.com/fencekit/fencekit/lease/redislease/redistest"
 )
 
@@ -118,29 +118,8 @@ func BenchmarkCyclePaired(b *testing.B) {
 			if lib.otherTimer {
 				defer keepTimerPending()()
 			}
-			var libT, rawT time.Duration
-			ops := 0
-			timed := func(f func(int) error, d *time.Duration) {
-				t0 := time.Now()
-				err := f(ops)
-				*d += time.Since(t0)
-				if err != nil {
-					b.Fatal(err)
-				}
-			}
-			for b.Loop() {
-				if ops%2 == 0 {
-					timed(lib.cycle, &libT)
-					timed(raw, &rawT)
-				} else {
-					timed(raw, &rawT)
-					timed(lib.cycle, &libT)
-				}
-				ops++
-			}
-			b.ReportMetric(float64(libT.Nanoseconds())/float64(ops), "ns/op")
-			b.ReportMetric(float64(libT)/float64(rawT), "raw-ratio")
-			b.ReportMetric(float64((libT-rawT).Nanoseconds())/float64(ops), "over-raw-ns/op")
+			rawT, libT, n := pairbench.Alternate(b, raw, lib.cycle)
+			pairbench.ReportAlternate(b, "raw", rawT, libT, n)
 		})
 	}
 }
@@ -218,11 +197,7 @@ func cycleLibs(b *testing.B) []cycleLib {
 		return nil
 	})
 
-	be, err := redislease.New(c, func(o *redislease.Options) { o.Prefix = prefix + "fencekit:" })
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = be.Close() })
+	be := redisBackend(b, c, prefix+"fencekit:")
 	m, err := lease.NewManager(be, benchTTL)
 	if err != nil {
 		b.Fatal(err)

@@ -18,6 +18,10 @@
 //   - BenchmarkPGCycle, BenchmarkPGHandoff: leases in PostgreSQL, pglease
 //     in table and session mode against the same statements sent directly
 //     and against cirello.io/pglock.
+//   - BenchmarkPGThroughput, BenchmarkRedisThroughput: acquire + release
+//     throughput at 1 to 200 workers, on distinct names and on one.
+//   - BenchmarkPGRenewLoad, BenchmarkRedisRenewLoad: the requests that
+//     keep 1,000 leases alive.
 //
 // The benchmarks run against the Redis at FENCE_REDIS_URL (default
 // redis://127.0.0.1:6379/0) under unique key prefixes and the PostgreSQL at

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fencekit/fencekit/dynamoguard"
 	"github.com/fencekit/fencekit/dynamoguard/dynamotest"
+	"github.com/fencekit/fencekit/internal/pairbench"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/dynamolease"
@@ -144,35 +145,16 @@ func BenchmarkDynamoCyclePaired(b *testing.B) {
 	}
 	for _, lib := range libs {
 		b.Run("lib="+lib.name, func(b *testing.B) {
-			var libT, rawT time.Duration
 			var libRT int64
-			ops := 0
-			timed := func(f func(int) error, d *time.Duration, count bool) {
+			counted := func(i int) error {
 				n0 := s.rt.n.Load()
-				t0 := time.Now()
-				err := f(ops)
-				*d += time.Since(t0)
-				if count {
-					libRT += s.rt.n.Load() - n0
-				}
-				if err != nil {
-					b.Fatal(err)
-				}
+				err := lib.cycle(i)
+				libRT += s.rt.n.Load() - n0
+				return err
 			}
-			for b.Loop() {
-				if ops%2 == 0 {
-					timed(lib.cycle, &libT, true)
-					timed(raw, &rawT, false)
-				} else {
-					timed(raw, &rawT, false)
-					timed(lib.cycle, &libT, true)
-				}
-				ops++
-			}
-			b.ReportMetric(float64(libT.Nanoseconds())/float64(ops), "ns/op")
-			b.ReportMetric(float64(libT)/float64(rawT), "raw-ratio")
-			b.ReportMetric(float64((libT-rawT).Nanoseconds())/float64(ops), "over-raw-ns/op")
-			b.ReportMetric(float64(libRT)/float64(ops), "rtts/op")
+			rawT, libT, n := pairbench.Alternate(b, raw, counted)
+			pairbench.ReportAlternate(b, "raw", rawT, libT, n)
+			b.ReportMetric(float64(libRT)/float64(max(n, 1)), "rtts/op")
 		})
 	}
 }
@@ -193,8 +175,6 @@ func BenchmarkDynamoGuardPaired(b *testing.B) {
 		b.Fatal(err)
 	}
 	body := &types.AttributeValueMemberS{Value: string(make([]byte, 1024))}
-	var guardT, plainT time.Duration
-	ops := 0
 	guarded := func() error {
 		return g.Put(ctx, map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "guarded"}, "body": body}, 1)
 	}
@@ -203,26 +183,8 @@ func BenchmarkDynamoGuardPaired(b *testing.B) {
 			Item: map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "plain"}, "body": body}})
 		return err
 	}
-	timed := func(f func() error, d *time.Duration) {
-		t0 := time.Now()
-		err := f()
-		*d += time.Since(t0)
-		if err != nil {
-			b.Fatal(err)
-		}
-	}
-	for b.Loop() {
-		if ops%2 == 0 {
-			timed(guarded, &guardT)
-			timed(plain, &plainT)
-		} else {
-			timed(plain, &plainT)
-			timed(guarded, &guardT)
-		}
-		ops++
-	}
-	b.ReportMetric(float64(guardT.Nanoseconds())/float64(ops), "ns/op")
-	b.ReportMetric(float64(guardT)/float64(plainT), "plain-ratio")
+	plainT, guardT, n := pairbench.Alternate(b, func(int) error { return plain() }, func(int) error { return guarded() })
+	pairbench.ReportAlternate(b, "plain", plainT, guardT, n)
 }
 
 // BenchmarkDynamoHandoff measures, as BenchmarkHandoff does (same groups,
@@ -261,10 +223,32 @@ func BenchmarkDynamoHandoff(b *testing.B) {
 				b.Fatalf("%d hand-offs measured, want %d", len(res.samples), b.N)
 			}
 			b.ReportMetric(0, "ns/op")
-			b.ReportMetric(float64(Mean(res.samples)), "mean-ns")
-			b.ReportMetric(float64(Percentile(res.samples, 50)), "p50-ns")
-			b.ReportMetric(float64(Percentile(res.samples, 99)), "p99-ns")
+			pairbench.ReportLatency(b, "", res.samples)
 			b.ReportMetric(float64(s.rt.n.Load()-rt0)/float64(b.N), "rtts/op")
 		})
 	}
+}
+
+// BenchmarkDynamoThroughput is BenchmarkPGThroughput on DynamoDB Local,
+// distinct names only: dynamolease's waiters poll (DynamoDB pushes
+// nothing), so one contended name measures the poll interval
+// (BenchmarkDynamoHandoff does). Run it with -benchtime 300x.
+func BenchmarkDynamoThroughput(b *testing.B) {
+	s := newDynamoSetup(b)
+	be, err := dynamolease.New(s.c, s.leases)
+	if err != nil {
+		b.Fatal(err)
+	}
+	m, err := lease.NewManager(be, benchTTL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	pairbench.ThroughputRuns(b, "lib=fencekit", false, func(name string) error {
+		l, err := m.Acquire(ctx, name)
+		if err != nil {
+			return err
+		}
+		return l.Release(ctx)
+	})
 }

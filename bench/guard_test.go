@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/pairbench"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/migrations"
 	"github.com/fencekit/fencekit/sqlguard"
@@ -117,29 +118,8 @@ func BenchmarkGuardPaired(b *testing.B) {
 	}
 	for _, p := range pairs {
 		b.Run("write="+p.name, func(b *testing.B) {
-			var plainT, fencedT time.Duration
-			ops := 0
-			timed := func(f func(int) error, d *time.Duration) {
-				t0 := time.Now()
-				err := f(ops)
-				*d += time.Since(t0)
-				if err != nil {
-					b.Fatal(err)
-				}
-			}
-			for b.Loop() {
-				if ops%2 == 0 {
-					timed(p.fenced, &fencedT)
-					timed(p.plain, &plainT)
-				} else {
-					timed(p.plain, &plainT)
-					timed(p.fenced, &fencedT)
-				}
-				ops++
-			}
-			b.ReportMetric(float64(fencedT.Nanoseconds())/float64(ops), "ns/op")
-			b.ReportMetric(float64(fencedT)/float64(plainT), "plain-ratio")
-			b.ReportMetric(float64((fencedT-plainT).Nanoseconds())/float64(ops), "over-plain-ns/op")
+			plainT, fencedT, n := pairbench.Alternate(b, p.plain, p.fenced)
+			pairbench.ReportAlternate(b, "plain", plainT, fencedT, n)
 		})
 	}
 }

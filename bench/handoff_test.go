@@ -13,8 +13,8 @@ import (
 	"github.com/go-redsync/redsync/v4"
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 
+	"github.com/fencekit/fencekit/internal/pairbench"
 	"github.com/fencekit/fencekit/lease"
-	"github.com/fencekit/fencekit/lease/redislease"
 	"github.com/fencekit/fencekit/lease/redislease/redistest"
 )
 
@@ -77,11 +77,7 @@ func BenchmarkHandoff(b *testing.B) {
 	c.AddHook(&rt)
 	prefix := redistest.Prefix(b) + "handoff:"
 
-	be, err := redislease.New(c, func(o *redislease.Options) { o.Prefix = prefix + "fencekit:" })
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = be.Close() })
+	be := redisBackend(b, c, prefix+"fencekit:")
 	m, err := lease.NewManager(be, benchTTL)
 	if err != nil {
 		b.Fatal(err)
@@ -141,9 +137,7 @@ func BenchmarkHandoff(b *testing.B) {
 				b.Fatalf("%d hand-offs measured, want %d", len(res.samples), b.N)
 			}
 			b.ReportMetric(0, "ns/op")
-			b.ReportMetric(float64(Mean(res.samples)), "mean-ns")
-			b.ReportMetric(float64(Percentile(res.samples, 50)), "p50-ns")
-			b.ReportMetric(float64(Percentile(res.samples, 99)), "p99-ns")
+			pairbench.ReportLatency(b, "", res.samples)
 			b.ReportMetric(float64(rt.Load()-rt0)/float64(b.N), "rtts/op")
 			b.ReportMetric(float64(res.giveups)/float64(b.N), "giveups/op")
 		})

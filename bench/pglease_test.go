@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/fencekit/fencekit/internal/pairbench"
 	"github.com/fencekit/fencekit/internal/pgleasesql"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease"
@@ -491,7 +492,7 @@ func BenchmarkPGCycle(b *testing.B) {
 					}
 					return float64(t)
 				}
-				p50 := func(name string) float64 { return float64(Percentile(times[name], 50)) }
+				p50 := func(name string) float64 { return float64(pairbench.Percentile(times[name], 50)) }
 				b.ReportMetric(total(fk.name)/ops, "ns/op")
 				b.ReportMetric(total(fk.name)/total(floor.name), "floor-ratio")
 				b.ReportMetric(total(fk.name)/total(pl.name), "pglock-ratio")
@@ -572,9 +573,7 @@ func BenchmarkPGHandoff(b *testing.B) {
 				b.Fatalf("%d hand-offs measured, want %d", len(res.samples), b.N)
 			}
 			b.ReportMetric(0, "ns/op")
-			b.ReportMetric(float64(Mean(res.samples)), "mean-ns")
-			b.ReportMetric(float64(Percentile(res.samples, 50)), "p50-ns")
-			b.ReportMetric(float64(Percentile(res.samples, 99)), "p99-ns")
+			pairbench.ReportLatency(b, "", res.samples)
 			b.ReportMetric(float64(s.rt.n.Load()-rt0)/float64(b.N), "rtts/op")
 			b.ReportMetric(float64(res.giveups)/float64(b.N), "giveups/op")
 			b.ReportMetric(float64(stolen.Load()-stolen0)/float64(b.N), "stolen/op")

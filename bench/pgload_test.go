@@ -3,22 +3,16 @@ package bench
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"cirello.io/pglock"
 
+	"github.com/fencekit/fencekit/internal/pairbench"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/pglease"
 )
-
-// pgWorkers are the numbers of concurrent workers BenchmarkPGThroughput
-// runs; the pools they share have pgSetup's 16 connections (pglock's
-// database/sql handle as many), as a service would configure them on a
-// server that many processes use.
-var pgWorkers = []int{1, 10, 50, 200}
 
 // BenchmarkPGThroughput is acquire + release throughput on the shared
 // PostgreSQL: workers goroutines, each looping a blocking acquire and a
@@ -71,63 +65,8 @@ func BenchmarkPGThroughput(b *testing.B) {
 		}},
 	}
 	for _, lib := range libs {
-		for _, names := range []string{"distinct", "one"} {
-			if names == "one" && lib.name == "pglock" {
-				continue
-			}
-			for _, workers := range pgWorkers {
-				b.Run(fmt.Sprintf("lib=%s/names=%s/workers=%d", lib.name, names, workers), func(b *testing.B) {
-					name := func(w int) string {
-						if names == "one" {
-							return fmt.Sprintf("tp-%s-one-%d", lib.name, workers)
-						}
-						return fmt.Sprintf("tp-%s-%d-%d", lib.name, workers, w)
-					}
-					for w := range workers { // creates the rows, prepares the statements
-						if err := lib.cycle(name(w)); err != nil {
-							b.Fatal(err)
-						}
-					}
-					var (
-						next    atomic.Int64
-						mu      sync.Mutex
-						samples = make([]time.Duration, 0, b.N)
-						wg      sync.WaitGroup
-						failed  atomic.Pointer[error]
-					)
-					b.ResetTimer()
-					start := time.Now()
-					for w := range workers {
-						wg.Add(1)
-						go func() {
-							defer wg.Done()
-							own := make([]time.Duration, 0, b.N/workers+1)
-							for next.Add(1) <= int64(b.N) {
-								t0 := time.Now()
-								if err := lib.cycle(name(w)); err != nil {
-									failed.CompareAndSwap(nil, &err)
-									return
-								}
-								own = append(own, time.Since(t0))
-							}
-							mu.Lock()
-							samples = append(samples, own...)
-							mu.Unlock()
-						}()
-					}
-					wg.Wait()
-					elapsed := time.Since(start)
-					b.StopTimer()
-					if err := failed.Load(); err != nil {
-						b.Fatal(*err)
-					}
-					b.ReportMetric(0, "ns/op")
-					b.ReportMetric(float64(len(samples))/elapsed.Seconds(), "ops/s")
-					b.ReportMetric(float64(Percentile(samples, 50)), "p50-ns")
-					b.ReportMetric(float64(Percentile(samples, 99)), "p99-ns")
-				})
-			}
-		}
+		// pglock's waiters sleep a whole lease duration between attempts.
+		pairbench.ThroughputRuns(b, "lib="+lib.name, lib.name != "pglock", lib.cycle)
 	}
 }
 

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"os"
 	"slices"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencekit/fencekit/dynamoguard/dynamotest"
+	"github.com/fencekit/fencekit/internal/pairbench"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease"
@@ -79,37 +81,21 @@ func BenchmarkSemaphoreCyclePaired(b *testing.B) {
 	}
 	for _, lib := range libs {
 		b.Run("lib="+lib.name, func(b *testing.B) {
-			var libT, baseT time.Duration
 			var libRT int64
-			ops := 0
-			timed := func(f func() error, d *time.Duration, rts *int64) {
-				r0, t0 := rt.Load(), time.Now()
-				err := f()
-				*d += time.Since(t0)
-				if rts != nil {
-					*rts += rt.Load() - r0
-				}
-				if err != nil {
+			counted := func(int) error {
+				r0 := rt.Load()
+				err := lib.cycle()
+				libRT += rt.Load() - r0
+				return err
+			}
+			for range 20 { // warm up connections and script caches of both
+				if err := errors.Join(lib.cycle(), mutex()); err != nil {
 					b.Fatal(err)
 				}
 			}
-			for range 20 { // warm up connections and script caches of both
-				timed(lib.cycle, new(time.Duration), nil)
-				timed(mutex, new(time.Duration), nil)
-			}
-			for b.Loop() {
-				if ops%2 == 0 {
-					timed(lib.cycle, &libT, &libRT)
-					timed(mutex, &baseT, nil)
-				} else {
-					timed(mutex, &baseT, nil)
-					timed(lib.cycle, &libT, &libRT)
-				}
-				ops++
-			}
-			b.ReportMetric(float64(libT.Nanoseconds())/float64(ops), "ns/op")
-			b.ReportMetric(float64(libT)/float64(baseT), "mutex-ratio")
-			b.ReportMetric(float64(libRT)/float64(ops), "rtts/op")
+			baseT, libT, n := pairbench.Alternate(b, func(int) error { return mutex() }, counted)
+			pairbench.ReportAlternate(b, "mutex", baseT, libT, n)
+			b.ReportMetric(float64(libRT)/float64(max(n, 1)), "rtts/op")
 		})
 	}
 }

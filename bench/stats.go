@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -12,31 +11,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 )
-
-// Percentile returns the p-th percentile (0 < p <= 100) of samples by the
-// nearest-rank method: the smallest sample that is at least p% of all
-// samples. It sorts samples in place and returns 0 for no samples.
-func Percentile(samples []time.Duration, p float64) time.Duration {
-	if len(samples) == 0 {
-		return 0
-	}
-	slices.Sort(samples)
-	rank := int(math.Ceil(p / 100 * float64(len(samples))))
-	rank = min(max(rank, 1), len(samples))
-	return samples[rank-1]
-}
-
-// Mean returns the arithmetic mean of samples, or 0 for none.
-func Mean(samples []time.Duration) time.Duration {
-	if len(samples) == 0 {
-		return 0
-	}
-	var sum time.Duration
-	for _, s := range samples {
-		sum += s
-	}
-	return sum / time.Duration(len(samples))
-}
 
 // RoundTrips is a go-redis hook that counts the round trips a client makes
 // for its callers: one per command sent on its own (a script's EVALSHA that

@@ -5,36 +5,6 @@ import (
 	"time"
 )
 
-func TestPercentile(t *testing.T) {
-	ms := func(ns ...int) []time.Duration {
-		var d []time.Duration
-		for _, n := range ns {
-			d = append(d, time.Duration(n)*time.Millisecond)
-		}
-		return d
-	}
-	for _, tc := range []struct {
-		samples []time.Duration
-		p       float64
-		want    time.Duration
-	}{
-		{nil, 50, 0},
-		{ms(7), 99, 7 * time.Millisecond},
-		{ms(4, 1, 3, 2), 50, 2 * time.Millisecond},
-		{ms(4, 1, 3, 2), 75, 3 * time.Millisecond},
-		{ms(4, 1, 3, 2), 99, 4 * time.Millisecond},
-		{ms(4, 1, 3, 2), 100, 4 * time.Millisecond},
-		{ms(4, 1, 3, 2), 1, 1 * time.Millisecond},
-	} {
-		if got := Percentile(tc.samples, tc.p); got != tc.want {
-			t.Errorf("Percentile(%v, %v) = %v, want %v", tc.samples, tc.p, got, tc.want)
-		}
-	}
-	if got := Mean(ms(1, 2, 3, 6)); got != 3*time.Millisecond {
-		t.Errorf("Mean = %v, want 3ms", got)
-	}
-}
-
 func TestParseInfo(t *testing.T) {
 	info := "# Stats\r\ntotal_connections_received:3\r\ntotal_commands_processed:120\r\n\r\n" +
 		"# CPU\r\nused_cpu_sys:1.500000\r\nused_cpu_user:0.250000\r\n\r\n" +

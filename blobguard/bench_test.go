@@ -4,12 +4,12 @@ import (
 	"bytes"
 	"crypto/rand"
 	"testing"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/fencekit/fencekit/blobguard"
+	"github.com/fencekit/fencekit/internal/pairbench"
 )
 
 // benchSizes are the object sizes the benchmarks write.
@@ -116,29 +116,8 @@ func BenchmarkPutPaired(b *testing.B) {
 		for _, mode := range modes[1:] {
 			b.Run("size="+size.name+"/mode="+mode, func(b *testing.B) {
 				fenced, plain := step(b, mode, uniqueKey(b, "fenced")), step(b, "plain", uniqueKey(b, "plain"))
-				var plainT, fencedT time.Duration
-				timed := func(f func() error, d *time.Duration) {
-					t0 := time.Now()
-					err := f()
-					*d += time.Since(t0)
-					if err != nil {
-						b.Fatal(err)
-					}
-				}
-				ops := 0
-				for b.Loop() {
-					if ops%2 == 0 {
-						timed(fenced, &fencedT)
-						timed(plain, &plainT)
-					} else {
-						timed(plain, &plainT)
-						timed(fenced, &fencedT)
-					}
-					ops++
-				}
-				b.ReportMetric(float64(fencedT.Nanoseconds())/float64(ops), "ns/op")
-				b.ReportMetric(float64(fencedT)/float64(plainT), "plain-ratio")
-				b.ReportMetric(float64((fencedT-plainT).Nanoseconds())/float64(ops), "over-plain-ns/op")
+				plainT, fencedT, n := pairbench.Alternate(b, func(int) error { return plain() }, func(int) error { return fenced() })
+				pairbench.ReportAlternate(b, "plain", plainT, fencedT, n)
 			})
 		}
 	}

@@ -63,6 +63,7 @@ type Guard struct {
 	opts    Options
 	table   string // quoted, qualified fencekit_resource_tokens
 	advance string
+	insert  string // SQLite: the advance when advance changed no row
 	read    string
 
 	// prepared is the advance statement prepared on the last *sql.DB
@@ -139,7 +140,12 @@ func New(d Dialect, opts ...Option) (*Guard, error) {
 			adv + " = IF(" + tok + " <= ?, " + adv + " + 1, " + adv + "), " + tok + " = GREATEST(" + tok + ", ?)"
 		g.read = "SELECT " + tok + " FROM " + g.table + " WHERE " + res + " = ? FOR UPDATE"
 	} else {
-		g.advance = "INSERT INTO " + g.table + " (" + res + ", " + tok + ") VALUES (?, ?) ON CONFLICT (" + res + ") DO UPDATE SET " +
+		// The common case (the resource exists, the token is accepted)
+		// is a plain UPDATE, which SQLite runs faster than the upsert; the
+		// upsert follows only when it changed no row (a new resource, or a
+		// newer token stored).
+		g.advance = "UPDATE " + g.table + " SET " + tok + " = ? WHERE " + res + " = ? AND " + tok + " <= ?"
+		g.insert = "INSERT INTO " + g.table + " (" + res + ", " + tok + ") VALUES (?, ?) ON CONFLICT (" + res + ") DO UPDATE SET " +
 			tok + " = excluded." + tok + " WHERE " + tok + " <= excluded." + tok
 		g.read = "SELECT " + tok + " FROM " + g.table + " WHERE " + res + " = ?"
 	}
@@ -159,9 +165,10 @@ func (g *Guard) Dialect() Dialect { return g.d }
 // record lock; SQLite: the database's write lock, which this statement
 // takes): a holder with a newer token waits at its own Advance until tx
 // commits or rolls back, and then the stale one of the two is rejected.
-// One statement when the resource exists and the token is accepted; a
-// second (a read of the locked row) for a new resource on MySQL and for a
-// rejection.
+// One statement when the resource exists and the token is accepted. On
+// MySQL, a second (a read of the locked row) for a new resource and for a
+// rejection; on SQLite, a second (an insert) for a new resource, and a
+// third (the read) for a rejection.
 //
 // It returns nil when the token was accepted; a *fence.StaleError
 // (matching fence.ErrStaleToken) with the stored token when that is newer
@@ -208,11 +215,20 @@ func (g *Guard) advanceIn(ctx context.Context, tx *sql.Tx, st *sql.Stmt, op, res
 		// it was. The row is locked by this transaction now.
 		return g.readBack(ctx, tx, op, resource, []byte(resource), token)
 	}
-	// SQLite counts the rows the upsert inserted or updated: 0 means the
-	// conflict's WHERE failed, a newer token is stored. This transaction
-	// holds the write lock from this statement on, so it cannot move.
-	res, err := run.ExecContext(ctx, resource, tok)
+	// SQLite: this transaction holds the database's write lock from the
+	// UPDATE on (a write statement takes it before it looks for rows, even
+	// when it changes none), so nothing moves between the statements. The
+	// UPDATE changes the row when it exists and token is accepted; else
+	// the upsert inserts a new resource's row, and counts 0 when the
+	// conflict's WHERE failed: a newer token is stored.
+	res, err := run.ExecContext(ctx, tok, resource, tok)
 	if err != nil {
+		return g.advanceErr(op, err)
+	}
+	if n, err := res.RowsAffected(); err == nil && n == 1 {
+		return nil
+	}
+	if res, err = tx.ExecContext(ctx, g.insert, resource, tok); err != nil {
 		return g.advanceErr(op, err)
 	}
 	if n, err := res.RowsAffected(); err == nil && n == 1 {

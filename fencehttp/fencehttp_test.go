@@ -18,6 +18,7 @@ import (
 	"github.com/fencekit/fencekit/fencecheck"
 	"github.com/fencekit/fencekit/fencehttp"
 	"github.com/fencekit/fencekit/fencewire"
+	"github.com/fencekit/fencekit/internal/testkit/faultnet"
 )
 
 // seen is what the handler behind the middleware saw.
@@ -311,20 +312,18 @@ func TestLostReplyIsUnknown(t *testing.T) {
 	var ran atomic.Int64
 	srv := httptest.NewServer(&fencehttp.Handler{Require: true, Next: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ran.Add(1) // the handler's write happens
-		conn, _, err := w.(http.Hijacker).Hijack()
-		if err == nil {
-			_ = conn.Close() // and the reply is lost
-		}
 	})})
 	t.Cleanup(srv.Close)
 	base := &http.Transport{}
 	t.Cleanup(base.CloseIdleConnections)
-	c := &http.Client{Transport: &fencehttp.Transport{Base: base}}
+	lossy := &faultnet.ReplyLoser{Next: base} // and the reply is lost
+	lossy.Arm()
+	c := &http.Client{Transport: &fencehttp.Transport{Base: lossy}}
 	ctx := fencewire.NewContext(t.Context(), fencewire.Value{Resource: "r", Token: 3})
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPut, srv.URL, strings.NewReader("x"))
 	_, err := c.Do(req)
-	if !errors.Is(err, fence.ErrOutcomeUnknown) || ran.Load() != 1 {
-		t.Fatalf("a lost reply after the handler ran (%d) = %v; want fence.ErrOutcomeUnknown", ran.Load(), err)
+	if !errors.Is(err, fence.ErrOutcomeUnknown) || ran.Load() != 1 || lossy.Lost() != 1 {
+		t.Fatalf("a lost reply after the handler ran (%d, %d replies lost) = %v; want fence.ErrOutcomeUnknown", ran.Load(), lossy.Lost(), err)
 	}
 
 	closed := httptest.NewServer(http.NotFoundHandler())

@@ -4,16 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/redis/go-redis/v9"
-	"github.com/rs/zerolog"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/integration/internal/toxi"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/redislease"
@@ -33,26 +31,23 @@ import (
 // it, and clients on both sides.
 type delayedRedis struct {
 	t      *testing.T
-	proxy  *toxiproxy.Proxy
+	proxy  *toxi.Proxy
 	direct *redis.Client // to redis-server, no delay
 	slow   *redis.Client // through the proxy
 	prefix string
+	// delayName is the latency toxic's, once delay added it.
+	delayName string
 }
 
 func newDelayedRedis(t *testing.T) *delayedRedis {
 	t.Helper()
 	srv := redistest.Start(t)
-	server := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
-	proxy := toxiproxy.NewProxy(server, "redis-"+strings.ReplaceAll(t.Name(), "/", "-"), "127.0.0.1:0", srv.Addr)
-	if err := proxy.Start(); err != nil {
-		t.Fatalf("toxiproxy: start proxy in front of %s: %v", srv.Addr, err)
-	}
-	t.Cleanup(proxy.Stop)
+	proxy := toxi.Start(t, srv.Addr)
 	d := &delayedRedis{t: t, proxy: proxy, direct: srv.Client(), prefix: redistest.Prefix(t)}
 	// No retries: a retried command would be sent again, and the test
 	// must see exactly one request per attempt. The read timeout is far
 	// above the delays used.
-	d.slow = redis.NewClient(&redis.Options{Addr: proxy.Listen, ContextTimeoutEnabled: true, MaxRetries: -1, ReadTimeout: 20 * time.Second})
+	d.slow = redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true, MaxRetries: -1, ReadTimeout: 20 * time.Second})
 	t.Cleanup(func() { _ = d.slow.Close() })
 	return d
 }
@@ -62,14 +57,15 @@ func newDelayedRedis(t *testing.T) *delayedRedis {
 // made: its cleanup, which removes the toxic, must run before theirs.
 func (d *delayedRedis) delay(latency time.Duration) {
 	d.t.Helper()
-	js := fmt.Sprintf(`{"name":"delay","type":"latency","stream":"downstream","toxicity":1,"attributes":{"latency":%d}}`, latency.Milliseconds())
-	if _, err := d.proxy.Toxics.AddToxicJson(strings.NewReader(js)); err != nil {
-		d.t.Fatalf("toxiproxy: add latency toxic: %v", err)
+	name, err := d.proxy.Add("latency", "downstream", fmt.Sprintf(`"latency":%d`, latency.Milliseconds()))
+	if err != nil {
+		d.t.Fatal(err)
 	}
+	d.delayName = name
 	// A latency toxic that still holds data when its connection closes
 	// blocks forever (a leaked goroutine); removed while the connections
 	// are open, it passes the data on and ends.
-	d.t.Cleanup(func() { d.proxy.Toxics.ResetToxics(context.Background()) })
+	d.t.Cleanup(d.proxy.Reset)
 }
 
 // manager returns a Manager over c, with the backend wrapped to record
@@ -327,7 +323,7 @@ func TestDelayedGrantPastTTLAcquire(t *testing.T) {
 			time.Sleep(2500 * time.Millisecond)
 			// RemoveToxic is safe to call from another goroutine; no
 			// t.Fatal off the test goroutine.
-			err := d.proxy.Toxics.RemoveToxic(context.Background(), "delay")
+			err := d.proxy.Remove(d.delayName)
 			if err != nil {
 				t.Errorf("toxiproxy: remove latency toxic: %v", err)
 			}

@@ -13,7 +13,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/guardtest"
-	"github.com/fencekit/fencekit/internal/testkit"
+	"github.com/fencekit/fencekit/internal/testkit/faultnet"
 	"github.com/fencekit/fencekit/sqlguard"
 )
 
@@ -130,16 +130,16 @@ func confLacks(e *env, cfg *guardtest.Config) {
 }
 
 // confDB is a resource's own pool (four connections, so that concurrent
-// writers use several), dialled through a testkit.PGWire.
+// writers use several), dialled through a faultnet.PGWire.
 type confDB struct {
 	e    *env
-	wire *testkit.Wire
+	wire *faultnet.Wire
 	pool *pgxpool.Pool
 }
 
 func newConfDB(t *testing.T, e *env, cutTag string) confDB {
 	t.Helper()
-	w := testkit.PGWire(cutTag)
+	w := faultnet.PGWire(cutTag)
 	cfg, err := pgxpool.ParseConfig(e.url)
 	if err != nil {
 		t.Fatal(err)

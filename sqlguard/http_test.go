@@ -19,6 +19,7 @@ import (
 	"github.com/fencekit/fencekit/fencehttp"
 	"github.com/fencekit/fencekit/fencewire"
 	"github.com/fencekit/fencekit/guardtest"
+	"github.com/fencekit/fencekit/internal/testkit/faultnet"
 	"github.com/fencekit/fencekit/sqlguard"
 )
 
@@ -54,21 +55,20 @@ func TestConformanceOverHTTP(t *testing.T) {
 				ON CONFLICT (resource) DO UPDATE SET value = EXCLUDED.value`, v.Resource, string(body))
 			return err
 		})
-		if _, armed := lose.LoadAndDelete(v.Resource); armed && err == nil {
-			// Committed; the reply is lost on the way back.
-			if conn, _, herr := w.(http.Hijacker).Hijack(); herr == nil {
-				_ = conn.Close()
-				return
-			}
-		}
 		if err != nil && !fencehttp.WriteError(w, err) {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 		}
 	})
 	srv := httptest.NewServer(&fencehttp.Handler{Require: true, Next: write})
 	t.Cleanup(srv.Close)
-	base := &http.Transport{MaxIdleConnsPerHost: 8}
-	t.Cleanup(base.CloseIdleConnections)
+	tr := &http.Transport{MaxIdleConnsPerHost: 8}
+	t.Cleanup(tr.CloseIdleConnections)
+	// The service handles the request; its reply is lost on the way back.
+	base := &faultnet.ReplyLoser{Next: tr, Lose: func(r *http.Request) bool {
+		v, _ := fencewire.Peek(r.Header.Values(fencewire.HeaderName))
+		_, armed := lose.LoadAndDelete(v.Resource)
+		return armed
+	}}
 	client := &http.Client{Transport: &fencehttp.Transport{Base: base, Require: true}}
 	var n atomic.Int64
 	guardtest.Run(t, guardtest.Config{

@@ -12,7 +12,7 @@ import (
 	"github.com/fencekit/fencekit/dbguard"
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/guardtest"
-	"github.com/fencekit/fencekit/internal/testkit"
+	"github.com/fencekit/fencekit/internal/testkit/faultnet"
 )
 
 var dialects = []dbguard.Dialect{dbguard.MySQL, dbguard.SQLite}
@@ -146,7 +146,7 @@ func confLoseReply(d dbguard.Dialect, cfg *guardtest.Config, of func(guardtest.R
 type confDB struct {
 	db      *DB
 	pool    *sql.DB
-	wire    *testkit.Wire
+	wire    *faultnet.Wire
 	counter *CountingConnector
 }
 
@@ -154,7 +154,7 @@ func newConfDB(t *testing.T, db *DB, cut string) confDB {
 	t.Helper()
 	c := confDB{db: db}
 	if db.Dialect == dbguard.MySQL {
-		c.wire = testkit.MySQLWire(cut)
+		c.wire = faultnet.MySQLWire(cut)
 		c.pool = db.OpenWith(t, nil, c.wire.Dial)
 	} else {
 		c.pool, c.counter = db.OpenCounting(t)

@@ -9,11 +9,9 @@ import (
 	"testing"
 	"time"
 
-	toxiproxy "github.com/Shopify/toxiproxy/v2"
-	"github.com/rs/zerolog"
-
 	"github.com/fencekit/fencekit/integration/internal/guarded"
 	"github.com/fencekit/fencekit/internal/testkit"
+	"github.com/fencekit/fencekit/internal/testkit/faultnet"
 	"github.com/fencekit/fencekit/lease"
 )
 
@@ -53,15 +51,10 @@ func testHolderMemberIsolated(t *testing.T, ttl time.Duration, blackhole bool) {
 	}
 	log := testkit.NewRenewLog()
 	holderEndpoint := cl.Endpoints(x)[0]
-	var proxy *toxiproxy.Proxy
+	var proxy *faultnet.Proxy
 	if blackhole {
-		proxy = toxiproxy.NewProxy(toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop()),
-			"etcd-"+strings.ReplaceAll(t.Name(), "/", "-"), "127.0.0.1:0", strings.TrimPrefix(holderEndpoint, "http://"))
-		if err := proxy.Start(); err != nil {
-			t.Fatalf("toxiproxy: start a proxy in front of %s: %v", holderEndpoint, err)
-		}
-		t.Cleanup(proxy.Stop)
-		holderEndpoint = "http://" + proxy.Listen
+		proxy = faultnet.StartProxy(t, strings.TrimPrefix(holderEndpoint, "http://"), nil)
+		holderEndpoint = "http://" + proxy.Addr
 	}
 	holderM := testkit.NewManager(t, newEtcdBackend(t, cl.Client(holderEndpoint), p), ttl, lease.WithObserver(log))
 	otherM := testkit.NewManager(t, newEtcdBackend(t, cl.Client(cl.Endpoints(rest...)...), p), ttl)
@@ -80,16 +73,10 @@ func testHolderMemberIsolated(t *testing.T, ttl time.Duration, blackhole bool) {
 
 	isolated := time.Now()
 	if blackhole {
-		// Nothing passes either way, and no connection is closed
-		// (toxiproxy's timeout toxic with timeout 0).
-		for _, stream := range []string{"upstream", "downstream"} {
-			js := fmt.Sprintf(`{"name":"blackhole-%s","type":"timeout","stream":%q,"toxicity":1,"attributes":{"timeout":0}}`, stream, stream)
-			if _, err := proxy.Toxics.AddToxicJson(strings.NewReader(js)); err != nil {
-				t.Fatalf("toxiproxy: add the blackhole: %v", err)
-			}
-		}
+		// Nothing passes either way, and no connection is closed.
+		proxy.Blackhole()
 		// Lifted before the clients close (cleanups run last-in first).
-		t.Cleanup(func() { proxy.Toxics.ResetToxics(context.Background()) })
+		t.Cleanup(proxy.Restore)
 	} else {
 		cl.Members[x].Kill()
 	}

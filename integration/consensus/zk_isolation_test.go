@@ -1,17 +1,13 @@
 package consensus
 
 import (
-	"context"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	toxiproxy "github.com/Shopify/toxiproxy/v2"
-	"github.com/rs/zerolog"
-
 	"github.com/fencekit/fencekit/integration/internal/guarded"
 	"github.com/fencekit/fencekit/internal/testkit"
+	"github.com/fencekit/fencekit/internal/testkit/faultnet"
 	"github.com/fencekit/fencekit/internal/zktest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/leasetest"
@@ -41,7 +37,7 @@ func (r *renewCount) lastSent() (time.Time, int) {
 	return r.last, r.n
 }
 
-// The holder's connection is blackholed (toxiproxy, in-process, in front of
+// The holder's connection is blackholed (a proxy, in-process, in front of
 // the only member the holder can reach): nothing it sends arrives, nothing
 // comes back, the TCP connection stays open. Its lease's local deadline is
 // the last renewal's send time + TTL - safety margin, and its context is
@@ -57,13 +53,9 @@ func TestIsolatedHolderLosesBeforeExpiryAndIsFenced(t *testing.T) {
 		root := zktest.Root(t)
 		fs := newResource(t)
 
-		server := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
-		proxy := toxiproxy.NewProxy(server, "zk-"+strings.ReplaceAll(t.Name(), "/", "-"), "127.0.0.1:0", ens.Members[0].Addr())
-		if err := proxy.Start(); err != nil {
-			t.Fatalf("toxiproxy: %v", err)
-		}
+		proxy := faultnet.StartProxy(t, ens.Members[0].Addr(), nil)
 		log := &renewCount{}
-		holderB := newZKBackend(t, []string{proxy.Listen}, zklease.WithRoot(root), zklease.WithSessionTimeout(ttl))
+		holderB := newZKBackend(t, []string{proxy.Addr}, zklease.WithRoot(root), zklease.WithSessionTimeout(ttl))
 		holder := testkit.NewManager(t, holderB, ttl, lease.WithObserver(log))
 		otherB := newZKBackend(t, []string{ens.Members[1].Addr(), ens.Members[2].Addr()}, zklease.WithRoot(root), zklease.WithSessionTimeout(ttl))
 		other := testkit.NewManager(t, otherB, ttl, lease.WithPollInterval(10*time.Second))
@@ -98,11 +90,7 @@ func TestIsolatedHolderLosesBeforeExpiryAndIsFenced(t *testing.T) {
 		}
 
 		blackholed := time.Now()
-		for _, dir := range []string{"upstream", "downstream"} {
-			if _, err := proxy.Toxics.AddToxicJson(strings.NewReader(`{"name":"blackhole-` + dir + `","type":"timeout","stream":"` + dir + `","attributes":{"timeout":0}}`)); err != nil {
-				t.Fatalf("toxiproxy: %v", err)
-			}
-		}
+		proxy.Blackhole()
 		select {
 		case <-l.Done():
 		case <-time.After(3 * ttl):
@@ -152,7 +140,7 @@ func TestIsolatedHolderLosesBeforeExpiryAndIsFenced(t *testing.T) {
 
 		// Heal: the holder's client reconnects, finds its session expired
 		// and opens a new one; Release reports the lease lost.
-		proxy.Toxics.ResetToxics(context.Background())
+		proxy.Restore()
 		if err := l.Release(ctx); err == nil {
 			t.Fatalf("round %d: Release of the lost lease returned nil", round)
 		}
@@ -160,6 +148,6 @@ func TestIsolatedHolderLosesBeforeExpiryAndIsFenced(t *testing.T) {
 			t.Fatalf("round %d: B's Release: %v", round, err)
 		}
 		_ = holderB.Close()
-		proxy.Stop()
+		proxy.Close()
 	}
 }

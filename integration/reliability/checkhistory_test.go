@@ -14,6 +14,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/fencecheck"
+	"github.com/fencekit/fencekit/integration/internal/toxi"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease/redislease/redistest"
 	"github.com/fencekit/fencekit/redischeck"
@@ -128,7 +129,7 @@ func runCheckerHistory(t *testing.T, what string, rig checkerRig) {
 
 // proxyChaos resets or blackholes a fault proxy in one direction for a
 // while, again and again, until ctx ends.
-func proxyChaos(ctx context.Context, t *testing.T, proxy *faultProxy, r *rand.Rand, faults *faultCounter) {
+func proxyChaos(ctx context.Context, t *testing.T, proxy *toxi.Proxy, r *rand.Rand, faults *faultCounter) {
 	for ctx.Err() == nil {
 		pause := time.NewTimer(time.Duration(20+r.IntN(80)) * time.Millisecond)
 		select {
@@ -148,7 +149,7 @@ func proxyChaos(ctx context.Context, t *testing.T, proxy *faultProxy, r *rand.Ra
 			stream = "downstream"
 			faults.add("proxy-blackhole-replies")
 		}
-		if err := proxy.toxic(ctx, kind, stream, `"timeout":0`, time.Duration(5+r.IntN(40))*time.Millisecond); err != nil && ctx.Err() == nil {
+		if err := proxy.For(ctx, time.Duration(5+r.IntN(40))*time.Millisecond, kind, stream, `"timeout":0`); err != nil && ctx.Err() == nil {
 			t.Errorf("chaos: %v", err)
 			return
 		}
@@ -160,12 +161,12 @@ func proxyChaos(ctx context.Context, t *testing.T, proxy *faultProxy, r *rand.Ra
 // killed and the proxy reset or blackholed throughout.
 func TestPGCheckerHistoryLinearizable(t *testing.T) {
 	e := newPGEnv(t)
-	proxy := newFaultProxy(t, pgUpstream(t))
+	proxy := toxi.Start(t, pgUpstream(t))
 	direct, err := sqlguard.NewChecker(e.pool("", 6))
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxied, err := sqlguard.NewChecker(e.pool(proxy.addr(), 6))
+	proxied, err := sqlguard.NewChecker(e.pool(proxy.Addr, 6))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +189,7 @@ func TestRedisCheckerHistoryLinearizable(t *testing.T) {
 		t.Fatal(err)
 	}
 	redistest.Shared(t) // fails loudly when Redis is not there
-	proxy := newFaultProxy(t, opt.Addr)
+	proxy := toxi.Start(t, opt.Addr)
 	client := func(addr string) *redis.Client {
 		o := *opt
 		o.Addr, o.MaxRetries, o.ContextTimeoutEnabled = addr, -1, true
@@ -206,7 +207,7 @@ func TestRedisCheckerHistoryLinearizable(t *testing.T) {
 	}
 	reader := mk(client(opt.Addr))
 	runCheckerHistory(t, "redischeck.Checker", checkerRig{
-		direct: mk(client(opt.Addr)), proxied: mk(client(proxy.addr())), current: reader.Current,
+		direct: mk(client(opt.Addr)), proxied: mk(client(proxy.Addr)), current: reader.Current,
 		chaos: func(ctx context.Context, r *rand.Rand, faults *faultCounter) { proxyChaos(ctx, t, proxy, r, faults) },
 		pace:  30 * time.Millisecond,
 	})

@@ -16,6 +16,7 @@ import (
 	"github.com/fencekit/fencekit/dbguard"
 	"github.com/fencekit/fencekit/dbguard/drivertest"
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/integration/internal/toxi"
 )
 
 // dbExtra maps dbguard's definite non-stale outcomes.
@@ -61,11 +62,11 @@ func newDBEnv(t *testing.T, d dbguard.Dialect) *dbEnv {
 	}
 	srv := drivertest.StartServer(t)
 	e.db = drivertest.OpenMySQL(t, srv.DSN)
-	proxy := newFaultProxy(t, fmt.Sprintf("127.0.0.1:%d", srv.Port))
+	proxy := toxi.Start(t, fmt.Sprintf("127.0.0.1:%d", srv.Port))
 	short := func(c *mysql.Config) { c.Timeout = 2 * time.Second }
 	e.pools = []*sql.DB{
 		e.db.OpenWith(t, short, nil),
-		e.db.OpenWith(t, func(c *mysql.Config) { short(c); c.Addr = proxy.addr() }, nil),
+		e.db.OpenWith(t, func(c *mysql.Config) { short(c); c.Addr = proxy.Addr }, nil),
 	}
 	e.vias = []string{"pool", "pool-proxy"}
 	e.reader = e.db.OpenWith(t, short, nil)
@@ -96,13 +97,13 @@ func newDBEnv(t *testing.T, d dbguard.Dialect) *dbEnv {
 				}
 			case n < 10:
 				faults.add("proxy-reset")
-				err = proxy.toxic(ctx, "reset_peer", "upstream", `"timeout":0`, time.Duration(5+r.IntN(20))*time.Millisecond)
+				err = proxy.For(ctx, time.Duration(5+r.IntN(20))*time.Millisecond, "reset_peer", "upstream", `"timeout":0`)
 			case n < 14:
 				faults.add("proxy-blackhole-requests")
-				err = proxy.toxic(ctx, "timeout", "upstream", `"timeout":0`, time.Duration(10+r.IntN(40))*time.Millisecond)
+				err = proxy.For(ctx, time.Duration(10+r.IntN(40))*time.Millisecond, "timeout", "upstream", `"timeout":0`)
 			default:
 				faults.add("proxy-blackhole-replies")
-				err = proxy.toxic(ctx, "timeout", "downstream", `"timeout":0`, time.Duration(10+r.IntN(40))*time.Millisecond)
+				err = proxy.For(ctx, time.Duration(10+r.IntN(40))*time.Millisecond, "timeout", "downstream", `"timeout":0`)
 			}
 			if err != nil && ctx.Err() == nil {
 				t.Errorf("chaos: %v", err)

@@ -18,6 +18,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/fencekit/fencekit/integration/internal/toxi"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
@@ -93,7 +94,7 @@ const (
 
 type leaseHolder struct {
 	i     int
-	proxy *faultProxy
+	proxy *toxi.Proxy
 	m     *lease.Manager
 	phase atomic.Int32
 	busy  atomic.Bool // a fault is in force on the proxy
@@ -107,8 +108,8 @@ func runLeaseHistory(t *testing.T, rig leaseRig) leaseRunResult {
 	discard := slog.New(slog.DiscardHandler)
 	hs := make([]*leaseHolder, rig.holders)
 	for i := range hs {
-		p := newFaultProxy(t, rig.upstream)
-		b := rig.backend(t, i, p.addr())
+		p := toxi.Start(t, rig.upstream)
+		b := rig.backend(t, i, p.Addr)
 		if rig.wrap != nil {
 			b = rig.wrap(b)
 		}
@@ -151,7 +152,7 @@ func runLeaseHistory(t *testing.T, rig leaseRig) leaseRunResult {
 		go func() {
 			defer wg.Done()
 			defer h.busy.Store(false)
-			if err := h.proxy.toxic(ctx, kind, stream, attrs, d); err != nil && ctx.Err() == nil {
+			if err := h.proxy.For(ctx, d, kind, stream, attrs); err != nil && ctx.Err() == nil {
 				t.Errorf("%s: fault on holder %d: %v", rig.store, h.i, err)
 			}
 		}()

@@ -4,22 +4,16 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"regexp"
-	"strings"
 	"testing"
 	"time"
 
-	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/rs/zerolog"
 
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/migrations"
 )
-
-var nonIdent = regexp.MustCompile(`[^a-z0-9]+`)
 
 // pgEnv is one test's throwaway schema, migrated, and the application name
 // its connections carry (so that the chaos can find and kill them).
@@ -145,45 +139,6 @@ func (e *pgEnv) terminateOne(ctx context.Context, admin *pgx.Conn) bool {
 		WHERE application_name = $1 AND pid <> pg_catalog.pg_backend_pid()
 		ORDER BY random() LIMIT 1) AS p`, e.appName).Scan(&n)
 	return err == nil && n > 0
-}
-
-// faultProxy is an in-process toxiproxy in front of a server.
-type faultProxy struct {
-	t     testing.TB
-	proxy *toxiproxy.Proxy
-}
-
-func newFaultProxy(t testing.TB, upstream string) *faultProxy {
-	t.Helper()
-	server := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
-	p := toxiproxy.NewProxy(server, "fk-"+nonIdent.ReplaceAllString(strings.ToLower(t.Name()), "-"), "127.0.0.1:0", upstream)
-	if err := p.Start(); err != nil {
-		t.Fatalf("toxiproxy: start proxy in front of %s: %v", upstream, err)
-	}
-	t.Cleanup(p.Stop)
-	fp := &faultProxy{t: t, proxy: p}
-	t.Cleanup(func() { p.Toxics.ResetToxics(context.Background()) })
-	return fp
-}
-
-func (p *faultProxy) addr() string { return p.proxy.Listen }
-
-// toxic adds a toxic for d and removes it. kind is toxiproxy's type:
-// reset_peer (connections reset at once), timeout with timeout 0 (a
-// blackhole: data is dropped until the toxic goes), and so on.
-func (p *faultProxy) toxic(ctx context.Context, kind, stream string, attrs string, d time.Duration) error {
-	name := fmt.Sprintf("%s-%s-%d", kind, stream, time.Now().UnixNano())
-	js := fmt.Sprintf(`{"name":%q,"type":%q,"stream":%q,"toxicity":1,"attributes":{%s}}`, name, kind, stream, attrs)
-	if _, err := p.proxy.Toxics.AddToxicJson(strings.NewReader(js)); err != nil {
-		return fmt.Errorf("toxiproxy: add %s: %w", kind, err)
-	}
-	t := time.NewTimer(d)
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-		t.Stop()
-	}
-	return p.proxy.Toxics.RemoveToxic(context.Background(), name)
 }
 
 // pgUpstream is the PostgreSQL server's host:port.

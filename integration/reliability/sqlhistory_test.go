@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/integration/internal/toxi"
 	"github.com/fencekit/fencekit/sqlguard"
 )
 
@@ -68,7 +69,7 @@ func opContext(r *rand.Rand, faults *faultCounter) (context.Context, func()) {
 // resets every connection through the proxy, or blackholes the proxy in
 // one direction for a while (requests lost, or replies lost after the
 // server acted).
-func pgChaos(ctx context.Context, t *testing.T, e *pgEnv, proxy *faultProxy, r *rand.Rand, faults *faultCounter) {
+func pgChaos(ctx context.Context, t *testing.T, e *pgEnv, proxy *toxi.Proxy, r *rand.Rand, faults *faultCounter) {
 	admin := e.conn(ctx, "")
 	defer admin.Close(context.Background())
 	for ctx.Err() == nil {
@@ -87,13 +88,13 @@ func pgChaos(ctx context.Context, t *testing.T, e *pgEnv, proxy *faultProxy, r *
 			}
 		case 1:
 			faults.add("proxy-reset")
-			err = proxy.toxic(ctx, "reset_peer", "upstream", `"timeout":0`, time.Duration(5+r.IntN(20))*time.Millisecond)
+			err = proxy.For(ctx, time.Duration(5+r.IntN(20))*time.Millisecond, "reset_peer", "upstream", `"timeout":0`)
 		case 2:
 			faults.add("proxy-blackhole-requests")
-			err = proxy.toxic(ctx, "timeout", "upstream", `"timeout":0`, time.Duration(10+r.IntN(40))*time.Millisecond)
+			err = proxy.For(ctx, time.Duration(10+r.IntN(40))*time.Millisecond, "timeout", "upstream", `"timeout":0`)
 		case 3:
 			faults.add("proxy-blackhole-replies")
-			err = proxy.toxic(ctx, "timeout", "downstream", `"timeout":0`, time.Duration(10+r.IntN(40))*time.Millisecond)
+			err = proxy.For(ctx, time.Duration(10+r.IntN(40))*time.Millisecond, "timeout", "downstream", `"timeout":0`)
 		}
 		if err != nil && ctx.Err() == nil {
 			t.Errorf("chaos: %v", err)
@@ -144,9 +145,9 @@ func TestTableHistoryLinearizable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := newFaultProxy(t, pgUpstream(t))
+	proxy := toxi.Start(t, pgUpstream(t))
 	direct := e.pool("", 6)
-	proxied := e.pool(proxy.addr(), 6)
+	proxied := e.pool(proxy.Addr, 6)
 	reader := e.pool("", 2)
 
 	const keys = 6
@@ -284,9 +285,9 @@ func TestGuardHistoryLinearizable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := newFaultProxy(t, pgUpstream(t))
+	proxy := toxi.Start(t, pgUpstream(t))
 	direct := e.pool("", 6)
-	proxied := e.pool(proxy.addr(), 6)
+	proxied := e.pool(proxy.Addr, 6)
 	reader := e.pool("", 2)
 
 	workers := 6
@@ -311,7 +312,7 @@ func TestGuardHistoryLinearizable(t *testing.T) {
 			r := rand.New(rand.NewPCG(seed, uint64(w)))
 			addr, pool, via := "", direct, "pool"
 			if w%2 == 1 {
-				addr, pool, via = proxy.addr(), proxied, "pool-proxy"
+				addr, pool, via = proxy.Addr, proxied, "pool-proxy"
 			}
 			var conn *pgx.Conn
 			defer func() {

@@ -3,10 +3,13 @@
 // overhead of a fencing layer is reported as the median of per-iteration
 // ratios to the same call without it, not as the difference of two runs
 // made at different moments.
+//
+// It also holds the statistics the workspace's benchmarks report
+// (nearest-rank percentiles, mean, median), written once for all of them;
+// it needs only the standard library, so any module's tests can use it.
 package pairbench
 
 import (
-	"slices"
 	"testing"
 	"time"
 )
@@ -44,7 +47,7 @@ func Run(b *testing.B, ops ...Op) {
 		return
 	}
 	for j, op := range ops {
-		b.ReportMetric(median(times[j])/1e3, op.Name+"-µs")
+		b.ReportMetric(Median(times[j])/1e3, op.Name+"-µs")
 		if j == 0 {
 			continue
 		}
@@ -52,16 +55,6 @@ func Run(b *testing.B, ops ...Op) {
 		for i := range ratios {
 			ratios[i] = times[j][i] / max(times[0][i], 1)
 		}
-		b.ReportMetric(median(ratios), op.Name+"/"+ops[0].Name)
+		b.ReportMetric(Median(ratios), op.Name+"/"+ops[0].Name)
 	}
-}
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	n := len(s)
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
 }

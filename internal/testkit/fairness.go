@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/fencekit/fencekit/internal/pairbench"
 	"github.com/fencekit/fencekit/lease"
 )
 
@@ -129,7 +129,7 @@ func MeasureFairness(b *testing.B, ms []*lease.Manager, name string, d time.Dura
 		s.MinShare += float64(slices.Min(r.Grants)) / float64(total)
 		s.MaxShare += float64(slices.Max(r.Grants)) / float64(total)
 		maxWait += float64(slices.Max(r.Waits))
-		p99Wait += float64(nearestRank(r.Waits, 99))
+		p99Wait += float64(pairbench.Percentile(r.Waits, 99))
 	}
 	n := float64(s.Runs)
 	s.GrantsPerSec = float64(grants) / (n * d.Seconds())
@@ -167,15 +167,4 @@ func FairnessOffOn(b *testing.B, d time.Duration, newManagers func(b *testing.B,
 			MeasureFairness(b, ms, "fair", d).Report(b)
 		})
 	}
-}
-
-// nearestRank is the p-th percentile of ds by the nearest-rank method
-// (bench.Percentile's), 0 for none. It sorts ds.
-func nearestRank(ds []time.Duration, p float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	slices.Sort(ds)
-	rank := min(max(int(math.Ceil(p/100*float64(len(ds)))), 1), len(ds))
-	return ds[rank-1]
 }

@@ -14,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
+	"github.com/fencekit/fencekit/internal/pairbench"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/etcdlease"
@@ -123,29 +124,11 @@ func BenchmarkCyclePaired(b *testing.B) {
 	ctx := context.Background()
 	for _, lib := range libs {
 		b.Run("lib="+lib.name, func(b *testing.B) {
-			var libT, rawT time.Duration
-			ops := 0
-			timed := func(f func(context.Context, int) error, d *time.Duration) {
-				t0 := time.Now()
-				err := f(ctx, ops)
-				*d += time.Since(t0)
-				if err != nil {
-					b.Fatal(err)
-				}
+			at := func(f func(context.Context, int) error) func(int) error {
+				return func(i int) error { return f(ctx, i) }
 			}
-			for b.Loop() {
-				if ops%2 == 0 {
-					timed(lib.cycle, &libT)
-					timed(raw, &rawT)
-				} else {
-					timed(raw, &rawT)
-					timed(lib.cycle, &libT)
-				}
-				ops++
-			}
-			b.ReportMetric(float64(libT.Nanoseconds())/float64(ops), "ns/op")
-			b.ReportMetric(float64(libT)/float64(rawT), "raw-ratio")
-			b.ReportMetric(float64((libT-rawT).Nanoseconds())/float64(ops), "over-raw-ns/op")
+			rawT, libT, n := pairbench.Alternate(b, at(raw), at(lib.cycle))
+			pairbench.ReportAlternate(b, "raw", rawT, libT, n)
 		})
 	}
 }
@@ -260,9 +243,7 @@ func BenchmarkHandoff(b *testing.B) {
 		b.Run("lib="+lib.name, func(b *testing.B) {
 			samples := runHandoff(b, lib.lock)
 			b.ReportMetric(0, "ns/op")
-			b.ReportMetric(float64(mean(samples)), "mean-ns")
-			b.ReportMetric(float64(percentile(samples, 50)), "p50-ns")
-			b.ReportMetric(float64(percentile(samples, 99)), "p99-ns")
+			pairbench.ReportLatency(b, "", samples)
 		})
 	}
 }
@@ -370,27 +351,6 @@ func runHandoff(b *testing.B, newLock func() blockingLock) []time.Duration {
 	return samples
 }
 
-func percentile(s []time.Duration, p float64) time.Duration {
-	if len(s) == 0 {
-		return 0
-	}
-	s = slices.Clone(s)
-	slices.Sort(s)
-	i := int(float64(len(s))*p/100+0.5) - 1
-	return s[min(max(i, 0), len(s)-1)]
-}
-
-func mean(s []time.Duration) time.Duration {
-	if len(s) == 0 {
-		return 0
-	}
-	var sum time.Duration
-	for _, d := range s {
-		sum += d
-	}
-	return sum / time.Duration(len(s))
-}
-
 // benchBackend is a backend with the default MinTTL (2 s: the default
 // timing's minimum).
 func benchBackend(b *testing.B, cli etcdlease.Client, prefix string) *etcdlease.Backend {
@@ -400,4 +360,22 @@ func benchBackend(b *testing.B, cli etcdlease.Client, prefix string) *etcdlease.
 	}
 	b.Cleanup(func() { _ = be.Close() })
 	return be
+}
+
+// BenchmarkThroughput is acquire + release throughput on a 3-member etcd
+// cluster, as bench's BenchmarkPGThroughput measures it on PostgreSQL:
+// lease.Manager.Acquire + Lease.Release, workers goroutines on distinct
+// names or on one, b.N cycles in all (run it with a fixed count:
+// -benchtime 300x). Metrics: ops/s, p50-ns, p99-ns of a cycle.
+func BenchmarkThroughput(b *testing.B) {
+	cl := etcdtest.StartWith(b, 3, etcdtest.Default)
+	m := testkit.NewManager(b, benchBackend(b, cl.Client(), prefix(b)+"tp/"), benchTTL)
+	ctx := context.Background()
+	pairbench.ThroughputRuns(b, "lib=fencekit", true, func(name string) error {
+		l, err := m.Acquire(ctx, name)
+		if err != nil {
+			return err
+		}
+		return l.Release(ctx)
+	})
 }

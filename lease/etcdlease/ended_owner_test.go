@@ -4,129 +4,32 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	toxiproxy "github.com/Shopify/toxiproxy/v2"
-	"github.com/rs/zerolog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencekit/fencekit/internal/testkit"
+	"github.com/fencekit/fencekit/internal/testkit/faultnet"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/etcdlease"
 	"github.com/fencekit/fencekit/lease/etcdlease/etcdtest"
 )
 
-// replyDropProxy is a TCP proxy in front of one etcd member. Armed, it
-// swallows everything the server sends on the connections open at that
-// moment and closes them 150 ms later: a request sent meanwhile is applied
-// by the server and its reply is lost. New connections pass normally, so
-// the client's resend (grpc reconnects at once) gets through.
-type replyDropProxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	conns  map[*proxiedConn]struct{}
-	drops  atomic.Int32
-	wg     sync.WaitGroup
-}
-
-type proxiedConn struct {
-	client, server net.Conn
-	swallow        atomic.Bool
-}
-
-func startReplyDropProxy(t *testing.T, target string) *replyDropProxy {
+// replyLoss starts a proxy in front of cl's first member and returns it
+// with the endpoint to reach the member through it. Armed, the proxy loses
+// the reply to the next call that carries the key of name under prefix p:
+// the member applies the call, and the connection breaks before its reply
+// reaches the client, which sends it again on a new connection.
+func replyLoss(t *testing.T, cl *etcdtest.Cluster, p, name string) (*faultnet.Wire, string) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &replyDropProxy{ln: ln, target: strings.TrimPrefix(target, "http://"), conns: map[*proxiedConn]struct{}{}}
-	p.wg.Add(1)
-	go p.accept()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.mu.Lock()
-		for c := range p.conns {
-			_ = c.client.Close()
-			_ = c.server.Close()
-		}
-		p.mu.Unlock()
-		p.wg.Wait()
-	})
-	return p
-}
-
-func (p *replyDropProxy) endpoint() string { return "http://" + p.ln.Addr().String() }
-
-func (p *replyDropProxy) accept() {
-	defer p.wg.Done()
-	for {
-		cc, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		sc, err := net.Dial("tcp", p.target)
-		if err != nil {
-			_ = cc.Close()
-			continue
-		}
-		c := &proxiedConn{client: cc, server: sc}
-		p.mu.Lock()
-		p.conns[c] = struct{}{}
-		p.mu.Unlock()
-		p.wg.Add(2)
-		go func() { // client to server
-			defer p.wg.Done()
-			_, _ = io.Copy(sc, cc)
-			_ = sc.Close()
-		}()
-		go func() { // server to client, unless swallowed
-			defer p.wg.Done()
-			buf := make([]byte, 32<<10)
-			for {
-				n, err := sc.Read(buf)
-				if n > 0 && !c.swallow.Load() {
-					if _, werr := cc.Write(buf[:n]); werr != nil {
-						break
-					}
-				}
-				if err != nil {
-					break
-				}
-			}
-			_ = cc.Close()
-			p.mu.Lock()
-			delete(p.conns, c)
-			p.mu.Unlock()
-		}()
-	}
-}
-
-// dropReplies swallows the replies on every open connection and closes them
-// 150 ms later.
-func (p *replyDropProxy) dropReplies() {
-	p.mu.Lock()
-	var open []*proxiedConn
-	for c := range p.conns {
-		c.swallow.Store(true)
-		open = append(open, c)
-	}
-	p.mu.Unlock()
-	p.drops.Add(int32(len(open)))
-	time.AfterFunc(150*time.Millisecond, func() {
-		for _, c := range open {
-			_ = c.client.Close()
-			_ = c.server.Close()
-		}
-	})
+	w := faultnet.GRPC([]byte(newBackend(t, cl.Client(), p).Key(name)))
+	px := faultnet.StartProxy(t, strings.TrimPrefix(cl.Endpoints()[0], "http://"), w)
+	return w, "http://" + px.Addr
 }
 
 // lossCounter counts the losses and failed releases a Manager reports.
@@ -174,8 +77,8 @@ func (o *lossCounter) counts() (lost int, failed int, last string) {
 func TestReleaseWhoseReplyIsLostIsARelease(t *testing.T) {
 	cl := etcdtest.Start(t, 1)
 	p := prefix(t)
-	proxy := startReplyDropProxy(t, cl.Endpoints()[0])
-	b := newBackend(t, cl.Client(proxy.endpoint()), p)
+	loss, endpoint := replyLoss(t, cl, p, "job")
+	b := newBackend(t, cl.Client(endpoint), p)
 	obs := &lossCounter{}
 	const ttl = 3 * time.Second
 	m := testkit.NewManager(t, b, ttl, lease.WithObserver(obs))
@@ -185,11 +88,11 @@ func TestReleaseWhoseReplyIsLostIsARelease(t *testing.T) {
 		if err != nil {
 			t.Fatalf("round %d: TryAcquire: %v", round, err)
 		}
-		drops := proxy.drops.Load()
-		proxy.dropReplies()
+		drops := loss.Cuts()
+		loss.Arm()
 		err = l.Release(testkit.Context(t))
-		if proxy.drops.Load() == drops {
-			t.Fatalf("round %d: no connection had its replies dropped", round)
+		if loss.Cuts() == drops {
+			t.Fatalf("round %d: no reply was lost", round)
 		}
 		if err != nil {
 			t.Errorf("round %d: Release whose reply was lost = %v, want nil", round, err)
@@ -357,8 +260,8 @@ func TestLateAcquireOfAnEndedOwnerIsRefused(t *testing.T) {
 func TestWatchWithoutConfirmationHonoursContext(t *testing.T) {
 	cl := etcdtest.Start(t, 1)
 	p := prefix(t)
-	proxy := blackholeProxy(t, cl.Endpoints()[0])
-	cli := &watchRecorder{Client: cl.Client("http://" + proxy.Listen), started: make(chan context.Context, 8)}
+	proxy := faultnet.StartProxy(t, strings.TrimPrefix(cl.Endpoints()[0], "http://"), nil)
+	cli := &watchRecorder{Client: cl.Client("http://" + proxy.Addr), started: make(chan context.Context, 8)}
 	b, err := etcdlease.New(cli, etcdlease.WithPrefix(p), etcdlease.WithMinTTL(time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -369,7 +272,10 @@ func TestWatchWithoutConfirmationHonoursContext(t *testing.T) {
 	if _, err := cli.Get(testkit.Context(t), "warm"); err != nil {
 		t.Fatal(err)
 	}
-	blackhole(t, proxy)
+	// Nothing passes either way from now on, and no connection closes;
+	// lifted before the clients close (cleanups run last-in first).
+	proxy.Blackhole()
+	t.Cleanup(proxy.Restore)
 	// hang bounds the waits for what, with the bug, never happens at all
 	// (Watch returning after ctx ended, Close returning): a test that
 	// would otherwise hang fails instead. It is no measure of promptness.
@@ -446,31 +352,4 @@ type watchRecorder struct {
 func (c *watchRecorder) Watch(ctx context.Context, key string, opts ...clientv3.OpOption) clientv3.WatchChan {
 	c.started <- ctx
 	return c.Client.Watch(ctx, key, opts...)
-}
-
-// blackholeProxy starts a toxiproxy proxy in front of endpoint.
-func blackholeProxy(t *testing.T, endpoint string) *toxiproxy.Proxy {
-	t.Helper()
-	proxy := toxiproxy.NewProxy(toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop()),
-		"etcd-"+strings.ReplaceAll(t.Name(), "/", "-"), "127.0.0.1:0", strings.TrimPrefix(endpoint, "http://"))
-	if err := proxy.Start(); err != nil {
-		t.Fatalf("toxiproxy: start a proxy in front of %s: %v", endpoint, err)
-	}
-	t.Cleanup(proxy.Stop)
-	return proxy
-}
-
-// blackhole lets nothing through proxy either way, without closing any
-// connection (toxiproxy's timeout toxic with timeout 0), until the test
-// ends.
-func blackhole(t *testing.T, proxy *toxiproxy.Proxy) {
-	t.Helper()
-	for _, stream := range []string{"upstream", "downstream"} {
-		js := fmt.Sprintf(`{"name":"blackhole-%s","type":"timeout","stream":%q,"toxicity":1,"attributes":{"timeout":0}}`, stream, stream)
-		if _, err := proxy.Toxics.AddToxicJson(strings.NewReader(js)); err != nil {
-			t.Fatalf("toxiproxy: add the blackhole: %v", err)
-		}
-	}
-	// Lifted before the clients close (cleanups run last-in first).
-	t.Cleanup(func() { proxy.Toxics.ResetToxics(context.Background()) })
 }

@@ -24,15 +24,6 @@ func TestMain(m *testing.M) {
 		// the embedded server's goroutine, not the backend's. (SERVICES.md:
 		// "HardStop leaks goroutines".)
 		goleak.IgnoreAnyFunction("go.etcd.io/etcd/server/v3/etcdserver/api/etcdhttp.newPeerHandler.versionHandler.func1"),
-		// toxiproxy (the blackhole tests' fault proxy, in-process) can leave
-		// a link's no-op stage blocked when a toxic is removed from a link
-		// whose connection had closed meanwhile, as integration/reliability
-		// found: the proxy's goroutine, not the backend's.
-		goleak.IgnoreTopFunction("github.com/Shopify/toxiproxy/v2/toxics.(*NoopToxic).Pipe"),
-		// The same race seen from the link's reader: it had read a chunk
-		// from the client and blocks forever sending it to the stage that
-		// was removed (CI, 2026-12-04, after the MariaDB history check).
-		goleak.IgnoreTopFunction("github.com/Shopify/toxiproxy/v2/stream.(*ChanWriter).Write"),
 	)
 }
 

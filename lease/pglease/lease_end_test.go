@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekit/fencekit/internal/testkit"
+	"github.com/fencekit/fencekit/internal/testkit/faultnet"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
@@ -19,10 +20,10 @@ import (
 
 // proxiedPool opens a pool whose connections go through a fault proxy in
 // front of the server at url, each tagged with application_name app.
-func proxiedPool(t *testing.T, url string, app string, maxConns int32) (*pgxpool.Pool, *pgtest.Proxy) {
+func proxiedPool(t *testing.T, url string, app string, maxConns int32) (*pgxpool.Pool, *faultnet.Proxy) {
 	t.Helper()
-	px := pgtest.StartProxy(t, pgtest.TargetOf(url))
-	pool := newPool(t, px.URL(url), func(c *pgxpool.Config) {
+	px := faultnet.StartProxy(t, pgtest.TargetOf(url), nil)
+	pool := newPool(t, pgtest.WithHost(url, px.Addr), func(c *pgxpool.Config) {
 		c.MaxConns = maxConns
 		c.ConnConfig.RuntimeParams["application_name"] = app
 	})

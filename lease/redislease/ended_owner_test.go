@@ -6,16 +6,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencekit/fencekit/internal/testkit"
+	"github.com/fencekit/fencekit/internal/testkit/faultnet"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
@@ -28,53 +27,28 @@ import (
 // its reply was lost is a release, and an acquire request that reaches
 // Redis after its owner ended is refused.
 
-// faultConns wraps the connections of a go-redis client (Options.Dialer)
-// and injects one fault into the first script call whose request carries
-// match, as a fault proxy between the client and Redis would:
-//
-//   - dropReply: the request reaches Redis and is applied; its reply is
-//     read off the socket and thrown away, and the connection is closed, so
-//     the client sees io.EOF and (with its default MaxRetries) resends the
-//     script on a new connection.
-//   - hold: the request is not sent on the connection; the client sees no
-//     reply until its context ends. The bytes are kept, and Deliver sends
-//     them to Redis later, on a connection of their own, and returns
-//     Redis's reply: the same request, arriving late.
-type faultConns struct {
-	match     []byte
-	dropReply bool
-	armed     atomic.Bool
-	hits      atomic.Int32
-
-	mu   sync.Mutex
-	held []byte
-}
-
-func (f *faultConns) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, network, addr)
-	if err != nil {
-		return nil, err
+// scriptFault returns a Wire for a go-redis client (Options.Dialer) that,
+// once armed, faults the first script call whose request carries match, as
+// a fault proxy between the client and Redis would: the request reaches
+// Redis and is applied, its reply is lost with the connection (the client
+// sees an error and, with its default MaxRetries, resends the script on a
+// new connection); or, with hold, the request is not sent and the client
+// hears nothing until its context ends, and deliver sends it to Redis
+// later: the same request, arriving late.
+func scriptFault(match []byte, hold bool) *faultnet.Wire {
+	return &faultnet.Wire{
+		Request: func(b []byte) bool {
+			return bytes.Contains(bytes.ToLower(b), []byte("eval")) && bytes.Contains(b, match)
+		},
+		Hold: hold,
 	}
-	return &faultConn{Conn: c, f: f}, nil
 }
 
-// hit reports whether the request b is the one to fault, once.
-func (f *faultConns) hit(b []byte) bool {
-	if !bytes.Contains(bytes.ToLower(b), []byte("eval")) || !bytes.Contains(b, f.match) || !f.armed.CompareAndSwap(true, false) {
-		return false
-	}
-	f.hits.Add(1)
-	return true
-}
-
-// deliver sends the held request to Redis at addr on a new connection and
-// returns the reply's first line ("-ERR ...", ":<n>").
-func (f *faultConns) deliver(t *testing.T, addr string) string {
+// deliver sends the request w held to Redis at addr on a new connection
+// and returns the reply's first line ("-ERR ...", ":<n>").
+func deliver(t *testing.T, w *faultnet.Wire, addr string) string {
 	t.Helper()
-	f.mu.Lock()
-	req := f.held
-	f.mu.Unlock()
+	req := w.Held()
 	if req == nil {
 		t.Fatal("no request was held")
 	}
@@ -94,59 +68,17 @@ func (f *faultConns) deliver(t *testing.T, addr string) string {
 	return line[:len(line)-2]
 }
 
-type faultConn struct {
-	net.Conn
-	f        *faultConns
-	dropNext bool // written only by the goroutine that has the connection
-	held     bool
-}
-
-func (c *faultConn) Write(b []byte) (int, error) {
-	if c.f.hit(b) {
-		if !c.f.dropReply {
-			c.f.mu.Lock()
-			c.f.held = bytes.Clone(b)
-			c.f.mu.Unlock()
-			c.held = true
-			return len(b), nil
-		}
-		c.dropNext = true
-	}
-	return c.Conn.Write(b)
-}
-
-func (c *faultConn) Read(b []byte) (int, error) {
-	switch {
-	case c.dropNext:
-		// Let Redis apply the request and answer it, then lose the
-		// answer with the connection.
-		_, _ = c.Conn.Read(b)
-		_ = c.Conn.Close()
-		return 0, io.EOF
-	case c.held:
-		// Nothing was sent, so nothing comes back: wait for the
-		// client's deadline (go-redis sets it from the context).
-		var one [1]byte
-		n, err := c.Conn.Read(one[:])
-		if err == nil {
-			err = fmt.Errorf("unexpected byte %q on a connection whose request was held", one[:n])
-		}
-		return 0, err
-	}
-	return c.Conn.Read(b)
-}
-
 // faultClient returns a client of the shared Redis, as docs/redis.md makes it
 // (ContextTimeoutEnabled, go-redis's default retries), whose connections
-// go through f.
-func faultClient(t *testing.T, f *faultConns) *redis.Client {
+// go through w.
+func faultClient(t *testing.T, w *faultnet.Wire) *redis.Client {
 	t.Helper()
 	opt, err := redis.ParseURL(testenv.RedisURL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	opt.ContextTimeoutEnabled = true
-	opt.Dialer = f.dial
+	opt.Dialer = w.Dial
 	c := redis.NewClient(opt)
 	t.Cleanup(func() { _ = c.Close() })
 	return c
@@ -187,9 +119,10 @@ func (o *endObserver) counts() (lost int, released []lease.ReleasedEvent) {
 func TestReleaseReplyLostIsARelease(t *testing.T) {
 	prefix := redistest.Prefix(t)
 	name := "release-reply-lost"
-	f := &faultConns{dropReply: true}
+	// Only release.lua and abandon.lua carry the channel.
+	keys := newBackend(t, redistest.Shared(t), prefix).KeysFor(name)
+	f := scriptFault([]byte(keys.Channel), false)
 	b := newBackend(t, faultClient(t, f), prefix)
-	f.match = []byte(b.KeysFor(name).Channel) // only release.lua and abandon.lua carry it
 	obs := &endObserver{}
 	m := newManager(t, b, lease.Options{TTL: 5 * time.Second, Observer: obs})
 
@@ -198,10 +131,10 @@ func TestReleaseReplyLostIsARelease(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		f.armed.Store(true)
-		before := f.hits.Load()
+		f.Arm()
+		before := f.Cuts()
 		err = l.Release(testkit.Context(t))
-		if f.hits.Load() != before+1 {
+		if f.Cuts() != before+1 {
 			t.Fatal("the release request was not faulted: the test proves nothing")
 		}
 		if err != nil {
@@ -222,11 +155,11 @@ func TestReleaseReplyLostIsARelease(t *testing.T) {
 		ran := false
 		err := m.Run(testkit.Context(t), name, func(ctx context.Context, l *lease.Lease) error {
 			ran = true
-			f.armed.Store(true) // the release that Run sends
+			f.Arm() // the release that Run sends
 			return nil
 		})
-		if !ran || f.armed.Load() {
-			t.Fatalf("ran %v, fault armed still %v: the release request was not faulted", ran, f.armed.Load())
+		if !ran || f.Armed() {
+			t.Fatalf("ran %v, fault armed still %v: the release request was not faulted", ran, f.Armed())
 		}
 		if err != nil {
 			t.Fatalf("Run of a job that succeeded, its release reply lost = %v, want nil", err)
@@ -246,9 +179,9 @@ func TestReleaseReplyLostIsARelease(t *testing.T) {
 		if err := redistest.Shared(t).Del(testkit.Context(t), b.KeysFor(name).Lease).Err(); err != nil {
 			t.Fatal(err)
 		}
-		f.armed.Store(true)
+		f.Arm()
 		err = l.Release(testkit.Context(t))
-		if f.armed.Load() {
+		if f.Armed() {
 			t.Fatal("the release request was not faulted")
 		}
 		if !errors.Is(err, lease.ErrLost) {
@@ -376,12 +309,12 @@ func TestEndedOwnerRefusedByAcquire(t *testing.T) {
 func TestAbandonedAcquireArrivingLateGrantsNothing(t *testing.T) {
 	prefix := redistest.Prefix(t)
 	name := "abandoned-acquire"
-	f := &faultConns{}
+	// Only acquire.lua carries the counter key.
+	keys := newBackend(t, redistest.Shared(t), prefix).KeysFor(name)
+	f := scriptFault([]byte(keys.Token), true)
 	c := faultClient(t, f)
 	b := newBackend(t, c, prefix)
-	keys := b.KeysFor(name)
-	f.match = []byte(keys.Token) // only acquire.lua carries the counter key
-	f.armed.Store(true)
+	f.Arm()
 	ttl := 600 * time.Millisecond
 	m := newManager(t, b, lease.Options{TTL: ttl, PollInterval: 50 * time.Millisecond})
 
@@ -389,7 +322,7 @@ func TestAbandonedAcquireArrivingLateGrantsNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f.hits.Load() != 1 {
+	if f.Cuts() != 1 {
 		t.Fatal("the first acquire request was not held: the test proves nothing")
 	}
 	tok := l.Token()
@@ -397,7 +330,7 @@ func TestAbandonedAcquireArrivingLateGrantsNothing(t *testing.T) {
 		t.Fatalf("Release: %v", err)
 	}
 
-	reply := f.deliver(t, c.Options().Addr)
+	reply := deliver(t, f, c.Options().Addr)
 	if reply != ":0" {
 		t.Fatalf("the abandoned request, arriving after the release, was answered %q; want :0 (refused)", reply)
 	}

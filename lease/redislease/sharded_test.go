@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencekit/fencekit/internal/pairbench"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/leasetest"
@@ -121,10 +122,8 @@ func quantiles(ds []time.Duration) string {
 	if len(ds) == 0 {
 		return "-"
 	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	q := func(p float64) time.Duration { return s[int(p*float64(len(s)-1))].Round(10 * time.Microsecond) }
-	return fmt.Sprintf("min %v, median %v, p90 %v, max %v (n=%d)", q(0), q(0.5), q(0.9), q(1), len(s))
+	q := func(p float64) time.Duration { return pairbench.Percentile(ds, p).Round(10 * time.Microsecond) }
+	return fmt.Sprintf("min %v, median %v, p90 %v, max %v (n=%d)", q(0), q(50), q(90), q(100), len(ds))
 }
 
 // pubsubBusStats sums, over every node of the cluster, the cluster bus

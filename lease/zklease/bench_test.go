@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/fencekit/fencekit/internal/pairbench"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/internal/zktest"
 	"github.com/fencekit/fencekit/lease"
@@ -123,17 +124,11 @@ func BenchmarkCycle(b *testing.B) {
 	}
 	b.ReportMetric(0, "ns/op")
 	for i, name := range names {
-		b.ReportMetric(float64(percentile(samples[i], 50)), name+"-p50-ns")
+		b.ReportMetric(float64(pairbench.Percentile(samples[i], 50)), name+"-p50-ns")
 	}
-	b.ReportMetric(median(ratioToken), "x-raw-token")
-	b.ReportMetric(median(ratioRaw), "x-raw")
-	b.ReportMetric(median(ratioBackend), "backend-x-raw-token")
-}
-
-func median(xs []float64) float64 {
-	c := slices.Clone(xs)
-	slices.Sort(c)
-	return c[len(c)/2]
+	b.ReportMetric(pairbench.Median(ratioToken), "x-raw-token")
+	b.ReportMetric(pairbench.Median(ratioRaw), "x-raw")
+	b.ReportMetric(pairbench.Median(ratioBackend), "backend-x-raw-token")
 }
 
 // follower returns a member that follows.
@@ -253,15 +248,13 @@ func BenchmarkHandoff(b *testing.B) {
 	}
 	b.ReportMetric(0, "ns/op")
 	for _, im := range impls {
-		b.ReportMetric(float64(mean(im.samples)), im.name+"-mean-ns")
-		b.ReportMetric(float64(percentile(im.samples, 50)), im.name+"-p50-ns")
-		b.ReportMetric(float64(percentile(im.samples, 99)), im.name+"-p99-ns")
+		pairbench.ReportLatency(b, im.name, im.samples)
 	}
 	rw := impls[2].samples
-	b.ReportMetric(float64(percentile(impls[0].samples, 50))/float64(percentile(rw, 50)), "x-raw-p50")
-	b.ReportMetric(float64(percentile(impls[0].samples, 99))/float64(percentile(rw, 99)), "x-raw-p99")
-	b.ReportMetric(float64(percentile(impls[1].samples, 50))/float64(percentile(rw, 50)), "fifo-x-raw-p50")
-	b.ReportMetric(float64(percentile(impls[1].samples, 99))/float64(percentile(rw, 99)), "fifo-x-raw-p99")
+	b.ReportMetric(float64(pairbench.Percentile(impls[0].samples, 50))/float64(pairbench.Percentile(rw, 50)), "x-raw-p50")
+	b.ReportMetric(float64(pairbench.Percentile(impls[0].samples, 99))/float64(pairbench.Percentile(rw, 99)), "x-raw-p99")
+	b.ReportMetric(float64(pairbench.Percentile(impls[1].samples, 50))/float64(pairbench.Percentile(rw, 50)), "fifo-x-raw-p50")
+	b.ReportMetric(float64(pairbench.Percentile(impls[1].samples, 99))/float64(pairbench.Percentile(rw, 99)), "fifo-x-raw-p99")
 }
 
 const handoffBlock = 25
@@ -374,27 +367,6 @@ func runHandoff(b *testing.B, locks []blockingLock, n int) []time.Duration {
 		b.Fatal(failure)
 	}
 	return samples
-}
-
-func mean(s []time.Duration) time.Duration {
-	if len(s) == 0 {
-		return 0
-	}
-	var sum time.Duration
-	for _, d := range s {
-		sum += d
-	}
-	return sum / time.Duration(len(s))
-}
-
-func percentile(s []time.Duration, p float64) time.Duration {
-	if len(s) == 0 {
-		return 0
-	}
-	c := slices.Clone(s)
-	slices.Sort(c)
-	i := int(float64(len(c)-1) * p / 100)
-	return c[i]
 }
 
 // BenchmarkHandoffPaired measures one hand-off at a time, paired with the
@@ -512,12 +484,32 @@ func BenchmarkHandoffPaired(b *testing.B) {
 		n++
 	}
 	b.ReportMetric(0, "ns/op")
-	b.ReportMetric(float64(percentile(fk, 50)), "fencekit-p50-ns")
-	b.ReportMetric(float64(percentile(fk, 99)), "fencekit-p99-ns")
-	b.ReportMetric(float64(percentile(ff, 50)), "fencekit-fifo-p50-ns")
-	b.ReportMetric(float64(percentile(ff, 99)), "fencekit-fifo-p99-ns")
-	b.ReportMetric(float64(percentile(rw, 50)), "raw-p50-ns")
-	b.ReportMetric(float64(percentile(rw, 99)), "raw-p99-ns")
-	b.ReportMetric(median(ratios), "x-raw")
-	b.ReportMetric(median(fifoRatios), "fifo-x-raw")
+	b.ReportMetric(float64(pairbench.Percentile(fk, 50)), "fencekit-p50-ns")
+	b.ReportMetric(float64(pairbench.Percentile(fk, 99)), "fencekit-p99-ns")
+	b.ReportMetric(float64(pairbench.Percentile(ff, 50)), "fencekit-fifo-p50-ns")
+	b.ReportMetric(float64(pairbench.Percentile(ff, 99)), "fencekit-fifo-p99-ns")
+	b.ReportMetric(float64(pairbench.Percentile(rw, 50)), "raw-p50-ns")
+	b.ReportMetric(float64(pairbench.Percentile(rw, 99)), "raw-p99-ns")
+	b.ReportMetric(pairbench.Median(ratios), "x-raw")
+	b.ReportMetric(pairbench.Median(fifoRatios), "fifo-x-raw")
+}
+
+// BenchmarkThroughput is acquire + release throughput on a 3-member
+// ensemble through one follower, as bench's BenchmarkPGThroughput measures
+// it on PostgreSQL: lease.Manager.Acquire + Lease.Release, workers
+// goroutines on distinct names or on one, b.N cycles in all (run it with
+// a fixed count: -benchtime 300x). Metrics: ops/s, p50-ns, p99-ns.
+func BenchmarkThroughput(b *testing.B) {
+	ens := zktest.Start(b, 3, zktest.Config{})
+	member := []string{follower(b, ens).Addr()}
+	be := newBackend(b, member, zklease.WithRoot(zktest.Root(b)), zklease.WithSessionTimeout(benchTTL))
+	m := testkit.NewManager(b, be, benchTTL)
+	ctx := context.Background()
+	pairbench.ThroughputRuns(b, "lib=fencekit", true, func(name string) error {
+		l, err := m.Acquire(ctx, name)
+		if err != nil {
+			return err
+		}
+		return l.Release(ctx)
+	})
 }

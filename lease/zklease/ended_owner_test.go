@@ -12,97 +12,16 @@ import (
 	"time"
 
 	"github.com/fencekit/fencekit/internal/testkit"
+	"github.com/fencekit/fencekit/internal/testkit/faultnet"
 	"github.com/fencekit/fencekit/internal/zktest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/zklease"
 )
 
-// ZooKeeper opcodes, as go-zookeeper writes them.
-const (
-	opDelete = 2
-	// opMulti (14) is in faults_test.go.
-)
-
-// replyDropper is a dialer whose connections, when armed with opcodes,
-// pass the next request of one of them to the server, swallow everything
-// the server sends from then on (the request is applied, its answer never
-// arrives), close the connection 100 ms later and refuse new connections
-// for refuse: go-zookeeper then fails the request with a connection error,
-// and the backend sends it again once the client has reconnected, within
-// the same session.
-type replyDropper struct {
-	mu     sync.Mutex
-	ops    map[int32]bool
-	until  time.Time
-	refuse time.Duration
-	drops  atomic.Int32
-}
-
-func (d *replyDropper) arm(ops ...int32) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.ops = map[int32]bool{}
-	for _, op := range ops {
-		d.ops[op] = true
-	}
-}
-
-// take reports whether op is armed, and disarms if so.
-func (d *replyDropper) take(op int32) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if !d.ops[op] {
-		return false
-	}
-	d.ops = nil
-	d.until = time.Now().Add(d.refuse)
-	return true
-}
-
-func (d *replyDropper) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
-	d.mu.Lock()
-	wait := time.Until(d.until)
-	d.mu.Unlock()
-	if wait > 0 {
-		return nil, fmt.Errorf("test: refusing connections for %v", wait)
-	}
-	c, err := net.DialTimeout(network, addr, timeout)
-	if err != nil {
-		return nil, err
-	}
-	return &replyDropConn{Conn: c, d: d}, nil
-}
-
-type replyDropConn struct {
-	net.Conn
-	d       *replyDropper
-	swallow atomic.Bool
-}
-
-func (c *replyDropConn) Read(p []byte) (int, error) {
-	for {
-		n, err := c.Conn.Read(p)
-		if err != nil || !c.swallow.Load() {
-			return n, err
-		}
-	}
-}
-
-func (c *replyDropConn) Write(p []byte) (int, error) {
-	// go-zookeeper writes each request whole: length, xid, opcode, body.
-	if len(p) >= 12 && c.d.take(int32(binary.BigEndian.Uint32(p[8:12]))) {
-		c.swallow.Store(true)
-		n, err := c.Conn.Write(p)
-		c.d.drops.Add(1)
-		go func() {
-			time.Sleep(100 * time.Millisecond) // the server applies it; its answer is swallowed
-			c.Conn.Close()
-		}()
-		return n, err
-	}
-	return c.Conn.Write(p)
-}
+// ZooKeeper opcodes, as go-zookeeper writes them (opMulti is in
+// faults_test.go).
+const opDelete = 2
 
 // lossCounter counts the losses and failed releases a Manager reports.
 type lossCounter struct {
@@ -149,8 +68,11 @@ func TestReleaseWhoseAnswerIsLostIsARelease(t *testing.T) {
 	ens := zktest.Start(t, 3, zktest.Config{})
 	root := zktest.Root(t)
 	const ttl = 4 * time.Second
-	d := &replyDropper{refuse: 500 * time.Millisecond}
-	b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(6*time.Second), zklease.WithDialer(d.dial))
+	// The release's delete (or multi), applied, its answer lost; the
+	// client's reconnect is refused for a while.
+	w := faultnet.ZooKeeper(opDelete, opMulti)
+	w.RefuseAfterCut = 500 * time.Millisecond
+	b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(6*time.Second), zklease.WithDialer(w.DialTimeout))
 	obs := &lossCounter{}
 	m := testkit.NewManager(t, b, ttl, lease.WithObserver(obs))
 	other := testkit.NewManager(t, newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(6*time.Second)), ttl)
@@ -160,10 +82,10 @@ func TestReleaseWhoseAnswerIsLostIsARelease(t *testing.T) {
 		if err != nil {
 			t.Fatalf("round %d: TryAcquire: %v", round, err)
 		}
-		drops := d.drops.Load()
-		d.arm(opDelete, opMulti)
+		drops := w.Cuts()
+		w.Arm()
 		err = l.Release(testkit.Context(t))
-		if d.drops.Load() == drops {
+		if w.Cuts() == drops {
 			t.Fatalf("round %d: the release's answer was not dropped", round)
 		}
 		if err != nil {

@@ -2,16 +2,12 @@ package zklease_test
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
-	"fmt"
-	"net"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fencekit/fencekit/internal/testkit"
+	"github.com/fencekit/fencekit/internal/testkit/faultnet"
 	"github.com/fencekit/fencekit/internal/zktest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/zklease"
@@ -161,67 +157,7 @@ func TestShorterGrantedSessionTimeoutIsRefused(t *testing.T) {
 	_ = l.Release(testkit.Context(t))
 }
 
-// dropAfterCreate is a dialer whose connections, when armed, pass the next
-// create (a Multi request) to the server and then break the connection
-// before the answer can be read, and refuse new connections for a while:
-// the create is applied, its answer is lost.
-type dropAfterCreate struct {
-	armed       atomic.Bool
-	mu          sync.Mutex
-	refuseUntil time.Time
-	drops       atomic.Int32
-}
-
-func (d *dropAfterCreate) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
-	d.mu.Lock()
-	wait := time.Until(d.refuseUntil)
-	d.mu.Unlock()
-	if wait > 0 {
-		return nil, fmt.Errorf("test: refusing connections for %v", wait)
-	}
-	c, err := net.DialTimeout(network, addr, timeout)
-	if err != nil {
-		return nil, err
-	}
-	return &dropConn{Conn: c, d: d}, nil
-}
-
-type dropConn struct {
-	net.Conn
-	d       *dropAfterCreate
-	swallow atomic.Bool
-}
-
-// Read drops everything the server sends once the create went out, so its
-// answer never reaches the client.
-func (c *dropConn) Read(p []byte) (int, error) {
-	for {
-		n, err := c.Conn.Read(p)
-		if err != nil || !c.swallow.Load() {
-			return n, err
-		}
-	}
-}
-
-const opMulti = 14
-
-func (c *dropConn) Write(p []byte) (int, error) {
-	// go-zookeeper writes each request whole: length, xid, opcode, body.
-	if len(p) >= 12 && int32(binary.BigEndian.Uint32(p[8:12])) == opMulti && c.d.armed.CompareAndSwap(true, false) {
-		c.swallow.Store(true)
-		n, err := c.Conn.Write(p)
-		c.d.mu.Lock()
-		c.d.refuseUntil = time.Now().Add(time.Second)
-		c.d.mu.Unlock()
-		c.d.drops.Add(1)
-		go func() {
-			time.Sleep(100 * time.Millisecond) // the server applies it; its answer is swallowed
-			c.Conn.Close()
-		}()
-		return n, err
-	}
-	return c.Conn.Write(p)
-}
+const opMulti = 14 // a ZooKeeper opcode (see opDelete)
 
 // A create whose answer is lost leaves no node behind: when the caller
 // still waits, the backend finds its node by its GUID and grants it; when
@@ -232,8 +168,11 @@ func TestLostCreateAnswerLeavesNoOrphan(t *testing.T) {
 	root := zktest.Root(t)
 	admin := adminConn(t, ens.Servers())
 	const ttl = 6 * time.Second
-	var d dropAfterCreate
-	b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl), zklease.WithDialer(d.dial))
+	// The create (a multi), applied, its answer lost; the client's
+	// reconnect is refused for a while.
+	d := faultnet.ZooKeeper(opMulti)
+	d.RefuseAfterCut = time.Second
+	b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl), zklease.WithDialer(d.DialTimeout))
 	m := testkit.NewManager(t, b, ttl)
 	other := testkit.NewManager(t, newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl)), ttl)
 	children := func(name string) []string {
@@ -253,9 +192,9 @@ func TestLostCreateAnswerLeavesNoOrphan(t *testing.T) {
 	}
 
 	t.Run("caller waits", func(t *testing.T) {
-		d.armed.Store(true)
+		d.Arm()
 		l, err := m.TryAcquire(testkit.Context(t), "settled")
-		if d.drops.Load() == 0 {
+		if d.Cuts() == 0 {
 			t.Fatal("the fault was not injected")
 		}
 		if err != nil {
@@ -274,21 +213,18 @@ func TestLostCreateAnswerLeavesNoOrphan(t *testing.T) {
 
 	t.Run("caller gives up", func(t *testing.T) {
 		// Wait for the connection to be allowed and used again.
-		d.mu.Lock()
-		wait := time.Until(d.refuseUntil)
-		d.mu.Unlock()
-		time.Sleep(wait)
+		time.Sleep(d.RefusingFor())
 		l, err := m.Acquire(testkit.Context(t), "warm")
 		if err != nil {
 			t.Fatal(err)
 		}
 		_ = l.Release(testkit.Context(t))
-		drops := d.drops.Load()
-		d.armed.Store(true)
+		drops := d.Cuts()
+		d.Arm()
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
 		_, err = m.TryAcquire(ctx, "abandoned")
-		if d.drops.Load() == drops {
+		if d.Cuts() == drops {
 			t.Fatal("the fault was not injected")
 		}
 		if !errors.Is(err, context.DeadlineExceeded) {

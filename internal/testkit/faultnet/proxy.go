@@ -1,9 +1,8 @@
-package pgtest
+package faultnet
 
 import (
+	"context"
 	"net"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -21,6 +20,7 @@ type Proxy struct {
 
 	t      testing.TB
 	target string
+	via    *Wire
 	ln     net.Listener
 
 	mu       sync.Mutex
@@ -42,44 +42,20 @@ const (
 )
 
 // StartProxy starts a Proxy in front of target (host:port) and closes it,
-// with every connection, when the test ends.
-func StartProxy(t testing.TB, target string) *Proxy {
+// with every connection, when the test ends. Its connections to target go
+// through via, when via is not nil.
+func StartProxy(t testing.TB, target string, via *Wire) *Proxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatalf("pgtest: proxy: %v", err)
+		t.Fatalf("faultnet: proxy: %v", err)
 	}
-	p := &Proxy{Addr: ln.Addr().String(), t: t, target: target, ln: ln, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{Addr: ln.Addr().String(), t: t, target: target, via: via, ln: ln, conns: map[net.Conn]struct{}{}}
 	p.cond = sync.NewCond(&p.mu)
 	p.wg.Add(1)
 	go p.accept()
-	t.Cleanup(p.close)
+	t.Cleanup(p.Close)
 	return p
-}
-
-// URL returns url (a postgres:// URL) with its host and port replaced by
-// the proxy's.
-func (p *Proxy) URL(url string) string {
-	at := strings.LastIndexByte(url, '@')
-	rest := url[at+1:]
-	end := strings.IndexAny(rest, "/?")
-	if end < 0 {
-		end = len(rest)
-	}
-	return url[:at+1] + p.Addr + rest[end:]
-}
-
-// TargetOf returns the host:port of a postgres:// URL.
-func TargetOf(url string) string {
-	at := strings.LastIndexByte(url, '@')
-	rest := url[at+1:]
-	if end := strings.IndexAny(rest, "/?"); end >= 0 {
-		rest = rest[:end]
-	}
-	if _, _, err := net.SplitHostPort(rest); err != nil {
-		rest = net.JoinHostPort(rest, strconv.Itoa(5432))
-	}
-	return rest
 }
 
 // Blackhole drops everything, both ways, on every connection, from now on.
@@ -128,7 +104,7 @@ func (p *Proxy) accept() {
 		if err != nil {
 			return
 		}
-		s, err := net.Dial("tcp", p.target)
+		s, err := p.dial()
 		if err != nil {
 			c.Close()
 			continue
@@ -147,6 +123,16 @@ func (p *Proxy) accept() {
 		go p.pipe(c, s, true)
 		go p.pipe(s, c, false)
 	}
+}
+
+func (p *Proxy) dial() (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if p.via != nil {
+		return p.via.Dial(ctx, "tcp", p.target)
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "tcp", p.target)
 }
 
 // pipe copies from src to dst under the direction's mode.
@@ -205,14 +191,16 @@ func (p *Proxy) pipe(src, dst net.Conn, toServer bool) {
 }
 
 func closeWrite(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.CloseWrite()
+	if hc, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = hc.CloseWrite()
 		return
 	}
 	_ = c.Close()
 }
 
-func (p *Proxy) close() {
+// Close closes the proxy and every connection through it, and waits for
+// its goroutines. The test's end calls it; calling it again is harmless.
+func (p *Proxy) Close() {
 	p.mu.Lock()
 	p.closed = true
 	p.cond.Broadcast()
