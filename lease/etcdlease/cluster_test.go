@@ -71,7 +71,12 @@ func TestExclusiveAcrossMembers(t *testing.T) {
 	}
 	const workers, rounds = 9, 10
 	var chk overlapChecker
-	ctx := testkit.Context(t)
+	// The 90 turns took more than testkit's minute at load 30 (the test
+	// failed after 72 s): the property is exclusivity and every turn
+	// taken, not throughput, so ctx only bounds a wait that, with a bug,
+	// never ends.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
 	for w := range workers {

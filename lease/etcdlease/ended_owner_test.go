@@ -247,16 +247,21 @@ func TestLateAcquireOfAnEndedOwnerIsRefused(t *testing.T) {
 }
 
 // A Watch whose confirmation never comes (the member's connection is
-// blackholed after the client connected) returns ctx's error when ctx ends,
-// promptly, and leaves nothing running: the backend closes at once
-// (Close waits for every goroutine of its watches), each of several rounds.
-// The Manager bounds each Watch by its PollInterval; this is the backend's
-// side of that promise.
+// blackholed after the client connected) returns ctx's error because ctx
+// ended, and leaves nothing running, each of several rounds. Checked by
+// mechanism, not by how long it took: the etcd watch request is out and
+// Watch is still waiting when the test cancels ctx (it cannot have returned
+// for any other reason before); it then returns ctx's own error, not a
+// subscription or an error of the watch; and by the time it returns, the
+// context of the etcd watch it started is cancelled (no other waiter
+// shares it), so its goroutine ends and Close, which waits for every
+// goroutine of its watches, returns. The Manager bounds each Watch by its
+// PollInterval; this is the backend's side of that promise.
 func TestWatchWithoutConfirmationHonoursContext(t *testing.T) {
 	cl := etcdtest.Start(t, 1)
 	p := prefix(t)
 	proxy := faultnet.StartProxy(t, strings.TrimPrefix(cl.Endpoints()[0], "http://"), nil)
-	cli := cl.Client("http://" + proxy.Addr)
+	cli := &watchRecorder{Client: cl.Client("http://" + proxy.Addr), started: make(chan context.Context, 8)}
 	b, err := etcdlease.New(cli, etcdlease.WithPrefix(p), etcdlease.WithMinTTL(time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -271,29 +276,80 @@ func TestWatchWithoutConfirmationHonoursContext(t *testing.T) {
 	// lifted before the clients close (cleanups run last-in first).
 	proxy.Blackhole()
 	t.Cleanup(proxy.Restore)
-	const timeout = 300 * time.Millisecond
+	// hang bounds the waits for what, with the bug, never happens at all
+	// (Watch returning after ctx ended, Close returning): a test that
+	// would otherwise hang fails instead. It is no measure of promptness.
+	const hang = 30 * time.Second
+	type result struct {
+		sig  <-chan struct{}
+		stop func()
+		err  error
+	}
 	for round := 1; round <= 3; round++ {
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		start := time.Now()
-		sig, stop, err := b.Watch(ctx, "job")
-		took := time.Since(start)
+		ctx, cancel := context.WithCancel(context.Background())
+		res := make(chan result, 1)
+		go func() {
+			sig, stop, err := b.Watch(ctx, "job")
+			res <- result{sig, stop, err}
+		}()
+		var wctx context.Context
+		select {
+		case wctx = <-cli.started:
+		case r := <-res:
+			cancel()
+			if r.err == nil {
+				r.stop()
+			}
+			t.Fatalf("round %d: Watch returned (%v, %v) before it started an etcd watch", round, r.sig, r.err)
+		}
+		// The etcd watch is requested; its confirmation cannot come.
+		select {
+		case r := <-res:
+			cancel()
+			if r.err == nil {
+				r.stop()
+			}
+			t.Fatalf("round %d: Watch returned (%v, %v) before its ctx ended, through a blackholed connection", round, r.sig, r.err)
+		default:
+		}
 		cancel()
-		if err == nil {
-			stop()
-			t.Fatalf("round %d: Watch through a blackholed connection returned a subscription (%v)", round, sig)
+		var r result
+		select {
+		case r = <-res:
+		case <-time.After(hang):
+			t.Fatalf("round %d: Watch had not returned %v after its ctx ended: it waits for the confirmation", round, hang)
 		}
-		if !errors.Is(err, context.DeadlineExceeded) {
-			t.Errorf("round %d: Watch = %v, want context.DeadlineExceeded", round, err)
+		if r.err == nil {
+			r.stop()
+			t.Fatalf("round %d: Watch through a blackholed connection returned a subscription (%v)", round, r.sig)
 		}
-		if took > timeout+500*time.Millisecond {
-			t.Errorf("round %d: Watch returned %v after it started; its ctx ended after %v", round, took, timeout)
+		if !errors.Is(r.err, context.Canceled) || r.err != ctx.Err() {
+			t.Errorf("round %d: Watch = %v, want its ctx's error %v", round, r.err, ctx.Err())
 		}
+		if wctx.Err() == nil {
+			t.Errorf("round %d: Watch returned with the etcd watch it started still running (its last waiter left)", round)
+		}
+	}
+	if n := len(cli.started); n != 0 {
+		t.Errorf("%d etcd watch(es) more than the rounds' started", n)
 	}
 	closed := make(chan struct{})
 	go func() { _ = b.Close(); close(closed) }()
 	select {
 	case <-closed:
-	case <-time.After(2 * time.Second):
-		t.Fatal("Close did not return within 2s: a watch's goroutine is still waiting for the confirmation")
+	case <-time.After(hang):
+		t.Fatalf("Close had not returned after %v: a watch's goroutine is still waiting for the confirmation", hang)
 	}
+}
+
+// watchRecorder passes the context of every etcd watch the backend starts
+// to started.
+type watchRecorder struct {
+	*clientv3.Client
+	started chan context.Context
+}
+
+func (c *watchRecorder) Watch(ctx context.Context, key string, opts ...clientv3.OpOption) clientv3.WatchChan {
+	c.started <- ctx
+	return c.Client.Watch(ctx, key, opts...)
 }

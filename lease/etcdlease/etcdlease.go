@@ -264,7 +264,15 @@ type Backend struct {
 	waiting  map[placeKey]int      // owners with a queued attempt in flight, by name and owner (line.go)
 	handed   map[placeKey]handover // grants a Release handed to this Backend's waiters, not yet taken (line.go)
 	ended    map[int64]*endedLease // the etcd leases ended-owner records share, by EndedOwnerTTL in seconds
+
+	// now is the clock of the send times and ages of etcd leases, places
+	// and hand-overs: time.Now, or a test's clock (export_test.go). The
+	// epoch's value is read from the wall clock itself.
+	now func() time.Time
 }
+
+// since is the time elapsed since t by the Backend's clock.
+func (b *Backend) since(t time.Time) time.Duration { return b.now().Sub(t) }
 
 // New returns a Backend over c. It does no I/O. It returns an error
 // matching ErrInvalidOptions, listing every problem, when c is nil, Prefix
@@ -297,6 +305,7 @@ func New(c Client, opts ...Option) (*Backend, error) {
 		places:  make(map[placeKey]*place),
 		waiting: make(map[placeKey]int),
 		handed:  make(map[placeKey]handover),
+		now:     time.Now,
 	}, nil
 }
 
@@ -411,7 +420,7 @@ func (b *Backend) acquireOnce(ctx context.Context, req driver.Request, key strin
 	}
 	var kaDone chan keepAliveResult
 	if sp == nil {
-		sent := time.Now()
+		sent := b.now()
 		resp, err := b.c.Grant(ctx, secs)
 		if err != nil {
 			return driver.Grant{}, false, fmt.Errorf("etcdlease: acquire %q: lease grant: %w", req.Name, err)
@@ -426,7 +435,7 @@ func (b *Backend) acquireOnce(ctx context.Context, req driver.Request, key strin
 		// from now, alongside the transaction.
 		kaDone = make(chan keepAliveResult, 1)
 		go func(id clientv3.LeaseID) {
-			sent := time.Now()
+			sent := b.now()
 			resp, err := b.c.KeepAliveOnce(ctx, id)
 			kaDone <- keepAliveResult{sent: sent, resp: resp, err: err}
 		}(sp.id)
@@ -543,7 +552,7 @@ func (b *Backend) acquireOnce(ctx context.Context, req driver.Request, key strin
 		if id != sp.id && ka.ok {
 			b.putSpare(sp)
 		}
-		confirmed = time.Now()
+		confirmed = b.now()
 		kr, err := b.c.KeepAliveOnce(ctx, id)
 		if err != nil {
 			return driver.Grant{}, false, fmt.Errorf("etcdlease: acquire %q: extending the grant this owner already holds: %w", req.Name, err)
@@ -634,7 +643,7 @@ func (b *Backend) RenewBatch(ctx context.Context, gs []driver.Grant, done func(i
 		inflight <- struct{}{}
 		go func() {
 			defer wg.Done()
-			sent := time.Now()
+			sent := b.now()
 			_, err := b.c.KeepAliveOnce(ctx, sts[i].id)
 			<-inflight
 			if err == nil {
@@ -921,10 +930,10 @@ func (b *Backend) endedLease(ctx context.Context, secs int64) (clientv3.LeaseID,
 	b.mu.Lock()
 	el := b.ended[secs]
 	b.mu.Unlock()
-	if el != nil && time.Now().Before(el.until) {
+	if el != nil && b.now().Before(el.until) {
 		return el.id, nil
 	}
-	sent := time.Now()
+	sent := b.now()
 	resp, err := b.c.Grant(ctx, 2*secs)
 	if err != nil {
 		return 0, fmt.Errorf("granting the etcd lease of ended-owner records: %w", err)
@@ -959,7 +968,7 @@ func (b *Backend) afterRelease(st *grantState, released bool) {
 	if !st.leaseDone.CompareAndSwap(false, true) {
 		return // a Release before, or a renewal, has decided
 	}
-	if confirmed := *st.confirmed.Load(); released && time.Since(confirmed) < st.ttl/2 &&
+	if confirmed := *st.confirmed.Load(); released && b.since(confirmed) < st.ttl/2 &&
 		b.putSpare(&spare{id: st.id, secs: st.secs, ttl: st.ttl, confirmed: confirmed}) {
 		return
 	}
@@ -1034,7 +1043,7 @@ func (b *Backend) takeSpare(secs int64) *spare {
 	for len(pool) > 0 {
 		sp := pool[len(pool)-1]
 		pool = pool[:len(pool)-1]
-		if time.Since(sp.confirmed) < sp.ttl/2 {
+		if b.since(sp.confirmed) < sp.ttl/2 {
 			b.spares[secs] = pool
 			return sp
 		}

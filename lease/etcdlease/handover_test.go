@@ -12,6 +12,7 @@ import (
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease/driver"
+	"github.com/fencekit/fencekit/lease/etcdlease"
 )
 
 // A Release of a grant made in line hands the name to the first waiter in
@@ -189,48 +190,53 @@ func writes(ops []clientv3.Op) bool {
 // confirmation's send time (Grant.Sent), before the release, which etcd's
 // lease guarantees. When the place's lease was confirmed longer ago, a
 // keep-alive goes beside the read and the grant counts from the attempt.
+// The waiters' Backend runs on a clock that moves only when the test moves
+// it (the place's age is the Backend's own timing): "recent" does not move
+// it, "stale" moves it by a quarter of the TTL; etcd keeps the place for
+// the TTL of real time, longer than the test takes however slowly it runs.
 func TestHandOverCountsFromPlaceKeepAlive(t *testing.T) {
 	cl := cluster(t)
+	const ttl = 60 * time.Second
 	for _, tc := range []struct {
 		name     string
-		ttl      time.Duration
-		wait     time.Duration // between the waiter's refused attempt and the release
+		age      time.Duration // the place's age by the clock at the hand-over
 		fromKept bool
 	}{
-		{"recent", 20 * time.Second, 0, true},
-		{"stale", 2 * time.Second, 600 * time.Millisecond, false},
+		{"recent", 0, true},
+		{"stale", ttl / 4, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := prefix(t)
 			holder := newBackend(t, cl.Client(), p)
 			cc := newCounting(cl.Client())
 			waiters := newBackend(t, cc, p)
+			clock := newStepClock()
+			etcdlease.SetClock(waiters, clock.now)
 			ctx := testkit.Context(t)
 			req := func(owner string) driver.Request {
-				return driver.Request{Name: "job", Owner: owner, TTL: tc.ttl, Queue: true}
+				return driver.Request{Name: "job", Owner: owner, TTL: ttl, Queue: true}
 			}
 			g0, err := holder.Acquire(ctx, req("holder"))
 			if err != nil {
 				t.Fatalf("holder's Acquire: %v", err)
 			}
+			confirmed := clock.now() // the send time of the place's lease grant, by the clock
 			if _, err := waiters.Acquire(ctx, req("w1")); !errors.Is(err, driver.ErrNotAcquired) {
 				t.Fatalf("w1's Acquire while held: %v, want ErrNotAcquired", err)
 			}
-			refused := time.Now() // the place's lease was confirmed before this
 			woken, stop, err := waiters.Watch(ctx, "job")
 			if err != nil {
 				t.Fatalf("Watch: %v", err)
 			}
 			defer stop()
-			time.Sleep(tc.wait)
-			released := time.Now()
+			clock.advance(tc.age)
 			if err := holder.Release(ctx, g0); err != nil {
 				t.Fatalf("Release: %v", err)
 			}
 			select {
 			case <-woken:
-			case <-time.After(tc.ttl):
-				t.Fatalf("the hand-over woke no waiter within %v", tc.ttl)
+			case <-time.After(30 * time.Second): // no measure of promptness: with the bug, never
+				t.Fatal("the hand-over woke no waiter")
 			}
 			cc.take()
 			g1, err := waiters.Acquire(ctx, req("w1"))
@@ -242,19 +248,19 @@ func TestHandOverCountsFromPlaceKeepAlive(t *testing.T) {
 				if got["txn"] != 1 || total(got) != 1 {
 					t.Fatalf("w1's Acquire sent %v, want one transaction and no keep-alive", got)
 				}
-				if g1.Sent.IsZero() || !g1.Sent.Before(refused) {
-					t.Fatalf("Grant.Sent = %v, want the send time of the keep-alive before the refusal returned (%v)", g1.Sent, refused)
+				if !g1.Sent.Equal(confirmed) {
+					t.Fatalf("Grant.Sent = %v, want the send time of the place's lease grant, %v", g1.Sent, confirmed)
 				}
 			} else {
 				if got["txn"] != 1 || got["keepalive"] != 1 || total(got) != 2 {
 					t.Fatalf("w1's Acquire sent %v, want one transaction and one keep-alive", got)
 				}
 				if !g1.Sent.IsZero() {
-					t.Fatalf("Grant.Sent = %v (%v before the release), want zero: the grant counts from the attempt", g1.Sent, released.Sub(g1.Sent))
+					t.Fatalf("Grant.Sent = %v (%v after the place's lease grant), want zero: the grant counts from the attempt", g1.Sent, g1.Sent.Sub(confirmed))
 				}
 			}
-			if g1.TTL < tc.ttl {
-				t.Fatalf("Grant.TTL = %v, want at least %v", g1.TTL, tc.ttl)
+			if g1.TTL < ttl {
+				t.Fatalf("Grant.TTL = %v, want at least %v", g1.TTL, ttl)
 			}
 			if err := waiters.Release(ctx, g1); err != nil {
 				t.Fatalf("w1's Release: %v", err)

@@ -94,7 +94,7 @@ func (b *Backend) takePlace(req driver.Request) *place {
 		return nil
 	}
 	delete(b.places, k)
-	if time.Since(p.sp.confirmed) >= p.sp.ttl*3/4 {
+	if b.since(p.sp.confirmed) >= p.sp.ttl*3/4 {
 		return nil
 	}
 	return p
@@ -109,7 +109,7 @@ func (b *Backend) keepPlace(req driver.Request, p *place) {
 	}
 	if len(b.places) > 1024 {
 		for k, q := range b.places {
-			if time.Since(q.sp.confirmed) >= q.sp.ttl {
+			if b.since(q.sp.confirmed) >= q.sp.ttl {
 				delete(b.places, k)
 			}
 		}
@@ -193,7 +193,7 @@ func (b *Backend) stillRefused(req driver.Request) (ahead int, ok bool) {
 	defer b.mu.Unlock()
 	p, nw := b.places[placeKey{req.Name, req.Owner}], b.watches[req.Name]
 	if p == nil || p.refused == 0 || nw == nil || nw.ended || nw.from == 0 || nw.from > p.refused || nw.last > p.refused ||
-		time.Since(p.sp.confirmed) >= p.sp.ttl/8 {
+		b.since(p.sp.confirmed) >= p.sp.ttl/8 {
 		return 0, false
 	}
 	return len(p.ahead), true
@@ -326,12 +326,12 @@ func (b *Backend) sawHandover(name string, kv *mvccpb.KeyValue) bool {
 	}
 	if len(b.handed) >= 1024 {
 		for k, h := range b.handed {
-			if time.Since(h.at) > time.Minute {
+			if b.since(h.at) > time.Minute {
 				delete(b.handed, k)
 			}
 		}
 	}
-	b.handed[placeKey{name, owner}] = handover{rev: kv.ModRevision, lease: clientv3.LeaseID(kv.Lease), at: time.Now()}
+	b.handed[placeKey{name, owner}] = handover{rev: kv.ModRevision, lease: clientv3.LeaseID(kv.Lease), at: b.now()}
 	return true
 }
 
@@ -385,7 +385,7 @@ func (b *Backend) acceptHandover(ctx context.Context, req driver.Request, key st
 	if !fresh {
 		kaDone = make(chan keepAliveResult, 1)
 		go func() {
-			sent := time.Now()
+			sent := b.now()
 			resp, err := b.c.KeepAliveOnce(ctx, h.lease)
 			kaDone <- keepAliveResult{sent: sent, resp: resp, err: err}
 		}()
@@ -438,7 +438,7 @@ func (b *Backend) placeLease(req driver.Request, id clientv3.LeaseID) (sent time
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	p := b.places[placeKey{req.Name, req.Owner}]
-	if p == nil || p.sp.id != id || time.Since(p.sp.confirmed) >= p.sp.ttl/4 {
+	if p == nil || p.sp.id != id || b.since(p.sp.confirmed) >= p.sp.ttl/4 {
 		return time.Time{}, 0, false
 	}
 	return p.sp.confirmed, p.sp.ttl, true

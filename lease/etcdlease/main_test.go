@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -77,3 +78,24 @@ func revokeLeasesUnder(t testing.TB, admin *clientv3.Client, prefix string) int 
 // timing (see etcdtest.Steady); tests that measure a failover use
 // etcdtest.Start (the Fast timing: TickMs 10, ElectionMs 100).
 func cluster(t testing.TB) *etcdtest.Cluster { return etcdtest.StartWith(t, 3, etcdtest.Steady) }
+
+// stepClock is a clock that stands still until the test moves it
+// (etcdlease.SetClock).
+type stepClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newStepClock() *stepClock { return &stepClock{t: time.Now()} }
+
+func (c *stepClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *stepClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease/driver"
+	"github.com/fencekit/fencekit/lease/etcdlease"
 )
 
 // A queued attempt that etcd would refuse as it refused the owner's last
@@ -14,6 +15,10 @@ import (
 // lately and the name's watch, created at or before that refusal, has seen
 // no change of the key since. Any change (here a hand-over) sends the next
 // attempts to etcd again, and so does a place that needs keeping alive.
+// The waiters' Backend runs on a clock that stands still until the test
+// moves it: the ages of places are the Backend's own timing, so a slow
+// machine cannot age a place between two steps, and the eighth of the TTL
+// is checked on both sides of it.
 func TestQueuedAttemptAnsweredByTheWatch(t *testing.T) {
 	cl := cluster(t)
 	p := prefix(t)
@@ -26,8 +31,13 @@ func TestQueuedAttemptAnsweredByTheWatch(t *testing.T) {
 	// refusal still holds).
 	cc := newCounting(cl.Client(cl.Endpoints(0)...))
 	waiters := newBackend(t, cc, p)
+	clock := newStepClock()
+	etcdlease.SetClock(waiters, clock.now)
 	ctx := testkit.Context(t)
-	const ttl = 8 * time.Second // places need keeping alive after ttl/8
+	// Places need keeping alive after ttl/8 by the clock; etcd keeps them
+	// for ttl of real time, longer than the test takes however slowly it
+	// runs.
+	const ttl = 60 * time.Second
 	req := func(owner string) driver.Request {
 		return driver.Request{Name: "job", Owner: owner, TTL: ttl, Queue: true}
 	}
@@ -79,7 +89,7 @@ func TestQueuedAttemptAnsweredByTheWatch(t *testing.T) {
 	}
 	select {
 	case <-woken:
-	case <-time.After(5 * time.Second):
+	case <-time.After(30 * time.Second): // no measure of promptness: with the bug, never
 		t.Fatal("the hand-over woke no waiter")
 	}
 	cc.take()
@@ -94,8 +104,12 @@ func TestQueuedAttemptAnsweredByTheWatch(t *testing.T) {
 	refused("w2")
 	sent("w2's attempt after its refusal by etcd", 0)
 
-	// A place confirmed an eighth of its TTL ago needs keeping alive.
-	time.Sleep(ttl/8 + 50*time.Millisecond)
+	// A place confirmed less than an eighth of its TTL ago needs no
+	// keep-alive yet; one confirmed an eighth ago does.
+	clock.advance(ttl/8 - time.Millisecond)
+	refused("w2")
+	sent("w2's attempt just inside an eighth of the TTL", 0)
+	clock.advance(time.Millisecond)
 	refused("w2")
 	if n := cc.take(); n["txn"] != 1 || n["keepalive"] != 1 {
 		t.Fatalf("w2's attempt with a place to keep alive sent %v, want the transaction and a keep-alive", n)

@@ -63,9 +63,11 @@ func TestOneWaiterWokenPerRelease(t *testing.T) {
 		if err := holder.Release(ctx, g); err != nil {
 			t.Fatalf("Release: %v", err)
 		}
-		for deadline := time.Now().Add(5 * time.Second); len(signalled()) == 0; {
+		// 30 s bounds a wait for a signal that, with the bug, never
+		// comes; it is no measure of promptness.
+		for deadline := time.Now().Add(30 * time.Second); len(signalled()) == 0; {
 			if time.Now().After(deadline) {
-				t.Fatalf("release %q woke no waiter within 5 s", owner)
+				t.Fatalf("release %q woke no waiter within 30 s", owner)
 			}
 			time.Sleep(time.Millisecond)
 		}
