@@ -18,16 +18,18 @@ import (
 var modes = []pglease.Mode{pglease.ModeTable, pglease.ModeSession}
 
 // renewLog records the send time of the last request the store confirmed
-// for each lease: the acquire's (set by the test) or a renewal's.
+// for each lease: the acquire's (set by the test) or a renewal's; and that
+// of the last renew request, whatever its outcome.
 type renewLog struct {
 	lease.NopObserver
-	mu   sync.Mutex
-	last map[string]time.Time
-	lost map[string]time.Time // when the Manager ended the lease (just before it cancels its context)
+	mu    sync.Mutex
+	last  map[string]time.Time
+	tried map[string]time.Time
+	lost  map[string]time.Time // when the Manager ended the lease (just before it cancels its context)
 }
 
 func newRenewLog() *renewLog {
-	return &renewLog{last: map[string]time.Time{}, lost: map[string]time.Time{}}
+	return &renewLog{last: map[string]time.Time{}, tried: map[string]time.Time{}, lost: map[string]time.Time{}}
 }
 
 func (r *renewLog) Lost(e lease.LostEvent) {
@@ -43,9 +45,21 @@ func (r *renewLog) lostAt(name string) time.Time {
 }
 
 func (r *renewLog) Renewed(e lease.RenewedEvent) {
+	r.mu.Lock()
+	if e.Sent.After(r.tried[e.Name]) {
+		r.tried[e.Name] = e.Sent
+	}
+	r.mu.Unlock()
 	if e.Err == nil {
 		r.set(e.Name, e.Sent)
 	}
+}
+
+// lastTried returns when the last renew request for name was sent.
+func (r *renewLog) lastTried(name string) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.tried[name]
 }
 
 func (r *renewLog) set(name string, sent time.Time) {
@@ -111,15 +125,25 @@ func waitLost(t *testing.T, ls []*lease.Lease, log *renewLog, ttl time.Duration,
 }
 
 // The server stopped (as a crash would) while leases are held: each holder
-// learns the loss by its deadline (session mode: at once, from the broken
-// connection), and once the server is back the leases are granted again
-// with greater tokens.
+// learns the loss by its deadline (session mode: from the broken
+// connection, before its deadline), and once the server is back the leases
+// are granted again with greater tokens.
 func TestServerRestartWhileHeld(t *testing.T) {
 	for _, mode := range modes {
 		t.Run(mode.String(), func(t *testing.T) {
 			c := pgtest.Start(t)
 			schema := newSchema(t, c.URL)
-			const ttl = time.Second
+			// Table mode learns the loss from its deadline, a TTL after
+			// its last renewal; session mode from the broken connection,
+			// which the test tells by the loss's reason (pushed, not
+			// expired) and by no renew request having been sent since
+			// the stop (a renewal would also find the session gone). Its
+			// TTL is long so that a starved socket watcher still reports
+			// before the next renewal (in TTL/3) or the deadline would.
+			ttl := time.Second
+			if mode == pglease.ModeSession {
+				ttl = 9 * time.Second
+			}
 			log := newRenewLog()
 			b := newBackend(t, newPool(t, c.URL), pglease.WithSchema(schema), pglease.WithMode(mode))
 			// A tenth of the TTL between the local deadline and the
@@ -127,16 +151,20 @@ func TestServerRestartWhileHeld(t *testing.T) {
 			// before the call, a little early).
 			m := testkit.NewManager(t, b, ttl, lease.WithObserver(log), lease.WithSafetyMargin(ttl/10))
 			ls := holders(t, m, log, "restart", 3)
-			time.Sleep(ttl / 2) // a renewal or two
+			time.Sleep(time.Second / 2) // a renewal or two (table mode)
 
 			stopped := time.Now()
 			c.Stop()
 			after := waitLost(t, ls, log, ttl, stopped)
 			t.Logf("%s: lost %v after the server stopped", mode, after)
 			if mode == pglease.ModeSession {
-				for i, d := range after {
-					if d > ttl/2 {
-						t.Errorf("%s: session-mode lease lost %v after the server stopped; the broken connection should end it at once", ls[i].Name(), d)
+				for i, l := range ls {
+					var le *lease.LostError
+					if !errors.As(l.Err(), &le) || le.Reason != lease.LostTakenOver {
+						t.Errorf("%s: session-mode lease lost %v after the server stopped with %v; want a loss pushed by the broken connection (%q), not its deadline passing", l.Name(), after[i], l.Err(), lease.LostTakenOver)
+					}
+					if tried := log.lastTried(l.Name()); tried.After(stopped) {
+						t.Errorf("%s: a renew request was sent %v after the server stopped, before the loss (%v after): the broken connection did not end the lease by itself", l.Name(), tried.Sub(stopped), after[i])
 					}
 				}
 			}
@@ -263,7 +291,17 @@ func TestServerPausedPastTTL(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			c := pgtest.Start(t)
 			schema := newSchema(t, c.URL)
-			const ttl = time.Second
+			// Table mode learns the loss from its deadline, a TTL after
+			// its last renewal; session mode from the broken connection,
+			// which the test tells by the loss's reason (pushed, not
+			// expired) and by no renew request having been sent since
+			// the stop (a renewal would also find the session gone). Its
+			// TTL is long so that a starved socket watcher still reports
+			// before the next renewal (in TTL/3) or the deadline would.
+			ttl := time.Second
+			if mode == pglease.ModeSession {
+				ttl = 9 * time.Second
+			}
 			log := newRenewLog()
 			b := newBackend(t, newPool(t, c.URL), pglease.WithSchema(schema), pglease.WithMode(mode))
 			m := testkit.NewManager(t, b, ttl, lease.WithObserver(log), lease.WithSafetyMargin(ttl/10))

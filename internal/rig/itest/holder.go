@@ -96,6 +96,14 @@ func (h *Holder) Signal(sig syscall.Signal) time.Time {
 	return time.Now()
 }
 
+// TrySignal sends sig to the process and returns when it did; the error is
+// that of a process which had already exited, which a test whose holder
+// may end on its own (a lease lost on a starved machine) handles itself.
+func (h *Holder) TrySignal(sig syscall.Signal) (time.Time, error) {
+	err := h.cmd.Process.Signal(sig)
+	return time.Now(), err
+}
+
 // Send writes one command line (-do commands).
 func (h *Holder) Send(cmd string) {
 	h.t.Helper()
@@ -141,6 +149,36 @@ func (h *Holder) next(kind string, timeout time.Duration, held bool) holder.Even
 			}
 			if e.Kind == holder.KindFailed || held && e.Kind == holder.KindLost {
 				h.t.Fatalf("holder (pid %d) reported %s while the test waited for %q: %s", h.Pid(), e.Kind, kind, e.Text)
+			}
+		case <-timer.C:
+			h.t.Fatalf("holder (pid %d) did not report %q within %v; it said: %s", h.Pid(), kind, timeout, h.History())
+		}
+	}
+}
+
+// Await is NextHeld for a test that handles the loss itself: lost is true,
+// and the event the lost one, when the holder reports lost (or exits)
+// before kind. Like Next it fails the test on failed and on timeout.
+func (h *Holder) Await(kind string, timeout time.Duration) (e holder.Event, lost bool) {
+	h.t.Helper()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for {
+		select {
+		case e, ok := <-h.events:
+			if !ok {
+				return holder.Event{Kind: holder.KindLost, Text: fmt.Sprintf("exited (%v)", h.err)}, true
+			}
+			h.mu.Lock()
+			h.seen = append(h.seen, e)
+			h.mu.Unlock()
+			switch e.Kind {
+			case kind:
+				return e, false
+			case holder.KindLost:
+				return e, true
+			case holder.KindFailed:
+				h.t.Fatalf("holder (pid %d) reported failed while the test waited for %q: %s", h.Pid(), kind, e.Text)
 			}
 		case <-timer.C:
 			h.t.Fatalf("holder (pid %d) did not report %q within %v; it said: %s", h.Pid(), kind, timeout, h.History())
