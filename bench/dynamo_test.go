@@ -3,8 +3,11 @@ package bench
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,15 +25,35 @@ import (
 )
 
 // httpRequests counts the requests a DynamoDB client sends: one request is
-// one round trip.
+// one round trip. It also counts them by operation (the X-Amz-Target
+// header's, such as UpdateItem).
 type httpRequests struct {
 	next http.RoundTripper
 	n    atomic.Int64
+	mu   sync.Mutex
+	ops  map[string]int64
 }
 
 func (h *httpRequests) RoundTrip(r *http.Request) (*http.Response, error) {
 	h.n.Add(1)
+	op := r.Header.Get("X-Amz-Target")
+	if i := strings.LastIndexByte(op, '.'); i >= 0 {
+		op = op[i+1:]
+	}
+	h.mu.Lock()
+	if h.ops == nil {
+		h.ops = map[string]int64{}
+	}
+	h.ops[op]++
+	h.mu.Unlock()
 	return h.next.RoundTrip(r)
+}
+
+// byOp returns the requests sent so far, by operation.
+func (h *httpRequests) byOp() map[string]int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return maps.Clone(h.ops)
 }
 
 // dynamoSetup is one benchmark's DynamoDB (FENCE_DYNAMODB_ENDPOINT): a
@@ -251,4 +274,26 @@ func BenchmarkDynamoThroughput(b *testing.B) {
 		}
 		return l.Release(ctx)
 	})
+}
+
+// BenchmarkDynamoRenewLoad is BenchmarkPGRenewLoad on DynamoDB Local
+// (pairbench.RenewLoad: 1,000 leases held by one lease.Manager with its
+// defaults at TTL 15 s, over a window of b.N seconds; run it with
+// -benchtime 10x). Requests are counted at the client, by operation.
+//
+// Metrics, per 1,000 held leases: reqs/s, the requests DynamoDB receives
+// per second; renewals/s, the renewals they carry; UpdateItem/s and any
+// other operation's rate.
+func BenchmarkDynamoRenewLoad(b *testing.B) {
+	s := newDynamoSetup(b)
+	be, err := dynamolease.New(s.c, s.leases)
+	if err != nil {
+		b.Fatal(err)
+	}
+	renewals := &pairbench.RenewCounter{}
+	m, err := lease.NewManager(be, pairbench.RenewTTL, lease.WithObserver(renewals))
+	if err != nil {
+		b.Fatal(err)
+	}
+	pairbench.RenewLoad(b, m, renewals, "renew-", 1000, s.rt.byOp)
 }

@@ -51,6 +51,10 @@ type pgSetup struct {
 	dbs    []*sql.DB // pglock's handles
 }
 
+// pgPoolConns is the size of each PostgreSQL connection pool in these
+// benchmarks: pglease's pgxpool and pglock's database/sql handle alike.
+const pgPoolConns = 16
+
 func newPGSetup(b *testing.B) *pgSetup {
 	b.Helper()
 	ctx := context.Background()
@@ -97,7 +101,7 @@ func newPGSetup(b *testing.B) *pgSetup {
 	pcfg.ConnConfig.RuntimeParams["search_path"] = s.schema
 	// Tags the benchmark's server processes, for serverCPU.
 	pcfg.ConnConfig.RuntimeParams["application_name"] = s.schema
-	pcfg.MaxConns = 16
+	pcfg.MaxConns = pgPoolConns
 	s.cfg = pcfg.ConnConfig
 	if s.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
 		b.Fatal(err)
@@ -117,9 +121,19 @@ func (s *pgSetup) newPglock(b *testing.B, lease, heartbeat time.Duration) *pgloc
 }
 
 // newPglockDB is newPglock, and the database/sql handle under the client.
+//
+// The handle gets the pool pglease has (pgSetup's pgxpool): at most
+// pgPoolConns connections, all kept open between uses. database/sql's
+// defaults (no cap, 2 idle) differ: when the hand-off benchmark's 40
+// goroutines poll at once, all but 2 of the connections they open are
+// closed again, and the next release must dial, fork a server process
+// and authenticate within pglock's bound on a release (its lease
+// duration, 1 s there), which a loaded machine does not always meet.
 func (s *pgSetup) newPglockDB(b *testing.B, lease, heartbeat time.Duration) (*pglock.Client, *sql.DB) {
 	b.Helper()
 	db := stdlib.OpenDB(*s.cfg.Copy())
+	db.SetMaxOpenConns(pgPoolConns)
+	db.SetMaxIdleConns(pgPoolConns)
 	b.Cleanup(func() { _ = db.Close() })
 	s.dbs = append(s.dbs, db)
 	c, err := pglock.UnsafeNew(db, pglock.WithLeaseDuration(lease), pglock.WithHeartbeatFrequency(heartbeat), pglock.WithCustomTable("pglock_locks"))

@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -70,18 +69,6 @@ func BenchmarkPGThroughput(b *testing.B) {
 	}
 }
 
-// pgRenewTTL is BenchmarkPGRenewLoad's TTL: client-go's leader election
-// default LeaseDuration, whose holder renews every RetryPeriod (2 s).
-const pgRenewTTL = 15 * time.Second
-
-// renewCounter counts the renewals a Manager reports.
-type renewCounter struct {
-	lease.NopObserver
-	n atomic.Int64
-}
-
-func (c *renewCounter) Renewed(lease.RenewedEvent) { c.n.Add(1) }
-
 // BenchmarkPGRenewLoad is the write load of keeping leases alive: held
 // leases, each renewed by one lease.Manager with its defaults (TTL 15 s:
 // a renewal every (TTL - safety margin)/3), over a window of b.N seconds
@@ -104,8 +91,8 @@ func BenchmarkPGRenewLoad(b *testing.B) {
 		leases int
 	}{{pglease.ModeTable, 1000}, {pglease.ModeSession, 14}} {
 		b.Run(fmt.Sprintf("mode=%s/leases=%d", c.mode, c.leases), func(b *testing.B) {
-			renewals := &renewCounter{}
-			m, err := lease.NewManager(newPGBackend(b, s, c.mode), pgRenewTTL, lease.WithObserver(renewals))
+			renewals := &pairbench.RenewCounter{}
+			m, err := lease.NewManager(newPGBackend(b, s, c.mode), pairbench.RenewTTL, lease.WithObserver(renewals))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -126,7 +113,7 @@ func BenchmarkPGRenewLoad(b *testing.B) {
 				held = append(held, l)
 				time.Sleep(interval / time.Duration(c.leases))
 			}
-			rt0, n0 := s.rt.n.Load(), renewals.n.Load()
+			rt0, n0 := s.rt.n.Load(), renewals.Load()
 			b.ResetTimer()
 			time.Sleep(time.Duration(b.N) * time.Second)
 			b.StopTimer()
@@ -139,7 +126,7 @@ func BenchmarkPGRenewLoad(b *testing.B) {
 			}
 			b.ReportMetric(0, "ns/op")
 			b.ReportMetric(float64(s.rt.n.Load()-rt0)/window*per1000, "stmts/s")
-			b.ReportMetric(float64(renewals.n.Load()-n0)/window*per1000, "rows/s")
+			b.ReportMetric(float64(renewals.Load()-n0)/window*per1000, "rows/s")
 		})
 	}
 }

@@ -2,9 +2,7 @@ package bench
 
 import (
 	"context"
-	"fmt"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -36,58 +34,29 @@ func BenchmarkRedisThroughput(b *testing.B) {
 	pairbench.ThroughputRuns(b, "lib=fencekit", true, cycle)
 }
 
-// BenchmarkRedisRenewLoad is BenchmarkPGRenewLoad on the shared Redis:
-// 1,000 leases held by one lease.Manager with its defaults at TTL 15 s,
-// over a window of b.N seconds (run it with -benchtime 10x). The requests
-// the store receives are counted at the client (RoundTrips: one per
-// command or pipeline sent), since the shared server's own counters see
-// other clients too.
+// BenchmarkRedisRenewLoad is BenchmarkPGRenewLoad on the shared Redis
+// (pairbench.RenewLoad: 1,000 leases held by one lease.Manager with its
+// defaults at TTL 15 s, over a window of b.N seconds; run it with
+// -benchtime 10x). The requests the store receives are counted at the
+// client (RoundTrips: one per command or pipeline sent), since the shared
+// server's own counters see other clients too.
 //
 // Metrics, per 1,000 held leases: reqs/s, the requests (round trips) the
 // server receives per second; renewals/s, the lease renewals those
 // requests carry.
 func BenchmarkRedisRenewLoad(b *testing.B) {
-	ctx := context.Background()
 	c := redistest.Shared(b)
 	rt := new(RoundTrips)
 	c.AddHook(rt)
 	be := redisBackend(b, c, redistest.Prefix(b)+"renew:")
-	const leases = 1000
-	renewals := &renewCounter{}
-	m, err := lease.NewManager(be, pgRenewTTL, lease.WithObserver(renewals))
+	renewals := &pairbench.RenewCounter{}
+	m, err := lease.NewManager(be, pairbench.RenewTTL, lease.WithObserver(renewals))
 	if err != nil {
 		b.Fatal(err)
 	}
-	held := make([]*lease.Lease, 0, leases)
-	defer func() {
-		for _, l := range held {
-			_ = l.Release(ctx)
-		}
-	}()
-	// Acquired over one renew interval, as leases taken at random times
-	// over a long run would be.
-	interval := m.Options().RenewInterval
-	for i := range leases {
-		l, err := m.TryAcquire(ctx, fmt.Sprintf("renew-%d", i))
-		if err != nil {
-			b.Fatal(err)
-		}
-		held = append(held, l)
-		time.Sleep(interval / leases)
-	}
-	rt0, n0 := rt.Load(), renewals.n.Load()
-	b.ResetTimer()
-	time.Sleep(time.Duration(b.N) * time.Second)
-	b.StopTimer()
-	window := float64(b.N)
-	for _, l := range held {
-		if err := l.Err(); err != nil {
-			b.Fatalf("a lease was lost while renewed: %v", err)
-		}
-	}
-	b.ReportMetric(0, "ns/op")
-	b.ReportMetric(float64(rt.Load()-rt0)/window, "reqs/s")
-	b.ReportMetric(float64(renewals.n.Load()-n0)/window, "renewals/s")
+	pairbench.RenewLoad(b, m, renewals, "renew-", 1000, func() map[string]int64 {
+		return map[string]int64{"": rt.Load()}
+	})
 }
 
 // redisBackend is a redislease backend on c under prefix, closed when b

@@ -15,8 +15,8 @@
 #        leases in PostgreSQL: pglease (table and session mode) vs the
 #        minimal SQL floor, its own statements sent directly and
 #        cirello.io/pglock, also after churn; hand-off with LISTEN/NOTIFY vs
-#        pglock's polling (BenchmarkPGThroughput and BenchmarkPGRenewLoad
-#        are run apart: docs/benchmarks.md)
+#        pglock's polling (the throughput and renew load benchmarks of
+#        every store are run apart: docs/benchmarks.md)
 #   6. bench: BenchmarkRiverPaired
 #        a River job fenced by riverfence vs the same job in plain River,
 #        in alternating batches, with synchronous commits and without

@@ -379,3 +379,35 @@ func BenchmarkThroughput(b *testing.B) {
 		return l.Release(ctx)
 	})
 }
+
+// BenchmarkRenewLoad is the requests of keeping leases alive on a
+// 3-member etcd cluster, as bench's BenchmarkPGRenewLoad measures them on
+// PostgreSQL (pairbench.RenewLoad: 1,000 leases held by one lease.Manager
+// with its defaults at TTL 15 s, over a window of b.N seconds; run it
+// with -benchtime 10x). The requests are counted at the client, by kind
+// (countingClient).
+//
+// Metrics, per 1,000 held leases: reqs/s, renewals/s, and keepalive/s
+// (one LeaseKeepAlive stream with one message per renewal), txn/s (the
+// key checks, up to MaxTxnOps reads per transaction) and any other kind.
+func BenchmarkRenewLoad(b *testing.B) {
+	cl := etcdtest.StartWith(b, 3, etcdtest.Default)
+	cc := newCounting(cl.Client())
+	renewals := &pairbench.RenewCounter{}
+	m, err := lease.NewManager(benchBackend(b, cc, prefix(b)+"renew/"), pairbench.RenewTTL, lease.WithObserver(renewals))
+	if err != nil {
+		b.Fatal(err)
+	}
+	pairbench.RenewLoad(b, m, renewals, "renew-", 1000, cc.counts)
+}
+
+// counts returns the requests counted so far, by kind.
+func (c *countingClient) counts() map[string]int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := make(map[string]int64, len(c.n))
+	for k, v := range c.n {
+		n[k] = int64(v)
+	}
+	return n
+}
