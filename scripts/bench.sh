@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs fencekit's whole benchmark comparison (docs/benchmarks.md) in one go,
-# in about 17 minutes on a 2-core machine (17 min 22 s on 2026-12-03, at load 1-18), against real services:
+# in about 26 minutes on a 2-core machine (25 min 34 s on 2026-12-07, at load
+# 7.5-11.7 while other builds ran), against real services:
 #
 #   1. bench: BenchmarkCyclePaired, BenchmarkCycle, BenchmarkManagerOverhead
 #        uncontended acquire+release: fencekit, redislock, redsync, the raw floor
