@@ -5,7 +5,8 @@
 # CHANGELOG's "Unreleased" section moves under the version, and each module
 # gets its tag (vX.Y.Z for the root, DIR/vX.Y.Z for the others). Every
 # module of go.work is released but the test equipment and companions
-# (bench, dbguard/drivertest, examples, integration: scripts/lib/modules.sh),
+# (bench, dbguard/drivertest, examples, integration, internal/rig:
+# scripts/lib/modules.sh),
 # which are built only in the workspace.
 #
 # By default it is a dry run: everything happens in a throwaway clone of
