@@ -101,8 +101,8 @@ done
   echo "func main() {}"
 } >main.go
 go mod tidy 2>"$work/err" || { cat "$work/err" >&2; fail "go mod tidy in the consumer"; }
-GOFLAGS="-mod=readonly -modcacherw -buildvcs=false" go build ./... 2>"$work/err" || { cat "$work/err" >&2; fail "the consumer does not build"; }
-GOFLAGS="-mod=readonly -modcacherw -buildvcs=false" go vet ./... 2>"$work/err" || { cat "$work/err" >&2; fail "the consumer does not vet"; }
+GOFLAGS="-mod=readonly -modcacherw -buildvcs=false -trimpath" go build ./... 2>"$work/err" || { cat "$work/err" >&2; fail "the consumer does not build"; }
+GOFLAGS="-mod=readonly -modcacherw -buildvcs=false -trimpath" go vet ./... 2>"$work/err" || { cat "$work/err" >&2; fail "the consumer does not vet"; }
 say "a program importing ${#imports[@]} public packages of ${#released[@]} modules builds and vets"
 
 # 3. Only released modules of ours, all at the version.

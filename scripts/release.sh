@@ -141,8 +141,8 @@ done
 fk_forget_ours
 for dir in "${order[@]}"; do
   say "check $dir: GOWORK=off go build ./... && go vet ./..."
-  (cd "$dir" && env "${goenv[@]}" GOFLAGS="-mod=readonly -modcacherw -buildvcs=false" go build ./... &&
-    env "${goenv[@]}" GOFLAGS="-mod=readonly -modcacherw -buildvcs=false" go vet ./...) 2>"$work/err" || {
+  (cd "$dir" && env "${goenv[@]}" GOFLAGS="-mod=readonly -modcacherw -buildvcs=false -trimpath" go build ./... &&
+    env "${goenv[@]}" GOFLAGS="-mod=readonly -modcacherw -buildvcs=false -trimpath" go vet ./...) 2>"$work/err" || {
     cat "$work/err" >&2; echo "release: $dir does not build or vet on its own at $version" >&2; exit 1; }
 done
 [ -z "$(git status --porcelain)" ] || { git status --short >&2; echo "release: the checks changed files (go.mod or go.sum not final)" >&2; exit 1; }
@@ -169,8 +169,8 @@ else
   # Each side is read with the workspace off, as a user's build sees it:
   # the previous release's siblings from this repository's tags, then the
   # new one's from the release clone.
-  oldenv=("${goenv[@]}" GIT_CONFIG_KEY_0="url.$repo.insteadOf" GOFLAGS="-mod=readonly -modcacherw -buildvcs=false")
-  newenv=("${goenv[@]}" GOFLAGS="-mod=readonly -modcacherw -buildvcs=false")
+  oldenv=("${goenv[@]}" GIT_CONFIG_KEY_0="url.$repo.insteadOf" GOFLAGS="-mod=readonly -modcacherw -buildvcs=false -trimpath")
+  newenv=("${goenv[@]}" GOFLAGS="-mod=readonly -modcacherw -buildvcs=false -trimpath")
   mkdir -p "$work/api"
   for dir in "${order[@]}"; do
     [ -f "$old/$dir/go.mod" ] || continue

@@ -27,6 +27,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/services.sh
 
+# -trimpath keeps a package's directory out of the build cache's keys:
+# without it every package of a fresh clone or worktree, and every module
+# the release check fetches into a module cache of its own, is compiled
+# and vetted again under its new path. With it a clone reuses what any
+# other compiled, and staticcheck, the release check and the consumer
+# share one compilation of each dependency. Programs the tests build
+# (holders, the etcd server) inherit it.
+case " ${GOFLAGS:-} " in
+*" -trimpath "*) ;;
+*) export GOFLAGS="${GOFLAGS:+$GOFLAGS }-trimpath" ;;
+esac
+
 stages=${FENCE_STAGES:-all}
 [ "$stages" != all ] || stages=checks,quick,slow
 for s in ${stages//,/ }; do

@@ -138,7 +138,7 @@ func TestLateWaiterDoesNotKeepOthersOut(t *testing.T) {
 }
 
 func testLateWaiter(t *testing.T, delay time.Duration) {
-	ens := zktest.Start(t, 1, zktest.Config{})
+	ens := zktest.Shared(t, 1)
 	root := zktest.Root(t)
 	const (
 		ttl     = time.Second

@@ -89,7 +89,7 @@ func mustRefuse(t *testing.T, b *zklease.Backend, r driver.Request, why string) 
 // release wakes the first waiter through its watch (the poll interval is
 // TTL/2), and each grant takes the owner out of the line.
 func TestLineManagersInArrivalOrder(t *testing.T) {
-	ens := zktest.Start(t, 1, zktest.Config{})
+	ens := zktest.Shared(t, 1)
 	root := zktest.Root(t)
 	admin := adminConn(t, ens.Servers())
 	ctx := testkit.Context(t)
@@ -181,7 +181,7 @@ func TestLineManagersInArrivalOrder(t *testing.T) {
 // ghost places here are written by a plain client, which refreshes or
 // stops at will.
 func TestLinePlaceLapsesByServerTime(t *testing.T) {
-	ens := zktest.Start(t, 1, zktest.Config{})
+	ens := zktest.Shared(t, 1)
 	root := zktest.Root(t)
 	admin := adminConn(t, ens.Servers())
 	ctx := testkit.Context(t)
@@ -261,7 +261,7 @@ func TestLinePlaceLapsesByServerTime(t *testing.T) {
 // session expired leaves the line at once (its place went with it), long
 // before its TTL.
 func TestLineAfterSessionExpiry(t *testing.T) {
-	ens := zktest.Start(t, 1, zktest.Config{})
+	ens := zktest.Shared(t, 1)
 	root := zktest.Root(t)
 	admin := adminConn(t, ens.Servers())
 	ctx := testkit.Context(t)
@@ -319,7 +319,7 @@ func TestLineAfterSessionExpiry(t *testing.T) {
 // request neither is granted nor joins the line again; an acquire without
 // Queue cannot pass a waiter.
 func TestLineAbandonAndUnqueued(t *testing.T) {
-	ens := zktest.Start(t, 1, zktest.Config{})
+	ens := zktest.Shared(t, 1)
 	root := zktest.Root(t)
 	admin := adminConn(t, ens.Servers())
 	ctx := testkit.Context(t)
@@ -447,7 +447,7 @@ func TestLineHandOffIsARead(t *testing.T) {
 // through an acquire without Queue, so at the head it would keep the name
 // from the queued waiters behind it.
 func TestLineUnqueuedLeavesNoTicket(t *testing.T) {
-	ens := zktest.Start(t, 1, zktest.Config{})
+	ens := zktest.Shared(t, 1)
 	root := zktest.Root(t)
 	ctx := testkit.Context(t)
 	const n = "noticket"
@@ -488,7 +488,7 @@ func TestLineUnqueuedLeavesNoTicket(t *testing.T) {
 // is refused: the place would otherwise keep the name for no one once it
 // heads the queue.
 func TestLineEndedWaiterLeaves(t *testing.T) {
-	ens := zktest.Start(t, 1, zktest.Config{})
+	ens := zktest.Shared(t, 1)
 	root := zktest.Root(t)
 	admin := adminConn(t, ens.Servers())
 	ctx := testkit.Context(t)
@@ -528,7 +528,7 @@ func TestLineEndedWaiterLeaves(t *testing.T) {
 // place behind it would be refused for as long as the subscription lasts:
 // the queued attempt gives the ticket back.
 func TestLineQueuedAttemptDropsWatchTicket(t *testing.T) {
-	ens := zktest.Start(t, 1, zktest.Config{})
+	ens := zktest.Shared(t, 1)
 	root := zktest.Root(t)
 	ctx := testkit.Context(t)
 	const n = "watchticket"

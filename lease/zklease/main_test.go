@@ -14,7 +14,9 @@ import (
 	"github.com/fencekit/fencekit/lease/zklease"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// The servers of zktest.Shared stop when the tests are done, before the
+// leak check.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(zktest.StopSharedAfter(m)) }
 
 // newBackend connects a Backend to servers, closed when the test ends.
 func newBackend(t testing.TB, servers []string, opts ...zklease.Option) *zklease.Backend {

@@ -22,7 +22,7 @@ import (
 // under the protected node, and Check reports the same; a root the
 // backend may create passes Check, which leaves nothing behind.
 func TestSetupACLRefusesTheBackend(t *testing.T) {
-	ens := zktest.Start(t, 1, zktest.Config{})
+	ens := zktest.Shared(t, 1)
 	servers := ens.Servers()
 	admin := adminConn(t, servers)
 	if err := admin.AddAuth("digest", []byte("admin:secret")); err != nil {

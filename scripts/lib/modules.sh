@@ -183,7 +183,7 @@ fk_release_env() {
     # version, as if their files never changed; ours do, from one dry run
     # to the next, so the index is off.
     GODEBUG=goindex=0
-    GOFLAGS="-mod=mod -modcacherw -buildvcs=false"
+    GOFLAGS="-mod=mod -modcacherw -buildvcs=false -trimpath"
     GOPRIVATE="$fk_root_path"
     GONOSUMDB="$fk_root_path"
     GOMODCACHE="$fk_release_modcache"

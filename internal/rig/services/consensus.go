@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -45,6 +44,9 @@ const (
 // EtcdVersion is the etcd server release the programs build and start when
 // no etcd answers (go.etcd.io/etcd/server/v3, as examples/go.mod requires).
 const EtcdVersion = "v3.7.3"
+
+// etcdServerPkg is the main package Provide builds etcd's server from.
+const etcdServerPkg = "github.com/fencekit/fencekit/internal/rig/cmd/etcdserver"
 
 // The raft timing of the etcd server Provide starts: with
 // an election timeout of 500 ms the server's shortest lease TTL is 1 s (etcd
@@ -145,12 +147,14 @@ func etcdBinary(ctx context.Context, logf func(string, ...any)) (string, error) 
 	if err != nil {
 		return "", errors.New("the go command is not on PATH to build etcd")
 	}
-	// The main package sits in this module's source tree, next to this
-	// file's package.
-	_, self, _, ok := runtime.Caller(0)
-	src := filepath.Join(filepath.Dir(self), "..", "cmd", "etcdserver")
-	if _, err := os.Stat(filepath.Join(src, "main.go")); !ok || err != nil {
-		return "", fmt.Errorf("the source of internal/rig/cmd/etcdserver is not at %s (was the program built with -trimpath?)", src)
+	// The main package sits in this module's source tree; the go command
+	// finds it from the caller's module or workspace (a path from
+	// runtime.Caller would not survive -trimpath, which the test script
+	// sets so that clones share the build cache).
+	out, err := exec.CommandContext(ctx, goBin, "list", "-f", "{{.Dir}}", etcdServerPkg).Output()
+	src := strings.TrimSpace(string(out))
+	if err != nil || src == "" {
+		return "", fmt.Errorf("go list %s: the etcd server's source is not in this module or workspace: %v", etcdServerPkg, err)
 	}
 	logf("building etcd %s into %s: once, later runs reuse it.", EtcdVersion, bindir)
 	logf("with an empty Go build cache this compiles etcd's server: measured 46 s on 2 cores with its modules already downloaded, a minute or two more to download them ...")

@@ -57,6 +57,8 @@ type Member struct {
 	t          testing.TB
 	conf       string
 
+	shared bool // a member of a Shared ensemble: never stopped by a test
+
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{}
@@ -69,6 +71,7 @@ func (m *Member) Addr() string { return fmt.Sprintf("127.0.0.1:%d", m.ClientPort
 type Ensemble struct {
 	t       testing.TB
 	Members []*Member
+	shared  bool
 }
 
 // Servers returns every member's client address.
@@ -87,22 +90,107 @@ func (e *Ensemble) Servers() []string {
 // other ports (three tries).
 func Start(t testing.TB, n int, cfg Config) *Ensemble {
 	t.Helper()
-	var last error
-	for range 3 {
-		e, err := start(t, n, cfg)
-		if err == nil {
-			return e
-		}
-		last = err
-		for _, m := range e.Members {
-			m.stop(syscall.SIGKILL)
-		}
+	e, err := startTries(t, n, cfg, t.TempDir())
+	if err != nil {
+		t.Fatalf("zktest: %v", err)
 	}
-	t.Fatalf("zktest: %v", last)
-	return nil
+	t.Cleanup(e.kill)
+	return e
 }
 
-func start(t testing.TB, n int, cfg Config) (*Ensemble, error) {
+// startTries starts an ensemble in dir, three times at most.
+func startTries(t testing.TB, n int, cfg Config, dir string) (*Ensemble, error) {
+	t.Helper()
+	var last error
+	for try := range 3 {
+		e, err := start(t, n, cfg, filepath.Join(dir, fmt.Sprintf("try%d", try)))
+		if err == nil {
+			return e, nil
+		}
+		last = err
+		e.kill()
+	}
+	return nil, last
+}
+
+// kill stops every member with SIGKILL.
+func (e *Ensemble) kill() {
+	for _, m := range e.Members {
+		m.stop(syscall.SIGKILL)
+	}
+}
+
+// shared holds the ensembles Shared started, by size.
+var shared struct {
+	mu   sync.Mutex
+	ens  map[int]*Ensemble
+	dirs []string
+}
+
+// Shared returns a standalone server (n = 1) or an ensemble of n members
+// with the default Config, started by the first test of the test binary
+// that asks for it and served to every later one, until StopShared. It is
+// for tests that stop, pause, restart or reconfigure no member and keep to
+// a root znode of their own (Root): each ensemble costs its members' JVM
+// start-up and a leader election, several seconds of two cores, which a
+// test that only needs a server to talk to need not pay. A member of a
+// shared ensemble refuses Kill, Pause, Resume and Start (it panics), and
+// the Ensemble refuses Restart. A test binary that calls Shared stops the
+// servers from TestMain: goleak.VerifyTestMain(zktest.StopSharedAfter(m)).
+func Shared(t testing.TB, n int) *Ensemble {
+	t.Helper()
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	base := shared.ens[n]
+	if base == nil {
+		dir, err := os.MkdirTemp("", "zktest-shared-")
+		if err != nil {
+			t.Fatalf("zktest: %v", err)
+		}
+		shared.dirs = append(shared.dirs, dir)
+		base, err = startTries(t, n, Config{}, dir)
+		if err != nil {
+			t.Fatalf("zktest: shared ensemble of %d: %v", n, err)
+		}
+		for _, m := range base.Members {
+			m.shared = true
+		}
+		if shared.ens == nil {
+			shared.ens = map[int]*Ensemble{}
+		}
+		shared.ens[n] = base
+	}
+	return &Ensemble{t: t, Members: base.Members, shared: true}
+}
+
+// StopShared stops the servers Shared started and removes their data.
+func StopShared() {
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	for _, e := range shared.ens {
+		e.kill()
+	}
+	for _, d := range shared.dirs {
+		_ = os.RemoveAll(d)
+	}
+	shared.ens, shared.dirs = nil, nil
+}
+
+// StopSharedAfter wraps a TestMain's m so that its Run stops the shared
+// servers when the tests are done, before a leak check that runs after
+// it (goleak.VerifyTestMain takes the wrapper).
+func StopSharedAfter(m interface{ Run() int }) interface{ Run() int } {
+	return stopAfter{m}
+}
+
+type stopAfter struct{ m interface{ Run() int } }
+
+func (s stopAfter) Run() int {
+	defer StopShared()
+	return s.m.Run()
+}
+
+func start(t testing.TB, n int, cfg Config, root string) (*Ensemble, error) {
 	t.Helper()
 	jar := os.Getenv(JarVar)
 	if jar == "" {
@@ -120,7 +208,6 @@ func start(t testing.TB, n int, cfg Config) (*Ensemble, error) {
 	if cfg.MaxSessionTimeout == 0 {
 		cfg.MaxSessionTimeout = 60 * time.Second
 	}
-	root := t.TempDir()
 	ports := freePorts(t, 3*n)
 	e := &Ensemble{t: t}
 	for i := range n {
@@ -151,13 +238,8 @@ func start(t testing.TB, n int, cfg Config) (*Ensemble, error) {
 			t.Fatal(err)
 		}
 	}
-	t.Cleanup(func() {
-		for _, m := range e.Members {
-			m.stop(syscall.SIGKILL)
-		}
-	})
 	for _, m := range e.Members {
-		m.Start()
+		m.start()
 	}
 	return e, e.waitReady(40 * time.Second)
 }
@@ -183,6 +265,20 @@ func freePorts(t testing.TB, n int) []int {
 // Start starts the member's server process (again, after Kill or Stop),
 // over the same data directory. It does not wait for it to serve.
 func (m *Member) Start() {
+	m.t.Helper()
+	m.refuseShared("Start")
+	m.start()
+}
+
+// refuseShared panics if m belongs to a Shared ensemble: a test that
+// stops or pauses a member needs an ensemble of its own (Start).
+func (m *Member) refuseShared(what string) {
+	if m.shared {
+		panic(fmt.Sprintf("zktest: %s on member %d of a shared ensemble: a test that stops, pauses or restarts members starts its own (zktest.Start)", what, m.ID))
+	}
+}
+
+func (m *Member) start() {
 	m.t.Helper()
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -219,13 +315,22 @@ func (m *Member) Start() {
 }
 
 // Kill stops the member with SIGKILL (a crash) and waits for it to exit.
-func (m *Member) Kill() { m.stop(syscall.SIGKILL) }
+func (m *Member) Kill() {
+	m.refuseShared("Kill")
+	m.stop(syscall.SIGKILL)
+}
 
 // Pause freezes the member with SIGSTOP; Resume thaws it.
-func (m *Member) Pause() { m.signal(syscall.SIGSTOP) }
+func (m *Member) Pause() {
+	m.refuseShared("Pause")
+	m.signal(syscall.SIGSTOP)
+}
 
 // Resume sends SIGCONT.
-func (m *Member) Resume() { m.signal(syscall.SIGCONT) }
+func (m *Member) Resume() {
+	m.refuseShared("Resume")
+	m.signal(syscall.SIGCONT)
+}
 
 func (m *Member) signal(sig syscall.Signal) {
 	m.mu.Lock()
@@ -351,6 +456,9 @@ func (e *Ensemble) Leader(timeout time.Duration) *Member {
 // same data, and waits until they serve.
 func (e *Ensemble) Restart() {
 	e.t.Helper()
+	if e.shared {
+		e.t.Fatalf("zktest: Restart of a shared ensemble: a test that restarts servers starts its own (zktest.Start)")
+	}
 	for _, m := range e.Members {
 		m.stop(syscall.SIGTERM)
 	}
