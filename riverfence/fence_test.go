@@ -34,7 +34,7 @@ func (e *env) startClient(t *testing.T, fn func(ctx context.Context, job *river.
 	t.Helper()
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &funcWorker{fn: fn})
-	client, err := river.NewClient(riverpgxv5.New(e.pool), &river.Config{
+	client, err := river.NewClient(riverpgxv5.New(e.Pool), &river.Config{
 		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 1}},
 		Workers:           workers,
 		Middleware:        []rivertype.Middleware{e.fence},
@@ -126,7 +126,7 @@ func TestContextEndsWhenSuperseded(t *testing.T) {
 			return nil // River's retry of the superseded attempt
 		}
 		a, _ := riverfence.AttemptFrom(ctx)
-		if err := guard.BeginFunc(ctx, e.pool, a.Resource, a.Token+1000, func(pgx.Tx) error { return nil }); err != nil {
+		if err := guard.BeginFunc(ctx, e.Pool, a.Resource, a.Token+1000, func(pgx.Tx) error { return nil }); err != nil {
 			t.Errorf("advance the job's resource past the attempt: %v", err)
 		}
 		<-ctx.Done()
@@ -220,7 +220,7 @@ func TestCheckNamesTheFix(t *testing.T) {
 	if err := e.fence.Check(ctx); err != nil {
 		t.Fatalf("Check on a set-up schema = %v", err)
 	}
-	if _, err := e.pool.Exec(ctx, `DROP TRIGGER fencekit_river_attempt_fence ON river_job`); err != nil {
+	if _, err := e.Pool.Exec(ctx, `DROP TRIGGER fencekit_river_attempt_fence ON river_job`); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.fence.Check(ctx); !errors.Is(err, fence.ErrSetup) || !strings.Contains(err.Error(), "Fence.Install") {
@@ -235,7 +235,7 @@ func TestCheckNamesTheFix(t *testing.T) {
 	if err := e.fence.Check(ctx); err != nil {
 		t.Errorf("Check after Install = %v", err)
 	}
-	other := newFence(t, e.pool, riverfence.WithRiverSchema("no_such_schema"))
+	other := newFence(t, e.Pool, riverfence.WithRiverSchema("no_such_schema"))
 	if err := other.Check(ctx); !errors.Is(err, fence.ErrNoTable) || !strings.Contains(err.Error(), "River's migrations") {
 		t.Errorf("Check without River's tables = %v; want fence.ErrNoTable naming River's migrations", err)
 	}

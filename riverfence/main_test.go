@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"os"
 	"testing"
 	"time"
 
@@ -15,28 +14,22 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/fencekit/fencekit/internal/testkit"
-	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/migrations/migrationstest"
 	"github.com/fencekit/fencekit/riverfence"
 )
 
 func TestMain(m *testing.M) {
-	var cfg workerConfig
-	if ok, err := testkit.ChildConfig(workerVar, &cfg); ok {
-		os.Exit(runWorker(cfg, err))
-	}
+	testkit.ChildMain(workerVar, runWorker)
 	goleak.VerifyTestMain(m)
 }
 
-// env is one test's throwaway schema, holding River's tables (rivermigrate),
-// fencekit's (migrations.Up), the trigger of riverfence.Install and the
-// job's own tables (payTables), with a pool whose search_path is the
-// schema.
+// env is one test's throwaway schema (migrationstest.Env), holding River's
+// tables (rivermigrate), fencekit's (migrations.Up), the trigger of
+// riverfence.Install and the job's own tables (payTables), with a pool
+// whose search_path is the schema.
 type env struct {
-	schema string
-	url    string
-	pool   *pgxpool.Pool
-	fence  *riverfence.Fence
+	*migrationstest.Env
+	fence *riverfence.Fence
 }
 
 // newEnv sets up a schema for one test; it is dropped when the test ends.
@@ -47,36 +40,23 @@ func newEnv(tb testing.TB) *env {
 	// River names its notification channels after the schema, within
 	// PostgreSQL's 63 bytes: a name shorter than testkit.UniqueName's.
 	name := testkit.UniqueName(tb, "")
-	e := &env{schema: "rf_" + name[max(0, len(name)-33):], url: testenv.PostgresURL()}
-	migrationstest.Schema(tb, e.url, e.schema)
-	e.pool = migrationstest.Pool(tb, e.url, e.schema) // closed before the schema is dropped
+	e := &env{Env: migrationstest.New(tb, "rf_"+name[max(0, len(name)-33):])}
 
-	migrator, err := rivermigrate.New(riverpgxv5.New(e.pool), &rivermigrate.Config{Logger: quietLogger()})
+	migrator, err := rivermigrate.New(riverpgxv5.New(e.Pool), &rivermigrate.Config{Logger: quietLogger()})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
 		tb.Fatalf("River's migrations: %v", err)
 	}
-	if _, err := e.pool.Exec(ctx, payTables); err != nil {
+	if _, err := e.Pool.Exec(ctx, payTables); err != nil {
 		tb.Fatalf("the job's tables: %v", err)
 	}
-	e.fence = newFence(tb, e.pool)
+	e.fence = newFence(tb, e.Pool)
 	if err := e.fence.Install(ctx); err != nil {
 		tb.Fatal(err)
 	}
 	return e
-}
-
-// openPool opens a pool whose search_path is the schema.
-func openPool(ctx context.Context, url, schema string) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return nil, err
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	cfg.MaxConns = 8
-	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
 func newFence(tb testing.TB, pool *pgxpool.Pool, opts ...riverfence.Option) *riverfence.Fence {
@@ -98,7 +78,7 @@ func quietLogger() *slog.Logger {
 func (e *env) insertPay(tb testing.TB, amount int) int64 {
 	tb.Helper()
 	ctx := testkit.Context(tb)
-	client, err := river.NewClient(riverpgxv5.New(e.pool), &river.Config{Logger: quietLogger()})
+	client, err := river.NewClient(riverpgxv5.New(e.Pool), &river.Config{Logger: quietLogger()})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -106,7 +86,7 @@ func (e *env) insertPay(tb testing.TB, amount int) int64 {
 	if err != nil {
 		tb.Fatalf("insert the job: %v", err)
 	}
-	if _, err := e.pool.Exec(ctx, `INSERT INTO payments (job_id) VALUES ($1)`, res.Job.ID); err != nil {
+	if _, err := e.Pool.Exec(ctx, `INSERT INTO payments (job_id) VALUES ($1)`, res.Job.ID); err != nil {
 		tb.Fatal(err)
 	}
 	return res.Job.ID
@@ -123,7 +103,7 @@ type jobRow struct {
 func (e *env) job(tb testing.TB, id int64) jobRow {
 	tb.Helper()
 	var r jobRow
-	err := e.pool.QueryRow(testkit.Context(tb), `SELECT state::text, attempt,
+	err := e.Pool.QueryRow(testkit.Context(tb), `SELECT state::text, attempt,
 		(metadata -> '`+riverfence.MetadataKey+`' ->> 'token')::bigint, coalesce(array_length(errors, 1), 0)
 		FROM river_job WHERE id = $1`, id).Scan(&r.State, &r.Attempt, &r.Reported, &r.Errors)
 	if err != nil {

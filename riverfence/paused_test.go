@@ -13,6 +13,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/testkit"
+	"github.com/fencekit/fencekit/migrations/migrationstest"
 )
 
 // The scenarios of a job whose first attempt River gives up on while the
@@ -41,7 +42,7 @@ func (retryNow) NextRetry(*rivertype.JobRow) time.Time { return time.Now() }
 // "written" or "") and waits for it to start its River client.
 func startWorker(t *testing.T, e *env, name, gate string) *testkit.Child[event] {
 	t.Helper()
-	c := testkit.StartChild[event](t, name, workerVar, workerConfig{Name: name, URL: e.url, Schema: e.schema, Gate: gate})
+	c := testkit.StartChild[event](t, name, workerVar, workerConfig{Name: name, URL: e.URL, Schema: e.Schema, Gate: gate})
 	c.Next(t, step, "start", func(ev event) bool { return ev.Kind == "started" }, nil)
 	return c
 }
@@ -62,23 +63,11 @@ func next(t *testing.T, c *testkit.Child[event], kind string) event {
 func rescueWhenStuck(t *testing.T, e *env, id int64) {
 	t.Helper()
 	ctx := testkit.Context(t)
-	deadline := time.Now().Add(step)
-	for {
-		var stuck bool
-		if err := e.pool.QueryRow(ctx, `SELECT pg_catalog.now() - attempted_at > $2 FROM river_job WHERE id = $1`, id, rescueAfter+100*time.Millisecond).Scan(&stuck); err != nil {
-			t.Fatal(err)
-		}
-		if stuck {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the job's attempt never became stuck")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	migrationstest.WaitTrue(t, e.Pool, step, "the job's attempt never became stuck",
+		`SELECT pg_catalog.now() - attempted_at > $2 FROM river_job WHERE id = $1`, id, rescueAfter+100*time.Millisecond)
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &payWorker{}) // River judges a stuck job by its worker's timeout
-	client, err := river.NewClient(riverpgxv5.New(e.pool), &river.Config{
+	client, err := river.NewClient(riverpgxv5.New(e.Pool), &river.Config{
 		Queues:               map[string]river.QueueConfig{"maintenance": {MaxWorkers: 1}},
 		Workers:              workers,
 		JobTimeout:           rescueAfter,
@@ -121,14 +110,14 @@ func (e *env) effects(t *testing.T, id int64) effects {
 	ctx := testkit.Context(t)
 	var ef effects
 	var lv int64
-	if err := e.pool.QueryRow(ctx, `SELECT status, lock_version FROM payments WHERE job_id = $1`, id).Scan(&ef.status, &lv); err != nil {
+	if err := e.Pool.QueryRow(ctx, `SELECT status, lock_version FROM payments WHERE job_id = $1`, id).Scan(&ef.status, &lv); err != nil {
 		t.Fatal(err)
 	}
 	ef.lockVersion = fence.Token(lv)
-	if err := e.pool.QueryRow(ctx, `SELECT balance FROM accounts WHERE id = 1`).Scan(&ef.balance); err != nil {
+	if err := e.Pool.QueryRow(ctx, `SELECT balance FROM accounts WHERE id = 1`).Scan(&ef.balance); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := e.pool.Query(ctx, `SELECT worker, attempt, token FROM ledger WHERE job_id = $1 ORDER BY at`, id)
+	rows, err := e.Pool.Query(ctx, `SELECT worker, attempt, token FROM ledger WHERE job_id = $1 ORDER BY at`, id)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"time"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/testkit"
+	"github.com/fencekit/fencekit/migrations/migrationstest"
 	"github.com/fencekit/fencekit/riverfence"
 	"github.com/fencekit/fencekit/sqlguard"
 )
@@ -138,29 +138,22 @@ func (w *payWorker) Work(ctx context.Context, job *river.Job[payArgs]) error {
 	return errors.Join(err, cerr)
 }
 
-// runWorker is a worker process: it works one job and exits 0, or 2 when
-// it could not run.
-func runWorker(cfg workerConfig, cfgErr error) int {
-	fail := func(err error) int {
-		fmt.Fprintf(os.Stderr, "worker %s: %v\n", cfg.Name, err)
-		return 2
-	}
-	if cfgErr != nil {
-		return fail(cfgErr)
-	}
+// runWorker is a worker process (testkit.ChildMain): it works one job
+// and returns, or returns an error when it could not run.
+func runWorker(cfg workerConfig) error {
 	ctx := context.Background()
-	pool, err := openPool(ctx, cfg.URL, cfg.Schema)
+	pool, err := migrationstest.OpenPool(ctx, cfg.URL, cfg.Schema)
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	defer pool.Close()
 	f, err := riverfence.New(pool, riverfence.WithWatchInterval(50*time.Millisecond))
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	table, err := sqlguard.NewTable("", "payments", "job_id")
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	w := &payWorker{name: cfg.Name, gate: cfg.Gate, rep: testkit.NewReporter(os.Stdout), stdin: bufio.NewReader(os.Stdin),
 		db: pool, table: table, done: make(chan struct{})}
@@ -177,10 +170,10 @@ func runWorker(cfg workerConfig, cfgErr error) int {
 		Logger:                 slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
 	})
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	if err := client.Start(ctx); err != nil {
-		return fail(err)
+		return err
 	}
 	w.report(event{Kind: "started"})
 	<-w.done
@@ -188,8 +181,8 @@ func runWorker(cfg workerConfig, cfgErr error) int {
 	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := client.Stop(stopCtx); err != nil {
-		return fail(err)
+		return err
 	}
 	w.report(event{Kind: "stopped"})
-	return 0
+	return nil
 }

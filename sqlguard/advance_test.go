@@ -27,7 +27,7 @@ func TestAdvanceTakesATransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	older, err := e.pool.Begin(ctx)
+	older, err := e.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +35,7 @@ func TestAdvanceTakesATransaction(t *testing.T) {
 	if err := g.Advance(ctx, older, "a", 4); err != nil {
 		t.Fatal(err)
 	}
-	newerConn := connect(t, ctx, e.schema)
+	newerConn := connect(t, ctx, e.Schema)
 	done := make(chan error, 1)
 	go func() {
 		done <- pgx.BeginFunc(ctx, newerConn, func(tx pgx.Tx) error { return g.Advance(ctx, tx, "a", 5) })

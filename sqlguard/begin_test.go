@@ -24,7 +24,7 @@ func TestBeginFuncBeginQueryEndingInComment(t *testing.T) {
 		t.Fatal(err)
 	}
 	const res = "invoice/100"
-	if err := g.BeginFunc(ctx, e.pool, res, 100, func(pgx.Tx) error { return nil }); err != nil {
+	if err := g.BeginFunc(ctx, e.Pool, res, 100, func(pgx.Tx) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 	var w wire
@@ -32,7 +32,7 @@ func TestBeginFuncBeginQueryEndingInComment(t *testing.T) {
 		name string
 		db   sqlguard.Beginner
 	}{
-		{"pool", e.pool},
+		{"pool", e.Pool},
 		{"conn", e.wireConnect(t, &w, nil)},
 		{"simple protocol conn", e.wireConnect(t, &w, func(c *pgx.ConnConfig) {
 			c.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol

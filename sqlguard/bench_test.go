@@ -40,7 +40,7 @@ func BenchmarkUpdate(b *testing.B) {
 	var tok fence.Token // grows across runs, so every write is accepted
 	b.Run("kind=plain", func(b *testing.B) {
 		for i := 0; b.Loop(); i++ {
-			if _, err := e.pool.Exec(ctx, benchUpdate, int64(i), 1); err != nil {
+			if _, err := e.Pool.Exec(ctx, benchUpdate, int64(i), 1); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -48,7 +48,7 @@ func BenchmarkUpdate(b *testing.B) {
 	b.Run("kind=fenced", func(b *testing.B) {
 		for i := 0; b.Loop(); i++ {
 			tok++
-			if err := tbl.Update(ctx, e.pool, []any{1}, tok, sqlguard.Col("balance", int64(i))); err != nil {
+			if err := tbl.Update(ctx, e.Pool, []any{1}, tok, sqlguard.Col("balance", int64(i))); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -72,7 +72,7 @@ func BenchmarkTx(b *testing.B) {
 	}
 	b.Run("kind=plain", func(b *testing.B) {
 		for i := 0; b.Loop(); i++ {
-			if err := pgx.BeginFunc(ctx, e.pool, update(i)); err != nil {
+			if err := pgx.BeginFunc(ctx, e.Pool, update(i)); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -84,7 +84,7 @@ func BenchmarkTx(b *testing.B) {
 	e.exec(b, `INSERT INTO side VALUES (1, 0)`)
 	b.Run("kind=plain+row", func(b *testing.B) {
 		for i := 0; b.Loop(); i++ {
-			err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			err := pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error {
 				if _, err := tx.Exec(ctx, `UPDATE side SET n = $1 WHERE id = 1`, int64(i)); err != nil {
 					return err
 				}
@@ -98,7 +98,7 @@ func BenchmarkTx(b *testing.B) {
 	b.Run("kind=fenced", func(b *testing.B) {
 		for i := 0; b.Loop(); i++ {
 			tok++
-			if err := g.BeginFunc(ctx, e.pool, "bench", tok, update(i)); err != nil {
+			if err := g.BeginFunc(ctx, e.Pool, "bench", tok, update(i)); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -106,7 +106,7 @@ func BenchmarkTx(b *testing.B) {
 	b.Run("kind=fenced-generic", func(b *testing.B) {
 		for i := 0; b.Loop(); i++ {
 			tok++
-			if err := g.BeginFunc(ctx, onlyBegin{e.pool}, "bench", tok, update(i)); err != nil {
+			if err := g.BeginFunc(ctx, onlyBegin{e.Pool}, "bench", tok, update(i)); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -19,17 +19,17 @@ func TestCheckPassesWhenSetUp(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := testkit.Context(t)
-	g, err := sqlguard.New(sqlguard.WithSchema(e.schema))
+	g, err := sqlguard.New(sqlguard.WithSchema(e.Schema))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := g.Check(ctx, e.pool); err != nil {
+	if err := g.Check(ctx, e.Pool); err != nil {
 		t.Errorf("Guard.Check = %v", err)
 	}
-	if err := e.accountsTable(t, "accounts", 0, 0).Check(ctx, e.pool); err != nil {
+	if err := e.accountsTable(t, "accounts", 0, 0).Check(ctx, e.Pool); err != nil {
 		t.Errorf("Table.Check = %v", err)
 	}
-	lg, err := sqlguard.NewLedger(e.pool, e.schema, sqlguard.LedgerTable)
+	lg, err := sqlguard.NewLedger(e.Pool, e.Schema, sqlguard.LedgerTable)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +50,7 @@ func TestTableCheckNamesEachProblem(t *testing.T) {
 		says      []string
 	}{
 		{"absent", "", []error{fence.ErrNoTable}, []string{"absent"}},
-		{"plain", `(id int PRIMARY KEY, note text)`, []error{fence.ErrNoLockVersion}, []string{"fencekit migrate add-lock-version --table " + e.schema + ".plain --apply"}},
+		{"plain", `(id int PRIMARY KEY, note text)`, []error{fence.ErrNoLockVersion}, []string{"fencekit migrate add-lock-version --table " + e.Schema + ".plain --apply"}},
 		{"floaty", `(id int PRIMARY KEY, lock_version double precision NOT NULL DEFAULT 0)`, []error{fence.ErrLockVersionType}, []string{"double precision", "bigint"}},
 		{"nullable", `(id int PRIMARY KEY, lock_version bigint)`, []error{fence.ErrLockVersionType}, []string{"SET NOT NULL"}},
 		{"unkeyed", `(id int NOT NULL, lock_version bigint NOT NULL DEFAULT 0)`, []error{fence.ErrAmbiguousKey}, []string{"CREATE UNIQUE INDEX"}},
@@ -59,11 +59,11 @@ func TestTableCheckNamesEachProblem(t *testing.T) {
 		if c.ddl != "" {
 			e.exec(t, `CREATE TABLE `+c.name+` `+c.ddl)
 		}
-		tbl, err := sqlguard.NewTable(e.schema, c.name, "id")
+		tbl, err := sqlguard.NewTable(e.Schema, c.name, "id")
 		if err != nil {
 			t.Fatal(err)
 		}
-		guardtest.WantSetup(t, c.name, tbl.Check(ctx, e.pool), c.kinds, c.says...)
+		guardtest.WantSetup(t, c.name, tbl.Check(ctx, e.Pool), c.kinds, c.says...)
 	}
 }
 
@@ -73,15 +73,15 @@ func TestCheckFindsMigrationsNotRun(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := testkit.Context(t)
-	bare := e.schema + "_bare"
+	bare := e.Schema + "_bare"
 	e.exec(t, `CREATE SCHEMA `+pgx.Identifier{bare}.Sanitize())
 	t.Cleanup(func() { e.exec(t, `DROP SCHEMA `+pgx.Identifier{bare}.Sanitize()+` CASCADE`) })
 	g, err := sqlguard.New(sqlguard.WithSchema(bare))
 	if err != nil {
 		t.Fatal(err)
 	}
-	guardtest.WantSetup(t, "Guard.Check on a bare schema", g.Check(ctx, e.pool), []error{fence.ErrNotMigrated}, "fencekit migrate up --schema "+bare)
-	lg, err := sqlguard.NewLedger(e.pool, bare, sqlguard.LedgerTable)
+	guardtest.WantSetup(t, "Guard.Check on a bare schema", g.Check(ctx, e.Pool), []error{fence.ErrNotMigrated}, "fencekit migrate up --schema "+bare)
+	lg, err := sqlguard.NewLedger(e.Pool, bare, sqlguard.LedgerTable)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,11 +89,11 @@ func TestCheckFindsMigrationsNotRun(t *testing.T) {
 
 	// The version table says that migration 2 is not applied.
 	e.exec(t, `DELETE FROM fencekit_goose_version WHERE version_id = 2`)
-	g, err = sqlguard.New(sqlguard.WithSchema(e.schema))
+	g, err = sqlguard.New(sqlguard.WithSchema(e.Schema))
 	if err != nil {
 		t.Fatal(err)
 	}
-	guardtest.WantSetup(t, "Guard.Check without migration 2", g.Check(ctx, e.pool), []error{fence.ErrNotMigrated}, "migration 00002", "fencekit migrate up")
+	guardtest.WantSetup(t, "Guard.Check without migration 2", g.Check(ctx, e.Pool), []error{fence.ErrNotMigrated}, "migration 00002", "fencekit migrate up")
 }
 
 // A role that may not use the toolkit's objects or the fenced table is
@@ -110,14 +110,14 @@ func TestCheckFindsMissingPrivileges(t *testing.T) {
 		e.exec(t, `DROP OWNED BY `+role)
 		e.exec(t, `DROP ROLE `+role)
 	})
-	e.exec(t, `GRANT USAGE ON SCHEMA `+pgx.Identifier{e.schema}.Sanitize()+` TO `+role)
+	e.exec(t, `GRANT USAGE ON SCHEMA `+pgx.Identifier{e.Schema}.Sanitize()+` TO `+role)
 	e.exec(t, `REVOKE EXECUTE ON FUNCTION fencekit_advance_token(text, bigint) FROM PUBLIC`)
-	cfg, err := pgxpool.ParseConfig(e.url)
+	cfg, err := pgxpool.ParseConfig(e.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.ConnConfig.User = role
-	cfg.ConnConfig.RuntimeParams["search_path"] = e.schema
+	cfg.ConnConfig.RuntimeParams["search_path"] = e.Schema
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)

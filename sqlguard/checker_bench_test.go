@@ -18,7 +18,7 @@ import (
 //	go run golang.org/x/perf/cmd/benchstat@latest bench.txt
 func BenchmarkChecker(b *testing.B) {
 	e, _, _ := benchEnv(b)
-	c, err := sqlguard.NewChecker(e.pool)
+	c, err := sqlguard.NewChecker(e.Pool)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -27,11 +27,11 @@ func BenchmarkChecker(b *testing.B) {
 	pairbench.Run(b,
 		pairbench.Op{Name: "update", Call: func() error {
 			i++
-			_, err := e.pool.Exec(ctx, benchUpdate, int64(i), 1)
+			_, err := e.Pool.Exec(ctx, benchUpdate, int64(i), 1)
 			return err
 		}},
 		pairbench.Op{Name: "select1", Call: func() error {
-			_, err := e.pool.Exec(ctx, `SELECT 1`)
+			_, err := e.Pool.Exec(ctx, `SELECT 1`)
 			return err
 		}},
 		pairbench.Op{Name: "check", Call: func() error {

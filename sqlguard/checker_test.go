@@ -19,7 +19,7 @@ func TestCheckerConformance(t *testing.T) {
 	e := newEnv(t)
 	checktest.Run(t, checktest.Config{
 		New: func(t *testing.T) (fencecheck.Checker, func(context.Context, string) (fence.Token, error)) {
-			c, err := sqlguard.NewChecker(e.pool)
+			c, err := sqlguard.NewChecker(e.Pool)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -37,7 +37,7 @@ func TestCheckerSharesTheGuardsOrder(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := t.Context()
-	c, err := sqlguard.NewChecker(e.pool)
+	c, err := sqlguard.NewChecker(e.Pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,11 +45,11 @@ func TestCheckerSharesTheGuardsOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	ran := false
-	err = c.Guard().BeginFunc(ctx, e.pool, "jobs/shared", 9, func(pgx.Tx) error { ran = true; return nil })
+	err = c.Guard().BeginFunc(ctx, e.Pool, "jobs/shared", 9, func(pgx.Tx) error { ran = true; return nil })
 	if se, ok := fence.AsStale(err); !ok || se.Current != 10 || ran {
 		t.Fatalf("BeginFunc(9) after Check(10) = %v (fn ran: %v); want stale naming 10", err, ran)
 	}
-	if err := c.Guard().BeginFunc(ctx, e.pool, "jobs/shared", 12, func(pgx.Tx) error { return nil }); err != nil {
+	if err := c.Guard().BeginFunc(ctx, e.Pool, "jobs/shared", 12, func(pgx.Tx) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if se, ok := fence.AsStale(c.Check(ctx, "jobs/shared", 11)); !ok || se.Presented != 11 || se.Current != 12 {
@@ -64,11 +64,11 @@ func TestCheckerWaitsForAnOpenAdvance(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := t.Context()
-	c, err := sqlguard.NewChecker(e.pool)
+	c, err := sqlguard.NewChecker(e.Pool)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tx, err := e.pool.Begin(ctx)
+	tx, err := e.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func TestCheckerWaitsForAnOpenAdvance(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	conn, err := e.pool.Acquire(ctx)
+	conn, err := e.Pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +100,7 @@ func TestCheckerWaitsForAnOpenAdvance(t *testing.T) {
 	}
 	// Now 5 is stale in a transaction too, and bad input is refused
 	// before any I/O.
-	tx2, err := e.pool.Begin(ctx)
+	tx2, err := e.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func TestCheckerErrors(t *testing.T) {
 	if _, err := sqlguard.NewChecker(nil); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Errorf("NewChecker(nil) = %v; want ErrInvalid", err)
 	}
-	if _, err := sqlguard.NewChecker(e.pool, sqlguard.WithSchema("bad\x00")); !errors.Is(err, fence.ErrInvalidArgument) {
+	if _, err := sqlguard.NewChecker(e.Pool, sqlguard.WithSchema("bad\x00")); !errors.Is(err, fence.ErrInvalidArgument) {
 		t.Errorf("NewChecker with a bad schema = %v; want ErrInvalid", err)
 	}
 	counting := &countingDB{}
@@ -147,7 +147,7 @@ func TestCheckerErrors(t *testing.T) {
 		t.Errorf("bad input sent %d statements", n)
 	}
 	// A schema without the toolkit's objects.
-	missing, err := sqlguard.NewChecker(e.pool, sqlguard.WithSchema(e.schema+"_none"))
+	missing, err := sqlguard.NewChecker(e.Pool, sqlguard.WithSchema(e.Schema+"_none"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,7 @@ func TestCheckerErrors(t *testing.T) {
 func TestCheckerLostReplyIsUnknown(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	if pc, err := pgx.ParseConfig(e.url); err != nil || pc.TLSConfig != nil {
+	if pc, err := pgx.ParseConfig(e.URL); err != nil || pc.TLSConfig != nil {
 		// Not a capability the checker lacks: the test needs to read the
 		// server's replies to drop one, so it fails rather than skips.
 		t.Fatalf("FENCE_POSTGRES_URL must not use TLS for this test (it reads the server's replies to drop one): add sslmode=disable (%v)", err)

@@ -98,7 +98,7 @@ func TestConformanceBeginFunc(t *testing.T) {
 		Check: func(ctx context.Context, r guardtest.Resource) error { c := r.(*confTx); return c.g.Check(ctx, c.pool) },
 		// A Guard that looks in a schema where the migrations did not run.
 		NewBroken: func(t *testing.T) guardtest.Resource {
-			bare := e.schema + "_bare"
+			bare := e.Schema + "_bare"
 			e.exec(t, `CREATE SCHEMA IF NOT EXISTS `+pgx.Identifier{bare}.Sanitize())
 			t.Cleanup(func() { e.exec(t, `DROP SCHEMA IF EXISTS `+pgx.Identifier{bare}.Sanitize()+` CASCADE`) })
 			g, err := sqlguard.New(sqlguard.WithSchema(bare))
@@ -118,7 +118,7 @@ func TestConformanceBeginFunc(t *testing.T) {
 // confLacks declares LoseReply missing where the test cannot read the
 // server's replies (TLS).
 func confLacks(e *env, cfg *guardtest.Config) {
-	pc, err := pgx.ParseConfig(e.url)
+	pc, err := pgx.ParseConfig(e.URL)
 	if err == nil && pc.TLSConfig == nil {
 		return
 	}
@@ -140,11 +140,11 @@ type confDB struct {
 func newConfDB(t *testing.T, e *env, cutTag string) confDB {
 	t.Helper()
 	w := faultnet.PGWire(cutTag)
-	cfg, err := pgxpool.ParseConfig(e.url)
+	cfg, err := pgxpool.ParseConfig(e.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = e.schema
+	cfg.ConnConfig.RuntimeParams["search_path"] = e.Schema
 	cfg.ConnConfig.DialFunc = w.Dial
 	cfg.MaxConns = 4
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -171,7 +171,7 @@ func (r *confRow) Write(ctx context.Context, token fence.Token, value string) er
 func (r *confRow) Read(ctx context.Context) (string, fence.Token, error) {
 	var v string
 	var lv int64
-	err := r.e.pool.QueryRow(ctx, `SELECT value, lock_version FROM conf_rows WHERE id = $1`, r.id).Scan(&v, &lv)
+	err := r.e.Pool.QueryRow(ctx, `SELECT value, lock_version FROM conf_rows WHERE id = $1`, r.id).Scan(&v, &lv)
 	return v, fence.Token(lv), err
 }
 
@@ -193,7 +193,7 @@ func (r *confTx) Write(ctx context.Context, token fence.Token, value string) err
 func (r *confTx) Read(ctx context.Context) (string, fence.Token, error) {
 	var v string
 	var tok int64
-	err := r.e.pool.QueryRow(ctx, `SELECT
+	err := r.e.Pool.QueryRow(ctx, `SELECT
 		coalesce((SELECT value FROM conf_values WHERE resource = $1), ''),
 		coalesce((SELECT token FROM fencekit_resource_tokens WHERE resource = $1), 0)`, r.name).Scan(&v, &tok)
 	return v, fence.Token(tok), err

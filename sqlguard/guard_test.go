@@ -45,17 +45,17 @@ func TestGuardBeginFuncOutcomes(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.exec(t, `CREATE TABLE notes (resource text, token bigint)`)
-	conn := connect(t, ctx, e.schema)
+	conn := connect(t, ctx, e.Schema)
 
 	for _, via := range []struct {
 		name string
 		db   func(t *testing.T) sqlguard.Beginner
 	}{
-		{"pool", func(*testing.T) sqlguard.Beginner { return e.pool }},
+		{"pool", func(*testing.T) sqlguard.Beginner { return e.Pool }},
 		{"conn", func(*testing.T) sqlguard.Beginner { return conn }},
-		{"generic", func(*testing.T) sqlguard.Beginner { return onlyBegin{e.pool} }},
+		{"generic", func(*testing.T) sqlguard.Beginner { return onlyBegin{e.Pool} }},
 		{"savepoint", func(t *testing.T) sqlguard.Beginner {
-			tx, err := e.pool.Begin(ctx)
+			tx, err := e.Pool.Begin(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -116,7 +116,7 @@ func TestGuardBeginFuncOutcomes(t *testing.T) {
 				t.Errorf("%s: stored token %d, want 8 (the rolled-back 9 must not stay)", via, got)
 			}
 			var got []int64
-			rows, err := e.pool.Query(ctx, `SELECT token FROM notes WHERE resource = $1 ORDER BY token`, res)
+			rows, err := e.Pool.Query(ctx, `SELECT token FROM notes WHERE resource = $1 ORDER BY token`, res)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -163,7 +163,7 @@ func TestGuardStaleHolderCannotCommit(t *testing.T) {
 		advanced, release := make(chan struct{}), make(chan struct{})
 		newDone := make(chan error, 1)
 		go func() {
-			newDone <- g.BeginFunc(ctx, e.pool, res, 7, func(tx pgx.Tx) error {
+			newDone <- g.BeginFunc(ctx, e.Pool, res, 7, func(tx pgx.Tx) error {
 				close(advanced)
 				<-release
 				_, err := tx.Exec(ctx, `INSERT INTO data VALUES ('new')`)
@@ -172,7 +172,7 @@ func TestGuardStaleHolderCannotCommit(t *testing.T) {
 		}()
 		<-advanced
 		// The old holder begins while the new one is still open.
-		oldConn := connect(t, ctx, e.schema)
+		oldConn := connect(t, ctx, e.Schema)
 		oldDone := make(chan error, 1)
 		ran := make(chan struct{}, 1)
 		go func() {
@@ -198,7 +198,7 @@ func TestGuardStaleHolderCannotCommit(t *testing.T) {
 
 	t.Run("own transaction: work before Advance cannot commit", func(t *testing.T) {
 		const res = "r2"
-		oldConn := connect(t, ctx, e.schema)
+		oldConn := connect(t, ctx, e.Schema)
 		txOld, err := oldConn.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -207,7 +207,7 @@ func TestGuardStaleHolderCannotCommit(t *testing.T) {
 		if _, err := txOld.Exec(ctx, `INSERT INTO data VALUES ('old2')`); err != nil {
 			t.Fatal(err)
 		}
-		if err := g.BeginFunc(ctx, e.pool, res, 7, func(tx pgx.Tx) error {
+		if err := g.BeginFunc(ctx, e.Pool, res, 7, func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, `INSERT INTO data VALUES ('new2')`)
 			return err
 		}); err != nil {
@@ -224,14 +224,14 @@ func TestGuardStaleHolderCannotCommit(t *testing.T) {
 
 	t.Run("repeatable read: serialization failure is retryable, retry is stale", func(t *testing.T) {
 		const res = "r3"
-		if err := g.BeginFunc(ctx, e.pool, res, 3, func(pgx.Tx) error { return nil }); err != nil {
+		if err := g.BeginFunc(ctx, e.Pool, res, 3, func(pgx.Tx) error { return nil }); err != nil {
 			t.Fatal(err)
 		}
 		rr, err := sqlguard.New(sqlguard.WithTxOptions(pgx.TxOptions{IsoLevel: pgx.RepeatableRead}))
 		if err != nil {
 			t.Fatal(err)
 		}
-		txOld, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+		txOld, err := e.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -239,11 +239,11 @@ func TestGuardStaleHolderCannotCommit(t *testing.T) {
 		if _, err := txOld.Exec(ctx, `SELECT 1 FROM data`); err != nil { // snapshot
 			t.Fatal(err)
 		}
-		if err := rr.BeginFunc(ctx, e.pool, res, 7, func(pgx.Tx) error { return nil }); err != nil {
+		if err := rr.BeginFunc(ctx, e.Pool, res, 7, func(pgx.Tx) error { return nil }); err != nil {
 			t.Fatal(err)
 		}
 		checkRetryable(t, rr.Advance(ctx, txOld, res, 9), "40001")
-		if err := rr.BeginFunc(ctx, e.pool, res, 5, func(pgx.Tx) error { return nil }); !errors.Is(err, fence.ErrStaleToken) {
+		if err := rr.BeginFunc(ctx, e.Pool, res, 5, func(pgx.Tx) error { return nil }); !errors.Is(err, fence.ErrStaleToken) {
 			t.Fatalf("retry: want stale, got %v", err)
 		}
 	})
@@ -257,17 +257,17 @@ func TestGuardAdvance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := advanceInTx(ctx, g, e.pool, "a", 4); err != nil {
+	if err := advanceInTx(ctx, g, e.Pool, "a", 4); err != nil {
 		t.Fatal(err)
 	}
-	err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error {
 		return g.Advance(ctx, tx, "a", 4)
 	})
 	if err != nil {
 		t.Fatalf("equal token: %v", err)
 	}
-	checkOutcome(t, advanceInTx(ctx, g, e.pool, "a", 3), stale, 3, 4, "a")
-	if err := advanceInTx(ctx, g, e.pool, "a", 1<<62); err != nil {
+	checkOutcome(t, advanceInTx(ctx, g, e.Pool, "a", 3), stale, 3, 4, "a")
+	if err := advanceInTx(ctx, g, e.Pool, "a", 1<<62); err != nil {
 		t.Fatal(err)
 	}
 	if got := e.storedToken(t, "a"); got != 1<<62 {
@@ -275,7 +275,7 @@ func TestGuardAdvance(t *testing.T) {
 	}
 	// Resource names are values, never SQL.
 	for _, res := range []string{`'); DROP TABLE fencekit_resource_tokens; --`, `\'`, `$$`, "ü/ø"} {
-		conn := connect(t, ctx, e.schema)
+		conn := connect(t, ctx, e.Schema)
 		if err := g.BeginFunc(ctx, conn, res, 2, func(pgx.Tx) error { return nil }); err != nil {
 			t.Fatalf("%q: %v", res, err)
 		}
@@ -292,12 +292,12 @@ func TestGuardSchemaOption(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
-	plain, err := pgxpool.New(ctx, e.url) // default search_path
+	plain, err := pgxpool.New(ctx, e.URL) // default search_path
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer plain.Close()
-	g, err := sqlguard.New(sqlguard.WithSchema(e.schema))
+	g, err := sqlguard.New(sqlguard.WithSchema(e.Schema))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -309,9 +309,9 @@ func TestGuardSchemaOption(t *testing.T) {
 	}
 	checkOutcome(t, advanceInTx(ctx, g, plain, "s", 2), stale, 2, 3, "s")
 
-	e.exec(t, `CREATE SCHEMA `+pgx.Identifier{e.schema + "_empty"}.Sanitize())
-	defer e.exec(t, `DROP SCHEMA `+pgx.Identifier{e.schema + "_empty"}.Sanitize())
-	for _, schema := range []string{e.schema + "_empty", e.schema + "_missing"} {
+	e.exec(t, `CREATE SCHEMA `+pgx.Identifier{e.Schema + "_empty"}.Sanitize())
+	defer e.exec(t, `DROP SCHEMA `+pgx.Identifier{e.Schema + "_empty"}.Sanitize())
+	for _, schema := range []string{e.Schema + "_empty", e.Schema + "_missing"} {
 		bad, err := sqlguard.New(sqlguard.WithSchema(schema))
 		if err != nil {
 			t.Fatal(err)
@@ -336,13 +336,13 @@ func TestGuardWithTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = g.BeginFunc(ctx, e.pool, "account/1", 5, func(tx pgx.Tx) error {
+	err = g.BeginFunc(ctx, e.Pool, "account/1", 5, func(tx pgx.Tx) error {
 		return tbl.Update(ctx, tx, []any{1}, 5, sqlguard.Col("balance", 1))
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = g.BeginFunc(ctx, e.pool, "account/1", 6, func(tx pgx.Tx) error {
+	err = g.BeginFunc(ctx, e.Pool, "account/1", 6, func(tx pgx.Tx) error {
 		if err := tbl.Update(ctx, tx, []any{1}, 6, sqlguard.Col("balance", 2)); err != nil {
 			return err
 		}

@@ -50,7 +50,7 @@ func TestConformanceOverHTTP(t *testing.T) {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
-		err = g.BeginFunc(r.Context(), e.pool, v.Resource, tok, func(tx pgx.Tx) error {
+		err = g.BeginFunc(r.Context(), e.Pool, v.Resource, tok, func(tx pgx.Tx) error {
 			_, err := tx.Exec(r.Context(), `INSERT INTO http_values (resource, value) VALUES ($1, $2)
 				ON CONFLICT (resource) DO UPDATE SET value = EXCLUDED.value`, v.Resource, string(body))
 			return err
@@ -122,7 +122,7 @@ func (r *httpResource) Write(ctx context.Context, token fence.Token, value strin
 func (r *httpResource) Read(ctx context.Context) (string, fence.Token, error) {
 	var v string
 	var tok int64
-	err := r.e.pool.QueryRow(ctx, `SELECT
+	err := r.e.Pool.QueryRow(ctx, `SELECT
 		coalesce((SELECT value FROM http_values WHERE resource = $1), ''),
 		coalesce((SELECT token FROM fencekit_resource_tokens WHERE resource = $1), 0)`, r.name).Scan(&v, &tok)
 	return v, fence.Token(tok), err
@@ -135,7 +135,7 @@ func (r *httpResource) Read(ctx context.Context) (string, fence.Token, error) {
 func TestCheckerTokenBeyondBigintOverHTTP(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	c, err := sqlguard.NewChecker(e.pool)
+	c, err := sqlguard.NewChecker(e.Pool)
 	if err != nil {
 		t.Fatal(err)
 	}

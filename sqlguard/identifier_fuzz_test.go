@@ -64,20 +64,20 @@ func FuzzTableNamesAndKeys(f *testing.F) {
 		if colsOK {
 			create = "CREATE TABLE " + ident + " (" + kc + " text PRIMARY KEY, " + vc + " text, lock_version bigint NOT NULL DEFAULT 0)"
 		}
-		if _, err := e.pool.Exec(ctx, create); err != nil {
+		if _, err := e.Pool.Exec(ctx, create); err != nil {
 			t.Fatalf("%s: %v", create, err)
 		}
 		defer func() {
-			if _, err := e.pool.Exec(context.Background(), "DROP TABLE "+ident); err != nil {
+			if _, err := e.Pool.Exec(context.Background(), "DROP TABLE "+ident); err != nil {
 				t.Errorf("drop: %v", err)
 			}
 			var n int
-			if err := e.pool.QueryRow(context.Background(), "SELECT count(*) FROM canary").Scan(&n); err != nil {
+			if err := e.Pool.QueryRow(context.Background(), "SELECT count(*) FROM canary").Scan(&n); err != nil {
 				t.Fatalf("the canary table is gone after table %q, columns %q, %q, key %q, value %q: %v", table, keyCol, valCol, key, value, err)
 			}
 		}()
 
-		err = tbl.Insert(ctx, e.pool, []any{key}, 5, sqlguard.Col(valCol, value))
+		err = tbl.Insert(ctx, e.Pool, []any{key}, 5, sqlguard.Col(valCol, value))
 		if !colsOK {
 			if !errors.Is(err, fence.ErrInvalidArgument) {
 				t.Fatalf("Insert with column %q (key column %q): %v; want ErrInvalid", valCol, keyCol, err)
@@ -88,7 +88,7 @@ func FuzzTableNamesAndKeys(f *testing.F) {
 		read := func() (string, int64, bool) {
 			var v string
 			var lv int64
-			err := e.pool.QueryRow(ctx, "SELECT "+vc+", lock_version FROM "+ident+" WHERE "+kc+" = $1", key).Scan(&v, &lv)
+			err := e.Pool.QueryRow(ctx, "SELECT "+vc+", lock_version FROM "+ident+" WHERE "+kc+" = $1", key).Scan(&v, &lv)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return "", 0, false
 			}
@@ -102,7 +102,7 @@ func FuzzTableNamesAndKeys(f *testing.F) {
 				t.Fatalf("Insert of key %q, value %q succeeded; PostgreSQL cannot store them as text", key, value)
 			}
 			var n int
-			if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM "+ident).Scan(&n); err != nil || n != 0 {
+			if err := e.Pool.QueryRow(ctx, "SELECT count(*) FROM "+ident).Scan(&n); err != nil || n != 0 {
 				t.Fatalf("after a refused insert the table has %d rows (%v)", n, err)
 			}
 			return
@@ -113,18 +113,18 @@ func FuzzTableNamesAndKeys(f *testing.F) {
 		if v, lv, ok := read(); !ok || v != value || lv != 5 {
 			t.Fatalf("read back %q lock_version %d (found %v); want %q, 5", v, lv, ok, value)
 		}
-		if err := tbl.Update(ctx, e.pool, []any{key}, 4, sqlguard.Col(valCol, "stale")); !errors.Is(err, fence.ErrStaleToken) {
+		if err := tbl.Update(ctx, e.Pool, []any{key}, 4, sqlguard.Col(valCol, "stale")); !errors.Is(err, fence.ErrStaleToken) {
 			t.Fatalf("Update with an older token: %v; want stale", err)
 		} else if se, _ := fence.AsStale(err); se.Current != 5 {
 			t.Fatalf("stale error names current %d; want 5", se.Current)
 		}
-		if err := tbl.Upsert(ctx, e.pool, []any{key}, 6, sqlguard.Col(valCol, value+"!")); err != nil {
+		if err := tbl.Upsert(ctx, e.Pool, []any{key}, 6, sqlguard.Col(valCol, value+"!")); err != nil {
 			t.Fatalf("Upsert: %v", err)
 		}
 		if v, lv, _ := read(); v != value+"!" || lv != 6 {
 			t.Fatalf("after Upsert: %q lock_version %d", v, lv)
 		}
-		if err := tbl.Delete(ctx, e.pool, []any{key}, 6); err != nil {
+		if err := tbl.Delete(ctx, e.Pool, []any{key}, 6); err != nil {
 			t.Fatalf("Delete: %v", err)
 		}
 		if _, _, ok := read(); ok {

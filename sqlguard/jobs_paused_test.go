@@ -4,17 +4,16 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/testkit"
+	"github.com/fencekit/fencekit/migrations/migrationstest"
 	"github.com/fencekit/fencekit/sqlguard"
 )
 
@@ -65,36 +64,24 @@ func jobOutcome(who, kind string, err error) jobEvent {
 	return e
 }
 
-// runJobWorker is a job worker process: it claims one job (polling),
-// writes its progress, then in one transaction its ledger line, the
-// account's balance and the job's completion; it exits 0, or 2 when it
-// could not run.
-func runJobWorker(cfg jobWorkerConfig, cfgErr error) int {
-	fail := func(err error) int {
-		fmt.Fprintf(os.Stderr, "job worker %s: %v\n", cfg.Name, err)
-		return 2
-	}
-	if cfgErr != nil {
-		return fail(cfgErr)
-	}
+// runJobWorker is a job worker process (testkit.ChildMain): it claims one
+// job (polling), writes its progress, then in one transaction its ledger
+// line, the account's balance and the job's completion. It returns an
+// error when it could not run.
+func runJobWorker(cfg jobWorkerConfig) error {
 	ctx := context.Background()
-	pcfg, err := pgxpool.ParseConfig(cfg.URL)
+	pool, err := migrationstest.OpenPool(ctx, cfg.URL, cfg.Schema)
 	if err != nil {
-		return fail(err)
-	}
-	pcfg.ConnConfig.RuntimeParams["search_path"] = cfg.Schema
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return fail(err)
+		return err
 	}
 	defer pool.Close()
 	jobs, err := sqlguard.NewJobs(pool, "", sqlguard.JobsTable)
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	payments, err := sqlguard.NewTable("", "payments", "job_id")
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	rep, stdin := testkit.NewReporter(os.Stdout), bufio.NewReader(os.Stdin)
 	wait := func(at string) {
@@ -110,12 +97,12 @@ func runJobWorker(cfg jobWorkerConfig, cfgErr error) int {
 			break
 		}
 		if time.Now().After(deadline) {
-			return fail(err)
+			return err
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	rep.Report(jobEvent{Who: cfg.Name, Kind: "claimed", ID: job.ID, Attempt: job.Attempt, Token: job.Token})
 	wait("claimed")
@@ -135,7 +122,7 @@ func runJobWorker(cfg jobWorkerConfig, cfgErr error) int {
 		return err
 	})
 	rep.Report(jobOutcome(cfg.Name, "complete", err))
-	return 0
+	return nil
 }
 
 // jobsScenario is one test's schema with the job table, one job and the
@@ -153,7 +140,7 @@ func jobsScenario(t *testing.T) (*env, int64) {
 
 func startJobWorker(t *testing.T, e *env, name, gate string) *testkit.Child[jobEvent] {
 	t.Helper()
-	return testkit.StartChild[jobEvent](t, name, jobWorkerVar, jobWorkerConfig{Name: name, URL: e.url, Schema: e.schema, Gate: gate})
+	return testkit.StartChild[jobEvent](t, name, jobWorkerVar, jobWorkerConfig{Name: name, URL: e.URL, Schema: e.Schema, Gate: gate})
 }
 
 func nextJobEvent(t *testing.T, c *testkit.Child[jobEvent], kind string) jobEvent {
@@ -165,19 +152,8 @@ func nextJobEvent(t *testing.T, c *testkit.Child[jobEvent], kind string) jobEven
 // database's clock.
 func waitClaimExpired(t *testing.T, e *env, id int64) {
 	t.Helper()
-	for deadline := time.Now().Add(time.Minute); ; {
-		var expired bool
-		if err := e.pool.QueryRow(context.Background(), `SELECT claimed_until < now() FROM fencekit_jobs WHERE id = $1`, id).Scan(&expired); err != nil {
-			t.Fatal(err)
-		}
-		if expired {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the first attempt's claim never expired")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	migrationstest.WaitTrue(t, e.Pool, time.Minute, "the first attempt's claim never expired",
+		`SELECT claimed_until < now() FROM fencekit_jobs WHERE id = $1`, id)
 }
 
 // secondWorkerCompletes starts worker B, which claims the job after the
@@ -215,7 +191,7 @@ func checkJobDoneOnceBy(t *testing.T, e *env, c jobEvent) {
 		t.Errorf("balance = %d; want 1 (paid once)", b)
 	}
 	var status string
-	if err := e.pool.QueryRow(context.Background(), `SELECT status FROM payments WHERE job_id = $1 AND lock_version = $2`, c.ID, int64(c.Token)).Scan(&status); err != nil || status != "paid by "+c.Who {
+	if err := e.Pool.QueryRow(context.Background(), `SELECT status FROM payments WHERE job_id = $1 AND lock_version = $2`, c.ID, int64(c.Token)).Scan(&status); err != nil || status != "paid by "+c.Who {
 		t.Errorf("payment = %q, %v; want paid by %s at its token", status, err, c.Who)
 	}
 }

@@ -17,7 +17,7 @@ import (
 // newJobs returns a Jobs over the env's fencekit_jobs.
 func (e *env) newJobs(tb testing.TB) *sqlguard.Jobs {
 	tb.Helper()
-	j, err := sqlguard.NewJobs(e.pool, "", sqlguard.JobsTable)
+	j, err := sqlguard.NewJobs(e.Pool, "", sqlguard.JobsTable)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -48,7 +48,7 @@ type jobState struct {
 func (e *env) jobState(tb testing.TB, id int64) jobState {
 	tb.Helper()
 	var s jobState
-	if err := e.pool.QueryRow(context.Background(), `SELECT state, attempt, lock_version, last_error FROM fencekit_jobs WHERE id = $1`, id).
+	if err := e.Pool.QueryRow(context.Background(), `SELECT state, attempt, lock_version, last_error FROM fencekit_jobs WHERE id = $1`, id).
 		Scan(&s.state, &s.attempt, &s.lockVersion, &s.lastError); err != nil {
 		tb.Fatal(err)
 	}
@@ -113,9 +113,9 @@ func TestJobsExpiredClaimIsFenced(t *testing.T) {
 	before := e.jobState(t, id)
 	for name, err := range map[string]error{
 		"heartbeat": j.Heartbeat(ctx, a, time.Minute),
-		"complete":  j.Complete(ctx, e.pool, a),
-		"fail":      j.Fail(ctx, e.pool, a, "gave up", time.Time{}),
-		"retry":     j.Fail(ctx, e.pool, a, "try again", time.Now()),
+		"complete":  j.Complete(ctx, e.Pool, a),
+		"fail":      j.Fail(ctx, e.Pool, a, "gave up", time.Time{}),
+		"retry":     j.Fail(ctx, e.Pool, a, "try again", time.Now()),
 	} {
 		if se, ok := fence.AsStale(err); !ok || se.Presented != a.Token || se.Current != b.Token || !strings.Contains(se.Resource, "fencekit_jobs(id=") {
 			t.Errorf("%s of the first attempt = %v; want stale, presented %d, current %d", name, err, a.Token, b.Token)
@@ -124,13 +124,13 @@ func TestJobsExpiredClaimIsFenced(t *testing.T) {
 	if after := e.jobState(t, id); after != before {
 		t.Fatalf("the refused writes changed the job: %+v, was %+v", after, before)
 	}
-	if err := j.Complete(ctx, e.pool, b); err != nil {
+	if err := j.Complete(ctx, e.Pool, b); err != nil {
 		t.Fatalf("Complete of the current attempt = %v", err)
 	}
 	if s := e.jobState(t, id); s.state != sqlguard.JobCompleted || s.lockVersion != int64(b.Token) {
 		t.Fatalf("job after completion = %+v", s)
 	}
-	if err := j.Complete(ctx, e.pool, b); !errors.Is(err, sqlguard.ErrJobNotRunning) || errors.Is(err, fence.ErrStaleToken) {
+	if err := j.Complete(ctx, e.Pool, b); !errors.Is(err, sqlguard.ErrJobNotRunning) || errors.Is(err, fence.ErrStaleToken) {
 		t.Errorf("a second Complete = %v; want ErrJobNotRunning, not stale", err)
 	}
 	if _, err := j.Claim(ctx, "", time.Minute); !errors.Is(err, sqlguard.ErrNoJob) {
@@ -163,7 +163,7 @@ func TestJobsCompleteInTheJobsTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	work := func(job sqlguard.Job) error {
-		return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		return pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1, $2)`, job.ID, int64(job.Token)); err != nil {
 				return err
 			}
@@ -177,7 +177,7 @@ func TestJobsCompleteInTheJobsTransaction(t *testing.T) {
 	// transaction ends: even with its claim expired meanwhile, no other
 	// claim takes the job then.
 	e.expire(t, id)
-	tx, err := e.pool.Begin(ctx)
+	tx, err := e.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +212,7 @@ func TestJobsFailRetriesOrEnds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := j.Fail(ctx, e.pool, a, "timeout talking to the bank", time.Now().Add(-time.Second)); err != nil {
+	if err := j.Fail(ctx, e.Pool, a, "timeout talking to the bank", time.Now().Add(-time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	if s := e.jobState(t, id); s.state != sqlguard.JobAvailable || s.lastError == nil || *s.lastError != "timeout talking to the bank" {
@@ -222,7 +222,7 @@ func TestJobsFailRetriesOrEnds(t *testing.T) {
 	if err != nil || b.Attempt != 2 || b.Token <= a.Token {
 		t.Fatalf("the retry's claim = %+v, %v; want attempt 2 with a token above %d", b, err, a.Token)
 	}
-	if err := j.Fail(ctx, e.pool, b, "card refused", time.Time{}); err != nil {
+	if err := j.Fail(ctx, e.Pool, b, "card refused", time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	if s := e.jobState(t, id); s.state != sqlguard.JobFailed {
@@ -275,7 +275,7 @@ func TestJobsCheckNamesTheFix(t *testing.T) {
 		t.Fatalf("Check of %s = %v", sqlguard.JobsTable, err)
 	}
 	e.exec(t, `CREATE TABLE jobs (id bigserial PRIMARY KEY, state text NOT NULL DEFAULT 'available', run_at timestamptz NOT NULL DEFAULT now(), lock_version integer NOT NULL DEFAULT 0)`)
-	own, err := sqlguard.NewJobs(e.pool, "", "jobs")
+	own, err := sqlguard.NewJobs(e.Pool, "", "jobs")
 	if err != nil {
 		t.Fatal(err)
 	}

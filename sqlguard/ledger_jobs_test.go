@@ -40,7 +40,7 @@ func TestRunOnceKeepsJobsApart(t *testing.T) {
 			if tc.ddl != "" {
 				e.exec(t, tc.ddl)
 			}
-			lg, err := sqlguard.NewLedger(e.pool, "", tc.table)
+			lg, err := sqlguard.NewLedger(e.Pool, "", tc.table)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -108,7 +108,7 @@ func TestLedgerRefusesATableThatMixesJobs(t *testing.T) {
 	} {
 		name := "runs_" + string(rune('a'+i))
 		e.exec(t, `CREATE TABLE `+name+` `+c.ddl)
-		lg, err := sqlguard.NewLedger(e.pool, e.schema, name)
+		lg, err := sqlguard.NewLedger(e.Pool, e.Schema, name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -133,10 +133,10 @@ func TestLedgerRefusesATableThatMixesJobs(t *testing.T) {
 	}
 
 	// A schema where the migrations did not run.
-	other := e.schema + "_bare"
+	other := e.Schema + "_bare"
 	e.exec(t, `CREATE SCHEMA `+pgx.Identifier{other}.Sanitize())
 	t.Cleanup(func() { e.exec(t, `DROP SCHEMA `+pgx.Identifier{other}.Sanitize()+` CASCADE`) })
-	lg, err := sqlguard.NewLedger(e.pool, other, sqlguard.LedgerTable)
+	lg, err := sqlguard.NewLedger(e.Pool, other, sqlguard.LedgerTable)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,7 @@ func TestLedger(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
-	lg, err := sqlguard.NewLedger(e.pool, "", sqlguard.LedgerTable)
+	lg, err := sqlguard.NewLedger(e.Pool, "", sqlguard.LedgerTable)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +44,7 @@ func TestLedger(t *testing.T) {
 	}
 	// The record rolls back with the job's transaction.
 	rollback := errors.New("job failed")
-	err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error {
 		if err := lg.MarkDoneTx(ctx, tx, "nightly", "night-1", 7); err != nil {
 			return err
 		}
@@ -56,7 +56,7 @@ func TestLedger(t *testing.T) {
 	if done, err := lg.Claim(ctx, "nightly", "night-1", 7); done || err != nil {
 		t.Fatalf("after a rolled-back record: done %v, err %v; want not done", done, err)
 	}
-	if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return lg.MarkDoneTx(ctx, tx, "nightly", "night-1", 7) }); err != nil {
+	if err := pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error { return lg.MarkDoneTx(ctx, tx, "nightly", "night-1", 7) }); err != nil {
 		t.Fatal(err)
 	}
 	if err := lg.MarkDone(ctx, "nightly", "night-1", 7); err != nil {
@@ -91,7 +91,7 @@ func TestLedgerRefusesAnUnfitDoneColumn(t *testing.T) {
 	} {
 		name := fmt.Sprintf("runs_%d", i)
 		e.exec(t, `CREATE TABLE `+name+` (job text, run_key text, `+c.done+`, lock_version bigint NOT NULL DEFAULT 0, PRIMARY KEY (job, run_key))`)
-		lg, err := sqlguard.NewLedger(e.pool, "", name)
+		lg, err := sqlguard.NewLedger(e.Pool, "", name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -119,12 +119,12 @@ func TestLedgerRefusesAnUnfitDoneColumn(t *testing.T) {
 func TestLedgerRefusesBadArgumentsFirst(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	pool, err := pgxpool.New(context.Background(), e.url)
+	pool, err := pgxpool.New(context.Background(), e.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	pool.Close()
-	lg, err := sqlguard.NewLedger(pool, e.schema, "runs")
+	lg, err := sqlguard.NewLedger(pool, e.Schema, "runs")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +165,7 @@ func TestLedgerConformance(t *testing.T) {
 	guardtest.RunLedger(t, guardtest.LedgerConfig{
 		NewLedger: func(t *testing.T) guardtest.Ledger {
 			e := newEnv(t)
-			lg, err := sqlguard.NewLedger(e.pool, "", sqlguard.LedgerTable)
+			lg, err := sqlguard.NewLedger(e.Pool, "", sqlguard.LedgerTable)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -174,7 +174,7 @@ func TestLedgerConformance(t *testing.T) {
 		MarkDoneWithJob: func(t *testing.T, ctx context.Context, l guardtest.Ledger, job, key string, token fence.Token, fail bool) error {
 			in := l.(ledgerIn)
 			in.e.exec(t, `CREATE TABLE IF NOT EXISTS job_effects (run text PRIMARY KEY)`)
-			return pgx.BeginFunc(ctx, in.e.pool, func(tx pgx.Tx) error {
+			return pgx.BeginFunc(ctx, in.e.Pool, func(tx pgx.Tx) error {
 				if _, err := tx.Exec(ctx, `INSERT INTO job_effects VALUES ($1)`, key+"/"+fmt.Sprint(fail)); err != nil {
 					return err
 				}

@@ -38,11 +38,11 @@ func TestTableRefusesLockVersionNotBigint(t *testing.T) {
 				kind  string
 				write func() error
 			}{
-				{"update", func() error { return tbl.Update(ctx, e.pool, []any{1}, 16777217, sqlguard.Col("v", 1)) }},
-				{"upsert", func() error { return tbl.Upsert(ctx, e.pool, []any{1}, 16777217, sqlguard.Col("v", 1)) }},
-				{"insert", func() error { return tbl.Insert(ctx, e.pool, []any{2}, 16777217, sqlguard.Col("v", 1)) }},
-				{"upsert of a new row", func() error { return tbl.Upsert(ctx, e.pool, []any{3}, 16777217, sqlguard.Col("v", 1)) }},
-				{"delete", func() error { return tbl.Delete(ctx, e.pool, []any{1}, 16777217) }},
+				{"update", func() error { return tbl.Update(ctx, e.Pool, []any{1}, 16777217, sqlguard.Col("v", 1)) }},
+				{"upsert", func() error { return tbl.Upsert(ctx, e.Pool, []any{1}, 16777217, sqlguard.Col("v", 1)) }},
+				{"insert", func() error { return tbl.Insert(ctx, e.Pool, []any{2}, 16777217, sqlguard.Col("v", 1)) }},
+				{"upsert of a new row", func() error { return tbl.Upsert(ctx, e.Pool, []any{3}, 16777217, sqlguard.Col("v", 1)) }},
+				{"delete", func() error { return tbl.Delete(ctx, e.Pool, []any{1}, 16777217) }},
 			}
 			for _, w := range writes {
 				err := w.write()
@@ -63,7 +63,7 @@ func TestTableRefusesLockVersionNotBigint(t *testing.T) {
 				// The check is not remembered: a column changed after
 				// the first writes is caught by the next one.
 				e.exec(t, `ALTER TABLE `+id+` ALTER lock_version TYPE real`)
-				if err := tbl.Update(ctx, e.pool, []any{2}, 16777218); !errors.Is(err, fence.ErrLockVersionType) {
+				if err := tbl.Update(ctx, e.Pool, []any{2}, 16777218); !errors.Is(err, fence.ErrLockVersionType) {
 					t.Fatalf("after ALTER TABLE: got %v, want ErrLockVersionType", err)
 				}
 				return

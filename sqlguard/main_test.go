@@ -3,7 +3,6 @@ package sqlguard_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"regexp"
 	"sync/atomic"
 	"testing"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
 	"github.com/fencekit/fencekit/internal/testkit"
@@ -21,20 +19,13 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	var cfg jobWorkerConfig
-	if ok, err := testkit.ChildConfig(jobWorkerVar, &cfg); ok {
-		os.Exit(runJobWorker(cfg, err))
-	}
+	testkit.ChildMain(jobWorkerVar, runJobWorker)
 	goleak.VerifyTestMain(m)
 }
 
 // env is one test's throwaway schema with fencekit's migrations applied,
 // and a pool whose search_path is that schema.
-type env struct {
-	schema string
-	url    string
-	pool   *pgxpool.Pool
-}
+type env struct{ *migrationstest.Env }
 
 var nonIdent = regexp.MustCompile(`[^a-z0-9]+`)
 
@@ -62,16 +53,13 @@ func connect(tb testing.TB, ctx context.Context, searchPath string) *pgx.Conn {
 // The schema is dropped when the test ends.
 func newEnv(tb testing.TB) *env {
 	tb.Helper()
-	e := &env{schema: testkit.UniqueName(tb, "fk_"), url: testenv.PostgresURL()}
-	migrationstest.Schema(tb, e.url, e.schema)
-	e.pool = migrationstest.Pool(tb, e.url, e.schema) // closed before the schema is dropped
-	return e
+	return &env{migrationstest.New(tb, testkit.UniqueName(tb, "fk_"))}
 }
 
 // exec runs SQL on the env's pool, failing the test on error.
 func (e *env) exec(tb testing.TB, sql string, args ...any) {
 	tb.Helper()
-	if _, err := e.pool.Exec(context.Background(), sql, args...); err != nil {
+	if _, err := e.Pool.Exec(context.Background(), sql, args...); err != nil {
 		tb.Fatalf("%s: %v", sql, err)
 	}
 }
@@ -80,7 +68,7 @@ func (e *env) exec(tb testing.TB, sql string, args ...any) {
 func (e *env) int64Query(tb testing.TB, sql string, args ...any) int64 {
 	tb.Helper()
 	var v int64
-	if err := e.pool.QueryRow(context.Background(), sql, args...).Scan(&v); err != nil {
+	if err := e.Pool.QueryRow(context.Background(), sql, args...).Scan(&v); err != nil {
 		tb.Fatalf("%s: %v", sql, err)
 	}
 	return v
@@ -116,7 +104,7 @@ type row struct {
 func (e *env) row(tb testing.TB, table string, id int) row {
 	tb.Helper()
 	r := row{found: true}
-	err := e.pool.QueryRow(context.Background(),
+	err := e.Pool.QueryRow(context.Background(),
 		`SELECT owner, balance, lock_version FROM `+pgx.Identifier{table}.Sanitize()+` WHERE id = $1`, id).
 		Scan(&r.owner, &r.balance, &r.lockVersion)
 	if err == pgx.ErrNoRows {
@@ -134,7 +122,7 @@ func waitBlocked(tb testing.TB, e *env, pid uint32) {
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		var waiting bool
-		err := e.pool.QueryRow(context.Background(),
+		err := e.Pool.QueryRow(context.Background(),
 			`SELECT coalesce(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1`, int32(pid)).Scan(&waiting)
 		if err != nil && err != pgx.ErrNoRows {
 			tb.Fatalf("pg_stat_activity: %v", err)

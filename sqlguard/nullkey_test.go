@@ -47,7 +47,7 @@ func TestTableRefusesNullKeyValues(t *testing.T) {
 				"delete": func(db sqlguard.DBTX) error { return tbl.Delete(ctx, db, key, 5) },
 			} {
 				for range 2 {
-					err := write(e.pool)
+					err := write(e.Pool)
 					if !errors.Is(err, fence.ErrInvalidArgument) || !strings.Contains(err.Error(), `key column "b" is NULL`) {
 						t.Fatalf("%s: got %v, want ErrInvalid naming key column b", kind, err)
 					}
@@ -63,7 +63,7 @@ func TestTableRefusesNullKeyValues(t *testing.T) {
 		t.Fatalf("%d rows written with a NULL key", n)
 	}
 	// A valid key still works (a NULL in a non-key column is just a value).
-	if err := tbl.Upsert(ctx, e.pool, []any{1, pgtype.Int4{Int32: 2, Valid: true}}, 5, sqlguard.Col("v", nil)); err != nil {
+	if err := tbl.Upsert(ctx, e.Pool, []any{1, pgtype.Int4{Int32: 2, Valid: true}}, 5, sqlguard.Col("v", nil)); err != nil {
 		t.Fatal(err)
 	}
 }

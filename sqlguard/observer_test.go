@@ -48,21 +48,21 @@ func TestObserverSeesEveryWrite(t *testing.T) {
 		return context.WithValue(context.Background(), callKey{}, name)
 	}
 
-	err := tbl.Update(call("accepted"), e.pool, []any{1}, 6, sqlguard.Col("balance", 1))
+	err := tbl.Update(call("accepted"), e.Pool, []any{1}, 6, sqlguard.Col("balance", 1))
 	checkEvent(t, rec, "accepted", "observed", "update", 6, err, fence.Accepted)
-	err = tbl.Update(call("stale"), e.pool, []any{2}, 4, sqlguard.Col("balance", 1))
+	err = tbl.Update(call("stale"), e.Pool, []any{2}, 4, sqlguard.Col("balance", 1))
 	checkEvent(t, rec, "stale", "observed", "update", 4, err, fence.Rejected)
-	err = tbl.Delete(call("missing"), e.pool, []any{3}, 9)
+	err = tbl.Delete(call("missing"), e.Pool, []any{3}, 9)
 	checkEvent(t, rec, "missing", "observed", "delete", 9, err, fence.Failed)
 	if !errors.Is(err, fence.ErrNotFound) {
 		t.Fatalf("delete of a missing row: %v", err)
 	}
-	err = tbl.Insert(call("bad"), e.pool, []any{4}, fence.None)
+	err = tbl.Insert(call("bad"), e.Pool, []any{4}, fence.None)
 	checkEvent(t, rec, "bad", "observed", "insert", fence.None, err, fence.Failed)
 
 	// Unknown: the write is at the server, waiting on a row lock, when its
 	// context is cancelled (cancelled only once the server says it waits).
-	holder, err := e.pool.Begin(context.Background())
+	holder, err := e.Pool.Begin(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestObserverSeesEveryWrite(t *testing.T) {
 	if _, err := holder.Exec(context.Background(), `SELECT 1 FROM observed WHERE id = 1 FOR UPDATE`); err != nil {
 		t.Fatal(err)
 	}
-	conn := connect(t, context.Background(), e.schema)
+	conn := connect(t, context.Background(), e.Schema)
 	wctx, cancel := context.WithCancel(call("unknown"))
 	done := make(chan error, 1)
 	go func() { done <- tbl.Upsert(wctx, conn, []any{1}, 7, sqlguard.Col("owner", "x")) }()
@@ -85,7 +85,7 @@ func TestObserverSeesEveryWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := plain.Update(context.Background(), e.pool, []any{1}, 8); err != nil {
+	if err := plain.Update(context.Background(), e.Pool, []any{1}, 8); err != nil {
 		t.Fatal(err)
 	}
 	if ev := rec.Take(); len(ev) != 0 {
@@ -96,11 +96,11 @@ func TestObserverSeesEveryWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = g.BeginFunc(call("tx"), e.pool, "observed-resource", 3, func(pgx.Tx) error { return nil })
+	err = g.BeginFunc(call("tx"), e.Pool, "observed-resource", 3, func(pgx.Tx) error { return nil })
 	checkEvent(t, rec, "tx", "transaction", "transaction", 3, err, fence.Accepted)
-	err = g.BeginFunc(call("tx-stale"), e.pool, "observed-resource", 2, func(pgx.Tx) error { return nil })
+	err = g.BeginFunc(call("tx-stale"), e.Pool, "observed-resource", 2, func(pgx.Tx) error { return nil })
 	checkEvent(t, rec, "tx-stale", "transaction", "transaction", 2, err, fence.Rejected)
-	err = pgx.BeginFunc(context.Background(), e.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(context.Background(), e.Pool, func(tx pgx.Tx) error {
 		err := g.Advance(call("advance"), tx, "observed-resource", 3)
 		checkEvent(t, rec, "advance", "transaction", "advance", 3, err, fence.Accepted)
 		return err

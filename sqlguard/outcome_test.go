@@ -59,7 +59,7 @@ func TestTableWriteOutcomeUnknown(t *testing.T) {
 		t.Run(via.name, func(t *testing.T) {
 			balance := 1000 + i
 			token := fence.Token(10 + i)
-			holder, err := e.pool.Begin(ctx)
+			holder, err := e.Pool.Begin(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -88,7 +88,7 @@ func TestTableWriteOutcomeUnknown(t *testing.T) {
 	t.Run("context ended before sending", func(t *testing.T) {
 		done, cancel := context.WithCancel(ctx)
 		cancel()
-		err := tbl.Update(done, e.pool, []any{1}, 99, sqlguard.Col("balance", 1))
+		err := tbl.Update(done, e.Pool, []any{1}, 99, sqlguard.Col("balance", 1))
 		if !errors.Is(err, context.Canceled) || errors.Is(err, fence.ErrOutcomeUnknown) {
 			t.Fatalf("got %v; want a plain context.Canceled", err)
 		}
@@ -125,7 +125,7 @@ func TestBeginFuncCommitOutcomeUnknown(t *testing.T) {
 	w := &wire{dropCancels: true}
 	db := e.wirePool(t, w, 2)
 
-	locker := connect(t, ctx, e.schema)
+	locker := connect(t, ctx, e.Schema)
 	if _, err := locker.Exec(ctx, `SELECT pg_advisory_lock($1)`, lockKey); err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func TestBeginFuncCommitOutcomeUnknown(t *testing.T) {
 		advanced, release := make(chan struct{}), make(chan struct{})
 		newer := make(chan error, 1)
 		go func() {
-			newer <- g.BeginFunc(ctx, e.pool, "journal", 7, func(pgx.Tx) error { close(advanced); <-release; return nil })
+			newer <- g.BeginFunc(ctx, e.Pool, "journal", 7, func(pgx.Tx) error { close(advanced); <-release; return nil })
 		}()
 		<-advanced
 		wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)

@@ -47,7 +47,7 @@ func TestRaceWriters(t *testing.T) {
 	// rowWrite is a fenced row update plus its history entry, in one tx.
 	rowWrite := func(tok fence.Token) (bool, error) {
 		accepted := false
-		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		err := pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error {
 			err := tbl.Update(ctx, tx, []any{1}, tok, sqlguard.Col("balance", int64(tok)))
 			if err != nil {
 				return err
@@ -61,7 +61,7 @@ func TestRaceWriters(t *testing.T) {
 	// resWrite is a fenced transaction with a plain UPDATE (of row 2, whose
 	// only writers are these transactions) and its history entry.
 	resWrite := func(tok fence.Token) (bool, error) {
-		err := g.BeginFunc(ctx, e.pool, "race", tok, func(tx pgx.Tx) error {
+		err := g.BeginFunc(ctx, e.Pool, "race", tok, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, `UPDATE acc SET balance = $1 WHERE id = 2`, int64(tok)); err != nil {
 				return err
 			}
@@ -130,7 +130,7 @@ func TestRaceWriters(t *testing.T) {
 			t.Errorf("%s: %d accepted + %d stale != %d writes", kind, len(accepted), stales, rounds*writers)
 		}
 		histTable := map[string]string{"row": "row_history", "resource": "res_history"}[kind]
-		rows, err := e.pool.Query(ctx, `SELECT token FROM `+histTable+` ORDER BY seq`)
+		rows, err := e.Pool.Query(ctx, `SELECT token FROM `+histTable+` ORDER BY seq`)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -45,7 +45,7 @@ func TestResourceNameUnderClientEncodingSJIS(t *testing.T) {
 	if n := e.int64Query(t, `SELECT count(*) FROM canary`); n != 0 { // fails if canary was dropped
 		t.Fatalf("canary has %d rows", n)
 	}
-	rows, err := e.pool.Query(ctx, `SELECT resource, token FROM fencekit_resource_tokens ORDER BY token`)
+	rows, err := e.Pool.Query(ctx, `SELECT resource, token FROM fencekit_resource_tokens ORDER BY token`)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,11 +24,11 @@ func TestMissingLockVersionNamesTheCommand(t *testing.T) {
 	ctx := context.Background()
 	e.exec(t, `CREATE TABLE plain (id int PRIMARY KEY, note text)`)
 	e.exec(t, `INSERT INTO plain VALUES (1, 'x')`)
-	tbl, err := sqlguard.NewTable(e.schema, "plain", "id")
+	tbl, err := sqlguard.NewTable(e.Schema, "plain", "id")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "fencekit migrate add-lock-version --table " + e.schema + ".plain --apply"
+	want := "fencekit migrate add-lock-version --table " + e.Schema + ".plain --apply"
 	check := func(what string, err error) {
 		t.Helper()
 		var pgErr *pgconn.PgError
@@ -36,38 +36,38 @@ func TestMissingLockVersionNamesTheCommand(t *testing.T) {
 			t.Errorf("%s: %v; want ErrNoLockVersion naming %q, with the PgError", what, err, want)
 		}
 	}
-	check("Update on a pool", tbl.Update(ctx, e.pool, []any{1}, 5, sqlguard.Col("note", "y")))
-	check("Insert on a pool", tbl.Insert(ctx, e.pool, []any{2}, 5, sqlguard.Col("note", "y")))
-	check("Upsert in a transaction", pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+	check("Update on a pool", tbl.Update(ctx, e.Pool, []any{1}, 5, sqlguard.Col("note", "y")))
+	check("Insert on a pool", tbl.Insert(ctx, e.Pool, []any{2}, 5, sqlguard.Col("note", "y")))
+	check("Upsert in a transaction", pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error {
 		return tbl.Upsert(ctx, tx, []any{3}, 5, sqlguard.Col("note", "y"))
 	}))
 
 	// A quoted, mixed-case name is spelled so that the command finds it.
 	e.exec(t, `CREATE TABLE "Odd Name" (id int PRIMARY KEY)`)
-	odd, err := sqlguard.NewTable(e.schema, "Odd Name", "id")
+	odd, err := sqlguard.NewTable(e.Schema, "Odd Name", "id")
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = odd.Delete(ctx, e.pool, []any{1}, 5)
-	if wantOdd := `--table '` + e.schema + `."Odd Name"' --apply`; !errors.Is(err, fence.ErrNoLockVersion) || !strings.Contains(err.Error(), wantOdd) {
+	err = odd.Delete(ctx, e.Pool, []any{1}, 5)
+	if wantOdd := `--table '` + e.Schema + `."Odd Name"' --apply`; !errors.Is(err, fence.ErrNoLockVersion) || !strings.Contains(err.Error(), wantOdd) {
 		t.Errorf("Delete on %q: %v; want the command with %s", "Odd Name", err, wantOdd)
 	}
 
 	// The caller's own misspelt column is a plain database error.
 	e.exec(t, `ALTER TABLE plain ADD COLUMN lock_version bigint NOT NULL DEFAULT 0`)
-	err = tbl.Update(ctx, e.pool, []any{1}, 5, sqlguard.Col("nonexistent", "y"))
+	err = tbl.Update(ctx, e.Pool, []any{1}, 5, sqlguard.Col("nonexistent", "y"))
 	var pgErr *pgconn.PgError
 	if errors.Is(err, fence.ErrNoLockVersion) || !errors.As(err, &pgErr) || pgErr.Code != "42703" {
 		t.Errorf("Update of a missing column of the caller's: %v; want the plain 42703", err)
 	}
 
 	// Dropped after this pool's connections took the fast path.
-	if err := tbl.Update(ctx, e.pool, []any{1}, 5, sqlguard.Col("note", "z")); err != nil {
+	if err := tbl.Update(ctx, e.Pool, []any{1}, 5, sqlguard.Col("note", "z")); err != nil {
 		t.Fatal(err)
 	}
 	e.exec(t, `ALTER TABLE plain DROP COLUMN lock_version`)
 	for range 8 { // every connection of the pool
-		if err := tbl.Update(ctx, e.pool, []any{1}, 6, sqlguard.Col("note", "w")); !errors.Is(err, fence.ErrNoLockVersion) {
+		if err := tbl.Update(ctx, e.Pool, []any{1}, 6, sqlguard.Col("note", "w")); !errors.Is(err, fence.ErrNoLockVersion) {
 			t.Fatalf("Update after the column was dropped: %v; want ErrNoLockVersion", err)
 		}
 	}
@@ -79,14 +79,14 @@ func TestNotMigratedNamesTheCommand(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
-	empty := e.schema + "_bare"
+	empty := e.Schema + "_bare"
 	e.exec(t, `CREATE SCHEMA `+pgx.Identifier{empty}.Sanitize())
 	defer e.exec(t, `DROP SCHEMA `+pgx.Identifier{empty}.Sanitize())
 	g, err := sqlguard.New(sqlguard.WithSchema(empty))
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = g.BeginFunc(ctx, e.pool, "r", 3, func(pgx.Tx) error { return nil })
+	err = g.BeginFunc(ctx, e.Pool, "r", 3, func(pgx.Tx) error { return nil })
 	want := "run `fencekit migrate up --schema " + empty + "` there"
 	if !errors.Is(err, fence.ErrNotMigrated) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), `schema "`+empty+`"`) {
 		t.Errorf("BeginFunc in a bare schema: %v; want ErrNotMigrated naming the schema and %q", err, want)

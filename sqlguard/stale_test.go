@@ -49,9 +49,9 @@ func TestStaleWithUnreadableCurrentToken(t *testing.T) {
 		}
 	}
 	ran := false
-	check("BeginFunc", g.BeginFunc(ctx, e.pool, "r", 5, func(pgx.Tx) error { ran = true; return nil }))
+	check("BeginFunc", g.BeginFunc(ctx, e.Pool, "r", 5, func(pgx.Tx) error { ran = true; return nil }))
 	if ran {
 		t.Fatal("fn ran")
 	}
-	check("Advance", pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return g.Advance(ctx, tx, "r", 5) }))
+	check("Advance", pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error { return g.Advance(ctx, tx, "r", 5) }))
 }

@@ -138,14 +138,14 @@ func TestTableWriteOutcomes(t *testing.T) {
 				var err error
 				switch via {
 				case "pool":
-					err = tc.write(tbl, e.pool)
+					err = tc.write(tbl, e.Pool)
 				case "conn":
-					c := connect(t, ctx, e.schema)
+					c := connect(t, ctx, e.Schema)
 					err = tc.write(tbl, c)
 				case "tx":
 					// A rejected row write does not abort the transaction:
 					// the caller may go on and commit.
-					tx, berr := e.pool.Begin(ctx)
+					tx, berr := e.Pool.Begin(ctx)
 					if berr != nil {
 						t.Fatal(berr)
 					}
@@ -207,7 +207,7 @@ func TestTableStaleReportsCommittedVersion(t *testing.T) {
 				tbl := e.accountsTable(t, name, 1, 1)
 
 				// A: token 10, holds the row in an open transaction.
-				txA, err := e.pool.Begin(ctx)
+				txA, err := e.Pool.Begin(ctx)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -217,7 +217,7 @@ func TestTableStaleReportsCommittedVersion(t *testing.T) {
 				}
 
 				// B: starts now (its snapshot sees lock_version 1) and blocks.
-				connB := connect(t, ctx, e.schema)
+				connB := connect(t, ctx, e.Schema)
 				var dbB sqlguard.DBTX = connB
 				if tc.opaque {
 					dbB = opaqueDB{connB}
@@ -282,7 +282,7 @@ func TestTableConcurrentInsert(t *testing.T) {
 			t.Run(fmt.Sprintf("%s opaque=%v", kind, opaque), func(t *testing.T) {
 				name := fmt.Sprintf("r_%s_%v", kind, opaque)
 				tbl := e.accountsTable(t, name, 1, 1)
-				connB := connect(t, ctx, e.schema)
+				connB := connect(t, ctx, e.Schema)
 				var dbB sqlguard.DBTX = connB
 				if opaque {
 					dbB = opaqueDB{connB}
@@ -297,7 +297,7 @@ func TestTableConcurrentInsert(t *testing.T) {
 				if err := tbl.Update(ctx, dbB, []any{1}, 1); err != nil {
 					t.Fatal(err)
 				}
-				txA, err := e.pool.Begin(ctx)
+				txA, err := e.Pool.Begin(ctx)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -333,13 +333,13 @@ func TestTableAmbiguousKey(t *testing.T) {
 	ctx := context.Background()
 	e.exec(t, `CREATE TABLE dup (k int NOT NULL, v int, lock_version bigint NOT NULL DEFAULT 0)`)
 	e.exec(t, `INSERT INTO dup VALUES (1, 1, 0), (1, 2, 0)`)
-	tbl, err := sqlguard.NewTable(e.schema, "dup", "k")
+	tbl, err := sqlguard.NewTable(e.Schema, "dup", "k")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for name, write := range map[string]func() error{
-		"update": func() error { return tbl.Update(ctx, e.pool, []any{1}, 3, sqlguard.Col("v", 9)) },
-		"delete": func() error { return tbl.Delete(ctx, e.pool, []any{1}, 3) },
+		"update": func() error { return tbl.Update(ctx, e.Pool, []any{1}, 3, sqlguard.Col("v", 9)) },
+		"delete": func() error { return tbl.Delete(ctx, e.Pool, []any{1}, 3) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			checkOutcome(t, write(), ambiguous, 0, 0, "")
@@ -371,13 +371,13 @@ func TestTableDatabaseErrors(t *testing.T) {
 		write func() error
 		code  string
 	}{
-		{"unknown column", func() error { return tbl.Update(ctx, e.pool, []any{1}, 5, sqlguard.Col("nope", 1)) }, "42703"},
-		{"unknown table", func() error { return missing.Update(ctx, e.pool, []any{1}, 5) }, "42P01"},
-		{"no unique index for upsert", func() error { return nokey.Upsert(ctx, e.pool, []any{1}, 5) }, "42P10"},
-		{"no unique index for insert", func() error { return nokey.Insert(ctx, e.pool, []any{1}, 5) }, "42P10"},
-		{"not null violation", func() error { return tbl.Insert(ctx, e.pool, []any{3}, 5) }, "23502"},
+		{"unknown column", func() error { return tbl.Update(ctx, e.Pool, []any{1}, 5, sqlguard.Col("nope", 1)) }, "42703"},
+		{"unknown table", func() error { return missing.Update(ctx, e.Pool, []any{1}, 5) }, "42P01"},
+		{"no unique index for upsert", func() error { return nokey.Upsert(ctx, e.Pool, []any{1}, 5) }, "42P10"},
+		{"no unique index for insert", func() error { return nokey.Insert(ctx, e.Pool, []any{1}, 5) }, "42P10"},
+		{"not null violation", func() error { return tbl.Insert(ctx, e.Pool, []any{3}, 5) }, "23502"},
 		{"NUL in a text value", func() error {
-			return tbl.Update(ctx, e.pool, []any{1}, 5, sqlguard.Col("owner", "x\x00y"))
+			return tbl.Update(ctx, e.Pool, []any{1}, 5, sqlguard.Col("owner", "x\x00y"))
 		}, ""}, // NUL in text: an encoding error, no PgError
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -410,7 +410,7 @@ func TestTableRetryable(t *testing.T) {
 
 	t.Run("serialization failure", func(t *testing.T) {
 		tbl := e.accountsTable(t, "rr", 1, 1)
-		txB, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+		txB, err := e.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -418,7 +418,7 @@ func TestTableRetryable(t *testing.T) {
 		if _, err := txB.Exec(ctx, `SELECT 1 FROM rr`); err != nil { // takes the snapshot
 			t.Fatal(err)
 		}
-		if err := tbl.Update(ctx, e.pool, []any{1}, 10, sqlguard.Col("balance", 10)); err != nil {
+		if err := tbl.Update(ctx, e.Pool, []any{1}, 10, sqlguard.Col("balance", 10)); err != nil {
 			t.Fatal(err)
 		}
 		err = tbl.Update(ctx, txB, []any{1}, 12, sqlguard.Col("balance", 12))
@@ -427,12 +427,12 @@ func TestTableRetryable(t *testing.T) {
 
 	t.Run("deadlock", func(t *testing.T) {
 		tbl := e.accountsTable(t, "dl", 1, 1)
-		txA, err := e.pool.Begin(ctx)
+		txA, err := e.Pool.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer txA.Rollback(ctx)
-		connB := connect(t, ctx, e.schema)
+		connB := connect(t, ctx, e.Schema)
 		txB, err := connB.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -494,18 +494,18 @@ func TestTableHostileIdentifiers(t *testing.T) {
 	e.exec(t, `INSERT INTO canary VALUES (1)`)
 	e.exec(t, `CREATE TABLE `+pgx.Identifier{table}.Sanitize()+` (`+pgx.Identifier{key}.Sanitize()+` int PRIMARY KEY, `+
 		pgx.Identifier{col}.Sanitize()+` text, lock_version bigint NOT NULL DEFAULT 0)`)
-	tbl, err := sqlguard.NewTable(e.schema, table, key)
+	tbl, err := sqlguard.NewTable(e.Schema, table, key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tbl.Insert(ctx, e.pool, []any{1}, 3, sqlguard.Col(col, "'); DROP TABLE canary; --")); err != nil {
+	if err := tbl.Insert(ctx, e.Pool, []any{1}, 3, sqlguard.Col(col, "'); DROP TABLE canary; --")); err != nil {
 		t.Fatal(err)
 	}
-	if err := tbl.Update(ctx, e.pool, []any{1}, 4, sqlguard.Col(col, "v")); err != nil {
+	if err := tbl.Update(ctx, e.Pool, []any{1}, 4, sqlguard.Col(col, "v")); err != nil {
 		t.Fatal(err)
 	}
-	checkOutcome(t, tbl.Upsert(ctx, e.pool, []any{1}, 2, sqlguard.Col(col, "w")), stale, 2, 4, e.schema+"."+table+"(i\"d=1)")
-	if err := tbl.Delete(ctx, e.pool, []any{1}, 4); err != nil {
+	checkOutcome(t, tbl.Upsert(ctx, e.Pool, []any{1}, 2, sqlguard.Col(col, "w")), stale, 2, 4, e.Schema+"."+table+"(i\"d=1)")
+	if err := tbl.Delete(ctx, e.Pool, []any{1}, 4); err != nil {
 		t.Fatal(err)
 	}
 	if n := e.int64Query(t, `SELECT count(*) FROM canary`); n != 1 {
@@ -522,7 +522,7 @@ func TestTableLockStrength(t *testing.T) {
 	ctx := context.Background()
 	tbl := e.accountsTable(t, "parent", 1, 1)
 	e.exec(t, `CREATE TABLE child (id int PRIMARY KEY, parent_id int NOT NULL REFERENCES parent (id))`)
-	tx, err := e.pool.Begin(ctx)
+	tx, err := e.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -530,7 +530,7 @@ func TestTableLockStrength(t *testing.T) {
 	if err := tbl.Update(ctx, tx, []any{1}, 5, sqlguard.Col("balance", 5)); err != nil {
 		t.Fatal(err)
 	}
-	err = pgx.BeginFunc(ctx, e.pool, func(tx2 pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, e.Pool, func(tx2 pgx.Tx) error {
 		if _, err := tx2.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
 			return err
 		}

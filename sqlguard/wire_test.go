@@ -74,18 +74,18 @@ func (e *env) wireConnect(tb testing.TB, w *wire, modify func(*pgx.ConnConfig)) 
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cfg, err := pgx.ParseConfig(e.url)
+	cfg, err := pgx.ParseConfig(e.URL)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	cfg.RuntimeParams["search_path"] = e.schema
+	cfg.RuntimeParams["search_path"] = e.Schema
 	cfg.DialFunc = w.dial
 	if modify != nil {
 		modify(cfg)
 	}
 	c, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		tb.Fatalf("PostgreSQL at %s (%s): %v", e.url, testenv.PostgresURLVar, err)
+		tb.Fatalf("PostgreSQL at %s (%s): %v", e.URL, testenv.PostgresURLVar, err)
 	}
 	tb.Cleanup(func() { c.Close(context.Background()) })
 	return c
@@ -96,11 +96,11 @@ func (e *env) wirePool(tb testing.TB, w *wire, maxConns int32) *pgxpool.Pool {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cfg, err := pgxpool.ParseConfig(e.url)
+	cfg, err := pgxpool.ParseConfig(e.URL)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = e.schema
+	cfg.ConnConfig.RuntimeParams["search_path"] = e.Schema
 	cfg.ConnConfig.DialFunc = w.dial
 	cfg.MaxConns = maxConns
 	p, err := pgxpool.NewWithConfig(ctx, cfg)

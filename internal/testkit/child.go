@@ -16,14 +16,11 @@ import (
 
 // A test that needs real processes (a worker frozen with SIGSTOP, one
 // killed with SIGKILL) runs its own test binary again as the child: its
-// TestMain calls ChildConfig first, and when the variable is set runs the
-// child's program instead of the tests.
+// TestMain calls ChildMain first, which, when the variable is set, runs
+// the child's program instead of the tests and exits.
 //
 //	func TestMain(m *testing.M) {
-//		var cfg workerConfig
-//		if ok, err := testkit.ChildConfig(workerVar, &cfg); ok {
-//			os.Exit(runWorker(cfg, err))
-//		}
+//		testkit.ChildMain(workerVar, runWorker) // func runWorker(workerConfig) error
 //		goleak.VerifyTestMain(m)
 //	}
 //
@@ -188,18 +185,29 @@ func (c *Child[E]) Exited() bool {
 	return c.exited
 }
 
-// ChildConfig is the child's side of StartChild: when envVar is set it
-// decodes it into cfg and returns true (with the decoding's error, if
-// any); otherwise it returns false, and the binary runs its tests.
-func ChildConfig(envVar string, cfg any) (bool, error) {
+// ChildMain is the child's side of StartChild, called first in TestMain.
+// When envVar is not set it returns, and the binary runs its tests.
+// When it is set, it decodes it (JSON) into a T, runs run with it and
+// exits the process: 0 when run returns nil; 2 when the variable does not
+// decode or run returns an error, which it prints on stderr (StartChild
+// passes the child's stderr to the test's log, prefixed with its name).
+func ChildMain[T any](envVar string, run func(cfg T) error) {
 	js, ok := os.LookupEnv(envVar)
 	if !ok {
-		return false, nil
+		return
 	}
-	if err := json.Unmarshal([]byte(js), cfg); err != nil {
-		return true, fmt.Errorf("bad %s: %w", envVar, err)
+	var cfg T
+	err := json.Unmarshal([]byte(js), &cfg)
+	if err != nil {
+		err = fmt.Errorf("bad %s: %w", envVar, err)
+	} else {
+		err = run(cfg)
 	}
-	return true, nil
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	os.Exit(0)
 }
 
 // Reporter prints a child's events on its stdout, one JSON object a line.
