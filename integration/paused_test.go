@@ -13,13 +13,13 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencekit/fencekit/blobguard"
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/rig/services"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease/redislease"
 )
@@ -145,10 +145,7 @@ func s3Client(t *testing.T) (*s3.Client, testenv.S3) {
 		t.Fatalf("%s, %s and %s must be set: run the tests through ./scripts/test.sh, which starts versitygw",
 			testenv.S3EndpointVar, testenv.S3AccessKeyVar, testenv.S3SecretKeyVar)
 	}
-	return s3.New(s3.Options{
-		Region: "us-east-1", BaseEndpoint: aws.String(env.Endpoint), UsePathStyle: true,
-		Credentials: credentials.NewStaticCredentialsProvider(env.AccessKey, env.SecretKey, ""),
-	}), env
+	return services.NewS3Client(env), env
 }
 
 func cleanUpRun(t *testing.T, sum demoSummary) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -13,14 +12,14 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
-	"github.com/aws/smithy-go"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencekit/fencekit/blobguard"
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/rig/services"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
-	"github.com/fencekit/fencekit/migrations"
+	"github.com/fencekit/fencekit/migrations/migrationstest"
 	"github.com/fencekit/fencekit/sqlguard"
 )
 
@@ -49,50 +48,7 @@ func newFencedStores(t *testing.T) *fencedStores {
 	_, _ = rand.Read(b[:])
 	schema := "fk_redis_failover_" + hex.EncodeToString(b[:])
 
-	url := testenv.PostgresURL()
-	admin, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatalf("PostgreSQL is required for this test and is not reachable at %s (set %s or run ./scripts/test.sh): %v", url, testenv.PostgresURLVar, err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
-		t.Fatalf("create schema: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		c, err := pgx.Connect(ctx, url)
-		if err != nil {
-			t.Errorf("drop schema %s: %v", schema, err)
-			return
-		}
-		defer c.Close(ctx)
-		if _, err := c.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			t.Errorf("drop schema %s: %v", schema, err)
-		}
-	})
-	db, err := migrations.Open(url, schema)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := migrations.Up(ctx, db); err != nil {
-		_ = db.Close()
-		t.Fatalf("migrations.Up: %v", err)
-	}
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	cfg.MaxConns = 4
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close) // before the schema is dropped
+	pool := migrationstest.New(t, schema).Pool
 	for _, sql := range []string{
 		`CREATE TABLE jobs (id text PRIMARY KEY, written_by text NOT NULL,
 			lock_version bigint NOT NULL DEFAULT 0 CHECK (lock_version >= 0))`,
@@ -103,6 +59,7 @@ func newFencedStores(t *testing.T) *fencedStores {
 		}
 	}
 	f := &fencedStores{pool: pool, prefix: "redis-failover/" + hex.EncodeToString(b[:]) + "/"}
+	var err error
 	if f.table, err = sqlguard.NewTable(schema, "jobs", "id"); err != nil {
 		t.Fatal(err)
 	}
@@ -117,18 +74,8 @@ func newFencedStores(t *testing.T) *fencedStores {
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	t.Cleanup(tr.CloseIdleConnections)
-	client := s3.New(s3.Options{
-		Region:       "us-east-1",
-		BaseEndpoint: aws.String(s3env.Endpoint),
-		UsePathStyle: true,
-		Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
-			return aws.Credentials{AccessKeyID: s3env.AccessKey, SecretAccessKey: s3env.SecretKey, Source: "fencekit test"}, nil
-		}),
-		HTTPClient: &http.Client{Transport: tr},
-	})
-	_, err = client.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(s3env.Bucket)})
-	var ae smithy.APIError
-	if err != nil && !(errors.As(err, &ae) && (ae.ErrorCode() == "BucketAlreadyOwnedByYou" || ae.ErrorCode() == "BucketAlreadyExists")) {
+	client := services.NewS3ClientOver(s3env, tr)
+	if err := services.EnsureBucket(ctx, client, s3env.Bucket); err != nil {
 		t.Fatalf("S3 bucket %s at %s: %v", s3env.Bucket, s3env.Endpoint, err)
 	}
 	if f.blobs, err = blobguard.New(client, s3env.Bucket); err != nil {

@@ -34,24 +34,39 @@ const VersitygwVersion = "v1.8.0"
 
 // NewS3Client returns an S3 client for env (path-style addressing, region
 // us-east-1, static credentials).
-func NewS3Client(env testenv.S3) *s3.Client {
-	return s3.New(s3.Options{
+func NewS3Client(env testenv.S3) *s3.Client { return NewS3ClientOver(env, nil) }
+
+// NewS3ClientOver is NewS3Client sending its requests over rt (a
+// transport the caller closes the idle connections of, or one that
+// injects faults); over the SDK's own HTTP client when rt is nil.
+func NewS3ClientOver(env testenv.S3, rt http.RoundTripper) *s3.Client {
+	o := s3.Options{
 		Region:       "us-east-1",
 		BaseEndpoint: aws.String(env.Endpoint),
 		UsePathStyle: true,
 		Credentials:  credentials.NewStaticCredentialsProvider(env.AccessKey, env.SecretKey, ""),
-	})
+	}
+	if rt != nil {
+		o.HTTPClient = &http.Client{Transport: rt}
+	}
+	return s3.New(o)
 }
 
-func createBucket(ctx context.Context, env testenv.S3) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	_, err := NewS3Client(env).CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(env.Bucket)})
+// EnsureBucket creates bucket through c unless it exists already. ctx
+// bounds the request.
+func EnsureBucket(ctx context.Context, c *s3.Client, bucket string) error {
+	_, err := c.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(bucket)})
 	var ae smithy.APIError
 	if errors.As(err, &ae) && (ae.ErrorCode() == "BucketAlreadyOwnedByYou" || ae.ErrorCode() == "BucketAlreadyExists") {
 		return nil
 	}
 	return err
+}
+
+func createBucket(ctx context.Context, env testenv.S3) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return EnsureBucket(ctx, NewS3Client(env), env.Bucket)
 }
 
 // versitygwBinary returns a versitygw built at VersitygwVersion: the one in
