@@ -38,11 +38,13 @@ type retryNow struct{}
 
 func (retryNow) NextRetry(*rivertype.JobRow) time.Time { return time.Now() }
 
-// startWorker starts a worker process that waits at gate ("claimed",
-// "written" or "") and waits for it to start its River client.
+// startWorker starts a worker process, a River client that works one pay
+// job under the Fence and exits, and waits for it to start its client.
+// The job waits for a line on stdin at gate: "claimed" (before its first
+// write), "written" (after it), or "" (nowhere).
 func startWorker(t *testing.T, e *env, name, gate string) *testkit.Child[event] {
 	t.Helper()
-	c := testkit.StartChild[event](t, name, workerVar, workerConfig{Name: name, URL: e.URL, Schema: e.Schema, Gate: gate})
+	c := testkit.StartChild[event](t, name, workerVar, e.Child(name, gate))
 	c.Next(t, step, "start", func(ev event) bool { return ev.Kind == "started" }, nil)
 	return c
 }

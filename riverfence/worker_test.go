@@ -49,29 +49,15 @@ func (payArgs) Kind() string { return "pay" }
 // workerVar carries a worker process's configuration (testkit.StartChild).
 const workerVar = "RIVERFENCE_TEST_WORKER"
 
-// workerConfig configures a worker process: a River client that works one
-// pay job under the Fence and exits.
-type workerConfig struct {
-	Name   string `json:"name"`
-	URL    string `json:"url"`
-	Schema string `json:"schema"`
-	// Gate is where the job waits for a line on stdin: "claimed" (before
-	// its first write), "written" (after it), or "" (nowhere).
-	Gate string `json:"gate"`
-}
-
-// event is one line a worker reports.
+// event is one line a worker reports; the outcome of a write or a
+// completion is in its testkit.Outcome.
 type event struct {
-	Who        string      `json:"who"`
-	Kind       string      `json:"kind"` // started, claimed, write, complete, context, stopped
-	Attempt    int         `json:"attempt,omitempty"`
-	Token      fence.Token `json:"token,omitempty"`
-	Accepted   bool        `json:"accepted,omitempty"`
-	Stale      bool        `json:"stale,omitempty"`
-	Presented  fence.Token `json:"presented,omitempty"`
-	Current    fence.Token `json:"current,omitempty"`
-	Superseded bool        `json:"superseded,omitempty"`
-	Err        string      `json:"err,omitempty"`
+	Who     string      `json:"who"`
+	Kind    string      `json:"kind"` // started, claimed, write, complete, context, stopped
+	Attempt int         `json:"attempt,omitempty"`
+	Token   fence.Token `json:"token,omitempty"`
+	testkit.Outcome
+	Superseded bool `json:"superseded,omitempty"`
 }
 
 // payWorker is the pay job's worker.
@@ -93,14 +79,7 @@ func (w *payWorker) report(e event) {
 
 // outcome is the event of a write or a completion that returned err.
 func outcome(kind string, err error) event {
-	e := event{Kind: kind, Accepted: err == nil}
-	if se, ok := fence.AsStale(err); ok {
-		e.Stale, e.Presented, e.Current = true, se.Presented, se.Current
-	}
-	if err != nil {
-		e.Err = err.Error()
-	}
-	return e
+	return event{Kind: kind, Outcome: testkit.OutcomeOf(err)}
 }
 
 func (w *payWorker) wait(at string) {
@@ -140,7 +119,7 @@ func (w *payWorker) Work(ctx context.Context, job *river.Job[payArgs]) error {
 
 // runWorker is a worker process (testkit.ChildMain): it works one job
 // and returns, or returns an error when it could not run.
-func runWorker(cfg workerConfig) error {
+func runWorker(cfg migrationstest.ChildConfig) error {
 	ctx := context.Background()
 	pool, err := migrationstest.OpenPool(ctx, cfg.URL, cfg.Schema)
 	if err != nil {

@@ -31,44 +31,26 @@ const jobWorkerVar = "SQLGUARD_TEST_JOB_WORKER"
 // claim expires while it is frozen.
 const jobClaim = time.Second
 
-type jobWorkerConfig struct {
-	Name   string `json:"name"`
-	URL    string `json:"url"`
-	Schema string `json:"schema"`
-	// Gate is where the job waits for a line on stdin: "claimed" or
-	// "written" (after its progress write), or "".
-	Gate string `json:"gate"`
-}
-
+// jobEvent is one line a job worker reports; the outcome of a heartbeat,
+// a write or a completion is in its testkit.Outcome.
 type jobEvent struct {
-	Who       string      `json:"who"`
-	Kind      string      `json:"kind"` // claimed, waiting, heartbeat, write, complete
-	ID        int64       `json:"id,omitempty"`
-	Attempt   int         `json:"attempt,omitempty"`
-	Token     fence.Token `json:"token,omitempty"`
-	Accepted  bool        `json:"accepted,omitempty"`
-	Stale     bool        `json:"stale,omitempty"`
-	Presented fence.Token `json:"presented,omitempty"`
-	Current   fence.Token `json:"current,omitempty"`
-	Err       string      `json:"err,omitempty"`
+	Who     string      `json:"who"`
+	Kind    string      `json:"kind"` // claimed, waiting, heartbeat, write, complete
+	ID      int64       `json:"id,omitempty"`
+	Attempt int         `json:"attempt,omitempty"`
+	Token   fence.Token `json:"token,omitempty"`
+	testkit.Outcome
 }
 
 func jobOutcome(who, kind string, err error) jobEvent {
-	e := jobEvent{Who: who, Kind: kind, Accepted: err == nil}
-	if se, ok := fence.AsStale(err); ok {
-		e.Stale, e.Presented, e.Current = true, se.Presented, se.Current
-	}
-	if err != nil {
-		e.Err = err.Error()
-	}
-	return e
+	return jobEvent{Who: who, Kind: kind, Outcome: testkit.OutcomeOf(err)}
 }
 
 // runJobWorker is a job worker process (testkit.ChildMain): it claims one
 // job (polling), writes its progress, then in one transaction its ledger
 // line, the account's balance and the job's completion. It returns an
 // error when it could not run.
-func runJobWorker(cfg jobWorkerConfig) error {
+func runJobWorker(cfg migrationstest.ChildConfig) error {
 	ctx := context.Background()
 	pool, err := migrationstest.OpenPool(ctx, cfg.URL, cfg.Schema)
 	if err != nil {
@@ -138,9 +120,12 @@ func jobsScenario(t *testing.T) (*env, int64) {
 	return e, id
 }
 
+// startJobWorker starts a job worker process that waits for a line on
+// stdin at gate: "claimed", "written" (after its progress write), or ""
+// (nowhere).
 func startJobWorker(t *testing.T, e *env, name, gate string) *testkit.Child[jobEvent] {
 	t.Helper()
-	return testkit.StartChild[jobEvent](t, name, jobWorkerVar, jobWorkerConfig{Name: name, URL: e.URL, Schema: e.Schema, Gate: gate})
+	return testkit.StartChild[jobEvent](t, name, jobWorkerVar, e.Child(name, gate))
 }
 
 func nextJobEvent(t *testing.T, c *testkit.Child[jobEvent], kind string) jobEvent {

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fencekit/fencekit/fence"
 )
 
 // A test that needs real processes (a worker frozen with SIGSTOP, one
@@ -208,6 +210,30 @@ func ChildMain[T any](envVar string, run func(cfg T) error) {
 		os.Exit(2)
 	}
 	os.Exit(0)
+}
+
+// Outcome is what a child reports of one fenced write (or completion):
+// accepted, or refused, as stale (naming the presented and the current
+// token) or for another reason (Err). Embedded in a child's event type,
+// its fields are the event's own in JSON.
+type Outcome struct {
+	Accepted  bool        `json:"accepted,omitempty"`
+	Stale     bool        `json:"stale,omitempty"`
+	Presented fence.Token `json:"presented,omitempty"`
+	Current   fence.Token `json:"current,omitempty"`
+	Err       string      `json:"err,omitempty"`
+}
+
+// OutcomeOf returns the Outcome of a write that returned err.
+func OutcomeOf(err error) Outcome {
+	o := Outcome{Accepted: err == nil}
+	if se, ok := fence.AsStale(err); ok {
+		o.Stale, o.Presented, o.Current = true, se.Presented, se.Current
+	}
+	if err != nil {
+		o.Err = err.Error()
+	}
+	return o
 }
 
 // Reporter prints a child's events on its stdout, one JSON object a line.

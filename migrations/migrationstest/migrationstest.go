@@ -2,7 +2,7 @@
 // tests of the modules that write to fencekit's PostgreSQL tables: a
 // throwaway schema with the migrations applied (Schema, or New with a
 // pool on it), pools on a schema for tests and for the child processes
-// they start (Pool, OpenPool), and a wait for a condition the database
+// they start (Pool, OpenPool; ChildConfig), and a wait for a condition the database
 // reports (WaitTrue). It is outside the compatibility promise; no program
 // of a user imports it.
 package migrationstest
@@ -72,6 +72,23 @@ type Env struct {
 	// Pool has at most 8 connections and the search_path Schema; it is
 	// closed when the test ends, before the schema is dropped.
 	Pool *pgxpool.Pool
+}
+
+// ChildConfig configures a worker process that a test starts
+// (testkit.StartChild) to work on an Env's schema.
+type ChildConfig struct {
+	Name   string `json:"name"`
+	URL    string `json:"url"`
+	Schema string `json:"schema"`
+	// Gate is the point where the worker waits for a line on its stdin
+	// (each test names its points), or "" for nowhere.
+	Gate string `json:"gate"`
+}
+
+// Child returns the configuration of the worker name on e's schema,
+// waiting at gate.
+func (e *Env) Child(name, gate string) ChildConfig {
+	return ChildConfig{Name: name, URL: e.URL, Schema: e.Schema, Gate: gate}
 }
 
 // New creates the schema name, with fencekit's migrations applied, on
