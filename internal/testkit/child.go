@@ -215,13 +215,12 @@ func ChildMain[T any](envVar string, run func(cfg T) error) {
 // Outcome is what a child reports of one fenced write (or completion):
 // accepted, or refused, as stale (naming the presented and the current
 // token) or for another reason (Err). Embedded in a child's event type,
-// its fields are the event's own in JSON.
+// its fields are the event's own in JSON, under their Go names.
 type Outcome struct {
-	Accepted  bool        `json:"accepted,omitempty"`
-	Stale     bool        `json:"stale,omitempty"`
-	Presented fence.Token `json:"presented,omitempty"`
-	Current   fence.Token `json:"current,omitempty"`
-	Err       string      `json:"err,omitempty"`
+	Accepted           bool
+	Stale              bool
+	Presented, Current fence.Token
+	Err                string
 }
 
 // OutcomeOf returns the Outcome of a write that returned err.
