@@ -1,10 +1,10 @@
 // Package migrationstest is fencekit's own test equipment, shared by the
 // tests of the modules that write to fencekit's PostgreSQL tables: a
 // throwaway schema with the migrations applied (Schema, or New with a
-// pool on it), pools on a schema for tests and for the child processes
-// they start (Pool, OpenPool; ChildConfig), and a wait for a condition the database
-// reports (WaitTrue). It is outside the compatibility promise; no program
-// of a user imports it.
+// pool on it), pools on a schema for tests and for the worker processes
+// they start (Pool, OpenPool, ChildConfig), and a wait for a condition
+// the database reports (WaitTrue). It is outside the compatibility
+// promise; no program of a user imports it.
 package migrationstest
 
 import (
