@@ -7,9 +7,9 @@
 // Helpers that need a store's client stay with that store's harness, a
 // package of the module that already uses the client
 // (lease/redislease/redistest, lease/pglease/internal/pgtest,
-// lease/etcdlease/etcdtest, dynamoguard/dynamotest,
-// migrations/migrationstest), so that a backend's test module graph never
-// pulls in another store's client. What only the examples and the
+// lease/etcdlease/etcdtest, lease/zklease/zkleasetest,
+// dynamoguard/dynamotest, migrations/migrationstest), so that a backend's
+// test module graph never pulls in another store's client. What only the examples and the
 // integration tests use lives in internal/rig, a module never released.
 // Package testenv, beside this one, tells where the services are.
 package testkit
