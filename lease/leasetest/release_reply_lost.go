@@ -3,7 +3,6 @@ package leasetest
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -94,8 +93,8 @@ func CheckReleaseReplyLost(t *testing.T, rl ReplyLoss) {
 		if !errors.Is(l.Err(), lease.ErrReleased) {
 			t.Errorf("round %d: the lease's Err after Release = %v, want ErrReleased", round, l.Err())
 		}
-		if lost, released, last := obs.counts(); lost > 0 || last != "" || released != round {
-			t.Fatalf("round %d: the Manager observed %d losses and %d releases (last failure: %s); want no loss and %d clean releases",
+		if lost, released, last := obs.counts(); lost > 0 || last != nil || released != round {
+			t.Fatalf("round %d: the Manager observed %d losses and %d releases (last failure: %v); want no loss and %d clean releases",
 				round, lost, released, last, round)
 		}
 		if in, ok := rl.Backend.(driver.Inspector); ok {
@@ -125,8 +124,8 @@ func CheckReleaseReplyLost(t *testing.T, rl ReplyLoss) {
 	if err != nil {
 		t.Errorf("Run of a job that succeeded, its release's reply lost = %v, want nil", err)
 	}
-	if lost, _, last := obs.counts(); lost > 0 || last != "" {
-		t.Fatalf("Run: the Manager observed %d losses (last failure: %s), want none", lost, last)
+	if lost, _, last := obs.counts(); lost > 0 || last != nil {
+		t.Fatalf("Run: the Manager observed %d losses (last failure: %v), want none", lost, last)
 	}
 }
 
@@ -137,14 +136,14 @@ type endLog struct {
 	mu       sync.Mutex
 	lost     int
 	released int
-	last     string
+	last     error
 }
 
 func (o *endLog) Lost(e lease.LostEvent) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.lost++
-	o.last = fmt.Sprint(e.Err)
+	o.last = e.Err
 }
 
 func (o *endLog) Released(e lease.ReleasedEvent) {
@@ -152,13 +151,13 @@ func (o *endLog) Released(e lease.ReleasedEvent) {
 	defer o.mu.Unlock()
 	o.released++
 	if e.Err != nil {
-		o.last = fmt.Sprint(e.Err)
+		o.last = e.Err
 	}
 }
 
 // counts returns the losses, the releases (clean or not), and the error of
-// the last loss or failed release ("" when there was none).
-func (o *endLog) counts() (lost, released int, last string) {
+// the last loss or failed release (nil when there was none).
+func (o *endLog) counts() (lost, released int, last error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.lost, o.released, o.last
