@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/memlease"
@@ -344,19 +345,7 @@ func TestRenewTakenOverCancelsAtOnce(t *testing.T) {
 		}
 		notHeld := lease.ErrNotHeld
 		fb.renewErr.Store(&notHeld)
-		err = l.Renew(context.Background())
-		var le *lease.LostError
-		if !errors.As(err, &le) || le.Reason != lease.LostTakenOver {
-			t.Fatalf("Renew = %v, want a LostError (taken over)", err)
-		}
-		select {
-		case <-l.Done():
-		default:
-			t.Fatal("Done not closed when Renew returned")
-		}
-		if err := l.Release(context.Background()); !errors.Is(err, lease.ErrLost) {
-			t.Fatalf("Release = %v, want ErrLost", err)
-		}
+		testkit.RenewFindsTakenOver(t, context.Background(), l)
 	})
 }
 

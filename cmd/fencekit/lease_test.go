@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -207,12 +205,12 @@ func TestLeaseVerbsOnEveryStore(t *testing.T) {
 
 // cli runs the command with st's variables, and, for the lease commands,
 // its flags.
-func (st leaseStore) cli(t *testing.T, ctx context.Context, stdout *syncBuffer, args ...string) (int, string, string) {
+func (st leaseStore) cli(t *testing.T, ctx context.Context, stdout *testkit.SyncBuffer, args ...string) (int, string, string) {
 	t.Helper()
 	if stdout == nil {
-		stdout = new(syncBuffer)
+		stdout = new(testkit.SyncBuffer)
 	}
-	var stderr syncBuffer
+	var stderr testkit.SyncBuffer
 	getenv := func(k string) string {
 		if v, ok := st.env[k]; ok {
 			return v
@@ -286,7 +284,7 @@ func checkLeaseVerbs(t *testing.T, st leaseStore) {
 
 	// watch, until the test is done with it.
 	wctx, stopWatch := context.WithCancel(ctx)
-	var watchOut syncBuffer
+	var watchOut testkit.SyncBuffer
 	watched := make(chan int, 1)
 	go func() {
 		code, _, _ := st.cli(t, wctx, &watchOut, "lease", "watch", name, "-o", "json", "--interval", "100ms")
@@ -396,24 +394,6 @@ func checkLeaseVerbs(t *testing.T, st leaseStore) {
 	if code, out, _ := st.cli(t, ctx, nil, "lease", "ls", prefix, "-o", "json"); code != exitOK || strings.TrimSpace(out) != "[]" {
 		t.Fatalf("lease ls after every release = %d, %q", code, out)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func TestLeaseUsage(t *testing.T) {

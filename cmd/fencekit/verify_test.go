@@ -421,7 +421,7 @@ func TestVerifyKilledLeavesNoWorkerAndItsScratchIsSwept(t *testing.T) {
 	out := t.TempDir()
 	cmd := exec.Command(exe, append(append(append([]string{"verify"}, st.flags...), g.flags...), "--duration", "1m", "--ttl", "500ms", "--faults", "stop", "--fault-interval", "300ms", "--out", out)...)
 	cmd.Env = append(os.Environ(), "FENCEKIT_TEST_RUN_MAIN=1", databaseURLVar+"="+testenv.PostgresURL(), redisURLVar+"="+testenv.RedisURL())
-	var stderr syncBuffer
+	var stderr testkit.SyncBuffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -625,7 +625,7 @@ func TestVerifyUsage(t *testing.T) {
 		t.Errorf("verify against nothing = %d, %q; want a failure naming the store", code, stderr)
 	}
 	// The worker command is not for people.
-	var out syncBuffer
+	var out testkit.SyncBuffer
 	if code := runWorker(context.Background(), strings.NewReader("hello\n"), &out, &out); code != exitUsage || !strings.Contains(out.String(), "not for direct use") {
 		t.Errorf("verify-worker by hand = %d, %q", code, out.String())
 	}

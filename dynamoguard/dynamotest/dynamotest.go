@@ -143,9 +143,28 @@ type Key struct {
 // until it is active, and deletes it when t ends. It fails t on any error.
 func CreateTable(t testing.TB, c *dynamodb.Client, table string, key Key) {
 	t.Helper()
+	createThenDelete(t, c, table, func(ctx context.Context, table string) error {
+		return Create(ctx, c, table, key)
+	})
+}
+
+// NewTable creates a table of its own for t, named TableName(t, prefix),
+// with create (a schema of the caller's: a lease table, say), and deletes
+// it through c when t ends; it returns the table's name. create must
+// return once the table is active; it and the delete are bounded by a
+// minute each. It fails t on any error.
+func NewTable(t testing.TB, c *dynamodb.Client, prefix string, create func(ctx context.Context, table string) error) string {
+	t.Helper()
+	table := TableName(t, prefix)
+	createThenDelete(t, c, table, create)
+	return table
+}
+
+func createThenDelete(t testing.TB, c *dynamodb.Client, table string, create func(ctx context.Context, table string) error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := Create(ctx, c, table, key); err != nil {
+	if err := create(ctx, table); err != nil {
 		t.Fatalf("dynamotest: create table %s: %v", table, err)
 	}
 	t.Cleanup(func() {

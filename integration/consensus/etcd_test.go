@@ -2,10 +2,8 @@ package consensus
 
 import (
 	"testing"
-	"time"
 
 	"github.com/fencekit/fencekit/internal/testkit"
-	"github.com/fencekit/fencekit/lease/etcdlease"
 	"github.com/fencekit/fencekit/lease/etcdlease/etcdtest"
 )
 
@@ -17,16 +15,8 @@ func etcdPrefix(t testing.TB) string {
 }
 
 // newEtcdBackend returns a backend over cli with the test servers' minimum
-// TTL (1 s: TickMs 10, ElectionMs 100), closed when the test ends.
-func newEtcdBackend(t testing.TB, cli etcdlease.Client, prefix string) *etcdlease.Backend {
-	t.Helper()
-	b, err := etcdlease.New(cli, etcdlease.WithPrefix(prefix), etcdlease.WithMinTTL(time.Second))
-	if err != nil {
-		t.Fatalf("etcdlease.New: %v", err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	return b
-}
+// TTL, closed when the test ends.
+var newEtcdBackend = etcdtest.NewBackend
 
 // etcdCluster starts a three-member cluster for one test, with the Steady
 // timing (see etcdtest.Steady).

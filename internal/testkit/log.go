@@ -1,10 +1,12 @@
 package testkit
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -26,3 +28,25 @@ func (h logHandler) Handle(_ context.Context, r slog.Record) error {
 
 func (h logHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h logHandler) WithGroup(string) slog.Handler      { return h }
+
+// SyncBuffer is a bytes.Buffer safe for a writer (a logger, a command's
+// output) and a reader (the test) at once. Its zero value is empty and
+// ready to use.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write appends p to the buffer.
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// String returns what was written so far.
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

@@ -7,9 +7,9 @@
 // Helpers that need a store's client stay with that store's harness, a
 // package of the module that already uses the client
 // (lease/redislease/redistest, lease/pglease/internal/pgtest,
-// lease/etcdlease/etcdtest, dynamoguard/dynamotest,
-// migrations/migrationstest), so that a backend's test module graph never
-// pulls in another store's client. What only the examples and the
+// lease/etcdlease/etcdtest, lease/zklease/zkleasetest,
+// dynamoguard/dynamotest, migrations/migrationstest), so that a backend's
+// test module graph never pulls in another store's client. What only the examples and the
 // integration tests use lives in internal/rig, a module never released.
 // Package testenv, beside this one, tells where the services are.
 package testkit
@@ -297,4 +297,27 @@ func ExpectTakeover(tb testing.TB, who string, prev *lease.Lease, ch <-chan Acqu
 		tb.Fatalf("%s: token %d after %d", who, g.Lease.Token(), prev.Token())
 	}
 	return g
+}
+
+// RenewFindsTakenOver renews l, whose name the store now grants to
+// another owner, and checks that the lease ends at once: Renew returns a
+// *lease.LostError for lease.LostTakenOver, l's Done is closed by the time
+// it returns, and a Release after it returns an error matching
+// lease.ErrLost. ctx bounds both calls. What the Release left at the
+// store (the other owner's grant untouched) is the caller's to check.
+func RenewFindsTakenOver(tb testing.TB, ctx context.Context, l *lease.Lease) {
+	tb.Helper()
+	err := l.Renew(ctx)
+	var le *lease.LostError
+	if !errors.As(err, &le) || le.Reason != lease.LostTakenOver {
+		tb.Fatalf("Renew = %v, want a LostError (taken over)", err)
+	}
+	select {
+	case <-l.Done():
+	default:
+		tb.Fatal("Done not closed when Renew returned")
+	}
+	if err := l.Release(ctx); !errors.Is(err, lease.ErrLost) {
+		tb.Fatalf("Release = %v, want ErrLost", err)
+	}
 }

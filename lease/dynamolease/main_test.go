@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/fencekit/fencekit/dynamoguard/dynamotest"
-	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease/dynamolease"
 )
 
@@ -18,17 +17,10 @@ func TestMain(m *testing.M) { os.Exit(dynamotest.RunMain(m)) }
 // newTable creates a throwaway lease table, deleted when t ends.
 func newTable(t testing.TB) string {
 	t.Helper()
-	table := dynamotest.TableName(t, "lease")
 	c := dynamotest.Client(t)
-	if err := dynamolease.CreateTable(testkit.Context(t), c, table, ""); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := dynamotest.Delete(context.Background(), c, table); err != nil {
-			t.Errorf("delete table %s: %v", table, err)
-		}
+	return dynamotest.NewTable(t, c, "lease", func(ctx context.Context, table string) error {
+		return dynamolease.CreateTable(ctx, c, table, "")
 	})
-	return table
 }
 
 func newBackend(t testing.TB, table string, opts ...dynamolease.Option) *dynamolease.Backend {

@@ -18,6 +18,7 @@ import (
 	"github.com/fencekit/fencekit/lease/driver"
 	"github.com/fencekit/fencekit/lease/etcdlease"
 	"github.com/fencekit/fencekit/lease/etcdlease/etcdtest"
+	"github.com/fencekit/fencekit/lease/leasetest"
 )
 
 // replyLoss starts a proxy in front of cl's first member and returns it
@@ -32,82 +33,24 @@ func replyLoss(t *testing.T, cl *etcdtest.Cluster, p, name string) (*faultnet.Wi
 	return w, "http://" + px.Addr
 }
 
-// lossCounter counts the losses and failed releases a Manager reports.
-type lossCounter struct {
-	lease.NopObserver
-	mu     sync.Mutex
-	lost   []lease.LostEvent
-	failed []lease.ReleasedEvent
-}
-
-func (o *lossCounter) Lost(e lease.LostEvent) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.lost = append(o.lost, e)
-}
-
-func (o *lossCounter) Released(e lease.ReleasedEvent) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if e.Err != nil {
-		o.failed = append(o.failed, e)
-	}
-}
-
-func (o *lossCounter) counts() (lost int, failed int, last string) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	switch {
-	case len(o.lost) > 0:
-		last = fmt.Sprint(o.lost[len(o.lost)-1].Err)
-	case len(o.failed) > 0:
-		last = fmt.Sprint(o.failed[len(o.failed)-1].Err)
-	}
-	return len(o.lost), len(o.failed), last
-}
-
 // A clean release whose reply is lost (the connection breaks after the
-// member applied it) is a release: Release through the Manager returns nil,
-// no loss is observed, and the name is free at once. The release is sent
-// again on a new connection: by etcd's client itself when it was a Revoke
-// (a "repeatable" call, retried on Unavailable), which then found the lease
-// gone (ErrLeaseNotFound) and reported the lease lost, 3 of 3 rounds; by
-// the backend now, whose release transaction finds the owner's ended
-// record that its first attempt wrote.
+// member applied it) is a release (leasetest.CheckReleaseReplyLost): the
+// release is sent again on a new connection. By etcd's client itself when
+// it was a Revoke (a "repeatable" call, retried on Unavailable), which then
+// found the lease gone (ErrLeaseNotFound) and reported the lease lost, 3 of
+// 3 rounds; by the backend now, whose release transaction finds the
+// owner's ended record that its first attempt wrote.
 func TestReleaseWhoseReplyIsLostIsARelease(t *testing.T) {
 	cl := etcdtest.Start(t, 1)
 	p := prefix(t)
 	loss, endpoint := replyLoss(t, cl, p, "job")
-	b := newBackend(t, cl.Client(endpoint), p)
-	obs := &lossCounter{}
-	const ttl = 3 * time.Second
-	m := testkit.NewManager(t, b, ttl, lease.WithObserver(obs))
-	other := testkit.NewManager(t, newBackend(t, cl.Client(), p), ttl)
-	for round := 1; round <= 3; round++ {
-		l, err := m.TryAcquire(testkit.Context(t), "job")
-		if err != nil {
-			t.Fatalf("round %d: TryAcquire: %v", round, err)
-		}
-		drops := loss.Cuts()
-		loss.Arm()
-		err = l.Release(testkit.Context(t))
-		if loss.Cuts() == drops {
-			t.Fatalf("round %d: no reply was lost", round)
-		}
-		if err != nil {
-			t.Errorf("round %d: Release whose reply was lost = %v, want nil", round, err)
-		}
-		if lost, failed, last := obs.counts(); lost+failed > 0 {
-			t.Fatalf("round %d: the Manager observed %d losses and %d failed releases (last: %s)", round, lost, failed, last)
-		}
-		l2, err := other.TryAcquire(testkit.Context(t), "job")
-		if err != nil {
-			t.Fatalf("round %d: another client's TryAcquire after the release: %v", round, err)
-		}
-		if err := l2.Release(testkit.Context(t)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	leasetest.CheckReleaseReplyLost(t, leasetest.ReplyLoss{
+		Backend: newBackend(t, cl.Client(endpoint), p),
+		Other:   newBackend(t, cl.Client(), p),
+		Fault:   loss,
+		Name:    "job",
+		TTL:     3 * time.Second,
+	})
 }
 
 // heldClient holds the next transaction it is armed for until released: a

@@ -22,8 +22,7 @@ func TestReleaseOfALostLeaseWithALostReplyIsStillALoss(t *testing.T) {
 	p := prefix(t)
 	loss, endpoint := replyLoss(t, cl, p, "job")
 	b := newBackend(t, cl.Client(endpoint), p)
-	obs := &lossCounter{}
-	m := testkit.NewManager(t, b, 3*time.Second, lease.WithObserver(obs))
+	m := testkit.NewManager(t, b, 3*time.Second)
 	exercised := 0
 	for round := 1; exercised < 3; round++ {
 		if round > 20 {

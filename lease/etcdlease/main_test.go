@@ -12,7 +12,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/fencekit/fencekit/internal/testkit"
-	"github.com/fencekit/fencekit/lease/etcdlease"
 	"github.com/fencekit/fencekit/lease/etcdlease/etcdtest"
 )
 
@@ -34,17 +33,9 @@ func prefix(t testing.TB) string {
 	return "fencekit-test/" + strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()) + "-" + hex.EncodeToString(b[:]) + "/"
 }
 
-// newBackend returns a backend over cli with the test servers' minimum TTL
-// (1 s: TickMs 10, ElectionMs 100), closed when the test ends.
-func newBackend(t testing.TB, cli etcdlease.Client, prefix string) *etcdlease.Backend {
-	t.Helper()
-	b, err := etcdlease.New(cli, etcdlease.WithPrefix(prefix), etcdlease.WithMinTTL(time.Second))
-	if err != nil {
-		t.Fatalf("etcdlease.New: %v", err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	return b
-}
+// newBackend returns a backend over cli with the test servers' minimum TTL,
+// closed when the test ends.
+var newBackend = etcdtest.NewBackend
 
 // revokeLeasesUnder revokes, from an operator's client, every etcd lease
 // that has a key under prefix attached, and returns how many it revoked.

@@ -26,9 +26,12 @@
 // refused, its Manager's lease ended at its next renewal, the next token
 // greater).
 //
-// CheckLostByDeadline serves a backend's own fault tests (a store that
-// stopped answering): it checks a lost lease's deadline by the rule and
-// allows for a late timer.
+// CheckLostByDeadline and CheckReleaseReplyLost serve a backend's own
+// fault tests. The first (a store that stopped answering) checks a lost
+// lease's deadline by the rule and allows for a late timer; the second
+// (a release applied, its reply lost, the request sent again) checks that
+// the release is a release, through a fault the backend's tests set up
+// in the store's protocol (ReplyFault).
 //
 // # Capabilities
 //

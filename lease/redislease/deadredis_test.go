@@ -1,40 +1,20 @@
 package redislease_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 )
-
-// syncBuffer is a bytes.Buffer safe for the Manager's logger to write to
-// while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // closedPort returns a loopback address where nothing listens: a port
 // that was free a moment ago.
@@ -57,7 +37,7 @@ func TestAcquireOnDeadRedis(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: closedPort(t), MaxRetries: -1})
 	defer c.Close()
 	b := newBackend(t, c, "fencekit:")
-	var logs syncBuffer
+	var logs testkit.SyncBuffer
 	m := newManager(t, b, lease.Options{TTL: time.Second, PollInterval: 50 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 

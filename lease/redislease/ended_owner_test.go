@@ -3,11 +3,9 @@ package redislease_test
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
+	"github.com/fencekit/fencekit/lease/leasetest"
 	"github.com/fencekit/fencekit/lease/redislease"
 	"github.com/fencekit/fencekit/lease/redislease/redistest"
 )
@@ -84,94 +83,28 @@ func faultClient(t *testing.T, w *faultnet.Wire) *redis.Client {
 	return c
 }
 
-// endObserver is an Observer that counts losses and records releases.
-type endObserver struct {
-	lease.NopObserver
-	mu       sync.Mutex
-	lost     []lease.LostEvent
-	released []lease.ReleasedEvent
-}
-
-func (o *endObserver) Lost(e lease.LostEvent) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.lost = append(o.lost, e)
-}
-
-func (o *endObserver) Released(e lease.ReleasedEvent) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.released = append(o.released, e)
-}
-
-func (o *endObserver) counts() (lost int, released []lease.ReleasedEvent) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return len(o.lost), append([]lease.ReleasedEvent(nil), o.released...)
-}
-
-// A clean release whose reply is lost, and which go-redis
-// resends on a new connection (default MaxRetries), is a release: Release
-// returns nil, the lease ends as released, the Observer counts no loss,
-// and Run reports the job's success. (Before the tombstones, the resent
-// script found the key its first send had deleted and answered "not
-// held": a *LostError "taken over", and a loss counted.)
+// A clean release whose reply is lost, and which go-redis resends on a new
+// connection (default MaxRetries), is a release, through Release and
+// through Run (leasetest.CheckReleaseReplyLost). (Before the tombstones,
+// the resent script found the key its first send had deleted and answered
+// "not held": a *LostError "taken over", and a loss counted.)
 func TestReleaseReplyLostIsARelease(t *testing.T) {
 	prefix := redistest.Prefix(t)
 	name := "release-reply-lost"
 	// Only release.lua and abandon.lua carry the channel.
-	keys := newBackend(t, redistest.Shared(t), prefix).KeysFor(name)
-	f := scriptFault([]byte(keys.Channel), false)
+	other := newBackend(t, redistest.Shared(t), prefix)
+	f := scriptFault([]byte(other.KeysFor(name).Channel), false)
 	b := newBackend(t, faultClient(t, f), prefix)
-	obs := &endObserver{}
-	m := newManager(t, b, lease.Options{TTL: 5 * time.Second, Observer: obs})
-
-	t.Run("Release", func(t *testing.T) {
-		l, err := m.TryAcquire(testkit.Context(t), name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f.Arm()
-		before := f.Cuts()
-		err = l.Release(testkit.Context(t))
-		if f.Cuts() != before+1 {
-			t.Fatal("the release request was not faulted: the test proves nothing")
-		}
-		if err != nil {
-			t.Fatalf("Release whose reply was lost and which go-redis resent = %v, want nil", err)
-		}
-		if !errors.Is(l.Err(), lease.ErrReleased) {
-			t.Fatalf("the lease ended with %v, want ErrReleased", l.Err())
-		}
-		if lost, rel := obs.counts(); lost != 0 || len(rel) != 1 || rel[0].Err != nil {
-			t.Fatalf("Observer: %d losses, releases %+v; want no loss and one clean release", lost, rel)
-		}
-		if _, err := b.Holder(testkit.Context(t), name); !errors.Is(err, lease.ErrNotHeld) {
-			t.Fatalf("after the release the name must be free; Holder = %v", err)
-		}
-	})
-
-	t.Run("Run", func(t *testing.T) {
-		ran := false
-		err := m.Run(testkit.Context(t), name, func(ctx context.Context, l *lease.Lease) error {
-			ran = true
-			f.Arm() // the release that Run sends
-			return nil
+	t.Run("ReleaseAndRun", func(t *testing.T) {
+		leasetest.CheckReleaseReplyLost(t, leasetest.ReplyLoss{
+			Backend: b, Other: other, Fault: f, Name: name, TTL: 5 * time.Second,
 		})
-		if !ran || f.Armed() {
-			t.Fatalf("ran %v, fault armed still %v: the release request was not faulted", ran, f.Armed())
-		}
-		if err != nil {
-			t.Fatalf("Run of a job that succeeded, its release reply lost = %v, want nil", err)
-		}
-		if lost, _ := obs.counts(); lost != 0 {
-			t.Fatalf("Observer counted %d losses, want 0", lost)
-		}
 	})
 
 	// A lost lease whose release reply is lost stays lost: the resent
 	// release answers what the first one found.
 	t.Run("LostStaysLost", func(t *testing.T) {
+		m := newManager(t, b, lease.Options{TTL: 5 * time.Second})
 		l, err := m.TryAcquire(testkit.Context(t), name)
 		if err != nil {
 			t.Fatal(err)

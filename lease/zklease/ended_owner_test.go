@@ -16,6 +16,7 @@ import (
 	"github.com/fencekit/fencekit/internal/testkit/zktest"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/driver"
+	"github.com/fencekit/fencekit/lease/leasetest"
 	"github.com/fencekit/fencekit/lease/zklease"
 )
 
@@ -23,89 +24,29 @@ import (
 // faults_test.go).
 const opDelete = 2
 
-// lossCounter counts the losses and failed releases a Manager reports.
-type lossCounter struct {
-	lease.NopObserver
-	mu     sync.Mutex
-	lost   []lease.LostEvent
-	failed []lease.ReleasedEvent
-}
-
-func (o *lossCounter) Lost(e lease.LostEvent) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.lost = append(o.lost, e)
-}
-
-func (o *lossCounter) Released(e lease.ReleasedEvent) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if e.Err != nil {
-		o.failed = append(o.failed, e)
-	}
-}
-
-func (o *lossCounter) counts() (lost int, failed int, last string) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	switch {
-	case len(o.lost) > 0:
-		last = fmt.Sprint(o.lost[len(o.lost)-1].Err)
-	case len(o.failed) > 0:
-		last = fmt.Sprint(o.failed[len(o.failed)-1].Err)
-	}
-	return len(o.lost), len(o.failed), last
-}
-
 // A clean release whose answer is lost (the connection breaks after the
 // server applied it; the backend sends it again after the reconnect, in the
-// same session, and finds the node gone) is a release: Release through the
-// Manager returns nil, no loss is observed, and the name is free at once.
-// Before the release recorded its owner as ended in the same transaction,
-// the resent delete got "no node" and every round was reported as lost
-// ("expired or was lost"), 3 rounds of 3.
+// same session, and finds the node gone) is a release
+// (leasetest.CheckReleaseReplyLost), and the resend goes out in the same
+// session. Before the release recorded its owner as ended in the same
+// transaction, the resent delete got "no node" and every round was
+// reported as lost ("expired or was lost"), 3 rounds of 3.
 func TestReleaseWhoseAnswerIsLostIsARelease(t *testing.T) {
 	ens := zktest.Start(t, 3, zktest.Config{})
 	root := zktest.Root(t)
-	const ttl = 4 * time.Second
 	// The release's delete (or multi), applied, its answer lost; the
 	// client's reconnect is refused for a while.
 	w := faultnet.ZooKeeper(opDelete, opMulti)
 	w.RefuseAfterCut = 500 * time.Millisecond
 	b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(6*time.Second), zklease.WithDialer(w.DialTimeout))
-	obs := &lossCounter{}
-	m := testkit.NewManager(t, b, ttl, lease.WithObserver(obs))
-	other := testkit.NewManager(t, newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(6*time.Second)), ttl)
 	session, _ := b.Session()
-	for round := 1; round <= 3; round++ {
-		l, err := m.TryAcquire(testkit.Context(t), "job")
-		if err != nil {
-			t.Fatalf("round %d: TryAcquire: %v", round, err)
-		}
-		drops := w.Cuts()
-		w.Arm()
-		err = l.Release(testkit.Context(t))
-		if w.Cuts() == drops {
-			t.Fatalf("round %d: the release's answer was not dropped", round)
-		}
-		if err != nil {
-			t.Errorf("round %d: Release whose answer was lost = %v, want nil", round, err)
-		}
-		if lost, failed, last := obs.counts(); lost+failed > 0 {
-			t.Fatalf("round %d: the Manager observed %d losses and %d failed releases (last: %s)", round, lost, failed, last)
-		}
-		if !errors.Is(l.Err(), lease.ErrReleased) {
-			t.Errorf("round %d: the lease's Err after Release = %v, want ErrReleased", round, l.Err())
-		}
-		// The release was applied: the name is free for another client.
-		l2, err := other.TryAcquire(testkit.Context(t), "job")
-		if err != nil {
-			t.Fatalf("round %d: another client's TryAcquire after the release: %v", round, err)
-		}
-		if err := l2.Release(testkit.Context(t)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	leasetest.CheckReleaseReplyLost(t, leasetest.ReplyLoss{
+		Backend: b,
+		Other:   newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(6*time.Second)),
+		Fault:   w,
+		Name:    "job",
+		TTL:     4 * time.Second,
+	})
 	if now, _ := b.Session(); now != session {
 		t.Fatalf("the session changed (0x%x to 0x%x): the resend was meant to go out in the same session", session, now)
 	}

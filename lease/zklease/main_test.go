@@ -1,7 +1,6 @@
 package zklease_test
 
 import (
-	"context"
 	"errors"
 	"testing"
 	"time"
@@ -12,29 +11,16 @@ import (
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/internal/testkit/zktest"
 	"github.com/fencekit/fencekit/lease/zklease"
+	"github.com/fencekit/fencekit/lease/zklease/zkleasetest"
 )
 
 // The servers of zktest.Shared stop when the tests are done, before the
 // leak check.
 func TestMain(m *testing.M) { goleak.VerifyTestMain(zktest.StopSharedAfter(m)) }
 
-// newBackend connects a Backend to servers, closed when the test ends.
-func newBackend(t testing.TB, servers []string, opts ...zklease.Option) *zklease.Backend {
-	t.Helper()
-	b, err := zklease.New(servers, append([]zklease.Option{zklease.WithLogger(testkit.Logger(t))}, opts...)...)
-	if err != nil {
-		t.Fatalf("zklease.New: %v", err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	// The first session is set up in the background; TTL-sensitive checks
-	// should not count it.
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := b.Ready(ctx); err != nil {
-		t.Fatalf("zklease: no session: %v", err)
-	}
-	return b
-}
+// newBackend connects a Backend to servers, closed when the test ends,
+// once its first session is set up.
+var newBackend = zkleasetest.NewBackend
 
 // adminConn is a plain go-zookeeper client for the test's own inspection
 // and damage.

@@ -29,6 +29,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+
+	"github.com/fencekit/fencekit/lease/etcdlease"
 )
 
 // Fast timing for tests: heartbeats every 10 ms, elections after 100 ms,
@@ -387,6 +389,20 @@ func (c *Cluster) Client(endpoints ...string) *clientv3.Client {
 	}
 	c.t.Cleanup(func() { _ = cli.Close() })
 	return cli
+}
+
+// NewBackend returns a backend over cli under prefix with the test
+// servers' minimum TTL (1 s, with either timing: 1.5 × the election
+// timeout, rounded up to whole seconds), closed when tb ends. opts come
+// after those and may change them.
+func NewBackend(tb testing.TB, cli etcdlease.Client, prefix string, opts ...etcdlease.Option) *etcdlease.Backend {
+	tb.Helper()
+	b, err := etcdlease.New(cli, append([]etcdlease.Option{etcdlease.WithPrefix(prefix), etcdlease.WithMinTTL(time.Second)}, opts...)...)
+	if err != nil {
+		tb.Fatalf("etcdlease.New: %v", err)
+	}
+	tb.Cleanup(func() { _ = b.Close() })
+	return b
 }
 
 // NewClient returns a client of endpoints with the settings the tests use:
