@@ -46,7 +46,7 @@ func BenchmarkRedisThroughput(b *testing.B) {
 // requests carry.
 func BenchmarkRedisRenewLoad(b *testing.B) {
 	c := redistest.Shared(b)
-	rt := new(RoundTrips)
+	rt := new(redistest.RoundTrips)
 	c.AddHook(rt)
 	be := redisBackend(b, c, redistest.Prefix(b)+"renew:")
 	renewals := &pairbench.RenewCounter{}

@@ -42,7 +42,7 @@ import (
 func BenchmarkSemaphoreCyclePaired(b *testing.B) {
 	ctx := context.Background()
 	c := redistest.Shared(b)
-	rt := new(RoundTrips)
+	rt := new(redistest.RoundTrips)
 	c.AddHook(rt)
 	be := newRedisBackend(b, c, redistest.Prefix(b)+"sem:")
 	m, other := must(lease.NewManager(be, benchTTL))(b), must(lease.NewManager(be, benchTTL))(b)

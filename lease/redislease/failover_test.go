@@ -6,7 +6,6 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -80,22 +79,20 @@ func namesOn(t *testing.T, d deployment, b *redislease.Backend, primary *rediste
 // COMMAND).
 type nodeCounter struct {
 	mu sync.Mutex
-	n  map[string]*atomic.Int64
+	n  map[string]*redistest.RoundTrips
 }
 
-func newNodeCounter() *nodeCounter { return &nodeCounter{n: make(map[string]*atomic.Int64)} }
+func newNodeCounter() *nodeCounter { return &nodeCounter{n: make(map[string]*redistest.RoundTrips)} }
 
-func (c *nodeCounter) counter(addr string) *atomic.Int64 {
+// hook returns a go-redis hook that counts the round trips to addr.
+func (c *nodeCounter) hook(addr string) redis.Hook {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.n[addr] == nil {
-		c.n[addr] = new(atomic.Int64)
+		c.n[addr] = new(redistest.RoundTrips)
 	}
 	return c.n[addr]
 }
-
-// hook returns a go-redis hook that counts the round trips to addr.
-func (c *nodeCounter) hook(addr string) redis.Hook { return countHook{c.counter(addr)} }
 
 // total returns the round trips to every server so far.
 func (c *nodeCounter) total() int64 {
@@ -117,34 +114,6 @@ func (c *nodeCounter) perNode() map[string]int64 {
 		m[addr] = n.Load()
 	}
 	return m
-}
-
-type countHook struct{ n *atomic.Int64 }
-
-func notCounted(cmd redis.Cmder) bool {
-	switch cmd.Name() {
-	case "hello", "client", "cluster", "command", "readonly":
-		return true
-	}
-	return false
-}
-
-func (h countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if !notCounted(cmd) {
-			h.n.Add(1)
-		}
-		return next(ctx, cmd)
-	}
-}
-func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if len(cmds) > 0 && !notCounted(cmds[0]) {
-			h.n.Add(1)
-		}
-		return next(ctx, cmds)
-	}
 }
 
 // testExclusiveUnderContention: workers over four clients (each with its
