@@ -6,6 +6,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/internal/testkit/pairbench"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/redislease"
@@ -63,10 +64,5 @@ func BenchmarkRedisRenewLoad(b *testing.B) {
 // ends.
 func redisBackend(b *testing.B, c *redis.Client, prefix string) *redislease.Backend {
 	b.Helper()
-	be, err := redislease.New(c, func(o *redislease.Options) { o.Prefix = prefix })
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = be.Close() })
-	return be
+	return testkit.Closed(redislease.New(c, redislease.WithPrefix(prefix)))(b)
 }

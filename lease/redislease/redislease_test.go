@@ -25,12 +25,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func newBackend(t testing.TB, c redislease.Client, prefix string) *redislease.Backend {
 	t.Helper()
-	b, err := redislease.New(c, func(o *redislease.Options) { o.Prefix = prefix })
-	if err != nil {
-		t.Fatalf("redislease.New: %v", err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	return b
+	return testkit.Closed(redislease.New(c, redislease.WithPrefix(prefix)))(t)
 }
 
 func newManager(t testing.TB, b lease.Backend, opts lease.Options) *lease.Manager {
