@@ -127,7 +127,7 @@ func BenchmarkCyclePaired(b *testing.B) {
 type cycleLib struct {
 	name  string
 	cycle func(i int) error // one acquire+release; i differs on every call
-	rt    *RoundTrips
+	rt    *redistest.RoundTrips
 	c     *redis.Client
 	// otherTimer: run with keepTimerPending.
 	otherTimer bool
@@ -177,7 +177,7 @@ func serverStats(b *testing.B, c *redis.Client) ServerStats {
 func cycleLibs(b *testing.B) []cycleLib {
 	ctx := context.Background()
 	c := redistest.Shared(b)
-	rt := new(RoundTrips)
+	rt := new(redistest.RoundTrips)
 	c.AddHook(rt)
 	prefix := redistest.Prefix(b) + "cycle:"
 	var libs []cycleLib

@@ -60,14 +60,8 @@ func BenchmarkGuardPaired(b *testing.B) {
 			b.Fatalf("%s: %v", sql, err)
 		}
 	}
-	tbl, err := sqlguard.NewTable("", "bench", "id")
-	if err != nil {
-		b.Fatal(err)
-	}
-	g, err := sqlguard.New()
-	if err != nil {
-		b.Fatal(err)
-	}
+	tbl := must(sqlguard.NewTable("", "bench", "id"))(b)
+	g := must(sqlguard.New())(b)
 	asyncCfg := pool.Config()
 	asyncCfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
 	async, err := pgxpool.NewWithConfig(ctx, asyncCfg)

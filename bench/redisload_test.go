@@ -6,6 +6,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/internal/testkit/pairbench"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/redislease"
@@ -46,7 +47,7 @@ func BenchmarkRedisThroughput(b *testing.B) {
 // requests carry.
 func BenchmarkRedisRenewLoad(b *testing.B) {
 	c := redistest.Shared(b)
-	rt := new(RoundTrips)
+	rt := new(redistest.RoundTrips)
 	c.AddHook(rt)
 	be := redisBackend(b, c, redistest.Prefix(b)+"renew:")
 	renewals := &pairbench.RenewCounter{}
@@ -63,10 +64,5 @@ func BenchmarkRedisRenewLoad(b *testing.B) {
 // ends.
 func redisBackend(b *testing.B, c *redis.Client, prefix string) *redislease.Backend {
 	b.Helper()
-	be, err := redislease.New(c, func(o *redislease.Options) { o.Prefix = prefix })
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = be.Close() })
-	return be
+	return testkit.Closed(redislease.New(c, redislease.WithPrefix(prefix)))(b)
 }

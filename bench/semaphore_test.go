@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/fencekit/fencekit/dynamoguard/dynamotest"
 	"github.com/fencekit/fencekit/internal/testkit"
@@ -20,7 +19,6 @@ import (
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/dynamolease"
 	"github.com/fencekit/fencekit/lease/pglease"
-	"github.com/fencekit/fencekit/lease/redislease"
 	"github.com/fencekit/fencekit/lease/redislease/redistest"
 )
 
@@ -42,9 +40,9 @@ import (
 func BenchmarkSemaphoreCyclePaired(b *testing.B) {
 	ctx := context.Background()
 	c := redistest.Shared(b)
-	rt := new(RoundTrips)
+	rt := new(redistest.RoundTrips)
 	c.AddHook(rt)
-	be := newRedisBackend(b, c, redistest.Prefix(b)+"sem:")
+	be := redisBackend(b, c, redistest.Prefix(b)+"sem:")
 	m, other := must(lease.NewManager(be, benchTTL))(b), must(lease.NewManager(be, benchTTL))(b)
 	mutex := func() error {
 		l, err := m.TryAcquire(ctx, "mutex")
@@ -144,7 +142,7 @@ func BenchmarkFairness(b *testing.B) {
 	redisPrefix := redistest.Prefix(b) + "fair:"
 	stores := []store{
 		{"redis", func(b *testing.B) func() lease.Backend {
-			return func() lease.Backend { return newRedisBackend(b, redistest.Shared(b), redisPrefix) }
+			return func() lease.Backend { return redisBackend(b, redistest.Shared(b), redisPrefix) }
 		}, nil, true},
 		{"pg-table", pgFairnessStore(pglease.ModeTable), nil, true},
 		{"pg-session", pgFairnessStore(pglease.ModeSession), nil, true},
@@ -223,15 +221,6 @@ func splitComma(s string) []string {
 		}
 	}
 	return out
-}
-
-// newRedisBackend returns a redislease backend over c with the given key
-// prefix, closed when b ends.
-func newRedisBackend(b *testing.B, c *redis.Client, prefix string) *redislease.Backend {
-	b.Helper()
-	be := must(redislease.New(c, func(o *redislease.Options) { o.Prefix = prefix }))(b)
-	b.Cleanup(func() { _ = be.Close() })
-	return be
 }
 
 // must(f())(b) is f's value, or the end of benchmark b if f failed.

@@ -22,20 +22,16 @@ import (
 // (quorum 2, down-after-milliseconds 1000), through go-redis's failover
 // client.
 func TestSentinelPrimaryKilled(t *testing.T) {
-	start := time.Now()
 	sen := redistest.StartSentinel(t, redistest.SentinelOptions{DownAfter: time.Second})
-	t.Logf("primary, replica and 3 Sentinels healthy after %v", time.Since(start).Round(time.Millisecond))
-	testPrimaryKilled(t, sentinelDeployment{sen}, 3)
+	testPrimaryKilled(t, sen.Deployment(), 3)
 }
 
 // TestClusterMasterKilled runs the SIGKILL scenario (testPrimaryKilled)
 // three times on a Redis Cluster of three masters with one replica each
 // (cluster-node-timeout 1 s), a different master each time.
 func TestClusterMasterKilled(t *testing.T) {
-	start := time.Now()
 	cl := redistest.StartCluster(t, redistest.ClusterOptions{Masters: 3, NodeTimeout: time.Second})
-	t.Logf("3 masters + 3 replicas healthy after %v", time.Since(start).Round(time.Millisecond))
-	testPrimaryKilled(t, clusterDeployment{cl}, 3)
+	testPrimaryKilled(t, cl.Deployment(), 3)
 }
 
 // acquireAfterFailover acquires name, which no one holds, through m, whose
@@ -81,11 +77,11 @@ type killRun struct {
 //     the newer holder's writes stay;
 //   - the takeover time: from the kill until another client is granted
 //     the lost lease.
-func testPrimaryKilled(t *testing.T, d deployment, runs int) {
+func testPrimaryKilled(t *testing.T, d redistest.Deployment, runs int) {
 	stores := newFencedStores(t)
 	var results []killRun
 	for run := range runs {
-		primaries := d.primaries(t)
+		primaries := d.Primaries(t)
 		target := primaries[run%len(primaries)]
 		t.Run(fmt.Sprintf("run%d", run), func(t *testing.T) {
 			results = append(results, killOnce(t, d, stores, target))
@@ -106,26 +102,26 @@ func testPrimaryKilled(t *testing.T, d deployment, runs int) {
 		len(results), testkit.Span(promoted), testkit.Span(takeover), testkit.Span(wake), stale)
 }
 
-func killOnce(t *testing.T, d deployment, stores *fencedStores, target *redistest.Server) killRun {
+func killOnce(t *testing.T, d redistest.Deployment, stores *fencedStores, target *redistest.Server) killRun {
 	const ttl = 15 * time.Second
 	ctx := testkit.Context(t)
 	prefix := redistest.UniquePrefix()
 	renews := &testkit.RenewEvents{}
 	auto := func(o *lease.Options) { o.RenewInterval = 500 * time.Millisecond; o.Observer = renews }
-	probe := newBackend(t, d.client(t), prefix)
+	probe := newBackend(t, d.Client(t), prefix)
 	names := namesOn(t, d, probe, target, "killed", 5)
 	replicated, lostAuto, lostManual, churned, watched := names[0], names[1], names[2], names[3], names[4]
-	replica := d.replicaOf(t, target)
+	replica := d.ReplicaOf(t, target)
 
-	mA := testkit.NewManager(t, newBackend(t, d.client(t), prefix), ttl, auto)
-	mB := testkit.NewManager(t, newBackend(t, d.client(t), prefix), ttl, auto)
-	mD := testkit.NewManager(t, newBackend(t, d.client(t), prefix), ttl, func(o *lease.Options) { o.DisableAutoRenew = true })
-	mE := testkit.NewManager(t, newBackend(t, d.client(t), prefix), ttl, func(o *lease.Options) { o.DisableAutoRenew = true })
-	cBackend := newBackend(t, d.client(t), prefix)
+	mA := testkit.NewManager(t, newBackend(t, d.Client(t), prefix), ttl, auto)
+	mB := testkit.NewManager(t, newBackend(t, d.Client(t), prefix), ttl, auto)
+	mD := testkit.NewManager(t, newBackend(t, d.Client(t), prefix), ttl, func(o *lease.Options) { o.DisableAutoRenew = true })
+	mE := testkit.NewManager(t, newBackend(t, d.Client(t), prefix), ttl, func(o *lease.Options) { o.DisableAutoRenew = true })
+	cBackend := newBackend(t, d.Client(t), prefix)
 	mC := testkit.NewManager(t, cBackend, ttl, func(o *lease.Options) { o.DisableAutoRenew = true })
 	// A holder and a waiter that use sharded pub/sub (SPUBLISH, SSUBSCRIBE).
-	mH := testkit.NewManager(t, newShardedBackend(t, d.client(t), prefix), ttl, auto)
-	mW := testkit.NewManager(t, newShardedBackend(t, d.client(t), prefix), ttl, func(o *lease.Options) { o.PollInterval = 20 * time.Second })
+	mH := testkit.NewManager(t, newShardedBackend(t, d.Client(t), prefix), ttl, auto)
+	mW := testkit.NewManager(t, newShardedBackend(t, d.Client(t), prefix), ttl, func(o *lease.Options) { o.PollInterval = 20 * time.Second })
 
 	// Every client finds its way around the cluster before the replica is
 	// paused (a fresh cluster client that asked the paused replica for the
@@ -153,7 +149,7 @@ func killOnce(t *testing.T, d deployment, stores *fencedStores, target *redistes
 		wGot <- l
 	}()
 	time.Sleep(100 * time.Millisecond) // the waiter is refused and subscribes
-	waitReplicated(t, d, target)
+	redistest.WaitReplicated(t, d, target)
 
 	// Cut the replica off: paused, it cannot reconnect; the primary drops
 	// the link, so nothing written from now on reaches the replica.
@@ -164,10 +160,10 @@ func killOnce(t *testing.T, d deployment, stores *fencedStores, target *redistes
 			replica.Resume(t)
 		}
 	}()
-	if err := d.admin(target).Do(ctx, "CLIENT", "KILL", "TYPE", "replica").Err(); err != nil {
+	if err := d.Admin(target).Do(ctx, "CLIENT", "KILL", "TYPE", "replica").Err(); err != nil {
 		t.Fatalf("CLIENT KILL TYPE replica on %s: %v", target.Addr, err)
 	}
-	if info, err := d.admin(target).Info(ctx, "replication").Result(); err != nil || !strings.Contains(info, "connected_slaves:0") {
+	if info, err := d.Admin(target).Info(ctx, "replication").Result(); err != nil || !strings.Contains(info, "connected_slaves:0") {
 		t.Fatalf("the primary still lists its replica after CLIENT KILL (%v): %s", err, info)
 	}
 	bl := grant(mB, lostAuto)
@@ -192,7 +188,7 @@ func killOnce(t *testing.T, d deployment, stores *fencedStores, target *redistes
 
 	// Another client waits for the lost lease from the moment of the kill.
 	cGot := testkit.AcquireAsync(ctx, mC, lostManual)
-	promoted := d.awaitPromoted(t, target, replica)
+	promoted := d.AwaitPromoted(t, target, replica)
 	newPrimary := replica
 	c := <-cGot
 	if c.Err != nil {
@@ -203,7 +199,7 @@ func killOnce(t *testing.T, d deployment, stores *fencedStores, target *redistes
 		target.Addr, newPrimary.Addr, promoted.Round(time.Millisecond), run.takeover.Round(time.Millisecond))
 
 	// The lost grants are really gone: the test exercised a lagging replica.
-	adm := d.admin(newPrimary)
+	adm := d.Admin(newPrimary)
 	for _, name := range []string{lostAuto, churned} {
 		if n, err := adm.Exists(ctx, probe.KeysFor(name).Lease).Result(); err != nil || n != 0 {
 			t.Fatalf("%s: the new primary has the grant made after the cut (exists=%d, %v): the replica was not cut off", name, n, err)
@@ -378,6 +374,6 @@ func killOnce(t *testing.T, d deployment, stores *fencedStores, target *redistes
 	_ = bl.Release(ctx)
 
 	target.Relaunch(t) // it rejoins as a replica of the new primary
-	d.awaitHealthy(t)
+	d.AwaitHealthy(t)
 	return run
 }

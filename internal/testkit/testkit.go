@@ -55,6 +55,19 @@ func NewManager(tb testing.TB, b lease.Backend, ttl time.Duration, opts ...lease
 	return m
 }
 
+// Closed takes a constructor's two results: Closed(New(...))(tb) is the
+// value New made, closed when tb ends, or the end of tb if New failed.
+func Closed[C interface{ Close() error }](c C, err error) func(tb testing.TB) C {
+	return func(tb testing.TB) C {
+		tb.Helper()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+}
+
 // RandHex returns n random bytes in hexadecimal (2n characters), for names
 // that must not collide between runs: key prefixes, schemas, tables.
 func RandHex(n int) string {

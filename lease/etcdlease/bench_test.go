@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	mrand "math/rand/v2"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -133,21 +131,17 @@ func BenchmarkCyclePaired(b *testing.B) {
 	}
 }
 
-// A blockingLock takes a named lock, waiting in the library's own way, and
-// returns the function that releases it.
-type blockingLock func(ctx context.Context, name string) (unlock func(context.Context) error, err error)
-
-// The hand-off's shape: handoffGroups locks, each contended by
-// handoffWaiters+1 goroutines (one holds, the others wait). A holder keeps
-// the lock for 5-15 ms; after its release it waits until another has the
-// lock, then 0-10 ms, before it waits again.
-const (
-	handoffGroups  = 4
-	handoffWaiters = 3
-	holdMin        = 5 * time.Millisecond
-	holdSpread     = 10 * time.Millisecond
-	rejoinSpread   = 10 * time.Millisecond
-)
+// handoff is the hand-off's shape: 4 locks, each contended by 3+1
+// goroutines (one holds, the others wait). A holder keeps the lock for
+// 5-15 ms; after its release it waits until another has the lock, then
+// 0-10 ms, before it waits again. A failed acquire fails the benchmark.
+var handoff = pairbench.Handoff{
+	Groups:       4,
+	Waiters:      3,
+	HoldMin:      5 * time.Millisecond,
+	HoldSpread:   10 * time.Millisecond,
+	RejoinSpread: 10 * time.Millisecond,
+}
 
 // BenchmarkHandoff measures the time from a holder's release call to the
 // next holder's acquire returning, over b.N hand-offs:
@@ -175,9 +169,9 @@ func BenchmarkHandoff(b *testing.B) {
 	secs := int64(benchTTL / time.Second)
 	libs := []struct {
 		name string
-		lock func() blockingLock // one per goroutine
+		lock func() pairbench.BlockingLock // one per goroutine
 	}{
-		{"raw", func() blockingLock {
+		{"raw", func() pairbench.BlockingLock {
 			return func(ctx context.Context, name string) (func(context.Context) error, error) {
 				key := p + "raw/" + name
 				g, err := raw.Grant(ctx, secs)
@@ -206,7 +200,7 @@ func BenchmarkHandoff(b *testing.B) {
 				}
 			}
 		}},
-		{"fencekit", func() blockingLock {
+		{"fencekit", func() pairbench.BlockingLock {
 			return func(ctx context.Context, name string) (func(context.Context) error, error) {
 				l, err := fk.Acquire(ctx, name)
 				if err != nil {
@@ -215,7 +209,7 @@ func BenchmarkHandoff(b *testing.B) {
 				return l.Release, nil
 			}
 		}},
-		{"fencekit-fifo", func() blockingLock {
+		{"fencekit-fifo", func() pairbench.BlockingLock {
 			return func(ctx context.Context, name string) (func(context.Context) error, error) {
 				l, err := fifo.Acquire(ctx, name)
 				if err != nil {
@@ -224,7 +218,7 @@ func BenchmarkHandoff(b *testing.B) {
 				return l.Release, nil
 			}
 		}},
-		{"mutex", func() blockingLock {
+		{"mutex", func() pairbench.BlockingLock {
 			s, err := concurrency.NewSession(mcli, concurrency.WithTTL(int(secs)))
 			if err != nil {
 				b.Fatal(err)
@@ -241,114 +235,11 @@ func BenchmarkHandoff(b *testing.B) {
 	}
 	for _, lib := range libs {
 		b.Run("lib="+lib.name, func(b *testing.B) {
-			samples := runHandoff(b, lib.lock)
+			res := handoff.Run(b, lib.lock)
 			b.ReportMetric(0, "ns/op")
-			pairbench.ReportLatency(b, "", samples)
+			pairbench.ReportLatency(b, "", res.Samples)
 		})
 	}
-}
-
-// runHandoff runs the groups until b.N hand-offs are measured.
-func runHandoff(b *testing.B, newLock func() blockingLock) []time.Duration {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var (
-		mu       sync.Mutex
-		samples  = make([]time.Duration, 0, b.N)
-		firstErr error
-		wg       sync.WaitGroup
-	)
-	record := func(d time.Duration) {
-		mu.Lock()
-		defer mu.Unlock()
-		if len(samples) < b.N {
-			samples = append(samples, d)
-			if len(samples) == b.N {
-				cancel()
-			}
-		}
-	}
-	fail := func(err error) {
-		mu.Lock()
-		if firstErr == nil {
-			firstErr = err
-		}
-		mu.Unlock()
-		cancel()
-	}
-	type group struct {
-		mu         sync.Mutex
-		releasedAt time.Time
-		acquired   chan struct{}
-	}
-	run := fmt.Sprintf("%d", time.Now().UnixNano())
-	locks := make([][]blockingLock, handoffGroups)
-	for g := range locks {
-		for range handoffWaiters + 1 {
-			locks[g] = append(locks[g], newLock())
-		}
-	}
-	b.ResetTimer()
-	for g := range handoffGroups {
-		grp := &group{acquired: make(chan struct{})}
-		name := fmt.Sprintf("%s-%d", run, g)
-		for _, lock := range locks[g] {
-			wg.Go(func() {
-				for ctx.Err() == nil {
-					unlock, err := lock(ctx, name)
-					if err != nil {
-						if ctx.Err() == nil {
-							fail(err)
-						}
-						return
-					}
-					now := time.Now()
-					grp.mu.Lock()
-					if !grp.releasedAt.IsZero() {
-						record(now.Sub(grp.releasedAt))
-						grp.releasedAt = time.Time{}
-					}
-					close(grp.acquired)
-					grp.acquired = make(chan struct{})
-					grp.mu.Unlock()
-					hold := time.NewTimer(holdMin + mrand.N(holdSpread))
-					select {
-					case <-hold.C:
-					case <-ctx.Done():
-						hold.Stop()
-					}
-					grp.mu.Lock()
-					next := grp.acquired
-					grp.releasedAt = time.Now()
-					grp.mu.Unlock()
-					rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
-					err = unlock(rctx)
-					rcancel()
-					if err != nil {
-						fail(fmt.Errorf("release: %w", err))
-						return
-					}
-					select {
-					case <-next:
-					case <-ctx.Done():
-						return
-					}
-					select {
-					case <-time.After(mrand.N(rejoinSpread)):
-					case <-ctx.Done():
-						return
-					}
-				}
-			})
-		}
-	}
-	<-ctx.Done()
-	b.StopTimer()
-	wg.Wait()
-	if firstErr != nil {
-		b.Fatal(firstErr)
-	}
-	return samples
 }
 
 // benchBackend is a backend with the default MinTTL (2 s: the default

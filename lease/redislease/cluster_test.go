@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/fencekit/fencekit/internal/testkit"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/leasetest"
@@ -16,52 +14,11 @@ import (
 	"github.com/fencekit/fencekit/lease/redislease/redistest"
 )
 
-// clusterDeployment is a Redis Cluster for the failover scenarios. Its
-// clients are plain go-redis cluster clients: New wraps them to reload
-// their slot map after a request got no reply (withSlotReload), without
-// which a client keeps sending the requests for a dead master's slots to
-// its address for up to a minute.
-type clusterDeployment struct{ c *redistest.Cluster }
-
-func (d clusterDeployment) client(t *testing.T) redislease.Client {
-	return d.c.Client(t) // New adds the slot-map reload
-}
-
-func (d clusterDeployment) countedClient(t *testing.T, h *nodeCounter) redislease.Client {
-	return d.c.Client(t, func(o *redis.ClusterOptions) {
-		o.NewClient = func(opt *redis.Options) *redis.Client {
-			c := redis.NewClient(opt)
-			c.AddHook(h.hook(opt.Addr))
-			return c
-		}
-	})
-}
-
-func (d clusterDeployment) admin(s *redistest.Server) *redis.Client { return d.c.Admin(s) }
-func (d clusterDeployment) primaries(t *testing.T) []*redistest.Server {
-	return d.c.Masters(t)
-}
-func (d clusterDeployment) primaryFor(t *testing.T, key string) *redistest.Server {
-	return d.c.MasterFor(t, key)
-}
-func (d clusterDeployment) failover(t *testing.T, p *redistest.Server) (*redistest.Server, time.Duration) {
-	return d.c.Failover(t, p)
-}
-func (d clusterDeployment) awaitHealthy(t *testing.T) { d.c.AwaitHealthy(t) }
-
-// expectNoFailover makes t fail at its end, with the reason, if the
-// cluster failed over by itself meanwhile: a node that did not answer
-// within the node timeout (1 s) on an overloaded machine makes its replica
-// take over, and any grant not yet replicated is lost, which the subtests
-// that do not fail over on purpose do not allow for.
-func (d clusterDeployment) expectNoFailover(t *testing.T) {
-	epoch := d.c.CurrentEpoch(t)
-	t.Cleanup(func() {
-		if now := d.c.CurrentEpoch(t); now != epoch {
-			t.Errorf("the cluster failed over by itself during this test (epoch %d -> %d): a node stalled beyond cluster-node-timeout; the machine is overloaded", epoch, now)
-			d.c.AwaitHealthy(t)
-		}
-	})
+// clusterDeployment is a Redis Cluster for the failover scenarios, with
+// the Cluster itself for what only a cluster has (slots, the bus).
+type clusterDeployment struct {
+	redistest.Deployment
+	c *redistest.Cluster
 }
 
 // TestCluster runs the backend on a Redis Cluster of three masters with one
@@ -71,15 +28,13 @@ func (d clusterDeployment) expectNoFailover(t *testing.T) {
 // the stale holder's writes rejected at PostgreSQL and S3, is an
 // end-to-end test: integration/redisfailover (TestClusterMasterKilled).
 func TestCluster(t *testing.T) {
-	start := time.Now()
 	cl := redistest.StartCluster(t, redistest.ClusterOptions{Masters: 3, NodeTimeout: time.Second})
-	t.Logf("3 masters + 3 replicas healthy after %v", time.Since(start).Round(time.Millisecond))
-	d := clusterDeployment{cl}
+	d := clusterDeployment{cl.Deployment(), cl}
 	// The subtests that do not fail over on purpose check that the
 	// deployment did not fail over by itself meanwhile.
 	steady := func(name string, fn func(*testing.T)) {
 		t.Run(name, func(t *testing.T) {
-			d.expectNoFailover(t)
+			d.ExpectNoFailover(t)
 			fn(t)
 		})
 	}
@@ -87,7 +42,7 @@ func TestCluster(t *testing.T) {
 		leasetest.Run(t, leasetest.Config{
 			NewStore: func(t *testing.T) func() lease.Backend {
 				prefix := redistest.UniquePrefix()
-				return func() lease.Backend { return newBackend(t, d.client(t), prefix) }
+				return func() lease.Backend { return newBackend(t, d.Client(t), prefix) }
 			},
 			LoseData: flushAll(d),
 			Lacks:    redisLacks,
@@ -111,7 +66,7 @@ func TestCluster(t *testing.T) {
 func testRenewalsAtScale(t *testing.T, d clusterDeployment, n int) {
 	const ttl = 10 * time.Second
 	counter := newNodeCounter()
-	b := newBackend(t, d.countedClient(t, counter), redistest.UniquePrefix())
+	b := newBackend(t, d.HookedClient(t, counter.hook), redistest.UniquePrefix())
 	log := &flushLog{}
 	// Each Release first waits for its lease's renew in flight, and 10,000
 	// renewals on six servers sharing two loaded cores take seconds: the
@@ -145,7 +100,7 @@ func testRenewalsAtScale(t *testing.T, d clusterDeployment, n int) {
 		return
 	}
 	acquired := time.Since(start)
-	masters := d.primaries(t)
+	masters := d.Primaries(t)
 
 	// Skip the first interval (the heartbeats of the leases acquired last
 	// were not all due yet), then count the round trips sent during one

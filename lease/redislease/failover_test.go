@@ -6,7 +6,6 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,58 +19,18 @@ import (
 )
 
 // The tests of Redis deployments of several servers (cluster_test.go,
-// sentinel_test.go and the scenarios here, shared by both) make every
-// Manager with testkit.NewManager, so that a change of the lease API is
-// made in one place (internal/testkit). The deployment interface below has
-// a subset copied in integration/redisfailover (the SIGKILL scenario): it
-// needs redislease, which the Redis harness (lease/redislease/redistest) does not
-// import.
+// sentinel_test.go and the scenarios here, shared by both) run on a
+// redistest.Deployment, which integration/redisfailover (the SIGKILL
+// scenario) uses too, and make every Manager with testkit.NewManager, so
+// that a change of the lease API is made in one place (internal/testkit).
 
-// go-redis logs each failed dial and each Sentinel lookup through its
-// package logger; a failover makes hundreds of such lines. The tests report
-// what matters themselves.
-func init() { redis.SetLogger(discardLogger{}) }
-
-type discardLogger struct{}
-
-func (discardLogger) Printf(context.Context, string, ...any) {}
-
-// deployment is a Redis deployment of several servers that the scenarios
-// below can break: a Redis Cluster or a primary watched by Sentinels.
-type deployment interface {
-	// client returns a new client of the deployment, closed when t ends.
-	client(t *testing.T) redislease.Client
-	// countedClient returns a new client whose round trips to each server
-	// h counts.
-	countedClient(t *testing.T, h *nodeCounter) redislease.Client
-	// admin returns a client of the server s alone.
-	admin(s *redistest.Server) *redis.Client
-	// primaries returns the servers that take writes now.
-	primaries(t *testing.T) []*redistest.Server
-	// primaryFor returns the server that takes writes for key now.
-	primaryFor(t *testing.T, key string) *redistest.Server
-	// failover runs a manual failover of primary and returns the new
-	// primary and the time from the command to the switch.
-	failover(t *testing.T, primary *redistest.Server) (*redistest.Server, time.Duration)
-	// awaitHealthy waits until every primary has its replica in sync.
-	awaitHealthy(t *testing.T)
-}
+func init() { redistest.SilenceLogger() }
 
 // namesOn returns n lease names starting with base whose keys primary
 // serves now.
-func namesOn(t *testing.T, d deployment, b *redislease.Backend, primary *redistest.Server, base string, n int) []string {
+func namesOn(t *testing.T, d redistest.Deployment, b *redislease.Backend, primary *redistest.Server, base string, n int) []string {
 	t.Helper()
-	var names []string
-	for i := 0; len(names) < n; i++ {
-		if i > 100*n {
-			t.Fatalf("no %d names of %d tried are served by %s", n, i, primary.Addr)
-		}
-		name := fmt.Sprintf("%s-%d", base, i)
-		if d.primaryFor(t, b.KeysFor(name).Lease) == primary {
-			names = append(names, name)
-		}
-	}
-	return names
+	return redistest.NamesOn(t, d, primary, base, n, func(name string) string { return b.KeysFor(name).Lease })
 }
 
 // nodeCounter counts round trips per server: each command and each
@@ -80,22 +39,20 @@ func namesOn(t *testing.T, d deployment, b *redislease.Backend, primary *rediste
 // COMMAND).
 type nodeCounter struct {
 	mu sync.Mutex
-	n  map[string]*atomic.Int64
+	n  map[string]*redistest.RoundTrips
 }
 
-func newNodeCounter() *nodeCounter { return &nodeCounter{n: make(map[string]*atomic.Int64)} }
+func newNodeCounter() *nodeCounter { return &nodeCounter{n: make(map[string]*redistest.RoundTrips)} }
 
-func (c *nodeCounter) counter(addr string) *atomic.Int64 {
+// hook returns a go-redis hook that counts the round trips to addr.
+func (c *nodeCounter) hook(addr string) redis.Hook {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.n[addr] == nil {
-		c.n[addr] = new(atomic.Int64)
+		c.n[addr] = new(redistest.RoundTrips)
 	}
 	return c.n[addr]
 }
-
-// hook returns a go-redis hook that counts the round trips to addr.
-func (c *nodeCounter) hook(addr string) redis.Hook { return countHook{c.counter(addr)} }
 
 // total returns the round trips to every server so far.
 func (c *nodeCounter) total() int64 {
@@ -119,34 +76,6 @@ func (c *nodeCounter) perNode() map[string]int64 {
 	return m
 }
 
-type countHook struct{ n *atomic.Int64 }
-
-func notCounted(cmd redis.Cmder) bool {
-	switch cmd.Name() {
-	case "hello", "client", "cluster", "command", "readonly":
-		return true
-	}
-	return false
-}
-
-func (h countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if !notCounted(cmd) {
-			h.n.Add(1)
-		}
-		return next(ctx, cmd)
-	}
-}
-func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if len(cmds) > 0 && !notCounted(cmds[0]) {
-			h.n.Add(1)
-		}
-		return next(ctx, cmds)
-	}
-}
-
 // testExclusiveUnderContention: workers over four clients (each with its
 // own Manager; one of them never renews, so its leases expire during
 // work) take one lease per primary in turns for 3 s (longer on a loaded
@@ -154,18 +83,18 @@ func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 // each time; the overlap checker of the exclusivity tests finds no holder
 // that believed it held a lease, or reported a deadline, after a later
 // grant of it had been made, and no token granted twice.
-func testExclusiveUnderContention(t *testing.T, d deployment) {
+func testExclusiveUnderContention(t *testing.T, d redistest.Deployment) {
 	const ttl = 100 * time.Millisecond
 	prefix := redistest.UniquePrefix()
 	var mgrs []*lease.Manager
 	var probe *redislease.Backend
 	for i := range 4 {
-		b := newBackend(t, d.client(t), prefix)
+		b := newBackend(t, d.Client(t), prefix)
 		probe = b
 		mgrs = append(mgrs, testkit.NewManager(t, b, ttl, func(o *lease.Options) { o.DisableAutoRenew = i == 3 }))
 	}
 	var names []string
-	for i, p := range d.primaries(t) {
+	for i, p := range d.Primaries(t) {
 		names = append(names, namesOn(t, d, probe, p, fmt.Sprintf("contended-%d", i), 1)...)
 	}
 	var (
@@ -275,11 +204,11 @@ func (f *flushLog) take() (map[time.Time][]string, int) {
 // per server per batch: over a few renew intervals, the round trips are
 // exactly the sum, over the batches sent, of the servers that batch's
 // leases live on, however many leases each batch holds.
-func testRoundTrips(t *testing.T, d deployment) {
+func testRoundTrips(t *testing.T, d redistest.Deployment) {
 	counter := newNodeCounter()
-	b := newBackend(t, d.countedClient(t, counter), redistest.UniquePrefix())
+	b := newBackend(t, d.HookedClient(t, counter.hook), redistest.UniquePrefix())
 	ctx := testkit.Context(t)
-	primaries := d.primaries(t)
+	primaries := d.Primaries(t)
 	nodeOf := make(map[string]string)
 	var names []string
 	for i, p := range primaries {
@@ -387,16 +316,6 @@ func diff(after, before map[string]int64) map[string]int64 {
 	return d
 }
 
-// waitReplicated waits until the replicas of primary have acknowledged
-// every write it has taken (WAIT).
-func waitReplicated(t *testing.T, d deployment, primary *redistest.Server) {
-	t.Helper()
-	n, err := d.admin(primary).Do(testkit.Context(t), "WAIT", 1, 5000).Int64()
-	if err != nil || n < 1 {
-		t.Fatalf("WAIT on %s: %d replicas acknowledged (%v)", primary.Addr, n, err)
-	}
-}
-
 // testManualFailover: leases are held on every primary, renewed every
 // 250 ms, while one primary is failed over by hand (CLUSTER FAILOVER, or
 // SENTINEL FAILOVER). Their grants had reached the replica, so every lease
@@ -404,15 +323,15 @@ func waitReplicated(t *testing.T, d deployment, primary *redistest.Server) {
 // on the new one (which names their owners), another client still cannot
 // take them, and every token granted after the failover is greater than
 // every token granted before it.
-func testManualFailover(t *testing.T, d deployment) {
+func testManualFailover(t *testing.T, d redistest.Deployment) {
 	const ttl = 10 * time.Second
 	prefix := redistest.UniquePrefix()
 	log := &testkit.RenewEvents{}
-	b := newBackend(t, d.client(t), prefix)
+	b := newBackend(t, d.Client(t), prefix)
 	m := testkit.NewManager(t, b, ttl, func(o *lease.Options) { o.RenewInterval = 250 * time.Millisecond; o.Observer = log })
-	other := testkit.NewManager(t, newBackend(t, d.client(t), prefix), ttl)
+	other := testkit.NewManager(t, newBackend(t, d.Client(t), prefix), ttl)
 	ctx := testkit.Context(t)
-	primaries := d.primaries(t)
+	primaries := d.Primaries(t)
 	target := primaries[0]
 	var held []*lease.Lease
 	var onTarget []string
@@ -430,9 +349,9 @@ func testManualFailover(t *testing.T, d deployment) {
 		maxBefore = max(maxBefore, l.Token())
 	}
 	for _, p := range primaries {
-		waitReplicated(t, d, p)
+		redistest.WaitReplicated(t, d, p)
 	}
-	newPrimary, took := d.failover(t, target)
+	newPrimary, took := d.Failover(t, target)
 	switched := time.Now()
 	time.Sleep(time.Second) // a few heartbeats on the new primary
 	for _, l := range held {
@@ -444,7 +363,7 @@ func testManualFailover(t *testing.T, d deployment) {
 		if !log.SucceededSince(name, switched) {
 			t.Errorf("%s: no successful renewal on the new primary", name)
 		}
-		owner, err := redistest.StoredOwner(ctx, d.admin(newPrimary), b.KeysFor(name).Lease)
+		owner, err := redistest.StoredOwner(ctx, d.Admin(newPrimary), b.KeysFor(name).Lease)
 		if err != nil {
 			t.Fatalf("GET on the new primary %s: %v", newPrimary.Addr, err)
 		}
@@ -477,17 +396,17 @@ func testManualFailover(t *testing.T, d deployment) {
 			t.Fatal(err)
 		}
 	}
-	d.awaitHealthy(t)
+	d.AwaitHealthy(t)
 }
 
 // flushAll is leasetest's data-loss hook on a deployment the test owns:
 // FLUSHALL on every primary (the replicas follow), as an operator's mistake
 // or a restart without persistence would lose the data.
-func flushAll(d deployment) func(*testing.T, lease.Backend) {
+func flushAll(d redistest.Deployment) func(*testing.T, lease.Backend) {
 	return func(t *testing.T, _ lease.Backend) {
 		t.Helper()
-		for _, p := range d.primaries(t) {
-			if err := d.admin(p).FlushAll(testkit.Context(t)).Err(); err != nil {
+		for _, p := range d.Primaries(t) {
+			if err := d.Admin(p).FlushAll(testkit.Context(t)).Err(); err != nil {
 				t.Fatalf("FLUSHALL on %s: %v", p.Addr, err)
 			}
 		}

@@ -6,7 +6,6 @@ import (
 	"net"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,12 +25,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func newBackend(t testing.TB, c redislease.Client, prefix string) *redislease.Backend {
 	t.Helper()
-	b, err := redislease.New(c, func(o *redislease.Options) { o.Prefix = prefix })
-	if err != nil {
-		t.Fatalf("redislease.New: %v", err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	return b
+	return testkit.Closed(redislease.New(c, redislease.WithPrefix(prefix)))(t)
 }
 
 func newManager(t testing.TB, b lease.Backend, opts lease.Options) *lease.Manager {
@@ -335,35 +329,11 @@ func TestRenewFindsAnotherOwner(t *testing.T) {
 	_ = l2.Release(testkit.Context(t))
 }
 
-// countingHook counts the round trips of commands and pipelines, leaving out
-// the handshake of new connections (HELLO, CLIENT SETINFO).
-type countingHook struct{ n atomic.Int64 }
-
-func handshake(cmd redis.Cmder) bool { return cmd.Name() == "hello" || cmd.Name() == "client" }
-
-func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if !handshake(cmd) {
-			h.n.Add(1)
-		}
-		return next(ctx, cmd)
-	}
-}
-func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if len(cmds) > 0 && !handshake(cmds[0]) {
-			h.n.Add(1)
-		}
-		return next(ctx, cmds)
-	}
-}
-
 // Round trips: one per acquire, renew and release once the scripts are
 // cached by the server.
 func TestRoundTrips(t *testing.T) {
 	c := redistest.Shared(t)
-	hook := &countingHook{}
+	hook := &redistest.RoundTrips{}
 	c.AddHook(hook)
 	b := newBackend(t, c, redistest.Prefix(t))
 	m := newManager(t, b, lease.Options{TTL: 10 * time.Second, DisableAutoRenew: true})
@@ -371,23 +341,23 @@ func TestRoundTrips(t *testing.T) {
 	_ = warm.Renew(testkit.Context(t))
 	_ = warm.Release(testkit.Context(t))
 
-	before := hook.n.Load()
+	before := hook.Load()
 	l := testkit.TryAcquire(t, m, "rt")
-	if n := hook.n.Load() - before; n != 1 {
+	if n := hook.Load() - before; n != 1 {
 		t.Fatalf("TryAcquire took %d round trips, want 1", n)
 	}
-	before = hook.n.Load()
+	before = hook.Load()
 	if err := l.Renew(testkit.Context(t)); err != nil {
 		t.Fatal(err)
 	}
-	if n := hook.n.Load() - before; n != 1 {
+	if n := hook.Load() - before; n != 1 {
 		t.Fatalf("Renew took %d round trips, want 1", n)
 	}
-	before = hook.n.Load()
+	before = hook.Load()
 	if err := l.Release(testkit.Context(t)); err != nil {
 		t.Fatal(err)
 	}
-	if n := hook.n.Load() - before; n != 1 {
+	if n := hook.Load() - before; n != 1 {
 		t.Fatalf("Release took %d round trips, want 1", n)
 	}
 }
@@ -463,7 +433,7 @@ func TestUnreachableRedis(t *testing.T) {
 func TestHeartbeatsAreBatched(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
-	hook := &countingHook{}
+	hook := &redistest.RoundTrips{}
 	c.AddHook(hook)
 	b := newBackend(t, c, "fencekit:")
 	const leases = 200
@@ -475,9 +445,9 @@ func TestHeartbeatsAreBatched(t *testing.T) {
 	if err := c.ScriptFlush(testkit.Context(t)).Err(); err != nil {
 		t.Fatal(err)
 	}
-	before := hook.n.Load()
+	before := hook.Load()
 	time.Sleep(2500 * time.Millisecond) // two heartbeats each
-	trips := hook.n.Load() - before
+	trips := hook.Load() - before
 	for _, l := range obs {
 		if err := l.Err(); err != nil {
 			t.Fatalf("lease ended while renewed in batches: %v", err)
@@ -499,7 +469,7 @@ func TestHeartbeatsAreBatched(t *testing.T) {
 func TestRenewBatchAfterScriptFlush(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
-	hook := &countingHook{}
+	hook := &redistest.RoundTrips{}
 	c.AddHook(hook)
 	b := newBackend(t, c, "fencekit:")
 	var recs []driver.Grant
@@ -514,7 +484,7 @@ func TestRenewBatchAfterScriptFlush(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, want := range []int64{2, 1} {
-		before := hook.n.Load()
+		before := hook.Load()
 		errs, cerr := leasetest.RenewBatch(testkit.Context(t), b, recs)
 		if cerr != nil {
 			t.Fatal(cerr)
@@ -524,7 +494,7 @@ func TestRenewBatchAfterScriptFlush(t *testing.T) {
 				t.Fatalf("RenewBatch: %v", err)
 			}
 		}
-		if n := hook.n.Load() - before; n != want {
+		if n := hook.Load() - before; n != want {
 			t.Fatalf("batch %d took %d round trips, want %d", i, n, want)
 		}
 	}

@@ -60,15 +60,15 @@ func TestSlotOfMatchesRedis(t *testing.T) {
 // blocked in Acquire (PollInterval 10 s: only a release notice can wake it
 // within a second). It returns the time from the release to the waiter's
 // grant, for every hand-off.
-func wakeUps(t *testing.T, d deployment, newB func() lease.Backend, rounds int) []time.Duration {
+func wakeUps(t *testing.T, d redistest.Deployment, newB func() lease.Backend, rounds int) []time.Duration {
 	t.Helper()
 	opts := func(o *lease.Options) { o.PollInterval = 10 * time.Second }
 	holderB, waiterB := newB(), newB()
 	holder := testkit.NewManager(t, holderB, 30*time.Second, opts)
 	waiter := testkit.NewManager(t, waiterB, 30*time.Second, opts)
-	probe := newBackend(t, d.client(t), "")
+	probe := newBackend(t, d.Client(t), "")
 	var names []string
-	for i, p := range d.primaries(t) {
+	for i, p := range d.Primaries(t) {
 		names = append(names, namesOn(t, d, probe, p, fmt.Sprintf("wake-%d-%d", i, time.Now().UnixNano()), 1)...)
 	}
 	ctx := testkit.Context(t)
@@ -177,7 +177,7 @@ func testShardedWakeUps(t *testing.T, d clusterDeployment) {
 		leasetest.Run(t, leasetest.Config{
 			NewStore: func(t *testing.T) func() lease.Backend {
 				prefix := redistest.UniquePrefix()
-				return func() lease.Backend { return newShardedBackend(t, d.client(t), prefix) }
+				return func() lease.Backend { return newShardedBackend(t, d.Client(t), prefix) }
 			},
 			LoseData: flushAll(d),
 			Lacks:    redisLacks,
@@ -186,7 +186,7 @@ func testShardedWakeUps(t *testing.T, d clusterDeployment) {
 	prefix := redistest.UniquePrefix()
 	var sharded []*redislease.Backend
 	newSharded := func() lease.Backend {
-		b := newShardedBackend(t, d.client(t), prefix)
+		b := newShardedBackend(t, d.Client(t), prefix)
 		sharded = append(sharded, b)
 		return b
 	}
@@ -207,7 +207,7 @@ func testShardedWakeUps(t *testing.T, d clusterDeployment) {
 			t.Errorf("the hub of a Cluster client on Redis 7 chose %q pub/sub, want sharded, per slot", kind)
 		}
 	}
-	t.Logf("sharded pub/sub, waiters on %d masters: woken %s", len(d.primaries(t)), quantiles(waits))
+	t.Logf("sharded pub/sub, waiters on %d masters: woken %s", len(d.Primaries(t)), quantiles(waits))
 	t.Logf("cluster bus, %d releases: %d classic and %d sharded pub/sub messages received", releases, classic1-classic0, shard1-shard0)
 	if len(waits) == 0 || slices.Max(waits) > time.Second {
 		t.Errorf("sharded wake-ups: %s; want every waiter woken by the release notice, well within the 10 s poll interval", quantiles(waits))
@@ -219,7 +219,7 @@ func testShardedWakeUps(t *testing.T, d clusterDeployment) {
 		t.Errorf("%d sharded messages crossed the cluster bus for %d releases, want one per release (to its shard's replica)", n, releases)
 	}
 
-	classicWaits := wakeUps(t, d, func() lease.Backend { return newClassicBackend(t, d.client(t), prefix) }, 10)
+	classicWaits := wakeUps(t, d, func() lease.Backend { return newClassicBackend(t, d.Client(t), prefix) }, 10)
 	time.Sleep(100 * time.Millisecond) // for the count only
 	classic2, _ := pubsubBusStats(t, d.c)
 	t.Logf("classic pub/sub, for comparison: woken %s; %d classic messages crossed the cluster bus for %d releases",
@@ -234,11 +234,11 @@ func testShardedWakeUps(t *testing.T, d clusterDeployment) {
 func testShardedWakeUpsAcrossFailover(t *testing.T, d clusterDeployment) {
 	prefix := redistest.UniquePrefix()
 	opts := func(o *lease.Options) { o.PollInterval = 20 * time.Second }
-	hb := newShardedBackend(t, d.client(t), prefix)
-	wb := newShardedBackend(t, d.client(t), prefix)
+	hb := newShardedBackend(t, d.Client(t), prefix)
+	wb := newShardedBackend(t, d.Client(t), prefix)
 	holder := testkit.NewManager(t, hb, 30*time.Second, opts)
 	waiter := testkit.NewManager(t, wb, 30*time.Second, opts)
-	target := d.primaries(t)[0]
+	target := d.Primaries(t)[0]
 	names := namesOn(t, d, hb, target, "wake-failover", 3)
 	ctx := testkit.Context(t)
 	type got struct {
@@ -264,8 +264,8 @@ func testShardedWakeUpsAcrossFailover(t *testing.T, d clusterDeployment) {
 	}
 	time.Sleep(200 * time.Millisecond) // every waiter subscribed
 	conns := wb.PubSubConns()
-	waitReplicated(t, d, target)
-	newMaster, took := d.failover(t, target)
+	redistest.WaitReplicated(t, d, target)
+	newMaster, took := d.Failover(t, target)
 	time.Sleep(500 * time.Millisecond) // the hub moves its subscriptions
 	t.Logf("failover of %s to %s in %v; the waiters' hub had %d connections", target.Addr, newMaster.Addr, took, conns)
 	var waits []time.Duration
@@ -289,7 +289,7 @@ func testShardedWakeUpsAcrossFailover(t *testing.T, d clusterDeployment) {
 	}
 	wg.Wait()
 	t.Logf("after the failover, waiters woken %s", quantiles(waits))
-	d.awaitHealthy(t)
+	d.AwaitHealthy(t)
 }
 
 // On a standalone Redis 7 server the hub speaks sharded pub/sub over one
@@ -350,7 +350,7 @@ func TestShardedPubSubFallback(t *testing.T) {
 
 // A per-slot connection is closed when its last waiter leaves.
 func testShardedConnsClosed(t *testing.T, d clusterDeployment) {
-	b := newShardedBackend(t, d.client(t), redistest.UniquePrefix())
+	b := newShardedBackend(t, d.Client(t), redistest.UniquePrefix())
 	var stops []func()
 	for i := range 5 {
 		_, stop, err := b.Watch(testkit.Context(t), "conns-"+strconv.Itoa(i))

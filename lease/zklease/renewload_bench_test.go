@@ -3,6 +3,7 @@ package zklease_test
 import (
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"net"
 	"sync"
 	"testing"
@@ -43,11 +44,7 @@ func (z *zkRequests) dial(network, addr string, timeout time.Duration) (net.Conn
 func (z *zkRequests) counts() map[string]int64 {
 	z.mu.Lock()
 	defer z.mu.Unlock()
-	n := make(map[string]int64, len(z.n))
-	for k, v := range z.n {
-		n[k] = v
-	}
-	return n
+	return maps.Clone(z.n)
 }
 
 type zkCountingConn struct {

@@ -64,6 +64,7 @@ import (
 	"github.com/fencekit/fencekit/bench"
 	"github.com/fencekit/fencekit/lease"
 	"github.com/fencekit/fencekit/lease/redislease"
+	"github.com/fencekit/fencekit/lease/redislease/redistest"
 )
 
 type config struct {
@@ -176,7 +177,7 @@ func main() {
 // after it ends. After acquisitions spread evenly over an interval the
 // heartbeats are spread evenly too, and any window sees its share.
 func measure(ctx context.Context, admin *redis.Client, own bool, c config, ttl, window, settle time.Duration, parallel int) (string, error) {
-	var rt bench.RoundTrips
+	var rt redistest.RoundTrips
 	client := redis.NewClient(&redis.Options{Addr: admin.Options().Addr, ContextTimeoutEnabled: true})
 	defer client.Close()
 	client.AddHook(&rt)

@@ -44,9 +44,11 @@ const ClusterSlots = 16384
 
 // StartCluster starts a cluster and returns once it is healthy in the sense
 // of AwaitHealthy: every node agrees on the roles, every master lists its
-// replica and the replica is in sync, so a failover can start at once.
+// replica and the replica is in sync, so a failover can start at once. It
+// logs how long that took.
 func StartCluster(t testing.TB, opts ClusterOptions) *Cluster {
 	t.Helper()
+	start := time.Now()
 	if opts.Masters == 0 {
 		opts.Masters = 3
 	}
@@ -124,6 +126,7 @@ func StartCluster(t testing.TB, opts ClusterOptions) *Cluster {
 		must("CLUSTER REPLICATE on "+s.Addr, c.admin[s].Do(ctx, "CLUSTER", "REPLICATE", c.ids[master]).Err())
 	}
 	c.AwaitHealthy(t)
+	t.Logf("redistest: %d masters + %d replicas healthy after %v", opts.Masters, opts.Masters, time.Since(start).Round(time.Millisecond))
 	return c
 }
 

@@ -3,8 +3,10 @@
 // redis-server processes on free loopback ports for destructive tests
 // (FLUSHALL, restarts, CLIENT PAUSE, SIGKILL), and multi-node deployments
 // started from Go: a Redis Cluster of masters with replicas (StartCluster)
-// and a primary with replicas watched by Sentinels (StartSentinel). It fails
-// the test loudly when a server cannot be had; it never skips.
+// and a primary with replicas watched by Sentinels (StartSentinel), with
+// one set of calls for failover tests on either (Deployment); and a hook
+// that counts a client's round trips (RoundTrips). It fails the test
+// loudly when a server cannot be had; it never skips.
 //
 // It is fencekit's own test equipment, a package of this module so that
 // the tests of several modules share it without a test-kit module in any

@@ -52,9 +52,10 @@ type Sentinel struct {
 }
 
 // StartSentinel starts a Sentinel deployment and returns once it is healthy
-// in the sense of AwaitHealthy.
+// in the sense of AwaitHealthy. It logs how long that took.
 func StartSentinel(t testing.TB, opts SentinelOptions) *Sentinel {
 	t.Helper()
+	start := time.Now()
 	if opts.MasterName == "" {
 		opts.MasterName = "fencekit"
 	}
@@ -109,6 +110,7 @@ func StartSentinel(t testing.TB, opts SentinelOptions) *Sentinel {
 		s.sentinels = append(s.sentinels, sen)
 	}
 	s.AwaitHealthy(t)
+	t.Logf("redistest: primary, replica and %d Sentinels healthy after %v", opts.Sentinels, time.Since(start).Round(time.Millisecond))
 	return s
 }
 
