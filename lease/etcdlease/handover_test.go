@@ -28,7 +28,12 @@ func TestReleaseHandsOverToFirstInLine(t *testing.T) {
 	wcli := &writeCounting{Client: cl.Client()}
 	waiters := newBackend(t, wcli, p)
 	ctx := testkit.Context(t)
-	const ttl = 5 * time.Second
+	// The places in line live on etcd leases of this TTL, which the test
+	// calls of the backend do not keep alive: long enough that w2's place
+	// (queued first) outlives the whole test on a loaded machine; with
+	// 5 s it expired, and took the handed key with it, before w2's
+	// Acquire.
+	const ttl = 60 * time.Second
 	req := func(owner string) driver.Request {
 		return driver.Request{Name: "job", Owner: owner, TTL: ttl, Queue: true}
 	}
