@@ -13,7 +13,7 @@ import (
 // takes A's late report over B's.
 func TestPausedClientDownstream(t *testing.T) {
 	for _, unguarded := range []bool{false, true} {
-		args := []string{"--ttl", "1s", "--pause", "2500ms", "--downstream"}
+		args := []string{"--ttl", "1s", "--pause", "2500ms", "--resume-after-b", "--downstream"}
 		if unguarded {
 			args = append(args, "--unguarded")
 		}

@@ -101,7 +101,7 @@ func TestPausedClientDynamoDB(t *testing.T) {
 	dynamotest.MustEndpoint()
 	s3Client(t) // fail first if the S3 server is not configured
 	jsonPath := filepath.Join(t.TempDir(), "summary.json")
-	out, err := exec.Command(stalewriterBinary(t), "--lease-store", "dynamodb", "--dynamodb", "--ttl", "1s", "--pause", "3s", "--json", jsonPath).CombinedOutput()
+	out, err := exec.Command(stalewriterBinary(t), "--lease-store", "dynamodb", "--dynamodb", "--ttl", "1s", "--pause", "3s", "--resume-after-b", "--json", jsonPath).CombinedOutput()
 	if err != nil {
 		t.Fatalf("the demo: %v\n%s", err, out)
 	}

@@ -293,7 +293,15 @@ func TestPausedClientConsensusLeases(t *testing.T) {
 func checkPausedRun(t *testing.T, ttl, pause time.Duration, extra ...string) {
 	t.Helper()
 	c := struct{ ttl, pause time.Duration }{ttl, pause}
-	code, sum, out := runDemo(t, append([]string{"--ttl", c.ttl.String(), "--pause", c.pause.String()}, extra...)...)
+	args := []string{"--ttl", c.ttl.String(), "--pause", c.pause.String()}
+	farPast := c.pause >= 2*c.ttl+time.Second
+	if farPast {
+		// B's writes must come first for both of A's to be refused: on a
+		// loaded machine B can take longer than the pause to acquire and
+		// write, so A stays frozen until B has written.
+		args = append(args, "--resume-after-b")
+	}
+	code, sum, out := runDemo(t, append(args, extra...)...)
 	if code != 0 || !sum.OK {
 		t.Fatalf("demo exit %d, ok=%v: a stale write landed or the run failed:\n%s", code, sum.OK, out)
 	}
@@ -338,9 +346,9 @@ func checkPausedRun(t *testing.T, ttl, pause time.Duration, extra ...string) {
 			t.Fatalf("pause %v within the remaining validity %v: A keeps its lease and both its writes land; accepted %v rejected %v\n%s",
 				c.pause, remaining, accepted["A"], rejected["A"], out)
 		}
-	case c.pause >= 2*c.ttl+time.Second:
-		// B acquires at the expiry (about one TTL) and writes well
-		// before A wakes: both of A's writes are stale.
+	case farPast:
+		// B acquires at the expiry (about one TTL) and writes before A
+		// wakes (--resume-after-b): both of A's writes are stale.
 		if len(rejected["A"]) != 2 {
 			t.Fatalf("pause %v far past the TTL %v: both of A's stale writes must be rejected; accepted %v rejected %v\n%s",
 				c.pause, c.ttl, accepted["A"], rejected["A"], out)
@@ -353,7 +361,7 @@ func checkPausedRun(t *testing.T, ttl, pause time.Duration, extra ...string) {
 // guards, the frozen holder's late writes overwrite the newer holder's data,
 // and the demo says so with exit status 1.
 func TestPausedClientUnguarded(t *testing.T) {
-	code, sum, out := runDemo(t, "--ttl", "1s", "--pause", "2500ms", "--unguarded")
+	code, sum, out := runDemo(t, "--ttl", "1s", "--pause", "2500ms", "--resume-after-b", "--unguarded")
 	if code != 1 || sum.OK {
 		t.Fatalf("unguarded demo exit %d, ok=%v; want 1 and not ok:\n%s", code, sum.OK, out)
 	}

@@ -19,6 +19,7 @@ type options struct {
 	rowStore          string
 	s3URL             string
 	downstream        bool // --downstream: see downstream.go
+	resumeAfterB      bool // --resume-after-b
 }
 
 // Bounds of the timing flags: a demo that runs for hours, or whose default
@@ -51,6 +52,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (options, error) {
 		"keep the schema, the lease's keys and the S3 object after the run, for inspection; servers\nthe demo started itself are stopped, and their data directories are kept (their paths are printed)")
 	fs.DurationVar(&o.pause, "pause", 0, "how long worker A is frozen, up to 10m (default: 2*TTL + 1s, well past the TTL)")
 	fs.DurationVar(&o.writeDelay, "write-delay", 300*time.Millisecond, "time between A's lease check and its write, in which A is frozen (50ms to 10s)")
+	fs.BoolVar(&o.resumeAfterB, "resume-after-b", false, "keep worker A frozen past --pause until worker B has written every store and checked its lease:\nB's writes come first however slow the machine (the scenario the tests check)")
 	fs.BoolVar(&o.unguarded, "unguarded", false, "write with plain SQL and plain PUT, without fencing, to show the failure")
 	fs.BoolVar(&o.dynamodb, "dynamodb", false, "also write the report to a DynamoDB item through dynamoguard, in a table of the run's own\nat $"+demo.DynamoEndpointVar+" (with --lease-store dynamodb: leases and a fenced item in DynamoDB)")
 	fs.StringVar(&o.rowStore, "row-store", rowPostgres, rowStoreUsage)

@@ -130,9 +130,26 @@ func (sc *scenario) play(ctx context.Context, tl *demo.Timeline, o options) (*su
 	var (
 		b       *demo.Proc
 		frozen  bool
+		frozeAt time.Time
 		resume  <-chan time.Time
 		overall = time.After(o.pause + 6*o.TTL + 60*time.Second)
+		// With --resume-after-b, A wakes when both the pause is over and
+		// B has written and checked its lease.
+		pauseOver, bDone bool
 	)
+	thaw := func() error {
+		if err := a.Signal(syscall.SIGCONT); err != nil {
+			return fmt.Errorf("SIGCONT worker A: %w", err)
+		}
+		frozen = false
+		sum.Events = append(sum.Events, event{At: time.Now(), Role: "orchestrator", Kind: evResumed})
+		why := ""
+		if o.resumeAfterB {
+			why = " (the pause was over and B had written)"
+		}
+		tl.Say(time.Now(), "orchestrator", "resumed worker A with SIGCONT after %v%s; it goes on with its write", time.Since(frozeAt).Round(time.Millisecond), why)
+		return nil
+	}
 	for running := 2; running > 0; {
 		select {
 		case e := <-workers.Events:
@@ -145,12 +162,19 @@ func (sc *scenario) play(ctx context.Context, tl *demo.Timeline, o options) (*su
 				sum.TokenA = e.Token
 			case e.Kind == evAcquired:
 				sum.TokenB = e.Token
+			case e.Kind == evLeaseState && e.Role == "B":
+				bDone = true
+				if o.resumeAfterB && pauseOver && frozen {
+					if err := thaw(); err != nil {
+						return nil, err
+					}
+				}
 			case e.Kind == evChecked && e.Role == "A":
 				// Freeze A between its lease check and its write.
 				if err := a.Signal(syscall.SIGSTOP); err != nil {
 					return nil, fmt.Errorf("SIGSTOP worker A: %w", err)
 				}
-				frozen = true
+				frozen, frozeAt = true, time.Now()
 				sum.Events = append(sum.Events, event{At: time.Now(), Role: "orchestrator", Kind: evFroze})
 				tl.Say(time.Now(), "orchestrator", "froze worker A with SIGSTOP for %v (TTL %v): its heartbeat stops with it", o.pause, o.TTL)
 				resume = time.After(o.pause)
@@ -160,13 +184,14 @@ func (sc *scenario) play(ctx context.Context, tl *demo.Timeline, o options) (*su
 				tl.Say(time.Now(), "orchestrator", "started worker B (pid %d); it waits for the lease", b.Pid())
 			}
 		case <-resume:
-			resume = nil
-			if err := a.Signal(syscall.SIGCONT); err != nil {
-				return nil, fmt.Errorf("SIGCONT worker A: %w", err)
+			resume, pauseOver = nil, true
+			if o.resumeAfterB && !bDone {
+				tl.Say(time.Now(), "orchestrator", "the pause of %v is over; worker A stays frozen until worker B has written (--resume-after-b)", o.pause)
+				continue
 			}
-			frozen = false
-			sum.Events = append(sum.Events, event{At: time.Now(), Role: "orchestrator", Kind: evResumed})
-			tl.Say(time.Now(), "orchestrator", "resumed worker A with SIGCONT after %v; it goes on with its write", o.pause)
+			if err := thaw(); err != nil {
+				return nil, err
+			}
 		case x := <-workers.Exits:
 			workers.Exited(x)
 			running--
