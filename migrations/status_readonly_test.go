@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"net/url"
 	"testing"
 	"time"
 
@@ -19,17 +18,11 @@ import (
 // (default_transaction_read_only), and, if role is not empty, as role.
 func readOnlyURL(t *testing.T, role string) string {
 	t.Helper()
-	u, err := url.Parse(testenv.PostgresURL())
+	u, err := testenv.ReadOnlyPostgresURL(role)
 	if err != nil {
 		t.Fatal(err)
 	}
-	q := u.Query()
-	q.Set("default_transaction_read_only", "on")
-	u.RawQuery = q.Encode()
-	if role != "" {
-		u.User = url.User(role)
-	}
-	return u.String()
+	return u
 }
 
 // TestStatusIsReadOnly: Status works on a read-only session and for a

@@ -232,14 +232,11 @@ func noSuchDatabaseURL() string {
 func TestStatusReadOnly(t *testing.T) {
 	t.Parallel()
 	schema, db := newSchema(t)
-	u, err := url.Parse(testenv.PostgresURL())
+	u, err := testenv.ReadOnlyPostgresURL("")
 	if err != nil {
 		t.Fatal(err)
 	}
-	q := u.Query()
-	q.Set("default_transaction_read_only", "on")
-	u.RawQuery = q.Encode()
-	ro := "--database-url=" + u.String()
+	ro := "--database-url=" + u
 
 	code, stdout, stderr := fencekit(t, "migrate", "status", ro, "--schema", schema)
 	if code != 0 || !strings.Contains(stdout, "pending") {

@@ -4,7 +4,10 @@
 // machines.
 package testenv
 
-import "os"
+import (
+	"net/url"
+	"os"
+)
 
 // Environment variable names and their defaults.
 const (
@@ -27,6 +30,24 @@ const (
 
 // PostgresURL returns FENCE_POSTGRES_URL or the default.
 func PostgresURL() string { return get(PostgresURLVar, DefaultPostgresURL) }
+
+// ReadOnlyPostgresURL returns PostgresURL with every transaction of the
+// session read-only (default_transaction_read_only=on), connecting as
+// role when role is not empty. It fails only on a PostgresURL that does
+// not parse.
+func ReadOnlyPostgresURL(role string) (string, error) {
+	u, err := url.Parse(PostgresURL())
+	if err != nil {
+		return "", err
+	}
+	q := u.Query()
+	q.Set("default_transaction_read_only", "on")
+	u.RawQuery = q.Encode()
+	if role != "" {
+		u.User = url.User(role)
+	}
+	return u.String(), nil
+}
 
 // RedisURL returns FENCE_REDIS_URL or the default.
 func RedisURL() string { return get(RedisURLVar, DefaultRedisURL) }
