@@ -103,23 +103,37 @@ func StartWith(t testing.TB, n int, timing Timing) *Cluster {
 		t.Fatalf("etcdtest: %d members", n)
 	}
 	base := t.TempDir()
-	c := &Cluster{t: t, token: fmt.Sprintf("fencekit-test-%d", time.Now().UnixNano()), timing: timing}
-	for i := range n {
-		name := fmt.Sprintf("m%d", i)
-		c.Members = append(c.Members, &Member{
-			c:         c,
-			Name:      name,
-			Dir:       filepath.Join(base, name),
-			peerURL:   freeURL(t),
-			clientURL: freeURL(t),
+	// A port found free can be taken before the member binds it (by a
+	// cluster of another test binary running beside this one): the
+	// cluster is then started again on other ports, three tries at most.
+	for try := 0; ; try++ {
+		c := &Cluster{t: t, token: fmt.Sprintf("fencekit-test-%d", time.Now().UnixNano()), timing: timing}
+		for i := range n {
+			name := fmt.Sprintf("m%d", i)
+			c.Members = append(c.Members, &Member{
+				c:         c,
+				Name:      name,
+				Dir:       filepath.Join(base, fmt.Sprintf("try%d", try), name),
+				peerURL:   freeURL(t),
+				clientURL: freeURL(t),
+			})
+		}
+		err := c.startAll()
+		if err != nil && try < 2 && strings.Contains(err.Error(), "address already in use") {
+			t.Logf("etcdtest: %v; starting the cluster on other ports", err)
+			c.StopAll()
+			continue
+		}
+		t.Cleanup(func() {
+			c.StopAll()
+			c.awaitPeerConnsClosed()
 		})
+		if err != nil {
+			t.Fatalf("etcdtest: %v", err)
+		}
+		c.WaitLeader()
+		return c
 	}
-	t.Cleanup(func() {
-		c.StopAll()
-		c.awaitPeerConnsClosed()
-	})
-	c.StartAll()
-	return c
 }
 
 // freeURL returns an http URL on a loopback port nothing listens on now,
@@ -128,10 +142,20 @@ func StartWith(t testing.TB, n int, timing Timing) *Cluster {
 // free, and an ephemeral port can meanwhile become the local end of any
 // outgoing connection (a client reconnecting), which makes it refuse the
 // bind.
+//
+// The first tries are in a window of 1,000 ports chosen by the process
+// ID, so that test binaries running side by side seldom pick the same
+// port: a member's port, free while it is stopped, must not be taken by
+// another binary's cluster before it starts again.
 func freeURL(t testing.TB) url.URL {
 	t.Helper()
-	for range 200 {
-		addr := fmt.Sprintf("127.0.0.1:%d", 15000+mrand.IntN(17000))
+	window := 15000 + os.Getpid()%17*1000
+	for i := range 200 {
+		port := window + mrand.IntN(1000)
+		if i >= 100 {
+			port = 15000 + mrand.IntN(17000)
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		l, err := net.Listen("tcp", addr)
 		if err != nil {
 			continue
@@ -170,6 +194,15 @@ func (c *Cluster) Endpoints(idx ...int) []string {
 // must start together to elect a leader) and waits until each is ready.
 func (c *Cluster) StartAll() {
 	c.t.Helper()
+	if err := c.startAll(); err != nil {
+		c.t.Fatalf("etcdtest: %v", err)
+	}
+	c.WaitLeader()
+}
+
+// startAll starts every stopped member at once and returns the first
+// error, naming its member.
+func (c *Cluster) startAll() error {
 	var wg sync.WaitGroup
 	errs := make([]error, len(c.Members))
 	for i, m := range c.Members {
@@ -185,10 +218,10 @@ func (c *Cluster) StartAll() {
 	wg.Wait()
 	for i, err := range errs {
 		if err != nil {
-			c.t.Fatalf("etcdtest: member %s: %v", c.Members[i].Name, err)
+			return fmt.Errorf("member %s: %w", c.Members[i].Name, err)
 		}
 	}
-	c.WaitLeader()
+	return nil
 }
 
 // StopAll stops every running member: the followers first, in parallel,
