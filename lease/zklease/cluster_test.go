@@ -64,7 +64,7 @@ func (c *overlapChecker) err() error {
 // one backend (session) per member, three workers on each, taking the same
 // lease in turns with blocking Acquire. The checker sees every grant.
 func TestExclusiveAcrossMembers(t *testing.T) {
-	ens := zktest.Shared(t, 3)
+	ens := zktest.Start(t, 3, zktest.Config{})
 	root := zktest.Root(t)
 	const ttl = 4 * time.Second
 	var managers []*lease.Manager

@@ -18,7 +18,7 @@ const conformanceSession = 6 * time.Second
 // every backend is its own connection and session. It lacks no
 // capability.
 func TestConformance(t *testing.T) {
-	ens := zktest.Shared(t, 3)
+	ens := zktest.Start(t, 3, zktest.Config{})
 	admin := adminConn(t, ens.Servers())
 	leasetest.Run(t, leasetest.Config{
 		NewStore: func(t *testing.T) func() lease.Backend {

@@ -32,7 +32,7 @@ const opDelete = 2
 // transaction, the resent delete got "no node" and every round was
 // reported as lost ("expired or was lost"), 3 rounds of 3.
 func TestReleaseWhoseAnswerIsLostIsARelease(t *testing.T) {
-	ens := zktest.Shared(t, 3)
+	ens := zktest.Start(t, 3, zktest.Config{})
 	root := zktest.Root(t)
 	// The release's delete (or multi), applied, its answer lost; the
 	// client's reconnect is refused for a while.
@@ -118,7 +118,7 @@ func (c *heldConn) Write(p []byte) (int, error) {
 //     until the store answers, gives back its grant, and only then does
 //     Abandon run; the name is free and no node is left.
 func TestLateAcquireOfAnEndedOwnerIsRefused(t *testing.T) {
-	ens := zktest.Shared(t, 3)
+	ens := zktest.Start(t, 3, zktest.Config{})
 	root := zktest.Root(t)
 	const ttl = 4 * time.Second
 	var h heldWrites

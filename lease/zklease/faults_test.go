@@ -39,7 +39,7 @@ func (w watchedBackend) Watch(ctx context.Context, name string) (<-chan struct{}
 // predecessor notification reaches them, at the backend whose ticket was
 // next. Then each releases in turn, and each hand-off again notifies one.
 func TestReleaseNotifiesOneWaiter(t *testing.T) {
-	ens := zktest.Shared(t, 3)
+	ens := zktest.Start(t, 3, zktest.Config{})
 	root := zktest.Root(t)
 	const ttl = 4 * time.Second
 	holder := testkit.NewManager(t, newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl)), ttl)
@@ -164,7 +164,7 @@ const opMulti = 14 // a ZooKeeper opcode (see opDelete)
 // the caller gave up, the node is deleted once the connection is back, so
 // another client gets the lease at once.
 func TestLostCreateAnswerLeavesNoOrphan(t *testing.T) {
-	ens := zktest.Shared(t, 3)
+	ens := zktest.Start(t, 3, zktest.Config{})
 	root := zktest.Root(t)
 	admin := adminConn(t, ens.Servers())
 	const ttl = 6 * time.Second
@@ -250,7 +250,7 @@ func TestLostCreateAnswerLeavesNoOrphan(t *testing.T) {
 // the ticket: the owner is written right after the grant, and Holder waits
 // for that write.
 func TestHolderNamesTheOwnerAfterAHandOff(t *testing.T) {
-	ens := zktest.Shared(t, 3)
+	ens := zktest.Start(t, 3, zktest.Config{})
 	root := zktest.Root(t)
 	const ttl = 4 * time.Second
 	mgr := func(id string) *lease.Manager {
@@ -300,7 +300,7 @@ func TestHolderNamesTheOwnerAfterAHandOff(t *testing.T) {
 // expired (the store let the grants go), with ErrSessionExpired as the
 // cause; the backend carries on with a new session.
 func TestExpiredSessionEndsEveryLeaseOfIt(t *testing.T) {
-	ens := zktest.Shared(t, 3)
+	ens := zktest.Start(t, 3, zktest.Config{})
 	root := zktest.Root(t)
 	const ttl = 6 * time.Second
 	b := newBackend(t, ens.Servers(), zklease.WithRoot(root), zklease.WithSessionTimeout(ttl))

@@ -135,7 +135,12 @@ var shared struct {
 // start-up and a leader election, several seconds of two cores, which a
 // test that only needs a server to talk to need not pay. A member of a
 // shared ensemble refuses Kill, Pause, Resume and Start (it panics), and
-// the Ensemble refuses Restart. A test binary that calls Shared stops the
+// the Ensemble refuses Restart. A shared ensemble of several members
+// stays busy with what earlier tests left (sessions expiring, container
+// nodes swept), so a member's reads lag the others' writes longer than on
+// an idle one: a test that reads through one member what it wrote through
+// another (zklease's conformance suite, hand-overs between clients) starts
+// its own. A test binary that calls Shared stops the
 // servers from TestMain: goleak.VerifyTestMain(zktest.StopSharedAfter(m)).
 func Shared(t testing.TB, n int) *Ensemble {
 	t.Helper()
