@@ -179,12 +179,11 @@ fi
 # The packages of each test stage. The slow stage's history checks are the
 # package integration/reliability; everything else is the quick stage's.
 # The packages that take longest (1-4 min each, mostly waiting on servers,
-# TTLs and pauses) are a lane of their own (below), in this order: go test
-# starts packages in the order it is given them, and one of these started
-# last would run alone at the end.
+# TTLs and pauses) come first: go test starts packages in the order it is
+# given them, and one of these started last would run alone at the end
+# while the short ones are done.
 slow_pkg=github.com/fencekit/fencekit/integration/reliability
 quick_pkgs=()
-short_pkgs=()
 slow_pkgs=()
 if [ $# -gt 0 ]; then
   if want quick || want slow; then quick_pkgs=("${pkgs[@]}"); fi
@@ -207,10 +206,10 @@ elif want quick || want slow; then
     if [ "$p" = "$slow_pkg" ]; then
       slow_pkgs+=("$p")
     elif [[ " ${long[*]} " != *" $p "* ]]; then
-      short_pkgs+=("$p")
+      quick_pkgs+=("$p")
     fi
   done
-  want quick || { quick_pkgs=(); short_pkgs=(); }
+  want quick || quick_pkgs=()
   want slow || slow_pkgs=()
 fi
 
@@ -232,22 +231,9 @@ if [ ${#slow_pkgs[@]} -gt 0 ]; then
   echo "+ go test -race -vet=all -count=1 ${slow_pkgs[*]} &   (its output follows the quick stage's)"
   background "slow: history checks (-race)" go test -race -vet=all -count=1 -timeout 20m "${slow_pkgs[@]}"
 fi
-# The quick stage in two lanes: the packages that take longest (they
-# mostly wait on servers, TTLs and pauses) with go test's -p, and beside
-# them, one binary at a time, every other package (unit tests and short
-# store tests, seconds each, most of their cost the race-enabled link):
-# run after the long ones, as before, they kept the machine half idle
-# for minutes at the end.
-if [ ${#short_pkgs[@]} -gt 0 ]; then
-  echo "+ go test -race -vet=all -count=1 -p 1 ${short_pkgs[*]} &   (its output follows the long packages')"
-  background "quick: short packages (-race)" go test -race -vet=all -count=1 -p 1 -timeout 20m "${short_pkgs[@]}"
-fi
 if [ ${#quick_pkgs[@]} -gt 0 ]; then
   echo "+ go test -race -vet=all -count=1 ${par[*]} ${quick_pkgs[*]}"
-  timed "quick: long packages (-race)" go test -race -vet=all -count=1 "${par[@]}" -timeout 20m "${quick_pkgs[@]}" || failed=1
-fi
-if [ ${#short_pkgs[@]} -gt 0 ]; then
-  finish "quick: short packages (-race)" || failed=1
+  timed "quick: go test -race" go test -race -vet=all -count=1 "${par[@]}" -timeout 20m "${quick_pkgs[@]}" || failed=1
 fi
 if [ ${#slow_pkgs[@]} -gt 0 ]; then
   finish "slow: history checks (-race)" || failed=1
