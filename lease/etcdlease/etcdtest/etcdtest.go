@@ -136,6 +136,12 @@ func StartWith(t testing.TB, n int, timing Timing) *Cluster {
 	}
 }
 
+// handed holds the ports freeURL has handed out in this process.
+var handed struct {
+	mu    sync.Mutex
+	ports map[int]bool
+}
+
 // freeURL returns an http URL on a loopback port nothing listens on now,
 // chosen below the kernel's ephemeral range (Linux: 32768 and up by
 // default): a member that is stopped and started again must find its port
@@ -147,13 +153,24 @@ func StartWith(t testing.TB, n int, timing Timing) *Cluster {
 // ID, so that test binaries running side by side seldom pick the same
 // port: a member's port, free while it is stopped, must not be taken by
 // another binary's cluster before it starts again.
+//
+// A port is handed out once per process: two members of one cluster, or
+// a member stopped for a while and a new cluster, never share one.
 func freeURL(t testing.TB) url.URL {
 	t.Helper()
 	window := 15000 + os.Getpid()%17*1000
-	for i := range 200 {
+	handed.mu.Lock()
+	defer handed.mu.Unlock()
+	if handed.ports == nil {
+		handed.ports = map[int]bool{}
+	}
+	for i := range 400 {
 		port := window + mrand.IntN(1000)
 		if i >= 100 {
 			port = 15000 + mrand.IntN(17000)
+		}
+		if handed.ports[port] {
+			continue
 		}
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		l, err := net.Listen("tcp", addr)
@@ -161,6 +178,7 @@ func freeURL(t testing.TB) url.URL {
 			continue
 		}
 		_ = l.Close()
+		handed.ports[port] = true
 		return url.URL{Scheme: "http", Host: addr}
 	}
 	t.Fatal("etcdtest: no free loopback port in 15000-31999")
