@@ -79,12 +79,7 @@ func takeoverTrial(t *testing.T, store, schema, name string, ttl, slack time.Dur
 	if err := b.Wait(30 * time.Second); err != nil {
 		t.Fatalf("process B exited with %v: %s", err, b.History())
 	}
-	lastSent := acq.Sent
-	for _, r := range a.Seen("renewed") {
-		if r.Sent.After(lastSent) {
-			lastSent = r.Sent
-		}
-	}
+	lastSent := a.LastSent(acq)
 	took := got.At.Sub(killed)
 	afterExpiry := got.At.Sub(lastSent.Add(ttl))
 	t.Logf("%s, TTL %v: B acquired (token %d after %d) %v after the kill, %v after A's grant would have expired",

@@ -77,12 +77,7 @@ func TestTakeoverAfterSIGKILL(t *testing.T) {
 
 				// The last renewal A reported bounds the grant from below:
 				// the store set its expiry no earlier than send + TTL.
-				lastSent := acq.Sent
-				for _, r := range a.Seen("renewed") {
-					if r.Sent.After(lastSent) {
-						lastSent = r.Sent
-					}
-				}
+				lastSent := a.LastSent(acq)
 				took := got.At.Sub(killed)
 				afterExpiry := got.At.Sub(lastSent.Add(ttl))
 				t.Logf("TTL %v, renew every %v: A (token %d) killed with %v left in Redis; B acquired (token %d) %v after the kill, %v after A's grant ran out",

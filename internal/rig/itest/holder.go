@@ -216,6 +216,19 @@ func (h *Holder) Seen(kind string) []holder.Event {
 	return out
 }
 
+// LastSent returns the latest send time of the grant acq and of the
+// renewals the holder reported since: the store set the grant's expiry no
+// earlier than that plus the TTL.
+func (h *Holder) LastSent(acq holder.Event) time.Time {
+	last := acq.Sent
+	for _, r := range h.Seen("renewed") {
+		if r.Sent.After(last) {
+			last = r.Sent
+		}
+	}
+	return last
+}
+
 // History describes the events recorded so far and the standard error.
 func (h *Holder) History() string {
 	h.mu.Lock()
