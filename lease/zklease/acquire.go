@@ -95,7 +95,7 @@ func (b *Backend) acquire(ctx context.Context, ns *nameState, req driver.Request
 	rec := ns.grants[req.Owner]
 	b.mu.Unlock()
 	if rec != nil {
-		err := b.confirm(rec)
+		err := b.confirm(rec, true)
 		if err == nil {
 			return rec.grant(), nil
 		}
@@ -391,8 +391,16 @@ func (b *Backend) giveBack(ns *nameState, rec *grantRec) {
 
 // confirm checks at the store that rec's node still exists, with its
 // token, in rec's session, and moves rec's TTL to count from the send time
-// of that read. It returns ErrNotHeld when the node is gone or not rec's.
-func (b *Backend) confirm(rec *grantRec) error {
+// of the first request it sent. It returns ErrNotHeld when the node is gone
+// or not rec's.
+//
+// With sync set, a sync goes first: the member this connection talks to
+// may be behind the leader (ZooKeeper orders one session's requests, not
+// those of different sessions), and without it a member that has not yet
+// applied another session's delete (a Revoke, an operator's cleanup)
+// would confirm a grant the ensemble already ended. RenewBatch sends one
+// sync for the whole batch and confirms each grant without its own.
+func (b *Backend) confirm(rec *grantRec, sync bool) error {
 	b.mu.Lock()
 	ended := rec.ended
 	b.mu.Unlock()
@@ -400,6 +408,11 @@ func (b *Backend) confirm(rec *grantRec) error {
 		return fmt.Errorf("%w: %q (token %d) expired or was lost here", driver.ErrNotHeld, rec.name, rec.token)
 	}
 	sent := time.Now()
+	if sync {
+		if err := b.syncMember(rec.path); err != nil {
+			return fmt.Errorf("zklease: renew %q: %w", rec.name, err)
+		}
+	}
 	ok, st, err := b.conn.Exists(rec.path)
 	if err != nil {
 		return fmt.Errorf("zklease: renew %q: %w", rec.name, err)
@@ -448,27 +461,47 @@ func record(g driver.Grant) (*grantRec, error) {
 	return rec, nil
 }
 
-// Renew implements driver.Backend with one read: the node must still exist,
-// with the grant's token as its czxid, in this backend's current session;
-// the grant's TTL then counts from the read's send time. A grant made by
-// another Backend is renewed by that one (its State names it), which keeps
-// its TTL and whose session holds its node.
+// Renew implements driver.Backend with a sync and one read: after the
+// sync has brought the connection's member up to the leader, the node must
+// still exist, with the grant's token as its czxid, in this backend's
+// current session; the grant's TTL then counts from the sync's send time.
+// A grant made by another Backend is renewed by that one (its State names
+// it), which keeps its TTL and whose session holds its node.
 //
 // Errors: driver.ErrNotHeld (wrapped, with the reason) when the node is
 // gone, the grant expired here or its session ended, or owner or token do
 // not match; ErrSessionTimeout; ErrClosed; go-zookeeper's errors, wrapped;
 // ctx's error, wrapped.
 func (b *Backend) Renew(ctx context.Context, g driver.Grant) error {
+	return b.renew(ctx, g, true)
+}
+
+// renew is Renew, with the sync left out when the caller has just sent
+// one on this backend's connection (RenewBatch).
+func (b *Backend) renew(ctx context.Context, g driver.Grant, sync bool) error {
 	rec, err := record(g)
 	if err != nil {
 		return err
 	}
 	if rec.b != b {
 		// The grant's TTL is kept by the backend that made it (its
-		// State names it, in this process): renew it there.
-		return rec.b.Renew(ctx, g)
+		// State names it, in this process): renew it there, after a
+		// sync on its own connection.
+		return rec.b.renew(ctx, g, true)
 	}
-	return b.async(ctx, "renew", g.Name, func() error { return b.confirm(rec) })
+	return b.async(ctx, "renew", g.Name, func() error { return b.confirm(rec, sync) })
+}
+
+// syncMember sends a sync for path: the member this connection talks to
+// answers once it has applied everything the leader had committed when the
+// sync reached it, and ZooKeeper answers this session's later reads after
+// that. A path that does not exist (a sync names one only to route it) is
+// no error.
+func (b *Backend) syncMember(path string) error {
+	if _, err := b.conn.Sync(path); err != nil && !errors.Is(err, zk.ErrNoNode) {
+		return fmt.Errorf("sync: %w", err)
+	}
+	return nil
 }
 
 // async runs fn in a goroutine the backend waits for at Close, and returns
@@ -503,8 +536,12 @@ const maxBatchInFlight = 64
 // one round trip. ZooKeeper has no multi-read in the protocol version
 // go-zookeeper speaks, and a Multi of check operations would be a logged
 // write.
+// One sync goes first, for the whole batch (see confirm); if it fails,
+// each grant is renewed with a sync of its own, so each reports its own
+// outcome.
 // Each grant's outcome is reported (done) as soon as its answer arrives.
 func (b *Backend) RenewBatch(ctx context.Context, gs []driver.Grant, done func(i int, err error)) {
+	synced := b.async(ctx, "renew", "", func() error { return b.syncMember(b.o.Root) }) == nil
 	sem := make(chan struct{}, maxBatchInFlight)
 	var wg sync.WaitGroup
 	for i, g := range gs {
@@ -512,7 +549,7 @@ func (b *Backend) RenewBatch(ctx context.Context, gs []driver.Grant, done func(i
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := b.Renew(ctx, g)
+			err := b.renew(ctx, g, !synced)
 			<-sem
 			done(i, err)
 		}()

@@ -31,8 +31,12 @@
 //     the queue once and turns its ticket into the grant. The in-process
 //     waiters of one backend share the ticket. Manager.Acquire needs no
 //     polling (its PollInterval is only a fallback).
-//   - Renew: one read (Exists) checks that the node still exists with the
-//     grant's czxid in this backend's current session.
+//   - Renew: a sync, then one read (Exists) checks that the node still
+//     exists with the grant's czxid in this backend's current session. The
+//     sync makes the read see every write the ensemble committed before it:
+//     a member behind the leader would otherwise confirm a node another
+//     session (a Revoke) had deleted. RenewBatch sends one sync for the
+//     whole batch.
 //   - Release: one transaction (Multi) deletes the node and records the
 //     owner as ended (an ephemeral node under Options.Root + "/.ended",
 //     see EndedPath); the node's name is unique (the GUID), so no other
