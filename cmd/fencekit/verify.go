@@ -84,7 +84,8 @@ The run:
                         drop   lose a worker's requests or replies to the lease
                                store or the guard's store for 0.3-1.5 TTL
                         delay  delay them by 0.1-0.6 TTL for 0.5-1.5 TTL
-                        partition, restart: run the hooks below
+                        partition, restart: run the hooks below (one
+                               at a time; with both, they take turns)
   --fault-interval D  the mean time between faults (default 1.5 × --ttl)
   --hook-partition CMD  run CMD (sh -c) to partition a store, and again to
                       heal it 1-2 TTL later ($FENCEKIT_VERIFY_EVENT is
@@ -278,6 +279,9 @@ type verifyRun struct {
 	loopDone chan struct{}
 	timers   []*time.Timer
 	hookBusy bool
+	// hookTurn counts the hook faults run: partitions and restarts take
+	// turns (see inject).
+	hookTurn int
 	hooks    sync.WaitGroup
 	// partitioned is the index in h.Faults of the partition in force
 	// (healed at the end at the latest), or -1.
@@ -702,12 +706,15 @@ func (r *verifyRun) closeGrant(p *workerProc, at int64, how, errText string) {
 }
 
 // inject injects one fault, aimed at a worker that holds the lease four
-// times in five.
+// times in five. A draw of a hook's fault (partition or restart) while a
+// hook is still busy is skipped; when both are in the run, the hook faults
+// that do run take turns, so that skipped draws cannot leave one of them
+// out of a run.
 func (r *verifyRun) inject() {
 	kind := r.faultKinds[r.rng.IntN(len(r.faultKinds))]
 	if kind == faultPartition || kind == faultRestart {
 		if !r.hookBusy {
-			r.runHookFault(kind)
+			r.runHookFault(r.nextHookFault())
 		}
 		return
 	}
@@ -773,6 +780,20 @@ func (r *verifyRun) inject() {
 		r.send(p, c)
 		r.after(c.For, func() { p.busy = false })
 	}
+}
+
+// nextHookFault is the hook fault whose turn it is: the run's hook fault
+// kinds in the order of --faults, one after the other.
+func (r *verifyRun) nextHookFault() string {
+	var kinds []string
+	for _, k := range r.faultKinds {
+		if k == faultPartition || k == faultRestart {
+			kinds = append(kinds, k)
+		}
+	}
+	k := kinds[r.hookTurn%len(kinds)]
+	r.hookTurn++
+	return k
 }
 
 // stopWorker sends SIGSTOP to p, and SIGCONT d later.

@@ -535,6 +535,8 @@ func zombie(pid int) bool {
 // at its heal (here it stalls a Redis server of the test's own with
 // CLIENT PAUSE), --hook for the other events (a restart); each gets the
 // event and the workers' pids, and the run records them as faults.
+// Partitions and restarts take turns, so both run although a draw made
+// while a hook is busy is skipped.
 func TestVerifyRunsHooks(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
@@ -544,7 +546,7 @@ func TestVerifyRunsHooks(t *testing.T) {
 	partition := fmt.Sprintf(`echo "$FENCEKIT_VERIFY_EVENT pids=$FENCEKIT_VERIFY_WORKER_PIDS" >> %s; if [ "$FENCEKIT_VERIFY_EVENT" = partition ]; then redis-cli -p %s client pause 700 all; fi`, log, port)
 	other := fmt.Sprintf(`echo "$FENCEKIT_VERIFY_EVENT run=$FENCEKIT_VERIFY_RUN" >> %s`, log)
 	code, stdout, stderr, h, _ := runVerifyOn(t, testkit.Context(t), st, pgGuard(t), nil,
-		"--duration", "3s", "--ttl", "500ms", "--faults", "none", "--fault-interval", "400ms", "--hook-partition", partition, "--hook", other)
+		"--duration", "3s", "--ttl", "500ms", "--faults", "none", "--fault-interval", "200ms", "--hook-partition", partition, "--hook", other)
 	if code != exitOK || h == nil {
 		t.Fatalf("verify with hooks = %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
@@ -574,6 +576,9 @@ func TestVerifyRunsHooks(t *testing.T) {
 	}
 	if partitions == 0 || heals != partitions || restarts == 0 {
 		t.Fatalf("hook events %q: want partitions, each healed, and restarts", lines)
+	}
+	if d := partitions - restarts; d != 0 && d != 1 {
+		t.Fatalf("hook events %q: %d partitions and %d restarts; they should take turns, partition first", lines, partitions, restarts)
 	}
 	recorded := map[string]int{}
 	for _, f := range h.Faults {
