@@ -1,6 +1,7 @@
 package leasetest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -42,7 +43,11 @@ func testSameOwnerIdempotent(t *testing.T, s *suite) {
 
 // testExclusiveUnderContention: many goroutines over two connections take
 // the same lease in turns; a checker fails if two holders ever overlap and
-// requires tokens to grow in grant order.
+// requires tokens to grow in grant order. The workers wait as long as the
+// lease keeps changing hands: they give up when no grant has been made for
+// stallLimit (a stuck lease), not at a deadline for all 96 grants, which a
+// loaded machine running a three-member store under the race detector
+// could miss while every grant is right.
 func testExclusiveUnderContention(t *testing.T, s *suite) {
 	n := name(t)
 	managers := []*lease.Manager{newManager(t, s.backend(), s.long), newManager(t, s.connect(), s.long)}
@@ -59,7 +64,7 @@ func testExclusiveUnderContention(t *testing.T, s *suite) {
 		failure = errors.Join(failure, err)
 		mu.Unlock()
 	}
-	ctx := ctxT(t)
+	ctx, progress := progressCtx(t, stallLimit)
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Add(1)
@@ -69,9 +74,10 @@ func testExclusiveUnderContention(t *testing.T, s *suite) {
 			for range rounds {
 				l, err := m.Acquire(ctx, n)
 				if err != nil {
-					fail(fmt.Errorf("worker %d: Acquire: %w", w, err))
+					fail(fmt.Errorf("worker %d: Acquire: %w (%v)", w, err, context.Cause(ctx)))
 					return
 				}
+				progress()
 				mu.Lock()
 				if holder != -1 {
 					failure = errors.Join(failure, fmt.Errorf("worker %d granted token %d while worker %d holds the lease", w, l.Token(), holder))
@@ -223,4 +229,20 @@ func testSemaphoreBoundsHolders(t *testing.T, s *suite) {
 	if grants != workers*rounds {
 		t.Fatalf("%d grants, want %d", grants, workers*rounds)
 	}
+}
+
+// stallLimit is how long a test that waits on progress (progressCtx) lets
+// pass without any.
+const stallLimit = 30 * time.Second
+
+// progressCtx returns a context that ends when progress has not been called
+// for stall (its cause says so), or when the test ends.
+func progressCtx(t *testing.T, stall time.Duration) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	t.Cleanup(func() { cancel(nil) })
+	timer := time.AfterFunc(stall, func() {
+		cancel(fmt.Errorf("no progress for %v", stall))
+	})
+	t.Cleanup(func() { timer.Stop() })
+	return ctx, func() { timer.Reset(stall) }
 }
