@@ -18,7 +18,7 @@ import (
 // zkOps names the request types of ZooKeeper's protocol that a lease's
 // life sends; others are counted as "op<N>".
 var zkOps = map[int32]string{
-	1: "create", 2: "delete", 3: "exists", 4: "getData", 8: "getChildren",
+	1: "create", 2: "delete", 3: "exists", 4: "getData", 8: "getChildren", 9: "sync",
 	11: "ping", 12: "getChildren2", 14: "multi", 15: "create2", 19: "createContainer",
 	-11: "closeSession", 101: "setWatches",
 }
