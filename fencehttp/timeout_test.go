@@ -37,10 +37,23 @@ func newStallingService(t *testing.T) *stallingService {
 	return s
 }
 
+// handedTransport records the Call field of each request handed to it,
+// then sends it through base.
+type handedTransport struct {
+	base  http.RoundTripper
+	calls sync.Map // call id -> true
+}
+
+func (h *handedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	h.calls.Store(req.Header.Get("Call"), true)
+	return h.base.RoundTrip(req)
+}
+
 // callMany makes calls calls with a token from 4 goroutines through c, each
-// bounded by ctxTimeout when it is not 0, and passes each call's error to
-// check with whether the handler had written by the time the call returned.
-func callMany(t *testing.T, s *stallingService, c *http.Client, calls int, ctxTimeout time.Duration, check func(err error, wrote bool)) {
+// bounded by ctxTimeout when it is not 0, and passes each call's ID and
+// error to check with whether the handler had written by the time the call
+// returned.
+func callMany(t *testing.T, s *stallingService, c *http.Client, calls int, ctxTimeout time.Duration, check func(id string, err error, wrote bool)) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for range 4 {
@@ -63,7 +76,7 @@ func callMany(t *testing.T, s *stallingService, c *http.Client, calls int, ctxTi
 				}
 				cancel()
 				_, wrote := s.wrote.Load(req.Header.Get("Call"))
-				check(err, wrote)
+				check(req.Header.Get("Call"), err, wrote)
 			}
 		})
 	}
@@ -89,20 +102,24 @@ func TestTimedOutCallsAreUnknown(t *testing.T) {
 			s := newStallingService(t)
 			base := &http.Transport{}
 			t.Cleanup(base.CloseIdleConnections)
+			handed := &handedTransport{base: base}
 			tr := tc.transport
-			tr.Base = base
+			tr.Base = handed
 			c := &http.Client{Transport: &tr}
 			var plain, wrote atomic.Int64
 			var first atomic.Pointer[error]
-			callMany(t, s, c, calls, tc.ctxTimeout, func(err error, w bool) {
+			callMany(t, s, c, calls, tc.ctxTimeout, func(id string, err error, w bool) {
 				if w {
 					wrote.Add(1)
 				}
 				unknown := errors.Is(err, fence.ErrOutcomeUnknown) && errors.Is(err, context.DeadlineExceeded)
-				// Only a call cut short while its connection was being
-				// made (a loaded machine) was never sent, and may say so.
+				// Only a call never sent may say so: one whose context
+				// ended before the Transport handed it on (a loaded
+				// machine can take the 20 ms before that), or one cut
+				// short while its connection was being made.
+				_, wasHanded := handed.calls.Load(id)
 				var oe *net.OpError
-				neverSent := !w && !unknown && errors.As(err, &oe) && oe.Op == "dial"
+				neverSent := !w && !unknown && (!wasHanded || errors.As(err, &oe) && oe.Op == "dial")
 				if !unknown && !neverSent {
 					plain.Add(1)
 					first.CompareAndSwap(nil, &err)
@@ -133,7 +150,7 @@ func TestClientTimeoutIsRefused(t *testing.T) {
 	c := &http.Client{Timeout: 20 * time.Millisecond, Transport: &fencehttp.Transport{Base: base}}
 	var bad atomic.Int64
 	var first atomic.Pointer[error]
-	callMany(t, s, c, calls, 0, func(err error, wrote bool) {
+	callMany(t, s, c, calls, 0, func(_ string, err error, wrote bool) {
 		refused := errors.Is(err, fencehttp.ErrClientTimeout) || err != nil && strings.Contains(err.Error(), fencehttp.ErrClientTimeout.Error())
 		if wrote && !errors.Is(err, fence.ErrOutcomeUnknown) || !wrote && !refused {
 			bad.Add(1)
