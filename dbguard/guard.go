@@ -184,7 +184,7 @@ func (g *Guard) Advance(ctx context.Context, tx *sql.Tx, resource string, token 
 }
 
 func (g *Guard) advanceTx(ctx context.Context, tx *sql.Tx, resource string, token fence.Token) error {
-	op := "advance " + strconv.Quote(resource)
+	op := opName{"advance", resource}
 	tok, err := g.check(tx, resource, token, true)
 	if err != nil {
 		return fmt.Errorf("dbguard: %s: %w", op, err)
@@ -194,7 +194,7 @@ func (g *Guard) advanceTx(ctx context.Context, tx *sql.Tx, resource string, toke
 
 // advanceIn advances the resource in tx, through st (the advance
 // statement prepared on tx's database) when it is not nil.
-func (g *Guard) advanceIn(ctx context.Context, tx *sql.Tx, st *sql.Stmt, op, resource string, token fence.Token, tok any) error {
+func (g *Guard) advanceIn(ctx context.Context, tx *sql.Tx, st *sql.Stmt, op opName, resource string, token fence.Token, tok any) error {
 	var run interface {
 		ExecContext(ctx context.Context, args ...any) (sql.Result, error)
 	}
@@ -206,14 +206,14 @@ func (g *Guard) advanceIn(ctx context.Context, tx *sql.Tx, st *sql.Stmt, op, res
 	if g.d == MySQL {
 		res, err := run.ExecContext(ctx, []byte(resource), tok, tok, tok)
 		if err != nil {
-			return g.advanceErr(op, err)
+			return g.advanceErr(op.String(), err)
 		}
 		if n, err := res.RowsAffected(); err == nil && n == 2 {
 			return nil
 		}
 		// 1: inserted, or (with found rows) left as it was; 0: left as
 		// it was. The row is locked by this transaction now.
-		return g.readBack(ctx, tx, op, resource, []byte(resource), token)
+		return g.readBack(ctx, tx, op.String(), resource, []byte(resource), token)
 	}
 	// SQLite: this transaction holds the database's write lock from the
 	// UPDATE on (a write statement takes it before it looks for rows, even
@@ -223,18 +223,18 @@ func (g *Guard) advanceIn(ctx context.Context, tx *sql.Tx, st *sql.Stmt, op, res
 	// conflict's WHERE failed: a newer token is stored.
 	res, err := run.ExecContext(ctx, tok, resource, tok)
 	if err != nil {
-		return g.advanceErr(op, err)
+		return g.advanceErr(op.String(), err)
 	}
 	if n, err := res.RowsAffected(); err == nil && n == 1 {
 		return nil
 	}
 	if res, err = tx.ExecContext(ctx, g.insert, resource, tok); err != nil {
-		return g.advanceErr(op, err)
+		return g.advanceErr(op.String(), err)
 	}
 	if n, err := res.RowsAffected(); err == nil && n == 1 {
 		return nil
 	}
-	return g.readBack(ctx, tx, op, resource, resource, token)
+	return g.readBack(ctx, tx, op.String(), resource, resource, token)
 }
 
 // readBack reads the resource's token in tx, whose row is locked, and
@@ -295,7 +295,7 @@ func (g *Guard) BeginFunc(ctx context.Context, db TxBeginner, resource string, t
 }
 
 func (g *Guard) beginFunc(ctx context.Context, db TxBeginner, resource string, token fence.Token, fn func(*sql.Tx) error) error {
-	op := "fenced transaction " + strconv.Quote(resource)
+	op := opName{"fenced transaction", resource}
 	tok, err := g.check(db, resource, token, fn != nil)
 	if err != nil {
 		return fmt.Errorf("dbguard: %s: %w", op, err)
@@ -318,7 +318,7 @@ func (g *Guard) beginFunc(ctx context.Context, db TxBeginner, resource string, t
 	txo := g.opts.TxOptions
 	tx, err := db.BeginTx(ctx, &txo)
 	if err != nil {
-		return g.d.wrapDBErr(op+": begin", err)
+		return g.d.wrapDBErr(op.String()+": begin", err)
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 	if err := g.advanceIn(ctx, tx, st, op, resource, token, tok); err != nil {
@@ -331,7 +331,7 @@ func (g *Guard) beginFunc(ctx context.Context, db TxBeginner, resource string, t
 		return fmt.Errorf("dbguard: %s: before commit: %w", op, err)
 	}
 	if err := tx.Commit(); err != nil {
-		return g.d.sentErr(ctx, op+": commit", err, conn)
+		return g.d.sentErr(ctx, op.String()+": commit", err, conn)
 	}
 	return nil
 }
@@ -375,6 +375,13 @@ func (g *Guard) notMigrated(op string, err error) error {
 	}
 	return &fence.SetupError{Err: what, Fix: "run `fencekit migrate up --dialect " + g.d.String() + "` there (or migrations.Up with migrations.WithDialect), or fix Options.Database"}
 }
+
+// opName names an operation on a resource in errors ("fenced transaction
+// \"orders\""), built only when an error needs it: a transaction that
+// succeeds never quotes the resource.
+type opName struct{ verb, resource string }
+
+func (o opName) String() string { return o.verb + " " + strconv.Quote(o.resource) }
 
 // unprepared runs query in tx with the shape of a prepared *sql.Stmt.
 type unprepared struct {

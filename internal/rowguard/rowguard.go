@@ -306,6 +306,14 @@ func (s *Spec) NoUniqueKey(op string, kind Kind) error {
 // name CheckResource refuses, and, for BeginFunc, a nil function (fn
 // false).
 func CheckFenced(tokErr error, db any, resource string, max int, fn bool) error {
+	if tokErr == nil && fn && !IsNil(db) {
+		// The common case, without the list: the same error, joined
+		// as below, if only the resource name is bad.
+		if err := CheckResource(resource, max); err != nil {
+			return errors.Join(err)
+		}
+		return nil
+	}
 	errs := []error{tokErr, CheckResource(resource, max)}
 	if IsNil(db) {
 		errs = append(errs, fmt.Errorf("%w: nil database", fence.ErrInvalidArgument))

@@ -145,6 +145,19 @@ func TestCheckFencedAndRetryable(t *testing.T) {
 			t.Errorf("CheckFenced = %v; want %q", err, want)
 		}
 	}
+	db := &struct{}{}
+	if err := CheckFenced(nil, db, "orders", 10, true); err != nil {
+		t.Errorf("CheckFenced with good arguments = %v", err)
+	}
+	// Only the resource is bad: the error of the general path.
+	err = CheckFenced(nil, db, "a\x00b", 10, true)
+	if want := errors.Join(CheckResource("a\x00b", 10)); err == nil || err.Error() != want.Error() || !errors.Is(err, fence.ErrInvalidArgument) {
+		t.Errorf("CheckFenced with a bad resource = %v, want %v", err, want)
+	}
+	var typed *struct{}
+	if err := CheckFenced(nil, typed, "orders", 10, true); err == nil || !strings.Contains(err.Error(), "nil database") {
+		t.Errorf("CheckFenced with a typed nil database = %v", err)
+	}
 	for _, r := range []string{"", "a\x00b", "\xff"} {
 		if CheckResource(r, 10) == nil {
 			t.Errorf("CheckResource(%q) = nil", r)

@@ -85,6 +85,32 @@ func BenchmarkAlternate(b *testing.B) {
 	}
 }
 
+// TestPairsRatios checks that the ratios are taken pair by pair, so that
+// one slow pair moves their median no more than any other pair does.
+func TestPairsRatios(t *testing.T) {
+	ms := func(ns ...int) []time.Duration {
+		var d []time.Duration
+		for _, n := range ns {
+			d = append(d, time.Duration(n)*time.Millisecond)
+		}
+		return d
+	}
+	p := Pairs{Base: ms(10, 20, 10, 1000), Other: ms(11, 22, 12, 1100)}
+	got := p.Ratios()
+	want := []float64{1.1, 1.1, 1.2, 1.1}
+	for i := range want {
+		if d := got[i] - want[i]; d > 1e-9 || d < -1e-9 {
+			t.Fatalf("Ratios() = %v, want %v", got, want)
+		}
+	}
+	if m := Median(got); m < 1.1-1e-9 || m > 1.1+1e-9 {
+		t.Errorf("median ratio %v, want 1.1", m)
+	}
+	if (Pairs{Base: ms(0), Other: ms(5)}).Ratios()[0] <= 0 {
+		t.Error("a zero base time gave no ratio")
+	}
+}
+
 // BenchmarkThroughputCalls checks Throughput's bookkeeping: one untimed
 // cycle per worker, then b.N cycles in all, each worker on its own name.
 func BenchmarkThroughputCalls(b *testing.B) {
