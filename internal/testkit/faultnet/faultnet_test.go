@@ -273,3 +273,41 @@ func TestWireForgetsARequestPickedBeforeDisarm(t *testing.T) {
 		t.Fatalf("%d cuts, want 0", w.Cuts())
 	}
 }
+
+// scriptedConn is a connection whose server has already sent reply.
+type scriptedConn struct {
+	net.Conn
+	reply *strings.Reader
+}
+
+func (c *scriptedConn) Write(p []byte) (int, error) { return len(p), nil }
+func (c *scriptedConn) Read(p []byte) (int, error)  { return c.reply.Read(p) }
+func (c *scriptedConn) Close() error                { return nil }
+
+// Two calls carrying the match written before the first one's reply
+// arrives (a connection that multiplexes calls): with KeepFirst the first
+// call's reply is the one lost; without it the second call took its place
+// and the first call's reply passes.
+func TestWireKeepFirst(t *testing.T) {
+	for _, keepFirst := range []bool{true, false} {
+		w := &Wire{
+			Message: func(r io.Reader) ([]byte, error) { return bufio.NewReader(r).ReadBytes('\n') },
+			Request: func(b []byte) bool { return strings.HasPrefix(string(b), "key ") },
+			Cut: func(msg, req []byte, _ io.Reader) (bool, error) {
+				return string(msg)[len("re "):] == string(req)[len("key "):], nil
+			},
+			KeepFirst: keepFirst,
+		}
+		c := &wireConn{Conn: &scriptedConn{reply: strings.NewReader("re 1\n")}, w: w}
+		w.Arm()
+		for _, req := range []string{"key 1\n", "key 2\n"} {
+			if _, err := c.Write([]byte(req)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_, err := c.Read(make([]byte, 64))
+		if lost := errors.Is(err, ErrReplyLost); lost != keepFirst {
+			t.Errorf("KeepFirst %v: the first call's reply lost = %v (Read: %v), want %v", keepFirst, lost, err, keepFirst)
+		}
+	}
+}

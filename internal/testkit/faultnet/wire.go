@@ -64,6 +64,12 @@ type Wire struct {
 	// client hears nothing until its own deadline); Held returns it, for
 	// the test to deliver later. Needs Request.
 	Hold bool
+	// KeepFirst keeps, on each connection, the first request Request
+	// picks under an Arm: on a connection that multiplexes calls (HTTP/2),
+	// another call carrying the same match may be written before the
+	// picked one's reply arrives, and must not take its place. Without
+	// it, the last request Request picks is the one.
+	KeepFirst bool
 	// RefuseAfterCut, when positive, makes Dial refuse new connections
 	// for that long after a reply was lost, so that a client that
 	// reconnects at once meets a network that is still down.
@@ -162,7 +168,11 @@ func (c *wireConn) Write(p []byte) (int, error) {
 			c.w.cuts.Add(1)
 			return len(p), nil // nothing is sent, so nothing comes back
 		}
-		c.req.Store(&request{b: append([]byte(nil), p...), arm: c.w.arms.Load()})
+		arm := c.w.arms.Load()
+		if r := c.req.Load(); c.w.KeepFirst && r != nil && r.arm == arm {
+			break
+		}
+		c.req.Store(&request{b: append([]byte(nil), p...), arm: arm})
 	}
 	return c.Conn.Write(p)
 }
