@@ -34,9 +34,10 @@ var program struct {
 // or workspace, as it found the test's own.
 //
 // The program lands in the user's cache directory under a name made of a
-// hash of its bytes: test processes that build the same program share one
-// file, a changed program gets a file of its own, and nothing is left
-// behind per run.
+// hash of its source directory, so that test processes of one checkout
+// share it and go build, finding it up to date, does not link it again
+// (a link costs seconds of CPU); checkouts side by side each have their
+// own. Test processes that start together build it one at a time.
 func memberProgram() (string, error) {
 	program.once.Do(func() { program.path, program.err = buildMember() })
 	return program.path, program.err
@@ -47,6 +48,10 @@ func buildMember() (string, error) {
 	if err != nil {
 		return "", errors.New("the go command is not on PATH: it builds the etcd member program")
 	}
+	src, err := exec.Command(goBin, "list", "-f", "{{.Dir}}", memberPkg).Output()
+	if err != nil {
+		return "", fmt.Errorf("go list %s: %w%s", memberPkg, err, stderrOf(err))
+	}
 	cache, err := os.UserCacheDir()
 	if err != nil {
 		cache = os.TempDir()
@@ -55,36 +60,44 @@ func buildMember() (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
-	tmp, err := os.MkdirTemp(dir, "building-")
+	sum := sha256.Sum256(bytes.TrimSpace(src))
+	path := filepath.Join(dir, "etcdmember-"+hex.EncodeToString(sum[:8]))
+	unlock, err := lockFile(path + ".lock")
 	if err != nil {
 		return "", err
+	}
+	defer unlock()
+	out, err := exec.Command(goBin, "build", "-o", path, memberPkg).CombinedOutput()
+	if err == nil {
+		return path, nil
+	}
+	// Writing over a program that runs (a member of another test
+	// process, started before its source changed) can fail where go
+	// build copies instead of renaming: build beside it and rename over
+	// it, which leaves the running one alone.
+	tmp, terr := os.MkdirTemp(dir, "building-")
+	if terr != nil {
+		return "", fmt.Errorf("go build %s: %w\n%s", memberPkg, err, out)
 	}
 	defer os.RemoveAll(tmp)
 	built := filepath.Join(tmp, "etcdmember")
-	out, err := exec.Command(goBin, "build", "-o", built, memberPkg).CombinedOutput()
-	if err != nil {
+	if out, err := exec.Command(goBin, "build", "-o", built, memberPkg).CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build %s: %w\n%s", memberPkg, err, out)
 	}
-	f, err := os.Open(built)
-	if err != nil {
-		return "", err
-	}
-	h := sha256.New()
-	_, err = io.Copy(h, f)
-	f.Close()
-	if err != nil {
-		return "", err
-	}
-	path := filepath.Join(dir, "etcdmember-"+hex.EncodeToString(h.Sum(nil))[:16])
-	if _, err := os.Stat(path); err == nil {
-		return path, nil
-	}
-	// Another process may be renaming the same bytes into place: either
-	// rename leaves a whole program there.
 	if err := os.Rename(built, path); err != nil {
 		return "", err
 	}
 	return path, nil
+}
+
+// stderrOf returns what a failed command wrote to its standard error, if
+// err says.
+func stderrOf(err error) string {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) && len(ee.Stderr) > 0 {
+		return ": " + string(bytes.TrimSpace(ee.Stderr))
+	}
+	return ""
 }
 
 // proc is a running member program.
