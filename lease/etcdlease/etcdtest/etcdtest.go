@@ -5,8 +5,8 @@
 // whole cluster or make it lose its data.
 //
 // Each member is a process of its own: the program in etcdtest/etcdmember
-// (go.etcd.io/etcd/server/v3/embed), built once per test process with go
-// build, without the race detector. Run inside a race-enabled test binary,
+// (go.etcd.io/etcd/server/v3/embed), built with go build into the user's
+// cache, without the race detector. Run inside a race-enabled test binary,
 // etcd's server was instrumented too and cost more CPU than the tests
 // around it; as a process of its own, a killed member is also a crash as
 // the operating system makes one. A member dies with the test process.

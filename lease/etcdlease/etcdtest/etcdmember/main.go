@@ -1,6 +1,6 @@
 // Command etcdmember runs one etcd member (go.etcd.io/etcd/server/v3/embed,
 // the version this module requires) for package etcdtest, which builds it
-// once per test process, without the race detector, and runs each member
+// with go build, without the race detector, and runs each member
 // of its clusters as a process of its own: a race-enabled test binary then
 // instruments its own code, not etcd's server.
 //
