@@ -5,7 +5,7 @@
 // lease. The backends' own tests (lease/etcdlease, lease/zklease) need only
 // their own store; the writes through the guards are here.
 //
-// etcd is embedded in the test process (lease/etcdlease/etcdtest); ZooKeeper is
+// etcd runs a process per member (lease/etcdlease/etcdtest); ZooKeeper is
 // Debian's, started per test (internal/testkit/zktest; scripts/services.sh
 // ensure_zookeeper installs it). PostgreSQL and S3 come from FENCE_* (see
 // internal/testkit/testenv), else internal/rig/services finds or starts them.

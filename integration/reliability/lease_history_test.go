@@ -545,7 +545,7 @@ func TestLeaseHistoryPostgresSession(t *testing.T) {
 	checkLeaseHistory(t, rig, minLeaseGrants(rig))
 }
 
-// TestLeaseHistoryEtcd: the history check on an embedded etcd member
+// TestLeaseHistoryEtcd: the history check on a one-member etcd
 // started by the test (TTL 1 s, etcd's whole-second resolution).
 func TestLeaseHistoryEtcd(t *testing.T) {
 	ep := startEtcd(t)

@@ -3,7 +3,6 @@ package reliability
 import (
 	"fmt"
 	"net"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,60 +11,23 @@ import (
 	"testing"
 	"time"
 
-	"go.etcd.io/etcd/server/v3/embed"
-	"go.uber.org/zap"
-
 	"github.com/fencekit/fencekit/internal/testkit/zktest"
+	"github.com/fencekit/fencekit/lease/etcdlease/etcdtest"
 )
 
-// The servers the lease history check starts for itself: an embedded etcd
-// member and a standalone ZooKeeper: the few lines the check needs. (The
-// shared harnesses lease/etcdlease/etcdtest and internal/testkit/zktest could serve here
-// too; they start clusters with more options than this check uses.)
+// The servers the lease history check starts for itself: a one-member
+// etcd cluster (lease/etcdlease/etcdtest) and a standalone ZooKeeper.
+// (The shared harness internal/testkit/zktest could serve here too; it
+// starts ensembles with more options than this check uses.)
 
-// startEtcd starts a one-member etcd inside the test process on free
+// startEtcd starts a one-member etcd (a process of its own) on free
 // loopback ports, with heartbeats every 50 ms and elections after 500 ms
-// (a starved process on a loaded machine misses shorter ones; its minimum
-// lease TTL is still 1 s), no fsync, and returns its client URL. It is
-// stopped when the test ends.
+// (etcdtest.Steady: a starved process on a loaded machine misses shorter
+// ones; its minimum lease TTL is still 1 s), no fsync, and returns its
+// client URL. It is stopped when the test ends.
 func startEtcd(t *testing.T) string {
 	t.Helper()
-	cfg := embed.NewConfig()
-	cfg.Name = "rel"
-	cfg.Dir = filepath.Join(t.TempDir(), "etcd")
-	peer, client := freeLoopbackURL(t), freeLoopbackURL(t)
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
-	cfg.InitialCluster = cfg.Name + "=" + peer.String()
-	cfg.InitialClusterToken = fmt.Sprintf("fencekit-rel-%d", time.Now().UnixNano())
-	cfg.TickMs, cfg.ElectionMs = 50, 500
-	cfg.UnsafeNoFsync = true
-	cfg.Logger = "zap"
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	cfg.LogLevel = "error"
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		t.Fatalf("embedded etcd: %v", err)
-	}
-	t.Cleanup(e.Close)
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(30 * time.Second):
-		t.Fatal("embedded etcd: not ready within 30s")
-	}
-	return client.String()
-}
-
-// freeLoopbackURL returns an http URL on a loopback port nothing listens on
-// now.
-func freeLoopbackURL(t *testing.T) url.URL {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return url.URL{Scheme: "http", Host: l.Addr().String()}
+	return etcdtest.StartWith(t, 1, etcdtest.Steady).Endpoints()[0]
 }
 
 // zkJar is Debian's ZooKeeper (package zookeeper; scripts/services.sh

@@ -15,16 +15,7 @@ import (
 	"github.com/fencekit/fencekit/lease/etcdlease/etcdtest"
 )
 
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// A member stopped with etcdtest.Member.Kill (EtcdServer.HardStop,
-		// the only way to stop raft at once in-process) can leave its peer
-		// version handler blocked forever on the closed backend's lock:
-		// the embedded server's goroutine, not the backend's. (SERVICES.md:
-		// "HardStop leaks goroutines".)
-		goleak.IgnoreAnyFunction("go.etcd.io/etcd/server/v3/etcdserver/api/etcdhttp.newPeerHandler.versionHandler.func1"),
-	)
-}
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // prefix returns a key prefix of its own for one test.
 func prefix(t testing.TB) string {

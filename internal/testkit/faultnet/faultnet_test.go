@@ -273,3 +273,50 @@ func TestWireForgetsARequestPickedBeforeDisarm(t *testing.T) {
 		t.Fatalf("%d cuts, want 0", w.Cuts())
 	}
 }
+
+// scriptedConn is a connection whose server has already sent reply.
+type scriptedConn struct {
+	net.Conn
+	reply *strings.Reader
+}
+
+func (c *scriptedConn) Write(p []byte) (int, error) { return len(p), nil }
+func (c *scriptedConn) Read(p []byte) (int, error)  { return c.reply.Read(p) }
+func (c *scriptedConn) Close() error                { return nil }
+
+// Two calls carrying the match written before either's reply arrives (a
+// connection that multiplexes calls): with Multiplexed the reply to
+// either one is lost, the first to arrive; without it only the second
+// call's reply is.
+func TestWireMultiplexed(t *testing.T) {
+	for _, tc := range []struct {
+		multiplexed bool
+		reply       string
+		lost        bool
+	}{
+		{true, "re 1\n", true},
+		{true, "re 2\n", true},
+		{false, "re 1\n", false},
+		{false, "re 2\n", true},
+	} {
+		w := &Wire{
+			Message: func(r io.Reader) ([]byte, error) { return bufio.NewReader(r).ReadBytes('\n') },
+			Request: func(b []byte) bool { return strings.HasPrefix(string(b), "key ") },
+			Cut: func(msg, req []byte, _ io.Reader) (bool, error) {
+				return strings.TrimPrefix(string(msg), "re ") == strings.TrimPrefix(string(req), "key "), nil
+			},
+			Multiplexed: tc.multiplexed,
+		}
+		c := &wireConn{Conn: &scriptedConn{reply: strings.NewReader(tc.reply)}, w: w}
+		w.Arm()
+		for _, req := range []string{"key 1\n", "key 2\n"} {
+			if _, err := c.Write([]byte(req)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_, err := c.Read(make([]byte, 64))
+		if lost := errors.Is(err, ErrReplyLost); lost != tc.lost {
+			t.Errorf("Multiplexed %v, reply %q: lost = %v (Read: %v), want %v", tc.multiplexed, tc.reply, lost, err, tc.lost)
+		}
+	}
+}

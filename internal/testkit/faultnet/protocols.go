@@ -184,10 +184,13 @@ const h2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 // client) that, once armed, loses the reply to the next call whose request
 // message contains match: it finds the DATA frame that carries match in a
 // write of the client, and cuts at the server's first frame on that
-// stream, which the server sends once its handler has returned.
+// stream, which the server sends once its handler has returned. Every
+// call carrying match that the client writes on a connection once armed
+// is a candidate (Multiplexed): the first reply to any of them is lost.
 func GRPC(match []byte) *Wire {
 	return &Wire{
-		Message: readH2Frame,
+		Message:     readH2Frame,
+		Multiplexed: true,
 		Request: func(b []byte) bool {
 			_, ok := h2StreamOf(b, match)
 			return ok

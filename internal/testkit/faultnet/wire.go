@@ -64,6 +64,15 @@ type Wire struct {
 	// client hears nothing until its own deadline); Held returns it, for
 	// the test to deliver later. Needs Request.
 	Hold bool
+	// Multiplexed is for a connection that carries several calls at once
+	// (HTTP/2): every request Request picks on it under an Arm is a
+	// candidate, and the first reply Cut finds to any of them is lost.
+	// (Another call carrying the match may be written before the picked
+	// one's reply arrives, or a picked call be cancelled and never
+	// answered.) Cut must then decide from msg and req alone, without
+	// reading from r. Without it, the last request Request picks is the
+	// one.
+	Multiplexed bool
 	// RefuseAfterCut, when positive, makes Dial refuse new connections
 	// for that long after a reply was lost, so that a client that
 	// reconnects at once meets a network that is still down.
@@ -142,8 +151,9 @@ type wireConn struct {
 // request is a request a wireConn wrote: the last one (arm 0), or the one
 // Request picked under the arm-th Arm.
 type request struct {
-	b   []byte
-	arm int64
+	b    []byte
+	arm  int64
+	prev *request // the one picked before it under the same Arm (Multiplexed)
 }
 
 func (c *wireConn) Write(p []byte) (int, error) {
@@ -162,7 +172,11 @@ func (c *wireConn) Write(p []byte) (int, error) {
 			c.w.cuts.Add(1)
 			return len(p), nil // nothing is sent, so nothing comes back
 		}
-		c.req.Store(&request{b: append([]byte(nil), p...), arm: c.w.arms.Load()})
+		r := &request{b: append([]byte(nil), p...), arm: c.w.arms.Load()}
+		if prev := c.req.Load(); c.w.Multiplexed && prev != nil && prev.arm == r.arm {
+			r.prev = prev
+		}
+		c.req.Store(r)
 	}
 	return c.Conn.Write(p)
 }
@@ -216,9 +230,12 @@ func (c *wireConn) cut(msg []byte) error {
 	}
 	cut := true
 	if c.w.Cut != nil {
-		var err error
-		if cut, err = c.w.Cut(msg, req.b, c.Conn); err != nil {
-			return err
+		cut = false
+		for q := req; q != nil && !cut; q = q.prev {
+			var err error
+			if cut, err = c.w.Cut(msg, q.b, c.Conn); err != nil {
+				return err
+			}
 		}
 	}
 	if !cut || !c.w.armed.Swap(false) {

@@ -1,8 +1,15 @@
-// Package etcdtest starts real etcd clusters inside a test process, with
-// go.etcd.io/etcd/server/v3/embed, on free loopback ports and throwaway data
-// directories. Members can be stopped, started again, wiped, restored from a
-// copy of their data, and the leader found, so that tests can kill a leader,
-// isolate a member, restart the whole cluster or make it lose its data.
+// Package etcdtest starts real etcd clusters for tests, on free loopback
+// ports and throwaway data directories. Members can be stopped, killed,
+// started again, wiped, restored from a copy of their data, and the leader
+// found, so that tests can kill a leader, isolate a member, restart the
+// whole cluster or make it lose its data.
+//
+// Each member is a process of its own: the program in etcdtest/etcdmember
+// (go.etcd.io/etcd/server/v3/embed), built with go build into the user's
+// cache, without the race detector. Run inside a race-enabled test binary,
+// etcd's server was instrumented too and cost more CPU than the tests
+// around it; as a process of its own, a killed member is also a crash as
+// the operating system makes one. A member dies with the test process.
 //
 // Everything fails loudly (t.Fatal): a test that needs etcd never skips.
 //
@@ -27,7 +34,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 
 	"github.com/fencekit/fencekit/lease/etcdlease"
@@ -66,7 +72,7 @@ var Steady = Timing{50, 500}
 // elections that follow stall requests.
 var Default = Timing{100, 1000}
 
-// Cluster is a set of embedded etcd members. Its methods must be called from
+// Cluster is a set of etcd members. Its methods must be called from
 // the test goroutine.
 type Cluster struct {
 	t       testing.TB
@@ -75,7 +81,7 @@ type Cluster struct {
 	Members []*Member
 }
 
-// Member is one embedded etcd server.
+// Member is one etcd server, a process of its own.
 type Member struct {
 	c         *Cluster
 	Name      string
@@ -83,10 +89,9 @@ type Member struct {
 	peerURL   url.URL
 	clientURL url.URL
 
-	mu      sync.Mutex
-	e       *embed.Etcd   // nil while stopped
-	closing chan struct{} // closed when the last Kill's Close is done; nil if none
-	killed  bool          // stopped by Kill and not started since
+	mu sync.Mutex
+	p  *proc  // nil while stopped
+	id uint64 // the raft ID p reported
 }
 
 // Start starts a cluster of n members with the Fast timing and waits until
@@ -124,10 +129,7 @@ func StartWith(t testing.TB, n int, timing Timing) *Cluster {
 			c.StopAll()
 			continue
 		}
-		t.Cleanup(func() {
-			c.StopAll()
-			c.awaitPeerConnsClosed()
-		})
+		t.Cleanup(c.StopAll)
 		if err != nil {
 			t.Fatalf("etcdtest: %v", err)
 		}
@@ -256,7 +258,7 @@ func (c *Cluster) StopAll() {
 	var leader *Member
 	var wg sync.WaitGroup
 	for _, m := range c.Members {
-		if e := m.etcd(); e != nil && leader == nil && c.runningCount() > 1 && e.Server.Leader() == e.Server.MemberID() {
+		if p, id := m.proc(); p != nil && leader == nil && c.runningCount() > 1 && leads(p, id) {
 			leader = m
 			continue
 		}
@@ -269,72 +271,18 @@ func (c *Cluster) StopAll() {
 	}
 	// Bounded: if it still leads after this, Stop pays the hand-over's
 	// timeout as before.
-	e := leader.etcd()
-	for deadline := time.Now().Add(20 * time.Duration(c.timing.ElectionMs) * time.Millisecond); e != nil && e.Server.Leader() == e.Server.MemberID() && time.Now().Before(deadline); {
+	p, id := leader.proc()
+	for deadline := time.Now().Add(20 * time.Duration(c.timing.ElectionMs) * time.Millisecond); p != nil && leads(p, id) && time.Now().Before(deadline); {
 		time.Sleep(time.Duration(c.timing.TickMs) * time.Millisecond)
 	}
 	leader.stop()
 }
 
-// peerConnLinger bounds how long a stopped member's peer connections may
-// stay open: etcd's peer servers read with a 5 s timeout
-// (rafthttp.ConnReadTimeout), set before the stop began, and give up
-// closing busy connections after 1 s.
-const peerConnLinger = 6 * time.Second
-
-// awaitPeerConnsClosed waits, after the last StopAll, until no connection
-// to or from a member's peer port is open (read from /proc/net/tcp and
-// tcp6), for at most peerConnLinger. A stopped member's peer server can leave a keep-alive connection
-// open until its read timeout: its goroutines, and the other side's, would
-// fail goleak at the end of the package. (The old StopAll waited 6 s for a
-// leadership hand-over, which happened to cover this.) Without /proc it
-// waits for nothing. The ports of a member stopped by Kill are left out:
-// Kill can leave its version handler blocked for good (TestMain ignores
-// that goroutine), and its connection would hold the wait to its bound.
-func (c *Cluster) awaitPeerConnsClosed() {
-	ports := map[int]bool{}
-	for _, m := range c.Members {
-		m.mu.Lock()
-		killed := m.killed
-		m.mu.Unlock()
-		if p, err := strconv.Atoi(m.peerURL.Port()); err == nil && !killed {
-			ports[p] = true
-		}
-	}
-	start := time.Now()
-	n, err := openConns(ports)
-	for ; err == nil && n > 0 && time.Since(start) < peerConnLinger; n, err = openConns(ports) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	if d := time.Since(start); d > 100*time.Millisecond {
-		c.t.Logf("etcdtest: waited %v for the stopped members' peer connections to close (%d still open)", d.Round(time.Millisecond), n)
-	}
-}
-
-// openConns counts the TCP sockets whose local or remote port is in ports
-// and that the process has not closed yet (ESTABLISHED or CLOSE_WAIT).
-func openConns(ports map[int]bool) (int, error) {
-	n := 0
-	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return 0, err
-		}
-		for _, line := range strings.Split(string(b), "\n")[1:] {
-			fs := strings.Fields(line)
-			if len(fs) < 4 || (fs[3] != "01" && fs[3] != "08") {
-				continue
-			}
-			for _, addr := range fs[1:3] {
-				i := strings.LastIndexByte(addr, ':')
-				if p, err := strconv.ParseInt(addr[i+1:], 16, 32); err == nil && ports[int(p)] {
-					n++
-					break
-				}
-			}
-		}
-	}
-	return n, nil
+// leads reports whether the member of p (raft ID id) leads, as it knows;
+// false if it cannot say.
+func leads(p *proc, id uint64) bool {
+	lead, _, err := p.status()
+	return err == nil && lead == id
 }
 
 // runningCount returns how many members are running.
@@ -396,14 +344,18 @@ func (c *Cluster) Backup() (restore func()) {
 func (c *Cluster) WaitLeader() int {
 	c.t.Helper()
 	deadline := time.Now().Add(startTimeout)
+	var lastErr error
 	for {
 		lead, agreed := uint64(0), true
 		for _, m := range c.Members {
-			e := m.etcd()
-			if e == nil {
+			p, _ := m.proc()
+			if p == nil {
 				continue
 			}
-			l := e.Server.Lead()
+			l, _, err := p.status()
+			if err != nil {
+				lastErr = fmt.Errorf("member %s: %w", m.Name, err)
+			}
 			if l == 0 || (lead != 0 && l != lead) {
 				agreed = false
 				break
@@ -412,12 +364,15 @@ func (c *Cluster) WaitLeader() int {
 		}
 		if agreed && lead != 0 {
 			for i, m := range c.Members {
-				if e := m.etcd(); e != nil && uint64(e.Server.MemberID()) == lead {
+				if p, id := m.proc(); p != nil && id == lead {
 					return i
 				}
 			}
 		}
 		if time.Now().After(deadline) {
+			if lastErr != nil {
+				c.t.Fatalf("etcdtest: no leader agreed on within %v (last error: %v)", startTimeout, lastErr)
+			}
 			c.t.Fatalf("etcdtest: no leader agreed on within %v", startTimeout)
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -472,13 +427,22 @@ func NewClient(endpoints []string) (*clientv3.Client, error) {
 // Endpoint returns the member's client URL.
 func (m *Member) Endpoint() string { return m.clientURL.String() }
 
-// Running reports whether the member is started.
-func (m *Member) Running() bool { return m.etcd() != nil }
+// Running reports whether the member is started (and its process has not
+// ended).
+func (m *Member) Running() bool {
+	p, _ := m.proc()
+	return p != nil
+}
 
-func (m *Member) etcd() *embed.Etcd {
+// proc returns the member's running process and raft ID (nil, 0 while
+// stopped, or once the process has ended).
+func (m *Member) proc() (*proc, uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.e
+	if m.p == nil || m.p.exited() {
+		return nil, 0
+	}
+	return m.p, m.id
 }
 
 // Stop stops the member the way etcd shuts down: it drains its clients'
@@ -486,39 +450,12 @@ func (m *Member) etcd() *embed.Etcd {
 // part in raft), hands leadership over if it leads, and closes.
 func (m *Member) Stop() { m.stop() }
 
-// Kill stops the member's raft node at once, without handing leadership
-// over (EtcdServer.HardStop): a crash as far as the other members can
-// tell. Its listeners close in the background (embed's Close, which waits
-// for open client streams); Start, Stop and the test's cleanup wait for
-// that.
+// Kill kills the member's process (SIGKILL on Unix): a crash, without a
+// leadership hand-over, with nothing flushed or closed on the way out. It
+// returns once the process has ended.
 func (m *Member) Kill() {
-	m.mu.Lock()
-	e := m.e
-	m.e = nil
-	var closing chan struct{}
-	if e != nil {
-		closing = make(chan struct{})
-		m.closing = closing
-		m.killed = true
-	}
-	m.mu.Unlock()
-	if e == nil {
-		return
-	}
-	e.Server.HardStop()
-	go func() {
-		defer close(closing)
-		e.Close()
-	}()
-}
-
-// waitClosed waits for the Close of the last Kill.
-func (m *Member) waitClosed() {
-	m.mu.Lock()
-	closing := m.closing
-	m.mu.Unlock()
-	if closing != nil {
-		<-closing
+	if p := m.take(); p != nil {
+		p.kill()
 	}
 }
 
@@ -531,82 +468,52 @@ func (m *Member) Start() {
 	}
 }
 
-func (m *Member) stop() {
-	m.waitClosed()
+// take marks the member stopped and returns the process it had (nil if
+// none).
+func (m *Member) take() *proc {
 	m.mu.Lock()
-	e := m.e
-	m.e = nil
-	m.mu.Unlock()
-	if e != nil {
-		e.Close()
+	defer m.mu.Unlock()
+	p := m.p
+	m.p, m.id = nil, 0
+	return p
+}
+
+func (m *Member) stop() {
+	if p := m.take(); p != nil {
+		p.stop()
 	}
 }
 
 func (m *Member) start() error {
-	m.waitClosed()
 	if m.Running() {
 		return fmt.Errorf("already running")
 	}
-	cfg := embed.NewConfig()
-	cfg.Name = m.Name
-	cfg.Dir = m.Dir
-	cfg.ListenPeerUrls = []url.URL{m.peerURL}
-	cfg.AdvertisePeerUrls = []url.URL{m.peerURL}
-	cfg.ListenClientUrls = []url.URL{m.clientURL}
-	cfg.AdvertiseClientUrls = []url.URL{m.clientURL}
-	cfg.InitialCluster = m.c.initialCluster()
-	cfg.InitialClusterToken = m.c.token
-	cfg.ClusterState = embed.ClusterStateFlagNew // ignored when the data directory exists
-	cfg.TickMs = m.c.timing.TickMs
-	cfg.ElectionMs = m.c.timing.ElectionMs
-	cfg.UnsafeNoFsync = true
-	// The cheapest password hashing bcrypt allows (4; etcd's default is
-	// 10): tests that enable authentication check what the backend makes
-	// of a refusal, not the hash, and each Authenticate at cost 10 takes
-	// seconds on a loaded 2-core machine, past the attempt's bound.
-	cfg.BcryptCost = 4
-	cfg.Logger = "zap"
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	cfg.LogLevel = "error"
-	var (
-		e   *embed.Etcd
-		err error
-	)
-	// A port freed by a member that just stopped, or taken meanwhile by
-	// another process, may refuse the bind for a moment: try a few times.
-	for attempt := 0; ; attempt++ {
-		e, err = embed.StartEtcd(cfg)
-		if err == nil || attempt == 50 || !strings.Contains(err.Error(), "address already in use") {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	// A process that ended on its own (nothing stopped it) is reaped.
+	m.take()
+	p, id, err := startProc([]string{
+		"-name", m.Name,
+		"-dir", m.Dir,
+		"-peer-url", m.peerURL.String(),
+		"-client-url", m.clientURL.String(),
+		"-initial-cluster", m.c.initialCluster(),
+		"-token", m.c.token,
+		"-tick-ms", strconv.FormatUint(uint64(m.c.timing.TickMs), 10),
+		"-election-ms", strconv.FormatUint(uint64(m.c.timing.ElectionMs), 10),
+		"-ready-within", startTimeout.String(),
+	}, startTimeout)
 	if err != nil {
-		return fmt.Errorf("start: %w", err)
-	}
-	select {
-	case <-e.Server.ReadyNotify():
-	case err := <-e.Err():
-		e.Close()
-		return fmt.Errorf("failed while starting: %w", err)
-	case <-time.After(startTimeout):
-		e.Server.Stop()
-		e.Close()
-		return fmt.Errorf("not ready within %v", startTimeout)
+		return err
 	}
 	m.mu.Lock()
-	m.e = e
-	m.killed = false
+	m.p, m.id = p, id
 	m.mu.Unlock()
 	return nil
 }
 
 // MemberID returns the member's raft ID (0 while stopped).
 func (m *Member) MemberID() uint64 {
-	if e := m.etcd(); e != nil {
-		return uint64(e.Server.MemberID())
-	}
-	return 0
+	_, id := m.proc()
+	return id
 }
 
 // Revision returns the cluster's current revision, read through cli.
