@@ -195,8 +195,10 @@ func TestVerifyOnEveryStore(t *testing.T) {
 		{"redis-cluster+sqlite", redisClusterStore, sqliteGuard, "500ms", "3s"},
 		{"postgres+postgres", func(t *testing.T) leaseStore { return postgresStore(t, false) }, pgGuard, "500ms", "3s"},
 		{"postgres-session+sqlite", func(t *testing.T) leaseStore { return postgresStore(t, true) }, sqliteGuard, "500ms", "3s"},
-		// etcd's shortest TTL is 2 s (etcdlease.DefaultMinTTL): the default.
-		{"etcd+s3", etcdStore, s3Guard, "", "6s"},
+		// etcd's shortest TTL is 2 s (etcdlease.DefaultMinTTL): the default,
+		// and a run of five TTLs, so that a fault hands the lease over at
+		// least once (in 6 s, at load, a run once saw a single grant).
+		{"etcd+s3", etcdStore, s3Guard, "", "10s"},
 		{"zookeeper+postgres", zkStore, pgGuard, "500ms", "3s"},
 		{"dynamodb+dynamodb", dynamoStore, dynamoGuard, "500ms", "3s"},
 	} {
