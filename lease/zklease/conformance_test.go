@@ -31,7 +31,7 @@ func TestConformance(t *testing.T) {
 		LoseData: func(t *testing.T, b lease.Backend) {
 			// An operator deletes the backend's whole tree, held nodes
 			// included: parents are recreated, sequence numbers restart.
-			if err := deleteTree(admin, b.(*zklease.Backend).Options().Root); err != nil {
+			if err := deleteTree(admin.Conn, b.(*zklease.Backend).Options().Root); err != nil {
 				t.Fatalf("delete the tree: %v", err)
 			}
 		},

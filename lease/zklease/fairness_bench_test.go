@@ -27,7 +27,7 @@ func BenchmarkFairness(b *testing.B) {
 	const contenders, run = 8, 5 * time.Second
 	ens := zktest.Start(b, 3, zktest.Config{})
 	servers := ens.Servers()
-	admin := adminConn(b, servers)
+	admin := rawConn(b, servers)
 	root := zktest.Root(b)
 	mustCreateParent(b, admin, root, zklease.ParentPath(root, "warm-up"))
 	warmUp(b, admin, zklease.ParentPath(root, "warm-up"))

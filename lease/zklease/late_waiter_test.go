@@ -617,7 +617,7 @@ func testLateWaiter(t *testing.T, delay time.Duration, want string, wantN int) {
 }
 
 // dumpQueue logs the queue of a lease name, for a failure's diagnosis.
-func dumpQueue(t *testing.T, c *zk.Conn, parent string, bs ...*zklease.Backend) {
+func dumpQueue(t *testing.T, c adminClient, parent string, bs ...*zklease.Backend) {
 	for _, b := range bs {
 		id, _ := b.Session()
 		t.Logf("backend %s: session 0x%x: %s", b.Options().Identity, id, b.DebugName("late-waiter"))

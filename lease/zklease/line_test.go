@@ -31,7 +31,7 @@ func queuedReq(name, owner string, ttl time.Duration) driver.Request {
 // linePlaces returns the owners of the places in name's line, in
 // sequence order: the place nodes of the holder queue behind its lowest
 // node (which holds the name, a grant or a place the name is kept for).
-func linePlaces(t *testing.T, admin *zk.Conn, root, name string) []string {
+func linePlaces(t *testing.T, admin adminClient, root, name string) []string {
 	t.Helper()
 	dir := zklease.ParentPath(root, name)
 	kids, _, err := admin.Children(dir)

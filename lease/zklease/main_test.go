@@ -24,14 +24,49 @@ var newBackend = zkleasetest.NewBackend
 
 // adminConn is a plain go-zookeeper client for the test's own inspection
 // and damage.
-func adminConn(t testing.TB, servers []string) *zk.Conn {
+func adminConn(t testing.TB, servers []string) adminClient {
 	t.Helper()
 	c, _, err := zk.Connect(servers, 10*time.Second, zk.WithLogInfo(false), zk.WithLogger(quietLogger{}))
 	if err != nil {
 		t.Fatalf("zk.Connect: %v", err)
 	}
 	t.Cleanup(c.Close)
-	return c
+	return adminClient{c}
+}
+
+// rawConn is a plain connection of the test's own, for the benchmarks'
+// raw recipes: reads as the recipe sends them, without adminClient's syncs.
+func rawConn(t testing.TB, servers []string) *zk.Conn {
+	t.Helper()
+	return adminConn(t, servers).Conn
+}
+
+// adminClient is a test's own look at the store: each read is synced
+// first. A read is served by the member the connection is on, which may
+// not yet have applied what other sessions wrote through other members (a
+// release the test just saw return); a sync makes it catch up with the
+// leader first.
+type adminClient struct{ *zk.Conn }
+
+func (a adminClient) sync(path string) {
+	// A failed sync leaves the read as it would have been without it;
+	// the read reports the connection's errors.
+	_, _ = a.Conn.Sync(path)
+}
+
+func (a adminClient) Children(path string) ([]string, *zk.Stat, error) {
+	a.sync(path)
+	return a.Conn.Children(path)
+}
+
+func (a adminClient) Get(path string) ([]byte, *zk.Stat, error) {
+	a.sync(path)
+	return a.Conn.Get(path)
+}
+
+func (a adminClient) Exists(path string) (bool, *zk.Stat, error) {
+	a.sync(path)
+	return a.Conn.Exists(path)
 }
 
 type quietLogger struct{}
