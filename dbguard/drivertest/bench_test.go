@@ -63,6 +63,25 @@ func BenchmarkDBGuardPaired(b *testing.B) {
 				}
 			}
 			p := func(i int) string { return "p" + strconv.Itoa(i) }
+			// twoRows is a plain transaction that writes the side row
+			// (through write) and then the benchmark's row.
+			twoRows := func(write func(tx *sql.Tx, i int) error) func(i int) error {
+				return func(i int) error {
+					tx, err := db.SQL.BeginTx(ctx, nil)
+					if err != nil {
+						return err
+					}
+					if err := write(tx, i); err != nil {
+						_ = tx.Rollback()
+						return err
+					}
+					if err := inTx(p(i))(tx); err != nil {
+						_ = tx.Rollback()
+						return err
+					}
+					return tx.Commit()
+				}
+			}
 			f := func(i int) string { return "f" + strconv.Itoa(i) }
 			pairs := []struct {
 				name          string
@@ -92,39 +111,17 @@ func BenchmarkDBGuardPaired(b *testing.B) {
 				// The floor of a fenced transaction: the same transaction
 				// writing one more row, in another table, as the advance
 				// does (on SQLite, one more page in the commit).
-				{"tx-2rows", func(i int) error {
-					tx, err := db.SQL.BeginTx(ctx, nil)
-					if err != nil {
-						return err
-					}
-					if _, err := tx.ExecContext(ctx, `UPDATE side SET n = ? WHERE id = 1`, i); err != nil {
-						_ = tx.Rollback()
-						return err
-					}
-					if err := inTx(p(i))(tx); err != nil {
-						_ = tx.Rollback()
-						return err
-					}
-					return tx.Commit()
-				}, func(i int) error {
+				{"tx-2rows", twoRows(func(tx *sql.Tx, i int) error {
+					_, err := tx.ExecContext(ctx, `UPDATE side SET n = ? WHERE id = 1`, i)
+					return err
+				}), func(i int) error {
 					tok++
 					return g.BeginFunc(ctx, db.SQL, "bench", tok, inTx(f(i)))
 				}},
-				{"tx-2rows-prepared", func(i int) error {
-					tx, err := db.SQL.BeginTx(ctx, nil)
-					if err != nil {
-						return err
-					}
-					if _, err := tx.StmtContext(ctx, side).ExecContext(ctx, i); err != nil {
-						_ = tx.Rollback()
-						return err
-					}
-					if err := inTx(p(i))(tx); err != nil {
-						_ = tx.Rollback()
-						return err
-					}
-					return tx.Commit()
-				}, func(i int) error {
+				{"tx-2rows-prepared", twoRows(func(tx *sql.Tx, i int) error {
+					_, err := tx.StmtContext(ctx, side).ExecContext(ctx, i)
+					return err
+				}), func(i int) error {
 					tok++
 					return g.BeginFunc(ctx, db.SQL, "bench", tok, inTx(f(i)))
 				}},
