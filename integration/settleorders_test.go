@@ -126,6 +126,15 @@ func checkSettleOrdersSummary(t *testing.T, sum settleOrdersSummary) {
 	if late["mariadb"] == 0 || late["inventory"] == 0 {
 		t.Errorf("late writes by store %v: want some to MariaDB and some to the inventory service", late)
 	}
+	// A reading scrapes the replicas side by side, not at one instant. The
+	// job gauges are summed only over readings during which the lease
+	// cannot change hands: a holder stopped at an order with the others
+	// waiting (before-freeze, frozen) and the night over (final). After
+	// the resume, the replicas that had waited take the lease one after
+	// another to find the ledger's run done, and two of them can each be
+	// read while holding it, a few milliseconds apart (leaseprom's docs
+	// say a hand-off can show 2 for one scrape).
+	exclusive := map[string]bool{"before-freeze": true, "frozen": true, "final": true}
 	kinds := map[string]bool{}
 	for _, s := range sum.Metrics {
 		kinds[s.Kind] = true
@@ -133,7 +142,7 @@ func checkSettleOrdersSummary(t *testing.T, sum settleOrdersSummary) {
 		for _, m := range s.Replicas {
 			running += m.JobRunning
 		}
-		if running > 1 {
+		if exclusive[s.Kind] && running > 1 {
 			t.Errorf("metrics %s: the job gauge summed %v over the replicas that answered, want at most 1", s.Kind, running)
 		}
 		if s.Kind == "final" {

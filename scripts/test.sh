@@ -131,49 +131,27 @@ if want checks && [ $# -eq 0 ]; then
 fi
 
 # Static analysis: staticcheck, built once from the Go module proxy into
-# the same cache as versitygw; it keeps its own cache of results. It runs
-# beside the tests: it needs no service, and it does not measure time.
+# the same cache as versitygw (beside the rest, on a first run); it keeps
+# its own cache of results. It reads the packages as the tests compile
+# them, for the race detector (GOFLAGS -race: our code has no file that
+# the race build tag selects or drops), so the export data it needs is
+# the compilation the tests use, made once (below). It runs beside the
+# tests: it needs no service, and it does not measure time.
 if want checks; then
   staticcheck_version=v0.8.2
   staticcheck="$(fence_cache_dir)/bin/staticcheck-$staticcheck_version"
-  if [ ! -x "$staticcheck" ]; then
-    echo "+ go install honnef.co/go/tools/cmd/staticcheck@$staticcheck_version"
+  build_staticcheck() {
+    local gobin
     gobin=$(mktemp -d)
-    timed "checks: build staticcheck" env GOBIN="$gobin" go install "honnef.co/go/tools/cmd/staticcheck@$staticcheck_version"
+    env GOBIN="$gobin" go install "honnef.co/go/tools/cmd/staticcheck@$staticcheck_version"
     mkdir -p "$(dirname "$staticcheck")"
     mv "$gobin/staticcheck" "$staticcheck"
     rmdir "$gobin"
+  }
+  if [ ! -x "$staticcheck" ]; then
+    echo "+ go install honnef.co/go/tools/cmd/staticcheck@$staticcheck_version &"
+    background "checks: build staticcheck" build_staticcheck
   fi
-  echo "+ staticcheck ${pkgs[*]} &   (its output follows the tests')"
-  background "checks: staticcheck" "$staticcheck" "${pkgs[@]}"
-  # Without the tests, go vet runs on its own (with them, go test runs
-  # every vet analyzer: -vet=all).
-  if ! want quick && ! want slow; then
-    echo "+ go vet ${pkgs[*]}"
-    timed "checks: go vet" go vet "${pkgs[@]}" || failed=1
-  fi
-fi
-
-if want quick || want slow; then
-  ensure_redis
-  ensure_postgres
-  ensure_zookeeper
-  ensure_pgbouncer
-  ensure_mariadb
-
-  # DynamoDB Local (dynamoguard, lease/dynamolease) and versitygw (S3) die
-  # with this script, even if it is killed before the trap runs. A first
-  # run builds versitygw while go list and DynamoDB Local's Java start-up
-  # go on.
-  FENCE_DYNAMODB_DIE_WITH_SHELL=1
-  FENCE_S3_DIE_WITH_SHELL=1
-  build_pid=""
-  if [ -z "${FENCE_S3_ENDPOINT:-}" ]; then
-    install_versitygw >/dev/null &
-    build_pid=$!
-    pids+=("$build_pid")
-  fi
-  ensure_dynamodb
 fi
 
 # The packages of each test stage. The slow stage's history checks are the
@@ -182,9 +160,20 @@ fi
 # TTLs and pauses) come first: go test starts packages in the order it is
 # given them, and one of these started last would run alone at the end
 # while the short ones are done.
+#
+# Two programs are vetted instead of tested: the etcd member and server
+# (lease/etcdlease/etcdtest/etcdmember, internal/rig/cmd/etcdserver). They
+# have no tests, and the tests run them built without the race detector;
+# go test would compile etcd's server for the race detector only to find
+# no test in them.
 slow_pkg=github.com/fencekit/fencekit/integration/reliability
+norace=(
+  github.com/fencekit/fencekit/lease/etcdlease/etcdtest/etcdmember
+  github.com/fencekit/fencekit/internal/rig/cmd/etcdserver
+)
 quick_pkgs=()
 slow_pkgs=()
+vet_pkgs=()
 if [ $# -gt 0 ]; then
   if want quick || want slow; then quick_pkgs=("${pkgs[@]}"); fi
 elif want quick || want slow; then
@@ -205,6 +194,8 @@ elif want quick || want slow; then
   for p in "${all[@]}"; do
     if [ "$p" = "$slow_pkg" ]; then
       slow_pkgs+=("$p")
+    elif [[ " ${norace[*]} " == *" $p "* ]]; then
+      want quick && vet_pkgs+=("$p")
     elif [[ " ${long[*]} " != *" $p "* ]]; then
       quick_pkgs+=("$p")
     fi
@@ -213,12 +204,73 @@ elif want quick || want slow; then
   want slow || slow_pkgs=()
 fi
 
+# Compile once. Every package the test stages and staticcheck read,
+# their tests and their dependencies, compiled for the race detector by
+# one go command (go list -export) before any of them starts: two go
+# commands that need one package at the same time each compile it, so on
+# a first run the quick stage, the slow stage and staticcheck, started
+# together, compiled most of the world three times over. The programs
+# vetted instead of tested are vetted meanwhile (without the race
+# detector, as the tests build them). On a warm run this finds everything
+# in the build cache.
+test_pkgs=("${quick_pkgs[@]}" "${slow_pkgs[@]}")
+if [ ${#test_pkgs[@]} -gt 0 ]; then
+  echo "+ go list -race -deps -test -export ... >/dev/null &   (compiles what the tests need, once)"
+  background "build: compile for -race" go list -race -e -deps -test -export -f '{{with .Error}}{{.}}{{end}}' "${test_pkgs[@]}"
+  if [ ${#vet_pkgs[@]} -gt 0 ]; then
+    echo "+ go vet ${vet_pkgs[*]} &"
+    background "build: go vet of the etcd programs" go vet "${vet_pkgs[@]}"
+  fi
+fi
+
+if want quick || want slow; then
+  ensure_redis
+  ensure_postgres
+  ensure_zookeeper
+  ensure_pgbouncer
+  ensure_mariadb
+
+  # DynamoDB Local (dynamoguard, lease/dynamolease) and versitygw (S3) die
+  # with this script, even if it is killed before the trap runs. A first
+  # run builds versitygw while the tests' packages compile and DynamoDB
+  # Local's Java starts.
+  FENCE_DYNAMODB_DIE_WITH_SHELL=1
+  FENCE_S3_DIE_WITH_SHELL=1
+  build_pid=""
+  if [ -z "${FENCE_S3_ENDPOINT:-}" ]; then
+    install_versitygw >/dev/null &
+    build_pid=$!
+    pids+=("$build_pid")
+  fi
+  ensure_dynamodb
+fi
+
 if [ -n "${build_pid:-}" ]; then
   wait "$build_pid" || { log "S3: building versitygw failed (see above)"; exit 1; }
   build_pid=""
 fi
 if want quick || want slow; then
   ensure_s3
+fi
+if [ ${#test_pkgs[@]} -gt 0 ]; then
+  finish "build: compile for -race" || failed=1
+  if [ ${#vet_pkgs[@]} -gt 0 ]; then
+    finish "build: go vet of the etcd programs" || failed=1
+  fi
+fi
+
+if want checks; then
+  if [ -n "${pid_checks__build_staticcheck:-}" ]; then
+    finish "checks: build staticcheck" || { log "staticcheck could not be built (above)"; exit 1; }
+  fi
+  echo "+ GOFLAGS=\"\$GOFLAGS -race\" staticcheck ${pkgs[*]} &   (its output follows the tests')"
+  background "checks: staticcheck" env GOFLAGS="$GOFLAGS -race" "$staticcheck" "${pkgs[@]}"
+  # Without the tests, go vet runs on its own (with them, go test runs
+  # every vet analyzer: -vet=all), for the race detector like staticcheck.
+  if ! want quick && ! want slow; then
+    echo "+ go vet -race ${pkgs[*]}"
+    timed "checks: go vet" go vet -race "${pkgs[@]}" || failed=1
+  fi
 fi
 
 # FENCE_TEST_PARALLEL=N runs N test binaries of the quick stage at once
