@@ -119,17 +119,6 @@ pkgs=("$@")
 # module's boundary, so each module is named.
 [ $# -gt 0 ] || mapfile -t pkgs < <(go list -m -f '{{.Dir}}/...' | sed "s|^$PWD|.|")
 
-# The module rule: a program that imports one library module inherits no
-# other store's client (scripts/modrule.sh). And the release as a user
-# meets it: the committed checkout published in a throwaway clone with the
-# release's tags, installed from outside the repository by the README's
-# install lines (scripts/consumer.sh). Both wait on go mod tidy, git and
-# the module cache more than on the CPU: they run beside the rest.
-if want checks && [ $# -eq 0 ]; then
-  echo "+ ./scripts/modrule.sh && ./scripts/consumer.sh &   (their output follows the tests')"
-  background "checks: modrule, consumer" bash -c './scripts/modrule.sh && ./scripts/consumer.sh'
-fi
-
 # Static analysis: staticcheck, built once from the Go module proxy into
 # the same cache as versitygw (beside the rest, on a first run); it keeps
 # its own cache of results. It reads the packages as the tests compile
@@ -209,18 +198,26 @@ fi
 # one go command (go list -export) before any of them starts: two go
 # commands that need one package at the same time each compile it, so on
 # a first run the quick stage, the slow stage and staticcheck, started
-# together, compiled most of the world three times over. The programs
-# vetted instead of tested are vetted meanwhile (without the race
-# detector, as the tests build them). On a warm run this finds everything
+# together, compiled most of the world three times over. Beside it, a
+# second go command compiles, without the race detector, the programs the
+# tests build with go build (the examples, the holders, the etcd member
+# and server) and what they import, which the release check and the
+# consumer then find compiled too; and vets the programs vetted instead
+# of tested. Neither links anything. On a warm run both find everything
 # in the build cache.
 test_pkgs=("${quick_pkgs[@]}" "${slow_pkgs[@]}")
 if [ ${#test_pkgs[@]} -gt 0 ]; then
   echo "+ go list -race -deps -test -export ... >/dev/null &   (compiles what the tests need, once)"
   background "build: compile for -race" go list -race -e -deps -test -export -f '{{with .Error}}{{.}}{{end}}' "${test_pkgs[@]}"
-  if [ ${#vet_pkgs[@]} -gt 0 ]; then
-    echo "+ go vet ${vet_pkgs[*]} &"
-    background "build: go vet of the etcd programs" go vet "${vet_pkgs[@]}"
-  fi
+  mapfile -t programs < <(go list -e -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' "${test_pkgs[@]}" "${vet_pkgs[@]}" | grep . || true)
+  build_programs() {
+    if [ ${#programs[@]} -gt 0 ]; then
+      go list -e -deps -export -f '{{with .Error}}{{.}}{{end}}' "${programs[@]}" || return 1
+    fi
+    if [ ${#vet_pkgs[@]} -gt 0 ]; then go vet "${vet_pkgs[@]}"; fi
+  }
+  echo "+ go list -deps -export ${programs[*]} >/dev/null && go vet ${vet_pkgs[*]} &"
+  background "build: programs (no -race)" build_programs
 fi
 
 if want quick || want slow; then
@@ -254,9 +251,20 @@ if want quick || want slow; then
 fi
 if [ ${#test_pkgs[@]} -gt 0 ]; then
   finish "build: compile for -race" || failed=1
-  if [ ${#vet_pkgs[@]} -gt 0 ]; then
-    finish "build: go vet of the etcd programs" || failed=1
-  fi
+  finish "build: programs (no -race)" || failed=1
+fi
+
+# The module rule: a program that imports one library module inherits no
+# other store's client (scripts/modrule.sh). And the release as a user
+# meets it: the committed checkout published in a throwaway clone with the
+# release's tags, installed from outside the repository by the README's
+# install lines (scripts/consumer.sh). Both wait on go mod tidy, git and
+# the module cache more than on the CPU: they run beside the rest, from
+# the moment the programs are compiled (they compile the same packages,
+# without the race detector).
+if want checks && [ $# -eq 0 ]; then
+  echo "+ ./scripts/modrule.sh && ./scripts/consumer.sh &   (their output follows the tests')"
+  background "checks: modrule, consumer" bash -c './scripts/modrule.sh && ./scripts/consumer.sh'
 fi
 
 if want checks; then
