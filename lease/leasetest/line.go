@@ -315,9 +315,31 @@ func testLineHolderDies(t *testing.T, s *suite) {
 		s.need(t, Queue, false)
 	}
 	n := name(t)
-	h := mustAcquire(t, s.backend(), req(n, "crashed", s.short))
+	b := s.backend()
+	h := mustAcquire(t, b, req(n, "crashed", s.short))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*s.short+10*time.Second)
 	defer cancel()
+	// The holder renews until both waiters are in line, then dies: at
+	// load, opening a waiter's connection can take longer than the TTL,
+	// and the lease would pass to waiter 0 before waiter 1 had joined.
+	died := make(chan struct{})
+	renewed := make(chan error, 1)
+	go func() {
+		tick := time.NewTicker(s.short / 5)
+		defer tick.Stop()
+		for {
+			select {
+			case <-died:
+				renewed <- nil
+				return
+			case <-tick.C:
+				if err := b.Renew(ctx, h); err != nil {
+					renewed <- fmt.Errorf("the holder's renewal before both waiters were in line (every %v, TTL %v): %w", s.short/5, s.short, err)
+					return
+				}
+			}
+		}
+	}()
 	granted := make(chan int, 2)
 	errs := make(chan error, 2)
 	var wg sync.WaitGroup
@@ -335,6 +357,10 @@ func testLineHolderDies(t *testing.T, s *suite) {
 				errs <- fmt.Errorf("waiter %d: Release: %w", i, err)
 			}
 		})
+	}
+	close(died)
+	if err := <-renewed; err != nil {
+		t.Fatal(err)
 	}
 	wg.Wait()
 	close(errs)
