@@ -73,6 +73,10 @@ a run that was killed leaves it, and any later run removes it once EXPIRY
 
 The run:
   --duration D        how long the workers run (default 30s)
+  --min-grants N      go on past --duration until the lease was granted N
+                      times (default 0: stop at --duration); the run ends
+                      at 4 × --duration in any case, and says so when it
+                      fell short
   --ttl D             the lease's TTL (default 1s, or the store's shortest
                       TTL when it is longer: 2s on etcd)
   --workers N         worker processes (default 3, at least 2)
@@ -131,7 +135,7 @@ type verifyFlags struct {
 	store                           storeFlags
 	guard                           guardFlags
 	duration, ttl, every, hookLimit time.Duration
-	workers                         int
+	workers, minGrants              int
 	faults, out, recheck            string
 	hookPartition, hookRestart      string
 	hook                            string
@@ -144,6 +148,7 @@ func (v *verifyFlags) register(fs *flag.FlagSet, getenv func(string) string) {
 	fs.DurationVar(&v.duration, "duration", 30*time.Second, "how long the workers run")
 	fs.DurationVar(&v.ttl, "ttl", 0, "the lease's TTL (default 1s, or the store's shortest TTL if longer)")
 	fs.IntVar(&v.workers, "workers", 3, "worker processes")
+	fs.IntVar(&v.minGrants, "min-grants", 0, "go on past --duration until this many grants (at most 4 × --duration)")
 	fs.StringVar(&v.faults, "faults", "stop,kill,drop,delay", "the faults to inject")
 	fs.DurationVar(&v.every, "fault-interval", 0, "the mean time between faults (default 1.5 × --ttl)")
 	fs.StringVar(&v.hookPartition, "hook-partition", "", "a command that partitions a store (and heals it)")
@@ -153,6 +158,15 @@ func (v *verifyFlags) register(fs *flag.FlagSet, getenv func(string) string) {
 	fs.Uint64Var(&v.seed, "seed", 0, "the seed of the run's random choices")
 	fs.StringVar(&v.out, "out", ".", "where to write the report and the history")
 	fs.StringVar(&v.recheck, "recheck", "", "check this recorded history again")
+}
+
+// longest is how long the workers can run: --duration, or four times it
+// when --min-grants may make the run go on past it.
+func (v *verifyFlags) longest() time.Duration {
+	if v.minGrants > 0 {
+		return 4 * v.duration
+	}
+	return v.duration
 }
 
 // faultKinds returns the kinds of fault the run injects.
@@ -230,6 +244,8 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer, get
 		return usageErr("%v", err)
 	case v.duration <= 0:
 		return usageErr("--duration must be positive")
+	case v.minGrants < 0:
+		return usageErr("--min-grants must not be negative")
 	case v.ttl < 0:
 		return usageErr("--ttl must be positive")
 	case v.workers < 2:
@@ -379,7 +395,7 @@ func (r *verifyRun) run(ctx context.Context) int {
 		r.logf("the guard's store: removing earlier runs' scratch resources: %v", err)
 		return exitFail
 	}
-	expires := began.Add(r.v.duration + scratchGrace)
+	expires := began.Add(r.v.longest() + scratchGrace)
 	r.scratch = newScratch(expires, randHex(4))
 	cctx, ccancel := context.WithTimeout(ctx, 5*time.Minute) // a DynamoDB table takes a while
 	err = r.guard.create(cctx, &r.scratch)
@@ -490,12 +506,13 @@ func (r *verifyRun) contend(ctx context.Context) int {
 	progress := time.NewTicker(time.Second)
 	defer progress.Stop()
 	interrupted := false
+	extended := false // past --duration, waiting for --min-grants
 loop:
 	for {
 		select {
 		case e := <-r.events:
 			r.handle(e)
-			if r.runErr != nil {
+			if r.runErr != nil || extended && len(r.h.Grants) >= r.v.minGrants {
 				break loop
 			}
 		case f := <-r.posted:
@@ -511,6 +528,15 @@ loop:
 		case <-progress.C:
 			r.progress(time.Since(start), false)
 		case <-end.C:
+			if n := len(r.h.Grants); n < r.v.minGrants && !extended {
+				extended = true
+				end.Reset(r.v.longest() - r.v.duration)
+				r.logf("%v passed with %d grants; going on until %d (--min-grants), at most until %v in all", r.v.duration, n, r.v.minGrants, r.v.longest())
+				continue
+			}
+			if n := len(r.h.Grants); n < r.v.minGrants {
+				r.logf("ending at %v with %d grants, fewer than --min-grants %d", r.v.longest(), n, r.v.minGrants)
+			}
 			break loop
 		case <-ctx.Done():
 			interrupted = true

@@ -196,16 +196,17 @@ func TestVerifyOnEveryStore(t *testing.T) {
 		{"postgres+postgres", func(t *testing.T) leaseStore { return postgresStore(t, false) }, pgGuard, "500ms", "3s"},
 		{"postgres-session+sqlite", func(t *testing.T) leaseStore { return postgresStore(t, true) }, sqliteGuard, "500ms", "3s"},
 		// etcd's shortest TTL is 2 s (etcdlease.DefaultMinTTL): the default,
-		// and a run of five TTLs, so that a fault hands the lease over at
-		// least once (in 6 s, at load, a run once saw a single grant).
-		{"etcd+s3", etcdStore, s3Guard, "", "10s"},
+		// and a run of three TTLs.
+		{"etcd+s3", etcdStore, s3Guard, "", "6s"},
 		{"zookeeper+postgres", zkStore, pgGuard, "500ms", "3s"},
 		{"dynamodb+dynamodb", dynamoStore, dynamoGuard, "500ms", "3s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			st, g := tc.store(t), tc.guard(t)
-			args := []string{"--duration", tc.run, "--fault-interval", "400ms"}
+			// At load a short run can see a single grant: it goes on until
+			// the lease changed hands (--min-grants 2).
+			args := []string{"--duration", tc.run, "--min-grants", "2", "--fault-interval", "400ms"}
 			if tc.ttl != "" {
 				args = append(args, "--ttl", tc.ttl)
 			}
@@ -230,6 +231,33 @@ func TestVerifyOnEveryStore(t *testing.T) {
 			t.Logf("%s", strings.SplitN(stdout, "\n", 2)[0])
 		})
 	}
+}
+
+// TestVerifyMinGrants: --min-grants keeps the workers going past
+// --duration until the lease was granted that many times (three grants
+// within 300 ms, each holder working 0.2-1.5 TTL of 500 ms, are next to
+// impossible); a run that reaches four times --duration first ends there
+// and says so.
+func TestVerifyMinGrants(t *testing.T) {
+	const want = 3
+	st, g := sharedRedis(t), sqliteGuard(t)
+	code, stdout, stderr, h, _ := runVerifyOn(t, testkit.Context(t), st, g, nil,
+		"--duration", "300ms", "--ttl", "500ms", "--min-grants", fmt.Sprint(want), "--faults", "none")
+	if code != exitOK || h == nil {
+		t.Fatalf("verify = %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	ran, grants := time.Duration(h.Run.DurationNS), len(h.Grants)
+	extended := strings.Contains(stdout+stderr, fmt.Sprintf("going on until %d (--min-grants)", want))
+	short := strings.Contains(stdout+stderr, fmt.Sprintf("fewer than --min-grants %d", want))
+	switch {
+	case short:
+		if grants >= want || ran < 4*300*time.Millisecond {
+			t.Fatalf("said it fell short, with %d grants in %v:\n%s%s", grants, ran, stdout, stderr)
+		}
+	case grants < want:
+		t.Fatalf("ended with %d grants in %v (extended: %v) without saying it fell short:\n%s%s", grants, ran, extended, stdout, stderr)
+	}
+	t.Logf("%d grants in %v (extended %v, short %v)", grants, ran, extended, short)
 }
 
 // TestVerifyCatchesPlantedBugs: with a bug planted in its workers, a run
