@@ -39,10 +39,17 @@ func TestConformanceOverHTTP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var requests atomic.Int64
+	// Requests that reached the service, by the resource their header
+	// names: the suite's subtests run side by side, each on a resource of
+	// its own. A request without a well-formed header (a token 0 would
+	// not be) counts as "", against every resource.
+	var requests sync.Map // resource name -> *atomic.Int64
+	counter := func(name string) *atomic.Int64 {
+		c, _ := requests.LoadOrStore(name, new(atomic.Int64))
+		return c.(*atomic.Int64)
+	}
 	var lose sync.Map // resource names whose next reply is lost
 	write := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		requests.Add(1)
 		v, _ := fencewire.FromContext(r.Context())
 		tok, _ := fence.FromContext(r.Context())
 		body, err := io.ReadAll(r.Body)
@@ -59,7 +66,12 @@ func TestConformanceOverHTTP(t *testing.T) {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 		}
 	})
-	srv := httptest.NewServer(&fencehttp.Handler{Require: true, Next: write})
+	guarded := &fencehttp.Handler{Require: true, Next: write}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		v, _ := fencewire.Peek(r.Header.Values(fencewire.HeaderName))
+		counter(v.Resource).Add(1)
+		guarded.ServeHTTP(w, r)
+	}))
 	t.Cleanup(srv.Close)
 	tr := &http.Transport{MaxIdleConnsPerHost: 8}
 	t.Cleanup(tr.CloseIdleConnections)
@@ -77,7 +89,9 @@ func TestConformanceOverHTTP(t *testing.T) {
 		},
 		// Bad input never reaches the service: the Transport refuses
 		// token 0 before sending.
-		CountIO: func(guardtest.Resource) int64 { return requests.Load() },
+		CountIO: func(r guardtest.Resource) int64 {
+			return counter(r.(*httpResource).name).Load() + counter("").Load()
+		},
 		// The service commits, then its reply is lost: the writer's
 		// Transport reports an unknown outcome.
 		LoseReply: func(t *testing.T, r guardtest.Resource) { lose.Store(r.(*httpResource).name, true) },
