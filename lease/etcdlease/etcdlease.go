@@ -791,6 +791,9 @@ func (b *Backend) Release(ctx context.Context, g driver.Grant) error {
 		resp, err = b.c.Txn(ctx).If(slices.Concat(mine, cmps)...).Then(append(then, ended)...).
 			Else(clientv3.OpTxn(mine, []clientv3.Op{clientv3.OpDelete(st.key), ended}, []clientv3.Op{notHeld})).
 			Commit()
+		if err == nil && resp.Succeeded {
+			b.handedHere(g.Name, next, resp.Header.Revision)
+		}
 		if err == nil && !resp.Succeeded {
 			inner := resp.Responses[0].GetResponseTxn()
 			if inner == nil {

@@ -364,3 +364,84 @@ func TestReleaseHandsOverToALocalFirstWithoutARead(t *testing.T) {
 		}
 	})
 }
+
+// A Backend that hands the name to one of its own waiters knows it as its
+// Release returns: the waiter's next attempt takes the grant (a read, no
+// write) even while the watch of the name has not delivered the overwrite,
+// which would otherwise leave the attempt refused as the last one was
+// (stillRefused). The watch's events are held back here until the end.
+func TestReleaseHandsOverToOwnWaiterBeforeItsWatchSees(t *testing.T) {
+	cl := cluster(t)
+	p := prefix(t)
+	cli := &heldWatch{writeCounting: &writeCounting{Client: cl.Client()}, hold: make(chan struct{})}
+	b := newBackend(t, cli, p)
+	t.Cleanup(func() { close(cli.hold) }) // before the Backend's Close
+	ctx := testkit.Context(t)
+	req := func(owner string) driver.Request {
+		return driver.Request{Name: "job", Owner: owner, TTL: 60 * time.Second, Queue: true}
+	}
+	g1, err := b.Acquire(ctx, req("w1"))
+	if err != nil {
+		t.Fatalf("w1's Acquire: %v", err)
+	}
+	_, stop, err := b.Watch(ctx, "job")
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	defer stop()
+	if _, err := b.Acquire(ctx, req("w2")); !errors.Is(err, driver.ErrNotAcquired) {
+		t.Fatalf("w2's Acquire while w1 holds: %v, want ErrNotAcquired", err)
+	}
+	if err := b.Release(ctx, g1); err != nil {
+		t.Fatalf("w1's Release: %v", err)
+	}
+	kv, err := cl.Client().Get(ctx, b.Key("job"))
+	if err != nil || len(kv.Kvs) != 1 || string(kv.Kvs[0].Value) != "w2" {
+		t.Fatalf("after w1's Release the key is %v (%v), want it held by w2", kv, err)
+	}
+	cli.writes.Store(0)
+	g2, err := b.Acquire(ctx, req("w2"))
+	if err != nil {
+		t.Fatalf("w2's Acquire after the hand-over, its watch not told yet: %v", err)
+	}
+	if want := g1.Token + fence.Token(kv.Kvs[0].ModRevision-kv.Kvs[0].CreateRevision); g2.Token != want {
+		t.Fatalf("w2's token is %d, want %d (minted by the hand-over's write)", g2.Token, want)
+	}
+	if n := cli.writes.Load(); n != 0 {
+		t.Fatalf("w2's Acquire sent %d transaction(s) that can write, want only a read", n)
+	}
+}
+
+// heldWatch delivers each watch's first response (etcd's confirmation
+// that it was created) and holds back the rest until hold is closed.
+type heldWatch struct {
+	*writeCounting
+	hold chan struct{}
+}
+
+func (c *heldWatch) Watch(ctx context.Context, key string, opts ...clientv3.OpOption) clientv3.WatchChan {
+	in := c.writeCounting.Watch(ctx, key, opts...)
+	out := make(chan clientv3.WatchResponse)
+	go func() {
+		defer close(out)
+		for first := true; ; first = false {
+			resp, ok := <-in
+			if !ok {
+				return
+			}
+			if !first {
+				select {
+				case <-c.hold:
+				case <-ctx.Done():
+					return
+				}
+			}
+			select {
+			case out <- resp:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out
+}

@@ -46,8 +46,9 @@ import (
 // grant), so tokens still grow in grant order. Otherwise (the place is
 // gone, another is now first, the line is empty) the transaction releases
 // as without a line. The waiter's Backend sees the overwrite on its watch
-// of the key, records the hand-over and wakes the waiter, whose next
-// attempt only checks it: a read-only transaction (the key holds the
+// of the key, records the hand-over and wakes the waiter (a Backend that
+// handed the name to one of its own waiters records it as the transaction
+// returns, before its watch sees it), whose next attempt only checks it: a read-only transaction (the key holds the
 // owner, at that revision, on that etcd lease; the epoch and the owner not
 // ended). The grant counts from the send time of the keep-alive that last
 // confirmed the place's etcd lease, sent by the waiter's last refused
@@ -320,8 +321,29 @@ type handover struct {
 // whether it was one. A put that created the key is a grant, not a
 // hand-over. Backend.mu must be held.
 func (b *Backend) sawHandover(name string, kv *mvccpb.KeyValue) bool {
-	owner := string(kv.Value)
-	if kv.ModRevision == kv.CreateRevision || !b.inLine(name, owner) {
+	if kv.ModRevision == kv.CreateRevision {
+		return false
+	}
+	return b.recordHandover(name, string(kv.Value), kv.ModRevision, clientv3.LeaseID(kv.Lease))
+}
+
+// handedHere records a hand-over that a Release of this Backend made, at
+// revision rev, to next (the place it handed the name to), when next is
+// one of this Backend's waiters: the waiter's next attempt takes it at
+// once, even before the watch of the name delivers the overwrite (until
+// then stillRefused would refuse it as its last attempt was refused).
+func (b *Backend) handedHere(name string, next *mvccpb.KeyValue, rev int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.placesLeft(name, string(next.Value))
+	b.recordHandover(name, string(next.Value), rev, clientv3.LeaseID(next.Lease))
+}
+
+// recordHandover records a hand-over of name to owner at revision rev, on
+// the etcd lease of its place, if owner waits in line in this Backend, and
+// reports whether it did. Backend.mu must be held.
+func (b *Backend) recordHandover(name, owner string, rev int64, lease clientv3.LeaseID) bool {
+	if !b.inLine(name, owner) {
 		return false
 	}
 	if len(b.handed) >= 1024 {
@@ -331,7 +353,7 @@ func (b *Backend) sawHandover(name string, kv *mvccpb.KeyValue) bool {
 			}
 		}
 	}
-	b.handed[placeKey{name, owner}] = handover{rev: kv.ModRevision, lease: clientv3.LeaseID(kv.Lease), at: b.now()}
+	b.handed[placeKey{name, owner}] = handover{rev: rev, lease: lease, at: b.now()}
 	return true
 }
 
