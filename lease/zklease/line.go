@@ -253,7 +253,8 @@ func (b *Backend) nodesAhead(ns *nameState, kids []child, i int, now int64) ahea
 // or without a place, it writes its place (a refresh, or a create at the
 // end of the line that a listing follows, and which is granted if lowest),
 // reads the nodes ahead and watches the one just ahead (all pipelined),
-// passes those that lapsed, and is refused.
+// passes those that lapsed, and is refused; when none of them is left (its
+// listing was older than its write), it lists again, and is granted.
 func (b *Backend) acquireQueued(ns *nameState, req driver.Request) (driver.Grant, error) {
 	b.mu.Lock()
 	ns.line = true
@@ -321,7 +322,17 @@ func (b *Backend) acquireQueued(ns *nameState, req driver.Request) (driver.Grant
 	a := b.nodesAhead(ns, kids, i, np.mtime)
 	<-watched
 	if a.pred == "" {
-		// Every node ahead went meanwhile: the next attempt lists again.
+		// Every node ahead is gone, read after this attempt's own write
+		// of its place: the listing was older than that (another
+		// session's delete had not reached this session's member yet, as
+		// after an Abandon through another member), and nothing can be
+		// ahead of the place now (nodes created later are behind it). A
+		// listing sent after the write is at least that recent, and
+		// grants.
+		g, ok, _, err := b.grantIfFirst(ns, req, np)
+		if ok || err != nil {
+			return g, err
+		}
 		b.mu.Lock()
 		signalLocked(ns)
 		b.mu.Unlock()
