@@ -138,7 +138,12 @@ func StartWith(t testing.TB, n int, timing Timing) *Cluster {
 	}
 }
 
-// handed holds the ports freeURL has handed out in this process.
+// portsDir holds the files whose locks reserve ports across processes
+// (freeURL).
+var portsDir = filepath.Join(os.TempDir(), "fencekit-etcdtest-ports")
+
+// handed holds the ports freeURL has handed out or reserved in this
+// process.
 var handed struct {
 	mu    sync.Mutex
 	ports map[int]bool
@@ -157,7 +162,13 @@ var handed struct {
 // another binary's cluster before it starts again.
 //
 // A port is handed out once per process: two members of one cluster, or
-// a member stopped for a while and a new cluster, never share one.
+// a member stopped for a while and a new cluster, never share one. And
+// once across processes on the machine: a port handed out is reserved by
+// a lock on a file named after it (under the temporary directory's
+// fencekit-etcdtest-ports), held until the process ends, and a port
+// whose lock another process holds is passed over. (The windows alone let
+// two binaries in the same window pick one port: a member stopped for a
+// restart found its port taken by another binary's new cluster.)
 func freeURL(t testing.TB) url.URL {
 	t.Helper()
 	window := 15000 + os.Getpid()%17*1000
@@ -174,13 +185,20 @@ func freeURL(t testing.TB) url.URL {
 		if handed.ports[port] {
 			continue
 		}
+		mine, err := reservePort(portsDir, port)
+		if err != nil {
+			t.Fatalf("etcdtest: reserving port %d in %s: %v", port, portsDir, err)
+		}
+		if !mine {
+			continue
+		}
+		handed.ports[port] = true // reserved by this process from now on
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		l, err := net.Listen("tcp", addr)
 		if err != nil {
 			continue
 		}
 		_ = l.Close()
-		handed.ports[port] = true
 		return url.URL{Scheme: "http", Host: addr}
 	}
 	t.Fatal("etcdtest: no free loopback port in 15000-31999")
