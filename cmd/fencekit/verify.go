@@ -507,6 +507,7 @@ func (r *verifyRun) contend(ctx context.Context) int {
 	defer progress.Stop()
 	interrupted := false
 	extended := false // past --duration, waiting for --min-grants
+	atLimit := false  // ended at 4 × --duration with fewer grants than --min-grants so far
 loop:
 	for {
 		select {
@@ -534,9 +535,7 @@ loop:
 				r.logf("%v passed with %d grants; going on until %d (--min-grants), at most until %v in all", r.v.duration, n, r.v.minGrants, r.v.longest())
 				continue
 			}
-			if n := len(r.h.Grants); n < r.v.minGrants {
-				r.logf("ending at %v with %d grants, fewer than --min-grants %d", r.v.longest(), n, r.v.minGrants)
-			}
+			atLimit = extended
 			break loop
 		case <-ctx.Done():
 			interrupted = true
@@ -549,6 +548,11 @@ loop:
 		r.logf("interrupted: stopping the workers, checking what they did so far, removing the scratch resource")
 	}
 	r.stopAll()
+	// Counted once the workers stopped: a grant reported while they
+	// stopped counts too.
+	if n := len(r.h.Grants); atLimit && n < r.v.minGrants {
+		r.logf("ended at %v with %d grants, fewer than --min-grants %d", r.v.longest(), n, r.v.minGrants)
+	}
 	r.progress(time.Since(start), true)
 	if r.runErr != nil {
 		r.logf("%v", r.runErr)
