@@ -48,9 +48,9 @@ import (
 // as without a line. The waiter's Backend sees the overwrite on its watch
 // of the key, records the hand-over and wakes the waiter (a Backend that
 // handed the name to one of its own waiters records it as the transaction
-// returns, before its watch sees it), whose next attempt only checks it: a read-only transaction (the key holds the
-// owner, at that revision, on that etcd lease; the epoch and the owner not
-// ended). The grant counts from the send time of the keep-alive that last
+// returns, before its watch sees it), whose next attempt only checks it:
+// a read-only transaction (the key holds the owner, at that revision, on
+// that etcd lease; the epoch and the owner not ended). The grant counts from the send time of the keep-alive that last
 // confirmed the place's etcd lease, sent by the waiter's last refused
 // attempt, when that was less than a quarter of the TTL ago
 // (driver.Grant.Sent): etcd keeps the lease, and the key now attached to
