@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -120,27 +121,7 @@ func TestFIFOAbandonmentInVirtualTime(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			qctx, quit := context.WithCancel(context.Background())
-			quitter := testkit.AcquireAsync(qctx, m, "n")
-			synctest.Wait()
-			next := testkit.AcquireAsync(context.Background(), m, "n")
-			synctest.Wait()
-			quit()
-			if r := <-quitter; !errors.Is(r.Err, lease.ErrNotAcquired) || !errors.Is(r.Err, context.Canceled) {
-				t.Fatalf("cancelled waiter: %v", r.Err)
-			}
-			released := time.Now()
-			if err := h.Release(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-			r := <-next
-			if r.Err != nil {
-				t.Fatal(r.Err)
-			}
-			if d := r.At.Sub(released); d != 0 {
-				t.Fatalf("the waiter behind one that gave up was granted %v after the release, want at once", d)
-			}
-			r.Lease.Release(context.Background())
+			expectQuitterLeaves(t, h, m, m)
 		})
 	})
 	t.Run("waiter died", func(t *testing.T) {
@@ -208,4 +189,100 @@ func TestFIFOAbandonmentInVirtualTime(t *testing.T) {
 			}
 		})
 	})
+}
+
+// slowQuitter is a memory store that answers the owners of the Manager
+// named "quitter" slowly: each Abandon reaches the store after abandonIn,
+// and, with hold set, each acquire reply after the request has been
+// applied is held until the caller's context ends. Both honour ctx.
+type slowQuitter struct {
+	*memlease.Backend
+	abandonIn time.Duration
+	hold      bool
+}
+
+func quitting(owner string) bool { return strings.HasPrefix(owner, "quitter/") }
+
+func (s *slowQuitter) Acquire(ctx context.Context, r driver.Request) (driver.Grant, error) {
+	g, err := s.Backend.Acquire(ctx, r)
+	if s.hold && quitting(r.Owner) {
+		<-ctx.Done()
+		return driver.Grant{}, ctx.Err()
+	}
+	return g, err
+}
+
+func (s *slowQuitter) Abandon(ctx context.Context, r driver.Request) error {
+	if quitting(r.Owner) {
+		select {
+		case <-time.After(s.abandonIn):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return s.Backend.Abandon(ctx, r)
+}
+
+// A FIFO waiter whose context ends leaves the line even when the store
+// takes its time to answer the Abandon (longer than PollInterval, before
+// the place would lapse), and even when the Abandon of a request in flight at
+// that moment, bounded by that request's own time, did not get its
+// answer: the waiter behind is granted at the release itself, not one TTL
+// later when the place would lapse. In virtual time.
+func TestFIFOWaiterLeavesTheLineOfASlowStore(t *testing.T) {
+	const ttl = time.Second // PollInterval 500 ms, ReleaseTimeout 5 s
+	for _, c := range []struct {
+		name string
+		s    slowQuitter
+	}{
+		{"waiting", slowQuitter{abandonIn: 800 * time.Millisecond}},
+		{"request in flight", slowQuitter{abandonIn: 100 * time.Millisecond, hold: true}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				b := &slowQuitter{memlease.New(), c.s.abandonIn, c.s.hold}
+				manager := func(id string) *lease.Manager {
+					m, err := lease.NewManager(b, ttl, lease.WithFIFO(), lease.WithIdentity(id))
+					if err != nil {
+						t.Fatal(err)
+					}
+					return m
+				}
+				h, err := manager("holder").TryAcquire(context.Background(), "n")
+				if err != nil {
+					t.Fatal(err)
+				}
+				expectQuitterLeaves(t, h, manager("quitter"), manager("next"))
+			})
+		})
+	}
+}
+
+// expectQuitterLeaves runs, in a synctest bubble, a blocked Acquire by
+// quitter behind h, then one by next behind it, ends the quitter's
+// context, and once its Acquire has returned releases h: next must be
+// granted at that very moment.
+func expectQuitterLeaves(t *testing.T, h *lease.Lease, quitter, next *lease.Manager) {
+	t.Helper()
+	qctx, quit := context.WithCancel(context.Background())
+	quitting := testkit.AcquireAsync(qctx, quitter, "n")
+	synctest.Wait()
+	behind := testkit.AcquireAsync(context.Background(), next, "n")
+	synctest.Wait()
+	quit()
+	if r := <-quitting; !errors.Is(r.Err, lease.ErrNotAcquired) || !errors.Is(r.Err, context.Canceled) {
+		t.Fatalf("cancelled waiter: %v", r.Err)
+	}
+	released := time.Now()
+	if err := h.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r := <-behind
+	if r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if d := r.At.Sub(released); d != 0 {
+		t.Fatalf("the waiter behind one that gave up was granted %v after the release, want at once", d)
+	}
+	r.Lease.Release(context.Background())
 }

@@ -94,7 +94,7 @@ func (m *Manager) TryAcquire(ctx context.Context, name string) (*Lease, error) {
 	req := m.request(name)
 	l, err := m.e.attempt(ctx, ctx, req, start, 1)
 	if err != nil && ctx.Err() != nil && outcomeUnknown(err) {
-		err = m.abandonAfter(ctx, req, time.Since(start), err)
+		err, _ = m.abandonAfter(ctx, req, time.Since(start), err)
 	}
 	return l, err
 }
@@ -116,7 +116,10 @@ func (m *Manager) TryAcquire(ctx context.Context, name string) (*Lease, error) {
 // flight, that request is abandoned the same way before Acquire returns,
 // given as long as that request had (at least 50 ms, at most
 // Options.ReleaseTimeout). PollInterval bounds the time between attempts,
-// a Watch that the store does not confirm included.
+// a Watch that the store does not confirm included. With Options.FIFO, an
+// Acquire that ends without the lease first gives up its place in line
+// (Backend.Abandon), unless that abandonment already did, waiting up to
+// ReleaseTimeout for the store, as a Release would.
 //
 // A store error that retrying cannot fix (one matching ErrSetup: missing
 // tables, refused credentials) ends Acquire at once with that error, which
@@ -133,7 +136,12 @@ func (m *Manager) Acquire(ctx context.Context, name string) (_ *Lease, err error
 	}
 	start := time.Now()
 	req := m.waiterRequest(name)
-	defer func() { m.leaveLine(ctx, req, err) }() // FIFO (fifo.go)
+	left := false // the store confirmed req's Abandon (abandonAfter)
+	defer func() {
+		if !left {
+			m.leaveLine(ctx, req, err) // FIFO
+		}
+	}()
 	var (
 		signals  <-chan struct{}
 		timer    *time.Timer
@@ -154,7 +162,11 @@ func (m *Manager) Acquire(ctx context.Context, name string) (_ *Lease, err error
 		}
 		if ctx.Err() != nil {
 			if outcomeUnknown(err) {
-				err = m.abandonAfter(ctx, req, time.Since(began), err)
+				// This Abandon also gives up req's place in line; if the
+				// store did not confirm it in the attempt's time (a new
+				// connection, a loaded store), leaveLine tries again
+				// with more.
+				err, left = m.abandonAfter(ctx, req, time.Since(began), err)
 			}
 			return nil, m.giveUp(ctx, name, err, refused, storeErr)
 		}
@@ -236,14 +248,14 @@ func outcomeUnknown(err error) bool {
 // the caller's context ended, failed with err: the Abandon gets no more
 // time than the attempt had (so that a caller with a short context is not
 // held for ReleaseTimeout by a store that does not answer), and its
-// failure is added to err.
-func (m *Manager) abandonAfter(ctx context.Context, req driver.Request, spent time.Duration, err error) error {
+// failure is added to err. done says whether the store confirmed it.
+func (m *Manager) abandonAfter(ctx context.Context, req driver.Request, spent time.Duration, err error) (_ error, done bool) {
 	aerr := m.e.abandon(ctx, req, spent)
 	if aerr == nil {
-		return err
+		return err, true
 	}
 	m.o.Logger.Warn("lease: could not abandon an unanswered acquire attempt; a grant it made expires after its TTL", "name", req.Name, "owner", req.Owner, "err", aerr)
-	return fmt.Errorf("%w (and the store could not be told to abandon it, so a grant it made expires after its TTL: %w)", err, aerr)
+	return fmt.Errorf("%w (and the store could not be told to abandon it, so a grant it made expires after its TTL: %w)", err, aerr), false
 }
 
 // giveUp is Acquire's error when ctx ended: ErrNotAcquired with the last
@@ -378,15 +390,17 @@ func (m *Manager) waiterRequest(name string) driver.Request {
 
 // leaveLine gives up req.Owner's place in line when a FIFO Acquire ends
 // with err: Abandon removes the place, so that the waiter behind is next
-// at once instead of after the place lapses (one TTL). It is bounded by
-// PollInterval (at least 50 ms, at most ReleaseTimeout) and runs even when
-// ctx is done; a failure is logged, and the place then lapses by itself.
-// A store not set up for leases (ErrSetup) holds no place.
+// at once instead of after the place lapses (one TTL). Like a Release, it
+// is bounded by ReleaseTimeout (and by the TTL, after which the place
+// lapses anyway) and runs even when ctx is done: a store slow to answer
+// for a moment must not leave the waiters behind stuck for a TTL. A
+// failure is logged, and the place then lapses by itself. A store not set
+// up for leases (ErrSetup) holds no place.
 func (m *Manager) leaveLine(ctx context.Context, req driver.Request, err error) {
 	if err == nil || !req.Queue || errors.Is(err, ErrSetup) || errors.Is(err, ErrInvalidName) {
 		return
 	}
-	if aerr := m.e.abandon(ctx, req, m.o.PollInterval); aerr != nil {
+	if aerr := m.e.abandon(ctx, req, m.o.TTL); aerr != nil {
 		m.o.Logger.Warn("lease: could not leave the line of waiters; the place lapses after its TTL", "name", req.Name, "owner", req.Owner, "err", aerr)
 	}
 }

@@ -77,8 +77,9 @@ type Options struct {
 	FIFO bool
 
 	// ReleaseTimeout bounds every Release (including its wait for a renew
-	// request, or a give-back, already in flight) and the give-back of a
-	// grant that arrived too late. Default 5 s; at least 10 ms.
+	// request, or a give-back, already in flight), the give-back of a
+	// grant that arrived too late, and a FIFO waiter's leaving the line
+	// when its context ends. Default 5 s; at least 10 ms.
 	ReleaseTimeout time.Duration
 
 	// Identity prefixes every owner this Manager creates, to tell holders

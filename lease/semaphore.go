@@ -146,7 +146,7 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (*Lease, error) {
 		}
 		if ctx.Err() != nil {
 			if outcomeUnknown(err) {
-				err = m.abandonAfter(ctx, req, time.Since(began), err)
+				err, _ = m.abandonAfter(ctx, req, time.Since(began), err)
 			}
 			s.abandonEach(ctx, unknown)
 			return nil, fmt.Errorf("lease: semaphore %q: %w", s.name, err)
@@ -232,7 +232,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 			last = err
 			if ctx.Err() != nil {
 				if outcomeUnknown(err) {
-					err = m.abandonAfter(ctx, reqs[i], time.Since(began), err)
+					err, _ = m.abandonAfter(ctx, reqs[i], time.Since(began), err)
 				}
 				s.abandonEach(ctx, pending())
 				return nil, m.giveUp(ctx, s.name, err, nil, storeErr)

@@ -257,6 +257,7 @@ func testManagerFIFO(t *testing.T, s *suite) {
 	quitCtx, quit := context.WithCancel(ctx)
 	defer quit()
 	errs := make(chan error, waiters)
+	quitterDone := make(chan struct{})
 	for i := range waiters {
 		wctx := ctx
 		if i == quitter {
@@ -264,6 +265,7 @@ func testManagerFIFO(t *testing.T, s *suite) {
 		}
 		startWaiter(t, s, ctx, wctx, n, i, &wg, func(l *lease.Lease, err error) {
 			if i == quitter {
+				defer close(quitterDone)
 				if err == nil {
 					l.Release(ctx)
 					errs <- fmt.Errorf("waiter %d, cancelled, was granted token %d", i, l.Token())
@@ -286,8 +288,13 @@ func testManagerFIFO(t *testing.T, s *suite) {
 			quit()
 		}
 	}
-	// Let the quitter's Acquire return (its Abandon sent) before the release.
-	time.Sleep(10 * time.Millisecond)
+	// The quitter's Acquire returns once its Abandon is answered (or has
+	// failed, which the check below would show): release after that.
+	select {
+	case <-quitterDone:
+	case <-ctx.Done():
+		t.Fatalf("the waiter that gave up had not returned after %v", s.long/2)
+	}
 	if err := holder.Release(ctxT(t)); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
