@@ -10,6 +10,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/lockversion"
+	"github.com/fencekit/fencekit/internal/pgident"
 	"github.com/fencekit/fencekit/internal/rowguard"
 )
 
@@ -140,7 +141,7 @@ func (g *Guard) Check(ctx context.Context, db DBTX) error {
 	}
 	cmd := "fencekit migrate up"
 	if g.opts.Schema != "" {
-		cmd += " --schema " + shellWord(g.opts.Schema)
+		cmd += " --schema " + pgident.ShellWord(g.opts.Schema)
 	}
 	var errs []error
 	if tokenType != "bigint" {
@@ -202,7 +203,7 @@ func (t *Table) Check(ctx context.Context, db DBTX) error {
 	var errs []error
 	switch {
 	case lvType == "":
-		errs = append(errs, noLockVersionErr(op, shellWord(t.cliName), nil))
+		errs = append(errs, noLockVersionErr(op, pgident.ShellWord(t.cliName), nil))
 	case lvType != lockversion.Type:
 		errs = append(errs, t.lockVersionType(op, lvType))
 	case !notNull:
@@ -245,7 +246,7 @@ func (lg *Ledger) Check(ctx context.Context) error {
 	if lg.tname == LedgerTable {
 		cmd := "fencekit migrate up"
 		if lg.schema != "" {
-			cmd += " --schema " + shellWord(lg.schema)
+			cmd += " --schema " + pgident.ShellWord(lg.schema)
 		}
 		errs = append(errs, migrationProblem(ctx, lg.db, lg.schema, ledgerMigration, LedgerTable, cmd))
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/options"
+	"github.com/fencekit/fencekit/internal/pgident"
 	"github.com/fencekit/fencekit/internal/rowguard"
 )
 
@@ -329,7 +330,7 @@ func (g *Guard) notMigrated(op string, err error) error {
 	cmd := "fencekit migrate up"
 	if g.opts.Schema != "" {
 		where = fmt.Sprintf("in schema %q (Options.Schema)", g.opts.Schema)
-		cmd += " --schema " + shellWord(g.opts.Schema)
+		cmd += " --schema " + pgident.ShellWord(g.opts.Schema)
 	}
 	what := fmt.Errorf("sqlguard: %s: %w: %s and %s not found %s", op, fence.ErrNotMigrated, ResourceTable, AdvanceFunction, where)
 	if err != nil {

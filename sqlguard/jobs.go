@@ -12,6 +12,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/lockversion"
+	"github.com/fencekit/fencekit/internal/pgident"
 	"github.com/fencekit/fencekit/internal/rowguard"
 )
 
@@ -345,7 +346,7 @@ func (j *Jobs) Check(ctx context.Context) error {
 	}
 	cmd := "fencekit migrate up"
 	if s := j.schema; s != "" {
-		cmd += " --schema " + shellWord(s)
+		cmd += " --schema " + pgident.ShellWord(s)
 	}
 	if !exists {
 		if j.name == JobsTable {

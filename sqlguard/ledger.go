@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fencekit/fencekit/fence"
+	"github.com/fencekit/fencekit/internal/pgident"
 	"github.com/fencekit/fencekit/internal/probeonce"
 	"github.com/fencekit/fencekit/internal/rowguard"
 )
@@ -140,7 +141,7 @@ func (lg *Ledger) checkShape(ctx context.Context) (verdict bool, err error) {
 func (lg *Ledger) setupErr(problem string) error {
 	cmd := "fencekit migrate up"
 	if lg.schema != "" {
-		cmd += " --schema " + shellWord(lg.schema)
+		cmd += " --schema " + pgident.ShellWord(lg.schema)
 	}
 	migrate := fmt.Sprintf("run `%s`: migration %05d creates %s, keyed by %s and %s",
 		cmd, ledgerMigration, LedgerTable, LedgerJobColumn, LedgerKeyColumn)

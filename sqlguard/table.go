@@ -14,6 +14,7 @@ import (
 
 	"github.com/fencekit/fencekit/fence"
 	"github.com/fencekit/fencekit/internal/lockversion"
+	"github.com/fencekit/fencekit/internal/pgident"
 	"github.com/fencekit/fencekit/internal/rowguard"
 )
 
@@ -129,18 +130,6 @@ func cliIdent(s string) string {
 		return s
 	}
 	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
-}
-
-// shellWord quotes s for a POSIX shell when it holds anything but
-// letters, digits and . _ -, so that a command in an error message can be
-// pasted as it is.
-func shellWord(s string) string {
-	for _, r := range s {
-		if !(r == '.' || r == '_' || r == '-' || ('a' <= r && r <= 'z') || ('A' <= r && r <= 'Z') || ('0' <= r && r <= '9')) {
-			return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-		}
-	}
-	return s
 }
 
 // Name returns the table's name as given to NewTable (schema.table or
@@ -343,7 +332,7 @@ func (t *Table) run(ctx context.Context, kind rowguard.Kind, op string, db DBTX,
 // says, or nil: the table has no lock_version (fence.ErrNoLockVersion), or
 // it (or its schema) does not exist (fence.ErrNoTable).
 func (t *Table) schemaErr(op, stmt string, err error) error {
-	if nlv := noLockVersion(op, shellWord(t.cliName), stmt, err); nlv != nil {
+	if nlv := noLockVersion(op, pgident.ShellWord(t.cliName), stmt, err); nlv != nil {
 		return nlv
 	}
 	var pgErr *pgconn.PgError

@@ -34,3 +34,15 @@ func Quote(parts ...string) string {
 	}
 	return strings.Join(q, ".")
 }
+
+// ShellWord quotes s for a POSIX shell when it holds anything but
+// letters, digits and . _ -, so that a command naming an identifier in an
+// error message (`fencekit migrate up --schema s`) can be pasted as it is.
+func ShellWord(s string) string {
+	for _, r := range s {
+		if !(r == '.' || r == '_' || r == '-' || ('a' <= r && r <= 'z') || ('A' <= r && r <= 'Z') || ('0' <= r && r <= '9')) {
+			return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+		}
+	}
+	return s
+}

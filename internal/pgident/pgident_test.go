@@ -18,3 +18,16 @@ func TestQuote(t *testing.T) {
 		}
 	}
 }
+
+func TestShellWord(t *testing.T) {
+	for in, want := range map[string]string{
+		"app_1.v-2": "app_1.v-2",
+		"my schema": "'my schema'",
+		"it's":      `'it'\''s'`,
+		"$(rm -rf)": "'$(rm -rf)'",
+	} {
+		if got := ShellWord(in); got != want {
+			t.Errorf("ShellWord(%q) = %s, want %s", in, got, want)
+		}
+	}
+}

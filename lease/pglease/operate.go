@@ -37,11 +37,11 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]driver.Status, err
 	if b.o.Mode == ModeSession {
 		rows, err := b.db.Query(ctx, b.ops().SessionNames, prefix)
 		if err != nil {
-			return nil, storeErr("list", prefix, err)
+			return nil, b.storeErr("list", prefix, err)
 		}
 		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		if err != nil {
-			return nil, storeErr("list", prefix, err)
+			return nil, b.storeErr("list", prefix, err)
 		}
 		for _, n := range names {
 			st, err := b.sessionStatus(ctx, n)
@@ -55,10 +55,10 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]driver.Status, err
 	} else {
 		rows, err := b.db.Query(ctx, b.ops().List, prefix)
 		if err != nil {
-			return nil, storeErr("list", prefix, err)
+			return nil, b.storeErr("list", prefix, err)
 		}
 		if out, err = collectStatus(rows); err != nil {
-			return nil, storeErr("list", prefix, err)
+			return nil, b.storeErr("list", prefix, err)
 		}
 	}
 	slices.SortFunc(out, func(a, b driver.Status) int { return strings.Compare(a.Name, b.Name) })
@@ -95,11 +95,11 @@ func (b *Backend) Status(ctx context.Context, name string) (driver.Status, error
 	}
 	rows, err := b.db.Query(ctx, b.ops().Status, name)
 	if err != nil {
-		return driver.Status{}, storeErr("status of", name, err)
+		return driver.Status{}, b.storeErr("status of", name, err)
 	}
 	sts, err := collectStatus(rows)
 	if err != nil {
-		return driver.Status{}, storeErr("status of", name, err)
+		return driver.Status{}, b.storeErr("status of", name, err)
 	}
 	if len(sts) == 0 {
 		return driver.Status{Name: name}, nil
@@ -118,7 +118,7 @@ func (b *Backend) sessionStatus(ctx context.Context, name string) (driver.Status
 	}
 	var n int64
 	if err := b.db.QueryRow(ctx, b.ops().SessionWaiters, name).Scan(&n); err != nil {
-		return driver.Status{}, storeErr("status of", name, err)
+		return driver.Status{}, b.storeErr("status of", name, err)
 	}
 	st.Waiters = int(n)
 	return st, nil
@@ -158,7 +158,7 @@ func (b *Backend) Revoke(ctx context.Context, h driver.Holder) error {
 	}
 	switch {
 	case err != nil:
-		return storeErr("revoke", h.Name, err)
+		return b.storeErr("revoke", h.Name, err)
 	case !revoked:
 		return fmt.Errorf("%w: %q is not held by %q with token %d", driver.ErrNotHeld, h.Name, h.Owner, h.Token)
 	}

@@ -357,7 +357,7 @@ func (b *Backend) Holder(ctx context.Context, name string) (driver.Holder, error
 	case errors.Is(err, pgx.ErrNoRows):
 		return driver.Holder{}, driver.ErrNotHeld
 	case err != nil:
-		return driver.Holder{}, storeErr("holder of", name, err)
+		return driver.Holder{}, b.storeErr("holder of", name, err)
 	}
 	return driver.Holder{Name: name, Owner: owner, Token: fence.Token(token), Remaining: time.Duration(left) * time.Microsecond}, nil
 }
@@ -418,14 +418,14 @@ var setupFixes = map[string]string{
 // cannot fix (a missing table or schema, refused credentials or
 // privileges, a missing database, a read-only server) as a
 // *driver.SetupError naming the fix; any other as the store's error.
-func storeErr(op, name string, err error) error {
-	return storeErrOn(fmt.Sprintf("%s %q", op, name), err)
+func (b *Backend) storeErr(op, name string, err error) error {
+	return b.storeErrOn(fmt.Sprintf("%s %q", op, name), err)
 }
 
 // storeErrOn is storeErr for an operation described by what ("acquire
 // \"x\"", "check the lease table ..."). Each error says "pglease:" once
 // and its fix once.
-func storeErrOn(what string, err error) error {
+func (b *Backend) storeErrOn(what string, err error) error {
 	wrapped := fmt.Errorf("pglease: %s: %w", what, err)
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
@@ -433,13 +433,24 @@ func storeErrOn(what string, err error) error {
 	}
 	switch pgErr.Code {
 	case codeUndefinedTable, codeInvalidSchemaName, codeUndefinedFunction:
-		return &driver.SetupError{Err: notMigrated{wrapped},
-			Fix: "the lease tables are not in this database's schema: run `fencekit migrate up` (or migrations.Up) against it, or set Options.Schema to the schema that has them"}
+		return &driver.SetupError{Err: notMigrated{wrapped}, Fix: b.migrateFix()}
 	}
 	if fix, ok := setupFixes[pgErr.Code]; ok {
 		return &driver.SetupError{Err: wrapped, Fix: fix}
 	}
 	return wrapped
+}
+
+// migrateFix is the fix for lease tables not found: the command that
+// creates them where this Backend looks (with --schema when Options.Schema
+// is set, as the guards' errors say it).
+func (b *Backend) migrateFix() string {
+	where, cmd := "in the connection's search_path", "fencekit migrate up"
+	if b.o.Schema != "" {
+		where = fmt.Sprintf("in schema %q (Options.Schema)", b.o.Schema)
+		cmd += " --schema " + pgident.ShellWord(b.o.Schema)
+	}
+	return "the lease tables are not " + where + ": run `" + cmd + "` there (or migrations.Up), or fix Options.Schema"
 }
 
 // notMigrated is a store error that also matches ErrNotMigrated, without
@@ -464,7 +475,7 @@ func (b *Backend) Check(ctx context.Context) error {
 	what := "check the lease tables " + table + " and " + ended
 	var ok bool
 	if err := b.db.QueryRow(ctx, b.q.Check, table, ended).Scan(&ok); err != nil {
-		return storeErrOn(what, err)
+		return b.storeErrOn(what, err)
 	}
 	if !ok {
 		return &driver.SetupError{Fix: "pglease: " + what + ": " + setupFixes["42501"]}

@@ -82,7 +82,7 @@ func (b *Backend) sessionAcquire(ctx context.Context, req driver.Request) (drive
 
 	pc, err := b.db.Acquire(ctx)
 	if err != nil {
-		return driver.Grant{}, storeErr("acquire", req.Name, err)
+		return driver.Grant{}, b.storeErr("acquire", req.Name, err)
 	}
 	key := lockKey(b.o.Schema, req.Name)
 	var (
@@ -106,7 +106,7 @@ func (b *Backend) sessionAcquire(ctx context.Context, req driver.Request) (drive
 		// The lock may be held (session locks survive a failed
 		// statement): end the session.
 		destroy(pc)
-		return driver.Grant{}, storeErr("acquire", req.Name, err)
+		return driver.Grant{}, b.storeErr("acquire", req.Name, err)
 	}
 	if uint32(pid) != announced && !b.o.AllowPooler {
 		pc.Release() // the statement took nothing
@@ -199,7 +199,7 @@ func (p *pin) confirm(ctx context.Context) error {
 		p.endLocked(cause)
 		return fmt.Errorf("%w: %w", driver.ErrNotHeld, cause)
 	case err != nil:
-		return storeErr("renew", p.name, err)
+		return p.b.storeErr("renew", p.name, err)
 	case !held:
 		cause := fmt.Errorf("pglease: the session of %q no longer holds its lock and token", p.name)
 		p.endLocked(cause)
@@ -248,7 +248,7 @@ func (b *Backend) sessionRelease(ctx context.Context, g driver.Grant) error {
 		// release. If the earlier request was cut short, finish it.
 		if !rowFree {
 			if err := p.freeRow(ctx); err != nil {
-				return storeErr("release", p.name, err)
+				return b.storeErr("release", p.name, err)
 			}
 		}
 		return nil
@@ -267,7 +267,7 @@ func (b *Backend) sessionRelease(ctx context.Context, g driver.Grant) error {
 		if ferr := p.freeRow(ctx); ferr == nil {
 			return nil
 		}
-		return storeErr("release", p.name, err)
+		return b.storeErr("release", p.name, err)
 	case !unlocked:
 		p.rowFree = named
 		p.endLocked(errors.New("pglease: the session did not hold the lock at release"))
@@ -338,7 +338,7 @@ func (b *Backend) sessionAbandon(ctx context.Context, req driver.Request) error 
 	err := b.db.QueryRow(ctx, b.q.SessionAbandon, req.Name, req.Owner, endedMicros(req.TTL), Channel,
 		int64(uint64(key)>>32), int64(uint64(key)&0xffffffff), req.Queue).Scan(&ended)
 	if err != nil {
-		return storeErr("abandon", req.Name, err)
+		return b.storeErr("abandon", req.Name, err)
 	}
 	if p != nil && p.owner == req.Owner {
 		p.mu.Lock()

@@ -40,7 +40,8 @@ func acquireFailsAtOnce(t *testing.T, m *lease.Manager) error {
 }
 
 // Against a database whose schema has no lease tables, a blocking Acquire
-// returns at once with an error naming `fencekit migrate up`, and
+// returns at once with an error naming `fencekit migrate up --schema` with
+// that schema (as the guards' errors do), and
 // Manager.Check says the same before any lease is asked for; after the
 // migrations, Check passes.
 func TestAcquireWithoutTheTablesFailsAtOnce(t *testing.T) {
@@ -50,8 +51,9 @@ func TestAcquireWithoutTheTablesFailsAtOnce(t *testing.T) {
 			for _, schema := range []string{emptySchema(t, u), "fencekit_no_such_schema"} {
 				m := testkit.NewManager(t, newBackend(t, newPool(t, u), pglease.WithSchema(schema), pglease.WithMode(mode)), 2*time.Second)
 				for what, err := range map[string]error{"Check": m.Check(testkit.Context(t)), "Acquire": acquireFailsAtOnce(t, m)} {
-					if !errors.Is(err, lease.ErrSetup) || !errors.Is(err, pglease.ErrNotMigrated) || !strings.Contains(err.Error(), "fencekit migrate up") {
-						t.Errorf("schema %s: %s = %v; want ErrSetup and ErrNotMigrated, naming fencekit migrate up", schema, what, err)
+					fix := "fencekit migrate up --schema " + schema
+					if !errors.Is(err, lease.ErrSetup) || !errors.Is(err, pglease.ErrNotMigrated) || !strings.Contains(err.Error(), fix) {
+						t.Errorf("schema %s: %s = %v; want ErrSetup and ErrNotMigrated, naming %s", schema, what, err, fix)
 					}
 					if strings.Contains(err.Error(), "\n") {
 						t.Errorf("schema %s: %s's error is not one line: %q", schema, what, err)

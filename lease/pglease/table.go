@@ -27,7 +27,7 @@ func (b *Backend) tableAcquire(ctx context.Context, req driver.Request) (driver.
 	err = b.db.QueryRow(ctx, b.q.Acquire, req.Name, req.Owner, us).Scan(&granted, &token, &hint)
 	switch {
 	case err != nil:
-		return driver.Grant{}, storeErr("acquire", req.Name, err)
+		return driver.Grant{}, b.storeErr("acquire", req.Name, err)
 	case !granted:
 		return driver.Grant{}, refusal(req, hint)
 	case token <= 0:
@@ -46,7 +46,7 @@ func (b *Backend) tableAcquireQueued(ctx context.Context, req driver.Request, us
 	err := b.db.QueryRow(ctx, b.q.AcquireQueued, req.Name, req.Owner, us).Scan(&granted, &token, &leftUs, &ahead, &firstUs, &ended, nil)
 	switch {
 	case err != nil:
-		return driver.Grant{}, storeErr("acquire", req.Name, err)
+		return driver.Grant{}, b.storeErr("acquire", req.Name, err)
 	case !granted:
 		return driver.Grant{}, queuedRefusal(req, ended, leftUs, ahead, firstUs)
 	case token <= 0:
@@ -90,7 +90,7 @@ func (b *Backend) tableRenew(ctx context.Context, g driver.Grant) error {
 	}
 	tag, err := b.db.Exec(ctx, b.q.Renew, g.Name, g.Owner, int64(g.Token), us)
 	if err != nil {
-		return storeErr("renew", g.Name, err)
+		return b.storeErr("renew", g.Name, err)
 	}
 	if tag.RowsAffected() != 1 {
 		return driver.ErrNotHeld
@@ -144,7 +144,7 @@ func (b *Backend) tableRenewBatch(ctx context.Context, gs []driver.Grant, done f
 		case bad[i] != nil:
 			done(i, bad[i])
 		case err != nil:
-			done(i, storeErr("renew", g.Name, err))
+			done(i, b.storeErr("renew", g.Name, err))
 		case !renewed[grantKey{g.Name, g.Owner, int64(g.Token)}]:
 			done(i, driver.ErrNotHeld)
 		default:
@@ -160,7 +160,7 @@ func (b *Backend) tableRelease(ctx context.Context, g driver.Grant) error {
 	case errors.Is(err, pgx.ErrNoRows):
 		return driver.ErrNotHeld // the name has no row (data loss)
 	case err != nil:
-		return storeErr("release", g.Name, err)
+		return b.storeErr("release", g.Name, err)
 	case released || already:
 		// released: the row is free with this grant's token, freed now or
 		// by an earlier request; already: the owner was ended before (a
@@ -174,7 +174,7 @@ func (b *Backend) tableRelease(ctx context.Context, g driver.Grant) error {
 func (b *Backend) tableAbandon(ctx context.Context, req driver.Request) error {
 	var n int64
 	if err := b.db.QueryRow(ctx, b.q.Abandon, req.Name, req.Owner, endedMicros(req.TTL), Channel, req.Queue).Scan(&n); err != nil {
-		return storeErr("abandon", req.Name, err)
+		return b.storeErr("abandon", req.Name, err)
 	}
 	return nil
 }
