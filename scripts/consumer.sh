@@ -9,8 +9,8 @@
 #     .../cmd/fencekit@latest`) as they are written, and fails if they miss
 #     a released module;
 #   - `go get`s every released module at the version, builds and vets a
-#     program that imports every public package (the test kits aside),
-#     and runs the installed command;
+#     program that imports every public package (the test kits aside)
+#     and the README's quick start, and runs the installed command;
 #   - fails if the program's module graph holds a module of ours that the
 #     release did not tag, or one at another version;
 #   - checks the module rule as a user meets it (scripts/modrule.sh
@@ -100,10 +100,14 @@ done
   echo
   echo "func main() {}"
 } >main.go
+# The README's quick start, as written, beside it.
+mkdir -p quickstart
+awk '/^```go$/ { on = 1; next } on && /^```$/ { exit } on' "$repo/README.md" >quickstart/main.go
+grep -q '^package main' quickstart/main.go || fail "README.md has no Go quick start (a \`\`\`go block)"
 go mod tidy 2>"$work/err" || { cat "$work/err" >&2; fail "go mod tidy in the consumer"; }
 GOFLAGS="-mod=readonly -modcacherw -buildvcs=false -trimpath" go build ./... 2>"$work/err" || { cat "$work/err" >&2; fail "the consumer does not build"; }
 GOFLAGS="-mod=readonly -modcacherw -buildvcs=false -trimpath" go vet ./... 2>"$work/err" || { cat "$work/err" >&2; fail "the consumer does not vet"; }
-say "a program importing ${#imports[@]} public packages of ${#released[@]} modules builds and vets"
+say "a program importing ${#imports[@]} public packages of ${#released[@]} modules, and the README's quick start, build and vet"
 
 # 3. Only released modules of ours, all at the version.
 while read -r mod ver; do
