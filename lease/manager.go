@@ -118,8 +118,9 @@ func (m *Manager) TryAcquire(ctx context.Context, name string) (*Lease, error) {
 // Options.ReleaseTimeout). PollInterval bounds the time between attempts,
 // a Watch that the store does not confirm included. With Options.FIFO, an
 // Acquire that ends without the lease first gives up its place in line
-// (Backend.Abandon), unless that abandonment already did, waiting up to
-// ReleaseTimeout for the store, as a Release would.
+// (Backend.Abandon; the abandonment of a request in flight, once the store
+// confirms it, does that too), waiting up to ReleaseTimeout for the store,
+// as a Release would.
 //
 // A store error that retrying cannot fix (one matching ErrSetup: missing
 // tables, refused credentials) ends Acquire at once with that error, which
