@@ -20,7 +20,7 @@
 #
 # Checks, in the release clone, with the workspace off and every module of
 # ours fetched by the go command through git at the new tags: each
-# module's `go build ./... && go vet ./...`. The API report compares each
+# module's `go vet ./...` (which type-checks its packages and tests). The API report compares each
 # module's exported API with the previous release's tag (apidiff, from the
 # Go module proxy); a patch release with an incompatible change fails, and
 # a minor release's incompatible changes are listed in the CHANGELOG.
@@ -140,10 +140,12 @@ done
 # the workspace off, its siblings fetched at the tags.
 fk_forget_ours
 for dir in "${order[@]}"; do
-  say "check $dir: GOWORK=off go build ./... && go vet ./..."
-  (cd "$dir" && env "${goenv[@]}" GOFLAGS="-mod=readonly -modcacherw -buildvcs=false -trimpath" go build ./... &&
-    env "${goenv[@]}" GOFLAGS="-mod=readonly -modcacherw -buildvcs=false -trimpath" go vet ./...) 2>"$work/err" || {
-    cat "$work/err" >&2; echo "release: $dir does not build or vet on its own at $version" >&2; exit 1; }
+  # go vet type-checks every package and its tests, compiling what they
+  # import; a go build beside it would add only the links of the commands
+  # (the consumer check installs cmd/fencekit from the tags).
+  say "check $dir: GOWORK=off go vet ./..."
+  (cd "$dir" && env "${goenv[@]}" GOFLAGS="-mod=readonly -modcacherw -buildvcs=false -trimpath" go vet ./...) 2>"$work/err" || {
+    cat "$work/err" >&2; echo "release: $dir does not type-check (go vet) on its own at $version" >&2; exit 1; }
 done
 [ -z "$(git status --porcelain)" ] || { git status --short >&2; echo "release: the checks changed files (go.mod or go.sum not final)" >&2; exit 1; }
 
