@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -199,6 +200,7 @@ type slowQuitter struct {
 	*memlease.Backend
 	abandonIn time.Duration
 	hold      bool
+	abandons  atomic.Int32 // the quitter's Abandon requests
 }
 
 func quitting(owner string) bool { return strings.HasPrefix(owner, "quitter/") }
@@ -214,6 +216,7 @@ func (s *slowQuitter) Acquire(ctx context.Context, r driver.Request) (driver.Gra
 
 func (s *slowQuitter) Abandon(ctx context.Context, r driver.Request) error {
 	if quitting(r.Owner) {
+		s.abandons.Add(1)
 		select {
 		case <-time.After(s.abandonIn):
 		case <-ctx.Done():
@@ -225,22 +228,26 @@ func (s *slowQuitter) Abandon(ctx context.Context, r driver.Request) error {
 
 // A FIFO waiter whose context ends leaves the line even when the store
 // takes its time to answer the Abandon (longer than PollInterval, before
-// the place would lapse), and even when the Abandon of a request in flight at
-// that moment, bounded by that request's own time, did not get its
-// answer: the waiter behind is granted at the release itself, not one TTL
-// later when the place would lapse. In virtual time.
+// the place would lapse), and even when the Abandon of a request in flight
+// at that moment, bounded by that request's own time, did not get its
+// answer (it is sent again); when that Abandon was answered, it is the
+// only one. Each time the waiter behind is granted at the release itself,
+// not one TTL later when the place would lapse. In virtual time.
 func TestFIFOWaiterLeavesTheLineOfASlowStore(t *testing.T) {
 	const ttl = time.Second // PollInterval 500 ms, ReleaseTimeout 5 s
 	for _, c := range []struct {
-		name string
-		s    slowQuitter
+		name      string
+		abandonIn time.Duration
+		hold      bool
+		abandons  int32
 	}{
-		{"waiting", slowQuitter{abandonIn: 800 * time.Millisecond}},
-		{"request in flight", slowQuitter{abandonIn: 100 * time.Millisecond, hold: true}},
+		{"waiting", 800 * time.Millisecond, false, 1},
+		{"request in flight, its abandonment unanswered", 100 * time.Millisecond, true, 2},
+		{"request in flight, its abandonment answered", 10 * time.Millisecond, true, 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				b := &slowQuitter{memlease.New(), c.s.abandonIn, c.s.hold}
+				b := &slowQuitter{Backend: memlease.New(), abandonIn: c.abandonIn, hold: c.hold}
 				manager := func(id string) *lease.Manager {
 					m, err := lease.NewManager(b, ttl, lease.WithFIFO(), lease.WithIdentity(id))
 					if err != nil {
@@ -253,6 +260,9 @@ func TestFIFOWaiterLeavesTheLineOfASlowStore(t *testing.T) {
 					t.Fatal(err)
 				}
 				expectQuitterLeaves(t, h, manager("quitter"), manager("next"))
+				if n := b.abandons.Load(); n != c.abandons {
+					t.Fatalf("the quitter sent %d Abandon requests, want %d", n, c.abandons)
+				}
 			})
 		})
 	}

@@ -445,12 +445,20 @@ func (b *blackholed) Abandon(ctx context.Context, _ driver.Request) error {
 // abandons it at the store, but gives the Abandon no more time than the
 // request had (at least 50 ms), not ReleaseTimeout: a caller polling with
 // a short context during an outage is not held for seconds. The error says
-// the Abandon failed. In virtual time.
+// the Abandon failed. A FIFO Acquire then tries once more to give up its
+// place in line, for at most PollInterval. In virtual time.
 func TestAbandonAfterAShortContextIsBoundedByIt(t *testing.T) {
-	for _, try := range []bool{true, false} {
+	for _, c := range []struct {
+		name      string
+		try, fifo bool
+	}{{"TryAcquire", true, false}, {"Acquire", false, false}, {"Acquire with FIFO", false, true}} {
 		synctest.Test(t, func(t *testing.T) {
 			b := &blackholed{Backend: memlease.New()}
-			m, err := lease.NewManager(b, 10*time.Second)
+			var opts []lease.Option
+			if c.fifo {
+				opts = append(opts, lease.WithFIFO())
+			}
+			m, err := lease.NewManager(b, 10*time.Second, opts...) // PollInterval 1 s, ReleaseTimeout 5 s
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -458,21 +466,25 @@ func TestAbandonAfterAShortContextIsBoundedByIt(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), budget)
 			defer cancel()
 			start := time.Now()
-			if try {
+			if c.try {
 				_, err = m.TryAcquire(ctx, "dark")
 			} else {
 				_, err = m.Acquire(ctx, "dark")
 			}
 			took := time.Since(start)
 			if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "abandon") {
-				t.Fatalf("TryAcquire %v: error %v; want the deadline, saying the abandon failed", try, err)
+				t.Fatalf("%s: error %v; want the deadline, saying the abandon failed", c.name, err)
 			}
-			if b.abandons.Load() != 1 {
-				t.Fatalf("%d Abandon requests, want 1", b.abandons.Load())
+			want, limit := int32(1), 2*budget
+			if c.fifo {
+				want, limit = 2, limit+m.Options().PollInterval // the request's Abandon, then the place's
 			}
-			if took > 2*budget {
-				t.Fatalf("TryAcquire %v returned %v after a %v context (ReleaseTimeout %v): the Abandon was not bounded by the request's own time",
-					try, took, budget, m.Options().ReleaseTimeout)
+			if n := b.abandons.Load(); n != want {
+				t.Fatalf("%s: %d Abandon requests, want %d", c.name, n, want)
+			}
+			if took > limit {
+				t.Fatalf("%s returned %v after a %v context, want at most %v (ReleaseTimeout %v): the Abandon was not bounded by the request's own time",
+					c.name, took, budget, limit, m.Options().ReleaseTimeout)
 			}
 		})
 	}

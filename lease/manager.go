@@ -117,10 +117,12 @@ func (m *Manager) TryAcquire(ctx context.Context, name string) (*Lease, error) {
 // given as long as that request had (at least 50 ms, at most
 // Options.ReleaseTimeout). PollInterval bounds the time between attempts,
 // a Watch that the store does not confirm included. With Options.FIFO, an
-// Acquire that ends without the lease first gives up its place in line
-// (Backend.Abandon; the abandonment of a request in flight, once the store
-// confirms it, does that too), waiting up to ReleaseTimeout for the store,
-// as a Release would.
+// Acquire that ends without the lease gives up its place in line before it
+// returns (Backend.Abandon; the abandonment of a request in flight, once
+// the store confirms it, does that too): after ctx has ended it waits up
+// to ReleaseTimeout for the store, as a Release called with an ended
+// context does, or, when the abandonment of a request in flight went
+// unanswered, up to PollInterval more.
 //
 // A store error that retrying cannot fix (one matching ErrSetup: missing
 // tables, refused credentials) ends Acquire at once with that error, which
@@ -137,12 +139,10 @@ func (m *Manager) Acquire(ctx context.Context, name string) (_ *Lease, err error
 	}
 	start := time.Now()
 	req := m.waiterRequest(name)
-	left := false // the store confirmed req's Abandon (abandonAfter)
-	defer func() {
-		if !left {
-			m.leaveLine(ctx, req, err) // FIFO
-		}
-	}()
+	// How far the Abandon of a request cut short by ctx got (abandonAfter):
+	// 0 none sent, 1 confirmed, -1 sent and not confirmed.
+	abandoned := 0
+	defer func() { m.leaveLine(ctx, req, err, abandoned) }() // FIFO
 	var (
 		signals  <-chan struct{}
 		timer    *time.Timer
@@ -163,11 +163,13 @@ func (m *Manager) Acquire(ctx context.Context, name string) (_ *Lease, err error
 		}
 		if ctx.Err() != nil {
 			if outcomeUnknown(err) {
-				// This Abandon also gives up req's place in line; if the
-				// store did not confirm it in the attempt's time (a new
-				// connection, a loaded store), leaveLine tries again
-				// with more.
-				err, left = m.abandonAfter(ctx, req, time.Since(began), err)
+				// This Abandon also gives up req's place in line.
+				var done bool
+				if err, done = m.abandonAfter(ctx, req, time.Since(began), err); done {
+					abandoned = 1
+				} else {
+					abandoned = -1
+				}
 			}
 			return nil, m.giveUp(ctx, name, err, refused, storeErr)
 		}
@@ -391,17 +393,26 @@ func (m *Manager) waiterRequest(name string) driver.Request {
 
 // leaveLine gives up req.Owner's place in line when a FIFO Acquire ends
 // with err: Abandon removes the place, so that the waiter behind is next
-// at once instead of after the place lapses (one TTL). Like a Release, it
-// is bounded by ReleaseTimeout (and by the TTL, after which the place
-// lapses anyway) and runs even when ctx is done: a store slow to answer
-// for a moment must not leave the waiters behind stuck for a TTL. A
-// failure is logged, and the place then lapses by itself. A store not set
-// up for leases (ErrSetup) holds no place.
-func (m *Manager) leaveLine(ctx context.Context, req driver.Request, err error) {
-	if err == nil || !req.Queue || errors.Is(err, ErrSetup) || errors.Is(err, ErrInvalidName) {
+// at once instead of after the place lapses (one TTL after the waiter last
+// asked). It runs even when ctx is done, and is bounded by ReleaseTimeout
+// (never by more than the TTL): a store slow to answer for a moment must
+// not hold the waiters behind for a TTL. abandoned says what became of the
+// Abandon of a request cut short by ctx (Acquire): confirmed (1), that
+// Abandon gave up the place already; sent but not confirmed (-1), the
+// store did not answer in the time that request had, and this one tries
+// again for at most PollInterval, so that a caller with a short context is
+// not held for ReleaseTimeout by a store that does not answer. A failure
+// is logged, and the place then lapses by itself. A store not set up for
+// leases (ErrSetup) holds no place.
+func (m *Manager) leaveLine(ctx context.Context, req driver.Request, err error, abandoned int) {
+	if err == nil || !req.Queue || abandoned == 1 || errors.Is(err, ErrSetup) || errors.Is(err, ErrInvalidName) {
 		return
 	}
-	if aerr := m.e.abandon(ctx, req, m.o.TTL); aerr != nil {
+	budget := m.o.TTL
+	if abandoned == -1 {
+		budget = m.o.PollInterval
+	}
+	if aerr := m.e.abandon(ctx, req, budget); aerr != nil {
 		m.o.Logger.Warn("lease: could not leave the line of waiters; the place lapses after its TTL", "name", req.Name, "owner", req.Owner, "err", aerr)
 	}
 }

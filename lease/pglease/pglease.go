@@ -443,14 +443,15 @@ func (b *Backend) storeErrOn(what string, err error) error {
 
 // migrateFix is the fix for lease tables not found: the command that
 // creates them where this Backend looks (with --schema when Options.Schema
-// is set, as the guards' errors say it).
+// is set, as the guards' errors say it), which needs the schema to exist
+// (the server's error does not always say whether it does: a qualified
+// table in a missing schema is only a missing table, 42P01).
 func (b *Backend) migrateFix() string {
-	where, cmd := "in the connection's search_path", "fencekit migrate up"
-	if b.o.Schema != "" {
-		where = fmt.Sprintf("in schema %q (Options.Schema)", b.o.Schema)
-		cmd += " --schema " + pgident.ShellWord(b.o.Schema)
+	if b.o.Schema == "" {
+		return "the lease tables are not in the connection's search_path: run `fencekit migrate up` there (or migrations.Up), or set Options.Schema to the schema that has them"
 	}
-	return "the lease tables are not " + where + ": run `" + cmd + "` there (or migrations.Up), or fix Options.Schema"
+	return fmt.Sprintf("the lease tables are not in schema %q (Options.Schema): run `fencekit migrate up --schema %s` (or migrations.Up) there, after CREATE SCHEMA %s if it does not exist, or fix Options.Schema",
+		b.o.Schema, pgident.ShellWord(b.o.Schema), pgident.Quote(b.o.Schema))
 }
 
 // notMigrated is a store error that also matches ErrNotMigrated, without

@@ -41,19 +41,24 @@ func acquireFailsAtOnce(t *testing.T, m *lease.Manager) error {
 
 // Against a database whose schema has no lease tables, a blocking Acquire
 // returns at once with an error naming `fencekit migrate up --schema` with
-// that schema (as the guards' errors do), and
+// that schema (as the guards' errors do; first CREATE SCHEMA when the
+// schema does not exist), and
 // Manager.Check says the same before any lease is asked for; after the
 // migrations, Check passes.
 func TestAcquireWithoutTheTablesFailsAtOnce(t *testing.T) {
 	u := testenv.PostgresURL()
 	for _, mode := range modes {
 		t.Run(mode.String(), func(t *testing.T) {
-			for _, schema := range []string{emptySchema(t, u), "fencekit_no_such_schema"} {
+			const missing = "fencekit_no_such_schema"
+			for _, schema := range []string{emptySchema(t, u), missing} {
 				m := testkit.NewManager(t, newBackend(t, newPool(t, u), pglease.WithSchema(schema), pglease.WithMode(mode)), 2*time.Second)
 				for what, err := range map[string]error{"Check": m.Check(testkit.Context(t)), "Acquire": acquireFailsAtOnce(t, m)} {
 					fix := "fencekit migrate up --schema " + schema
 					if !errors.Is(err, lease.ErrSetup) || !errors.Is(err, pglease.ErrNotMigrated) || !strings.Contains(err.Error(), fix) {
 						t.Errorf("schema %s: %s = %v; want ErrSetup and ErrNotMigrated, naming %s", schema, what, err, fix)
+					}
+					if schema == missing && !strings.Contains(err.Error(), "CREATE SCHEMA") {
+						t.Errorf("schema %s: %s = %v; want the fix to create the schema first", schema, what, err)
 					}
 					if strings.Contains(err.Error(), "\n") {
 						t.Errorf("schema %s: %s's error is not one line: %q", schema, what, err)
