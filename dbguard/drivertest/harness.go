@@ -33,6 +33,7 @@ import (
 	_ "modernc.org/sqlite" // registers "sqlite"
 
 	"github.com/fencekit/fencekit/dbguard"
+	"github.com/fencekit/fencekit/internal/testkit/ports"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 	"github.com/fencekit/fencekit/migrations"
 )
@@ -203,7 +204,7 @@ func StartServer(tb testing.TB) *Server {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	s := &Server{tb: tb, Dir: dir, Port: freePort(tb)}
+	s := &Server{tb: tb, Dir: dir, Port: ports.Loopback(tb)}
 	tb.Cleanup(func() {
 		s.Kill()
 		_ = os.RemoveAll(dir)
@@ -308,16 +309,6 @@ func lookBin(name string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("%s not in PATH, /usr/sbin or /usr/bin", name)
-}
-
-func freePort(tb testing.TB) int {
-	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // OpenCounting opens another pool over d whose connections count the

@@ -30,6 +30,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencekit/fencekit/internal/rig/leftover"
+	"github.com/fencekit/fencekit/internal/testkit/ports"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 )
 
@@ -282,14 +283,8 @@ func redactURL(u string) string {
 	return u
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
+// freePort is a loopback port reserved for this process (package ports).
+func freePort() (int, error) { return ports.Free() }
 
 // startProcess starts cmd with the parent-death signal sig (see package
 // leftover: it dies with this program, however the program ends) and waits

@@ -23,6 +23,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fencekit/fencekit/internal/testkit/ports"
 )
 
 // JarVar names the environment variable that overrides the ZooKeeper jar.
@@ -213,10 +215,10 @@ func start(t testing.TB, n int, cfg Config, root string) (*Ensemble, error) {
 	if cfg.MaxSessionTimeout == 0 {
 		cfg.MaxSessionTimeout = 60 * time.Second
 	}
-	ports := freePorts(t, 3*n)
+	free := freePorts(t, 3*n)
 	e := &Ensemble{t: t}
 	for i := range n {
-		m := &Member{ID: i + 1, Dir: filepath.Join(root, fmt.Sprintf("zk%d", i+1)), ClientPort: ports[3*i], peerPort: ports[3*i+1], electPort: ports[3*i+2], t: t}
+		m := &Member{ID: i + 1, Dir: filepath.Join(root, fmt.Sprintf("zk%d", i+1)), ClientPort: free[3*i], peerPort: free[3*i+1], electPort: free[3*i+2], t: t}
 		e.Members = append(e.Members, m)
 	}
 	for _, m := range e.Members {
@@ -251,18 +253,9 @@ func start(t testing.TB, n int, cfg Config, root string) (*Ensemble, error) {
 
 func freePorts(t testing.TB, n int) []int {
 	t.Helper()
-	var ls []net.Listener
-	var out []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("zktest: no free port: %v", err)
-		}
-		ls = append(ls, l)
-		out = append(out, l.Addr().(*net.TCPAddr).Port)
-	}
-	for _, l := range ls {
-		l.Close()
+	out := make([]int, n)
+	for i := range out {
+		out[i] = ports.Loopback(t) // reserved for this process (package ports)
 	}
 	return out
 }

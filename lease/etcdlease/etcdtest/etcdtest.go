@@ -22,8 +22,6 @@ package etcdtest
 import (
 	"context"
 	"fmt"
-	mrand "math/rand/v2"
-	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -36,6 +34,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/fencekit/fencekit/internal/testkit/ports"
 	"github.com/fencekit/fencekit/lease/etcdlease"
 )
 
@@ -138,71 +137,11 @@ func StartWith(t testing.TB, n int, timing Timing) *Cluster {
 	}
 }
 
-// portsDir holds the files whose locks reserve ports across processes
-// (freeURL).
-var portsDir = filepath.Join(os.TempDir(), "fencekit-etcdtest-ports")
-
-// handed holds the ports freeURL has handed out or reserved in this
-// process.
-var handed struct {
-	mu    sync.Mutex
-	ports map[int]bool
-}
-
-// freeURL returns an http URL on a loopback port nothing listens on now,
-// chosen below the kernel's ephemeral range (Linux: 32768 and up by
-// default): a member that is stopped and started again must find its port
-// free, and an ephemeral port can meanwhile become the local end of any
-// outgoing connection (a client reconnecting), which makes it refuse the
-// bind.
-//
-// The first tries are in a window of 1,000 ports chosen by the process
-// ID, so that test binaries running side by side seldom pick the same
-// port: a member's port, free while it is stopped, must not be taken by
-// another binary's cluster before it starts again.
-//
-// A port is handed out once per process: two members of one cluster, or
-// a member stopped for a while and a new cluster, never share one. And
-// once across processes on the machine: a port handed out is reserved by
-// a lock on a file named after it (under the temporary directory's
-// fencekit-etcdtest-ports), held until the process ends, and a port
-// whose lock another process holds is passed over. (The windows alone let
-// two binaries in the same window pick one port: a member stopped for a
-// restart found its port taken by another binary's new cluster.)
+// freeURL returns an http URL on a loopback port that no other server of
+// this process or of another test process has (package ports says how).
 func freeURL(t testing.TB) url.URL {
 	t.Helper()
-	window := 15000 + os.Getpid()%17*1000
-	handed.mu.Lock()
-	defer handed.mu.Unlock()
-	if handed.ports == nil {
-		handed.ports = map[int]bool{}
-	}
-	for i := range 400 {
-		port := window + mrand.IntN(1000)
-		if i >= 100 {
-			port = 15000 + mrand.IntN(17000)
-		}
-		if handed.ports[port] {
-			continue
-		}
-		mine, err := reservePort(portsDir, port)
-		if err != nil {
-			t.Fatalf("etcdtest: reserving port %d in %s: %v", port, portsDir, err)
-		}
-		if !mine {
-			continue
-		}
-		handed.ports[port] = true // reserved by this process from now on
-		addr := fmt.Sprintf("127.0.0.1:%d", port)
-		l, err := net.Listen("tcp", addr)
-		if err != nil {
-			continue
-		}
-		_ = l.Close()
-		return url.URL{Scheme: "http", Host: addr}
-	}
-	t.Fatal("etcdtest: no free loopback port in 15000-31999")
-	return url.URL{}
+	return url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports.Loopback(t))}
 }
 
 func (c *Cluster) initialCluster() string {

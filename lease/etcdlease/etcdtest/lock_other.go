@@ -6,7 +6,3 @@ package etcdtest
 // program at once may each link it (the rename that ends a failed
 // overwrite keeps every copy whole).
 func lockFile(string) (unlock func(), err error) { return func() {}, nil }
-
-// reservePort reserves nothing here: ports are only checked free (see
-// freeURL).
-func reservePort(string, int) (bool, error) { return true, nil }

@@ -31,6 +31,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fencekit/fencekit/internal/testkit/ports"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 )
 
@@ -122,9 +123,14 @@ func launch(t testing.TB, s *Server) *Server {
 	}
 	var lastErr error
 	for range 5 {
-		s.port = freePort(t)
+		// Ports reserved across test processes: two binaries that each
+		// found one port free started their servers on it, and the
+		// loser's failed bind went unseen while the winner answered
+		// the readiness dial (a cluster node then refused CLUSTER MYID
+		// once the other binary stopped its server).
+		s.port = ports.Loopback(t)
 		if s.cluster {
-			s.busPort = freePort(t)
+			s.busPort = ports.Loopback(t)
 		}
 		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port))
 		if lastErr = s.start(); lastErr == nil {
@@ -134,15 +140,6 @@ func launch(t testing.TB, s *Server) *Server {
 	}
 	t.Fatalf("redistest: cannot start redis-server: %v", lastErr)
 	return nil
-}
-
-func freePort(t testing.TB) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("redistest: no free port: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 func (s *Server) start() error {

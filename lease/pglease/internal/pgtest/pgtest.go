@@ -13,7 +13,6 @@ package pgtest
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -26,6 +25,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/fencekit/fencekit/internal/testkit/ports"
 )
 
 // BinVar names the directory of initdb, pg_ctl and postgres.
@@ -56,7 +57,7 @@ func Start(t testing.TB, settings ...string) *Cluster {
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
-	c := &Cluster{t: t, bin: bin, Dir: filepath.Join(root, "data"), Port: freePort(t)}
+	c := &Cluster{t: t, bin: bin, Dir: filepath.Join(root, "data"), Port: ports.Loopback(t)}
 	t.Cleanup(func() {
 		c.Resume()
 		_ = c.pgctl("stop", "-m", "immediate", "-w")
@@ -271,16 +272,6 @@ func version(binDir string) int {
 	return v
 }
 
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("pgtest: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // PgBouncer is a PgBouncer process owned by one test.
 type PgBouncer struct {
 	// URL connects through the pooler to database "postgres".
@@ -306,7 +297,7 @@ func StartPgBouncer(t testing.TB, host string, port int, poolMode string) *PgBou
 		t.Fatalf("pgtest: %v", err)
 	}
 	chownToServer(t, dir)
-	p := &PgBouncer{Port: freePort(t)}
+	p := &PgBouncer{Port: ports.Loopback(t)}
 	ini := fmt.Sprintf(`[databases]
 * = host=%s port=%d
 

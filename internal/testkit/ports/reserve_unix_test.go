@@ -1,6 +1,6 @@
 //go:build unix
 
-package etcdtest
+package ports
 
 import (
 	"fmt"
@@ -17,15 +17,15 @@ import (
 func TestReservedPortIsRefusedToAnotherProcess(t *testing.T) {
 	dir := t.TempDir()
 	const port = 15001
-	if mine, err := reservePort(dir, port); err != nil || !mine {
-		t.Fatalf("reservePort(%d) = %v, %v; want true", port, mine, err)
+	if mine, err := reserve(dir, port); err != nil || !mine {
+		t.Fatalf("reserve(%d) = %v, %v; want true", port, mine, err)
 	}
 	for _, c := range []struct {
 		port int
 		want string
 	}{{port, "false"}, {port + 1, "true"}} {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestReservePortChild$")
-		cmd.Env = append(os.Environ(), "ETCDTEST_RESERVE="+dir+"|"+strconv.Itoa(c.port))
+		cmd := exec.Command(os.Args[0], "-test.run=^TestReserveChild$")
+		cmd.Env = append(os.Environ(), "FENCEKIT_PORTS_RESERVE="+dir+"|"+strconv.Itoa(c.port))
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("child process: %v: %s", err, out)
@@ -36,11 +36,11 @@ func TestReservedPortIsRefusedToAnotherProcess(t *testing.T) {
 	}
 }
 
-// TestReservePortChild is the child of TestReservedPortIsRefusedToAnotherProcess
-// (it does nothing unless ETCDTEST_RESERVE is set): it prints whether it
+// TestReserveChild is the child of TestReservedPortIsRefusedToAnotherProcess
+// (it does nothing unless FENCEKIT_PORTS_RESERVE is set): it prints whether it
 // could reserve the port.
-func TestReservePortChild(t *testing.T) {
-	arg, ok := os.LookupEnv("ETCDTEST_RESERVE")
+func TestReserveChild(t *testing.T) {
+	arg, ok := os.LookupEnv("FENCEKIT_PORTS_RESERVE")
 	if !ok {
 		return
 	}
@@ -49,7 +49,7 @@ func TestReservePortChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mine, err := reservePort(dir, port)
+	mine, err := reserve(dir, port)
 	if err != nil {
 		t.Fatal(err)
 	}
