@@ -8,7 +8,7 @@
 // outgoing connection (a client reconnecting), which makes the server's
 // bind fail. It is handed out once per process, and once across processes
 // on the machine: a port handed out is reserved by a lock on a file named
-// after it (under the temporary directory's fencekit-test-ports), held
+// after it (in Dir), held
 // until the process ends (the kernel releases it however the process
 // ends), and a port whose lock another process holds is passed over. A
 // port that was merely free when checked is not enough: two binaries that
@@ -30,8 +30,18 @@ import (
 	"testing"
 )
 
-// Dir holds the files whose locks reserve ports across processes.
-var Dir = filepath.Join(os.TempDir(), "fencekit-test-ports")
+// Dir holds the files whose locks reserve ports across processes: in the
+// user's cache directory ($XDG_CACHE_HOME/fencekit/ports, where the built
+// servers are kept too), not among a run's temporary files, since the
+// files outlive every process (removing one while another process holds
+// its lock would let a third lock a new file of that name). It holds at
+// most one empty file per port of the range.
+var Dir = func() string {
+	if cache, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(cache, "fencekit", "ports")
+	}
+	return filepath.Join(os.TempDir(), "fencekit-ports")
+}()
 
 // The range ports are chosen from: [low, low+span).
 const (
