@@ -336,5 +336,5 @@ func (g *Guard) notMigrated(op string, err error) error {
 	if err != nil {
 		what = fmt.Errorf("%w: %w", what, err)
 	}
-	return &fence.SetupError{Err: what, Fix: "run `" + cmd + "` there (or migrations.Up), or fix Options.Schema"}
+	return &fence.SetupError{Err: what, Fix: "run `" + cmd + "` there (or migrations.Up), or point the guard at the schema that has them (Options.Schema, sqlguard.WithSchema; --schema on the fencekit command)"}
 }

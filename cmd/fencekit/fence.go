@@ -49,9 +49,9 @@ const fenceUsage = `Usage:
 A token is never lowered: when the resource already has a newer token than
 N, nothing is written, the command says which token the resource has, and
 it exits with status 1. An equal token is accepted (nothing changes). After
-fencekit lease revoke, pass the fence_token it printed (the revoked token +
-1): the revoked holder's writes are refused from then on, and every later
-holder's token passes.
+fencekit lease revoke, pass the token its fence advance line names (the
+revoked token + 1; fence_token with -o json): the revoked holder's writes
+are refused from then on, and every later holder's token passes.
 
 Flags:
   --token N        the token to push (required, 1 to 2^63-1)
