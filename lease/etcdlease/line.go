@@ -50,11 +50,11 @@ import (
 // handed the name to one of its own waiters records it as the transaction
 // returns, before its watch sees it), whose next attempt only checks it:
 // a read-only transaction (the key holds the owner, at that revision, on
-// that etcd lease; the epoch and the owner not ended). The grant counts from the send time of the keep-alive that last
-// confirmed the place's etcd lease, sent by the waiter's last refused
-// attempt, when that was less than a quarter of the TTL ago
-// (driver.Grant.Sent): etcd keeps the lease, and the key now attached to
-// it, that long from then. Otherwise a keep-alive of the lease goes beside
+// that etcd lease; the epoch and the owner not ended). The grant counts
+// from the send time of the keep-alive that last confirmed the place's
+// etcd lease, sent by the waiter's last refused attempt, when that was
+// less than a quarter of the TTL ago (driver.Grant.Sent): etcd keeps the
+// lease, and the key now attached to it, that long from then. Otherwise a keep-alive of the lease goes beside
 // the read, so that the grant counts from the attempt's send time. A
 // hand-over costs one write, the release's, and one read, as a
 // concurrency.Mutex hand-over costs one write (and two reads). A waiter handed the name that has

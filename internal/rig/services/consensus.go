@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fencekit/fencekit/internal/testkit/ports"
 	"github.com/fencekit/fencekit/internal/testkit/zktest"
 )
 
@@ -191,11 +192,11 @@ func startEtcd(ctx context.Context, logf func(string, ...any), dirs *dataDirs, e
 	if err != nil {
 		return "", nil, err
 	}
-	clientPort, err := freePort()
+	clientPort, err := ports.Free()
 	if err != nil {
 		return "", nil, err
 	}
-	peerPort, err := freePort()
+	peerPort, err := ports.Free()
 	if err != nil {
 		return "", nil, err
 	}
@@ -287,7 +288,7 @@ func startZooKeeper(ctx context.Context, dirs *dataDirs) (string, func(), error)
 	if err != nil {
 		return "", nil, errors.New("java is not on PATH (Debian's zookeeper package brings it)")
 	}
-	port, err := freePort()
+	port, err := ports.Free()
 	if err != nil {
 		return "", nil, err
 	}

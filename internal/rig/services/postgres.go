@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/fencekit/fencekit/internal/testkit/ports"
 )
 
 // startPostgres creates a throwaway cluster with initdb in a temporary
@@ -36,7 +38,7 @@ func startPostgres(ctx context.Context, logf func(string, ...any), dirs *dataDir
 		removeDir()
 		return "", nil, fmt.Errorf("initdb: %v: %s", err, out)
 	}
-	port, err := freePort()
+	port, err := ports.Free()
 	if err != nil {
 		removeDir()
 		return "", nil, err

@@ -25,6 +25,7 @@ import (
 	"github.com/aws/smithy-go"
 
 	"github.com/fencekit/fencekit/internal/rig/leftover"
+	"github.com/fencekit/fencekit/internal/testkit/ports"
 	"github.com/fencekit/fencekit/internal/testkit/testenv"
 )
 
@@ -260,7 +261,7 @@ func startVersitygw(ctx context.Context, bucket string, logf func(string, ...any
 		return testenv.S3{}, nil, err
 	}
 	env := testenv.S3{AccessKey: "fencekit" + randomHex(6), SecretKey: randomHex(20), Bucket: bucket}
-	port, err := freePort()
+	port, err := ports.Free()
 	if err != nil {
 		removeDir()
 		return testenv.S3{}, nil, err

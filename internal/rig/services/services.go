@@ -283,9 +283,6 @@ func redactURL(u string) string {
 	return u
 }
 
-// freePort is a loopback port reserved for this process (package ports).
-func freePort() (int, error) { return ports.Free() }
-
 // startProcess starts cmd with the parent-death signal sig (see package
 // leftover: it dies with this program, however the program ends) and waits
 // until ready returns true (polled every 50 ms) or timeout passes. stop
@@ -368,7 +365,7 @@ func dialable(addr string) bool {
 }
 
 func startRedis(ctx context.Context, bin string, dirs *dataDirs) (string, func(), error) {
-	port, err := freePort()
+	port, err := ports.Free()
 	if err != nil {
 		return "", nil, err
 	}

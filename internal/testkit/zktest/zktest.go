@@ -215,10 +215,10 @@ func start(t testing.TB, n int, cfg Config, root string) (*Ensemble, error) {
 	if cfg.MaxSessionTimeout == 0 {
 		cfg.MaxSessionTimeout = 60 * time.Second
 	}
-	free := freePorts(t, 3*n)
 	e := &Ensemble{t: t}
 	for i := range n {
-		m := &Member{ID: i + 1, Dir: filepath.Join(root, fmt.Sprintf("zk%d", i+1)), ClientPort: free[3*i], peerPort: free[3*i+1], electPort: free[3*i+2], t: t}
+		// Ports reserved for this process (package ports).
+		m := &Member{ID: i + 1, Dir: filepath.Join(root, fmt.Sprintf("zk%d", i+1)), ClientPort: ports.Loopback(t), peerPort: ports.Loopback(t), electPort: ports.Loopback(t), t: t}
 		e.Members = append(e.Members, m)
 	}
 	for _, m := range e.Members {
@@ -249,15 +249,6 @@ func start(t testing.TB, n int, cfg Config, root string) (*Ensemble, error) {
 		m.start()
 	}
 	return e, e.waitReady(40 * time.Second)
-}
-
-func freePorts(t testing.TB, n int) []int {
-	t.Helper()
-	out := make([]int, n)
-	for i := range out {
-		out[i] = ports.Loopback(t) // reserved for this process (package ports)
-	}
-	return out
 }
 
 // Start starts the member's server process (again, after Kill or Stop),
