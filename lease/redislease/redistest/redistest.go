@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -111,7 +112,10 @@ type Server struct {
 // port, stopped when t ends. extra are more server arguments.
 func Start(t testing.TB, extra ...string) *Server {
 	t.Helper()
-	return launch(t, &Server{t: t, dir: t.TempDir(), extra: extra})
+	// A Cluster node listens on a second port, the bus (by default its
+	// port + 10,000, which no one reserved): give it one of its own.
+	cluster := slices.Contains(extra, "--cluster-enabled")
+	return launch(t, &Server{t: t, dir: t.TempDir(), extra: extra, cluster: cluster})
 }
 
 // launch picks free ports for s and starts it, retrying with other ports
@@ -171,8 +175,7 @@ func (s *Server) start() error {
 			return fmt.Errorf("redis-server exited (%v): %s", err, lastLines(string(log), 5))
 		default:
 		}
-		if c, err := net.DialTimeout("tcp", s.Addr, 100*time.Millisecond); err == nil {
-			c.Close()
+		if answers(s.Addr) {
 			s.cmd, s.exited = cmd, exited
 			return nil
 		}
@@ -181,6 +184,26 @@ func (s *Server) start() error {
 	_ = cmd.Process.Kill()
 	<-exited
 	return fmt.Errorf("redis-server on %s did not accept connections within 10s", s.Addr)
+}
+
+// answers reports whether a server at addr replies to PING (+PONG, or an
+// error such as NOAUTH: either way it runs its event loop). A dial alone
+// is not enough: redis-server listens on its port before it has bound
+// everything else (a Cluster node's bus), and may still exit on a failed
+// bind after a dial succeeded.
+func answers(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return false
+	}
+	var b [1]byte
+	n, err := c.Read(b[:])
+	return err == nil && n == 1 && (b[0] == '+' || b[0] == '-')
 }
 
 func lastLines(s string, n int) string {
